@@ -1,0 +1,697 @@
+//! The state table of one worker: entries in a slab, two keys per state (wire and stack), the
+//! index, the expiry wheel, the event queue and pfctl's counters.
+//!
+//! Entries are never moved. A state's id is its slot in the slab; index refs are ids with bit
+//! 31 set when the ref was made for the stack-side key. Removed states stay `DEAD` (unlinked,
+//! invisible) until the wheel frees their slot, so a queued delete event can still read them.
+
+use crate::event::{Event, EventKind, EventQueue};
+use crate::index::{Index, Probe};
+use crate::key::{Dir, Key, Seed};
+use crate::region::{MapError, Region, Zeroable};
+use crate::timeout::{Timeout, Timeouts};
+use crate::wheel::Wheel;
+
+/// No state.
+pub const NONE: u32 = u32::MAX;
+const CHAIN: u32 = u32::MAX - 1;
+/// Ref bit: the ref was found through the state's stack-side key.
+pub const STACK: u32 = 1 << 31;
+pub const ID_MASK: u32 = STACK - 1;
+/// The most states one table can ever hold; its address space is reserved up front.
+pub const MAX_STATES: u32 = 1 << 30;
+/// States per index row chosen automatically: rows grow linearly with the limit. At 6 per
+/// ten-slot row, 4% of rows overflow when the table is full (Poisson), and the index costs
+/// 10.7 bytes per state. `xpf-bench hashsize` measured the alternatives (docs/state-table.md).
+pub const ROW_LOAD: u32 = 6;
+
+/// Entry flags.
+pub mod sf {
+    /// In the index.
+    pub const LIVE: u8 = 1 << 0;
+    /// Removed from the index, slot not yet freed.
+    pub const DEAD: u8 = 1 << 1;
+    /// Created by an outbound packet.
+    pub const OUT: u8 = 1 << 2;
+    /// An insert, update or delete event is queued.
+    pub const EVQ_INS: u8 = 1 << 3;
+    pub const EVQ_UPD: u8 = 1 << 4;
+    pub const EVQ_DEL: u8 = 1 << 5;
+    /// Has a stack-side key different from the wire key (NAT).
+    pub const NAT: u8 = 1 << 6;
+    /// `no-sync`: never offered to sync.
+    pub const NOSYNC: u8 = 1 << 7;
+}
+
+/// One state. 64 bytes for IPv4 (one cache line), 88 for IPv6. TCP sequence tracking lives in
+/// a side record so that UDP states pay nothing for it.
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+pub struct State<K: Key> {
+    /// The wire-side key (the packet as it is on this interface).
+    pub key: K,
+    /// Last activity, engine seconds (pf's `expire`).
+    pub expire: u32,
+    pub creation: u32,
+    /// Number of the rule that created the state.
+    pub rule: u32,
+    /// Side record index (TCP peers and/or stack key), or NONE.
+    pub ext: u32,
+    /// Insert sequence; with the id, a unique export id for sync.
+    pub seq: u32,
+    /// `Timeout` class.
+    pub timeout: u8,
+    /// pf's peer states (TCPS_* for TCP, PFUDPS_* / PFOTHERS_* otherwise).
+    pub src_state: u8,
+    pub dst_state: u8,
+    pub flags: u8,
+    /// [from the creator, towards the creator], as pfctl -ss -v shows them.
+    pub packets: [u32; 2],
+    pub bytes: [u64; 2],
+}
+// SAFETY: plain integers and keys of integers; all-zero is a free slot.
+unsafe impl<K: Key> Zeroable for State<K> {}
+const _: () = assert!(core::mem::size_of::<State<crate::Key4>>() == 64);
+const _: () = assert!(core::mem::size_of::<State<crate::Key6>>() == 88);
+
+/// pf's per-peer TCP tracking data (`pf_state_peer`); the tracking itself is in the engine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct Peer {
+    pub seqlo: u32,
+    pub seqhi: u32,
+    pub seqdiff: u32,
+    pub max_win: u16,
+    pub mss: u16,
+    pub wscale: u8,
+    pub pflags: u8,
+}
+
+/// What a new state starts with.
+#[derive(Debug, Clone, Copy)]
+pub struct NewState<K: Key> {
+    pub key: K,
+    /// The stack-side key when NAT makes it differ from `key`.
+    pub stack: Option<K>,
+    pub dir: Dir,
+    pub rule: u32,
+    pub timeout: Timeout,
+    pub src_state: u8,
+    pub dst_state: u8,
+    pub tcp: Option<[Peer; 2]>,
+    pub nosync: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InsertError {
+    /// `set limit states` reached (pf's state-limit).
+    Limit,
+    /// A state with this key exists (pf's state-insert); its ref.
+    Exists(u32),
+    /// No slot left in the reserved space (pf's memory).
+    Memory,
+}
+
+/// pfctl -si's state-table counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub searches: u64,
+    pub inserts: u64,
+    pub removals: u64,
+    pub insert_exists: u64,
+    pub limit_drops: u64,
+    pub memory_drops: u64,
+}
+
+pub struct Config {
+    pub limit: u32,
+    /// Index rows; None sizes them from the limit. For experiments only.
+    pub rows: Option<u32>,
+    pub seed: Seed,
+    /// Event queue capacity; 0 turns events off (no sync configured).
+    pub events: usize,
+    /// Engine seconds at creation.
+    pub now: u32,
+}
+
+/// Side records: an arena with a free list.
+struct Side<T> {
+    v: Vec<T>,
+    free: Vec<u32>,
+}
+
+impl<T: Copy> Side<T> {
+    fn new() -> Self {
+        Side {
+            v: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+    fn alloc(&mut self, x: T) -> u32 {
+        match self.free.pop() {
+            Some(i) => {
+                self.v[i as usize] = x;
+                i
+            }
+            None => {
+                self.v.push(x);
+                (self.v.len() - 1) as u32
+            }
+        }
+    }
+    fn release(&mut self, i: u32) {
+        self.free.push(i);
+    }
+    fn bytes(&self) -> usize {
+        self.v.capacity() * core::mem::size_of::<T>() + self.free.capacity() * 4
+    }
+}
+
+/// Memory the table holds, by part.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Memory {
+    pub entries: usize,
+    pub index: usize,
+    pub wheel: usize,
+    pub side: usize,
+}
+
+impl Memory {
+    pub fn total(&self) -> usize {
+        self.entries + self.index + self.wheel + self.side
+    }
+}
+
+pub struct StateTable<K: Key> {
+    slab: Region<State<K>>,
+    hwm: u32,
+    free_head: u32,
+    index: Index,
+    migrating: Option<(Index, u32)>,
+    scratch: Vec<u32>,
+    wheel: Wheel,
+    tcp: Side<[Peer; 2]>,
+    nat: Side<K>,
+    tcpnat: Side<([Peer; 2], K)>,
+    events: EventQueue,
+    seed: Seed,
+    timeouts: Timeouts,
+    limit: u32,
+    rows_fixed: bool,
+    len: u32,
+    seq: u32,
+    pub counters: Counters,
+}
+
+pub fn auto_rows(limit: u32) -> u32 {
+    limit.div_ceil(ROW_LOAD).max(16)
+}
+
+impl<K: Key> StateTable<K> {
+    pub fn new(cfg: Config) -> Result<Self, MapError> {
+        let rows = cfg.rows.unwrap_or_else(|| auto_rows(cfg.limit));
+        Ok(StateTable {
+            slab: Region::new(MAX_STATES as usize)?,
+            hwm: 0,
+            free_head: NONE,
+            index: Index::new(rows)?,
+            migrating: None,
+            scratch: Vec::new(),
+            wheel: Wheel::new(cfg.now),
+            tcp: Side::new(),
+            nat: Side::new(),
+            tcpnat: Side::new(),
+            events: EventQueue::new(cfg.events),
+            seed: cfg.seed,
+            timeouts: Timeouts::default(),
+            limit: cfg.limit,
+            rows_fixed: cfg.rows.is_some(),
+            len: 0,
+            seq: 0,
+            counters: Counters::default(),
+        })
+    }
+
+    /// Current entries.
+    #[inline]
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+    pub fn rows(&self) -> u32 {
+        self.index.nrows()
+    }
+    pub fn resizing(&self) -> bool {
+        self.migrating.is_some()
+    }
+    pub fn overflow_buckets(&self) -> usize {
+        self.index.overflow_buckets()
+    }
+    pub fn longest_chain(&self) -> u32 {
+        self.index.longest_chain()
+    }
+    pub fn timeouts(&self) -> &Timeouts {
+        &self.timeouts
+    }
+    pub fn set_timeouts(&mut self, t: Timeouts) {
+        self.timeouts = t;
+    }
+    pub fn events_dropped(&self) -> u64 {
+        self.events.dropped
+    }
+
+    /// Changes the limit. Raising it grows the index online: a new index is made and rows move
+    /// to it a few at a time in `maintain`, while lookups search both. Lowering it keeps every
+    /// state; new ones are refused until the table is below the limit.
+    pub fn set_limit(&mut self, limit: u32) -> Result<(), MapError> {
+        let limit = limit.min(MAX_STATES - 1);
+        self.limit = limit;
+        self.maybe_start_resize()
+    }
+
+    fn maybe_start_resize(&mut self) -> Result<(), MapError> {
+        let want = auto_rows(self.limit);
+        if self.rows_fixed || self.migrating.is_some() || want <= self.index.nrows() {
+            return Ok(());
+        }
+        let new = Index::new(want)?;
+        let old = std::mem::replace(&mut self.index, new);
+        self.migrating = Some((old, 0));
+        Ok(())
+    }
+
+    #[inline(always)]
+    pub fn hash(&self, k: &K) -> u64 {
+        k.hash_with(&self.seed)
+    }
+
+    #[inline(always)]
+    pub fn state(&self, id: u32) -> &State<K> {
+        self.slab.get(id as usize)
+    }
+
+    #[inline(always)]
+    pub fn state_mut(&mut self, id: u32) -> &mut State<K> {
+        self.slab.get_mut(id as usize)
+    }
+
+    /// The stack-side key of a NAT state.
+    pub fn stack_key(&self, id: u32) -> Option<&K> {
+        let s = self.state(id);
+        if s.flags & sf::NAT == 0 || s.ext == NONE {
+            return None;
+        }
+        if self.has_tcp(s) {
+            Some(&self.tcpnat.v[s.ext as usize].1)
+        } else {
+            Some(&self.nat.v[s.ext as usize])
+        }
+    }
+
+    #[inline(always)]
+    fn has_tcp(&self, s: &State<K>) -> bool {
+        s.key.proto() == xpf_wire::pdesc::IPPROTO_TCP
+    }
+
+    /// TCP peers of a TCP state.
+    pub fn peers_mut(&mut self, id: u32) -> Option<&mut [Peer; 2]> {
+        let s = *self.state(id);
+        if !self.has_tcp(&s) || s.ext == NONE {
+            return None;
+        }
+        if s.flags & sf::NAT != 0 {
+            Some(&mut self.tcpnat.v[s.ext as usize].0)
+        } else {
+            Some(&mut self.tcp.v[s.ext as usize])
+        }
+    }
+
+    pub fn peers(&self, id: u32) -> Option<&[Peer; 2]> {
+        let s = self.state(id);
+        if !self.has_tcp(s) || s.ext == NONE {
+            return None;
+        }
+        if s.flags & sf::NAT != 0 {
+            Some(&self.tcpnat.v[s.ext as usize].0)
+        } else {
+            Some(&self.tcp.v[s.ext as usize])
+        }
+    }
+
+    #[inline(always)]
+    fn key_at(&self, r: u32) -> &K {
+        let id = r & ID_MASK;
+        if r & STACK == 0 {
+            // SAFETY: refs in the index point below hwm, inside the region.
+            unsafe { &self.slab.get_unchecked(id as usize).key }
+        } else {
+            self.stack_key(id)
+                .expect("stack ref to a state without a stack key")
+        }
+    }
+
+    /// Finds the ref of `k` (hash `h`), walking rows and chains; no counters.
+    #[inline]
+    pub fn find(&self, k: &K, h: u64) -> Option<u32> {
+        let eq = |r: u32| self.key_at(r) == k;
+        if let Some((old, cursor)) = &self.migrating {
+            if old.row_of(h) >= *cursor {
+                if let Some(r) = old.find(h, eq) {
+                    return Some(r);
+                }
+            }
+        }
+        self.index.find(h, eq)
+    }
+
+    /// One lookup (the slow path); counts a search.
+    pub fn lookup(&mut self, k: &K) -> Option<u32> {
+        self.counters.searches += 1;
+        self.find(k, self.hash(k))
+    }
+
+    /// Looks up a batch of keys in three stages so that the memory reads of different packets
+    /// overlap: hash every key and prefetch its row; probe each row's tags and prefetch the
+    /// entry a tag points to; compare keys. `out[i]` is the ref of `keys[i]` or NONE, and
+    /// `hashes[i]` its hash (for an insert after a miss).
+    // PERF: 17.9 ns/pkt at 10M states, 9.7 ns at 9,800 (parse + lookup + update, batch of 32;
+    // xpf-bench states, docs/bench-results.md).
+    #[inline]
+    pub fn lookup_batch(&mut self, keys: &[K], hashes: &mut [u64], out: &mut [u32]) {
+        let n = keys.len();
+        let (hashes, out) = (&mut hashes[..n], &mut out[..n]);
+        for (k, h) in keys.iter().zip(hashes.iter_mut()) {
+            *h = k.hash_with(&self.seed);
+            self.index.prefetch(*h);
+        }
+        self.counters.searches += n as u64;
+        if let Some((old, _)) = &self.migrating {
+            for h in hashes.iter() {
+                old.prefetch(*h);
+            }
+            for i in 0..n {
+                out[i] = self.find(&keys[i], hashes[i]).unwrap_or(NONE);
+            }
+            return;
+        }
+        for (h, o) in hashes.iter().zip(out.iter_mut()) {
+            *o = match self.index.probe(*h) {
+                Probe::Miss => NONE,
+                Probe::Candidate(r) => {
+                    self.slab.prefetch((r & ID_MASK) as usize);
+                    r
+                }
+                Probe::Chain => CHAIN,
+            };
+        }
+        for i in 0..n {
+            let r = out[i];
+            if r == NONE || (r != CHAIN && self.key_at(r) == &keys[i]) {
+                continue;
+            }
+            out[i] = self.find(&keys[i], hashes[i]).unwrap_or(NONE);
+        }
+    }
+
+    /// Inserts a state; `h` is the hash of `s.key`. Returns its id.
+    pub fn insert(&mut self, h: u64, s: NewState<K>, now: u32) -> Result<u32, InsertError> {
+        if self.len >= self.limit {
+            self.counters.limit_drops += 1;
+            return Err(InsertError::Limit);
+        }
+        if let Some(r) = self.find(&s.key, h) {
+            self.counters.insert_exists += 1;
+            return Err(InsertError::Exists(r));
+        }
+        let stack = s.stack.filter(|k| *k != s.key);
+        let hs = stack.map(|k| self.hash(&k));
+        if let (Some(k), Some(hs)) = (&stack, hs) {
+            if let Some(r) = self.find(k, hs) {
+                self.counters.insert_exists += 1;
+                return Err(InsertError::Exists(r));
+            }
+        }
+        let id = if self.free_head != NONE {
+            let id = self.free_head;
+            self.free_head = self.slab.get(id as usize).ext;
+            id
+        } else if self.hwm < MAX_STATES - 1 {
+            self.hwm += 1;
+            self.hwm - 1
+        } else {
+            self.counters.memory_drops += 1;
+            return Err(InsertError::Memory);
+        };
+        let ext = match (s.tcp, stack) {
+            (Some(p), None) => self.tcp.alloc(p),
+            (Some(p), Some(k)) => self.tcpnat.alloc((p, k)),
+            (None, Some(k)) => self.nat.alloc(k),
+            (None, None) => NONE,
+        };
+        let mut flags = sf::LIVE;
+        if s.dir == Dir::Out {
+            flags |= sf::OUT;
+        }
+        if stack.is_some() {
+            flags |= sf::NAT;
+        }
+        if s.nosync {
+            flags |= sf::NOSYNC;
+        } else if self.events.enabled()
+            && self.events.push(Event {
+                id,
+                kind: EventKind::Insert,
+            })
+        {
+            flags |= sf::EVQ_INS;
+        }
+        self.seq = self.seq.wrapping_add(1);
+        *self.slab.get_mut(id as usize) = State {
+            key: s.key,
+            expire: now,
+            creation: now,
+            rule: s.rule,
+            ext,
+            seq: self.seq,
+            timeout: s.timeout as u8,
+            src_state: s.src_state,
+            dst_state: s.dst_state,
+            flags,
+            packets: [0; 2],
+            bytes: [0; 2],
+        };
+        self.index.insert(h, id);
+        if let Some(hs) = hs {
+            self.index.insert(hs, id | STACK);
+        }
+        self.wheel
+            .file(id, now.saturating_add(self.timeouts.get(s.timeout)));
+        self.len += 1;
+        self.counters.inserts += 1;
+        Ok(id)
+    }
+
+    /// Accounts a packet of `bytes` going in direction `dir` to state `id`, marks its activity
+    /// and offers an update event (collapsed with one already queued).
+    // PERF: part of the 17.9 ns/pkt at 10M states measured by xpf-bench states.
+    #[inline(always)]
+    pub fn touch(&mut self, id: u32, dir: Dir, bytes: u16, now: u32) -> &mut State<K> {
+        assert!((id as usize) < self.slab.capacity());
+        // SAFETY: bounds checked above.
+        let s = unsafe { self.slab.get_unchecked_mut(id as usize) };
+        let side = (((s.flags & sf::OUT) >> 2) ^ dir as u8) as usize;
+        s.packets[side] = s.packets[side].wrapping_add(1);
+        s.bytes[side] += bytes as u64;
+        s.expire = now;
+        if self.events.enabled()
+            && s.flags & (sf::EVQ_INS | sf::EVQ_UPD | sf::NOSYNC) == 0
+            && self.events.push(Event {
+                id,
+                kind: EventKind::Update,
+            })
+        {
+            s.flags |= sf::EVQ_UPD;
+        }
+        s
+    }
+
+    /// Removes state `id` now (pfctl -k, a sync delete). False if it was not live.
+    pub fn remove(&mut self, id: u32) -> bool {
+        if id >= self.hwm || self.state(id).flags & sf::LIVE == 0 {
+            return false;
+        }
+        self.unlink(id);
+        true
+    }
+
+    fn index_remove(&mut self, h: u64, r: u32) {
+        if self.index.remove(h, r) {
+            return;
+        }
+        if let Some((old, _)) = &mut self.migrating {
+            let found = old.remove(h, r);
+            debug_assert!(found, "ref {r:#x} in neither index");
+        }
+    }
+
+    fn unlink(&mut self, id: u32) {
+        let s = *self.state(id);
+        self.index_remove(self.hash(&s.key), id);
+        if let Some(k) = self.stack_key(id).copied() {
+            self.index_remove(self.hash(&k), id | STACK);
+        }
+        if s.ext != NONE {
+            match (self.has_tcp(&s), s.flags & sf::NAT != 0) {
+                (true, false) => self.tcp.release(s.ext),
+                (true, true) => self.tcpnat.release(s.ext),
+                (false, true) => self.nat.release(s.ext),
+                (false, false) => {}
+            }
+        }
+        let mut flags = (s.flags & !(sf::LIVE | sf::NAT)) | sf::DEAD;
+        if self.events.enabled()
+            && s.flags & sf::NOSYNC == 0
+            && self.events.push(Event {
+                id,
+                kind: EventKind::Delete,
+            })
+        {
+            flags |= sf::EVQ_DEL;
+        }
+        let e = self.state_mut(id);
+        e.flags = flags;
+        e.ext = NONE;
+        self.len -= 1;
+        self.counters.removals += 1;
+    }
+
+    fn free_slot(&mut self, id: u32) {
+        let head = self.free_head;
+        let e = self.state_mut(id);
+        e.flags = 0;
+        e.ext = head;
+        self.free_head = id;
+    }
+
+    /// Background work, bounded by `budget` units: moves index rows during a resize, and
+    /// expires the states whose deadline has passed. Returns the states expired.
+    pub fn maintain(&mut self, now: u32, budget: u32) -> u32 {
+        if self.migrating.is_some() {
+            self.migrate(budget / 4 + 1);
+        } else if !self.rows_fixed && auto_rows(self.limit) > self.index.nrows() {
+            let _ = self.maybe_start_resize();
+        }
+        let mut expired = 0;
+        for _ in 0..budget {
+            let Some(id) = self.wheel.next_due(now) else {
+                break;
+            };
+            expired += self.due(id, now) as u32;
+        }
+        expired
+    }
+
+    fn due(&mut self, id: u32, now: u32) -> bool {
+        let s = *self.state(id);
+        if s.flags & sf::DEAD != 0 {
+            if s.flags & sf::EVQ_DEL != 0 {
+                self.wheel.file(id, now + 1);
+            } else {
+                self.free_slot(id);
+            }
+            return false;
+        }
+        let t = self
+            .timeouts
+            .effective(Timeout::from_u8(s.timeout), self.len, self.limit);
+        let deadline = s.expire.saturating_add(t);
+        if deadline > now {
+            self.wheel.file(id, deadline);
+            return false;
+        }
+        self.unlink(id);
+        if self.state(id).flags & sf::EVQ_DEL != 0 {
+            self.wheel.file(id, now + 1);
+        } else {
+            self.free_slot(id);
+        }
+        true
+    }
+
+    fn migrate(&mut self, rows: u32) {
+        let Some((old, mut cursor)) = self.migrating.take() else {
+            return;
+        };
+        let end = cursor.saturating_add(rows).min(old.nrows());
+        let mut refs = std::mem::take(&mut self.scratch);
+        while cursor < end {
+            refs.clear();
+            old.row_refs(cursor, |r| refs.push(r));
+            for &r in &refs {
+                let h = self.hash(self.key_at(r));
+                self.index.insert(h, r);
+            }
+            cursor += 1;
+        }
+        self.scratch = refs;
+        if cursor < old.nrows() {
+            self.migrating = Some((old, cursor));
+        }
+    }
+
+    /// Runs the resize to its end (tests, and a daemon that is told to).
+    pub fn finish_resize(&mut self) {
+        while self.migrating.is_some() {
+            self.migrate(1 << 16);
+        }
+    }
+
+    /// Hands queued events to `f` in order, with the state as it is now. An update queued
+    /// before its state was removed and the slot reused is skipped.
+    pub fn drain_events(&mut self, mut f: impl FnMut(Event, &State<K>)) -> usize {
+        let mut n = 0;
+        while let Some(e) = self.events.pop() {
+            let s = self.slab.get_mut(e.id as usize);
+            let bit = match e.kind {
+                EventKind::Insert => sf::EVQ_INS,
+                EventKind::Update => sf::EVQ_UPD,
+                EventKind::Delete => sf::EVQ_DEL,
+            };
+            if s.flags & bit == 0 {
+                continue;
+            }
+            s.flags &= !bit;
+            f(e, s);
+            n += 1;
+        }
+        n
+    }
+
+    /// Live states, in slot order.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &State<K>)> + '_ {
+        (0..self.hwm)
+            .map(move |i| (i, self.state(i)))
+            .filter(|(_, s)| s.flags & sf::LIVE != 0)
+    }
+
+    /// The bytes this table holds (entries up to the high-water mark, index, wheel, side).
+    pub fn memory(&self) -> Memory {
+        Memory {
+            entries: self.hwm as usize * core::mem::size_of::<State<K>>(),
+            index: self.index.bytes() + self.migrating.as_ref().map_or(0, |(o, _)| o.bytes()),
+            wheel: self.wheel.bytes(),
+            side: self.tcp.bytes() + self.nat.bytes() + self.tcpnat.bytes(),
+        }
+    }
+
+    /// Prefetches state `id` (for callers that pipeline their own work).
+    #[inline(always)]
+    pub fn prefetch_state(&self, id: u32) {
+        self.slab.prefetch(id as usize);
+    }
+}

@@ -1,0 +1,321 @@
+//! The state table against a model (a HashMap of what should be there), under random
+//! sequences of insert, lookup, touch, remove, time passing, limit changes and online resizes.
+
+use proptest::prelude::*;
+use std::collections::HashMap;
+use xpf_state::*;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Insert { k: u16, nat: Option<u16>, t: u8 },
+    Lookup(u16),
+    Touch(u16),
+    Remove(u16),
+    Advance(u8),
+    Raise(u16),
+    Lower(u16),
+    Batch(Vec<u16>),
+}
+
+fn key(i: u16) -> Key4 {
+    Key4 {
+        addr: [[10, 0, (i >> 8) as u8, i as u8], [10, 1, 0, 1]],
+        port: [1000 + i % 7, 53],
+        proto: 17,
+        _pad: 0,
+        kif: 0,
+    }
+}
+
+fn stack_key(i: u16) -> Key4 {
+    Key4 {
+        addr: [[192, 168, (i >> 8) as u8, i as u8], [10, 1, 0, 1]],
+        port: [40000 + i, 53],
+        proto: 17,
+        _pad: 0,
+        kif: 0,
+    }
+}
+
+const CLASSES: [Timeout; 3] = [
+    Timeout::UdpFirst,
+    Timeout::UdpSingle,
+    Timeout::OtherMultiple,
+];
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u16..600, proptest::option::of(0u16..600), 0u8..3).prop_map(|(k, nat, t)| Op::Insert { k, nat, t }),
+        3 => (0u16..600).prop_map(Op::Lookup),
+        2 => (0u16..600).prop_map(Op::Touch),
+        1 => (0u16..600).prop_map(Op::Remove),
+        1 => (0u8..90).prop_map(Op::Advance),
+        1 => (1u16..2000).prop_map(Op::Raise),
+        1 => (1u16..400).prop_map(Op::Lower),
+        1 => proptest::collection::vec(0u16..600, 1..48).prop_map(Op::Batch),
+    ]
+}
+
+#[derive(Debug)]
+struct M {
+    id: u32,
+    stack: Option<Key4>,
+    last: u32,
+    t: Timeout,
+}
+
+fn check(t: &mut StateTable<Key4>, model: &HashMap<Key4, M>) {
+    assert_eq!(t.len() as usize, model.len());
+    for (k, m) in model {
+        let h = t.hash(k);
+        assert_eq!(t.find(k, h), Some(m.id), "wire key {k:?}");
+        if let Some(s) = m.stack {
+            assert_eq!(
+                t.find(&s, t.hash(&s)),
+                Some(m.id | STACK),
+                "stack key {s:?}"
+            );
+        }
+    }
+    assert_eq!(t.iter().count(), model.len());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    #[test]
+    fn table_matches_model(ops in proptest::collection::vec(op(), 1..300)) {
+        let mut now = 1000u32;
+        let mut t = StateTable::<Key4>::new(Config { limit: 64, rows: None, seed: Seed::fixed(7), events: 100_000, now }).unwrap();
+        let mut tm = Timeouts::default();
+        // Adaptive scaling off, so the model's deadlines are exact.
+        tm.set(Timeout::AdaptiveStart, u32::MAX - 1);
+        tm.set(Timeout::AdaptiveEnd, u32::MAX);
+        t.set_timeouts(tm.clone());
+        let mut model: HashMap<Key4, M> = HashMap::new();
+        let (mut ins_ev, mut del_ev) = (0u64, 0u64);
+        for op in ops {
+            match op {
+                Op::Insert { k, nat, t: c } => {
+                    let key = key(k);
+                    let stack = nat.map(stack_key);
+                    let taken = |x: &Key4| model.iter().any(|(w, m)| w == x || m.stack.as_ref() == Some(x));
+                    let exists = taken(&key) || stack.as_ref().is_some_and(taken);
+                    let ns = NewState { key, stack, dir: Dir::In, rule: 1, timeout: CLASSES[c as usize], src_state: 1, dst_state: 0, tcp: None, nosync: false };
+                    let r = t.insert(t.hash(&key), ns, now);
+                    if model.len() as u32 >= t.limit() {
+                        prop_assert_eq!(r, Err(InsertError::Limit));
+                    } else if exists {
+                        prop_assert!(matches!(r, Err(InsertError::Exists(_))), "{r:?}");
+                    } else {
+                        let id = r.unwrap();
+                        model.insert(key, M { id, stack, last: now, t: CLASSES[c as usize] });
+                    }
+                }
+                Op::Lookup(k) => {
+                    let got = t.lookup(&key(k));
+                    prop_assert_eq!(got, model.get(&key(k)).map(|m| m.id));
+                }
+                Op::Touch(k) => {
+                    if let Some(m) = model.get_mut(&key(k)) {
+                        let s = t.touch(m.id, Dir::Out, 100, now);
+                        prop_assert_eq!(s.packets[1] as u64 * 100, s.bytes[1]);
+                        m.last = now;
+                    }
+                }
+                Op::Remove(k) => {
+                    let m = model.remove(&key(k));
+                    if let Some(m) = m {
+                        prop_assert!(t.remove(m.id));
+                        prop_assert!(!t.remove(m.id));
+                    }
+                }
+                Op::Advance(dt) => {
+                    now += dt as u32;
+                    // Enough budget to finish; interleaves with migration rows too.
+                    while t.maintain(now, 64) > 0 || t.resizing() {}
+                    model.retain(|_, m| m.last + tm.get(m.t) > now);
+                }
+                Op::Raise(n) => {
+                    t.set_limit(t.limit().max(n as u32)).unwrap();
+                    t.maintain(now, 2); // a little migration, lookups must still find everything
+                }
+                Op::Lower(n) => t.set_limit(n as u32).unwrap(),
+                Op::Batch(ks) => {
+                    let keys: Vec<Key4> = ks.iter().map(|&k| key(k)).collect();
+                    let mut h = vec![0u64; keys.len()];
+                    let mut out = vec![0u32; keys.len()];
+                    t.lookup_batch(&keys, &mut h, &mut out);
+                    for (k, r) in keys.iter().zip(&out) {
+                        let want = model.get(k).map(|m| m.id).unwrap_or(NONE);
+                        prop_assert_eq!(*r, want);
+                    }
+                }
+            }
+            t.drain_events(|e, _| match e.kind {
+                EventKind::Insert => ins_ev += 1,
+                EventKind::Delete => del_ev += 1,
+                EventKind::Update => {}
+            });
+            check(&mut t, &model);
+        }
+        prop_assert_eq!(ins_ev, t.counters.inserts);
+        prop_assert_eq!(del_ev, t.counters.removals);
+        prop_assert_eq!(t.counters.inserts - t.counters.removals, model.len() as u64);
+    }
+}
+
+#[test]
+fn updates_collapse_per_state() {
+    let mut t = StateTable::<Key4>::new(Config {
+        limit: 10,
+        rows: None,
+        seed: Seed::fixed(1),
+        events: 16,
+        now: 0,
+    })
+    .unwrap();
+    let k = key(1);
+    let ns = NewState {
+        key: k,
+        stack: None,
+        dir: Dir::In,
+        rule: 0,
+        timeout: Timeout::UdpFirst,
+        src_state: 0,
+        dst_state: 0,
+        tcp: None,
+        nosync: false,
+    };
+    let id = t.insert(t.hash(&k), ns, 0).unwrap();
+    let mut seen = Vec::new();
+    t.drain_events(|e, _| seen.push(e.kind));
+    assert_eq!(seen, vec![EventKind::Insert]);
+    for _ in 0..100 {
+        t.touch(id, Dir::In, 60, 1);
+    }
+    seen.clear();
+    t.drain_events(|e, _| seen.push(e.kind));
+    assert_eq!(seen, vec![EventKind::Update]);
+    // no-sync states produce no events
+    let k2 = key(2);
+    let ns2 = NewState {
+        key: k2,
+        nosync: true,
+        ..ns
+    };
+    let id2 = t.insert(t.hash(&k2), ns2, 0).unwrap();
+    t.touch(id2, Dir::In, 60, 1);
+    t.remove(id2);
+    assert_eq!(t.drain_events(|_, _| {}), 0);
+}
+
+#[test]
+fn full_queue_counts_and_keeps_states() {
+    let mut t = StateTable::<Key4>::new(Config {
+        limit: 100,
+        rows: None,
+        seed: Seed::fixed(1),
+        events: 4,
+        now: 0,
+    })
+    .unwrap();
+    for i in 0..10 {
+        let k = key(i);
+        let ns = NewState {
+            key: k,
+            stack: None,
+            dir: Dir::In,
+            rule: 0,
+            timeout: Timeout::UdpFirst,
+            src_state: 0,
+            dst_state: 0,
+            tcp: None,
+            nosync: false,
+        };
+        t.insert(t.hash(&k), ns, 0).unwrap();
+    }
+    assert_eq!(t.len(), 10);
+    assert_eq!(t.events_dropped(), 6);
+}
+
+#[test]
+fn resize_grows_rows_and_keeps_every_state() {
+    let mut t = StateTable::<Key4>::new(Config {
+        limit: 600,
+        rows: None,
+        seed: Seed::fixed(3),
+        events: 0,
+        now: 0,
+    })
+    .unwrap();
+    for i in 0..600 {
+        let k = key(i);
+        let ns = NewState {
+            key: k,
+            stack: None,
+            dir: Dir::In,
+            rule: 0,
+            timeout: Timeout::UdpFirst,
+            src_state: 0,
+            dst_state: 0,
+            tcp: None,
+            nosync: false,
+        };
+        t.insert(t.hash(&k), ns, 0).unwrap();
+    }
+    let before = t.rows();
+    t.set_limit(60_000).unwrap();
+    assert!(t.resizing());
+    let mut steps = 0;
+    while t.resizing() {
+        t.maintain(0, 8);
+        steps += 1;
+        for i in (0..600).step_by(37) {
+            assert!(t.lookup(&key(i)).is_some(), "lost {i} during resize");
+        }
+    }
+    assert!(steps > 1, "resize must be incremental");
+    assert_eq!(t.rows(), auto_rows(60_000));
+    assert!(t.rows() > before);
+    for i in 0..600 {
+        assert!(t.lookup(&key(i)).is_some());
+    }
+}
+
+#[test]
+fn expiry_follows_pf_timeouts_and_activity() {
+    let mut t = StateTable::<Key4>::new(Config {
+        limit: 100_000,
+        rows: None,
+        seed: Seed::fixed(1),
+        events: 0,
+        now: 0,
+    })
+    .unwrap();
+    let k = key(1);
+    let ns = NewState {
+        key: k,
+        stack: None,
+        dir: Dir::In,
+        rule: 0,
+        timeout: Timeout::UdpSingle,
+        src_state: 0,
+        dst_state: 0,
+        tcp: None,
+        nosync: false,
+    };
+    let id = t.insert(t.hash(&k), ns, 0).unwrap();
+    assert_eq!(t.maintain(29, 100), 0);
+    t.touch(id, Dir::In, 1, 29); // activity moves the deadline to 59
+    assert_eq!(t.maintain(58, 100), 0);
+    assert_eq!(t.maintain(59, 100), 1);
+    assert!(t.lookup(&k).is_none());
+    // A long timeout beyond the wheel's horizon is still honoured exactly.
+    let ns = NewState {
+        timeout: Timeout::TcpClosing,
+        ..ns
+    };
+    t.insert(t.hash(&k), ns, 100).unwrap();
+    assert_eq!(t.maintain(100 + 899, 1000), 0);
+    assert_eq!(t.maintain(100 + 900, 1000), 1);
+}

@@ -1,0 +1,299 @@
+//! IPv6 (RFC 8200): the fixed header and a bounded walk over extension headers.
+
+use crate::Error;
+
+pub const HEADER_LEN: usize = 40;
+
+pub const NH_HOPOPTS: u8 = 0;
+pub const NH_ROUTING: u8 = 43;
+pub const NH_FRAGMENT: u8 = 44;
+pub const NH_ESP: u8 = 50;
+pub const NH_AH: u8 = 51;
+pub const NH_NONE: u8 = 59;
+pub const NH_DSTOPTS: u8 = 60;
+
+/// At most this many extension headers are walked; a longer chain is dropped (a chain of
+/// thousands of tiny headers is a known way to exhaust a parser, RFC 7112).
+pub const MAX_EXT_HEADERS: usize = 10;
+
+/// A view over an IPv6 packet. `new_checked` guarantees version 6, the 40-byte header, and a
+/// payload length that fits the buffer.
+#[derive(Debug, Clone, Copy)]
+pub struct Packet<T: AsRef<[u8]>> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    #[inline]
+    pub fn new_checked(buf: T) -> Result<Self, Error> {
+        let b = buf.as_ref();
+        if b.len() < HEADER_LEN {
+            return Err(Error::Truncated);
+        }
+        if b[0] >> 4 != 6 {
+            return Err(Error::BadVersion);
+        }
+        let plen = u16::from_be_bytes([b[4], b[5]]) as usize;
+        // A zero payload length means a jumbogram (RFC 2675); unsupported, like pf.
+        if plen == 0 {
+            return Err(Error::BadLength);
+        }
+        if HEADER_LEN + plen > b.len() {
+            return Err(Error::Truncated);
+        }
+        Ok(Packet { buf })
+    }
+    #[inline]
+    fn b(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    #[inline]
+    pub fn traffic_class(&self) -> u8 {
+        let b = self.b();
+        (b[0] << 4) | (b[1] >> 4)
+    }
+    #[inline]
+    pub fn flow_label(&self) -> u32 {
+        let b = self.b();
+        u32::from_be_bytes([0, b[1] & 0x0f, b[2], b[3]])
+    }
+    #[inline]
+    pub fn payload_len(&self) -> usize {
+        u16::from_be_bytes([self.b()[4], self.b()[5]]) as usize
+    }
+    #[inline]
+    pub fn next_header(&self) -> u8 {
+        self.b()[6]
+    }
+    #[inline]
+    pub fn hop_limit(&self) -> u8 {
+        self.b()[7]
+    }
+    #[inline]
+    pub fn src(&self) -> [u8; 16] {
+        self.b()[8..24].try_into().unwrap()
+    }
+    #[inline]
+    pub fn dst(&self) -> [u8; 16] {
+        self.b()[24..40].try_into().unwrap()
+    }
+    /// The bytes after the fixed header up to the payload length.
+    #[inline]
+    pub fn payload(&self) -> &[u8] {
+        &self.b()[HEADER_LEN..HEADER_LEN + self.payload_len()]
+    }
+
+    /// Walks the extension headers, bounded by [`MAX_EXT_HEADERS`].
+    pub fn walk(&self) -> Result<ExtInfo, Error> {
+        walk(self.next_header(), self.payload())
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    #[inline]
+    pub fn dec_hop_limit(&mut self) {
+        let b = self.buf.as_mut();
+        b[7] = b[7].wrapping_sub(1);
+    }
+    #[inline]
+    pub fn set_src(&mut self, a: [u8; 16]) {
+        self.buf.as_mut()[8..24].copy_from_slice(&a);
+    }
+    #[inline]
+    pub fn set_dst(&mut self, a: [u8; 16]) {
+        self.buf.as_mut()[24..40].copy_from_slice(&a);
+    }
+}
+
+/// What the extension-header walk found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ExtInfo {
+    /// The upper-layer protocol (or the header where the walk stopped: ESP, no-next-header,
+    /// or the protocol after a non-first fragment).
+    pub proto: u8,
+    /// Offset of the upper-layer header from the start of the IPv6 payload.
+    pub offset: usize,
+    /// Extension headers seen.
+    pub count: u8,
+    /// A fragment header was present.
+    pub fragment: Option<FragInfo>,
+    /// A routing header of type 0 (deprecated by RFC 5095) was present.
+    pub rh0: bool,
+    /// Hop-by-hop options appeared somewhere other than first (RFC 8200 section 4.1).
+    pub misplaced_hbh: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FragInfo {
+    /// Offset in bytes.
+    pub offset: u16,
+    pub more: bool,
+    pub ident: u32,
+}
+
+/// Walks extension headers starting with `next` over `payload` (the bytes after the fixed header).
+pub fn walk(mut next: u8, payload: &[u8]) -> Result<ExtInfo, Error> {
+    let mut info = ExtInfo::default();
+    let mut off = 0usize;
+    loop {
+        match next {
+            NH_HOPOPTS | NH_ROUTING | NH_DSTOPTS | NH_AH => {
+                if info.count as usize >= MAX_EXT_HEADERS {
+                    return Err(Error::TooManyHeaders);
+                }
+                if next == NH_HOPOPTS && info.count != 0 {
+                    info.misplaced_hbh = true;
+                }
+                let h = payload.get(off..off + 2).ok_or(Error::Truncated)?;
+                let len = if next == NH_AH {
+                    (h[1] as usize + 2) * 4
+                } else {
+                    (h[1] as usize + 1) * 8
+                };
+                if off + len > payload.len() {
+                    return Err(Error::Truncated);
+                }
+                if next == NH_ROUTING && payload[off + 2] == 0 {
+                    info.rh0 = true;
+                }
+                next = h[0];
+                off += len;
+                info.count += 1;
+            }
+            NH_FRAGMENT => {
+                if info.count as usize >= MAX_EXT_HEADERS {
+                    return Err(Error::TooManyHeaders);
+                }
+                if info.fragment.is_some() {
+                    return Err(Error::BadHeader);
+                }
+                let h = payload.get(off..off + 8).ok_or(Error::Truncated)?;
+                let fo = u16::from_be_bytes([h[2], h[3]]);
+                let frag = FragInfo {
+                    offset: fo & 0xfff8,
+                    more: fo & 1 != 0,
+                    ident: u32::from_be_bytes([h[4], h[5], h[6], h[7]]),
+                };
+                info.fragment = Some(frag);
+                info.count += 1;
+                next = h[0];
+                off += 8;
+                if frag.offset != 0 {
+                    // The rest of the chain is in the first fragment.
+                    break;
+                }
+            }
+            _ => break,
+        }
+    }
+    info.proto = next;
+    info.offset = off;
+    Ok(info)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(next: u8, payload: &[u8]) -> Vec<u8> {
+        let mut v = vec![0x60, 0x00, 0x00, 0x00];
+        v.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+        v.push(next);
+        v.push(64);
+        v.extend_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        v.extend_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+        v.extend_from_slice(payload);
+        v
+    }
+
+    #[test]
+    fn fixed_header_fields() {
+        let v = header(17, &[0; 8]);
+        let p = Packet::new_checked(&v[..]).unwrap();
+        assert_eq!(p.next_header(), 17);
+        assert_eq!(p.hop_limit(), 64);
+        assert_eq!(p.payload_len(), 8);
+        assert_eq!(p.src()[15], 1);
+        assert_eq!(p.dst()[15], 2);
+        assert_eq!(
+            p.walk().unwrap(),
+            ExtInfo {
+                proto: 17,
+                ..Default::default()
+            }
+        );
+    }
+
+    #[test]
+    fn rejects_bad_version_length_and_jumbo() {
+        let mut v = header(17, &[0; 8]);
+        v[0] = 0x40;
+        assert_eq!(Packet::new_checked(&v[..]).unwrap_err(), Error::BadVersion);
+        let v = header(17, &[0; 8]);
+        assert_eq!(
+            Packet::new_checked(&v[..v.len() - 1]).unwrap_err(),
+            Error::Truncated
+        );
+        let mut v = header(17, &[0; 8]);
+        v[4] = 0;
+        v[5] = 0;
+        assert_eq!(Packet::new_checked(&v[..]).unwrap_err(), Error::BadLength);
+    }
+
+    #[test]
+    fn walks_hbh_dstopts_fragment() {
+        let mut pl = vec![NH_DSTOPTS, 0, 1, 4, 0, 0, 0, 0]; // HBH -> dstopts, PadN
+        pl.extend_from_slice(&[NH_FRAGMENT, 0, 1, 4, 0, 0, 0, 0]); // dstopts -> frag
+        pl.extend_from_slice(&[6, 0, 0x00, 0x01, 0xde, 0xad, 0xbe, 0xef]); // frag off 0, M
+        pl.extend_from_slice(&[0; 20]);
+        let v = header(NH_HOPOPTS, &pl);
+        let info = Packet::new_checked(&v[..]).unwrap().walk().unwrap();
+        assert_eq!(info.proto, 6);
+        assert_eq!(info.offset, 24);
+        assert_eq!(info.count, 3);
+        assert_eq!(
+            info.fragment,
+            Some(FragInfo {
+                offset: 0,
+                more: true,
+                ident: 0xdeadbeef
+            })
+        );
+    }
+
+    #[test]
+    fn stops_at_non_first_fragment() {
+        let pl = [17, 0, 0x00, 0x10, 0, 0, 0, 1, 9, 9, 9, 9];
+        let info = walk(NH_FRAGMENT, &pl).unwrap();
+        assert_eq!(info.proto, 17);
+        assert_eq!(info.fragment.unwrap().offset, 16);
+        assert!(!info.fragment.unwrap().more);
+    }
+
+    #[test]
+    fn long_chain_is_refused() {
+        let mut pl = Vec::new();
+        for _ in 0..MAX_EXT_HEADERS + 1 {
+            pl.extend_from_slice(&[NH_DSTOPTS, 0, 1, 4, 0, 0, 0, 0]);
+        }
+        assert_eq!(walk(NH_DSTOPTS, &pl).unwrap_err(), Error::TooManyHeaders);
+    }
+
+    #[test]
+    fn truncated_and_rh0() {
+        assert_eq!(walk(NH_HOPOPTS, &[6]).unwrap_err(), Error::Truncated);
+        assert_eq!(
+            walk(NH_HOPOPTS, &[6, 1, 0, 0, 0, 0, 0, 0]).unwrap_err(),
+            Error::Truncated
+        );
+        assert_eq!(
+            walk(NH_FRAGMENT, &[6, 0, 0, 0]).unwrap_err(),
+            Error::Truncated
+        );
+        let info = walk(NH_ROUTING, &[59, 0, 0, 0, 0, 0, 0, 0]).unwrap();
+        assert!(info.rh0);
+        assert_eq!(info.proto, NH_NONE);
+        let dup = [NH_FRAGMENT, 0, 0, 1, 0, 0, 0, 1, 6, 0, 0, 0, 0, 0, 0, 1];
+        assert_eq!(walk(NH_FRAGMENT, &dup).unwrap_err(), Error::BadHeader);
+    }
+}
