@@ -132,6 +132,9 @@ pub struct Config {
     pub events: usize,
     /// Engine seconds at creation.
     pub now: u32,
+    /// Start the index at this many rows and grow it (online, by 4x) whenever the load passes
+    /// `ROW_LOAD` per row, up to what the limit calls for. None starts at the full size.
+    pub grow_from: Option<u32>,
 }
 
 /// Side records: an arena with a free list.
@@ -198,6 +201,7 @@ pub struct StateTable<K: Key> {
     timeouts: Timeouts,
     limit: u32,
     rows_fixed: bool,
+    grow: bool,
     len: u32,
     seq: u32,
     pub counters: Counters,
@@ -209,7 +213,12 @@ pub fn auto_rows(limit: u32) -> u32 {
 
 impl<K: Key> StateTable<K> {
     pub fn new(cfg: Config) -> Result<Self, MapError> {
-        let rows = cfg.rows.unwrap_or_else(|| auto_rows(cfg.limit));
+        let rows = cfg
+            .rows
+            .or(cfg.grow_from)
+            .unwrap_or_else(|| auto_rows(cfg.limit))
+            .min(auto_rows(cfg.limit).max(16));
+        let rows = cfg.rows.unwrap_or(rows);
         Ok(StateTable {
             slab: Region::new(MAX_STATES as usize)?,
             hwm: 0,
@@ -226,6 +235,7 @@ impl<K: Key> StateTable<K> {
             timeouts: Timeouts::default(),
             limit: cfg.limit,
             rows_fixed: cfg.rows.is_some(),
+            grow: cfg.grow_from.is_some(),
             len: 0,
             seq: 0,
             counters: Counters::default(),
@@ -274,9 +284,25 @@ impl<K: Key> StateTable<K> {
         self.maybe_start_resize()
     }
 
+    /// The rows the index should have now.
+    fn wanted_rows(&self) -> u32 {
+        let (full, cur) = (auto_rows(self.limit), self.index.nrows());
+        if self.rows_fixed || cur >= full {
+            cur
+        } else if self.grow {
+            if self.len as u64 >= cur as u64 * ROW_LOAD as u64 {
+                cur.saturating_mul(4).min(full)
+            } else {
+                cur
+            }
+        } else {
+            full
+        }
+    }
+
     fn maybe_start_resize(&mut self) -> Result<(), MapError> {
-        let want = auto_rows(self.limit);
-        if self.rows_fixed || self.migrating.is_some() || want <= self.index.nrows() {
+        let want = self.wanted_rows();
+        if self.migrating.is_some() || want <= self.index.nrows() {
             return Ok(());
         }
         let new = Index::new(want)?;
@@ -583,7 +609,7 @@ impl<K: Key> StateTable<K> {
     pub fn maintain(&mut self, now: u32, budget: u32) -> u32 {
         if self.migrating.is_some() {
             self.migrate(budget / 4 + 1);
-        } else if !self.rows_fixed && auto_rows(self.limit) > self.index.nrows() {
+        } else if self.wanted_rows() > self.index.nrows() {
             let _ = self.maybe_start_resize();
         }
         let mut expired = 0;

@@ -85,7 +85,7 @@ proptest! {
     #[test]
     fn table_matches_model(ops in proptest::collection::vec(op(), 1..300)) {
         let mut now = 1000u32;
-        let mut t = StateTable::<Key4>::new(Config { limit: 64, rows: None, seed: Seed::fixed(7), events: 100_000, now }).unwrap();
+        let mut t = StateTable::<Key4>::new(Config { limit: 64, rows: None, seed: Seed::fixed(7), events: 100_000, now, grow_from: None }).unwrap();
         let mut tm = Timeouts::default();
         // Adaptive scaling off, so the model's deadlines are exact.
         tm.set(Timeout::AdaptiveStart, u32::MAX - 1);
@@ -172,6 +172,7 @@ fn updates_collapse_per_state() {
         seed: Seed::fixed(1),
         events: 16,
         now: 0,
+        grow_from: None,
     })
     .unwrap();
     let k = key(1);
@@ -217,6 +218,7 @@ fn full_queue_counts_and_keeps_states() {
         seed: Seed::fixed(1),
         events: 4,
         now: 0,
+        grow_from: None,
     })
     .unwrap();
     for i in 0..10 {
@@ -246,6 +248,7 @@ fn resize_grows_rows_and_keeps_every_state() {
         seed: Seed::fixed(3),
         events: 0,
         now: 0,
+        grow_from: None,
     })
     .unwrap();
     for i in 0..600 {
@@ -290,6 +293,7 @@ fn expiry_follows_pf_timeouts_and_activity() {
         seed: Seed::fixed(1),
         events: 0,
         now: 0,
+        grow_from: None,
     })
     .unwrap();
     let k = key(1);
@@ -318,4 +322,44 @@ fn expiry_follows_pf_timeouts_and_activity() {
     t.insert(t.hash(&k), ns, 100).unwrap();
     assert_eq!(t.maintain(100 + 899, 1000), 0);
     assert_eq!(t.maintain(100 + 900, 1000), 1);
+}
+
+#[test]
+fn index_started_small_grows_with_load() {
+    let mut t = StateTable::<Key4>::new(Config {
+        limit: 60_000,
+        rows: None,
+        seed: Seed::fixed(5),
+        events: 0,
+        now: 0,
+        grow_from: Some(16),
+    })
+    .unwrap();
+    assert_eq!(t.rows(), 16);
+    for i in 0..5000u16 {
+        let k = Key4 {
+            addr: [[10, 0, (i >> 8) as u8, i as u8], [1, 1, 1, 1]],
+            port: [i, 1],
+            proto: 17,
+            _pad: 0,
+            kif: 0,
+        };
+        let ns = NewState {
+            key: k,
+            stack: None,
+            dir: Dir::In,
+            rule: 0,
+            timeout: Timeout::UdpFirst,
+            src_state: 0,
+            dst_state: 0,
+            tcp: None,
+            nosync: false,
+        };
+        t.insert(t.hash(&k), ns, 0).unwrap();
+        t.maintain(0, 16);
+    }
+    t.finish_resize();
+    assert!(t.rows() >= 5000 / 6, "rows {}", t.rows());
+    assert!(t.rows() <= auto_rows(60_000));
+    assert_eq!(t.len(), 5000);
 }

@@ -1,0 +1,69 @@
+//! What the engine asks the ruleset on a state miss. The pf.conf compiler (issue 3) implements
+//! [`Policy`]; the simple policies here serve the benches and tests until then.
+
+use xpf_state::Dir;
+use xpf_wire::PDesc;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Pass,
+    Block,
+}
+
+/// The ruleset's answer for a packet that matched no state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub action: Action,
+    /// `keep state` (pf's default for pass rules).
+    pub keep_state: bool,
+    /// The deciding rule's number.
+    pub rule: u32,
+    /// `no-sync`.
+    pub nosync: bool,
+    /// `if-bound`: the state only matches on this interface.
+    pub if_bound: bool,
+}
+
+pub trait Policy {
+    fn evaluate(&self, pd: &PDesc, ifidx: u16, dir: Dir) -> Decision;
+}
+
+/// `pass all` (keep state implied), the lab's ruleset.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PassAll;
+
+impl Policy for PassAll {
+    #[inline]
+    fn evaluate(&self, _: &PDesc, _: u16, _: Dir) -> Decision {
+        Decision {
+            action: Action::Pass,
+            keep_state: true,
+            rule: 0,
+            nosync: false,
+            if_bound: false,
+        }
+    }
+}
+
+/// `block all`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BlockAll;
+
+impl Policy for BlockAll {
+    fn evaluate(&self, _: &PDesc, _: u16, _: Dir) -> Decision {
+        Decision {
+            action: Action::Block,
+            keep_state: false,
+            rule: 0,
+            nosync: false,
+            if_bound: false,
+        }
+    }
+}
+
+/// Any closure is a policy (tests).
+impl<F: Fn(&PDesc, u16, Dir) -> Decision> Policy for F {
+    fn evaluate(&self, pd: &PDesc, ifidx: u16, dir: Dir) -> Decision {
+        self(pd, ifidx, dir)
+    }
+}
