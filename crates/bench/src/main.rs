@@ -1,1 +1,244 @@
-fn main() {}
+//! xpf-bench: pf's classic experiments on xpf, each run beside a baseline measured in the same
+//! run. `states`: packets per second against the number of states; `hashsize`: against the
+//! index size at 4M states; `insert`: new states per second. See docs/bench.md.
+
+mod engines;
+mod experiments;
+mod plot;
+mod runner;
+mod shared;
+mod stats;
+mod sys;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Every flag, once: name, value placeholder, help.
+const FLAGS: &[(&str, &str, &str)] = &[
+    (
+        "--workers",
+        "N",
+        "worker threads, one per CPU, pinned (default 1)",
+    ),
+    (
+        "--mode",
+        "shard|shared",
+        "per-worker tables with flow steering (default), or one shared striped table",
+    ),
+    (
+        "--runs",
+        "N",
+        "measured runs per point (default 5; 3 with --quick)",
+    ),
+    (
+        "--seconds",
+        "S",
+        "minimum engine time per run (default 1.0; 0.25 with --quick)",
+    ),
+    (
+        "--batch",
+        "N",
+        "frames per batch handed to the worker, 1-64 (default 32)",
+    ),
+    (
+        "--quick",
+        "",
+        "the CI-sized version: fewer points and runs, under a minute",
+    ),
+    ("--big", "", "states: add 40M and 100M states"),
+    (
+        "--points",
+        "N,N,..",
+        "states: these numbers of states instead of the default list",
+    ),
+    (
+        "--states",
+        "N",
+        "hashsize and insert: the number of states (default 4M / 10M; 1M for insert --quick)",
+    ),
+    (
+        "--rows",
+        "R,R,..",
+        "hashsize: these index sizes instead of the sweep",
+    ),
+    ("--no-baseline", "", "skip the HashMap baseline"),
+    (
+        "--json",
+        "",
+        "print the report as JSON on stdout (progress goes to stderr)",
+    ),
+    (
+        "--out",
+        "DIR",
+        "where gnuplot data, the plot and the JSON go (default bench-results/out/<bench>)",
+    ),
+];
+
+#[derive(Debug, Clone)]
+pub struct Opts {
+    pub bench: String,
+    pub workers: usize,
+    pub shared: bool,
+    pub runs: usize,
+    pub seconds: f64,
+    pub batch: usize,
+    pub quick: bool,
+    pub big: bool,
+    pub points: Option<Vec<u64>>,
+    pub states: Option<u64>,
+    pub rows: Option<Vec<u32>>,
+    pub baseline: bool,
+    pub json: bool,
+    pub out: PathBuf,
+}
+
+fn usage() -> String {
+    let mut s = String::from("usage: xpf-bench states|hashsize|insert [options]\n\noptions:\n");
+    for (f, v, h) in FLAGS {
+        s.push_str(&format!("  {:<24} {h}\n", format!("{f} {v}")));
+    }
+    s
+}
+
+fn parse_num(flag: &str, v: &str) -> Result<u64, String> {
+    let v = v.trim();
+    let (digits, mul) = match v.chars().last() {
+        Some('k' | 'K') => (&v[..v.len() - 1], 1_000),
+        Some('M') => (&v[..v.len() - 1], 1_000_000),
+        Some('G') => (&v[..v.len() - 1], 1_000_000_000),
+        Some('i') if v.ends_with("Ki") => (&v[..v.len() - 2], 1 << 10),
+        Some('i') if v.ends_with("Mi") => (&v[..v.len() - 2], 1 << 20),
+        _ => (v, 1),
+    };
+    digits
+        .replace('_', "")
+        .parse::<u64>()
+        .map(|x| x * mul)
+        .map_err(|_| format!("{flag}: '{v}' is not a number (forms: 4000000, 4M, 32Ki)"))
+}
+
+fn parse(args: &[String]) -> Result<Opts, String> {
+    let bench = args.first().ok_or_else(usage)?.clone();
+    if !["states", "hashsize", "insert"].contains(&bench.as_str()) {
+        return Err(format!("unknown bench '{bench}'\n\n{}", usage()));
+    }
+    let mut o = Opts {
+        out: PathBuf::from("bench-results/out").join(&bench),
+        bench,
+        workers: 1,
+        shared: false,
+        runs: 0,
+        seconds: 0.0,
+        batch: 32,
+        quick: false,
+        big: false,
+        points: None,
+        states: None,
+        rows: None,
+        baseline: true,
+        json: false,
+    };
+    let mut it = args[1..].iter();
+    while let Some(a) = it.next() {
+        let mut val = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{a} needs a value"))
+        };
+        match a.as_str() {
+            "--workers" => o.workers = parse_num(a, &val()?)?.clamp(1, 256) as usize,
+            "--mode" => {
+                o.shared = match val()?.as_str() {
+                    "shard" => false,
+                    "shared" => true,
+                    v => return Err(format!("--mode: '{v}' is neither shard nor shared")),
+                }
+            }
+            "--runs" => o.runs = parse_num(a, &val()?)?.max(1) as usize,
+            "--seconds" => {
+                o.seconds = val()?
+                    .parse::<f64>()
+                    .map_err(|_| "--seconds takes a number".to_string())?
+            }
+            "--batch" => o.batch = parse_num(a, &val()?)?.clamp(1, 64) as usize,
+            "--quick" => o.quick = true,
+            "--big" => o.big = true,
+            "--points" => {
+                o.points = Some(
+                    val()?
+                        .split(',')
+                        .map(|x| parse_num(a, x))
+                        .collect::<Result<_, _>>()?,
+                )
+            }
+            "--states" => o.states = Some(parse_num(a, &val()?)?),
+            "--rows" => {
+                o.rows = Some(
+                    val()?
+                        .split(',')
+                        .map(|x| parse_num(a, x).map(|v| v as u32))
+                        .collect::<Result<_, _>>()?,
+                )
+            }
+            "--no-baseline" => o.baseline = false,
+            "--json" => o.json = true,
+            "--out" => o.out = PathBuf::from(val()?),
+            "-h" | "--help" => return Err(usage()),
+            other => return Err(format!("unknown option '{other}'\n\n{}", usage())),
+        }
+    }
+    if o.runs == 0 {
+        o.runs = if o.quick { 3 } else { 5 };
+    }
+    if o.seconds == 0.0 {
+        o.seconds = if o.quick { 0.25 } else { 1.0 };
+    }
+    Ok(o)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let o = match parse(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("xpf-bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let r = match o.bench.as_str() {
+        "states" => experiments::states(&o),
+        "hashsize" => experiments::hashsize(&o),
+        _ => experiments::insert(&o),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xpf-bench {}: {e}", o.bench);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Result<Opts, String> {
+        parse(&s.split_whitespace().map(String::from).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn flags() {
+        let o = p("states --quick --workers 2 --points 128,4M --json").unwrap();
+        assert_eq!((o.workers, o.runs, o.seconds, o.json), (2, 3, 0.25, true));
+        assert_eq!(o.points, Some(vec![128, 4_000_000]));
+        assert_eq!(
+            p("hashsize --rows 32Ki,1Mi").unwrap().rows,
+            Some(vec![32768, 1 << 20])
+        );
+        assert!(p("states --mode both").unwrap_err().contains("both"));
+        assert!(p("states --runs x").unwrap_err().contains("'x'"));
+        assert!(p("nope").unwrap_err().contains("unknown bench"));
+        assert!(p("states --bogus").unwrap_err().contains("--bogus"));
+    }
+}

@@ -715,6 +715,12 @@ impl<K: Key> StateTable<K> {
         }
     }
 
+    /// Prefetches the index row of hash `h` (for callers that pipeline their own work).
+    #[inline(always)]
+    pub fn prefetch_row(&self, h: u64) {
+        self.index.prefetch(h);
+    }
+
     /// Prefetches state `id` (for callers that pipeline their own work).
     #[inline(always)]
     pub fn prefetch_state(&self, id: u32) {

@@ -1,0 +1,136 @@
+//! The engines a bench drives with the same frames: xpf's own worker (the daemon's code), and
+//! the baseline the issue asks for beside it, a plain `HashMap<FlowKey, State>` (hashbrown with
+//! foldhash) doing the same parse, key, lookup-or-insert and counter update, one packet at a time.
+
+use hashbrown::HashMap;
+use xpf_engine::{PassAll, Verdict, Worker, WorkerConfig, BATCH};
+use xpf_state::{Dir, Key, Key4, Seed};
+use xpf_wire::{parse_ether, PDesc};
+
+pub trait Engine: Send {
+    /// Filters frames (at most BATCH); returns how many passed.
+    fn process(&mut self, frames: &[&[u8]], now: u32) -> usize;
+    fn states(&self) -> u64;
+    fn inserts(&self) -> u64;
+    /// Background work between chunks (expiry; nothing for the baseline).
+    fn maintain(&mut self, _now: u32) {}
+}
+
+pub struct Xpf {
+    pub w: Worker<PassAll>,
+    verdicts: [Verdict; BATCH],
+}
+
+impl Xpf {
+    pub fn new(limit: u64, rows: Option<u32>) -> Xpf {
+        let cfg = WorkerConfig {
+            limit: limit as u32,
+            rows,
+            seed: Seed::random(),
+            events: 0,
+            now: 1,
+        };
+        Xpf {
+            w: Worker::new(cfg, PassAll).expect("state table memory"),
+            verdicts: [Verdict::Pass; BATCH],
+        }
+    }
+}
+
+impl Engine for Xpf {
+    #[inline]
+    fn process(&mut self, frames: &[&[u8]], now: u32) -> usize {
+        self.w.process(frames, 1, Dir::In, now, &mut self.verdicts);
+        self.verdicts[..frames.len()]
+            .iter()
+            .filter(|v| **v == Verdict::Pass)
+            .count()
+    }
+    fn states(&self) -> u64 {
+        self.w.states() as u64
+    }
+    fn inserts(&self) -> u64 {
+        self.w.t4.counters.inserts + self.w.t6.counters.inserts
+    }
+    fn maintain(&mut self, now: u32) {
+        self.w.maintain(now, 64);
+    }
+}
+
+/// The baseline's state: the same data an xpf entry holds, without the key.
+#[derive(Clone, Copy)]
+#[allow(dead_code)]
+pub struct BaseState {
+    expire: u32,
+    creation: u32,
+    rule: u32,
+    timeout: u8,
+    src_state: u8,
+    dst_state: u8,
+    flags: u8,
+    packets: [u32; 2],
+    bytes: [u64; 2],
+}
+
+pub struct HashMapBaseline {
+    map: HashMap<Key4, BaseState, foldhash::fast::RandomState>,
+    inserts: u64,
+}
+
+impl HashMapBaseline {
+    pub fn new(limit: u64) -> Self {
+        HashMapBaseline {
+            map: HashMap::with_capacity_and_hasher(
+                limit as usize,
+                foldhash::fast::RandomState::default(),
+            ),
+            inserts: 0,
+        }
+    }
+}
+
+impl Engine for HashMapBaseline {
+    #[inline]
+    fn process(&mut self, frames: &[&[u8]], now: u32) -> usize {
+        let mut passed = 0;
+        for f in frames {
+            let mut pd = PDesc::default();
+            if parse_ether(f, &mut pd).is_err() {
+                continue;
+            }
+            let k = Key4::from_pdesc(&pd, Dir::In, 0);
+            match self.map.get_mut(&k) {
+                Some(s) => {
+                    s.packets[0] = s.packets[0].wrapping_add(1);
+                    s.bytes[0] += pd.ip_len as u64;
+                    s.expire = now;
+                }
+                None => {
+                    self.map.insert(
+                        k,
+                        BaseState {
+                            expire: now,
+                            creation: now,
+                            rule: 0,
+                            timeout: 0,
+                            src_state: 1,
+                            dst_state: 0,
+                            flags: 0,
+                            packets: [1, 0],
+                            bytes: [pd.ip_len as u64, 0],
+                        },
+                    );
+                    self.inserts += 1;
+                }
+            }
+            passed += 1;
+        }
+        passed
+    }
+    fn states(&self) -> u64 {
+        self.map.len() as u64
+    }
+    fn inserts(&self) -> u64 {
+        self.inserts
+    }
+}

@@ -1,0 +1,458 @@
+//! The experiments: what they run, what they print, what they write.
+
+use crate::engines::{HashMapBaseline, Xpf};
+use crate::plot::{self, Series};
+use crate::runner::{insert_runs, shard_runs, Measured};
+use crate::stats::{self, Summary};
+use crate::Opts;
+use serde::Serialize;
+use xpf_io::gen::Gen;
+use xpf_state::auto_rows;
+
+#[derive(Serialize)]
+struct Env {
+    commit: String,
+    cpu: String,
+    cpus: usize,
+    thp: String,
+    workers: usize,
+    mode: &'static str,
+    batch: usize,
+    runs: usize,
+    seconds_per_run: f64,
+    quick: bool,
+}
+
+fn env(o: &Opts) -> Env {
+    Env {
+        commit: crate::sys::commit(),
+        cpu: crate::sys::cpu_model(),
+        cpus: crate::sys::cpus(),
+        thp: crate::sys::thp(),
+        workers: o.workers,
+        mode: if o.shared { "shared" } else { "shard" },
+        batch: o.batch,
+        runs: o.runs,
+        seconds_per_run: o.seconds,
+        quick: o.quick,
+    }
+}
+
+#[derive(Serialize)]
+struct StatesPoint {
+    states: u64,
+    rows: u64,
+    xpf_pps: Summary,
+    xpf_runs: Vec<f64>,
+    hashmap_pps: Option<Summary>,
+    hashmap_runs: Vec<f64>,
+    /// xpf median / HashMap median.
+    ratio: Option<f64>,
+    /// Resident memory added per state, all-in (entries, index, wheel, anything else).
+    bytes_per_state: f64,
+    /// The table's own accounting per state.
+    table_bytes_per_state: f64,
+    hashmap_bytes_per_state: Option<f64>,
+    warm_inserts_per_sec: f64,
+}
+
+#[derive(Serialize)]
+struct Report<P: Serialize> {
+    bench: String,
+    env: Env,
+    points: Vec<P>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hashmap_reference: Option<Summary>,
+}
+
+fn say(o: &Opts, s: String) {
+    if o.json {
+        eprintln!("{s}");
+    } else {
+        println!("{s}");
+    }
+}
+
+fn xpf_measure(o: &Opts, g: &Gen, rows: Option<u32>) -> Measured {
+    if o.shared {
+        crate::shared::shared_runs(g, o.workers, o.runs, o.seconds, o.batch)
+    } else {
+        shard_runs(
+            g,
+            o.workers,
+            o.runs,
+            o.seconds,
+            o.batch,
+            move |lim| Xpf::new(lim, rows),
+            |e: &Xpf| {
+                let m = e.w.t4.memory();
+                let n = e.w.states().max(1) as f64;
+                vec![
+                    (
+                        "table_bytes_per_state".into(),
+                        (m.total() + e.w.t6.memory().total()) as f64 / n,
+                    ),
+                    ("rows".into(), e.w.t4.rows() as f64),
+                    ("overflow_buckets".into(), e.w.t4.overflow_buckets() as f64),
+                ]
+            },
+        )
+    }
+}
+
+fn extra(m: &Measured, k: &str) -> f64 {
+    m.extra.iter().find(|(n, _)| n == k).map_or(0.0, |x| x.1)
+}
+
+fn finish<P: Serialize>(
+    o: &Opts,
+    report: &Report<P>,
+    series: &[Series],
+    title: &str,
+    xlabel: &str,
+) -> Result<(), String> {
+    let io = |e: std::io::Error| format!("writing {}: {e}", o.out.display());
+    std::fs::create_dir_all(&o.out).map_err(io)?;
+    let json = serde_json::to_string_pretty(report).unwrap();
+    std::fs::write(o.out.join(format!("{}.json", o.bench)), &json).map_err(io)?;
+    let png = plot::write(
+        &o.out,
+        &o.bench,
+        title,
+        xlabel,
+        "packets per second",
+        true,
+        series,
+    )
+    .map_err(io)?;
+    match png {
+        Ok(p) => say(
+            o,
+            format!("plot: {p}  data: {}", o.out.join("gnuplot.data").display()),
+        ),
+        Err(why) => say(o, format!("no plot: {why}")),
+    }
+    if o.json {
+        println!("{json}");
+    }
+    Ok(())
+}
+
+pub fn states(o: &Opts) -> Result<(), String> {
+    let points = o.points.clone().unwrap_or_else(|| {
+        let mut v: Vec<u64> = if o.quick {
+            vec![128, 9_800, 100_000, 1_000_000, 10_000_000]
+        } else {
+            vec![
+                128, 512, 2048, 9_800, 100_000, 1_000_000, 2_000_000, 4_000_000, 6_000_000,
+                10_000_000,
+            ]
+        };
+        if o.big {
+            v.extend([40_000_000, 100_000_000]);
+        }
+        v
+    });
+    let e = env(o);
+    say(o, format!(
+        "xpf-bench states: established UDP, 60-byte frames, {} worker(s) ({}), batch {}, {} runs of >= {} s per point; commit {}; {}; THP {}",
+        o.workers, e.mode, o.batch, o.runs, o.seconds, e.commit, e.cpu, e.thp
+    ));
+    let mut out = Vec::new();
+    for &n in &points {
+        let g = Gen::for_flows(n);
+        eprintln!("  {n} states: xpf ...");
+        let x = xpf_measure(o, &g, None);
+        let hm = o.baseline.then(|| {
+            eprintln!("  {n} states: HashMap ...");
+            shard_runs(
+                &g,
+                o.workers,
+                o.runs,
+                o.seconds,
+                o.batch,
+                HashMapBaseline::new,
+                |_| Vec::new(),
+            )
+        });
+        let xs = Summary::of(&x.runs);
+        let hs = hm.as_ref().map(|h| Summary::of(&h.runs));
+        out.push(StatesPoint {
+            states: n,
+            rows: extra(&x, "rows") as u64,
+            ratio: hs.as_ref().map(|h| xs.median / h.median),
+            xpf_pps: xs,
+            xpf_runs: x.runs.clone(),
+            hashmap_pps: hs,
+            hashmap_runs: hm.as_ref().map(|h| h.runs.clone()).unwrap_or_default(),
+            bytes_per_state: x.rss_per_state,
+            table_bytes_per_state: extra(&x, "table_bytes_per_state"),
+            hashmap_bytes_per_state: hm.as_ref().map(|h| h.rss_per_state),
+            warm_inserts_per_sec: x.warm_rate,
+        });
+    }
+    if !o.json {
+        println!("xpf, packets/s:");
+        stats::header("states", "packets/s");
+        for p in &out {
+            stats::row(&p.states.to_string(), &p.xpf_pps);
+        }
+        if o.baseline {
+            println!("HashMap (hashbrown + foldhash, one packet at a time), packets/s:");
+            stats::header("states", "packets/s");
+            for p in &out {
+                stats::row(&p.states.to_string(), p.hashmap_pps.as_ref().unwrap());
+            }
+        }
+        println!(
+            "{:>10} {:>12} {:>14} {:>14} {:>14} {:>16}",
+            "states",
+            "xpf/HashMap",
+            "B/state(rss)",
+            "B/state(table)",
+            "HashMap B/st",
+            "warm inserts/s"
+        );
+        for p in &out {
+            println!(
+                "{:>10} {:>12} {:>14.1} {:>14.1} {:>14} {:>16.0}",
+                p.states,
+                p.ratio.map_or("-".into(), |r| format!("{r:.2}x")),
+                p.bytes_per_state,
+                p.table_bytes_per_state,
+                p.hashmap_bytes_per_state
+                    .map_or("-".into(), |b| format!("{b:.1}")),
+                p.warm_inserts_per_sec
+            );
+        }
+    }
+    let mut series = vec![Series {
+        title: "xpf",
+        points: out
+            .iter()
+            .map(|p| {
+                (
+                    p.states as f64,
+                    p.xpf_pps.median,
+                    p.xpf_pps.min,
+                    p.xpf_pps.max,
+                )
+            })
+            .collect(),
+    }];
+    if o.baseline {
+        series.push(Series {
+            title: "HashMap (hashbrown+foldhash)",
+            points: out
+                .iter()
+                .map(|p| {
+                    let h = p.hashmap_pps.as_ref().unwrap();
+                    (p.states as f64, h.median, h.min, h.max)
+                })
+                .collect(),
+        });
+    }
+    let report = Report {
+        bench: o.bench.clone(),
+        env: e,
+        points: out,
+        hashmap_reference: None,
+    };
+    finish(
+        o,
+        &report,
+        &series,
+        "established UDP: packets per second against number of states",
+        "states",
+    )
+}
+
+#[derive(Serialize)]
+struct HashPoint {
+    rows: u64,
+    automatic: bool,
+    states_per_row: f64,
+    xpf_pps: Summary,
+    xpf_runs: Vec<f64>,
+    overflow_buckets: u64,
+    bytes_per_state: f64,
+    warm_inserts_per_sec: f64,
+}
+
+pub fn hashsize(o: &Opts) -> Result<(), String> {
+    let n = o.states.unwrap_or(4_000_000);
+    let auto = auto_rows(n as u32);
+    let mut rows: Vec<u32> = o.rows.clone().unwrap_or_else(|| {
+        let exps: Vec<u32> = if o.quick {
+            vec![15, 17, 19, 21, 23, 25]
+        } else {
+            (15..=25).collect()
+        };
+        exps.into_iter().map(|e| 1u32 << e).collect()
+    });
+    if !rows.contains(&auto) {
+        rows.push(auto);
+    }
+    rows.sort();
+    let e = env(o);
+    say(o, format!(
+        "xpf-bench hashsize: {n} established UDP states, index rows swept (automatic: {auto}), {} worker(s), batch {}, {} runs; commit {}",
+        o.workers, o.batch, o.runs, e.commit
+    ));
+    let mut out = Vec::new();
+    for &r in &rows {
+        eprintln!("  {r} rows ...");
+        let g = Gen::for_flows(n);
+        let x = xpf_measure(
+            &Opts {
+                shared: false,
+                ..o.clone()
+            },
+            &g,
+            Some(r),
+        );
+        out.push(HashPoint {
+            rows: r as u64,
+            automatic: r == auto,
+            states_per_row: n as f64 / r as f64,
+            xpf_pps: Summary::of(&x.runs),
+            xpf_runs: x.runs.clone(),
+            overflow_buckets: extra(&x, "overflow_buckets") as u64,
+            bytes_per_state: x.rss_per_state,
+            warm_inserts_per_sec: x.warm_rate,
+        });
+    }
+    let reference = o.baseline.then(|| {
+        eprintln!("  HashMap reference ...");
+        let g = Gen::for_flows(n);
+        Summary::of(
+            &shard_runs(
+                &g,
+                o.workers,
+                o.runs,
+                o.seconds,
+                o.batch,
+                HashMapBaseline::new,
+                |_| Vec::new(),
+            )
+            .runs,
+        )
+    });
+    if !o.json {
+        stats::header("rows", "packets/s");
+        for p in &out {
+            stats::row(&p.rows.to_string(), &p.xpf_pps);
+        }
+        println!(
+            "{:>10} {:>12} {:>10} {:>12} {:>16}",
+            "rows", "states/row", "overflow", "B/state", "warm inserts/s"
+        );
+        for p in &out {
+            println!(
+                "{:>10} {:>12.2} {:>10} {:>12.1} {:>16.0}{}",
+                p.rows,
+                p.states_per_row,
+                p.overflow_buckets,
+                p.bytes_per_state,
+                p.warm_inserts_per_sec,
+                if p.automatic { "   <- automatic" } else { "" }
+            );
+        }
+        if let Some(h) = &reference {
+            println!(
+                "HashMap (hashbrown + foldhash) at {n} states: median {:.0} packets/s",
+                h.median
+            );
+        }
+    }
+    let series = vec![Series {
+        title: "xpf",
+        points: out
+            .iter()
+            .map(|p| {
+                (
+                    p.rows as f64,
+                    p.xpf_pps.median,
+                    p.xpf_pps.min,
+                    p.xpf_pps.max,
+                )
+            })
+            .collect(),
+    }];
+    let report = Report {
+        bench: o.bench.clone(),
+        env: e,
+        points: out,
+        hashmap_reference: reference,
+    };
+    finish(
+        o,
+        &report,
+        &series,
+        &format!("{n} established UDP states: packets per second against index rows"),
+        "index rows",
+    )
+}
+
+#[derive(Serialize)]
+struct InsertPoint {
+    states: u64,
+    xpf_inserts_per_sec: Summary,
+    xpf_runs: Vec<f64>,
+    hashmap_inserts_per_sec: Option<Summary>,
+    hashmap_runs: Vec<f64>,
+    ratio: Option<f64>,
+}
+
+pub fn insert(o: &Opts) -> Result<(), String> {
+    let n = o
+        .states
+        .unwrap_or(if o.quick { 1_000_000 } else { 10_000_000 });
+    let e = env(o);
+    say(o, format!("xpf-bench insert: {n} new UDP flows per run (each packet creates a state), batch {}, {} runs; commit {}", o.batch, o.runs, e.commit));
+    let g = Gen::for_flows(n);
+    let x = insert_runs(&g, o.runs, o.batch, |lim| Xpf::new(lim, None));
+    let h = o
+        .baseline
+        .then(|| insert_runs(&g, o.runs, o.batch, HashMapBaseline::new));
+    let xs = Summary::of(&x);
+    let hs = h.as_ref().map(|v| Summary::of(v));
+    if !o.json {
+        stats::header("engine", "new states/s");
+        stats::row("xpf", &xs);
+        if let Some(hs) = &hs {
+            stats::row("HashMap", hs);
+            println!("xpf/HashMap: {:.2}x", xs.median / hs.median);
+        }
+    }
+    let p = InsertPoint {
+        states: n,
+        ratio: hs.as_ref().map(|h| xs.median / h.median),
+        xpf_inserts_per_sec: xs,
+        xpf_runs: x,
+        hashmap_inserts_per_sec: hs,
+        hashmap_runs: h.unwrap_or_default(),
+    };
+    let mut series = vec![Series {
+        title: "xpf",
+        points: vec![(
+            n as f64,
+            p.xpf_inserts_per_sec.median,
+            p.xpf_inserts_per_sec.min,
+            p.xpf_inserts_per_sec.max,
+        )],
+    }];
+    if let Some(hs) = &p.hashmap_inserts_per_sec {
+        series.push(Series {
+            title: "HashMap",
+            points: vec![(n as f64, hs.median, hs.min, hs.max)],
+        });
+    }
+    let report = Report {
+        bench: o.bench.clone(),
+        env: e,
+        points: vec![p],
+        hashmap_reference: None,
+    };
+    finish(o, &report, &series, "new states per second", "states")
+}

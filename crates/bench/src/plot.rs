@@ -1,0 +1,74 @@
+//! gnuplot data in the seed's form (`#index median minimum maximum`) and a PNG drawn by
+//! gnuplot when it is installed (`make` installs it).
+
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+
+pub struct Series<'a> {
+    pub title: &'a str,
+    /// (x, median, min, max)
+    pub points: Vec<(f64, f64, f64, f64)>,
+}
+
+/// Writes `<dir>/gnuplot.data` (one block per series, separated by two blank lines as gnuplot's
+/// `index` wants), `<dir>/plot.gp`, and runs gnuplot for `<dir>/<name>.png`. Returns the PNG's
+/// path, or a note saying why there is none.
+pub fn write(
+    dir: &Path,
+    name: &str,
+    title: &str,
+    xlabel: &str,
+    ylabel: &str,
+    logx: bool,
+    series: &[Series],
+) -> std::io::Result<Result<String, String>> {
+    std::fs::create_dir_all(dir)?;
+    let data = dir.join("gnuplot.data");
+    let mut f = std::fs::File::create(&data)?;
+    for (i, s) in series.iter().enumerate() {
+        writeln!(f, "# {}", s.title)?;
+        writeln!(f, "#index median minimum maximum")?;
+        for p in &s.points {
+            writeln!(f, "{} {:.0} {:.0} {:.0}", p.0, p.1, p.2, p.3)?;
+        }
+        if i + 1 < series.len() {
+            writeln!(f, "\n")?;
+        }
+    }
+    let png = dir.join(format!("{name}.png"));
+    let mut gp = String::new();
+    gp.push_str("set terminal png size 1000,600\n");
+    gp.push_str(&format!("set output '{}'\n", png.display()));
+    gp.push_str(&format!(
+        "set title '{title}'\nset xlabel '{xlabel}'\nset ylabel '{ylabel}'\n"
+    ));
+    if logx {
+        gp.push_str("set logscale x\n");
+    }
+    gp.push_str("set grid\nset key outside bottom center horizontal\nset yrange [0:*]\nset format y '%.0s%c'\n");
+    let plots: Vec<String> = series
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            format!(
+                "'{}' index {i} using 1:2:3:4 with yerrorlines title '{}'",
+                data.display(),
+                s.title
+            )
+        })
+        .collect();
+    gp.push_str(&format!("plot {}\n", plots.join(", ")));
+    std::fs::write(dir.join("plot.gp"), &gp)?;
+    match Command::new("gnuplot").arg(dir.join("plot.gp")).output() {
+        Ok(o) if o.status.success() => Ok(Ok(png.display().to_string())),
+        Ok(o) => Ok(Err(format!(
+            "gnuplot failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))),
+        Err(_) => Ok(Err(
+            "gnuplot is not installed (make installs gnuplot-nox); data and script are written"
+                .into(),
+        )),
+    }
+}

@@ -1,0 +1,216 @@
+//! Measuring loops. Frames are generated a chunk at a time into a buffer that stays in cache
+//! (as an RX ring's frames are when the worker reads them) and only the engine's work on them
+//! is timed: the generator's cost is outside every figure.
+
+use crate::engines::Engine;
+use std::sync::{Arc, Barrier};
+use std::time::Instant;
+use xpf_io::gen::{Gen, FRAME_LEN};
+
+pub const CHUNK: usize = 4096;
+
+/// A stream of frames over flows `start, start + stride, ...` of a generator, wrapping.
+pub struct Feed {
+    gen: Gen,
+    start: u64,
+    stride: u64,
+    /// Flows in this feed.
+    pub count: u64,
+    pos: u64,
+    buf: Vec<[u8; FRAME_LEN]>,
+}
+
+impl Feed {
+    pub fn new(gen: Gen, start: u64, stride: u64) -> Feed {
+        let count = (gen.flows() - start).div_ceil(stride);
+        Feed {
+            gen,
+            start,
+            stride,
+            count,
+            pos: 0,
+            buf: vec![[0; FRAME_LEN]; CHUNK],
+        }
+    }
+
+    /// Starts the stream at flow number `i` of this feed.
+    pub fn seek(&mut self, i: u64) {
+        self.pos = i % self.count;
+    }
+
+    fn fill(&mut self, k: usize) {
+        for b in &mut self.buf[..k] {
+            self.gen.write(self.start + self.pos * self.stride, b);
+            self.pos += 1;
+            if self.pos == self.count {
+                self.pos = 0;
+            }
+        }
+    }
+}
+
+/// One timed stretch: packets fed, seconds spent in the engine, packets passed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Pumped {
+    pub packets: u64,
+    pub secs: f64,
+    pub passed: u64,
+}
+
+/// Feeds at least `min_pkts` packets and at least `min_secs` of engine time, in batches of
+/// `batch`; the engine's maintenance runs once per chunk, inside the timed part, as it would in
+/// the daemon's loop.
+pub fn pump<E: Engine>(
+    e: &mut E,
+    feed: &mut Feed,
+    min_pkts: u64,
+    min_secs: f64,
+    batch: usize,
+    now: u32,
+) -> Pumped {
+    let mut p = Pumped::default();
+    while p.packets < min_pkts || p.secs < min_secs {
+        let k = if min_secs == 0.0 {
+            ((min_pkts - p.packets) as usize).min(CHUNK)
+        } else {
+            CHUNK
+        };
+        feed.fill(k);
+        let mut frames: [&[u8]; 64] = [&[]; 64];
+        let t = Instant::now();
+        for c in feed.buf[..k].chunks(batch) {
+            for (f, b) in frames.iter_mut().zip(c) {
+                *f = &b[..];
+            }
+            p.passed += e.process(&frames[..c.len()], now) as u64;
+        }
+        e.maintain(now);
+        p.secs += t.elapsed().as_secs_f64();
+        p.packets += k as u64;
+    }
+    p
+}
+
+/// What a point measured for one engine.
+pub struct Measured {
+    /// Packets per second of each run (summed over workers).
+    pub runs: Vec<f64>,
+    /// States per second while the table was first filled.
+    pub warm_rate: f64,
+    /// Resident bytes the engines added, per state.
+    pub rss_per_state: f64,
+    pub states: u64,
+    pub extra: Vec<(String, f64)>,
+}
+
+/// Warms `workers` engines (each with its share of the flows, as RSS steering would give them)
+/// and measures `runs` runs of established traffic. `make(limit)` builds one engine; `inspect`
+/// reads extra figures from the first engine after warming.
+pub fn shard_runs<E: Engine + 'static>(
+    gen: &Gen,
+    workers: usize,
+    runs: usize,
+    min_secs: f64,
+    batch: usize,
+    make: impl Fn(u64) -> E + Send + Sync + 'static,
+    inspect: impl Fn(&E) -> Vec<(String, f64)> + Send + Sync + 'static,
+) -> Measured {
+    let rss0 = crate::sys::rss();
+    let barrier = Arc::new(Barrier::new(workers + 1));
+    let make = Arc::new(make);
+    let inspect = Arc::new(inspect);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut handles = Vec::new();
+    for w in 0..workers {
+        let (gen, barrier, make, inspect, tx) = (
+            gen.clone(),
+            barrier.clone(),
+            make.clone(),
+            inspect.clone(),
+            tx.clone(),
+        );
+        handles.push(std::thread::spawn(move || {
+            crate::sys::pin(w);
+            let mut feed = Feed::new(gen, w as u64, workers as u64);
+            let mut e = make(feed.count);
+            let count = feed.count;
+            let warm = pump(&mut e, &mut feed, count, 0.0, batch, 1);
+            assert_eq!(
+                e.states(),
+                feed.count,
+                "warm-up must create one state per flow"
+            );
+            let extra = if w == 0 { inspect(&e) } else { Vec::new() };
+            tx.send(("warm", warm.packets as f64 / warm.secs, extra))
+                .unwrap();
+            let inserts = e.inserts();
+            for _ in 0..runs {
+                barrier.wait();
+                let p = pump(&mut e, &mut feed, count.min(1 << 22), min_secs, batch, 2);
+                assert_eq!(p.passed, p.packets, "established traffic must all pass");
+                tx.send(("run", p.packets as f64 / p.secs, Vec::new()))
+                    .unwrap();
+                barrier.wait();
+            }
+            assert_eq!(
+                e.inserts(),
+                inserts,
+                "no state may be created while measuring"
+            );
+            barrier.wait();
+            drop(e);
+        }));
+    }
+    drop(tx);
+    let mut warm_rate = 0.0;
+    let mut extra = Vec::new();
+    for _ in 0..workers {
+        let (_, r, x) = rx.recv().unwrap();
+        warm_rate += r;
+        if !x.is_empty() {
+            extra = x;
+        }
+    }
+    let rss1 = crate::sys::rss();
+    let mut out = Vec::new();
+    for _ in 0..runs {
+        barrier.wait();
+        let mut sum = 0.0;
+        for _ in 0..workers {
+            sum += rx.recv().unwrap().1;
+        }
+        out.push(sum);
+        barrier.wait();
+    }
+    barrier.wait();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let states = gen.flows();
+    Measured {
+        runs: out,
+        warm_rate,
+        rss_per_state: rss1.saturating_sub(rss0) as f64 / states as f64,
+        states,
+        extra,
+    }
+}
+
+/// New states per second: each run fills a fresh engine with `gen`'s flows once.
+pub fn insert_runs<E: Engine>(
+    gen: &Gen,
+    runs: usize,
+    batch: usize,
+    make: impl Fn(u64) -> E,
+) -> Vec<f64> {
+    (0..runs)
+        .map(|_| {
+            let mut feed = Feed::new(gen.clone(), 0, 1);
+            let mut e = make(feed.count);
+            let count = feed.count;
+            let p = pump(&mut e, &mut feed, count, 0.0, batch, 1);
+            assert_eq!(e.states(), feed.count);
+            p.packets as f64 / p.secs
+        })
+        .collect()
+}
