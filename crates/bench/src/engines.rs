@@ -23,17 +23,8 @@ pub struct Xpf {
 
 impl Xpf {
     pub fn new(limit: u64, rows: Option<u32>) -> Xpf {
-        let cfg = WorkerConfig {
-            limit: limit as u32,
-            rows,
-            seed: Seed::random(),
-            events: 0,
-            now: 1,
-        };
-        Xpf {
-            w: Worker::new(cfg, PassAll).expect("state table memory"),
-            verdicts: [Verdict::Pass; BATCH],
-        }
+        let cfg = WorkerConfig { limit: limit as u32, rows, seed: Seed::random(), events: 0, now: 1, prefault: true };
+        Xpf { w: Worker::new(cfg, PassAll).expect("state table memory"), verdicts: [Verdict::Pass; BATCH] }
     }
 }
 
@@ -41,10 +32,7 @@ impl Engine for Xpf {
     #[inline]
     fn process(&mut self, frames: &[&[u8]], now: u32) -> usize {
         self.w.process(frames, 1, Dir::In, now, &mut self.verdicts);
-        self.verdicts[..frames.len()]
-            .iter()
-            .filter(|v| **v == Verdict::Pass)
-            .count()
+        self.verdicts[..frames.len()].iter().filter(|v| **v == Verdict::Pass).count()
     }
     fn states(&self) -> u64 {
         self.w.states() as u64
@@ -80,10 +68,7 @@ pub struct HashMapBaseline {
 impl HashMapBaseline {
     pub fn new(limit: u64) -> Self {
         HashMapBaseline {
-            map: HashMap::with_capacity_and_hasher(
-                limit as usize,
-                foldhash::fast::RandomState::default(),
-            ),
+            map: HashMap::with_capacity_and_hasher(limit as usize, foldhash::fast::RandomState::default()),
             inserts: 0,
         }
     }

@@ -88,10 +88,7 @@ fn xpf_measure(o: &Opts, g: &Gen, rows: Option<u32>) -> Measured {
                 let m = e.w.t4.memory();
                 let n = e.w.states().max(1) as f64;
                 vec![
-                    (
-                        "table_bytes_per_state".into(),
-                        (m.total() + e.w.t6.memory().total()) as f64 / n,
-                    ),
+                    ("table_bytes_per_state".into(), (m.total() + e.w.t6.memory().total()) as f64 / n),
                     ("rows".into(), e.w.t4.rows() as f64),
                     ("overflow_buckets".into(), e.w.t4.overflow_buckets() as f64),
                 ]
@@ -115,21 +112,9 @@ fn finish<P: Serialize>(
     std::fs::create_dir_all(&o.out).map_err(io)?;
     let json = serde_json::to_string_pretty(report).unwrap();
     std::fs::write(o.out.join(format!("{}.json", o.bench)), &json).map_err(io)?;
-    let png = plot::write(
-        &o.out,
-        &o.bench,
-        title,
-        xlabel,
-        "packets per second",
-        true,
-        series,
-    )
-    .map_err(io)?;
+    let png = plot::write(&o.out, &o.bench, title, xlabel, "packets per second", true, series).map_err(io)?;
     match png {
-        Ok(p) => say(
-            o,
-            format!("plot: {p}  data: {}", o.out.join("gnuplot.data").display()),
-        ),
+        Ok(p) => say(o, format!("plot: {p}  data: {}", o.out.join("gnuplot.data").display())),
         Err(why) => say(o, format!("no plot: {why}")),
     }
     if o.json {
@@ -143,10 +128,7 @@ pub fn states(o: &Opts) -> Result<(), String> {
         let mut v: Vec<u64> = if o.quick {
             vec![128, 9_800, 100_000, 1_000_000, 10_000_000]
         } else {
-            vec![
-                128, 512, 2048, 9_800, 100_000, 1_000_000, 2_000_000, 4_000_000, 6_000_000,
-                10_000_000,
-            ]
+            vec![128, 512, 2048, 9_800, 100_000, 1_000_000, 2_000_000, 4_000_000, 6_000_000, 10_000_000]
         };
         if o.big {
             v.extend([40_000_000, 100_000_000]);
@@ -165,15 +147,7 @@ pub fn states(o: &Opts) -> Result<(), String> {
         let x = xpf_measure(o, &g, None);
         let hm = o.baseline.then(|| {
             eprintln!("  {n} states: HashMap ...");
-            shard_runs(
-                &g,
-                o.workers,
-                o.runs,
-                o.seconds,
-                o.batch,
-                HashMapBaseline::new,
-                |_| Vec::new(),
-            )
+            shard_runs(&g, o.workers, o.runs, o.seconds, o.batch, HashMapBaseline::new, |_| Vec::new())
         });
         let xs = Summary::of(&x.runs);
         let hs = hm.as_ref().map(|h| Summary::of(&h.runs));
@@ -206,12 +180,7 @@ pub fn states(o: &Opts) -> Result<(), String> {
         }
         println!(
             "{:>10} {:>12} {:>14} {:>14} {:>14} {:>16}",
-            "states",
-            "xpf/HashMap",
-            "B/state(rss)",
-            "B/state(table)",
-            "HashMap B/st",
-            "warm inserts/s"
+            "states", "xpf/HashMap", "B/state(rss)", "B/state(table)", "HashMap B/st", "warm inserts/s"
         );
         for p in &out {
             println!(
@@ -220,25 +189,14 @@ pub fn states(o: &Opts) -> Result<(), String> {
                 p.ratio.map_or("-".into(), |r| format!("{r:.2}x")),
                 p.bytes_per_state,
                 p.table_bytes_per_state,
-                p.hashmap_bytes_per_state
-                    .map_or("-".into(), |b| format!("{b:.1}")),
+                p.hashmap_bytes_per_state.map_or("-".into(), |b| format!("{b:.1}")),
                 p.warm_inserts_per_sec
             );
         }
     }
     let mut series = vec![Series {
         title: "xpf",
-        points: out
-            .iter()
-            .map(|p| {
-                (
-                    p.states as f64,
-                    p.xpf_pps.median,
-                    p.xpf_pps.min,
-                    p.xpf_pps.max,
-                )
-            })
-            .collect(),
+        points: out.iter().map(|p| (p.states as f64, p.xpf_pps.median, p.xpf_pps.min, p.xpf_pps.max)).collect(),
     }];
     if o.baseline {
         series.push(Series {
@@ -252,19 +210,8 @@ pub fn states(o: &Opts) -> Result<(), String> {
                 .collect(),
         });
     }
-    let report = Report {
-        bench: o.bench.clone(),
-        env: e,
-        points: out,
-        hashmap_reference: None,
-    };
-    finish(
-        o,
-        &report,
-        &series,
-        "established UDP: packets per second against number of states",
-        "states",
-    )
+    let report = Report { bench: o.bench.clone(), env: e, points: out, hashmap_reference: None };
+    finish(o, &report, &series, "established UDP: packets per second against number of states", "states")
 }
 
 #[derive(Serialize)]
@@ -283,11 +230,7 @@ pub fn hashsize(o: &Opts) -> Result<(), String> {
     let n = o.states.unwrap_or(4_000_000);
     let auto = auto_rows(n as u32);
     let mut rows: Vec<u32> = o.rows.clone().unwrap_or_else(|| {
-        let exps: Vec<u32> = if o.quick {
-            vec![15, 17, 19, 21, 23, 25]
-        } else {
-            (15..=25).collect()
-        };
+        let exps: Vec<u32> = if o.quick { vec![15, 17, 19, 21, 23, 25] } else { (15..=25).collect() };
         exps.into_iter().map(|e| 1u32 << e).collect()
     });
     if !rows.contains(&auto) {
@@ -303,14 +246,7 @@ pub fn hashsize(o: &Opts) -> Result<(), String> {
     for &r in &rows {
         eprintln!("  {r} rows ...");
         let g = Gen::for_flows(n);
-        let x = xpf_measure(
-            &Opts {
-                shared: false,
-                ..o.clone()
-            },
-            &g,
-            Some(r),
-        );
+        let x = xpf_measure(&Opts { shared: false, ..o.clone() }, &g, Some(r));
         out.push(HashPoint {
             rows: r as u64,
             automatic: r == auto,
@@ -325,28 +261,14 @@ pub fn hashsize(o: &Opts) -> Result<(), String> {
     let reference = o.baseline.then(|| {
         eprintln!("  HashMap reference ...");
         let g = Gen::for_flows(n);
-        Summary::of(
-            &shard_runs(
-                &g,
-                o.workers,
-                o.runs,
-                o.seconds,
-                o.batch,
-                HashMapBaseline::new,
-                |_| Vec::new(),
-            )
-            .runs,
-        )
+        Summary::of(&shard_runs(&g, o.workers, o.runs, o.seconds, o.batch, HashMapBaseline::new, |_| Vec::new()).runs)
     });
     if !o.json {
         stats::header("rows", "packets/s");
         for p in &out {
             stats::row(&p.rows.to_string(), &p.xpf_pps);
         }
-        println!(
-            "{:>10} {:>12} {:>10} {:>12} {:>16}",
-            "rows", "states/row", "overflow", "B/state", "warm inserts/s"
-        );
+        println!("{:>10} {:>12} {:>10} {:>12} {:>16}", "rows", "states/row", "overflow", "B/state", "warm inserts/s");
         for p in &out {
             println!(
                 "{:>10} {:>12.2} {:>10} {:>12.1} {:>16.0}{}",
@@ -359,32 +281,14 @@ pub fn hashsize(o: &Opts) -> Result<(), String> {
             );
         }
         if let Some(h) = &reference {
-            println!(
-                "HashMap (hashbrown + foldhash) at {n} states: median {:.0} packets/s",
-                h.median
-            );
+            println!("HashMap (hashbrown + foldhash) at {n} states: median {:.0} packets/s", h.median);
         }
     }
     let series = vec![Series {
         title: "xpf",
-        points: out
-            .iter()
-            .map(|p| {
-                (
-                    p.rows as f64,
-                    p.xpf_pps.median,
-                    p.xpf_pps.min,
-                    p.xpf_pps.max,
-                )
-            })
-            .collect(),
+        points: out.iter().map(|p| (p.rows as f64, p.xpf_pps.median, p.xpf_pps.min, p.xpf_pps.max)).collect(),
     }];
-    let report = Report {
-        bench: o.bench.clone(),
-        env: e,
-        points: out,
-        hashmap_reference: reference,
-    };
+    let report = Report { bench: o.bench.clone(), env: e, points: out, hashmap_reference: reference };
     finish(
         o,
         &report,
@@ -405,16 +309,18 @@ struct InsertPoint {
 }
 
 pub fn insert(o: &Opts) -> Result<(), String> {
-    let n = o
-        .states
-        .unwrap_or(if o.quick { 1_000_000 } else { 10_000_000 });
+    let n = o.states.unwrap_or(if o.quick { 1_000_000 } else { 10_000_000 });
     let e = env(o);
-    say(o, format!("xpf-bench insert: {n} new UDP flows per run (each packet creates a state), batch {}, {} runs; commit {}", o.batch, o.runs, e.commit));
+    say(
+        o,
+        format!(
+            "xpf-bench insert: {n} new UDP flows per run (each packet creates a state), batch {}, {} runs; commit {}",
+            o.batch, o.runs, e.commit
+        ),
+    );
     let g = Gen::for_flows(n);
     let x = insert_runs(&g, o.runs, o.batch, |lim| Xpf::new(lim, None));
-    let h = o
-        .baseline
-        .then(|| insert_runs(&g, o.runs, o.batch, HashMapBaseline::new));
+    let h = o.baseline.then(|| insert_runs(&g, o.runs, o.batch, HashMapBaseline::new));
     let xs = Summary::of(&x);
     let hs = h.as_ref().map(|v| Summary::of(v));
     if !o.json {
@@ -435,24 +341,11 @@ pub fn insert(o: &Opts) -> Result<(), String> {
     };
     let mut series = vec![Series {
         title: "xpf",
-        points: vec![(
-            n as f64,
-            p.xpf_inserts_per_sec.median,
-            p.xpf_inserts_per_sec.min,
-            p.xpf_inserts_per_sec.max,
-        )],
+        points: vec![(n as f64, p.xpf_inserts_per_sec.median, p.xpf_inserts_per_sec.min, p.xpf_inserts_per_sec.max)],
     }];
     if let Some(hs) = &p.hashmap_inserts_per_sec {
-        series.push(Series {
-            title: "HashMap",
-            points: vec![(n as f64, hs.median, hs.min, hs.max)],
-        });
+        series.push(Series { title: "HashMap", points: vec![(n as f64, hs.median, hs.min, hs.max)] });
     }
-    let report = Report {
-        bench: o.bench.clone(),
-        env: e,
-        points: vec![p],
-        hashmap_reference: None,
-    };
+    let report = Report { bench: o.bench.clone(), env: e, points: vec![p], hashmap_reference: None };
     finish(o, &report, &series, "new states per second", "states")
 }

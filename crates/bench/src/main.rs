@@ -15,63 +15,19 @@ use std::process::ExitCode;
 
 /// Every flag, once: name, value placeholder, help.
 const FLAGS: &[(&str, &str, &str)] = &[
-    (
-        "--workers",
-        "N",
-        "worker threads, one per CPU, pinned (default 1)",
-    ),
-    (
-        "--mode",
-        "shard|shared",
-        "per-worker tables with flow steering (default), or one shared striped table",
-    ),
-    (
-        "--runs",
-        "N",
-        "measured runs per point (default 5; 3 with --quick)",
-    ),
-    (
-        "--seconds",
-        "S",
-        "minimum engine time per run (default 1.0; 0.25 with --quick)",
-    ),
-    (
-        "--batch",
-        "N",
-        "frames per batch handed to the worker, 1-64 (default 32)",
-    ),
-    (
-        "--quick",
-        "",
-        "the CI-sized version: fewer points and runs, under a minute",
-    ),
+    ("--workers", "N", "worker threads, one per CPU, pinned (default 1)"),
+    ("--mode", "shard|shared", "per-worker tables with flow steering (default), or one shared striped table"),
+    ("--runs", "N", "measured runs per point (default 5; 3 with --quick)"),
+    ("--seconds", "S", "minimum engine time per run (default 1.0; 0.25 with --quick)"),
+    ("--batch", "N", "frames per batch handed to the worker, 1-64 (default 32)"),
+    ("--quick", "", "the CI-sized version: fewer points and runs, under a minute"),
     ("--big", "", "states: add 40M and 100M states"),
-    (
-        "--points",
-        "N,N,..",
-        "states: these numbers of states instead of the default list",
-    ),
-    (
-        "--states",
-        "N",
-        "hashsize and insert: the number of states (default 4M / 10M; 1M for insert --quick)",
-    ),
-    (
-        "--rows",
-        "R,R,..",
-        "hashsize: these index sizes instead of the sweep",
-    ),
+    ("--points", "N,N,..", "states: these numbers of states instead of the default list"),
+    ("--states", "N", "hashsize and insert: the number of states (default 4M / 10M; 1M for insert --quick)"),
+    ("--rows", "R,R,..", "hashsize: these index sizes instead of the sweep"),
     ("--no-baseline", "", "skip the HashMap baseline"),
-    (
-        "--json",
-        "",
-        "print the report as JSON on stdout (progress goes to stderr)",
-    ),
-    (
-        "--out",
-        "DIR",
-        "where gnuplot data, the plot and the JSON go (default bench-results/out/<bench>)",
-    ),
+    ("--json", "", "print the report as JSON on stdout (progress goes to stderr)"),
+    ("--out", "DIR", "where gnuplot data, the plot and the JSON go (default bench-results/out/<bench>)"),
 ];
 
 #[derive(Debug, Clone)]
@@ -140,11 +96,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
     };
     let mut it = args[1..].iter();
     while let Some(a) = it.next() {
-        let mut val = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{a} needs a value"))
-        };
+        let mut val = || it.next().cloned().ok_or_else(|| format!("{a} needs a value"));
         match a.as_str() {
             "--workers" => o.workers = parse_num(a, &val()?)?.clamp(1, 256) as usize,
             "--mode" => {
@@ -155,30 +107,14 @@ fn parse(args: &[String]) -> Result<Opts, String> {
                 }
             }
             "--runs" => o.runs = parse_num(a, &val()?)?.max(1) as usize,
-            "--seconds" => {
-                o.seconds = val()?
-                    .parse::<f64>()
-                    .map_err(|_| "--seconds takes a number".to_string())?
-            }
+            "--seconds" => o.seconds = val()?.parse::<f64>().map_err(|_| "--seconds takes a number".to_string())?,
             "--batch" => o.batch = parse_num(a, &val()?)?.clamp(1, 64) as usize,
             "--quick" => o.quick = true,
             "--big" => o.big = true,
-            "--points" => {
-                o.points = Some(
-                    val()?
-                        .split(',')
-                        .map(|x| parse_num(a, x))
-                        .collect::<Result<_, _>>()?,
-                )
-            }
+            "--points" => o.points = Some(val()?.split(',').map(|x| parse_num(a, x)).collect::<Result<_, _>>()?),
             "--states" => o.states = Some(parse_num(a, &val()?)?),
             "--rows" => {
-                o.rows = Some(
-                    val()?
-                        .split(',')
-                        .map(|x| parse_num(a, x).map(|v| v as u32))
-                        .collect::<Result<_, _>>()?,
-                )
+                o.rows = Some(val()?.split(',').map(|x| parse_num(a, x).map(|v| v as u32)).collect::<Result<_, _>>()?)
             }
             "--no-baseline" => o.baseline = false,
             "--json" => o.json = true,
@@ -232,10 +168,7 @@ mod tests {
         let o = p("states --quick --workers 2 --points 128,4M --json").unwrap();
         assert_eq!((o.workers, o.runs, o.seconds, o.json), (2, 3, 0.25, true));
         assert_eq!(o.points, Some(vec![128, 4_000_000]));
-        assert_eq!(
-            p("hashsize --rows 32Ki,1Mi").unwrap().rows,
-            Some(vec![32768, 1 << 20])
-        );
+        assert_eq!(p("hashsize --rows 32Ki,1Mi").unwrap().rows, Some(vec![32768, 1 << 20]));
         assert!(p("states --mode both").unwrap_err().contains("both"));
         assert!(p("states --runs x").unwrap_err().contains("'x'"));
         assert!(p("nope").unwrap_err().contains("unknown bench"));

@@ -40,9 +40,7 @@ pub fn write(
     let mut gp = String::new();
     gp.push_str("set terminal png size 1000,600\n");
     gp.push_str(&format!("set output '{}'\n", png.display()));
-    gp.push_str(&format!(
-        "set title '{title}'\nset xlabel '{xlabel}'\nset ylabel '{ylabel}'\n"
-    ));
+    gp.push_str(&format!("set title '{title}'\nset xlabel '{xlabel}'\nset ylabel '{ylabel}'\n"));
     if logx {
         gp.push_str("set logscale x\n");
     }
@@ -50,25 +48,13 @@ pub fn write(
     let plots: Vec<String> = series
         .iter()
         .enumerate()
-        .map(|(i, s)| {
-            format!(
-                "'{}' index {i} using 1:2:3:4 with yerrorlines title '{}'",
-                data.display(),
-                s.title
-            )
-        })
+        .map(|(i, s)| format!("'{}' index {i} using 1:2:3:4 with yerrorlines title '{}'", data.display(), s.title))
         .collect();
     gp.push_str(&format!("plot {}\n", plots.join(", ")));
     std::fs::write(dir.join("plot.gp"), &gp)?;
     match Command::new("gnuplot").arg(dir.join("plot.gp")).output() {
         Ok(o) if o.status.success() => Ok(Ok(png.display().to_string())),
-        Ok(o) => Ok(Err(format!(
-            "gnuplot failed: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        ))),
-        Err(_) => Ok(Err(
-            "gnuplot is not installed (make installs gnuplot-nox); data and script are written"
-                .into(),
-        )),
+        Ok(o) => Ok(Err(format!("gnuplot failed: {}", String::from_utf8_lossy(&o.stderr).trim()))),
+        Err(_) => Ok(Err("gnuplot is not installed (make installs gnuplot-nox); data and script are written".into())),
     }
 }

@@ -23,14 +23,7 @@ pub struct Feed {
 impl Feed {
     pub fn new(gen: Gen, start: u64, stride: u64) -> Feed {
         let count = (gen.flows() - start).div_ceil(stride);
-        Feed {
-            gen,
-            start,
-            stride,
-            count,
-            pos: 0,
-            buf: vec![[0; FRAME_LEN]; CHUNK],
-        }
+        Feed { gen, start, stride, count, pos: 0, buf: vec![[0; FRAME_LEN]; CHUNK] }
     }
 
     /// Starts the stream at flow number `i` of this feed.
@@ -60,21 +53,10 @@ pub struct Pumped {
 /// Feeds at least `min_pkts` packets and at least `min_secs` of engine time, in batches of
 /// `batch`; the engine's maintenance runs once per chunk, inside the timed part, as it would in
 /// the daemon's loop.
-pub fn pump<E: Engine>(
-    e: &mut E,
-    feed: &mut Feed,
-    min_pkts: u64,
-    min_secs: f64,
-    batch: usize,
-    now: u32,
-) -> Pumped {
+pub fn pump<E: Engine>(e: &mut E, feed: &mut Feed, min_pkts: u64, min_secs: f64, batch: usize, now: u32) -> Pumped {
     let mut p = Pumped::default();
     while p.packets < min_pkts || p.secs < min_secs {
-        let k = if min_secs == 0.0 {
-            ((min_pkts - p.packets) as usize).min(CHUNK)
-        } else {
-            CHUNK
-        };
+        let k = if min_secs == 0.0 { ((min_pkts - p.packets) as usize).min(CHUNK) } else { CHUNK };
         feed.fill(k);
         let mut frames: [&[u8]; 64] = [&[]; 64];
         let t = Instant::now();
@@ -122,41 +104,26 @@ pub fn shard_runs<E: Engine + 'static>(
     let (tx, rx) = std::sync::mpsc::channel();
     let mut handles = Vec::new();
     for w in 0..workers {
-        let (gen, barrier, make, inspect, tx) = (
-            gen.clone(),
-            barrier.clone(),
-            make.clone(),
-            inspect.clone(),
-            tx.clone(),
-        );
+        let (gen, barrier, make, inspect, tx) =
+            (gen.clone(), barrier.clone(), make.clone(), inspect.clone(), tx.clone());
         handles.push(std::thread::spawn(move || {
             crate::sys::pin(w);
             let mut feed = Feed::new(gen, w as u64, workers as u64);
             let mut e = make(feed.count);
             let count = feed.count;
             let warm = pump(&mut e, &mut feed, count, 0.0, batch, 1);
-            assert_eq!(
-                e.states(),
-                feed.count,
-                "warm-up must create one state per flow"
-            );
+            assert_eq!(e.states(), feed.count, "warm-up must create one state per flow");
             let extra = if w == 0 { inspect(&e) } else { Vec::new() };
-            tx.send(("warm", warm.packets as f64 / warm.secs, extra))
-                .unwrap();
+            tx.send(("warm", warm.packets as f64 / warm.secs, extra)).unwrap();
             let inserts = e.inserts();
             for _ in 0..runs {
                 barrier.wait();
                 let p = pump(&mut e, &mut feed, count.min(1 << 22), min_secs, batch, 2);
                 assert_eq!(p.passed, p.packets, "established traffic must all pass");
-                tx.send(("run", p.packets as f64 / p.secs, Vec::new()))
-                    .unwrap();
+                tx.send(("run", p.packets as f64 / p.secs, Vec::new())).unwrap();
                 barrier.wait();
             }
-            assert_eq!(
-                e.inserts(),
-                inserts,
-                "no state may be created while measuring"
-            );
+            assert_eq!(e.inserts(), inserts, "no state may be created while measuring");
             barrier.wait();
             drop(e);
         }));
@@ -187,22 +154,11 @@ pub fn shard_runs<E: Engine + 'static>(
         h.join().unwrap();
     }
     let states = gen.flows();
-    Measured {
-        runs: out,
-        warm_rate,
-        rss_per_state: rss1.saturating_sub(rss0) as f64 / states as f64,
-        states,
-        extra,
-    }
+    Measured { runs: out, warm_rate, rss_per_state: rss1.saturating_sub(rss0) as f64 / states as f64, states, extra }
 }
 
 /// New states per second: each run fills a fresh engine with `gen`'s flows once.
-pub fn insert_runs<E: Engine>(
-    gen: &Gen,
-    runs: usize,
-    batch: usize,
-    make: impl Fn(u64) -> E,
-) -> Vec<f64> {
+pub fn insert_runs<E: Engine>(gen: &Gen, runs: usize, batch: usize, make: impl Fn(u64) -> E) -> Vec<f64> {
     (0..runs)
         .map(|_| {
             let mut feed = Feed::new(gen.clone(), 0, 1);

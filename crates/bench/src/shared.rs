@@ -28,11 +28,7 @@ unsafe impl Sync for Stripe {}
 impl Stripe {
     #[inline(always)]
     fn lock(&self) -> &mut StateTable<Key4> {
-        while self
-            .locked
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
+        while self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
             std::hint::spin_loop();
         }
         // SAFETY: the lock is held until unlock().
@@ -64,6 +60,7 @@ impl Shared {
                         events: 0,
                         now: 1,
                         grow_from: None,
+                        prefault: false,
                     })
                     .unwrap(),
                 ),
@@ -74,14 +71,7 @@ impl Shared {
 
     /// The same work as the worker's path (parse, key, lookup or insert, count), per packet
     /// under its stripe's lock. Returns packets passed.
-    fn process(
-        &self,
-        frames: &[&[u8]],
-        now: u32,
-        pd: &mut [PDesc],
-        keys: &mut [Key4],
-        hs: &mut [u64],
-    ) -> usize {
+    fn process(&self, frames: &[&[u8]], now: u32, pd: &mut [PDesc], keys: &mut [Key4], hs: &mut [u64]) -> usize {
         let n = frames.len();
         for i in 0..n {
             pd[i] = PDesc::default();
@@ -163,11 +153,7 @@ fn pump(
     let mut keys = [Key4::default(); 64];
     let mut hs = [0u64; 64];
     while pkts < min_pkts || secs < min_secs {
-        let k = if min_secs == 0.0 {
-            ((min_pkts - pkts) as usize).min(CHUNK)
-        } else {
-            CHUNK
-        };
+        let k = if min_secs == 0.0 { ((min_pkts - pkts) as usize).min(CHUNK) } else { CHUNK };
         for b in &mut buf[..k] {
             gen.write(*pos, b);
             *pos = (*pos + 1) % gen.flows();
@@ -188,13 +174,7 @@ fn pump(
 
 /// Warms the shared table with all flows (split between the workers), then measures runs in
 /// which every worker sends every flow, starting at different points.
-pub fn shared_runs(
-    gen: &Gen,
-    workers: usize,
-    runs: usize,
-    min_secs: f64,
-    batch: usize,
-) -> Measured {
+pub fn shared_runs(gen: &Gen, workers: usize, runs: usize, min_secs: f64, batch: usize) -> Measured {
     let rss0 = crate::sys::rss();
     let sh = Arc::new(Shared::new(gen.flows()));
     let n = gen.flows();
@@ -206,26 +186,14 @@ pub fn shared_runs(
         hs.push(std::thread::spawn(move || {
             crate::sys::pin(w);
             let mut buf = vec![[0u8; FRAME_LEN]; CHUNK];
-            let (lo, hi) = (
-                n * w as u64 / workers as u64,
-                n * (w as u64 + 1) / workers as u64,
-            );
+            let (lo, hi) = (n * w as u64 / workers as u64, n * (w as u64 + 1) / workers as u64);
             let mut pos = lo;
             let (p, s, _) = pump(&sh, &gen, &mut pos, hi - lo, 0.0, batch, 1, &mut buf);
             tx.send(p as f64 / s).unwrap();
             barrier.wait();
             for _ in 0..runs {
                 barrier.wait();
-                let (p, s, passed) = pump(
-                    &sh,
-                    &gen,
-                    &mut pos,
-                    n.min(1 << 22),
-                    min_secs,
-                    batch,
-                    2,
-                    &mut buf,
-                );
+                let (p, s, passed) = pump(&sh, &gen, &mut pos, n.min(1 << 22), min_secs, batch, 2, &mut buf);
                 assert_eq!(passed, p);
                 tx.send(p as f64 / s).unwrap();
                 barrier.wait();

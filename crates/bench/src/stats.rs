@@ -18,26 +18,11 @@ impl Summary {
         let mut v = xs.to_vec();
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         let n = v.len();
-        let median = if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        };
+        let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
         let avg = v.iter().sum::<f64>() / n as f64;
         // Sample standard deviation, as ministat prints it.
-        let var = if n > 1 {
-            v.iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / (n - 1) as f64
-        } else {
-            0.0
-        };
-        Summary {
-            n,
-            min: v[0],
-            max: v[n - 1],
-            median,
-            avg,
-            stddev: var.sqrt(),
-        }
+        let var = if n > 1 { v.iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / (n - 1) as f64 } else { 0.0 };
+        Summary { n, min: v[0], max: v[n - 1], median, avg, stddev: var.sqrt() }
     }
 }
 
@@ -63,10 +48,7 @@ mod tests {
     #[test]
     fn ministat_figures() {
         let s = Summary::of(&[5.0, 1.0, 3.0, 2.0, 4.0]);
-        assert_eq!(
-            (s.n, s.min, s.max, s.median, s.avg),
-            (5, 1.0, 5.0, 3.0, 3.0)
-        );
+        assert_eq!((s.n, s.min, s.max, s.median, s.avg), (5, 1.0, 5.0, 3.0, 3.0));
         assert!((s.stddev - 1.5811).abs() < 1e-3);
         assert_eq!(Summary::of(&[1.0, 2.0]).median, 1.5);
         assert_eq!(Summary::of(&[7.0]).stddev, 0.0);

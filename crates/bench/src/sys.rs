@@ -33,8 +33,7 @@ pub fn commit() -> String {
     };
     match out(&["rev-parse", "--short=12", "HEAD"]) {
         Some(c) => {
-            let dirty = out(&["status", "--porcelain", "--untracked-files=no"])
-                .is_some_and(|s| !s.is_empty());
+            let dirty = out(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
             if dirty {
                 format!("{c}+dirty")
             } else {

@@ -43,14 +43,7 @@ pub struct Stats {
 
 impl Default for Stats {
     fn default() -> Self {
-        Stats {
-            packets: 0,
-            bytes: 0,
-            passed: 0,
-            dropped: 0,
-            to_host: 0,
-            reasons: [0; Reason::COUNT],
-        }
+        Stats { packets: 0, bytes: 0, passed: 0, dropped: 0, to_host: 0, reasons: [0; Reason::COUNT] }
     }
 }
 
@@ -63,6 +56,8 @@ pub struct WorkerConfig {
     /// Event queue capacity per family; 0 when sync is off.
     pub events: usize,
     pub now: u32,
+    /// Commit the memory of `limit` IPv4 entries at creation (see `xpf_state::Config`).
+    pub prefault: bool,
 }
 
 pub struct Worker<P: Policy> {
@@ -92,19 +87,12 @@ impl<P: Policy> Worker<P> {
             events: cfg.events,
             now: cfg.now,
             grow_from: None,
+            prefault: cfg.prefault,
         })?;
         // IPv6 states are usually few: its index starts at 1/16 of the automatic size and grows
         // online with the load, up to the size the limit calls for.
-        let s6 = Seed([
-            cfg.seed.0[1],
-            cfg.seed.0[2],
-            cfg.seed.0[3],
-            cfg.seed.0[0] | 1,
-        ]);
-        let grow = cfg
-            .rows
-            .is_none()
-            .then(|| xpf_state::auto_rows(cfg.limit) / 16);
+        let s6 = Seed([cfg.seed.0[1], cfg.seed.0[2], cfg.seed.0[3], cfg.seed.0[0] | 1]);
+        let grow = cfg.rows.is_none().then(|| xpf_state::auto_rows(cfg.limit) / 16);
         let t6 = StateTable::new(Config {
             limit: cfg.limit,
             rows: cfg.rows,
@@ -112,6 +100,7 @@ impl<P: Policy> Worker<P> {
             events: cfg.events,
             now: cfg.now,
             grow_from: grow,
+            prefault: false,
         })?;
         Ok(Worker {
             t4,
@@ -152,19 +141,11 @@ impl<P: Policy> Worker<P> {
     /// `ifidx`. `verdicts[i]` is set for `frames[i]`.
     // PERF: 9.7 ns/pkt at 9,800 states and 17.9 ns/pkt at 10M (one core, established UDP,
     // xpf-bench states; docs/bench-results.md).
-    pub fn process(
-        &mut self,
-        frames: &[&[u8]],
-        ifidx: u16,
-        dir: Dir,
-        now: u32,
-        verdicts: &mut [Verdict],
-    ) {
+    pub fn process(&mut self, frames: &[&[u8]], ifidx: u16, dir: Dir, now: u32, verdicts: &mut [Verdict]) {
         let n = frames.len().min(BATCH);
         let (mut n4, mut n6) = (0usize, 0usize);
         for i in 0..n {
             let pd = &mut self.pd[i];
-            *pd = PDesc::default();
             verdicts[i] = match parse_ether(frames[i], pd) {
                 Ok(()) => {
                     if pd.flags & (pdf::NOT_FIRST_FRAG | pdf::ICMP_ERROR) != 0 {
@@ -188,8 +169,7 @@ impl<P: Policy> Worker<P> {
             };
         }
         if n4 > 0 {
-            self.t4
-                .lookup_batch(&self.k4[..n4], &mut self.h4[..n4], &mut self.r4[..n4]);
+            self.t4.lookup_batch(&self.k4[..n4], &mut self.h4[..n4], &mut self.r4[..n4]);
             let other = self.t6.len();
             for j in 0..n4 {
                 let i = self.i4[j] as usize;
@@ -197,21 +177,13 @@ impl<P: Policy> Worker<P> {
                 verdicts[i] = if self.r4[j] != NONE {
                     hit(&mut self.t4, self.r4[j], pd, dir, now)
                 } else {
-                    let c = Ctx {
-                        limit: self.limit,
-                        other,
-                        ifidx,
-                        dir,
-                        now,
-                        any_if_bound: &mut self.any_if_bound,
-                    };
+                    let c = Ctx { limit: self.limit, other, ifidx, dir, now, any_if_bound: &mut self.any_if_bound };
                     miss(&mut self.t4, &self.policy, c, pd, self.k4[j], self.h4[j])
                 };
             }
         }
         if n6 > 0 {
-            self.t6
-                .lookup_batch(&self.k6[..n6], &mut self.h6[..n6], &mut self.r6[..n6]);
+            self.t6.lookup_batch(&self.k6[..n6], &mut self.h6[..n6], &mut self.r6[..n6]);
             let other = self.t4.len();
             for j in 0..n6 {
                 let i = self.i6[j] as usize;
@@ -219,14 +191,7 @@ impl<P: Policy> Worker<P> {
                 verdicts[i] = if self.r6[j] != NONE {
                     hit(&mut self.t6, self.r6[j], pd, dir, now)
                 } else {
-                    let c = Ctx {
-                        limit: self.limit,
-                        other,
-                        ifidx,
-                        dir,
-                        now,
-                        any_if_bound: &mut self.any_if_bound,
-                    };
+                    let c = Ctx { limit: self.limit, other, ifidx, dir, now, any_if_bound: &mut self.any_if_bound };
                     miss(&mut self.t6, &self.policy, c, pd, self.k6[j], self.h6[j])
                 };
             }
@@ -275,23 +240,13 @@ fn stateless<P: Policy>(p: &P, pd: &PDesc, ifidx: u16, dir: Dir) -> Verdict {
 fn hit<K: Key>(t: &mut StateTable<K>, r: u32, pd: &PDesc, dir: Dir, now: u32) -> Verdict {
     let s = t.touch(r & ID_MASK, dir, pd.ip_len, now);
     let from = (((s.flags & sf::OUT) >> 2) ^ dir as u8) as usize;
-    let (st, to) = proto::on_packet(pd.proto, pd.tcp_flags, from, [s.src_state, s.dst_state]);
-    s.src_state = st[0];
-    s.dst_state = st[1];
-    s.timeout = to as u8;
+    s.timeout = proto::on_packet(pd.proto, pd.tcp_flags, from, &mut s.peer_state) as u8;
     Verdict::Pass
 }
 
 /// No state: ask the ruleset, and create the state if the rule keeps state.
 #[inline(never)]
-fn miss<K: Key, P: Policy>(
-    t: &mut StateTable<K>,
-    p: &P,
-    c: Ctx,
-    pd: &PDesc,
-    key: K,
-    h: u64,
-) -> Verdict {
+fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key: K, h: u64) -> Verdict {
     // Created by an earlier packet of this batch, or if-bound to this interface.
     if let Some(r) = t.find(&key, h) {
         return hit(t, r, pd, c.dir, c.now);
@@ -321,17 +276,8 @@ fn miss<K: Key, P: Policy>(
         (key, h)
     };
     let (timeout, src_state, dst_state, tcp) = proto::initial(pd);
-    let ns = NewState {
-        key,
-        stack: None,
-        dir: c.dir,
-        rule: d.rule,
-        timeout,
-        src_state,
-        dst_state,
-        tcp,
-        nosync: d.nosync,
-    };
+    let ns =
+        NewState { key, stack: None, dir: c.dir, rule: d.rule, timeout, src_state, dst_state, tcp, nosync: d.nosync };
     match t.insert(h, ns, c.now) {
         Ok(id) => {
             t.touch(id, c.dir, pd.ip_len, c.now);

@@ -35,13 +35,7 @@ pub struct PassAll;
 impl Policy for PassAll {
     #[inline]
     fn evaluate(&self, _: &PDesc, _: u16, _: Dir) -> Decision {
-        Decision {
-            action: Action::Pass,
-            keep_state: true,
-            rule: 0,
-            nosync: false,
-            if_bound: false,
-        }
+        Decision { action: Action::Pass, keep_state: true, rule: 0, nosync: false, if_bound: false }
     }
 }
 
@@ -51,13 +45,7 @@ pub struct BlockAll;
 
 impl Policy for BlockAll {
     fn evaluate(&self, _: &PDesc, _: u16, _: Dir) -> Decision {
-        Decision {
-            action: Action::Block,
-            keep_state: false,
-            rule: 0,
-            nosync: false,
-            if_bound: false,
-        }
+        Decision { action: Action::Block, keep_state: false, rule: 0, nosync: false, if_bound: false }
     }
 }
 

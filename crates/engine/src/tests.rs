@@ -25,17 +25,7 @@ fn tcp4(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, flags: u8) -> Vec<u8
 }
 
 fn worker<P: Policy>(p: P, limit: u32) -> Worker<P> {
-    Worker::new(
-        WorkerConfig {
-            limit,
-            rows: None,
-            seed: Seed::fixed(9),
-            events: 0,
-            now: 0,
-        },
-        p,
-    )
-    .unwrap()
+    Worker::new(WorkerConfig { limit, rows: None, seed: Seed::fixed(9), events: 0, now: 0, prefault: false }, p).unwrap()
 }
 
 fn run<P: Policy>(w: &mut Worker<P>, frames: &[Vec<u8>], dir: Dir, now: u32) -> Vec<Verdict> {
@@ -51,11 +41,7 @@ fn run<P: Policy>(w: &mut Worker<P>, frames: &[Vec<u8>], dir: Dir, now: u32) -> 
 fn keep_state_lets_replies_back_through_block_policy() {
     // Out: pass keep state; in: block. The reply passes by state only.
     let p = |_: &PDesc, _: u16, d: Dir| Decision {
-        action: if d == Dir::Out {
-            Action::Pass
-        } else {
-            Action::Block
-        },
+        action: if d == Dir::Out { Action::Pass } else { Action::Block },
         keep_state: true,
         rule: 3,
         nosync: false,
@@ -72,14 +58,11 @@ fn keep_state_lets_replies_back_through_block_policy() {
     let (id, s) = w.t4.iter().next().unwrap();
     assert_eq!(s.packets, [1, 1]);
     assert_eq!(s.rule, 3);
-    assert_eq!((s.src_state, s.dst_state), (proto::MULTIPLE, proto::SINGLE));
+    assert_eq!((s.peer_state[0], s.peer_state[1]), (proto::MULTIPLE, proto::SINGLE));
     assert_eq!(Timeout::from_u8(s.timeout), Timeout::UdpSingle);
     assert_eq!(id, 0);
     assert_eq!(w.stats.reasons[Reason::Match as usize], 1);
-    assert_eq!(
-        (w.stats.packets, w.stats.passed, w.stats.dropped),
-        (3, 2, 1)
-    );
+    assert_eq!((w.stats.packets, w.stats.passed, w.stats.dropped), (3, 2, 1));
 }
 
 #[test]
@@ -96,18 +79,10 @@ fn same_flow_twice_in_one_batch_makes_one_state() {
 #[test]
 fn state_limit_drops_are_counted_and_keep_existing_states() {
     let mut w = worker(PassAll, 2);
-    let fs: Vec<Vec<u8>> = (0..4)
-        .map(|i| udp4([1, 1, 1, i], [2, 2, 2, 2], 1, 2))
-        .collect();
+    let fs: Vec<Vec<u8>> = (0..4).map(|i| udp4([1, 1, 1, i], [2, 2, 2, 2], 1, 2)).collect();
     let v = run(&mut w, &fs, Dir::In, 0);
     assert_eq!(v[..2], [Verdict::Pass, Verdict::Pass]);
-    assert_eq!(
-        v[2..],
-        [
-            Verdict::Drop(Reason::StateLimit),
-            Verdict::Drop(Reason::StateLimit)
-        ]
-    );
+    assert_eq!(v[2..], [Verdict::Drop(Reason::StateLimit), Verdict::Drop(Reason::StateLimit)]);
     assert_eq!(w.states(), 2);
     assert_eq!(w.stats.reasons[Reason::StateLimit as usize], 2);
     // the first two still pass by state
@@ -124,14 +99,7 @@ fn malformed_and_non_ip_frames() {
     let mut arp = udp4([1, 1, 1, 1], [2, 2, 2, 2], 1, 2);
     arp[12..14].copy_from_slice(&[0x08, 0x06]);
     let v = run(&mut w, &[bad_ck, short, arp], Dir::In, 0);
-    assert_eq!(
-        v,
-        vec![
-            Verdict::Drop(Reason::BadIpChecksum),
-            Verdict::Drop(Reason::Short),
-            Verdict::Host
-        ]
-    );
+    assert_eq!(v, vec![Verdict::Drop(Reason::BadIpChecksum), Verdict::Drop(Reason::Short), Verdict::Host]);
     assert_eq!(w.states(), 0);
     assert_eq!(w.stats.to_host, 1);
 }
@@ -149,22 +117,14 @@ fn tcp_state_only_from_syn() {
     run(&mut w, &[synack], Dir::Out, 0);
     run(&mut w, &[ack], Dir::In, 0);
     let (id, s) = w.t4.iter().next().map(|(i, s)| (i, *s)).unwrap();
-    assert_eq!(
-        (s.src_state, s.dst_state),
-        (proto::tcps::ESTABLISHED, proto::tcps::ESTABLISHED)
-    );
+    assert_eq!((s.peer_state[0], s.peer_state[1]), (proto::tcps::ESTABLISHED, proto::tcps::ESTABLISHED));
     assert!(w.t4.peers(id).is_some());
 }
 
 #[test]
 fn states_expire_through_maintain() {
     let mut w = worker(PassAll, 10);
-    run(
-        &mut w,
-        &[udp4([1, 1, 1, 1], [2, 2, 2, 2], 1, 2)],
-        Dir::In,
-        0,
-    );
+    run(&mut w, &[udp4([1, 1, 1, 1], [2, 2, 2, 2], 1, 2)], Dir::In, 0);
     assert_eq!(w.maintain(59, 1000), 0);
     assert_eq!(w.maintain(60, 1000), 1); // udp.first
     assert_eq!(w.states(), 0);

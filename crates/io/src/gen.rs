@@ -34,13 +34,7 @@ impl Range {
         let bad = |why: &str| RangeError(format!("bad range '{s}': {why}"));
         let end = |e: &str| -> Result<(u32, Option<u16>), RangeError> {
             let (ip, port) = match e.split_once(':') {
-                Some((i, p)) => (
-                    i,
-                    Some(
-                        p.parse::<u16>()
-                            .map_err(|_| bad("port is not a number 0-65535"))?,
-                    ),
-                ),
+                Some((i, p)) => (i, Some(p.parse::<u16>().map_err(|_| bad("port is not a number 0-65535"))?)),
                 None => (e, None),
             };
             let ip: Ipv4Addr = ip.parse().map_err(|_| bad("not an IPv4 address"))?;
@@ -54,12 +48,7 @@ impl Range {
             }
         };
         let port_lo = lo.1.unwrap_or(2000);
-        let r = Range {
-            ip_lo: lo.0,
-            ip_hi: hi.0,
-            port_lo,
-            port_hi: hi.1.or(lo.1).unwrap_or(port_lo),
-        };
+        let r = Range { ip_lo: lo.0, ip_hi: hi.0, port_lo, port_hi: hi.1.or(lo.1).unwrap_or(port_lo) };
         if r.ip_hi < r.ip_lo || r.port_hi < r.port_lo {
             return Err(bad("the end is below the start"));
         }
@@ -94,23 +83,9 @@ impl Gen {
         t[0..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x02]);
         t[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x01]);
         t[12..14].copy_from_slice(&[0x08, 0x00]);
-        ipv4::emit_header(
-            &mut t[14..],
-            [0; 4],
-            [0; 4],
-            17,
-            (FRAME_LEN - 14) as u16,
-            64,
-            0,
-        );
+        ipv4::emit_header(&mut t[14..], [0; 4], [0; 4], 17, (FRAME_LEN - 14) as u16, 64, 0);
         udp::emit_header(&mut t[34..], 0, 0, (FRAME_LEN - 34) as u16);
-        Gen {
-            src,
-            dst,
-            tmpl: t,
-            flows: src.count() * dst.count(),
-            next: 0,
-        }
+        Gen { src, dst, tmpl: t, flows: src.count() * dst.count(), next: 0 }
     }
 
     /// N flows from 198.18.0.0 to 198.19.0.0 (RFC 2544's benchmark range), port 2000 to 2000,
@@ -122,25 +97,12 @@ impl Gen {
             a -= 1;
         }
         let b = n / a;
-        assert!(
-            a <= 65536 && b <= 65536,
-            "{n} flows do not fit 198.18/16 x 198.19/16"
-        );
+        assert!(a <= 65536 && b <= 65536, "{n} flows do not fit 198.18/16 x 198.19/16");
         let base_s = u32::from(Ipv4Addr::new(198, 18, 0, 0));
         let base_d = u32::from(Ipv4Addr::new(198, 19, 0, 0));
         Gen::new(
-            Range {
-                ip_lo: base_s,
-                ip_hi: base_s + (a - 1) as u32,
-                port_lo: 2000,
-                port_hi: 2000,
-            },
-            Range {
-                ip_lo: base_d,
-                ip_hi: base_d + (b - 1) as u32,
-                port_lo: 2000,
-                port_hi: 2000,
-            },
+            Range { ip_lo: base_s, ip_hi: base_s + (a - 1) as u32, port_lo: 2000, port_hi: 2000 },
+            Range { ip_lo: base_d, ip_hi: base_d + (b - 1) as u32, port_lo: 2000, port_hi: 2000 },
         )
     }
 
@@ -159,12 +121,7 @@ impl Gen {
         let dp = (i % self.dst.ports()) as u16;
         i /= self.dst.ports();
         let da = i as u32;
-        (
-            self.src.ip_lo + sa,
-            self.src.port_lo + sp,
-            self.dst.ip_lo + da,
-            self.dst.port_lo + dp,
-        )
+        (self.src.ip_lo + sa, self.src.port_lo + sp, self.dst.ip_lo + da, self.dst.port_lo + dp)
     }
 
     /// Writes the frame of flow `i` into `buf`.
@@ -174,11 +131,7 @@ impl Gen {
         *buf = self.tmpl;
         buf[26..30].copy_from_slice(&sa.to_be_bytes());
         buf[30..34].copy_from_slice(&da.to_be_bytes());
-        let c = checksum::update32(
-            checksum::update32(u16::from_be_bytes([buf[24], buf[25]]), 0, sa),
-            0,
-            da,
-        );
+        let c = checksum::update32(checksum::update32(u16::from_be_bytes([buf[24], buf[25]]), 0, sa), 0, da);
         buf[24..26].copy_from_slice(&c.to_be_bytes());
         buf[34..36].copy_from_slice(&sp.to_be_bytes());
         buf[36..38].copy_from_slice(&dp.to_be_bytes());
@@ -216,12 +169,7 @@ mod tests {
         assert_eq!(g.flows(), 4900);
         assert_eq!(
             g.flow(0),
-            (
-                u32::from(Ipv4Addr::new(198, 18, 10, 1)),
-                2000,
-                u32::from(Ipv4Addr::new(198, 19, 10, 1)),
-                2000
-            )
+            (u32::from(Ipv4Addr::new(198, 18, 10, 1)), 2000, u32::from(Ipv4Addr::new(198, 19, 10, 1)), 2000)
         );
         assert_eq!(g.flow(1).0, u32::from(Ipv4Addr::new(198, 18, 10, 2)));
         assert_eq!(g.flow(70).2, u32::from(Ipv4Addr::new(198, 19, 10, 2)));
@@ -244,10 +192,7 @@ mod tests {
 
     #[test]
     fn range_errors_name_the_value() {
-        assert!(Range::parse("198.18.10.9-198.18.10.1")
-            .unwrap_err()
-            .0
-            .contains("198.18.10.9-198.18.10.1"));
+        assert!(Range::parse("198.18.10.9-198.18.10.1").unwrap_err().0.contains("198.18.10.9-198.18.10.1"));
         assert!(Range::parse("1.2.3.4:99999").is_err());
         assert!(Range::parse("nonsense").is_err());
         let r = Range::parse("10.0.0.1:1000-10.0.0.1:1009").unwrap();

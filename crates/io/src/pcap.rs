@@ -38,10 +38,7 @@ impl std::error::Error for Error {}
 
 /// Reads every record of a pcap or pcapng file held in memory.
 pub fn read(buf: &[u8]) -> Result<Vec<Record<'_>>, Error> {
-    let magic = buf.get(0..4).ok_or(Error {
-        offset: 0,
-        what: "file shorter than a header",
-    })?;
+    let magic = buf.get(0..4).ok_or(Error { offset: 0, what: "file shorter than a header" })?;
     match magic {
         [0x0a, 0x0d, 0x0d, 0x0a] => read_ng(buf),
         _ => read_classic(buf),
@@ -49,35 +46,13 @@ pub fn read(buf: &[u8]) -> Result<Vec<Record<'_>>, Error> {
 }
 
 fn u32_at(b: &[u8], at: usize, be: bool) -> Result<u32, Error> {
-    let s: [u8; 4] = b
-        .get(at..at + 4)
-        .ok_or(Error {
-            offset: at,
-            what: "truncated field",
-        })?
-        .try_into()
-        .unwrap();
-    Ok(if be {
-        u32::from_be_bytes(s)
-    } else {
-        u32::from_le_bytes(s)
-    })
+    let s: [u8; 4] = b.get(at..at + 4).ok_or(Error { offset: at, what: "truncated field" })?.try_into().unwrap();
+    Ok(if be { u32::from_be_bytes(s) } else { u32::from_le_bytes(s) })
 }
 
 fn u16_at(b: &[u8], at: usize, be: bool) -> Result<u16, Error> {
-    let s: [u8; 2] = b
-        .get(at..at + 2)
-        .ok_or(Error {
-            offset: at,
-            what: "truncated field",
-        })?
-        .try_into()
-        .unwrap();
-    Ok(if be {
-        u16::from_be_bytes(s)
-    } else {
-        u16::from_le_bytes(s)
-    })
+    let s: [u8; 2] = b.get(at..at + 2).ok_or(Error { offset: at, what: "truncated field" })?.try_into().unwrap();
+    Ok(if be { u16::from_be_bytes(s) } else { u16::from_le_bytes(s) })
 }
 
 fn read_classic(buf: &[u8]) -> Result<Vec<Record<'_>>, Error> {
@@ -87,44 +62,26 @@ fn read_classic(buf: &[u8]) -> Result<Vec<Record<'_>>, Error> {
         0xa1b23c4d => (false, true),
         0xd4c3b2a1 => (true, false),
         0x4d3cb2a1 => (true, true),
-        _ => {
-            return Err(Error {
-                offset: 0,
-                what: "not a pcap or pcapng file (bad magic)",
-            })
-        }
+        _ => return Err(Error { offset: 0, what: "not a pcap or pcapng file (bad magic)" }),
     };
     if buf.len() < 24 {
-        return Err(Error {
-            offset: buf.len(),
-            what: "truncated pcap header",
-        });
+        return Err(Error { offset: buf.len(), what: "truncated pcap header" });
     }
     let linktype = u32_at(buf, 20, be)? & 0x0fff_ffff;
     let mut off = 24;
     let mut out = Vec::new();
     while off < buf.len() {
         if off + 16 > buf.len() {
-            return Err(Error {
-                offset: off,
-                what: "truncated record header",
-            });
+            return Err(Error { offset: off, what: "truncated record header" });
         }
         let sec = u32_at(buf, off, be)? as u128;
         let frac = u32_at(buf, off + 4, be)? as u128;
         let incl = u32_at(buf, off + 8, be)? as usize;
         let orig = u32_at(buf, off + 12, be)?;
-        let data = buf.get(off + 16..off + 16 + incl).ok_or(Error {
-            offset: off,
-            what: "record longer than the file",
-        })?;
+        let data =
+            buf.get(off + 16..off + 16 + incl).ok_or(Error { offset: off, what: "record longer than the file" })?;
         let ts_ns = sec * 1_000_000_000 + if nanos { frac } else { frac * 1000 };
-        out.push(Record {
-            linktype,
-            ts_ns,
-            data,
-            orig_len: orig,
-        });
+        out.push(Record { linktype, ts_ns, data, orig_len: orig });
         off += 16 + incl;
     }
     Ok(out)
@@ -143,22 +100,14 @@ fn read_ng(buf: &[u8]) -> Result<Vec<Record<'_>>, Error> {
             be = match bom {
                 0x1a2b3c4d => false,
                 0x4d3c2b1a => true,
-                _ => {
-                    return Err(Error {
-                        offset: off + 8,
-                        what: "bad pcapng byte-order magic",
-                    })
-                }
+                _ => return Err(Error { offset: off + 8, what: "bad pcapng byte-order magic" }),
             };
             ifaces.clear();
         }
         let btype = u32_at(buf, off, be)?;
         let blen = u32_at(buf, off + 4, be)? as usize;
         if blen < 12 || blen % 4 != 0 || off + blen > buf.len() {
-            return Err(Error {
-                offset: off,
-                what: "bad pcapng block length",
-            });
+            return Err(Error { offset: off, what: "bad pcapng block length" });
         }
         let body = &buf[off + 8..off + blen - 4];
         match btype {
@@ -174,16 +123,10 @@ fn read_ng(buf: &[u8]) -> Result<Vec<Record<'_>>, Error> {
                         break;
                     }
                     if code == 9 && len >= 1 {
-                        let v = *body.get(o + 4).ok_or(Error {
-                            offset: off + 8 + o,
-                            what: "truncated option",
-                        })?;
+                        let v = *body.get(o + 4).ok_or(Error { offset: off + 8 + o, what: "truncated option" })?;
                         let n = (v & 0x7f) as u32;
                         res = if v & 0x80 == 0 {
-                            10u128
-                                .checked_pow(9u32.saturating_sub(n))
-                                .unwrap_or(1)
-                                .max(1)
+                            10u128.checked_pow(9u32.saturating_sub(n)).unwrap_or(1).max(1)
                         } else {
                             1 // powers of two below a nanosecond: round to ns
                         };
@@ -199,39 +142,23 @@ fn read_ng(buf: &[u8]) -> Result<Vec<Record<'_>>, Error> {
                 } else {
                     (u16_at(body, 0, be)? as u32, 4, 12, 16, 20)
                 };
-                let (lt, res) = *ifaces.get(ifid as usize).ok_or(Error {
-                    offset: off,
-                    what: "packet for an undeclared interface",
-                })?;
-                let ts = ((u32_at(body, ts_at, be)? as u128) << 32)
-                    | u32_at(body, ts_at + 4, be)? as u128;
+                let (lt, res) = *ifaces
+                    .get(ifid as usize)
+                    .ok_or(Error { offset: off, what: "packet for an undeclared interface" })?;
+                let ts = ((u32_at(body, ts_at, be)? as u128) << 32) | u32_at(body, ts_at + 4, be)? as u128;
                 let cap = u32_at(body, cap_at, be)? as usize;
                 let orig = u32_at(body, orig_at, be)?;
-                let data = body.get(data_at..data_at + cap).ok_or(Error {
-                    offset: off,
-                    what: "captured length beyond the block",
-                })?;
-                out.push(Record {
-                    linktype: lt,
-                    ts_ns: ts.saturating_mul(res),
-                    data,
-                    orig_len: orig,
-                });
+                let data = body
+                    .get(data_at..data_at + cap)
+                    .ok_or(Error { offset: off, what: "captured length beyond the block" })?;
+                out.push(Record { linktype: lt, ts_ns: ts.saturating_mul(res), data, orig_len: orig });
             }
             3 => {
                 // Simple packet block: interface 0, no timestamp.
-                let (lt, _) = *ifaces.first().ok_or(Error {
-                    offset: off,
-                    what: "packet before any interface",
-                })?;
+                let (lt, _) = *ifaces.first().ok_or(Error { offset: off, what: "packet before any interface" })?;
                 let orig = u32_at(body, 0, be)?;
                 let cap = (orig as usize).min(body.len() - 4);
-                out.push(Record {
-                    linktype: lt,
-                    ts_ns: 0,
-                    data: &body[4..4 + cap],
-                    orig_len: orig,
-                });
+                out.push(Record { linktype: lt, ts_ns: 0, data: &body[4..4 + cap], orig_len: orig });
             }
             _ => {}
         }

@@ -28,11 +28,7 @@ pub struct EventQueue {
 
 impl EventQueue {
     pub fn new(cap: usize) -> EventQueue {
-        EventQueue {
-            q: VecDeque::with_capacity(cap),
-            cap,
-            dropped: 0,
-        }
+        EventQueue { q: VecDeque::with_capacity(cap), cap, dropped: 0 }
     }
     pub fn enabled(&self) -> bool {
         self.cap > 0

@@ -25,11 +25,7 @@ const _: () = assert!(core::mem::size_of::<Bucket>() == 64);
 // SAFETY: plain integers; all-zero is an empty bucket.
 unsafe impl Zeroable for Bucket {}
 
-const EMPTY: Bucket = Bucket {
-    tags: [0; SLOTS],
-    next: 0,
-    refs: [0; SLOTS],
-};
+const EMPTY: Bucket = Bucket { tags: [0; SLOTS], next: 0, refs: [0; SLOTS] };
 
 #[inline(always)]
 pub fn tag_of(h: u64) -> u16 {

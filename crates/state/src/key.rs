@@ -65,10 +65,8 @@ impl Seed {
         let n = unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, b.len(), 0) };
         if n != b.len() as isize {
             // getrandom cannot fail for 32 bytes after boot; keep a time-based seed if it does.
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0);
+            let t =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
             b[..16].copy_from_slice(&t.to_le_bytes());
         }
         let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
@@ -129,13 +127,7 @@ impl Key for Key4 {
     #[inline(always)]
     fn from_pdesc(pd: &PDesc, dir: Dir, kif: u16) -> Self {
         let (addr, port) = orient(pd, dir, |a| a.v4_bytes());
-        Key4 {
-            addr,
-            port,
-            proto: pd.proto,
-            _pad: 0,
-            kif,
-        }
+        Key4 { addr, port, proto: pd.proto, _pad: 0, kif }
     }
     // PERF: one 128-bit multiply; ~1 ns.
     #[inline(always)]
@@ -164,13 +156,7 @@ impl Key for Key6 {
     #[inline(always)]
     fn from_pdesc(pd: &PDesc, dir: Dir, kif: u16) -> Self {
         let (addr, port) = orient(pd, dir, |a| a.0);
-        Key6 {
-            addr,
-            port,
-            proto: pd.proto,
-            _pad: 0,
-            kif,
-        }
+        Key6 { addr, port, proto: pd.proto, _pad: 0, kif }
     }
     #[inline(always)]
     fn hash_with(&self, s: &Seed) -> u64 {
@@ -218,19 +204,10 @@ mod tests {
         let mut r = p;
         std::mem::swap(&mut r.src, &mut r.dst);
         std::mem::swap(&mut r.sport, &mut r.dport);
-        assert_eq!(
-            Key4::from_pdesc(&p, Dir::In, 0),
-            Key4::from_pdesc(&r, Dir::Out, 0)
-        );
-        assert_eq!(
-            Key6::from_pdesc(&p, Dir::In, 0),
-            Key6::from_pdesc(&r, Dir::Out, 0)
-        );
+        assert_eq!(Key4::from_pdesc(&p, Dir::In, 0), Key4::from_pdesc(&r, Dir::Out, 0));
+        assert_eq!(Key6::from_pdesc(&p, Dir::In, 0), Key6::from_pdesc(&r, Dir::Out, 0));
         // The same packet going out (forwarded) is another key: two states per forwarded flow.
-        assert_ne!(
-            Key4::from_pdesc(&p, Dir::In, 0),
-            Key4::from_pdesc(&p, Dir::Out, 0)
-        );
+        assert_ne!(Key4::from_pdesc(&p, Dir::In, 0), Key4::from_pdesc(&p, Dir::Out, 0));
     }
 
     #[test]

@@ -32,12 +32,7 @@ pub struct MapError {
 
 impl std::fmt::Display for MapError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "cannot map {} bytes: {}",
-            self.bytes,
-            std::io::Error::from_raw_os_error(self.errno)
-        )
+        write!(f, "cannot map {} bytes: {}", self.bytes, std::io::Error::from_raw_os_error(self.errno))
     }
 }
 impl std::error::Error for MapError {}
@@ -46,10 +41,8 @@ impl<T: Zeroable> Region<T> {
     /// Reserves room for `cap` records, all zero. Pages are only backed when written.
     pub fn new(cap: usize) -> Result<Self, MapError> {
         let cap = cap.max(1);
-        let bytes = cap.checked_mul(core::mem::size_of::<T>()).ok_or(MapError {
-            bytes: usize::MAX,
-            errno: libc::ENOMEM,
-        })?;
+        let bytes =
+            cap.checked_mul(core::mem::size_of::<T>()).ok_or(MapError { bytes: usize::MAX, errno: libc::ENOMEM })?;
         // SAFETY: an anonymous private mapping with no address hint; checked below.
         let p = unsafe {
             libc::mmap(
@@ -62,20 +55,13 @@ impl<T: Zeroable> Region<T> {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(MapError {
-                bytes,
-                errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
-            });
+            return Err(MapError { bytes, errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0) });
         }
         // SAFETY: p is a valid mapping of `bytes`; the advice is only a hint.
         unsafe {
             libc::madvise(p, bytes, libc::MADV_HUGEPAGE);
         }
-        Ok(Region {
-            ptr: NonNull::new(p as *mut T).unwrap(),
-            cap,
-            _t: PhantomData,
-        })
+        Ok(Region { ptr: NonNull::new(p as *mut T).unwrap(), cap, _t: PhantomData })
     }
 
     #[inline(always)]
@@ -116,6 +102,19 @@ impl<T: Zeroable> Region<T> {
         &mut *self.ptr.as_ptr().add(i)
     }
 
+    /// Backs records `[0, n)` with memory now, so that the packet path never takes a page
+    /// fault for them (MADV_POPULATE_WRITE, Linux 5.14). On failure (an older kernel, or no
+    /// memory) nothing is lost: pages are then faulted in on first touch.
+    pub fn populate(&self, n: usize) -> bool {
+        const MADV_POPULATE_WRITE: libc::c_int = 23;
+        let bytes = n.min(self.cap) * core::mem::size_of::<T>();
+        if bytes == 0 {
+            return true;
+        }
+        // SAFETY: the range lies inside our mapping; populating does not change its contents.
+        unsafe { libc::madvise(self.ptr.as_ptr() as *mut libc::c_void, bytes, MADV_POPULATE_WRITE) == 0 }
+    }
+
     /// Hints the CPU to bring record `i` into cache. Never faults, whatever `i` is.
     #[inline(always)]
     pub fn prefetch(&self, i: usize) {
@@ -127,10 +126,7 @@ impl<T: Zeroable> Drop for Region<T> {
     fn drop(&mut self) {
         // SAFETY: unmapping exactly what new() mapped.
         unsafe {
-            libc::munmap(
-                self.ptr.as_ptr() as *mut libc::c_void,
-                self.cap * core::mem::size_of::<T>(),
-            );
+            libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.cap * core::mem::size_of::<T>());
         }
     }
 }
@@ -150,11 +146,7 @@ pub fn prefetch(p: *const u8) {
 /// Resident memory of this process in bytes, from /proc/self/statm (for bytes-per-state).
 pub fn resident_bytes() -> u64 {
     let s = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = s
-        .split_whitespace()
-        .nth(1)
-        .and_then(|x| x.parse().ok())
-        .unwrap_or(0);
+    let pages: u64 = s.split_whitespace().nth(1).and_then(|x| x.parse().ok()).unwrap_or(0);
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
     pages * page

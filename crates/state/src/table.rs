@@ -61,9 +61,8 @@ pub struct State<K: Key> {
     pub seq: u32,
     /// `Timeout` class.
     pub timeout: u8,
-    /// pf's peer states (TCPS_* for TCP, PFUDPS_* / PFOTHERS_* otherwise).
-    pub src_state: u8,
-    pub dst_state: u8,
+    /// pf's peer states [src, dst] (TCPS_* for TCP, PFUDPS_* / PFOTHERS_* otherwise).
+    pub peer_state: [u8; 2],
     pub flags: u8,
     /// [from the creator, towards the creator], as pfctl -ss -v shows them.
     pub packets: [u32; 2],
@@ -132,6 +131,10 @@ pub struct Config {
     pub events: usize,
     /// Engine seconds at creation.
     pub now: u32,
+    /// Commit memory for `limit` entries at creation, so that inserts never take a page fault
+    /// (the daemon's choice: a limit too large for the machine fails at startup, not under
+    /// load). Entries past the limit, after a raise, are faulted in on first use.
+    pub prefault: bool,
     /// Start the index at this many rows and grow it (online, by 4x) whenever the load passes
     /// `ROW_LOAD` per row, up to what the limit calls for. None starts at the full size.
     pub grow_from: Option<u32>,
@@ -145,10 +148,7 @@ struct Side<T> {
 
 impl<T: Copy> Side<T> {
     fn new() -> Self {
-        Side {
-            v: Vec::new(),
-            free: Vec::new(),
-        }
+        Side { v: Vec::new(), free: Vec::new() }
     }
     fn alloc(&mut self, x: T) -> u32 {
         match self.free.pop() {
@@ -213,14 +213,14 @@ pub fn auto_rows(limit: u32) -> u32 {
 
 impl<K: Key> StateTable<K> {
     pub fn new(cfg: Config) -> Result<Self, MapError> {
-        let rows = cfg
-            .rows
-            .or(cfg.grow_from)
-            .unwrap_or_else(|| auto_rows(cfg.limit))
-            .min(auto_rows(cfg.limit).max(16));
+        let slab = Region::new(MAX_STATES as usize)?;
+        if cfg.prefault {
+            slab.populate(cfg.limit as usize);
+        }
+        let rows = cfg.rows.or(cfg.grow_from).unwrap_or_else(|| auto_rows(cfg.limit)).min(auto_rows(cfg.limit).max(16));
         let rows = cfg.rows.unwrap_or(rows);
         Ok(StateTable {
-            slab: Region::new(MAX_STATES as usize)?,
+            slab,
             hwm: 0,
             free_head: NONE,
             index: Index::new(rows)?,
@@ -376,8 +376,7 @@ impl<K: Key> StateTable<K> {
             // SAFETY: refs in the index point below hwm, inside the region.
             unsafe { &self.slab.get_unchecked(id as usize).key }
         } else {
-            self.stack_key(id)
-                .expect("stack ref to a state without a stack key")
+            self.stack_key(id).expect("stack ref to a state without a stack key")
         }
     }
 
@@ -488,12 +487,7 @@ impl<K: Key> StateTable<K> {
         }
         if s.nosync {
             flags |= sf::NOSYNC;
-        } else if self.events.enabled()
-            && self.events.push(Event {
-                id,
-                kind: EventKind::Insert,
-            })
-        {
+        } else if self.events.enabled() && self.events.push(Event { id, kind: EventKind::Insert }) {
             flags |= sf::EVQ_INS;
         }
         self.seq = self.seq.wrapping_add(1);
@@ -505,8 +499,7 @@ impl<K: Key> StateTable<K> {
             ext,
             seq: self.seq,
             timeout: s.timeout as u8,
-            src_state: s.src_state,
-            dst_state: s.dst_state,
+            peer_state: [s.src_state, s.dst_state],
             flags,
             packets: [0; 2],
             bytes: [0; 2],
@@ -515,8 +508,7 @@ impl<K: Key> StateTable<K> {
         if let Some(hs) = hs {
             self.index.insert(hs, id | STACK);
         }
-        self.wheel
-            .file(id, now.saturating_add(self.timeouts.get(s.timeout)));
+        self.wheel.file(id, now.saturating_add(self.timeouts.get(s.timeout)));
         self.len += 1;
         self.counters.inserts += 1;
         Ok(id)
@@ -536,10 +528,7 @@ impl<K: Key> StateTable<K> {
         s.expire = now;
         if self.events.enabled()
             && s.flags & (sf::EVQ_INS | sf::EVQ_UPD | sf::NOSYNC) == 0
-            && self.events.push(Event {
-                id,
-                kind: EventKind::Update,
-            })
+            && self.events.push(Event { id, kind: EventKind::Update })
         {
             s.flags |= sf::EVQ_UPD;
         }
@@ -580,12 +569,7 @@ impl<K: Key> StateTable<K> {
             }
         }
         let mut flags = (s.flags & !(sf::LIVE | sf::NAT)) | sf::DEAD;
-        if self.events.enabled()
-            && s.flags & sf::NOSYNC == 0
-            && self.events.push(Event {
-                id,
-                kind: EventKind::Delete,
-            })
+        if self.events.enabled() && s.flags & sf::NOSYNC == 0 && self.events.push(Event { id, kind: EventKind::Delete })
         {
             flags |= sf::EVQ_DEL;
         }
@@ -632,9 +616,7 @@ impl<K: Key> StateTable<K> {
             }
             return false;
         }
-        let t = self
-            .timeouts
-            .effective(Timeout::from_u8(s.timeout), self.len, self.limit);
+        let t = self.timeouts.effective(Timeout::from_u8(s.timeout), self.len, self.limit);
         let deadline = s.expire.saturating_add(t);
         if deadline > now {
             self.wheel.file(id, deadline);
@@ -700,9 +682,7 @@ impl<K: Key> StateTable<K> {
 
     /// Live states, in slot order.
     pub fn iter(&self) -> impl Iterator<Item = (u32, &State<K>)> + '_ {
-        (0..self.hwm)
-            .map(move |i| (i, self.state(i)))
-            .filter(|(_, s)| s.flags & sf::LIVE != 0)
+        (0..self.hwm).map(move |i| (i, self.state(i))).filter(|(_, s)| s.flags & sf::LIVE != 0)
     }
 
     /// The bytes this table holds (entries up to the high-water mark, index, wheel, side).

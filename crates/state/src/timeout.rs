@@ -82,10 +82,7 @@ impl Timeouts {
         let s = self.get(Timeout::AdaptiveStart);
         let e = self.get(Timeout::AdaptiveEnd);
         if s == 0 && e == 0 {
-            (
-                (limit as u64 * 6 / 10) as u32,
-                (limit as u64 * 12 / 10) as u32,
-            )
+            ((limit as u64 * 6 / 10) as u32, (limit as u64 * 12 / 10) as u32)
         } else {
             (s, e)
         }

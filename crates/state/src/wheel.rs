@@ -62,11 +62,7 @@ impl Wheel {
             let c = match self.free.pop() {
                 Some(c) => c,
                 None => {
-                    self.chunks.push(Box::new(Chunk {
-                        ids: [0; CHUNK],
-                        len: 0,
-                        next: NONE,
-                    }));
+                    self.chunks.push(Box::new(Chunk { ids: [0; CHUNK], len: 0, next: NONE }));
                     (self.chunks.len() - 1) as u32
                 }
             };

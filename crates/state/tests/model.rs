@@ -37,11 +37,7 @@ fn stack_key(i: u16) -> Key4 {
     }
 }
 
-const CLASSES: [Timeout; 3] = [
-    Timeout::UdpFirst,
-    Timeout::UdpSingle,
-    Timeout::OtherMultiple,
-];
+const CLASSES: [Timeout; 3] = [Timeout::UdpFirst, Timeout::UdpSingle, Timeout::OtherMultiple];
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
@@ -70,11 +66,7 @@ fn check(t: &mut StateTable<Key4>, model: &HashMap<Key4, M>) {
         let h = t.hash(k);
         assert_eq!(t.find(k, h), Some(m.id), "wire key {k:?}");
         if let Some(s) = m.stack {
-            assert_eq!(
-                t.find(&s, t.hash(&s)),
-                Some(m.id | STACK),
-                "stack key {s:?}"
-            );
+            assert_eq!(t.find(&s, t.hash(&s)), Some(m.id | STACK), "stack key {s:?}");
         }
     }
     assert_eq!(t.iter().count(), model.len());
@@ -85,7 +77,7 @@ proptest! {
     #[test]
     fn table_matches_model(ops in proptest::collection::vec(op(), 1..300)) {
         let mut now = 1000u32;
-        let mut t = StateTable::<Key4>::new(Config { limit: 64, rows: None, seed: Seed::fixed(7), events: 100_000, now, grow_from: None }).unwrap();
+        let mut t = StateTable::<Key4>::new(Config { limit: 64, rows: None, seed: Seed::fixed(7), events: 100_000, now, grow_from: None, prefault: false }).unwrap();
         let mut tm = Timeouts::default();
         // Adaptive scaling off, so the model's deadlines are exact.
         tm.set(Timeout::AdaptiveStart, u32::MAX - 1);
@@ -173,6 +165,7 @@ fn updates_collapse_per_state() {
         events: 16,
         now: 0,
         grow_from: None,
+        prefault: false,
     })
     .unwrap();
     let k = key(1);
@@ -199,11 +192,7 @@ fn updates_collapse_per_state() {
     assert_eq!(seen, vec![EventKind::Update]);
     // no-sync states produce no events
     let k2 = key(2);
-    let ns2 = NewState {
-        key: k2,
-        nosync: true,
-        ..ns
-    };
+    let ns2 = NewState { key: k2, nosync: true, ..ns };
     let id2 = t.insert(t.hash(&k2), ns2, 0).unwrap();
     t.touch(id2, Dir::In, 60, 1);
     t.remove(id2);
@@ -219,6 +208,7 @@ fn full_queue_counts_and_keeps_states() {
         events: 4,
         now: 0,
         grow_from: None,
+        prefault: false,
     })
     .unwrap();
     for i in 0..10 {
@@ -249,6 +239,7 @@ fn resize_grows_rows_and_keeps_every_state() {
         events: 0,
         now: 0,
         grow_from: None,
+        prefault: false,
     })
     .unwrap();
     for i in 0..600 {
@@ -294,6 +285,7 @@ fn expiry_follows_pf_timeouts_and_activity() {
         events: 0,
         now: 0,
         grow_from: None,
+        prefault: false,
     })
     .unwrap();
     let k = key(1);
@@ -315,10 +307,7 @@ fn expiry_follows_pf_timeouts_and_activity() {
     assert_eq!(t.maintain(59, 100), 1);
     assert!(t.lookup(&k).is_none());
     // A long timeout beyond the wheel's horizon is still honoured exactly.
-    let ns = NewState {
-        timeout: Timeout::TcpClosing,
-        ..ns
-    };
+    let ns = NewState { timeout: Timeout::TcpClosing, ..ns };
     t.insert(t.hash(&k), ns, 100).unwrap();
     assert_eq!(t.maintain(100 + 899, 1000), 0);
     assert_eq!(t.maintain(100 + 900, 1000), 1);
@@ -333,17 +322,13 @@ fn index_started_small_grows_with_load() {
         events: 0,
         now: 0,
         grow_from: Some(16),
+        prefault: false,
     })
     .unwrap();
     assert_eq!(t.rows(), 16);
     for i in 0..5000u16 {
-        let k = Key4 {
-            addr: [[10, 0, (i >> 8) as u8, i as u8], [1, 1, 1, 1]],
-            port: [i, 1],
-            proto: 17,
-            _pad: 0,
-            kif: 0,
-        };
+        let k =
+            Key4 { addr: [[10, 0, (i >> 8) as u8, i as u8], [1, 1, 1, 1]], port: [i, 1], proto: 17, _pad: 0, kif: 0 };
         let ns = NewState {
             key: k,
             stack: None,

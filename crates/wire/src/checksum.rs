@@ -49,10 +49,8 @@ pub fn checksum(data: &[u8]) -> u16 {
 #[inline]
 pub fn pseudo_v4(src: [u8; 4], dst: [u8; 4], proto: u8, len: u16) -> u32 {
     let mut acc = 0u32;
-    acc +=
-        u16::from_be_bytes([src[0], src[1]]) as u32 + u16::from_be_bytes([src[2], src[3]]) as u32;
-    acc +=
-        u16::from_be_bytes([dst[0], dst[1]]) as u32 + u16::from_be_bytes([dst[2], dst[3]]) as u32;
+    acc += u16::from_be_bytes([src[0], src[1]]) as u32 + u16::from_be_bytes([src[2], src[3]]) as u32;
+    acc += u16::from_be_bytes([dst[0], dst[1]]) as u32 + u16::from_be_bytes([dst[2], dst[3]]) as u32;
     acc + proto as u32 + len as u32
 }
 
@@ -74,11 +72,7 @@ pub fn update16(cksum: u16, old: u16, new: u16) -> u16 {
 /// RFC 1624 for a 32-bit field (an IPv4 address), as two 16-bit words.
 #[inline]
 pub fn update32(cksum: u16, old: u32, new: u32) -> u16 {
-    let acc = (!cksum as u32)
-        + (!(old >> 16) as u16) as u32
-        + (!(old as u16)) as u32
-        + (new >> 16)
-        + (new & 0xffff);
+    let acc = (!cksum as u32) + (!(old >> 16) as u16) as u32 + (!(old as u16)) as u32 + (new >> 16) + (new & 0xffff);
     !fold(acc)
 }
 
@@ -115,8 +109,8 @@ mod tests {
     fn ipv4_header_fixture() {
         // 45 00 00 73 00 00 40 00 40 11 [b8 61] c0 a8 00 01 c0 a8 00 c7 (Wikipedia's example)
         let mut h = [
-            0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00, 0xc0, 0xa8,
-            0x00, 0x01, 0xc0, 0xa8, 0x00, 0xc7,
+            0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00, 0xc0, 0xa8, 0x00, 0x01, 0xc0, 0xa8,
+            0x00, 0xc7,
         ];
         assert_eq!(checksum(&h), 0xb861);
         h[10] = 0xb8;

@@ -107,8 +107,7 @@ mod tests {
     use super::*;
 
     const TAGGED: [u8; 22] = [
-        0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02, 0x00, 0x00, 0x00, 0x00, 0x01, 0x81,
-        0x00, // eth
+        0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02, 0x00, 0x00, 0x00, 0x00, 0x01, 0x81, 0x00, // eth
         0xa0, 0x64, 0x08, 0x00, // pcp 5, vid 100, ipv4
         0x45, 0x00, 0x00, 0x14,
     ];
@@ -127,14 +126,8 @@ mod tests {
 
     #[test]
     fn short_frames_are_rejected() {
-        assert_eq!(
-            Frame::new_checked(&TAGGED[..13]).unwrap_err(),
-            Error::Truncated
-        );
-        assert_eq!(
-            VlanTag::new_checked(&TAGGED[14..17]).unwrap_err(),
-            Error::Truncated
-        );
+        assert_eq!(Frame::new_checked(&TAGGED[..13]).unwrap_err(), Error::Truncated);
+        assert_eq!(VlanTag::new_checked(&TAGGED[14..17]).unwrap_err(), Error::Truncated);
     }
 
     #[test]

@@ -115,10 +115,7 @@ mod tests {
     fn echo_request() {
         let m = [8, 0, 0xf7, 0xfd, 0x12, 0x34, 0x00, 0x01, b'h', b'i'];
         let p = Packet::new_checked(&m[..]).unwrap();
-        assert_eq!(
-            (p.msg_type(), p.code(), p.ident(), p.seq()),
-            (8, 0, 0x1234, 1)
-        );
+        assert_eq!((p.msg_type(), p.code(), p.ident(), p.seq()), (8, 0, 0x1234, 1));
         assert_eq!(p.checksum(), 0xf7fd);
         assert_eq!(p.payload(), b"hi");
         assert_eq!(kind_v4(p.msg_type()), Kind::Query);

@@ -162,8 +162,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         b[field::TTL] = b[field::TTL].wrapping_sub(1);
         let new = u16::from_be_bytes([b[field::TTL], b[field::PROTO]]);
         let c = u16::from_be_bytes([b[field::CKSUM], b[field::CKSUM + 1]]);
-        b[field::CKSUM..field::CKSUM + 2]
-            .copy_from_slice(&checksum::update16(c, old, new).to_be_bytes());
+        b[field::CKSUM..field::CKSUM + 2].copy_from_slice(&checksum::update16(c, old, new).to_be_bytes());
     }
     /// Rewrites the source address, patching the header checksum. Returns the old address so the
     /// caller can patch the transport checksum too.
@@ -196,15 +195,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 }
 
 /// Writes a 20-byte header with no options and a correct checksum into `buf[..20]`.
-pub fn emit_header(
-    buf: &mut [u8],
-    src: [u8; 4],
-    dst: [u8; 4],
-    proto: u8,
-    total_len: u16,
-    ttl: u8,
-    ident: u16,
-) {
+pub fn emit_header(buf: &mut [u8], src: [u8; 4], dst: [u8; 4], proto: u8, total_len: u16, ttl: u8, ident: u16) {
     buf[0] = 0x45;
     buf[1] = 0;
     buf[2..4].copy_from_slice(&total_len.to_be_bytes());
@@ -225,8 +216,8 @@ mod tests {
 
     // 192.168.0.1 -> 192.168.0.199, UDP, total 0x73, DF, ttl 64, checksum b861.
     const HDR: [u8; 20] = [
-        0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0xb8, 0x61, 0xc0, 0xa8, 0x00,
-        0x01, 0xc0, 0xa8, 0x00, 0xc7,
+        0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0xb8, 0x61, 0xc0, 0xa8, 0x00, 0x01, 0xc0, 0xa8,
+        0x00, 0xc7,
     ];
 
     fn packet() -> Vec<u8> {
@@ -254,20 +245,14 @@ mod tests {
     fn rejects_bad_headers() {
         let mut v = packet();
         v[0] = 0x44;
-        assert_eq!(
-            Packet::new_checked(&v[..]).unwrap_err(),
-            Error::BadHeaderLen
-        );
+        assert_eq!(Packet::new_checked(&v[..]).unwrap_err(), Error::BadHeaderLen);
         v[0] = 0x65;
         assert_eq!(Packet::new_checked(&v[..]).unwrap_err(), Error::BadVersion);
         let mut v = packet();
         v[3] = 19; // total length below header length
         assert_eq!(Packet::new_checked(&v[..]).unwrap_err(), Error::BadLength);
         let v = packet();
-        assert_eq!(
-            Packet::new_checked(&v[..0x72]).unwrap_err(),
-            Error::Truncated
-        );
+        assert_eq!(Packet::new_checked(&v[..0x72]).unwrap_err(), Error::Truncated);
         assert_eq!(Packet::new_checked(&v[..19]).unwrap_err(), Error::Truncated);
         let mut v = packet();
         v[0] = 0x4f; // 60-byte header in a buffer that has it, total length too small
@@ -287,9 +272,7 @@ mod tests {
 
     #[test]
     fn options_walk() {
-        let mut v = vec![
-            0x46, 0, 0, 24, 0, 0, 0, 0, 64, 17, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2,
-        ];
+        let mut v = vec![0x46, 0, 0, 24, 0, 0, 0, 0, 64, 17, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2];
         v.extend_from_slice(&[OPT_NOP, 0x94, 0x04, 0x00]); // NOP, router alert truncated
         let p = Packet::new_checked(&v[..]).unwrap();
         assert_eq!(p.check_options(), Err(Error::BadOption));
@@ -297,10 +280,7 @@ mod tests {
         let p = Packet::new_checked(&v[..]).unwrap();
         assert_eq!(p.check_options(), Ok(()));
         v[20..24].copy_from_slice(&[0x94, 0x00, 0x00, 0x00]); // length 0
-        assert_eq!(
-            Packet::new_checked(&v[..]).unwrap().check_options(),
-            Err(Error::BadOption)
-        );
+        assert_eq!(Packet::new_checked(&v[..]).unwrap().check_options(), Err(Error::BadOption));
     }
 
     #[test]

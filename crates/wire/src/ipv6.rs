@@ -145,11 +145,7 @@ pub fn walk(mut next: u8, payload: &[u8]) -> Result<ExtInfo, Error> {
                     info.misplaced_hbh = true;
                 }
                 let h = payload.get(off..off + 2).ok_or(Error::Truncated)?;
-                let len = if next == NH_AH {
-                    (h[1] as usize + 2) * 4
-                } else {
-                    (h[1] as usize + 1) * 8
-                };
+                let len = if next == NH_AH { (h[1] as usize + 2) * 4 } else { (h[1] as usize + 1) * 8 };
                 if off + len > payload.len() {
                     return Err(Error::Truncated);
                 }
@@ -215,13 +211,7 @@ mod tests {
         assert_eq!(p.payload_len(), 8);
         assert_eq!(p.src()[15], 1);
         assert_eq!(p.dst()[15], 2);
-        assert_eq!(
-            p.walk().unwrap(),
-            ExtInfo {
-                proto: 17,
-                ..Default::default()
-            }
-        );
+        assert_eq!(p.walk().unwrap(), ExtInfo { proto: 17, ..Default::default() });
     }
 
     #[test]
@@ -230,10 +220,7 @@ mod tests {
         v[0] = 0x40;
         assert_eq!(Packet::new_checked(&v[..]).unwrap_err(), Error::BadVersion);
         let v = header(17, &[0; 8]);
-        assert_eq!(
-            Packet::new_checked(&v[..v.len() - 1]).unwrap_err(),
-            Error::Truncated
-        );
+        assert_eq!(Packet::new_checked(&v[..v.len() - 1]).unwrap_err(), Error::Truncated);
         let mut v = header(17, &[0; 8]);
         v[4] = 0;
         v[5] = 0;
@@ -251,14 +238,7 @@ mod tests {
         assert_eq!(info.proto, 6);
         assert_eq!(info.offset, 24);
         assert_eq!(info.count, 3);
-        assert_eq!(
-            info.fragment,
-            Some(FragInfo {
-                offset: 0,
-                more: true,
-                ident: 0xdeadbeef
-            })
-        );
+        assert_eq!(info.fragment, Some(FragInfo { offset: 0, more: true, ident: 0xdeadbeef }));
     }
 
     #[test]
@@ -282,14 +262,8 @@ mod tests {
     #[test]
     fn truncated_and_rh0() {
         assert_eq!(walk(NH_HOPOPTS, &[6]).unwrap_err(), Error::Truncated);
-        assert_eq!(
-            walk(NH_HOPOPTS, &[6, 1, 0, 0, 0, 0, 0, 0]).unwrap_err(),
-            Error::Truncated
-        );
-        assert_eq!(
-            walk(NH_FRAGMENT, &[6, 0, 0, 0]).unwrap_err(),
-            Error::Truncated
-        );
+        assert_eq!(walk(NH_HOPOPTS, &[6, 1, 0, 0, 0, 0, 0, 0]).unwrap_err(), Error::Truncated);
+        assert_eq!(walk(NH_FRAGMENT, &[6, 0, 0, 0]).unwrap_err(), Error::Truncated);
         let info = walk(NH_ROUTING, &[59, 0, 0, 0, 0, 0, 0, 0]).unwrap();
         assert!(info.rh0);
         assert_eq!(info.proto, NH_NONE);

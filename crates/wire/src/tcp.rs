@@ -154,9 +154,7 @@ impl Options {
                                 u32::from_be_bytes(body[4..8].try_into().unwrap()),
                             ))
                         }
-                        (OPT_MSS | OPT_WSCALE | OPT_SACK_PERMITTED | OPT_TIMESTAMP, _) => {
-                            return Err(Error::BadOption)
-                        }
+                        (OPT_MSS | OPT_WSCALE | OPT_SACK_PERMITTED | OPT_TIMESTAMP, _) => return Err(Error::BadOption),
                         _ => {}
                     }
                     o = &o[len..];
@@ -174,9 +172,9 @@ mod tests {
     // A Linux SYN: 43210 -> 80, seq 0x01020304, offset 40, SYN, window 64240,
     // options: MSS 1460, SACK-permitted, TS 1/0, NOP, wscale 7.
     const SYN_SEG: [u8; 40] = [
-        0xa8, 0xca, 0x00, 0x50, 0x01, 0x02, 0x03, 0x04, 0x00, 0x00, 0x00, 0x00, 0xa0, 0x02, 0xfa,
-        0xf0, 0x12, 0x34, 0x00, 0x00, 0x02, 0x04, 0x05, 0xb4, 0x04, 0x02, 0x08, 0x0a, 0x00, 0x00,
-        0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0x01, 0x03, 0x03, 0x07,
+        0xa8, 0xca, 0x00, 0x50, 0x01, 0x02, 0x03, 0x04, 0x00, 0x00, 0x00, 0x00, 0xa0, 0x02, 0xfa, 0xf0, 0x12, 0x34,
+        0x00, 0x00, 0x02, 0x04, 0x05, 0xb4, 0x04, 0x02, 0x08, 0x0a, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00,
+        0x01, 0x03, 0x03, 0x07,
     ];
 
     #[test]
@@ -190,15 +188,7 @@ mod tests {
         assert_eq!(p.window(), 64240);
         assert_eq!(p.checksum(), 0x1234);
         let o = p.options().unwrap();
-        assert_eq!(
-            o,
-            Options {
-                mss: Some(1460),
-                wscale: Some(7),
-                sack_permitted: true,
-                timestamp: Some((1, 0))
-            }
-        );
+        assert_eq!(o, Options { mss: Some(1460), wscale: Some(7), sack_permitted: true, timestamp: Some((1, 0)) });
         assert!(p.payload().is_empty());
     }
 
@@ -206,29 +196,14 @@ mod tests {
     fn bad_offsets_and_options() {
         let mut s = SYN_SEG;
         s[12] = 0x40;
-        assert_eq!(
-            Packet::new_checked(&s[..]).unwrap_err(),
-            Error::BadHeaderLen
-        );
-        assert_eq!(
-            Packet::new_checked(&SYN_SEG[..39]).unwrap_err(),
-            Error::Truncated
-        );
-        assert_eq!(
-            Packet::new_checked(&SYN_SEG[..19]).unwrap_err(),
-            Error::Truncated
-        );
+        assert_eq!(Packet::new_checked(&s[..]).unwrap_err(), Error::BadHeaderLen);
+        assert_eq!(Packet::new_checked(&SYN_SEG[..39]).unwrap_err(), Error::Truncated);
+        assert_eq!(Packet::new_checked(&SYN_SEG[..19]).unwrap_err(), Error::Truncated);
         assert_eq!(Options::parse(&[OPT_MSS, 4, 5]), Err(Error::BadOption));
         assert_eq!(Options::parse(&[OPT_MSS, 3, 5]), Err(Error::BadOption));
         assert_eq!(Options::parse(&[99, 1]), Err(Error::BadOption));
-        assert_eq!(
-            Options::parse(&[OPT_WSCALE, 3, 30]).unwrap().wscale,
-            Some(14)
-        );
-        assert_eq!(
-            Options::parse(&[99, 3, 0, OPT_EOL, 0xff]).unwrap(),
-            Options::default()
-        );
+        assert_eq!(Options::parse(&[OPT_WSCALE, 3, 30]).unwrap().wscale, Some(14));
+        assert_eq!(Options::parse(&[99, 3, 0, OPT_EOL, 0xff]).unwrap(), Options::default());
     }
 
     #[test]
@@ -240,9 +215,6 @@ mod tests {
         p.set_seq(3);
         p.set_ack(4);
         p.set_checksum(5);
-        assert_eq!(
-            (p.src_port(), p.dst_port(), p.seq(), p.ack(), p.checksum()),
-            (1, 2, 3, 4, 5)
-        );
+        assert_eq!((p.src_port(), p.dst_port(), p.seq(), p.ack(), p.checksum()), (1, 2, 3, 4, 5));
     }
 }

@@ -91,9 +91,7 @@ mod tests {
     // DNS query 53000 -> 53, length 12, checksum computed over 10.0.0.1 -> 10.0.0.2.
     #[test]
     fn fields_and_checksum() {
-        let mut d = [
-            0xcf, 0x08, 0x00, 0x35, 0x00, 0x0c, 0x00, 0x00, 0xde, 0xad, 0xbe, 0xef,
-        ];
+        let mut d = [0xcf, 0x08, 0x00, 0x35, 0x00, 0x0c, 0x00, 0x00, 0xde, 0xad, 0xbe, 0xef];
         let (s, t) = ([10, 0, 0, 1], [10, 0, 0, 2]);
         let c = !checksum::fold(checksum::sum(&d, checksum::pseudo_v4(s, t, 17, 12)));
         d[6..8].copy_from_slice(&c.to_be_bytes());
