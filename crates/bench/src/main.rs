@@ -46,10 +46,14 @@ pub struct Opts {
     pub baseline: bool,
     pub json: bool,
     pub out: PathBuf,
+    /// replay: capture files.
+    pub files: Vec<PathBuf>,
 }
 
 fn usage() -> String {
-    let mut s = String::from("usage: xpf-bench states|hashsize|insert [options]\n\noptions:\n");
+    let mut s = String::from(
+        "usage: xpf-bench states|hashsize|insert [options]\n       xpf-bench replay FILE.pcap...\n\noptions:\n",
+    );
     for (f, v, h) in FLAGS {
         s.push_str(&format!("  {:<24} {h}\n", format!("{f} {v}")));
     }
@@ -75,7 +79,7 @@ fn parse_num(flag: &str, v: &str) -> Result<u64, String> {
 
 fn parse(args: &[String]) -> Result<Opts, String> {
     let bench = args.first().ok_or_else(usage)?.clone();
-    if !["states", "hashsize", "insert"].contains(&bench.as_str()) {
+    if !["states", "hashsize", "insert", "replay"].contains(&bench.as_str()) {
         return Err(format!("unknown bench '{bench}'\n\n{}", usage()));
     }
     let mut o = Opts {
@@ -93,9 +97,14 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         rows: None,
         baseline: true,
         json: false,
+        files: Vec::new(),
     };
     let mut it = args[1..].iter();
     while let Some(a) = it.next() {
+        if o.bench == "replay" && !a.starts_with("--") {
+            o.files.push(PathBuf::from(a));
+            continue;
+        }
         let mut val = || it.next().cloned().ok_or_else(|| format!("{a} needs a value"));
         match a.as_str() {
             "--workers" => o.workers = parse_num(a, &val()?)?.clamp(1, 256) as usize,
@@ -132,6 +141,42 @@ fn parse(args: &[String]) -> Result<Opts, String> {
     Ok(o)
 }
 
+/// Replays captures through the engine with `pass all` (until pf.conf rulesets load) and
+/// prints what became of each packet.
+fn replay(o: &Opts) -> Result<(), String> {
+    if o.files.is_empty() {
+        return Err("replay needs at least one capture file".into());
+    }
+    let mut failed = false;
+    for f in &o.files {
+        match xpf_bench::replay::replay_file(f, xpf_engine::PassAll) {
+            Ok(r) => {
+                let drops: Vec<String> = r.dropped.iter().map(|(k, n)| format!("{}={n}", k.name())).collect();
+                println!(
+                    "{}: {} records, {} passed, {} dropped [{}], {} to host, {} skipped, {} states",
+                    f.display(),
+                    r.records,
+                    r.passed,
+                    r.dropped_total(),
+                    drops.join(" "),
+                    r.to_host,
+                    r.skipped,
+                    r.states
+                );
+            }
+            Err(e) => {
+                eprintln!("xpf-bench replay: {e}");
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        Err("some captures could not be read".into())
+    } else {
+        Ok(())
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let o = match parse(&args) {
@@ -144,6 +189,7 @@ fn main() -> ExitCode {
     let r = match o.bench.as_str() {
         "states" => experiments::states(&o),
         "hashsize" => experiments::hashsize(&o),
+        "replay" => replay(&o),
         _ => experiments::insert(&o),
     };
     match r {

@@ -108,6 +108,7 @@ impl Shared {
                         dst_state: 0,
                         tcp: None,
                         nosync: false,
+                        allow_opts: false,
                     };
                     match t.insert(hs[i], ns, now) {
                         Ok(id) => {

@@ -229,18 +229,25 @@ struct Ctx<'a> {
 
 #[inline]
 fn stateless<P: Policy>(p: &P, pd: &PDesc, ifidx: u16, dir: Dir) -> Verdict {
-    match p.evaluate(pd, ifidx, dir).action {
-        Action::Pass => Verdict::Pass,
+    let d = p.evaluate(pd, ifidx, dir);
+    match d.action {
         Action::Block => Verdict::Drop(Reason::Match),
+        Action::Pass if pd.flags & pdf::IP_OPTIONS != 0 && !d.allow_opts => Verdict::Drop(Reason::IpOption),
+        Action::Pass => Verdict::Pass,
     }
 }
 
-/// A packet of an existing state: count it, advance the peer states.
+/// A packet of an existing state: count it, advance the peer states. As in pf, a packet with
+/// IP options passes only if the state's rule had `allow-opts`.
 #[inline(always)]
 fn hit<K: Key>(t: &mut StateTable<K>, r: u32, pd: &PDesc, dir: Dir, now: u32) -> Verdict {
     let s = t.touch(r & ID_MASK, dir, pd.ip_len, now);
     let from = (((s.flags & sf::OUT) >> 2) ^ dir as u8) as usize;
-    s.timeout = proto::on_packet(pd.proto, pd.tcp_flags, from, &mut s.peer_state) as u8;
+    let class = proto::on_packet(pd.proto, pd.tcp_flags, from, &mut s.peer_state);
+    s.set_class(class);
+    if pd.flags & pdf::IP_OPTIONS != 0 && !s.allow_opts() {
+        return Verdict::Drop(Reason::IpOption);
+    }
     Verdict::Pass
 }
 
@@ -261,6 +268,9 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     if d.action == Action::Block {
         return Verdict::Drop(Reason::Match);
     }
+    if pd.flags & pdf::IP_OPTIONS != 0 && !d.allow_opts {
+        return Verdict::Drop(Reason::IpOption);
+    }
     if !d.keep_state || !proto::may_create(pd) {
         return Verdict::Pass;
     }
@@ -276,8 +286,18 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         (key, h)
     };
     let (timeout, src_state, dst_state, tcp) = proto::initial(pd);
-    let ns =
-        NewState { key, stack: None, dir: c.dir, rule: d.rule, timeout, src_state, dst_state, tcp, nosync: d.nosync };
+    let ns = NewState {
+        key,
+        stack: None,
+        dir: c.dir,
+        rule: d.rule,
+        timeout,
+        src_state,
+        dst_state,
+        tcp,
+        nosync: d.nosync,
+        allow_opts: d.allow_opts,
+    };
     match t.insert(h, ns, c.now) {
         Ok(id) => {
             t.touch(id, c.dir, pd.ip_len, c.now);

@@ -22,6 +22,16 @@ pub struct Decision {
     pub nosync: bool,
     /// `if-bound`: the state only matches on this interface.
     pub if_bound: bool,
+    /// `allow-opts`: packets with IP options pass (pf drops them otherwise, as `ip-option`).
+    pub allow_opts: bool,
+}
+
+impl Decision {
+    /// `pass` with pf's defaults (keep state, no options allowed).
+    pub const PASS: Decision =
+        Decision { action: Action::Pass, keep_state: true, rule: 0, nosync: false, if_bound: false, allow_opts: false };
+    /// `block` (drop).
+    pub const BLOCK: Decision = Decision { action: Action::Block, keep_state: false, ..Decision::PASS };
 }
 
 pub trait Policy {
@@ -35,7 +45,7 @@ pub struct PassAll;
 impl Policy for PassAll {
     #[inline]
     fn evaluate(&self, _: &PDesc, _: u16, _: Dir) -> Decision {
-        Decision { action: Action::Pass, keep_state: true, rule: 0, nosync: false, if_bound: false }
+        Decision::PASS
     }
 }
 
@@ -45,7 +55,7 @@ pub struct BlockAll;
 
 impl Policy for BlockAll {
     fn evaluate(&self, _: &PDesc, _: u16, _: Dir) -> Decision {
-        Decision { action: Action::Block, keep_state: false, rule: 0, nosync: false, if_bound: false }
+        Decision::BLOCK
     }
 }
 

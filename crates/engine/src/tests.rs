@@ -25,7 +25,8 @@ fn tcp4(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, flags: u8) -> Vec<u8
 }
 
 fn worker<P: Policy>(p: P, limit: u32) -> Worker<P> {
-    Worker::new(WorkerConfig { limit, rows: None, seed: Seed::fixed(9), events: 0, now: 0, prefault: false }, p).unwrap()
+    Worker::new(WorkerConfig { limit, rows: None, seed: Seed::fixed(9), events: 0, now: 0, prefault: false }, p)
+        .unwrap()
 }
 
 fn run<P: Policy>(w: &mut Worker<P>, frames: &[Vec<u8>], dir: Dir, now: u32) -> Vec<Verdict> {
@@ -42,10 +43,8 @@ fn keep_state_lets_replies_back_through_block_policy() {
     // Out: pass keep state; in: block. The reply passes by state only.
     let p = |_: &PDesc, _: u16, d: Dir| Decision {
         action: if d == Dir::Out { Action::Pass } else { Action::Block },
-        keep_state: true,
         rule: 3,
-        nosync: false,
-        if_bound: false,
+        ..Decision::PASS
     };
     let mut w = worker(p, 1000);
     let out = udp4([10, 0, 0, 1], [8, 8, 8, 8], 5353, 53);
@@ -59,7 +58,7 @@ fn keep_state_lets_replies_back_through_block_policy() {
     assert_eq!(s.packets, [1, 1]);
     assert_eq!(s.rule, 3);
     assert_eq!((s.peer_state[0], s.peer_state[1]), (proto::MULTIPLE, proto::SINGLE));
-    assert_eq!(Timeout::from_u8(s.timeout), Timeout::UdpSingle);
+    assert_eq!(s.class(), Timeout::UdpSingle);
     assert_eq!(id, 0);
     assert_eq!(w.stats.reasons[Reason::Match as usize], 1);
     assert_eq!((w.stats.packets, w.stats.passed, w.stats.dropped), (3, 2, 1));
@@ -128,4 +127,24 @@ fn states_expire_through_maintain() {
     assert_eq!(w.maintain(59, 1000), 0);
     assert_eq!(w.maintain(60, 1000), 1); // udp.first
     assert_eq!(w.states(), 0);
+}
+
+#[test]
+fn ip_options_need_allow_opts_on_rule_and_state() {
+    let mut f = udp4([1, 1, 1, 1], [2, 2, 2, 2], 1, 2);
+    // Insert a 4-byte router-alert option: header length 24.
+    f.splice(34..34, [0x94, 0x04, 0x00, 0x00]);
+    f[14] = 0x46;
+    f[16..18].copy_from_slice(&50u16.to_be_bytes());
+    ipv4::Packet::new_checked(&mut f[14..]).unwrap().fill_checksum();
+    let plain = udp4([1, 1, 1, 1], [2, 2, 2, 2], 1, 2);
+    let mut w = worker(PassAll, 10);
+    assert_eq!(run(&mut w, &[f.clone()], Dir::In, 0), vec![Verdict::Drop(Reason::IpOption)]);
+    assert_eq!(w.states(), 0);
+    // A state made without allow-opts does not let options through either.
+    run(&mut w, &[plain.clone()], Dir::In, 0);
+    assert_eq!(run(&mut w, &[f.clone()], Dir::In, 0), vec![Verdict::Drop(Reason::IpOption)]);
+    let mut w = worker(|_: &PDesc, _: u16, _: Dir| Decision { allow_opts: true, ..Decision::PASS }, 10);
+    assert_eq!(run(&mut w, &[f.clone(), plain], Dir::In, 0), vec![Verdict::Pass, Verdict::Pass]);
+    assert_eq!(w.stats.reasons[Reason::IpOption as usize], 0);
 }

@@ -7,3 +7,4 @@
 
 pub mod gen;
 pub mod pcap;
+pub mod replay;

@@ -59,7 +59,8 @@ pub struct State<K: Key> {
     pub ext: u32,
     /// Insert sequence; with the id, a unique export id for sync.
     pub seq: u32,
-    /// `Timeout` class.
+    /// `Timeout` class in the low 5 bits; rule options in the top bits (`TO_*`). Use
+    /// [`State::class`] and [`State::set_class`].
     pub timeout: u8,
     /// pf's peer states [src, dst] (TCPS_* for TCP, PFUDPS_* / PFOTHERS_* otherwise).
     pub peer_state: [u8; 2],
@@ -70,6 +71,27 @@ pub struct State<K: Key> {
 }
 // SAFETY: plain integers and keys of integers; all-zero is a free slot.
 unsafe impl<K: Key> Zeroable for State<K> {}
+
+/// Bits of `State::timeout` above the class: options of the rule that made the state.
+pub const TO_CLASS: u8 = 0x1f;
+/// `allow-opts`: packets with IP options may pass by this state.
+pub const TO_ALLOWOPTS: u8 = 0x80;
+const _: () = assert!(Timeout::ALL.len() <= TO_CLASS as usize + 1);
+
+impl<K: Key> State<K> {
+    #[inline(always)]
+    pub fn class(&self) -> Timeout {
+        Timeout::from_u8(self.timeout & TO_CLASS)
+    }
+    #[inline(always)]
+    pub fn set_class(&mut self, t: Timeout) {
+        self.timeout = (self.timeout & !TO_CLASS) | t as u8;
+    }
+    #[inline(always)]
+    pub fn allow_opts(&self) -> bool {
+        self.timeout & TO_ALLOWOPTS != 0
+    }
+}
 const _: () = assert!(core::mem::size_of::<State<crate::Key4>>() == 64);
 const _: () = assert!(core::mem::size_of::<State<crate::Key6>>() == 88);
 
@@ -99,6 +121,8 @@ pub struct NewState<K: Key> {
     pub dst_state: u8,
     pub tcp: Option<[Peer; 2]>,
     pub nosync: bool,
+    /// The rule's `allow-opts`.
+    pub allow_opts: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -498,7 +522,7 @@ impl<K: Key> StateTable<K> {
             rule: s.rule,
             ext,
             seq: self.seq,
-            timeout: s.timeout as u8,
+            timeout: s.timeout as u8 | if s.allow_opts { TO_ALLOWOPTS } else { 0 },
             peer_state: [s.src_state, s.dst_state],
             flags,
             packets: [0; 2],
@@ -616,7 +640,7 @@ impl<K: Key> StateTable<K> {
             }
             return false;
         }
-        let t = self.timeouts.effective(Timeout::from_u8(s.timeout), self.len, self.limit);
+        let t = self.timeouts.effective(s.class(), self.len, self.limit);
         let deadline = s.expire.saturating_add(t);
         if deadline > now {
             self.wheel.file(id, deadline);

@@ -92,7 +92,7 @@ proptest! {
                     let stack = nat.map(stack_key);
                     let taken = |x: &Key4| model.iter().any(|(w, m)| w == x || m.stack.as_ref() == Some(x));
                     let exists = taken(&key) || stack.as_ref().is_some_and(taken);
-                    let ns = NewState { key, stack, dir: Dir::In, rule: 1, timeout: CLASSES[c as usize], src_state: 1, dst_state: 0, tcp: None, nosync: false };
+                    let ns = NewState { key, stack, dir: Dir::In, rule: 1, timeout: CLASSES[c as usize], src_state: 1, dst_state: 0, tcp: None, nosync: false, allow_opts: false };
                     let r = t.insert(t.hash(&key), ns, now);
                     if model.len() as u32 >= t.limit() {
                         prop_assert_eq!(r, Err(InsertError::Limit));
@@ -179,6 +179,7 @@ fn updates_collapse_per_state() {
         dst_state: 0,
         tcp: None,
         nosync: false,
+        allow_opts: false,
     };
     let id = t.insert(t.hash(&k), ns, 0).unwrap();
     let mut seen = Vec::new();
@@ -223,6 +224,7 @@ fn full_queue_counts_and_keeps_states() {
             dst_state: 0,
             tcp: None,
             nosync: false,
+            allow_opts: false,
         };
         t.insert(t.hash(&k), ns, 0).unwrap();
     }
@@ -254,6 +256,7 @@ fn resize_grows_rows_and_keeps_every_state() {
             dst_state: 0,
             tcp: None,
             nosync: false,
+            allow_opts: false,
         };
         t.insert(t.hash(&k), ns, 0).unwrap();
     }
@@ -299,6 +302,7 @@ fn expiry_follows_pf_timeouts_and_activity() {
         dst_state: 0,
         tcp: None,
         nosync: false,
+        allow_opts: false,
     };
     let id = t.insert(t.hash(&k), ns, 0).unwrap();
     assert_eq!(t.maintain(29, 100), 0);
@@ -339,6 +343,7 @@ fn index_started_small_grows_with_load() {
             dst_state: 0,
             tcp: None,
             nosync: false,
+            allow_opts: false,
         };
         t.insert(t.hash(&k), ns, 0).unwrap();
         t.maintain(0, 16);
