@@ -165,32 +165,38 @@ pub fn states(o: &Opts) -> Result<(), String> {
             warm_inserts_per_sec: x.warm_rate,
         });
     }
-    if !o.json {
-        println!("xpf, packets/s:");
-        stats::header("states", "packets/s");
+    {
+        say(o, format!("xpf, packets/s:"));
+        say(o, stats::header("states", "packets/s"));
         for p in &out {
-            stats::row(&p.states.to_string(), &p.xpf_pps);
+            say(o, stats::row(&p.states.to_string(), &p.xpf_pps));
         }
         if o.baseline {
-            println!("HashMap (hashbrown + foldhash, one packet at a time), packets/s:");
-            stats::header("states", "packets/s");
+            say(o, format!("HashMap (hashbrown + foldhash, one packet at a time), packets/s:"));
+            say(o, stats::header("states", "packets/s"));
             for p in &out {
-                stats::row(&p.states.to_string(), p.hashmap_pps.as_ref().unwrap());
+                say(o, stats::row(&p.states.to_string(), p.hashmap_pps.as_ref().unwrap()));
             }
         }
-        println!(
-            "{:>10} {:>12} {:>14} {:>14} {:>14} {:>16}",
-            "states", "xpf/HashMap", "B/state(rss)", "B/state(table)", "HashMap B/st", "warm inserts/s"
+        say(
+            o,
+            format!(
+                "{:>10} {:>12} {:>14} {:>14} {:>14} {:>16}",
+                "states", "xpf/HashMap", "B/state(rss)", "B/state(table)", "HashMap B/st", "warm inserts/s"
+            ),
         );
         for p in &out {
-            println!(
-                "{:>10} {:>12} {:>14.1} {:>14.1} {:>14} {:>16.0}",
-                p.states,
-                p.ratio.map_or("-".into(), |r| format!("{r:.2}x")),
-                p.bytes_per_state,
-                p.table_bytes_per_state,
-                p.hashmap_bytes_per_state.map_or("-".into(), |b| format!("{b:.1}")),
-                p.warm_inserts_per_sec
+            say(
+                o,
+                format!(
+                    "{:>10} {:>12} {:>14.1} {:>14.1} {:>14} {:>16.0}",
+                    p.states,
+                    p.ratio.map_or("-".into(), |r| format!("{r:.2}x")),
+                    p.bytes_per_state,
+                    p.table_bytes_per_state,
+                    p.hashmap_bytes_per_state.map_or("-".into(), |b| format!("{b:.1}")),
+                    p.warm_inserts_per_sec
+                ),
             );
         }
     }
@@ -263,25 +269,34 @@ pub fn hashsize(o: &Opts) -> Result<(), String> {
         let g = Gen::for_flows(n);
         Summary::of(&shard_runs(&g, o.workers, o.runs, o.seconds, o.batch, HashMapBaseline::new, |_| Vec::new()).runs)
     });
-    if !o.json {
-        stats::header("rows", "packets/s");
+    {
+        say(o, stats::header("rows", "packets/s"));
         for p in &out {
-            stats::row(&p.rows.to_string(), &p.xpf_pps);
+            say(o, stats::row(&p.rows.to_string(), &p.xpf_pps));
         }
-        println!("{:>10} {:>12} {:>10} {:>12} {:>16}", "rows", "states/row", "overflow", "B/state", "warm inserts/s");
+        say(
+            o,
+            format!(
+                "{:>10} {:>12} {:>10} {:>12} {:>16}",
+                "rows", "states/row", "overflow", "B/state", "warm inserts/s"
+            ),
+        );
         for p in &out {
-            println!(
-                "{:>10} {:>12.2} {:>10} {:>12.1} {:>16.0}{}",
-                p.rows,
-                p.states_per_row,
-                p.overflow_buckets,
-                p.bytes_per_state,
-                p.warm_inserts_per_sec,
-                if p.automatic { "   <- automatic" } else { "" }
+            say(
+                o,
+                format!(
+                    "{:>10} {:>12.2} {:>10} {:>12.1} {:>16.0}{}",
+                    p.rows,
+                    p.states_per_row,
+                    p.overflow_buckets,
+                    p.bytes_per_state,
+                    p.warm_inserts_per_sec,
+                    if p.automatic { "   <- automatic" } else { "" }
+                ),
             );
         }
         if let Some(h) = &reference {
-            println!("HashMap (hashbrown + foldhash) at {n} states: median {:.0} packets/s", h.median);
+            say(o, format!("HashMap (hashbrown + foldhash) at {n} states: median {:.0} packets/s", h.median));
         }
     }
     let series = vec![Series {
@@ -323,12 +338,12 @@ pub fn insert(o: &Opts) -> Result<(), String> {
     let h = o.baseline.then(|| insert_runs(&g, o.runs, o.batch, HashMapBaseline::new));
     let xs = Summary::of(&x);
     let hs = h.as_ref().map(|v| Summary::of(v));
-    if !o.json {
-        stats::header("engine", "new states/s");
-        stats::row("xpf", &xs);
+    {
+        say(o, stats::header("engine", "new states/s"));
+        say(o, stats::row("xpf", &xs));
         if let Some(hs) = &hs {
-            stats::row("HashMap", hs);
-            println!("xpf/HashMap: {:.2}x", xs.median / hs.median);
+            say(o, stats::row("HashMap", hs));
+            say(o, format!("xpf/HashMap: {:.2}x", xs.median / hs.median));
         }
     }
     let p = InsertPoint {

@@ -26,11 +26,6 @@ impl Feed {
         Feed { gen, start, stride, count, pos: 0, buf: vec![[0; FRAME_LEN]; CHUNK] }
     }
 
-    /// Starts the stream at flow number `i` of this feed.
-    pub fn seek(&mut self, i: u64) {
-        self.pos = i % self.count;
-    }
-
     fn fill(&mut self, k: usize) {
         for b in &mut self.buf[..k] {
             self.gen.write(self.start + self.pos * self.stride, b);
@@ -81,7 +76,6 @@ pub struct Measured {
     pub warm_rate: f64,
     /// Resident bytes the engines added, per state.
     pub rss_per_state: f64,
-    pub states: u64,
     pub extra: Vec<(String, f64)>,
 }
 
@@ -154,7 +148,7 @@ pub fn shard_runs<E: Engine + 'static>(
         h.join().unwrap();
     }
     let states = gen.flows();
-    Measured { runs: out, warm_rate, rss_per_state: rss1.saturating_sub(rss0) as f64 / states as f64, states, extra }
+    Measured { runs: out, warm_rate, rss_per_state: rss1.saturating_sub(rss0) as f64 / states as f64, extra }
 }
 
 /// New states per second: each run fills a fresh engine with `gen`'s flows once.

@@ -215,11 +215,5 @@ pub fn shared_runs(gen: &Gen, workers: usize, runs: usize, min_secs: f64, batch:
     for h in hs {
         h.join().unwrap();
     }
-    Measured {
-        runs: out,
-        warm_rate,
-        rss_per_state: rss1.saturating_sub(rss0) as f64 / n as f64,
-        states: n,
-        extra: Vec::new(),
-    }
+    Measured { runs: out, warm_rate, rss_per_state: rss1.saturating_sub(rss0) as f64 / n as f64, extra: Vec::new() }
 }

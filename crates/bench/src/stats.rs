@@ -26,19 +26,19 @@ impl Summary {
     }
 }
 
-/// Prints a ministat-style header for rows labelled by `label`.
-pub fn header(label: &str, unit: &str) {
-    println!(
+/// A ministat-style header for rows labelled by `label`.
+pub fn header(label: &str, unit: &str) -> String {
+    format!(
         "{:>10} {:>4} {:>12} {:>12} {:>12} {:>12} {:>10}   ({unit})",
         label, "N", "Min", "Max", "Median", "Avg", "Stddev"
-    );
+    )
 }
 
-pub fn row(label: &str, s: &Summary) {
-    println!(
+pub fn row(label: &str, s: &Summary) -> String {
+    format!(
         "{:>10} {:>4} {:>12.0} {:>12.0} {:>12.0} {:>12.0} {:>10.0}",
         label, s.n, s.min, s.max, s.median, s.avg, s.stddev
-    );
+    )
 }
 
 #[cfg(test)]

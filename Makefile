@@ -1,0 +1,55 @@
+# xpf: `make demo` runs the main job, `make test` runs every test. Both install what is missing.
+SHELL := /bin/bash
+CARGO ?= cargo
+BIN := target/release
+
+.PHONY: all deps build demo test bench bench-states bench-hashsize bench-insert bench-workers fuzz fmt clean
+
+all: build
+
+deps:
+	@scripts/deps.sh
+
+build: deps
+	$(CARGO) build --release --workspace
+
+# Until the daemon exists (issue 4), the main job is the state-table bench in its quick form.
+demo: build
+	$(BIN)/xpf-bench states --quick
+
+# The quick benches run first so that they print their figures on every CI run (they assert
+# nothing about speed); the test suite runs last.
+test: build
+	$(BIN)/xpf-bench states --quick --json > /dev/null
+	$(BIN)/xpf-bench states --quick
+	$(BIN)/xpf-bench hashsize --quick
+	$(BIN)/xpf-bench insert --quick
+	$(CARGO) test --release --workspace
+
+# The full experiments (several minutes each); figures go to bench-results/out/.
+bench: bench-states bench-hashsize bench-insert bench-workers
+
+bench-states: build
+	$(BIN)/xpf-bench states
+
+bench-hashsize: build
+	$(BIN)/xpf-bench hashsize
+
+bench-insert: build
+	$(BIN)/xpf-bench insert
+
+bench-workers: build
+	$(BIN)/xpf-bench states --workers 2 --points 9800,1M,10M --out bench-results/out/states-2w-shard
+	$(BIN)/xpf-bench states --workers 2 --mode shared --points 9800,1M,10M --no-baseline --out bench-results/out/states-2w-shared
+
+# libFuzzer on the packet path and the pcap reader, FUZZ_SECONDS each (default 60).
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
+	cd fuzz && for t in packet pcap; do RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; done
+
+fmt:
+	$(CARGO) fmt --all
+
+clean:
+	$(CARGO) clean
