@@ -137,12 +137,12 @@ pub fn states(o: &Opts) -> Result<(), String> {
     });
     let e = env(o);
     say(o, format!(
-        "xpf-bench states: established UDP, 60-byte frames, {} worker(s) ({}), batch {}, {} runs of >= {} s per point; commit {}; {}; THP {}",
-        o.workers, e.mode, o.batch, o.runs, o.seconds, e.commit, e.cpu, e.thp
+        "xpf-bench states: established {}, 60-byte frames, {} worker(s) ({}), batch {}, {} runs of >= {} s per point; commit {}; {}; THP {}",
+        if o.tcp { "TCP" } else { "UDP" }, o.workers, e.mode, o.batch, o.runs, o.seconds, e.commit, e.cpu, e.thp
     ));
     let mut out = Vec::new();
     for &n in &points {
-        let g = Gen::for_flows(n);
+        let g = if o.tcp { Gen::for_flows(n).tcp() } else { Gen::for_flows(n) };
         eprintln!("  {n} states: xpf ...");
         let x = xpf_measure(o, &g, None);
         let hm = o.baseline.then(|| {

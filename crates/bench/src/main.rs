@@ -25,6 +25,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("--points", "N,N,..", "states: these numbers of states instead of the default list"),
     ("--states", "N", "hashsize and insert: the number of states (default 4M / 10M; 1M for insert --quick)"),
     ("--rows", "R,R,..", "hashsize: these index sizes instead of the sweep"),
+    ("--tcp", "", "states: TCP flows (SYN makes the state, ACKs are measured) instead of UDP"),
     ("--no-baseline", "", "skip the HashMap baseline"),
     ("--json", "", "print the report as JSON on stdout (progress goes to stderr)"),
     ("--out", "DIR", "where gnuplot data, the plot and the JSON go (default bench-results/out/<bench>)"),
@@ -44,6 +45,7 @@ pub struct Opts {
     pub states: Option<u64>,
     pub rows: Option<Vec<u32>>,
     pub baseline: bool,
+    pub tcp: bool,
     pub json: bool,
     pub out: PathBuf,
     /// replay: capture files.
@@ -96,6 +98,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         states: None,
         rows: None,
         baseline: true,
+        tcp: false,
         json: false,
         files: Vec::new(),
     };
@@ -126,6 +129,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
                 o.rows = Some(val()?.split(',').map(|x| parse_num(a, x).map(|v| v as u32)).collect::<Result<_, _>>()?)
             }
             "--no-baseline" => o.baseline = false,
+            "--tcp" => o.tcp = true,
             "--json" => o.json = true,
             "--out" => o.out = PathBuf::from(val()?),
             "-h" | "--help" => return Err(usage()),

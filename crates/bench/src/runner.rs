@@ -108,6 +108,7 @@ pub fn shard_runs<E: Engine + 'static>(
             let warm = pump(&mut e, &mut feed, count, 0.0, batch, 1);
             assert_eq!(e.states(), feed.count, "warm-up must create one state per flow");
             let extra = if w == 0 { inspect(&e) } else { Vec::new() };
+            feed.gen.established();
             tx.send(("warm", warm.packets as f64 / warm.secs, extra)).unwrap();
             let inserts = e.inserts();
             for _ in 0..runs {

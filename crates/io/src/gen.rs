@@ -6,7 +6,7 @@
 
 use std::fmt;
 use std::net::Ipv4Addr;
-use xpf_wire::{checksum, ipv4, udp};
+use xpf_wire::{checksum, ipv4, tcp, udp};
 
 pub const FRAME_LEN: usize = 60;
 
@@ -86,6 +86,27 @@ impl Gen {
         ipv4::emit_header(&mut t[14..], [0; 4], [0; 4], 17, (FRAME_LEN - 14) as u16, 64, 0);
         udp::emit_header(&mut t[34..], 0, 0, (FRAME_LEN - 34) as u16);
         Gen { src, dst, tmpl: t, flows: src.count() * dst.count(), next: 0 }
+    }
+
+    /// The same flows as TCP segments (20-byte header, padded to 60 bytes), with `SYN` set so
+    /// that a keep-state rule creates their states; see [`Gen::established`].
+    pub fn tcp(mut self) -> Gen {
+        let t = &mut self.tmpl;
+        ipv4::emit_header(&mut t[14..], [0; 4], [0; 4], 6, 40, 64, 0);
+        t[34..54].fill(0);
+        t[46] = 0x50;
+        t[47] = tcp::SYN;
+        t[48..50].copy_from_slice(&65535u16.to_be_bytes());
+        t[54..].fill(0);
+        self
+    }
+
+    /// For TCP flows, switches the segments to bare ACKs (the traffic of established
+    /// connections); nothing for UDP.
+    pub fn established(&mut self) {
+        if self.tmpl[23] == 6 {
+            self.tmpl[47] = tcp::ACK;
+        }
     }
 
     /// N flows from 198.18.0.0 to 198.19.0.0 (RFC 2544's benchmark range), port 2000 to 2000,
@@ -188,6 +209,20 @@ mod tests {
             parse_ether(b, &mut pd).unwrap();
             assert!(seen.insert((pd.src, pd.dst, pd.sport, pd.dport)));
         }
+    }
+
+    #[test]
+    fn tcp_flows_start_with_syn_then_ack() {
+        let mut g = Gen::for_flows(4).tcp();
+        let mut b = [0u8; FRAME_LEN];
+        g.write(1, &mut b);
+        let mut pd = PDesc::default();
+        parse_ether(&b, &mut pd).unwrap();
+        assert_eq!((pd.proto, pd.tcp_flags, pd.ip_len, pd.sport), (6, tcp::SYN, 40, 2000));
+        g.established();
+        g.write(1, &mut b);
+        parse_ether(&b, &mut pd).unwrap();
+        assert_eq!(pd.tcp_flags, tcp::ACK);
     }
 
     #[test]

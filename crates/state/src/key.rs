@@ -16,7 +16,7 @@ pub enum Dir {
 }
 
 /// What the state table needs of a key.
-pub trait Key: Copy + Eq + core::fmt::Debug + Send + 'static {
+pub trait Key: Copy + Eq + core::fmt::Debug + Send + crate::region::Zeroable + 'static {
     /// The key of `pd` seen in direction `dir` on interface `kif` (0 for floating states).
     fn from_pdesc(pd: &PDesc, dir: Dir, kif: u16) -> Self;
     /// The key as 64-bit words, for hashing.
@@ -51,6 +51,10 @@ pub struct Key6 {
     pub kif: u16,            // 38..40
 }
 const _: () = assert!(core::mem::size_of::<Key6>() == 40);
+
+// SAFETY: keys are integers; all-zero is a (meaningless but valid) key.
+unsafe impl crate::region::Zeroable for Key4 {}
+unsafe impl crate::region::Zeroable for Key6 {}
 
 /// The per-table hash seed. Keys come from the wire, so the hash is keyed: without a secret an
 /// attacker could aim every flow at one row (hash flooding).

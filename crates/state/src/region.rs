@@ -14,6 +14,10 @@ use std::ptr::NonNull;
 /// Implementors must be `Copy`, contain no references, and accept the all-zero bit pattern.
 pub unsafe trait Zeroable: Copy {}
 
+// SAFETY: an array or pair of zeroable records is zeroable.
+unsafe impl<T: Zeroable, const N: usize> Zeroable for [T; N] {}
+unsafe impl<A: Zeroable, B: Zeroable> Zeroable for (A, B) {}
+
 pub struct Region<T: Zeroable> {
     ptr: NonNull<T>,
     cap: usize,

@@ -99,6 +99,7 @@ const _: () = assert!(core::mem::size_of::<State<crate::Key6>>() == 88);
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct Peer {
+    // 0..18, padded to 20: 40 bytes for both peers of a TCP state.
     pub seqlo: u32,
     pub seqhi: u32,
     pub seqdiff: u32,
@@ -107,6 +108,9 @@ pub struct Peer {
     pub wscale: u8,
     pub pflags: u8,
 }
+// SAFETY: integers only.
+unsafe impl Zeroable for Peer {}
+const _: () = assert!(core::mem::size_of::<[Peer; 2]>() == 40);
 
 /// What a new state starts with.
 #[derive(Debug, Clone, Copy)]
@@ -164,33 +168,43 @@ pub struct Config {
     pub grow_from: Option<u32>,
 }
 
-/// Side records: an arena with a free list.
-struct Side<T> {
-    v: Vec<T>,
+/// Side records: an arena with a free list, in a reserved mapping like the slab, so that it
+/// grows by pages as records are used (a Vec's doubling would cost up to a record's size again
+/// per state).
+struct Side<T: Zeroable> {
+    v: Region<T>,
+    hwm: u32,
     free: Vec<u32>,
 }
 
-impl<T: Copy> Side<T> {
-    fn new() -> Self {
-        Side { v: Vec::new(), free: Vec::new() }
+impl<T: Zeroable> Side<T> {
+    fn new() -> Result<Self, MapError> {
+        Ok(Side { v: Region::new(MAX_STATES as usize)?, hwm: 0, free: Vec::new() })
     }
     fn alloc(&mut self, x: T) -> u32 {
-        match self.free.pop() {
-            Some(i) => {
-                self.v[i as usize] = x;
-                i
-            }
+        let i = match self.free.pop() {
+            Some(i) => i,
             None => {
-                self.v.push(x);
-                (self.v.len() - 1) as u32
+                self.hwm += 1;
+                self.hwm - 1
             }
-        }
+        };
+        *self.v.get_mut(i as usize) = x;
+        i
     }
     fn release(&mut self, i: u32) {
         self.free.push(i);
     }
+    #[inline(always)]
+    fn get(&self, i: u32) -> &T {
+        self.v.get(i as usize)
+    }
+    #[inline(always)]
+    fn get_mut(&mut self, i: u32) -> &mut T {
+        self.v.get_mut(i as usize)
+    }
     fn bytes(&self) -> usize {
-        self.v.capacity() * core::mem::size_of::<T>() + self.free.capacity() * 4
+        self.hwm as usize * core::mem::size_of::<T>() + self.free.capacity() * 4
     }
 }
 
@@ -251,9 +265,9 @@ impl<K: Key> StateTable<K> {
             migrating: None,
             scratch: Vec::new(),
             wheel: Wheel::new(cfg.now),
-            tcp: Side::new(),
-            nat: Side::new(),
-            tcpnat: Side::new(),
+            tcp: Side::new()?,
+            nat: Side::new()?,
+            tcpnat: Side::new()?,
             events: EventQueue::new(cfg.events),
             seed: cfg.seed,
             timeouts: Timeouts::default(),
@@ -357,9 +371,9 @@ impl<K: Key> StateTable<K> {
             return None;
         }
         if self.has_tcp(s) {
-            Some(&self.tcpnat.v[s.ext as usize].1)
+            Some(&self.tcpnat.get(s.ext).1)
         } else {
-            Some(&self.nat.v[s.ext as usize])
+            Some(self.nat.get(s.ext))
         }
     }
 
@@ -375,9 +389,9 @@ impl<K: Key> StateTable<K> {
             return None;
         }
         if s.flags & sf::NAT != 0 {
-            Some(&mut self.tcpnat.v[s.ext as usize].0)
+            Some(&mut self.tcpnat.get_mut(s.ext).0)
         } else {
-            Some(&mut self.tcp.v[s.ext as usize])
+            Some(self.tcp.get_mut(s.ext))
         }
     }
 
@@ -387,9 +401,9 @@ impl<K: Key> StateTable<K> {
             return None;
         }
         if s.flags & sf::NAT != 0 {
-            Some(&self.tcpnat.v[s.ext as usize].0)
+            Some(&self.tcpnat.get(s.ext).0)
         } else {
-            Some(&self.tcp.v[s.ext as usize])
+            Some(self.tcp.get(s.ext))
         }
     }
 
