@@ -144,29 +144,37 @@ impl<P: Policy> Worker<P> {
     pub fn process(&mut self, frames: &[&[u8]], ifidx: u16, dir: Dir, now: u32, verdicts: &mut [Verdict]) {
         let n = frames.len().min(BATCH);
         let (mut n4, mut n6) = (0usize, 0usize);
+        // Parse the whole batch first, then key it: reading a descriptor right after the parser
+        // wrote it stalled on store forwarding (~30% of the worker's samples at 9,800 states).
+        let mut parsed = 0u64;
         for i in 0..n {
-            let pd = &mut self.pd[i];
-            verdicts[i] = match parse_ether(frames[i], pd) {
+            verdicts[i] = match parse_ether(frames[i], &mut self.pd[i]) {
                 Ok(()) => {
-                    if pd.flags & (pdf::NOT_FIRST_FRAG | pdf::ICMP_ERROR) != 0 {
-                        // No ports to key a state on: the ruleset alone decides (reassembly and
-                        // ICMP error matching come with the protocol work).
-                        stateless(&self.policy, pd, ifidx, dir)
-                    } else if pd.af == AF_INET {
-                        self.k4[n4] = Key4::from_pdesc(pd, dir, 0);
-                        self.i4[n4] = i as u8;
-                        n4 += 1;
-                        Verdict::Pass
-                    } else {
-                        self.k6[n6] = Key6::from_pdesc(pd, dir, 0);
-                        self.i6[n6] = i as u8;
-                        n6 += 1;
-                        Verdict::Pass
-                    }
+                    parsed |= 1 << i;
+                    Verdict::Pass
                 }
                 Err(Parse::NotIp(_)) => Verdict::Host,
                 Err(Parse::Drop(r)) => Verdict::Drop(r),
             };
+        }
+        let mut m = parsed;
+        while m != 0 {
+            let i = m.trailing_zeros() as usize;
+            m &= m - 1;
+            let pd = &self.pd[i];
+            if pd.flags & (pdf::NOT_FIRST_FRAG | pdf::ICMP_ERROR) != 0 {
+                // No ports to key a state on: the ruleset alone decides (reassembly and ICMP
+                // error matching come with the protocol work).
+                verdicts[i] = stateless(&self.policy, pd, ifidx, dir);
+            } else if pd.af == AF_INET {
+                self.k4[n4] = Key4::from_pdesc(pd, dir, 0);
+                self.i4[n4] = i as u8;
+                n4 += 1;
+            } else {
+                self.k6[n6] = Key6::from_pdesc(pd, dir, 0);
+                self.i6[n6] = i as u8;
+                n6 += 1;
+            }
         }
         if n4 > 0 {
             self.t4.lookup_batch(&self.k4[..n4], &mut self.h4[..n4], &mut self.r4[..n4]);

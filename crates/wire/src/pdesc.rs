@@ -112,12 +112,17 @@ impl From<Reason> for Parse {
 }
 
 /// Fills `pd` from an Ethernet frame (with up to two VLAN tags); every field is written.
-#[inline]
+#[inline(always)]
 pub fn parse_ether(frame: &[u8], pd: &mut PDesc) -> Result<(), Parse> {
     if let Some(fast) = fast_udp_tcp4(frame) {
         *pd = fast;
         return Ok(());
     }
+    parse_slow(frame, pd)
+}
+
+#[inline(never)]
+fn parse_slow(frame: &[u8], pd: &mut PDesc) -> Result<(), Parse> {
     *pd = PDesc::default();
     parse_ether_general(frame, pd)
 }
