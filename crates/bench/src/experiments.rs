@@ -364,3 +364,113 @@ pub fn insert(o: &Opts) -> Result<(), String> {
     let report = Report { bench: o.bench.clone(), env: e, points: vec![p], hashmap_reference: None };
     finish(o, &report, &series, "new states per second", "states")
 }
+
+#[derive(Serialize)]
+struct ResizeReport {
+    states: u64,
+    rows_before: u64,
+    rows_after: u64,
+    pps_before: f64,
+    pps_during: f64,
+    pps_after: f64,
+    resize_seconds: f64,
+    packets_during: u64,
+    /// Longest time one chunk of 4,096 packets took, before and during the resize.
+    worst_chunk_us_before: f64,
+    worst_chunk_us_during: f64,
+}
+
+/// Raises `set limit states` from N to 2N under established traffic and measures what the
+/// online resize costs: packets/s before, during and after, how long it takes, and the worst
+/// chunk latency. Every packet must pass and no state may be lost or created.
+pub fn resize(o: &Opts) -> Result<(), String> {
+    use crate::runner::{pump, Feed, CHUNK};
+    let n = o.states.unwrap_or(if o.quick { 1_000_000 } else { 10_000_000 });
+    let e = env(o);
+    say(
+        o,
+        format!(
+            "xpf-bench resize: {n} established UDP states, limit raised to {} under traffic, batch {}; commit {}",
+            2 * n,
+            o.batch,
+            e.commit
+        ),
+    );
+    let g = Gen::for_flows(n);
+    let mut feed = Feed::new(g, 0, 1);
+    let mut x = Xpf::new(n, None);
+    crate::sys::pin(0);
+    let warm = pump(&mut x, &mut feed, n, 0.0, o.batch, 1);
+    let inserts = x.w.t4.counters.inserts;
+    let rows_before = x.w.t4.rows() as u64;
+    // One chunk at a time, timing each.
+    let mut chunk = |x: &mut Xpf, feed: &mut Feed| -> f64 {
+        let p = pump(x, feed, CHUNK as u64, 0.0, o.batch, 2);
+        assert_eq!(p.passed, p.packets, "every established packet must pass");
+        p.secs
+    };
+    let measure = |x: &mut Xpf, feed: &mut Feed, secs: f64, chunk: &mut dyn FnMut(&mut Xpf, &mut Feed) -> f64| {
+        let (mut t, mut worst, mut k) = (0.0, 0.0f64, 0u64);
+        while t < secs {
+            let c = chunk(x, feed);
+            t += c;
+            worst = worst.max(c);
+            k += 1;
+        }
+        (k * CHUNK as u64, t, worst)
+    };
+    let (pb, tb, wb) = measure(&mut x, &mut feed, o.seconds, &mut chunk);
+    x.w.set_limit((2 * n) as u32).map_err(|e| e.to_string())?;
+    let (mut pd, mut td, mut wd) = (0u64, 0.0, 0.0f64);
+    while x.w.t4.resizing() {
+        let c = chunk(&mut x, &mut feed);
+        pd += CHUNK as u64;
+        td += c;
+        wd = wd.max(c);
+    }
+    let (pa, ta, _) = measure(&mut x, &mut feed, o.seconds, &mut chunk);
+    assert_eq!(x.w.t4.counters.inserts, inserts, "no state may be created");
+    assert_eq!(x.w.states() as u64, n, "no state may be lost");
+    let r = ResizeReport {
+        states: n,
+        rows_before,
+        rows_after: x.w.t4.rows() as u64,
+        pps_before: pb as f64 / tb,
+        pps_during: pd as f64 / td,
+        pps_after: pa as f64 / ta,
+        resize_seconds: td,
+        packets_during: pd,
+        worst_chunk_us_before: wb * 1e6,
+        worst_chunk_us_during: wd * 1e6,
+    };
+    say(o, format!("  warm-up: {:.0} new states/s", warm.packets as f64 / warm.secs));
+    say(
+        o,
+        format!(
+            "  index rows {} -> {} in {:.2} s of engine time, {} packets served meanwhile",
+            r.rows_before, r.rows_after, r.resize_seconds, r.packets_during
+        ),
+    );
+    say(o, format!("  packets/s  before {:.0}   during {:.0}   after {:.0}", r.pps_before, r.pps_during, r.pps_after));
+    say(
+        o,
+        format!(
+            "  worst 4,096-packet chunk  before {:.0} us   during {:.0} us",
+            r.worst_chunk_us_before, r.worst_chunk_us_during
+        ),
+    );
+    let io = |e: std::io::Error| format!("writing {}: {e}", o.out.display());
+    std::fs::create_dir_all(&o.out).map_err(io)?;
+    let json = serde_json::to_string_pretty(&Report {
+        bench: o.bench.clone(),
+        env: e,
+        points: vec![r],
+        hashmap_reference: None,
+    })
+    .unwrap();
+    std::fs::write(o.out.join("resize.json"), &json).map_err(io)?;
+    if o.json {
+        println!("{json}");
+    }
+    Ok(())
+}

@@ -23,7 +23,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("--quick", "", "the CI-sized version: fewer points and runs, under a minute"),
     ("--big", "", "states: add 40M and 100M states"),
     ("--points", "N,N,..", "states: these numbers of states instead of the default list"),
-    ("--states", "N", "hashsize and insert: the number of states (default 4M / 10M; 1M for insert --quick)"),
+    ("--states", "N", "hashsize, insert, resize: the number of states (default 4M / 10M / 10M; 1M with --quick)"),
     ("--rows", "R,R,..", "hashsize: these index sizes instead of the sweep"),
     ("--tcp", "", "states: TCP flows (SYN makes the state, ACKs are measured) instead of UDP"),
     ("--no-baseline", "", "skip the HashMap baseline"),
@@ -54,7 +54,7 @@ pub struct Opts {
 
 fn usage() -> String {
     let mut s = String::from(
-        "usage: xpf-bench states|hashsize|insert [options]\n       xpf-bench replay FILE.pcap...\n\noptions:\n",
+        "usage: xpf-bench states|hashsize|insert|resize [options]\n       xpf-bench replay FILE.pcap...\n\noptions:\n",
     );
     for (f, v, h) in FLAGS {
         s.push_str(&format!("  {:<24} {h}\n", format!("{f} {v}")));
@@ -81,7 +81,7 @@ fn parse_num(flag: &str, v: &str) -> Result<u64, String> {
 
 fn parse(args: &[String]) -> Result<Opts, String> {
     let bench = args.first().ok_or_else(usage)?.clone();
-    if !["states", "hashsize", "insert", "replay"].contains(&bench.as_str()) {
+    if !["states", "hashsize", "insert", "resize", "replay"].contains(&bench.as_str()) {
         return Err(format!("unknown bench '{bench}'\n\n{}", usage()));
     }
     let mut o = Opts {
@@ -194,6 +194,7 @@ fn main() -> ExitCode {
         "states" => experiments::states(&o),
         "hashsize" => experiments::hashsize(&o),
         "replay" => replay(&o),
+        "resize" => experiments::resize(&o),
         _ => experiments::insert(&o),
     };
     match r {

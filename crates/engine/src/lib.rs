@@ -7,6 +7,7 @@
 //! batched ([`xpf_state::StateTable::lookup_batch`]); nothing on this path allocates, locks or
 //! makes a system call. The daemon, the benches and the replay tool all run this same code.
 
+pub mod info;
 pub mod policy;
 pub mod proto;
 
@@ -37,13 +38,15 @@ pub struct Stats {
     pub passed: u64,
     pub dropped: u64,
     pub to_host: u64,
-    /// Per `Reason`; `match` counts rule decisions, as in pf.
+    /// Packets a rule passed (pf counts them under `match` with the blocked ones).
+    pub rule_passes: u64,
+    /// Drops per `Reason` (`match`: blocked by a rule).
     pub reasons: [u64; Reason::COUNT],
 }
 
 impl Default for Stats {
     fn default() -> Self {
-        Stats { packets: 0, bytes: 0, passed: 0, dropped: 0, to_host: 0, reasons: [0; Reason::COUNT] }
+        Stats { packets: 0, bytes: 0, passed: 0, dropped: 0, to_host: 0, rule_passes: 0, reasons: [0; Reason::COUNT] }
     }
 }
 
@@ -165,7 +168,7 @@ impl<P: Policy> Worker<P> {
             if pd.flags & (pdf::NOT_FIRST_FRAG | pdf::ICMP_ERROR) != 0 {
                 // No ports to key a state on: the ruleset alone decides (reassembly and ICMP
                 // error matching come with the protocol work).
-                verdicts[i] = stateless(&self.policy, pd, ifidx, dir);
+                verdicts[i] = stateless(&self.policy, pd, ifidx, dir, &mut self.stats.rule_passes);
             } else if pd.af == AF_INET {
                 self.k4[n4] = Key4::from_pdesc(pd, dir, 0);
                 self.i4[n4] = i as u8;
@@ -185,7 +188,15 @@ impl<P: Policy> Worker<P> {
                 verdicts[i] = if self.r4[j] != NONE {
                     hit(&mut self.t4, self.r4[j], pd, dir, now)
                 } else {
-                    let c = Ctx { limit: self.limit, other, ifidx, dir, now, any_if_bound: &mut self.any_if_bound };
+                    let c = Ctx {
+                        limit: self.limit,
+                        other,
+                        ifidx,
+                        dir,
+                        now,
+                        any_if_bound: &mut self.any_if_bound,
+                        rule_passes: &mut self.stats.rule_passes,
+                    };
                     miss(&mut self.t4, &self.policy, c, pd, self.k4[j], self.h4[j])
                 };
             }
@@ -199,7 +210,15 @@ impl<P: Policy> Worker<P> {
                 verdicts[i] = if self.r6[j] != NONE {
                     hit(&mut self.t6, self.r6[j], pd, dir, now)
                 } else {
-                    let c = Ctx { limit: self.limit, other, ifidx, dir, now, any_if_bound: &mut self.any_if_bound };
+                    let c = Ctx {
+                        limit: self.limit,
+                        other,
+                        ifidx,
+                        dir,
+                        now,
+                        any_if_bound: &mut self.any_if_bound,
+                        rule_passes: &mut self.stats.rule_passes,
+                    };
                     miss(&mut self.t6, &self.policy, c, pd, self.k6[j], self.h6[j])
                 };
             }
@@ -233,15 +252,19 @@ struct Ctx<'a> {
     dir: Dir,
     now: u32,
     any_if_bound: &'a mut bool,
+    rule_passes: &'a mut u64,
 }
 
 #[inline]
-fn stateless<P: Policy>(p: &P, pd: &PDesc, ifidx: u16, dir: Dir) -> Verdict {
+fn stateless<P: Policy>(p: &P, pd: &PDesc, ifidx: u16, dir: Dir, rule_passes: &mut u64) -> Verdict {
     let d = p.evaluate(pd, ifidx, dir);
     match d.action {
         Action::Block => Verdict::Drop(Reason::Match),
         Action::Pass if pd.flags & pdf::IP_OPTIONS != 0 && !d.allow_opts => Verdict::Drop(Reason::IpOption),
-        Action::Pass => Verdict::Pass,
+        Action::Pass => {
+            *rule_passes += 1;
+            Verdict::Pass
+        }
     }
 }
 
@@ -279,6 +302,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     if pd.flags & pdf::IP_OPTIONS != 0 && !d.allow_opts {
         return Verdict::Drop(Reason::IpOption);
     }
+    *c.rule_passes += 1;
     if !d.keep_state || !proto::may_create(pd) {
         return Verdict::Pass;
     }

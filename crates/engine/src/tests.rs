@@ -62,6 +62,16 @@ fn keep_state_lets_replies_back_through_block_policy() {
     assert_eq!(id, 0);
     assert_eq!(w.stats.reasons[Reason::Match as usize], 1);
     assert_eq!((w.stats.packets, w.stats.passed, w.stats.dropped), (3, 2, 1));
+    // pfctl -si: match counts both rule decisions (the outbound pass and the inbound block);
+    // the reply passed by state is a search, not a match.
+    let info = crate::info::Info::of(&w);
+    assert_eq!(info.counter(Reason::Match), 2);
+    assert_eq!((info.states, info.inserts, info.searches), (1, 1, 3));
+    let text = info.render(10);
+    assert!(text.contains("  current entries                        1\n"), "{text}");
+    assert!(text.contains("  searches                               3            0.3/s\n"), "{text}");
+    assert!(text.contains("  match                                  2            0.2/s\n"), "{text}");
+    assert!(text.starts_with("Status: Enabled for 0 days 00:00:10"), "{text}");
 }
 
 #[test]

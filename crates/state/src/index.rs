@@ -75,15 +75,22 @@ pub struct Index {
 }
 
 impl Index {
-    pub fn new(nrows: u32) -> Result<Index, MapError> {
+    /// A new index. `populate` faults every row in now (a table's first index: every row is
+    /// touched at random soon enough, better at startup than per packet); an index made for an
+    /// online resize is not, or the worker would stall for the whole populate.
+    pub fn new(nrows: u32, populate: bool) -> Result<Index, MapError> {
         let nrows = nrows.max(1);
-        Ok(Index {
-            rows: Region::new(nrows as usize)?,
-            nrows,
-            overflow: Vec::new(),
-            free_overflow: Vec::new(),
-            used: 0,
-        })
+        let rows = Region::new(nrows as usize)?;
+        if populate {
+            rows.populate(nrows as usize);
+        }
+        Ok(Index { rows, nrows, overflow: Vec::new(), free_overflow: Vec::new(), used: 0 })
+    }
+
+    /// Faults in `n` rows from `start` (a resize prepares its new index this way, a little per
+    /// maintenance call, so that no single call pays for all of it).
+    pub fn populate_rows(&self, start: u32, n: u32) {
+        self.rows.populate_range(start as usize, n as usize);
     }
 
     #[inline(always)]
@@ -98,6 +105,16 @@ impl Index {
 
     pub fn overflow_buckets(&self) -> usize {
         self.overflow.len() - self.free_overflow.len()
+    }
+
+    /// Faults every row in on a helper thread (see `Region::populate_in_background`).
+    pub fn populate_in_background(&self) -> std::io::Result<std::thread::JoinHandle<()>> {
+        self.rows.populate_in_background()
+    }
+
+    /// Bytes of the first `rows` rows (an index being prepared).
+    pub fn populated_bytes(&self, rows: u32) -> usize {
+        rows.min(self.nrows) as usize * 64
     }
 
     pub fn bytes(&self) -> usize {
@@ -280,7 +297,7 @@ mod tests {
 
     #[test]
     fn insert_find_remove_with_chains() {
-        let mut ix = Index::new(2).unwrap();
+        let mut ix = Index::new(2, true).unwrap();
         // 100 refs in 2 rows: long chains.
         let h = |i: u32| (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         for i in 0..100 {

@@ -1,0 +1,86 @@
+//! `pfctl -si`: the status a worker (or the sum of workers) reports, in pfctl's layout.
+
+use crate::{Policy, Stats, Worker};
+use std::fmt::Write;
+use xpf_wire::Reason;
+
+/// A snapshot of the counters `pfctl -si` prints, summed over workers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Info {
+    pub states: u64,
+    pub limit: u64,
+    pub searches: u64,
+    pub inserts: u64,
+    pub removals: u64,
+    pub stats: Stats,
+}
+
+impl Info {
+    pub fn of<P: Policy>(w: &Worker<P>) -> Info {
+        let (a, b) = (&w.t4.counters, &w.t6.counters);
+        Info {
+            states: w.states() as u64,
+            limit: w.limit() as u64,
+            searches: a.searches + b.searches,
+            inserts: a.inserts + b.inserts,
+            removals: a.removals + b.removals,
+            stats: w.stats,
+        }
+    }
+
+    /// Adds another worker's counters (the limit is per worker).
+    pub fn add(&mut self, o: &Info) {
+        self.states += o.states;
+        self.limit += o.limit;
+        self.searches += o.searches;
+        self.inserts += o.inserts;
+        self.removals += o.removals;
+        let (s, t) = (&mut self.stats, &o.stats);
+        s.packets += t.packets;
+        s.bytes += t.bytes;
+        s.passed += t.passed;
+        s.dropped += t.dropped;
+        s.to_host += t.to_host;
+        s.rule_passes += t.rule_passes;
+        for (x, y) in s.reasons.iter_mut().zip(t.reasons.iter()) {
+            *x += y;
+        }
+    }
+
+    /// pf's counter for `r`: `match` counts every packet a rule decided, passed or blocked.
+    pub fn counter(&self, r: Reason) -> u64 {
+        let n = self.stats.reasons[r as usize];
+        if r == Reason::Match {
+            n + self.stats.rule_passes
+        } else {
+            n
+        }
+    }
+
+    /// The text of `pfctl -si` after `uptime_secs` seconds, rates being totals over uptime as
+    /// pfctl computes them. xpf's finer drop reasons follow pf's seventeen.
+    pub fn render(&self, uptime_secs: u64) -> String {
+        let mut o = String::new();
+        let (d, h, m, s) = (uptime_secs / 86400, uptime_secs / 3600 % 24, uptime_secs / 60 % 60, uptime_secs % 60);
+        let _ =
+            writeln!(o, "{:<44}{:>15}\n", format!("Status: Enabled for {d} days {h:02}:{m:02}:{s:02}"), "Debug: err");
+        let rate = |x: u64| {
+            if uptime_secs > 0 {
+                format!("{:>14.1}/s", x as f64 / uptime_secs as f64)
+            } else {
+                format!("{:>16}", "")
+            }
+        };
+        let _ = writeln!(o, "{:<27} {:>14} {:>16}", "State Table", "Total", "Rate");
+        let _ = writeln!(o, "  {:<25} {:>14}", "current entries", self.states);
+        for (name, v) in [("searches", self.searches), ("inserts", self.inserts), ("removals", self.removals)] {
+            let _ = writeln!(o, "  {:<25} {:>14} {}", name, v, rate(v));
+        }
+        let _ = writeln!(o, "Counters");
+        for r in Reason::ALL {
+            let v = self.counter(*r);
+            let _ = writeln!(o, "  {:<25} {:>14} {}", r.name(), v, rate(v));
+        }
+        o
+    }
+}
