@@ -28,6 +28,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("--tcp", "", "states: TCP flows (SYN makes the state, ACKs are measured) instead of UDP"),
     ("--no-baseline", "", "skip the HashMap baseline"),
     ("--json", "", "print the report as JSON on stdout (progress goes to stderr)"),
+    ("--info", "", "replay: print pfctl -si's view of the counters after each capture"),
     ("--out", "DIR", "where gnuplot data, the plot and the JSON go (default bench-results/out/<bench>)"),
 ];
 
@@ -47,6 +48,7 @@ pub struct Opts {
     pub baseline: bool,
     pub tcp: bool,
     pub json: bool,
+    pub info: bool,
     pub out: PathBuf,
     /// replay: capture files.
     pub files: Vec<PathBuf>,
@@ -100,6 +102,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         baseline: true,
         tcp: false,
         json: false,
+        info: false,
         files: Vec::new(),
     };
     let mut it = args[1..].iter();
@@ -131,6 +134,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--no-baseline" => o.baseline = false,
             "--tcp" => o.tcp = true,
             "--json" => o.json = true,
+            "--info" => o.info = true,
             "--out" => o.out = PathBuf::from(val()?),
             "-h" | "--help" => return Err(usage()),
             other => return Err(format!("unknown option '{other}'\n\n{}", usage())),
@@ -167,6 +171,9 @@ fn replay(o: &Opts) -> Result<(), String> {
                     r.skipped,
                     r.states
                 );
+                if o.info {
+                    println!("{}", r.info);
+                }
             }
             Err(e) => {
                 eprintln!("xpf-bench replay: {e}");

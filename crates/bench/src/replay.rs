@@ -4,7 +4,7 @@
 use std::path::Path;
 use xpf_engine::{Policy, Verdict, Worker, WorkerConfig, BATCH};
 use xpf_io::{pcap, replay};
-use xpf_state::{Dir, Seed};
+use xpf_state::{Dir, Key, Key4, Key6, Seed};
 use xpf_wire::Reason;
 
 #[derive(Debug, Default, Clone)]
@@ -17,6 +17,8 @@ pub struct Report {
     /// Records not turned into frames (link type, short link header, not IP).
     pub skipped: u64,
     pub states: u32,
+    /// `pfctl -si` after the replay, the capture's duration as uptime.
+    pub info: String,
 }
 
 impl Report {
@@ -28,8 +30,9 @@ impl Report {
     }
 }
 
-/// Runs every record of `path` through a worker with `policy`, all as inbound on interface 1,
-/// with the capture's own clock as the engine's clock.
+/// Runs every record of `path` through a worker with `policy`, with the capture's own clock as
+/// the engine's clock, as if the capture had been taken on the firewall's interface 1: a
+/// packet whose reverse flow has a state is a reply and goes `out`, every other goes `in`.
 pub fn replay_file<P: Policy>(path: &Path, policy: P) -> Result<Report, String> {
     let buf = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let recs = pcap::read(&buf).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -46,11 +49,29 @@ pub fn replay_file<P: Policy>(path: &Path, policy: P) -> Result<Report, String> 
         }
         let now = (r.ts_ns.saturating_sub(t0) / 1_000_000_000) as u32;
         w.maintain(now, 1024);
-        w.process(&[&frame[..]], 1, Dir::In, now, &mut v);
+        let dir = if is_reply(&w, &frame) { Dir::Out } else { Dir::In };
+        w.process(&[&frame[..]], 1, dir, now, &mut v);
     }
     rep.passed = w.stats.passed;
     rep.to_host = w.stats.to_host;
     rep.dropped = Reason::ALL.iter().map(|r| (*r, w.stats.reasons[*r as usize])).filter(|x| x.1 > 0).collect();
     rep.states = w.states();
+    let span = recs.last().map_or(0, |r| r.ts_ns.saturating_sub(t0) / 1_000_000_000) as u64;
+    rep.info = xpf_engine::info::Info::of(&w).render(span.max(1));
     Ok(rep)
+}
+
+/// Whether `frame`, seen leaving, belongs to a state: the reply of a flow seen coming in.
+fn is_reply<P: Policy>(w: &Worker<P>, frame: &[u8]) -> bool {
+    let mut pd = xpf_wire::PDesc::default();
+    if xpf_wire::parse_ether(frame, &mut pd).is_err() {
+        return false;
+    }
+    if pd.af == xpf_wire::pdesc::AF_INET {
+        let k = Key4::from_pdesc(&pd, Dir::Out, 0);
+        w.t4.find(&k, w.t4.hash(&k)).is_some()
+    } else {
+        let k = Key6::from_pdesc(&pd, Dir::Out, 0);
+        w.t6.find(&k, w.t6.hash(&k)).is_some()
+    }
 }
