@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN := target/release
 
-.PHONY: all deps build demo test bench bench-states bench-hashsize bench-insert bench-workers fuzz fmt clean
+.PHONY: all deps build demo test bench bench-states bench-hashsize bench-insert bench-resize bench-workers fuzz fmt clean
 
 all: build
 
@@ -26,7 +26,7 @@ test: build
 	scripts/test.sh
 
 # The full experiments (several minutes each); figures go to bench-results/out/.
-bench: bench-states bench-hashsize bench-insert bench-workers
+bench: bench-states bench-hashsize bench-insert bench-resize bench-workers
 
 bench-states: build
 	$(BIN)/xpf-bench states
@@ -36,6 +36,9 @@ bench-hashsize: build
 
 bench-insert: build
 	$(BIN)/xpf-bench insert
+
+bench-resize: build
+	$(BIN)/xpf-bench resize
 
 bench-workers: build
 	$(BIN)/xpf-bench states --workers 2 --points 9800,1M,10M --out bench-results/out/states-2w-shard

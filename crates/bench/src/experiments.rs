@@ -83,6 +83,7 @@ fn xpf_measure(o: &Opts, g: &Gen, rows: Option<u32>) -> Measured {
             o.runs,
             o.seconds,
             o.batch,
+            o.shuffle,
             move |lim| Xpf::new(lim, rows),
             |e: &Xpf| {
                 let m = e.w.t4.memory();
@@ -137,8 +138,10 @@ pub fn states(o: &Opts) -> Result<(), String> {
     });
     let e = env(o);
     say(o, format!(
-        "xpf-bench states: established {}, 60-byte frames, {} worker(s) ({}), batch {}, {} runs of >= {} s per point; commit {}; {}; THP {}",
-        if o.tcp { "TCP" } else { "UDP" }, o.workers, e.mode, o.batch, o.runs, o.seconds, e.commit, e.cpu, e.thp
+        "xpf-bench states: established {}{}, 60-byte frames, {} worker(s) ({}), batch {}, {} runs of >= {} s per point; commit {}; {}; THP {}",
+        if o.tcp { "TCP" } else { "UDP" },
+        if o.shuffle { " (flows in scattered order)" } else { "" },
+        o.workers, e.mode, o.batch, o.runs, o.seconds, e.commit, e.cpu, e.thp
     ));
     let mut out = Vec::new();
     for &n in &points {
@@ -147,7 +150,7 @@ pub fn states(o: &Opts) -> Result<(), String> {
         let x = xpf_measure(o, &g, None);
         let hm = o.baseline.then(|| {
             eprintln!("  {n} states: HashMap ...");
-            shard_runs(&g, o.workers, o.runs, o.seconds, o.batch, HashMapBaseline::new, |_| Vec::new())
+            shard_runs(&g, o.workers, o.runs, o.seconds, o.batch, o.shuffle, HashMapBaseline::new, |_| Vec::new())
         });
         let xs = Summary::of(&x.runs);
         let hs = hm.as_ref().map(|h| Summary::of(&h.runs));
@@ -267,7 +270,10 @@ pub fn hashsize(o: &Opts) -> Result<(), String> {
     let reference = o.baseline.then(|| {
         eprintln!("  HashMap reference ...");
         let g = Gen::for_flows(n);
-        Summary::of(&shard_runs(&g, o.workers, o.runs, o.seconds, o.batch, HashMapBaseline::new, |_| Vec::new()).runs)
+        Summary::of(
+            &shard_runs(&g, o.workers, o.runs, o.seconds, o.batch, o.shuffle, HashMapBaseline::new, |_| Vec::new())
+                .runs,
+        )
     });
     {
         say(o, stats::header("rows", "packets/s"));

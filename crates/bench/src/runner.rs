@@ -17,18 +17,36 @@ pub struct Feed {
     /// Flows in this feed.
     pub count: u64,
     pos: u64,
+    /// Multiplier of the scattered order; 1 keeps pkt-gen's order.
+    scatter: u64,
     buf: Vec<[u8; FRAME_LEN]>,
 }
 
 impl Feed {
     pub fn new(gen: Gen, start: u64, stride: u64) -> Feed {
         let count = (gen.flows() - start).div_ceil(stride);
-        Feed { gen, start, stride, count, pos: 0, buf: vec![[0; FRAME_LEN]; CHUNK] }
+        Feed { gen, start, stride, count, pos: 0, scatter: 1, buf: vec![[0; FRAME_LEN]; CHUNK] }
+    }
+
+    /// Visits this feed's flows in a scattered order (position p -> flow p * S mod count, with
+    /// S a prime not dividing count): each flow still once per pass, but states are no longer
+    /// met in the order they were created.
+    pub fn shuffle(&mut self) {
+        const PRIMES: [u64; 3] = [1_000_003, 998_244_353, 2_147_483_647];
+        self.scatter = PRIMES.into_iter().find(|p| self.count % p != 0).unwrap_or(1) % self.count.max(1);
+        if self.scatter == 0 {
+            self.scatter = 1;
+        }
     }
 
     fn fill(&mut self, k: usize) {
         for b in &mut self.buf[..k] {
-            self.gen.write(self.start + self.pos * self.stride, b);
+            let i = if self.scatter > 1 {
+                ((self.pos as u128 * self.scatter as u128) % self.count as u128) as u64
+            } else {
+                self.pos
+            };
+            self.gen.write(self.start + i * self.stride, b);
             self.pos += 1;
             if self.pos == self.count {
                 self.pos = 0;
@@ -88,6 +106,7 @@ pub fn shard_runs<E: Engine + 'static>(
     runs: usize,
     min_secs: f64,
     batch: usize,
+    shuffle: bool,
     make: impl Fn(u64) -> E + Send + Sync + 'static,
     inspect: impl Fn(&E) -> Vec<(String, f64)> + Send + Sync + 'static,
 ) -> Measured {
@@ -109,6 +128,9 @@ pub fn shard_runs<E: Engine + 'static>(
             assert_eq!(e.states(), feed.count, "warm-up must create one state per flow");
             let extra = if w == 0 { inspect(&e) } else { Vec::new() };
             feed.gen.established();
+            if shuffle {
+                feed.shuffle();
+            }
             tx.send(("warm", warm.packets as f64 / warm.secs, extra)).unwrap();
             let inserts = e.inserts();
             for _ in 0..runs {
