@@ -169,13 +169,13 @@ pub fn states(o: &Opts) -> Result<(), String> {
         });
     }
     {
-        say(o, format!("xpf, packets/s:"));
+        say(o, "xpf, packets/s:".into());
         say(o, stats::header("states", "packets/s"));
         for p in &out {
             say(o, stats::row(&p.states.to_string(), &p.xpf_pps));
         }
         if o.baseline {
-            say(o, format!("HashMap (hashbrown + foldhash, one packet at a time), packets/s:"));
+            say(o, "HashMap (hashbrown + foldhash, one packet at a time), packets/s:".into());
             say(o, stats::header("states", "packets/s"));
             for p in &out {
                 say(o, stats::row(&p.states.to_string(), p.hashmap_pps.as_ref().unwrap()));

@@ -33,7 +33,7 @@ impl Feed {
     /// met in the order they were created.
     pub fn shuffle(&mut self) {
         const PRIMES: [u64; 3] = [1_000_003, 998_244_353, 2_147_483_647];
-        self.scatter = PRIMES.into_iter().find(|p| self.count % p != 0).unwrap_or(1) % self.count.max(1);
+        self.scatter = PRIMES.into_iter().find(|p| !self.count.is_multiple_of(*p)).unwrap_or(1) % self.count.max(1);
         if self.scatter == 0 {
             self.scatter = 1;
         }
@@ -100,6 +100,7 @@ pub struct Measured {
 /// Warms `workers` engines (each with its share of the flows, as RSS steering would give them)
 /// and measures `runs` runs of established traffic. `make(limit)` builds one engine; `inspect`
 /// reads extra figures from the first engine after warming.
+#[allow(clippy::too_many_arguments)]
 pub fn shard_runs<E: Engine + 'static>(
     gen: &Gen,
     workers: usize,

@@ -27,16 +27,36 @@ unsafe impl Sync for Stripe {}
 
 impl Stripe {
     #[inline(always)]
-    fn lock(&self) -> &mut StateTable<Key4> {
+    fn lock(&self) -> Guard<'_> {
         while self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
             std::hint::spin_loop();
         }
-        // SAFETY: the lock is held until unlock().
-        unsafe { &mut *self.t.get() }
+        Guard(self)
     }
+}
+
+/// The stripe's table while its lock is held; dropping it unlocks.
+struct Guard<'a>(&'a Stripe);
+
+impl std::ops::Deref for Guard<'_> {
+    type Target = StateTable<Key4>;
+    fn deref(&self) -> &StateTable<Key4> {
+        // SAFETY: the lock is held for the guard's life.
+        unsafe { &*self.0.t.get() }
+    }
+}
+
+impl std::ops::DerefMut for Guard<'_> {
+    fn deref_mut(&mut self) -> &mut StateTable<Key4> {
+        // SAFETY: the lock is held for the guard's life, and the guard is not shared.
+        unsafe { &mut *self.0.t.get() }
+    }
+}
+
+impl Drop for Guard<'_> {
     #[inline(always)]
-    fn unlock(&self) {
-        self.locked.store(false, Ordering::Release);
+    fn drop(&mut self) {
+        self.0.locked.store(false, Ordering::Release);
     }
 }
 
@@ -91,7 +111,7 @@ impl Shared {
                 continue;
             }
             let s = &self.stripes[((hs[i] >> 32) as usize) % STRIPES];
-            let t = s.lock();
+            let mut t = s.lock();
             let ok = match t.find(&keys[i], hs[i]) {
                 Some(r) => {
                     t.touch(r & ID_MASK, Dir::In, pd[i].ip_len, now);
@@ -120,25 +140,18 @@ impl Shared {
                 }
             };
             t.counters.searches += 1;
-            s.unlock();
+            drop(t);
             passed += ok as usize;
         }
         passed
     }
 
     fn states(&self) -> u64 {
-        self.stripes
-            .iter()
-            .map(|s| {
-                let t = s.lock();
-                let n = t.len() as u64;
-                s.unlock();
-                n
-            })
-            .sum()
+        self.stripes.iter().map(|s| s.lock().len() as u64).sum()
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn pump(
     sh: &Shared,
     gen: &Gen,

@@ -152,7 +152,7 @@ fn ip_options_need_allow_opts_on_rule_and_state() {
     assert_eq!(run(&mut w, &[f.clone()], Dir::In, 0), vec![Verdict::Drop(Reason::IpOption)]);
     assert_eq!(w.states(), 0);
     // A state made without allow-opts does not let options through either.
-    run(&mut w, &[plain.clone()], Dir::In, 0);
+    run(&mut w, std::slice::from_ref(&plain), Dir::In, 0);
     assert_eq!(run(&mut w, &[f.clone()], Dir::In, 0), vec![Verdict::Drop(Reason::IpOption)]);
     let mut w = worker(|_: &PDesc, _: u16, _: Dir| Decision { allow_opts: true, ..Decision::PASS }, 10);
     assert_eq!(run(&mut w, &[f.clone(), plain], Dir::In, 0), vec![Verdict::Pass, Verdict::Pass]);

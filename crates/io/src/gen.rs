@@ -112,9 +112,9 @@ impl Gen {
     /// N flows from 198.18.0.0 to 198.19.0.0 (RFC 2544's benchmark range), port 2000 to 2000,
     /// as A sources x B destinations with A the largest divisor of N not above its square root.
     pub fn for_flows(n: u64) -> Gen {
-        assert!(n >= 1 && n <= 1 << 32, "flows must be 1..2^32");
+        assert!((1..=1 << 32).contains(&n), "flows must be 1..2^32");
         let mut a = (n as f64).sqrt() as u64;
-        while a > 1 && n % a != 0 {
+        while a > 1 && !n.is_multiple_of(a) {
             a -= 1;
         }
         let b = n / a;

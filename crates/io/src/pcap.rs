@@ -106,7 +106,7 @@ fn read_ng(buf: &[u8]) -> Result<Vec<Record<'_>>, Error> {
         }
         let btype = u32_at(buf, off, be)?;
         let blen = u32_at(buf, off + 4, be)? as usize;
-        if blen < 12 || blen % 4 != 0 || off + blen > buf.len() {
+        if blen < 12 || !blen.is_multiple_of(4) || off + blen > buf.len() {
             return Err(Error { offset: off, what: "bad pcapng block length" });
         }
         let body = &buf[off + 8..off + blen - 4];

@@ -16,7 +16,7 @@ pub enum Dir {
 }
 
 /// What the state table needs of a key.
-pub trait Key: Copy + Eq + core::fmt::Debug + Send + crate::region::Zeroable + 'static {
+pub trait Key: Copy + Eq + Default + core::fmt::Debug + Send + crate::region::Zeroable + 'static {
     /// The key of `pd` seen in direction `dir` on interface `kif` (0 for floating states).
     fn from_pdesc(pd: &PDesc, dir: Dir, kif: u16) -> Self;
     /// The key as 64-bit words, for hashing.

@@ -18,6 +18,8 @@ struct Chunk {
 
 pub struct Wheel {
     heads: Vec<u32>,
+    /// Boxed so that growing the list never copies the 1 KB chunks.
+    #[allow(clippy::vec_box)]
     chunks: Vec<Box<Chunk>>,
     free: Vec<u32>,
     /// The next second to process.

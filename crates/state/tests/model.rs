@@ -37,6 +37,22 @@ fn stack_key(i: u16) -> Key4 {
     }
 }
 
+/// A plain UDP-like state for `key`, inbound, rule 0.
+fn udp_state(key: Key4, timeout: Timeout) -> NewState<Key4> {
+    NewState {
+        key,
+        stack: None,
+        dir: Dir::In,
+        rule: 0,
+        timeout,
+        src_state: 0,
+        dst_state: 0,
+        tcp: None,
+        nosync: false,
+        allow_opts: false,
+    }
+}
+
 const CLASSES: [Timeout; 3] = [Timeout::UdpFirst, Timeout::UdpSingle, Timeout::OtherMultiple];
 
 fn op() -> impl Strategy<Value = Op> {
@@ -169,18 +185,7 @@ fn updates_collapse_per_state() {
     })
     .unwrap();
     let k = key(1);
-    let ns = NewState {
-        key: k,
-        stack: None,
-        dir: Dir::In,
-        rule: 0,
-        timeout: Timeout::UdpFirst,
-        src_state: 0,
-        dst_state: 0,
-        tcp: None,
-        nosync: false,
-        allow_opts: false,
-    };
+    let ns = udp_state(k, Timeout::UdpFirst);
     let id = t.insert(t.hash(&k), ns, 0).unwrap();
     let mut seen = Vec::new();
     t.drain_events(|e, _| seen.push(e.kind));
@@ -214,18 +219,7 @@ fn full_queue_counts_and_keeps_states() {
     .unwrap();
     for i in 0..10 {
         let k = key(i);
-        let ns = NewState {
-            key: k,
-            stack: None,
-            dir: Dir::In,
-            rule: 0,
-            timeout: Timeout::UdpFirst,
-            src_state: 0,
-            dst_state: 0,
-            tcp: None,
-            nosync: false,
-            allow_opts: false,
-        };
+        let ns = udp_state(k, Timeout::UdpFirst);
         t.insert(t.hash(&k), ns, 0).unwrap();
     }
     assert_eq!(t.len(), 10);
@@ -246,18 +240,7 @@ fn resize_grows_rows_and_keeps_every_state() {
     .unwrap();
     for i in 0..600 {
         let k = key(i);
-        let ns = NewState {
-            key: k,
-            stack: None,
-            dir: Dir::In,
-            rule: 0,
-            timeout: Timeout::UdpFirst,
-            src_state: 0,
-            dst_state: 0,
-            tcp: None,
-            nosync: false,
-            allow_opts: false,
-        };
+        let ns = udp_state(k, Timeout::UdpFirst);
         t.insert(t.hash(&k), ns, 0).unwrap();
     }
     let before = t.rows();
@@ -292,18 +275,7 @@ fn expiry_follows_pf_timeouts_and_activity() {
     })
     .unwrap();
     let k = key(1);
-    let ns = NewState {
-        key: k,
-        stack: None,
-        dir: Dir::In,
-        rule: 0,
-        timeout: Timeout::UdpSingle,
-        src_state: 0,
-        dst_state: 0,
-        tcp: None,
-        nosync: false,
-        allow_opts: false,
-    };
+    let ns = udp_state(k, Timeout::UdpSingle);
     let id = t.insert(t.hash(&k), ns, 0).unwrap();
     assert_eq!(t.maintain(29, 100), 0);
     t.touch(id, Dir::In, 1, 29); // activity moves the deadline to 59
@@ -333,18 +305,7 @@ fn index_started_small_grows_with_load() {
     for i in 0..5000u16 {
         let k =
             Key4 { addr: [[10, 0, (i >> 8) as u8, i as u8], [1, 1, 1, 1]], port: [i, 1], proto: 17, _pad: 0, kif: 0 };
-        let ns = NewState {
-            key: k,
-            stack: None,
-            dir: Dir::In,
-            rule: 0,
-            timeout: Timeout::UdpFirst,
-            src_state: 0,
-            dst_state: 0,
-            tcp: None,
-            nosync: false,
-            allow_opts: false,
-        };
+        let ns = udp_state(k, Timeout::UdpFirst);
         t.insert(t.hash(&k), ns, 0).unwrap();
         t.maintain(0, 16);
     }

@@ -263,8 +263,8 @@ mod tests {
     #[test]
     fn fragment_fields() {
         let mut v = packet();
-        v[6] = 0x20 | 0x00;
-        v[7] = 0x03; // MF, offset 3*8
+        v[6] = 0x20; // MF
+        v[7] = 0x03; // offset 3*8
         let p = Packet::new_checked(&v[..]).unwrap();
         assert!(p.more_frags() && p.is_fragment());
         assert_eq!(p.frag_offset(), 24);
