@@ -1,0 +1,158 @@
+//! The rules as pfctl prints them: one `Rule` per expanded combination.
+
+use std::net::IpAddr;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Pass,
+    Block,
+    Match,
+}
+
+/// What `block` does (pf's `block drop` default, or `set block-policy return`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Return {
+    Drop,
+    /// `return`: RST for TCP, ICMP unreachable otherwise.
+    Return,
+    Rst {
+        ttl: Option<u8>,
+    },
+    /// ICMP unreachable codes for IPv4 and IPv6 (`return-icmp`, `return-icmp6`); pf's default
+    /// is port unreachable.
+    Icmp {
+        v4: Option<u8>,
+        v6: Option<u8>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dir {
+    Both,
+    In,
+    Out,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Log {
+    pub all: bool,
+    pub matches: bool,
+    pub user: bool,
+    pub to: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Iface {
+    pub neg: bool,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Af {
+    Any,
+    Inet,
+    Inet6,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostKind {
+    Any,
+    NoRoute,
+    UrpfFailed,
+    SelfAddr,
+    /// An address and prefix length (host bits cleared).
+    Net(IpAddr, u8),
+    /// `a - b`
+    Range(IpAddr, IpAddr),
+    Table(String),
+    /// `(ifname[:mod])[/prefix]`: the interface's addresses, followed as they change.
+    Dynamic {
+        ifname: String,
+        modifier: Option<String>,
+        prefix: Option<u8>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Host {
+    pub neg: bool,
+    pub kind: HostKind,
+}
+
+impl Host {
+    pub const ANY: Host = Host { neg: false, kind: HostKind::Any };
+    /// The family an address pins, if any.
+    pub fn af(&self) -> Af {
+        match &self.kind {
+            HostKind::Net(a, _) | HostKind::Range(a, _) => {
+                if a.is_ipv4() {
+                    Af::Inet
+                } else {
+                    Af::Inet6
+                }
+            }
+            _ => Af::Any,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortOp {
+    Eq(u16),
+    Ne(u16),
+    Lt(u16),
+    Le(u16),
+    Gt(u16),
+    Ge(u16),
+    /// `a:b`, inclusive.
+    Range(u16, u16),
+    /// `a >< b`, exclusive.
+    Inside(u16, u16),
+    /// `a <> b`
+    Outside(u16, u16),
+}
+
+/// TCP flags `check/mask` as bits (F S R P A U E W = 1 2 4 8 16 32 64 128).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flags {
+    Any,
+    Set { bits: u8, mask: u8 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateKind {
+    No,
+    Keep,
+    Modulate,
+    Synproxy,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub action: Action,
+    pub ret: Return,
+    pub dir: Dir,
+    pub log: Option<Log>,
+    pub quick: bool,
+    pub on: Option<Iface>,
+    pub af: Af,
+    pub proto: Option<u8>,
+    pub src: Host,
+    pub src_port: Option<PortOp>,
+    pub dst: Host,
+    pub dst_port: Option<PortOp>,
+    pub flags: Option<Flags>,
+    /// (type, code), ICMP or ICMPv6 by `af`/`proto`.
+    pub icmp: Option<(u8, Option<u8>)>,
+    pub icmp6: bool,
+    pub tos: Option<u8>,
+    pub state: StateKind,
+    /// Explicit `keep state`: printed even without options.
+    pub state_explicit: bool,
+    pub allow_opts: bool,
+    pub label: Option<String>,
+    pub tag: Option<String>,
+    pub tagged: Option<(bool, String)>,
+    /// The line of pf.conf it came from.
+    pub line: u32,
+}

@@ -1,0 +1,221 @@
+//! The pf.conf lexer, with pfctl's rules: a word runs until white space or one of
+//! `( ) { } < > ! = / # ,`; `#` starts a comment; a backslash before the end of a line joins the
+//! next; `"..."` is one string; `$name` is replaced by the macro's value, which is lexed again
+//! (so a macro may hold several tokens, a list for example). Every token knows its line.
+
+use std::collections::HashMap;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tok {
+    /// A bare word (names, numbers, addresses, keywords).
+    Word(String),
+    /// A double-quoted string.
+    Str(String),
+    /// One of `( ) { } < > ! = / ,` or the two-character `!= <= >= <> ><`.
+    Punct(&'static str),
+    Newline,
+    Eof,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Token {
+    pub tok: Tok,
+    pub line: u32,
+}
+
+/// A lexing error, with the line it was found on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LexError {
+    pub line: u32,
+    pub msg: String,
+}
+
+const PUNCT2: [&str; 5] = ["!=", "<=", ">=", "<>", "><"];
+const PUNCT1: [&str; 10] = ["(", ")", "{", "}", "<", ">", "!", "=", "/", ","];
+
+fn is_word_char(c: char) -> bool {
+    !(c.is_whitespace() || "(){}<>!=/#,\"".contains(c))
+}
+
+/// Splits `src` into tokens, expanding `$macros` from `macros` (definitions met on the way are
+/// not seen here: the parser lexes line by line and defines macros between lines).
+pub fn lex_line(src: &str, line: u32, macros: &HashMap<String, String>, out: &mut Vec<Token>) -> Result<(), LexError> {
+    lex_into(src, line, macros, out, 0)
+}
+
+fn lex_into(
+    src: &str,
+    line: u32,
+    macros: &HashMap<String, String>,
+    out: &mut Vec<Token>,
+    depth: u32,
+) -> Result<(), LexError> {
+    if depth > 16 {
+        return Err(LexError { line, msg: "macro expansion too deep".into() });
+    }
+    let cs: Vec<char> = src.chars().collect();
+    let mut i = 0;
+    while i < cs.len() {
+        let c = cs[i];
+        if c == '#' {
+            break;
+        }
+        if c.is_whitespace() {
+            i += 1;
+            continue;
+        }
+        if c == '"' {
+            let mut s = String::new();
+            i += 1;
+            loop {
+                match cs.get(i) {
+                    None => return Err(LexError { line, msg: "unterminated quote".into() }),
+                    Some('"') => {
+                        i += 1;
+                        break;
+                    }
+                    Some('\\') if cs.get(i + 1) == Some(&'"') => {
+                        s.push('"');
+                        i += 2;
+                    }
+                    Some(&ch) => {
+                        s.push(ch);
+                        i += 1;
+                    }
+                }
+            }
+            out.push(Token { tok: Tok::Str(s), line });
+            continue;
+        }
+        if c == '$' {
+            let start = i + 1;
+            let mut j = start;
+            while j < cs.len() && (cs[j].is_ascii_alphanumeric() || cs[j] == '_') {
+                j += 1;
+            }
+            let name: String = cs[start..j].iter().collect();
+            match macros.get(&name) {
+                Some(v) => lex_into(v, line, macros, out, depth + 1)?,
+                None => return Err(LexError { line, msg: format!("macro '{name}' not defined") }),
+            }
+            i = j;
+            continue;
+        }
+        if i + 1 < cs.len() {
+            let two: String = cs[i..i + 2].iter().collect();
+            if let Some(p) = PUNCT2.iter().find(|p| **p == two) {
+                out.push(Token { tok: Tok::Punct(p), line });
+                i += 2;
+                continue;
+            }
+        }
+        if let Some(p) = PUNCT1.iter().find(|p| p.starts_with(c)) {
+            out.push(Token { tok: Tok::Punct(p), line });
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < cs.len() && is_word_char(cs[i]) && cs[i] != '$' {
+            i += 1;
+        }
+        let w: String = cs[start..i].iter().collect();
+        if w.is_empty() {
+            return Err(LexError { line, msg: format!("unexpected character '{c}'") });
+        }
+        out.push(Token { tok: Tok::Word(w), line });
+    }
+    Ok(())
+}
+
+/// Joins continued lines (a backslash before the newline) and returns (first line number,
+/// logical line) pairs. Comments are left for the lexer.
+pub fn logical_lines(src: &str) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut first = 0;
+    for (n, l) in src.lines().enumerate() {
+        let n = n as u32 + 1;
+        if cur.is_empty() {
+            first = n;
+        }
+        if let Some(stripped) = l.strip_suffix('\\') {
+            cur.push_str(stripped);
+            cur.push(' ');
+            continue;
+        }
+        cur.push_str(l);
+        out.push((first, std::mem::take(&mut cur)));
+    }
+    if !cur.is_empty() {
+        out.push((first, cur));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toks(s: &str, m: &[(&str, &str)]) -> Result<Vec<Tok>, LexError> {
+        let macros = m.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        let mut v = Vec::new();
+        lex_line(s, 1, &macros, &mut v)?;
+        Ok(v.into_iter().map(|t| t.tok).collect())
+    }
+
+    #[test]
+    fn words_punctuation_strings() {
+        let w = |s: &str| Tok::Word(s.into());
+        assert_eq!(
+            toks("pass in from 10.0.0.0/8 port != 22 label \"a b\" # c", &[]).unwrap(),
+            vec![
+                w("pass"),
+                w("in"),
+                w("from"),
+                w("10.0.0.0"),
+                Tok::Punct("/"),
+                w("8"),
+                w("port"),
+                Tok::Punct("!="),
+                w("22"),
+                w("label"),
+                Tok::Str("a b".into())
+            ]
+        );
+        assert_eq!(
+            toks("{a,b}<t>", &[]).unwrap(),
+            vec![
+                Tok::Punct("{"),
+                w("a"),
+                Tok::Punct(","),
+                w("b"),
+                Tok::Punct("}"),
+                Tok::Punct("<"),
+                w("t"),
+                Tok::Punct(">")
+            ]
+        );
+        assert_eq!(toks("1:2 1><2", &[]).unwrap(), vec![w("1:2"), w("1"), Tok::Punct("><"), w("2")]);
+    }
+
+    #[test]
+    fn macros_expand_and_relex() {
+        let w = |s: &str| Tok::Word(s.into());
+        assert_eq!(toks("on $ext", &[("ext", "em0")]).unwrap(), vec![w("on"), w("em0")]);
+        assert_eq!(
+            toks("port $p", &[("p", "{ 22 80 }")]).unwrap(),
+            vec![w("port"), Tok::Punct("{"), w("22"), w("80"), Tok::Punct("}")]
+        );
+        assert_eq!(toks("$a", &[("a", "$b"), ("b", "x")]).unwrap(), vec![w("x")]);
+        assert_eq!(toks("pass $nope", &[]).unwrap_err().msg, "macro 'nope' not defined");
+        assert!(toks("$a", &[("a", "$a")]).is_err());
+        // Not expanded inside quotes.
+        assert_eq!(toks("\"$x\"", &[]).unwrap(), vec![Tok::Str("$x".into())]);
+    }
+
+    #[test]
+    fn continuation_joins_lines() {
+        let l = logical_lines("pass in \\\n  all\nblock\n");
+        assert_eq!(l, vec![(1, "pass in    all".to_string()), (3, "block".to_string())]);
+    }
+}

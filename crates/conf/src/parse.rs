@@ -1,0 +1,722 @@
+//! pf.conf's grammar (the OpenBSD 7.7 dialect), by recursive descent over one logical line at a
+//! time. A rule line is parsed into a `Template` holding lists, then expanded into rules.
+
+use crate::ast::*;
+use crate::lex::{lex_line, logical_lines, Tok, Token};
+use crate::names;
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+/// A pf.conf error, `FILE:LINE: message` as pfctl prints it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfError {
+    pub file: String,
+    pub line: u32,
+    pub msg: String,
+}
+
+impl std::fmt::Display for ConfError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}: {}", self.file, self.line, self.msg)
+    }
+}
+
+/// What parsing gave: the rules, in order, and every error (pfctl reports all, then refuses).
+#[derive(Debug, Default)]
+pub struct Parsed {
+    pub rules: Vec<Rule>,
+    pub errors: Vec<ConfError>,
+    pub macros: HashMap<String, String>,
+    pub block_return: bool,
+    /// What `pfctl -nv` prints while parsing, before the rules: macro definitions and `set`
+    /// options, in order.
+    pub header: Vec<String>,
+    /// `set timeout` values.
+    pub timeouts: Vec<(xpf_state::Timeout, u32)>,
+    /// `set limit` values, by pf's name (states, frags, src-nodes, tables, table-entries).
+    pub limits: Vec<(String, u32)>,
+}
+
+/// A rule line before list expansion.
+#[derive(Debug, Clone)]
+struct Template {
+    r: Rule,
+    ifs: Vec<Iface>,
+    protos: Vec<u8>,
+    src: Vec<Host>,
+    src_ports: Vec<PortOp>,
+    dst: Vec<Host>,
+    dst_ports: Vec<PortOp>,
+    icmp: Vec<(u8, Option<u8>)>,
+}
+
+struct P<'a> {
+    t: &'a [Token],
+    i: usize,
+}
+
+type R<T> = Result<T, String>;
+
+impl<'a> P<'a> {
+    fn peek(&self) -> &Tok {
+        self.t.get(self.i).map_or(&Tok::Eof, |t| &t.tok)
+    }
+    fn next(&mut self) -> Tok {
+        let t = self.peek().clone();
+        self.i += 1;
+        t
+    }
+    fn word(&self) -> Option<&str> {
+        match self.peek() {
+            Tok::Word(w) => Some(w),
+            _ => None,
+        }
+    }
+    fn is(&self, w: &str) -> bool {
+        self.word() == Some(w)
+    }
+    fn eat(&mut self, w: &str) -> bool {
+        if self.is(w) {
+            self.i += 1;
+            true
+        } else {
+            false
+        }
+    }
+    fn punct(&self, p: &str) -> bool {
+        matches!(self.peek(), Tok::Punct(q) if *q == p)
+    }
+    fn eat_punct(&mut self, p: &str) -> bool {
+        if self.punct(p) {
+            self.i += 1;
+            true
+        } else {
+            false
+        }
+    }
+    fn expect_punct(&mut self, p: &str) -> R<()> {
+        if self.eat_punct(p) {
+            Ok(())
+        } else {
+            Err("syntax error".into())
+        }
+    }
+    fn string(&mut self) -> R<String> {
+        match self.next() {
+            Tok::Word(w) | Tok::Str(w) => Ok(w),
+            _ => Err("syntax error".into()),
+        }
+    }
+    fn done(&self) -> bool {
+        matches!(self.peek(), Tok::Eof | Tok::Newline)
+    }
+
+    /// `x` or `{ x, y ... }` (commas optional, as in pfctl).
+    fn list<T>(&mut self, mut one: impl FnMut(&mut Self) -> R<T>) -> R<Vec<T>> {
+        if self.eat_punct("{") {
+            let mut v = Vec::new();
+            while !self.eat_punct("}") {
+                if self.done() {
+                    return Err("syntax error".into());
+                }
+                v.push(one(self)?);
+                self.eat_punct(",");
+            }
+            Ok(v)
+        } else {
+            Ok(vec![one(self)?])
+        }
+    }
+}
+
+/// Parses pf.conf text. `file` names it in errors (`stdin` for `-f -`); `defines` are `-D`
+/// macros, which a definition in the file does not override.
+pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
+    let mut out = Parsed::default();
+    let fixed: Vec<String> = defines.iter().map(|d| d.0.clone()).collect();
+    for (k, v) in defines {
+        out.macros.insert(k.clone(), v.clone());
+    }
+    let mut nr = 0u32;
+    for (line, text) in logical_lines(src) {
+        let mut toks = Vec::new();
+        if let Err(e) = lex_line(&text, line, &out.macros, &mut toks) {
+            out.errors.push(ConfError { file: file.into(), line, msg: e.msg });
+            continue;
+        }
+        if toks.is_empty() {
+            continue;
+        }
+        let mut p = P { t: &toks, i: 0 };
+        // Macro definition: NAME = value...
+        if let (Some(Tok::Word(name)), Some(Tok::Punct("="))) =
+            (toks.first().map(|t| &t.tok), toks.get(1).map(|t| &t.tok))
+        {
+            let vals: Vec<String> = toks[2..]
+                .iter()
+                .map(|t| match &t.tok {
+                    Tok::Word(w) | Tok::Str(w) => w.clone(),
+                    Tok::Punct(q) => q.to_string(),
+                    _ => String::new(),
+                })
+                .collect();
+            let v = vals.join(" ");
+            out.header.push(format!("{name} = \"{v}\""));
+            if !fixed.contains(name) {
+                out.macros.insert(name.clone(), v);
+            }
+            continue;
+        }
+        let err = |msg: String| ConfError { file: file.into(), line, msg };
+        let res = match p.word() {
+            Some("pass") | Some("block") | Some("match") => rule(&mut p, line, out.block_return),
+            Some("set") => {
+                p.next();
+                match set_option(&mut p, &mut out) {
+                    Ok(()) => Ok(Vec::new()),
+                    Err(e) => Err(e),
+                }
+            }
+            _ => Err("syntax error".into()),
+        };
+        match res {
+            Ok(tmpls) => {
+                for t in tmpls {
+                    match expand(&t, &mut nr) {
+                        Ok(rules) => out.rules.extend(rules),
+                        Err(msgs) => out.errors.extend(msgs.into_iter().map(err)),
+                    }
+                }
+            }
+            Err(msg) => out.errors.push(err(msg)),
+        }
+    }
+    out
+}
+
+fn set_option(p: &mut P, out: &mut Parsed) -> R<()> {
+    let num = |p: &mut P| -> R<u32> {
+        let s = p.string()?;
+        let v = if let Some(h) = s.strip_prefix("0x") { u32::from_str_radix(h, 16) } else { s.parse() };
+        v.map_err(|_| "syntax error".to_string())
+    };
+    match p.string()?.as_str() {
+        "block-policy" => {
+            let v = p.string()?;
+            out.block_return = match v.as_str() {
+                "drop" => false,
+                "return" => true,
+                _ => return Err("syntax error".into()),
+            };
+            out.header.push(format!("set block-policy {v}"));
+        }
+        "optimization" => {
+            let v = p.string()?;
+            if !["default", "normal", "high-latency", "satellite", "aggressive", "conservative"].contains(&v.as_str()) {
+                return Err(format!("unknown optimization {v}"));
+            }
+            out.header.push(format!("set optimization {v}"));
+        }
+        "timeout" => {
+            let items = p.list(|p| {
+                let name = p.string()?;
+                let t = xpf_state::Timeout::from_name(&name).ok_or_else(|| format!("unknown timeout {name}"))?;
+                Ok((t, num(p)?))
+            })?;
+            for (t, v) in items {
+                out.header.push(format!("set timeout {} {v}", t.name()));
+                out.timeouts.push((t, v));
+            }
+        }
+        "limit" => {
+            let items = p.list(|p| {
+                let name = p.string()?;
+                if !["states", "frags", "src-nodes", "tables", "table-entries", "pktdelay-pkts", "anchors"]
+                    .contains(&name.as_str())
+                {
+                    return Err(format!("unknown limit {name}"));
+                }
+                Ok((name, num(p)?))
+            })?;
+            for (n, v) in items {
+                out.header.push(format!("set limit {n} {v}"));
+                out.limits.push((n, v));
+            }
+        }
+        "loginterface" => {
+            let v = p.string()?;
+            out.header.push(format!("set loginterface {v}"));
+        }
+        "hostid" => {
+            let v = num(p)?;
+            out.header.push(format!("set hostid 0x{v:08x}"));
+        }
+        "reassemble" => {
+            let v = p.string()?;
+            if v != "yes" && v != "no" {
+                return Err("syntax error".into());
+            }
+            let nodf = p.eat("no-df");
+            out.header.push(format!("set reassemble {v} {}", if nodf { "no-df" } else { "" }));
+        }
+        "state-policy" => {
+            let v = p.string()?;
+            if v != "if-bound" && v != "floating" {
+                return Err("syntax error".into());
+            }
+            out.header.push(format!("set state-policy {v}"));
+        }
+        "debug" => {
+            let v = p.string()?;
+            out.header.push(format!("set debug {v}"));
+        }
+        _ => return Err("syntax error".into()),
+    }
+    if p.done() {
+        Ok(())
+    } else {
+        Err("syntax error".into())
+    }
+}
+
+fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
+    let action = match p.string()?.as_str() {
+        "pass" => Action::Pass,
+        "block" => Action::Block,
+        _ => Action::Match,
+    };
+    let mut r = Rule {
+        action,
+        ret: if action == Action::Block && block_return { Return::Return } else { Return::Drop },
+        dir: Dir::Both,
+        log: None,
+        quick: false,
+        on: None,
+        af: Af::Any,
+        proto: None,
+        src: Host::ANY,
+        src_port: None,
+        dst: Host::ANY,
+        dst_port: None,
+        flags: None,
+        icmp: None,
+        icmp6: false,
+        tos: None,
+        state: if action == Action::Pass { StateKind::Keep } else { StateKind::No },
+        state_explicit: false,
+        allow_opts: false,
+        label: None,
+        tag: None,
+        tagged: None,
+        line,
+    };
+    if action == Action::Block {
+        block_return_spec(p, &mut r)?;
+    }
+    let mut t = Template {
+        r,
+        ifs: vec![],
+        protos: vec![],
+        src: vec![],
+        src_ports: vec![],
+        dst: vec![],
+        dst_ports: vec![],
+        icmp: vec![],
+    };
+    if p.eat("in") {
+        t.r.dir = Dir::In;
+    } else if p.eat("out") {
+        t.r.dir = Dir::Out;
+    }
+    if p.eat("log") {
+        let mut l = Log::default();
+        if p.eat_punct("(") {
+            loop {
+                match p.string()?.as_str() {
+                    "all" => l.all = true,
+                    "matches" => l.matches = true,
+                    "user" => l.user = true,
+                    "to" => l.to = Some(p.string()?),
+                    _ => return Err("syntax error".into()),
+                }
+                if p.eat_punct(")") {
+                    break;
+                }
+                p.expect_punct(",")?;
+            }
+        }
+        t.r.log = Some(l);
+    }
+    if p.eat("quick") {
+        t.r.quick = true;
+    }
+    if p.eat("on") {
+        t.ifs = p.list(|p| {
+            let neg = p.eat_punct("!");
+            Ok(Iface { neg, name: p.string()? })
+        })?;
+    }
+    if p.eat("inet") {
+        t.r.af = Af::Inet;
+    } else if p.eat("inet6") {
+        t.r.af = Af::Inet6;
+    }
+    if p.eat("proto") {
+        t.protos = p.list(|p| {
+            let s = p.string()?;
+            names::proto_number(&s).ok_or_else(|| format!("unknown protocol {s}"))
+        })?;
+    }
+    if p.eat("all") {
+    } else {
+        if p.eat("from") {
+            hostport(p, &mut t.src, &mut t.src_ports)?;
+        }
+        if p.eat("to") {
+            hostport(p, &mut t.dst, &mut t.dst_ports)?;
+        }
+    }
+    filter_opts(p, &mut t)?;
+    if !p.done() {
+        return Err("syntax error".into());
+    }
+    Ok(vec![t])
+}
+
+fn block_return_spec(p: &mut P, r: &mut Rule) -> R<()> {
+    let icmp_code = |p: &mut P, v6: bool| -> R<Option<u8>> {
+        if !p.eat_punct("(") {
+            return Ok(None);
+        }
+        let s = p.string()?;
+        let c = names::icmp_code(&s, v6).ok_or_else(|| format!("unknown icmp code {s}"))?.1;
+        p.expect_punct(")")?;
+        Ok(Some(c))
+    };
+    if p.eat("drop") {
+        r.ret = Return::Drop;
+    } else if p.eat("return") {
+        r.ret = Return::Return;
+    } else if p.eat("return-rst") {
+        let mut ttl = None;
+        if p.eat_punct("(") {
+            if !p.eat("ttl") {
+                return Err("syntax error".into());
+            }
+            ttl = Some(p.string()?.parse().map_err(|_| "syntax error".to_string())?);
+            p.expect_punct(")")?;
+        }
+        r.ret = Return::Rst { ttl };
+    } else if p.eat("return-icmp") {
+        let v4 = icmp_code(p, false)?;
+        r.ret = Return::Icmp { v4, v6: None };
+    } else if p.eat("return-icmp6") {
+        let v6 = icmp_code(p, true)?;
+        r.ret = Return::Icmp { v4: None, v6 };
+    }
+    Ok(())
+}
+
+fn parse_addr(s: &str) -> Option<(IpAddr, Option<u8>)> {
+    if let Ok(a) = s.parse::<IpAddr>() {
+        return Some((a, None));
+    }
+    // pfctl's short forms: 10, 10.1, 10.1.2 (the rest zero), used with a prefix: 10/8.
+    let parts: Vec<&str> = s.split('.').collect();
+    if parts.len() < 4 && parts.iter().all(|x| !x.is_empty() && x.len() <= 3 && x.bytes().all(|b| b.is_ascii_digit())) {
+        let mut b = [0u8; 4];
+        for (i, x) in parts.iter().enumerate() {
+            b[i] = x.parse().ok()?;
+        }
+        return Some((IpAddr::from(b), Some((parts.len() * 8) as u8)));
+    }
+    None
+}
+
+fn mask(a: IpAddr, len: u8) -> IpAddr {
+    match a {
+        IpAddr::V4(v) => {
+            let m = if len == 0 { 0 } else { u32::MAX << (32 - len as u32) };
+            IpAddr::from((u32::from(v) & m).to_be_bytes())
+        }
+        IpAddr::V6(v) => {
+            let m = if len == 0 { 0 } else { u128::MAX << (128 - len as u32) };
+            IpAddr::from((u128::from(v) & m).to_be_bytes())
+        }
+    }
+}
+
+fn host(p: &mut P) -> R<Host> {
+    let neg = p.eat_punct("!");
+    let kind = if p.eat_punct("<") {
+        let n = p.string()?;
+        p.expect_punct(">")?;
+        HostKind::Table(n)
+    } else if p.eat_punct("(") {
+        let s = p.string()?;
+        p.expect_punct(")")?;
+        let (ifname, modifier) = match s.split_once(':') {
+            Some((a, b)) => (a.to_string(), Some(b.to_string())),
+            None => (s, None),
+        };
+        let prefix =
+            if p.eat_punct("/") { Some(p.string()?.parse().map_err(|_| "syntax error".to_string())?) } else { None };
+        HostKind::Dynamic { ifname, modifier, prefix }
+    } else {
+        let s = p.string()?;
+        match s.as_str() {
+            "any" => HostKind::Any,
+            "no-route" => HostKind::NoRoute,
+            "urpf-failed" => HostKind::UrpfFailed,
+            "self" => HostKind::SelfAddr,
+            _ => {
+                let (a, short) = parse_addr(&s).ok_or_else(|| "could not parse host specification".to_string())?;
+                let max = if a.is_ipv4() { 32 } else { 128 };
+                if p.eat_punct("/") {
+                    let l: u8 = p.string()?.parse().map_err(|_| "syntax error".to_string())?;
+                    if l > max {
+                        return Err(format!("illegal netmask value /{l}"));
+                    }
+                    HostKind::Net(mask(a, l), l)
+                } else if p.is("-") {
+                    p.next();
+                    let b = p.string()?;
+                    let (b, _) = parse_addr(&b).ok_or_else(|| "could not parse host specification".to_string())?;
+                    HostKind::Range(a, b)
+                } else if let Some(l) = short {
+                    HostKind::Net(mask(a, l), l)
+                } else {
+                    HostKind::Net(a, max)
+                }
+            }
+        }
+    };
+    Ok(Host { neg, kind })
+}
+
+fn port_num(s: &str) -> R<u16> {
+    names::port_number(s).ok_or_else(|| format!("unknown port {s}"))
+}
+
+fn port(p: &mut P) -> R<PortOp> {
+    let ops = ["=", "!=", "<", "<=", ">", ">="];
+    for op in ops {
+        if p.eat_punct(op) {
+            let n = port_num(&p.string()?)?;
+            return Ok(match op {
+                "=" => PortOp::Eq(n),
+                "!=" => PortOp::Ne(n),
+                "<" => PortOp::Lt(n),
+                "<=" => PortOp::Le(n),
+                ">" => PortOp::Gt(n),
+                _ => PortOp::Ge(n),
+            });
+        }
+    }
+    let a = p.string()?;
+    if let Some((x, y)) = a.split_once(':') {
+        return Ok(PortOp::Range(port_num(x)?, port_num(y)?));
+    }
+    let a = port_num(&a)?;
+    if p.eat_punct("><") {
+        return Ok(PortOp::Inside(a, port_num(&p.string()?)?));
+    }
+    if p.eat_punct("<>") {
+        return Ok(PortOp::Outside(a, port_num(&p.string()?)?));
+    }
+    Ok(PortOp::Eq(a))
+}
+
+fn hostport(p: &mut P, hosts: &mut Vec<Host>, ports: &mut Vec<PortOp>) -> R<()> {
+    if !p.is("port") {
+        *hosts = p.list(host)?;
+    }
+    if p.eat("port") {
+        *ports = p.list(port)?;
+    }
+    Ok(())
+}
+
+const FLAG_CHARS: &str = "FSRPAUEW";
+
+fn flag_bits(s: &str) -> R<u8> {
+    let mut b = 0u8;
+    for c in s.chars() {
+        let i = FLAG_CHARS.find(c).ok_or_else(|| "syntax error".to_string())?;
+        b |= 1 << i;
+    }
+    Ok(b)
+}
+
+fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
+    while !p.done() {
+        if p.eat("flags") {
+            if p.eat("any") {
+                t.r.flags = Some(Flags::Any);
+                continue;
+            }
+            let bits = if p.punct("/") { 0 } else { flag_bits(&p.string()?)? };
+            let mask = if p.eat_punct("/") { flag_bits(&p.string()?)? } else { 0xff };
+            t.r.flags = Some(Flags::Set { bits, mask });
+        } else if p.is("icmp-type") || p.is("icmp6-type") {
+            let v6 = p.string()? == "icmp6-type";
+            t.r.icmp6 = v6;
+            t.icmp = p.list(|p| {
+                let s = p.string()?;
+                let ty = names::icmp_type(&s, v6).ok_or_else(|| format!("unknown icmp-type {s}"))?;
+                let code = if p.eat("code") {
+                    let c = p.string()?;
+                    Some(names::icmp_code(&c, v6).ok_or_else(|| format!("unknown icmp-code {c}"))?.1)
+                } else {
+                    None
+                };
+                Ok((ty, code))
+            })?;
+        } else if p.eat("tos") {
+            let s = p.string()?;
+            let v = if let Some(h) = s.strip_prefix("0x") { u8::from_str_radix(h, 16) } else { s.parse() };
+            t.r.tos = Some(v.map_err(|_| format!("illegal tos value {s}"))?);
+        } else if p.eat("no") {
+            if !p.eat("state") {
+                return Err("syntax error".into());
+            }
+            t.r.state = StateKind::No;
+        } else if p.eat("keep") || p.is("modulate") || p.is("synproxy") {
+            let k = if p.eat("modulate") {
+                StateKind::Modulate
+            } else if p.eat("synproxy") {
+                StateKind::Synproxy
+            } else {
+                StateKind::Keep
+            };
+            if !p.eat("state") {
+                return Err("syntax error".into());
+            }
+            t.r.state = k;
+            t.r.state_explicit = true;
+        } else if p.eat("allow-opts") {
+            t.r.allow_opts = true;
+        } else if p.eat("label") {
+            t.r.label = Some(p.string()?);
+        } else if p.eat("tag") {
+            t.r.tag = Some(p.string()?);
+        } else if p.eat("tagged") {
+            t.r.tagged = Some((false, p.string()?));
+        } else if p.eat_punct("!") {
+            if !p.eat("tagged") {
+                return Err("syntax error".into());
+            }
+            t.r.tagged = Some((true, p.string()?));
+        } else {
+            return Err("syntax error".into());
+        }
+    }
+    Ok(())
+}
+
+fn one_or_none<T: Clone>(v: &[T]) -> Vec<Option<T>> {
+    if v.is_empty() {
+        vec![None]
+    } else {
+        v.iter().cloned().map(Some).collect()
+    }
+}
+
+/// pfctl's expand_rule: every combination of interface, protocol, source and destination
+/// (and their ports, and ICMP types), each one a rule if its address families agree.
+fn expand(t: &Template, nr: &mut u32) -> Result<Vec<Rule>, Vec<String>> {
+    let mut out = Vec::new();
+    let mut errs = Vec::new();
+    let srcs = if t.src.is_empty() { vec![Host::ANY] } else { t.src.clone() };
+    let dsts = if t.dst.is_empty() { vec![Host::ANY] } else { t.dst.clone() };
+    for on in one_or_none(&t.ifs) {
+        for proto in one_or_none(&t.protos) {
+            for s in &srcs {
+                for sp in one_or_none(&t.src_ports) {
+                    for d in &dsts {
+                        for dp in one_or_none(&t.dst_ports) {
+                            for ic in one_or_none(&t.icmp) {
+                                let mut r = t.r.clone();
+                                r.on = on.clone();
+                                r.proto = proto;
+                                r.src = s.clone();
+                                r.src_port = sp;
+                                r.dst = d.clone();
+                                r.dst_port = dp;
+                                r.icmp = ic;
+                                // The family: the rule's, or what the addresses pin.
+                                let mut af = r.af;
+                                let mut ok = true;
+                                for a in [s.af(), d.af()] {
+                                    if a != Af::Any {
+                                        if af == Af::Any {
+                                            af = a;
+                                        } else if af != a {
+                                            ok = false;
+                                        }
+                                    }
+                                }
+                                if !ok {
+                                    continue;
+                                }
+                                if (sp.is_some() || dp.is_some()) && !matches!(proto, Some(6) | Some(17)) {
+                                    errs.push("port only applies to tcp/udp".to_string());
+                                    continue;
+                                }
+                                r.af = af;
+                                // Flags and sequence modulation are TCP's: pfctl drops them for
+                                // the other protocols of a list.
+                                if matches!(proto, Some(p) if p != 6) {
+                                    r.flags = None;
+                                    if matches!(r.state, StateKind::Modulate | StateKind::Synproxy) {
+                                        r.state = StateKind::Keep;
+                                    }
+                                }
+                                if r.flags.is_none()
+                                    && r.action != Action::Block
+                                    && r.state != StateKind::No
+                                    && matches!(proto, None | Some(6))
+                                {
+                                    r.flags = Some(Flags::Set { bits: 0x02, mask: 0x12 });
+                                }
+                                if let Some(l) = &r.label {
+                                    r.label = Some(label_macros(l, &r, *nr));
+                                }
+                                *nr += 1;
+                                out.push(r);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if !errs.is_empty() {
+        errs.push("skipping rule due to errors".into());
+    }
+    if out.is_empty() {
+        errs.push("rule expands to no valid combination".into());
+    }
+    if errs.is_empty() {
+        Ok(out)
+    } else {
+        Err(errs)
+    }
+}
+
+fn label_macros(l: &str, r: &Rule, nr: u32) -> String {
+    let mut s = l.to_string();
+    let pairs = [
+        ("$if", r.on.as_ref().map_or("any".to_string(), |i| i.name.clone())),
+        ("$srcaddr", crate::print::host_label(&r.src)),
+        ("$dstaddr", crate::print::host_label(&r.dst)),
+        ("$srcport", r.src_port.map_or(String::new(), crate::print::port_label)),
+        ("$dstport", r.dst_port.map_or(String::new(), crate::print::port_label)),
+        ("$proto", r.proto.map_or(String::new(), |p| names::proto_name(p).map_or(p.to_string(), str::to_string))),
+        ("$nr", nr.to_string()),
+    ];
+    for (k, v) in pairs {
+        s = s.replace(k, &v);
+    }
+    s
+}

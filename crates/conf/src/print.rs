@@ -1,0 +1,241 @@
+//! Rules in pfctl's canonical form (`pfctl -nv`), field by field in the order of pfctl's
+//! print_rule, so that the output parses back to itself.
+
+use crate::ast::*;
+use crate::names;
+use std::fmt::Write;
+
+const FLAG_CHARS: &[u8] = b"FSRPAUEW";
+
+fn flags(b: u8) -> String {
+    (0..8).filter(|i| b & (1 << i) != 0).map(|i| FLAG_CHARS[i] as char).collect()
+}
+
+/// An address as pfctl prints it (also what `$srcaddr` in a label becomes).
+pub fn host_label(h: &Host) -> String {
+    match &h.kind {
+        HostKind::Any => "any".into(),
+        HostKind::NoRoute => "no-route".into(),
+        HostKind::UrpfFailed => "urpf-failed".into(),
+        HostKind::SelfAddr => "self".into(),
+        HostKind::Net(a, l) => {
+            let full = if a.is_ipv4() { 32 } else { 128 };
+            if *l == 0 && a.is_unspecified() {
+                "any".into()
+            } else if *l == full {
+                a.to_string()
+            } else {
+                format!("{a}/{l}")
+            }
+        }
+        HostKind::Range(a, b) => format!("{a} - {b}"),
+        HostKind::Table(t) => format!("<{t}>"),
+        HostKind::Dynamic { ifname, modifier, prefix } => {
+            let mut s = format!("({ifname}");
+            if let Some(m) = modifier {
+                s.push(':');
+                s.push_str(m);
+            }
+            s.push(')');
+            if let Some(p) = prefix {
+                let _ = write!(s, "/{p}");
+            }
+            s
+        }
+    }
+}
+
+pub fn port_label(p: PortOp) -> String {
+    match p {
+        PortOp::Eq(a) => a.to_string(),
+        PortOp::Ne(a) => format!("!={a}"),
+        PortOp::Lt(a) => format!("<{a}"),
+        PortOp::Le(a) => format!("<={a}"),
+        PortOp::Gt(a) => format!(">{a}"),
+        PortOp::Ge(a) => format!(">={a}"),
+        PortOp::Range(a, b) => format!("{a}:{b}"),
+        PortOp::Inside(a, b) => format!("{a}><{b}"),
+        PortOp::Outside(a, b) => format!("{a}<>{b}"),
+    }
+}
+
+fn port(p: PortOp) -> String {
+    match p {
+        PortOp::Eq(a) => format!(" port = {a}"),
+        PortOp::Ne(a) => format!(" port != {a}"),
+        PortOp::Lt(a) => format!(" port < {a}"),
+        PortOp::Le(a) => format!(" port <= {a}"),
+        PortOp::Gt(a) => format!(" port > {a}"),
+        PortOp::Ge(a) => format!(" port >= {a}"),
+        PortOp::Range(a, b) => format!(" port {a}:{b}"),
+        PortOp::Inside(a, b) => format!(" port {a} >< {b}"),
+        PortOp::Outside(a, b) => format!(" port {a} <> {b}"),
+    }
+}
+
+fn is_any(h: &Host) -> bool {
+    !h.neg && (h.kind == HostKind::Any || matches!(h.kind, HostKind::Net(a, 0) if a.is_unspecified()))
+}
+
+/// One rule as pfctl prints it (without the trailing newline).
+pub fn rule(r: &Rule) -> String {
+    let mut s = String::new();
+    s.push_str(match r.action {
+        Action::Pass => "pass",
+        Action::Block => "block",
+        Action::Match => "match",
+    });
+    if r.action == Action::Block {
+        match &r.ret {
+            Return::Drop => s.push_str(" drop"),
+            Return::Return => s.push_str(" return"),
+            Return::Rst { ttl: None } => s.push_str(" return-rst"),
+            Return::Rst { ttl: Some(t) } => {
+                let _ = write!(s, " return-rst(ttl {t})");
+            }
+            Return::Icmp { v4, v6 } => {
+                let c4 = v4.unwrap_or(3);
+                let c6 = v6.unwrap_or(4);
+                let n4 = names::icmp_code_name(3, c4, false).map_or(c4.to_string(), str::to_string);
+                let n6 = names::icmp_code_name(1, c6, true).map_or(c6.to_string(), str::to_string);
+                match r.af {
+                    Af::Inet => {
+                        let _ = write!(s, " return-icmp({n4})");
+                    }
+                    Af::Inet6 => {
+                        let _ = write!(s, " return-icmp6({n6})");
+                    }
+                    Af::Any => {
+                        let _ = write!(s, " return-icmp({n4}, {n6})");
+                    }
+                }
+            }
+        }
+    }
+    match r.dir {
+        Dir::In => s.push_str(" in"),
+        Dir::Out => s.push_str(" out"),
+        Dir::Both => {}
+    }
+    if let Some(l) = &r.log {
+        s.push_str(" log");
+        let mut opts = Vec::new();
+        if l.all {
+            opts.push("all".to_string());
+        }
+        if l.matches {
+            opts.push("matches".into());
+        }
+        if l.user {
+            opts.push("user".into());
+        }
+        if let Some(t) = &l.to {
+            opts.push(format!("to {t}"));
+        }
+        if !opts.is_empty() {
+            let _ = write!(s, " ({})", opts.join(", "));
+        }
+    }
+    if r.quick {
+        s.push_str(" quick");
+    }
+    if let Some(i) = &r.on {
+        let _ = write!(s, " on {}{}", if i.neg { "! " } else { "" }, i.name);
+    }
+    match r.af {
+        Af::Inet => s.push_str(" inet"),
+        Af::Inet6 => s.push_str(" inet6"),
+        Af::Any => {}
+    }
+    if let Some(p) = r.proto {
+        match names::proto_name(p) {
+            Some(n) => {
+                let _ = write!(s, " proto {n}");
+            }
+            None => {
+                let _ = write!(s, " proto {p}");
+            }
+        }
+    }
+    if is_any(&r.src) && is_any(&r.dst) && r.src_port.is_none() && r.dst_port.is_none() {
+        s.push_str(" all");
+    } else {
+        let _ = write!(s, " from {}{}", if r.src.neg { "! " } else { "" }, host_label(&r.src));
+        if let Some(p) = r.src_port {
+            s.push_str(&port(p));
+        }
+        let _ = write!(s, " to {}{}", if r.dst.neg { "! " } else { "" }, host_label(&r.dst));
+        if let Some(p) = r.dst_port {
+            s.push_str(&port(p));
+        }
+    }
+    match r.flags {
+        Some(Flags::Set { bits, mask }) => {
+            let _ =
+                write!(s, " flags {}/{}", flags(bits), if mask == 0xff { "FSRPAUEW".to_string() } else { flags(mask) });
+        }
+        Some(Flags::Any)
+            if r.action != Action::Block && matches!(r.proto, None | Some(6)) && r.state != StateKind::No =>
+        {
+            s.push_str(" flags any");
+        }
+        _ => {}
+    }
+    if let Some((t, code)) = r.icmp {
+        let v6 = r.icmp6 || r.af == Af::Inet6;
+        let _ = write!(
+            s,
+            " {} {}",
+            if v6 { "icmp6-type" } else { "icmp-type" },
+            names::icmp_type_name(t, v6).map_or(t.to_string(), str::to_string)
+        );
+        if let Some(c) = code {
+            let _ = write!(s, " code {}", names::icmp_code_name(t, c, v6).map_or(c.to_string(), str::to_string));
+        }
+    }
+    if let Some(t) = r.tos {
+        let _ = write!(s, " tos 0x{t:02x}");
+    }
+    match r.state {
+        StateKind::No if r.action == Action::Pass => s.push_str(" no state"),
+        StateKind::Modulate => s.push_str(" modulate state"),
+        StateKind::Synproxy => s.push_str(" synproxy state"),
+        _ => {}
+    }
+    if r.allow_opts {
+        s.push_str(" allow-opts");
+    }
+    if let Some(l) = &r.label {
+        if !l.is_empty() {
+            let _ = write!(s, " label \"{l}\"");
+        }
+    }
+    if let Some(t) = &r.tag {
+        let _ = write!(s, " tag {t}");
+    }
+    if let Some((neg, t)) = &r.tagged {
+        let _ = write!(s, "{} tagged {t}", if *neg { " !" } else { "" });
+    }
+    s
+}
+
+/// The ruleset as `pfctl -nv` prints it: what parsing printed (macros, options), then the rules.
+pub fn parsed(p: &crate::Parsed) -> String {
+    let mut s = String::new();
+    for h in &p.header {
+        s.push_str(h);
+        s.push('\n');
+    }
+    s.push_str(&ruleset(&p.rules));
+    s
+}
+
+/// The rules as `pfctl -nv` prints them.
+pub fn ruleset(rules: &[Rule]) -> String {
+    let mut s = String::new();
+    for r in rules {
+        s.push_str(&rule(r));
+        s.push('\n');
+    }
+    s
+}

@@ -1,0 +1,115 @@
+//! OpenBSD's pfctl regression cases (../shared/peer/openbsd-pfctl-regress, see its MANIFEST):
+//! pfN.in must print as pfN.ok byte for byte, pfailN.in must be refused with pfailN.ok's errors,
+//! and every pfN.ok must print as itself. The test prints the tally and fails if any count falls
+//! below the floor kept in tests/conformance-floor.txt (raise it as cases pass).
+
+use std::path::PathBuf;
+
+const PF: &[u32] = &[
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
+    32, 34, 35, 36, 38, 39, 40, 41, 44, 46, 47, 48, 49, 50, 52, 53, 54, 55, 56, 57, 60, 61, 65, 66, 67, 68, 69, 70, 71,
+    72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99,
+    100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 114,
+];
+const PFAIL: &[u32] = &[
+    1, 2, 3, 4, 5, 6, 7, 8, 11, 12, 13, 14, 15, 16, 17, 19, 20, 23, 25, 27, 30, 37, 38, 39, 40, 41, 42, 43, 47, 48, 49,
+    50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67,
+];
+
+fn dir() -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/peer/openbsd-pfctl-regress");
+    assert!(d.is_dir(), "{} is missing: the test suite needs ../shared beside the checkout", d.display());
+    d
+}
+
+/// What `pfctl -o none -nv -f - < src` prints: the rules, or the errors.
+fn pfctl_nv(src: &str) -> String {
+    let p = xpf_conf::parse(src, "stdin", &[]);
+    if p.errors.is_empty() {
+        xpf_conf::print::parsed(&p)
+    } else {
+        p.errors.iter().map(|e| format!("{e}\n")).collect()
+    }
+}
+
+fn floor() -> (usize, usize, usize) {
+    let f =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/conformance-floor.txt")).unwrap();
+    let n = |k: &str| -> usize {
+        f.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("floor file lacks '{k}'"))
+    };
+    (n("pf:"), n("pfail:"), n("selfpf:"))
+}
+
+#[test]
+fn pfctl_regress_tally() {
+    let d = dir();
+    let read = |n: &str| std::fs::read_to_string(d.join(n)).unwrap_or_else(|e| panic!("{n}: {e}"));
+    let (mut pf, mut pfail, mut selfpf) = (Vec::new(), Vec::new(), Vec::new());
+    for n in PF {
+        let ok = read(&format!("pf{n}.ok"));
+        if pfctl_nv(&read(&format!("pf{n}.in"))) == ok {
+            pf.push(*n);
+        }
+        if pfctl_nv(&ok) == ok {
+            selfpf.push(*n);
+        }
+    }
+    for n in PFAIL {
+        let p = xpf_conf::parse(&read(&format!("pfail{n}.in")), "stdin", &[]);
+        let want = read(&format!("pfail{n}.ok"));
+        let refused = !p.errors.is_empty();
+        let got: String = p.errors.iter().map(|e| format!("{e}\n")).collect();
+        // pfail14 is accepted nowadays: its .ok is the printed rule.
+        if (refused && got == want) || (*n == 14 && !refused && xpf_conf::print::parsed(&p) == want) {
+            pfail.push(*n);
+        }
+    }
+    println!(
+        "pf: {}/{}, pfail: {}/{}, selfpf: {}/{}",
+        pf.len(),
+        PF.len(),
+        pfail.len(),
+        PFAIL.len(),
+        selfpf.len(),
+        PF.len()
+    );
+    println!("pf passing: {pf:?}");
+    println!("pfail passing: {pfail:?}");
+    let (f_pf, f_pfail, f_self) = floor();
+    assert!(pf.len() >= f_pf, "pf conformance fell to {} below the floor {f_pf}", pf.len());
+    assert!(pfail.len() >= f_pfail, "pfail conformance fell to {} below the floor {f_pfail}", pfail.len());
+    assert!(selfpf.len() >= f_self, "selfpf conformance fell to {} below the floor {f_self}", selfpf.len());
+}
+
+/// `XPF_PFDIFF=1 cargo test -p xpf-conf --test pfctl_regress -- --nocapture show_first_differences`
+/// prints each failing case's first differing line (a work aid, it asserts nothing).
+#[test]
+fn show_first_differences() {
+    if std::env::var_os("XPF_PFDIFF").is_none() {
+        return;
+    }
+    let d = dir();
+    for n in PF {
+        let ok = std::fs::read_to_string(d.join(format!("pf{n}.ok"))).unwrap();
+        let got = pfctl_nv(&std::fs::read_to_string(d.join(format!("pf{n}.in"))).unwrap());
+        if got != ok {
+            let (g, w) = got.lines().zip(ok.lines()).find(|(a, b)| a != b).unwrap_or(("<length>", "<length>"));
+            println!("pf{n}:\n  got  {g}\n  want {w}");
+        }
+    }
+    for n in PFAIL {
+        let ok = std::fs::read_to_string(d.join(format!("pfail{n}.ok"))).unwrap();
+        let got = pfctl_nv(&std::fs::read_to_string(d.join(format!("pfail{n}.in"))).unwrap());
+        if got != ok {
+            println!(
+                "pfail{n}:\n  got  {}\n  want {}",
+                got.lines().next().unwrap_or(""),
+                ok.lines().next().unwrap_or("")
+            );
+        }
+    }
+}
