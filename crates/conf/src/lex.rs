@@ -39,7 +39,14 @@ fn is_word_char(c: char) -> bool {
 
 /// Splits `src` into tokens, expanding `$macros` from `macros` (definitions met on the way are
 /// not seen here: the parser lexes line by line and defines macros between lines).
-pub fn lex_line(src: &str, line: u32, macros: &HashMap<String, String>, out: &mut Vec<Token>) -> Result<(), LexError> {
+/// Returns true if a comment started: the rest of the logical line, continued lines too, is
+/// comment.
+pub fn lex_line(
+    src: &str,
+    line: u32,
+    macros: &HashMap<String, String>,
+    out: &mut Vec<Token>,
+) -> Result<bool, LexError> {
     lex_into(src, line, macros, out, 0)
 }
 
@@ -49,7 +56,7 @@ fn lex_into(
     macros: &HashMap<String, String>,
     out: &mut Vec<Token>,
     depth: u32,
-) -> Result<(), LexError> {
+) -> Result<bool, LexError> {
     if depth > 16 {
         return Err(LexError { line, msg: "macro expansion too deep".into() });
     }
@@ -58,7 +65,7 @@ fn lex_into(
     while i < cs.len() {
         let c = cs[i];
         if c == '#' {
-            break;
+            return Ok(true);
         }
         if c.is_whitespace() {
             i += 1;
@@ -95,7 +102,9 @@ fn lex_into(
             }
             let name: String = cs[start..j].iter().collect();
             match macros.get(&name) {
-                Some(v) => lex_into(v, line, macros, out, depth + 1)?,
+                Some(v) => {
+                    lex_into(v, line, macros, out, depth + 1)?;
+                }
                 None => return Err(LexError { line, msg: format!("macro '{name}' not defined") }),
             }
             i = j;
@@ -124,30 +133,26 @@ fn lex_into(
         }
         out.push(Token { tok: Tok::Word(w), line });
     }
-    Ok(())
+    Ok(false)
 }
 
-/// Joins continued lines (a backslash before the newline) and returns (first line number,
-/// logical line) pairs. Comments are left for the lexer.
-pub fn logical_lines(src: &str) -> Vec<(u32, String)> {
+/// Groups physical lines into logical ones (a backslash before the newline continues): each
+/// logical line is its physical pieces with their line numbers, so that tokens keep the line
+/// they stand on, as pfctl reports them. Comments are left for the lexer.
+pub fn logical_lines(src: &str) -> Vec<Vec<(u32, String)>> {
     let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut first = 0;
+    let mut cur = Vec::new();
     for (n, l) in src.lines().enumerate() {
         let n = n as u32 + 1;
-        if cur.is_empty() {
-            first = n;
-        }
         if let Some(stripped) = l.strip_suffix('\\') {
-            cur.push_str(stripped);
-            cur.push(' ');
+            cur.push((n, stripped.to_string()));
             continue;
         }
-        cur.push_str(l);
-        out.push((first, std::mem::take(&mut cur)));
+        cur.push((n, l.to_string()));
+        out.push(std::mem::take(&mut cur));
     }
     if !cur.is_empty() {
-        out.push((first, cur));
+        out.push(cur);
     }
     out
 }
@@ -216,6 +221,9 @@ mod tests {
     #[test]
     fn continuation_joins_lines() {
         let l = logical_lines("pass in \\\n  all\nblock\n");
-        assert_eq!(l, vec![(1, "pass in    all".to_string()), (3, "block".to_string())]);
+        assert_eq!(
+            l,
+            vec![vec![(1, "pass in ".to_string()), (2, "  all".to_string())], vec![(3, "block".to_string())]]
+        );
     }
 }

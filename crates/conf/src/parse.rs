@@ -7,18 +7,37 @@ use crate::names;
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-/// A pf.conf error, `FILE:LINE: message` as pfctl prints it.
+/// A pf.conf error, `FILE:LINE: message` as pfctl prints it (a few of pfctl's messages, about
+/// a value rather than a place, come bare).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfError {
     pub file: String,
     pub line: u32,
     pub msg: String,
+    pub bare: bool,
 }
 
 impl std::fmt::Display for ConfError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}: {}", self.file, self.line, self.msg)
+        if self.bare {
+            write!(f, "{}", self.msg)
+        } else {
+            write!(f, "{}:{}: {}", self.file, self.line, self.msg)
+        }
     }
+}
+
+/// Inside the parser an error is a string of one or more lines; a line starting with BARE is
+/// printed without `FILE:LINE:`.
+const BARE: char = '\u{1}';
+
+fn to_errors(file: &str, line: u32, msg: &str) -> Vec<ConfError> {
+    msg.lines()
+        .map(|l| match l.strip_prefix(BARE) {
+            Some(b) => ConfError { file: file.into(), line, msg: b.into(), bare: true },
+            None => ConfError { file: file.into(), line, msg: l.into(), bare: false },
+        })
+        .collect()
 }
 
 /// What parsing gave: the rules, in order, and every error (pfctl reports all, then refuses).
@@ -138,11 +157,18 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
         out.macros.insert(k.clone(), v.clone());
     }
     let mut nr = 0u32;
-    for (line, text) in logical_lines(src) {
+    'lines: for pieces in logical_lines(src) {
         let mut toks = Vec::new();
-        if let Err(e) = lex_line(&text, line, &out.macros, &mut toks) {
-            out.errors.push(ConfError { file: file.into(), line, msg: e.msg });
-            continue;
+        let last_line = pieces.last().map_or(0, |p| p.0);
+        for (line, text) in &pieces {
+            match lex_line(text, *line, &out.macros, &mut toks) {
+                Ok(false) => {}
+                Ok(true) => break, // a comment runs to the end of the logical line
+                Err(e) => {
+                    out.errors.extend(to_errors(file, e.line, &e.msg));
+                    continue 'lines;
+                }
+            }
         }
         if toks.is_empty() {
             continue;
@@ -167,9 +193,8 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
             }
             continue;
         }
-        let err = |msg: String| ConfError { file: file.into(), line, msg };
         let res = match p.word() {
-            Some("pass") | Some("block") | Some("match") => rule(&mut p, line, out.block_return),
+            Some("pass") | Some("block") | Some("match") => rule(&mut p, last_line, out.block_return),
             Some("set") => {
                 p.next();
                 match set_option(&mut p, &mut out) {
@@ -184,11 +209,20 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
                 for t in tmpls {
                     match expand(&t, &mut nr) {
                         Ok(rules) => out.rules.extend(rules),
-                        Err(msgs) => out.errors.extend(msgs.into_iter().map(err)),
+                        Err(msgs) => {
+                            for m in msgs {
+                                out.errors.extend(to_errors(file, last_line, &m));
+                            }
+                        }
                     }
                 }
             }
-            Err(msg) => out.errors.push(err(msg)),
+            Err(msg) => {
+                // Where pfctl's lexer stood: the token that did not fit, or the line's end.
+                let line = toks.get(p.i.min(toks.len().saturating_sub(1))).map_or(last_line, |t| t.line);
+                let line = if p.i >= toks.len() { last_line } else { line };
+                out.errors.extend(to_errors(file, line, &msg));
+            }
         }
     }
     out
@@ -249,6 +283,9 @@ fn set_option(p: &mut P, out: &mut Parsed) -> R<()> {
         }
         "hostid" => {
             let v = num(p)?;
+            if v == 0 {
+                return Err("hostid must be non-zero".into());
+            }
             out.header.push(format!("set hostid 0x{v:08x}"));
         }
         "reassemble" => {
@@ -380,6 +417,14 @@ fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
     if !p.done() {
         return Err("syntax error".into());
     }
+    if matches!(t.r.flags, Some(Flags::Set { .. })) && !t.protos.is_empty() && !t.protos.contains(&6) {
+        return Err("flags only apply to tcp".into());
+    }
+    for tag in [t.r.tag.as_ref(), t.r.tagged.as_ref().map(|x| &x.1)].into_iter().flatten() {
+        if tag.len() > 63 {
+            return Err("tag too long, max 63 chars".into());
+        }
+    }
     Ok(vec![t])
 }
 
@@ -470,14 +515,17 @@ fn host(p: &mut P) -> R<Host> {
             "urpf-failed" => HostKind::UrpfFailed,
             "self" => HostKind::SelfAddr,
             _ => {
-                let (a, short) = parse_addr(&s).ok_or_else(|| "could not parse host specification".to_string())?;
+                let Some((a, short)) = parse_addr(&s) else {
+                    return Err(format!("{BARE}no IP address found for {s}\ncould not parse host specification"));
+                };
                 let max = if a.is_ipv4() { 32 } else { 128 };
                 if p.eat_punct("/") {
-                    let l: u8 = p.string()?.parse().map_err(|_| "syntax error".to_string())?;
-                    if l > max {
-                        return Err(format!("illegal netmask value /{l}"));
+                    let l: u32 = p.string()?.parse().map_err(|_| "syntax error".to_string())?;
+                    if l > 128 {
+                        return Err(format!("{BARE}netmask is too large: /{l}\ncould not parse host specification"));
                     }
-                    HostKind::Net(mask(a, l), l)
+                    // A v4 mask above 32 is refused when the rule is expanded, as pfctl does.
+                    HostKind::Net(mask(a, l.min(max as u32) as u8), l as u8)
                 } else if p.is("-") {
                     p.next();
                     let b = p.string()?;
@@ -495,6 +543,9 @@ fn host(p: &mut P) -> R<Host> {
 }
 
 fn port_num(s: &str) -> R<u16> {
+    if let Ok(n) = s.parse::<u64>() {
+        return u16::try_from(n).map_err(|_| format!("illegal port value {n}"));
+    }
     names::port_number(s).ok_or_else(|| format!("unknown port {s}"))
 }
 
@@ -661,6 +712,31 @@ fn expand(t: &Template, nr: &mut u32) -> Result<Vec<Rule>, Vec<String>> {
                                 }
                                 if (sp.is_some() || dp.is_some()) && !matches!(proto, Some(6) | Some(17)) {
                                     errs.push("port only applies to tcp/udp".to_string());
+                                    continue;
+                                }
+                                if let Some(l) = [s, d].iter().find_map(|h| match h.kind {
+                                    HostKind::Net(a, l) if a.is_ipv4() && l > 32 => Some(l),
+                                    _ => None,
+                                }) {
+                                    errs.push(format!("{BARE}netmask {l} invalid for IPv4 address"));
+                                    continue;
+                                }
+                                match (af, proto) {
+                                    (Af::Inet6, Some(1)) => {
+                                        errs.push("proto icmp doesn't match address family inet6".into());
+                                        continue;
+                                    }
+                                    (Af::Inet, Some(58)) => {
+                                        errs.push("proto icmp6 doesn't match address family inet".into());
+                                        continue;
+                                    }
+                                    _ => {}
+                                }
+                                if ic.is_some()
+                                    && (t.r.icmp6 != (proto == Some(58))
+                                        || (af == Af::Inet6) != t.r.icmp6 && af != Af::Any)
+                                {
+                                    errs.push("icmp-type mismatch".into());
                                     continue;
                                 }
                                 r.af = af;
