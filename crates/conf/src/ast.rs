@@ -153,6 +153,59 @@ pub struct Rule {
     pub label: Option<String>,
     pub tag: Option<String>,
     pub tagged: Option<(bool, String)>,
+    pub state_opts: StateOpts,
+    pub user: Option<PortOp>,
+    pub group: Option<PortOp>,
+    pub nat: Option<Pool>,
+    pub rdr: Option<Pool>,
+    pub binat: Option<Pool>,
     /// The line of pf.conf it came from.
     pub line: u32,
+}
+
+/// A translation target (`nat-to`, `rdr-to`, `binat-to`) and its pool options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pool {
+    pub host: Host,
+    /// (low, high); None is the default (nat-to: 50001:65535; rdr-to: unchanged).
+    pub port: Option<(u16, u16)>,
+    pub kind: PoolKind,
+    pub sticky: bool,
+    pub static_port: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolKind {
+    None,
+    Bitmask,
+    Random,
+    RoundRobin,
+    /// The key as pfctl prints it (0x + 32 hex digits), or None for a random one.
+    SourceHash(Option<String>),
+}
+
+/// `keep state (...)` options.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StateOpts {
+    pub max: Option<u32>,
+    pub no_sync: bool,
+    pub pflow: bool,
+    /// Some(true) `source-track rule`, Some(false) `source-track global`.
+    pub source_track: Option<bool>,
+    pub max_src_states: Option<u32>,
+    pub max_src_conn: Option<u32>,
+    pub max_src_conn_rate: Option<(u32, u32)>,
+    pub max_src_nodes: Option<u32>,
+    /// (table, flush, global)
+    pub overload: Option<(String, bool, bool)>,
+    pub if_bound: bool,
+    pub floating: bool,
+    pub sloppy: bool,
+    pub timeouts: Vec<(xpf_state::Timeout, u32)>,
+}
+
+impl StateOpts {
+    pub fn is_empty(&self) -> bool {
+        *self == StateOpts::default()
+    }
 }

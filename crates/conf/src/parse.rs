@@ -345,6 +345,12 @@ fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
         label: None,
         tag: None,
         tagged: None,
+        state_opts: StateOpts::default(),
+        user: None,
+        group: None,
+        nat: None,
+        rdr: None,
+        binat: None,
         line,
     };
     if action == Action::Block {
@@ -645,6 +651,29 @@ fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
             }
             t.r.state = k;
             t.r.state_explicit = true;
+            if p.eat_punct("(") {
+                state_opts(p, &mut t.r.state_opts)?;
+            }
+        } else if p.is("user") || p.is("group") {
+            let g = p.string()? == "group";
+            let v = p.list(|p| {
+                let op = port(p)?;
+                Ok(op)
+            })?;
+            let first = v.first().copied();
+            if g {
+                t.r.group = first;
+            } else {
+                t.r.user = first;
+            }
+        } else if p.is("nat-to") || p.is("rdr-to") || p.is("binat-to") {
+            let which = p.string()?;
+            let pool = pool(p, which == "nat-to")?;
+            match which.as_str() {
+                "nat-to" => t.r.nat = Some(pool),
+                "rdr-to" => t.r.rdr = Some(pool),
+                _ => t.r.binat = Some(pool),
+            }
         } else if p.eat("allow-opts") {
             t.r.allow_opts = true;
         } else if p.eat("label") {
@@ -663,6 +692,92 @@ fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
         }
     }
     Ok(())
+}
+
+fn state_opts(p: &mut P, o: &mut StateOpts) -> R<()> {
+    let num = |p: &mut P| -> R<u32> { p.string()?.parse().map_err(|_| "syntax error".to_string()) };
+    loop {
+        let w = p.string()?;
+        match w.as_str() {
+            "max" => o.max = Some(num(p)?),
+            "no-sync" => o.no_sync = true,
+            "pflow" => o.pflow = true,
+            "sloppy" => o.sloppy = true,
+            "if-bound" => o.if_bound = true,
+            "floating" => o.floating = true,
+            "source-track" => {
+                o.source_track = Some(if p.eat("rule") {
+                    true
+                } else {
+                    p.eat("global");
+                    false
+                })
+            }
+            "max-src-states" => o.max_src_states = Some(num(p)?),
+            "max-src-conn" => o.max_src_conn = Some(num(p)?),
+            "max-src-nodes" => o.max_src_nodes = Some(num(p)?),
+            "max-src-conn-rate" => {
+                let a = num(p)?;
+                p.expect_punct("/")?;
+                o.max_src_conn_rate = Some((a, num(p)?));
+            }
+            "overload" => {
+                p.expect_punct("<")?;
+                let t = p.string()?;
+                p.expect_punct(">")?;
+                let flush = p.eat("flush");
+                let global = flush && p.eat("global");
+                o.overload = Some((t, flush, global));
+            }
+            other => match xpf_state::Timeout::from_name(other) {
+                Some(t) => o.timeouts.push((t, num(p)?)),
+                None => return Err("syntax error".into()),
+            },
+        }
+        if p.eat_punct(")") {
+            return Ok(());
+        }
+        p.expect_punct(",")?;
+    }
+}
+
+fn pool(p: &mut P, nat: bool) -> R<Pool> {
+    let hosts = p.list(host)?;
+    if hosts.len() != 1 {
+        return Err("syntax error".into());
+    }
+    let mut pl = Pool { host: hosts[0].clone(), port: None, kind: PoolKind::None, sticky: false, static_port: false };
+    if p.eat("port") {
+        let s = p.string()?;
+        pl.port = Some(match s.split_once(':') {
+            Some((a, b)) => (port_num(a)?, if b == "*" { 0 } else { port_num(b)? }),
+            None => {
+                let a = port_num(&s)?;
+                (a, a)
+            }
+        });
+    }
+    loop {
+        if p.eat("bitmask") {
+            pl.kind = PoolKind::Bitmask;
+        } else if p.eat("random") {
+            pl.kind = PoolKind::Random;
+        } else if p.eat("round-robin") {
+            pl.kind = PoolKind::RoundRobin;
+        } else if p.eat("source-hash") {
+            let key = match p.word() {
+                Some(w) if w.starts_with("0x") => Some(p.string()?),
+                _ => None,
+            };
+            pl.kind = PoolKind::SourceHash(key);
+        } else if p.eat("sticky-address") {
+            pl.sticky = true;
+        } else if nat && p.eat("static-port") {
+            pl.static_port = true;
+        } else {
+            return Ok(pl);
+        }
+    }
 }
 
 fn one_or_none<T: Clone>(v: &[T]) -> Vec<Option<T>> {
@@ -757,6 +872,9 @@ fn expand(t: &Template, nr: &mut u32) -> Result<Vec<Rule>, Vec<String>> {
                                 }
                                 if let Some(l) = &r.label {
                                     r.label = Some(label_macros(l, &r, *nr));
+                                }
+                                if let Some(l) = &r.tag {
+                                    r.tag = Some(label_macros(l, &r, *nr));
                                 }
                                 *nr += 1;
                                 out.push(r);

@@ -169,6 +169,11 @@ pub fn rule(r: &Rule) -> String {
             s.push_str(&port(p));
         }
     }
+    for (name, u) in [("user", r.user), ("group", r.group)] {
+        if let Some(op) = u {
+            s.push_str(&port(op).replacen(" port", &format!(" {name}"), 1));
+        }
+    }
     match r.flags {
         Some(Flags::Set { bits, mask }) => {
             let _ =
@@ -196,11 +201,62 @@ pub fn rule(r: &Rule) -> String {
     if let Some(t) = r.tos {
         let _ = write!(s, " tos 0x{t:02x}");
     }
+    let o = &r.state_opts;
     match r.state {
         StateKind::No if r.action == Action::Pass => s.push_str(" no state"),
+        StateKind::Keep if !o.is_empty() => s.push_str(" keep state"),
         StateKind::Modulate => s.push_str(" modulate state"),
         StateKind::Synproxy => s.push_str(" synproxy state"),
         _ => {}
+    }
+    if !o.is_empty() && r.state != StateKind::No {
+        let mut v: Vec<String> = Vec::new();
+        if let Some(m) = o.max {
+            v.push(format!("max {m}"));
+        }
+        if o.no_sync {
+            v.push("no-sync".into());
+        }
+        if o.pflow {
+            v.push("pflow".into());
+        }
+        if let Some(rule) = o.source_track {
+            v.push(format!("source-track {}", if rule { "rule" } else { "global" }));
+        }
+        if let Some(m) = o.max_src_states {
+            v.push(format!("max-src-states {m}"));
+        }
+        if let Some(m) = o.max_src_conn {
+            v.push(format!("max-src-conn {m}"));
+        }
+        if let Some((a, b)) = o.max_src_conn_rate {
+            v.push(format!("max-src-conn-rate {a}/{b}"));
+        }
+        if let Some(m) = o.max_src_nodes {
+            v.push(format!("max-src-nodes {m}"));
+        }
+        if let Some((t, flush, global)) = &o.overload {
+            v.push(format!(
+                "overload <{t}>{}{}",
+                if *flush { " flush" } else { "" },
+                if *global { " global" } else { "" }
+            ));
+        }
+        if o.if_bound {
+            v.push("if-bound".into());
+        }
+        if o.floating {
+            v.push("floating".into());
+        }
+        if o.sloppy {
+            v.push("sloppy".into());
+        }
+        let mut ts = o.timeouts.clone();
+        ts.sort_by_key(|t| t.0 as u8);
+        for (t, n) in ts {
+            v.push(format!("{} {n}", t.name()));
+        }
+        let _ = write!(s, " ({})", v.join(", "));
     }
     if r.allow_opts {
         s.push_str(" allow-opts");
@@ -216,7 +272,48 @@ pub fn rule(r: &Rule) -> String {
     if let Some((neg, t)) = &r.tagged {
         let _ = write!(s, "{} tagged {t}", if *neg { " !" } else { "" });
     }
+    if let Some(p) = &r.nat {
+        pool(&mut s, "nat-to", p, true);
+    }
+    if let Some(p) = &r.rdr {
+        pool(&mut s, "rdr-to", p, false);
+    }
+    if let Some(p) = &r.binat {
+        pool(&mut s, "binat-to", p, false);
+    }
     s
+}
+
+/// pfctl's print_pool.
+fn pool(s: &mut String, what: &str, p: &Pool, nat: bool) {
+    let _ = write!(s, " {what} {}{}", if p.host.neg { "! " } else { "" }, host_label(&p.host));
+    match (p.port, nat) {
+        (Some((a, b)), _) if a == b => {
+            let _ = write!(s, " port {a}");
+        }
+        (Some((a, b)), _) if b != 0 => {
+            let _ = write!(s, " port {a}:{b}");
+        }
+        (Some((a, _)), _) => {
+            let _ = write!(s, " port {a}");
+        }
+        _ => {}
+    }
+    match &p.kind {
+        PoolKind::None => {}
+        PoolKind::Bitmask => s.push_str(" bitmask"),
+        PoolKind::Random => s.push_str(" random"),
+        PoolKind::RoundRobin => s.push_str(" round-robin"),
+        PoolKind::SourceHash(k) => {
+            let _ = write!(s, " source-hash {}", k.as_deref().unwrap_or("0x00000000000000000000000000000000"));
+        }
+    }
+    if p.sticky {
+        s.push_str(" sticky-address");
+    }
+    if p.static_port {
+        s.push_str(" static-port");
+    }
 }
 
 /// The ruleset as `pfctl -nv` prints it: what parsing printed (macros, options), then the rules.
