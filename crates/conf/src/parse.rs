@@ -431,6 +431,28 @@ fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
             return Err("tag too long, max 63 chars".into());
         }
     }
+    // Adaptive timeouts follow a rule's `max` unless given (pfctl: 60% and 120% of it).
+    let o = &mut t.r.state_opts;
+    if let Some(m) = o.max {
+        let has = |o: &StateOpts, x| o.timeouts.iter().any(|(t, _)| *t == x);
+        if !has(o, xpf_state::Timeout::AdaptiveStart) && !has(o, xpf_state::Timeout::AdaptiveEnd) {
+            o.timeouts.push((xpf_state::Timeout::AdaptiveStart, m / 10 * 6));
+            o.timeouts.push((xpf_state::Timeout::AdaptiveEnd, m / 10 * 12));
+        }
+    }
+    // binat-to is two rules: out with nat-to (static-port), in with rdr-to back.
+    if let Some(b) = t.r.binat.take() {
+        let mut out = t.clone();
+        out.r.dir = Dir::Out;
+        out.r.nat = Some(Pool { static_port: true, ..b.clone() });
+        let mut inb = t.clone();
+        inb.r.dir = Dir::In;
+        inb.src = t.dst.clone();
+        inb.dst = vec![b.host.clone()];
+        let orig = t.src.first().cloned().unwrap_or(Host::ANY);
+        inb.r.rdr = Some(Pool { host: orig, port: None, kind: PoolKind::None, sticky: false, static_port: false });
+        return Ok(vec![out, inb]);
+    }
     Ok(vec![t])
 }
 
@@ -875,6 +897,15 @@ fn expand(t: &Template, nr: &mut u32) -> Result<Vec<Rule>, Vec<String>> {
                                 }
                                 if let Some(l) = &r.tag {
                                     r.tag = Some(label_macros(l, &r, *nr));
+                                }
+                                if let Some((n, l)) = &r.tagged {
+                                    r.tagged = Some((*n, label_macros(l, &r, *nr)));
+                                }
+                                // `rdr-to ... port a:*`: as wide as the destination range.
+                                if let (Some(p), Some(PortOp::Range(x, y))) = (r.rdr.as_mut(), dp) {
+                                    if let Some((a, 0)) = p.port {
+                                        p.port = Some((a, a.saturating_add(y.saturating_sub(x))));
+                                    }
                                 }
                                 *nr += 1;
                                 out.push(r);
