@@ -159,6 +159,7 @@ pub struct Rule {
     pub nat: Option<Pool>,
     pub rdr: Option<Pool>,
     pub binat: Option<Pool>,
+    pub scrub: Option<Scrub>,
     /// The line of pf.conf it came from.
     pub line: u32,
 }
@@ -172,6 +173,8 @@ pub struct Pool {
     pub kind: PoolKind,
     pub sticky: bool,
     pub static_port: bool,
+    /// A list of targets, before it becomes an automatic table.
+    pub list: Option<Vec<Host>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -208,4 +211,15 @@ impl StateOpts {
     pub fn is_empty(&self) -> bool {
         *self == StateOpts::default()
     }
+}
+
+/// `scrub (...)` options of a match or pass rule.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scrub {
+    pub no_df: bool,
+    pub random_id: bool,
+    pub min_ttl: Option<u8>,
+    pub set_tos: Option<u8>,
+    pub max_mss: Option<u16>,
+    pub reassemble_tcp: bool,
 }

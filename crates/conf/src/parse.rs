@@ -54,6 +54,26 @@ pub struct Parsed {
     pub timeouts: Vec<(xpf_state::Timeout, u32)>,
     /// `set limit` values, by pf's name (states, frags, src-nodes, tables, table-entries).
     pub limits: Vec<(String, u32)>,
+    /// Tables: declared ones and the `__automatic_N` ones pfctl makes for address lists.
+    pub tables: Vec<Table>,
+    auto_tables: u32,
+}
+
+/// A table as declared (`table <name> ...`) or made for a list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Table {
+    pub name: String,
+    pub konst: bool,
+    pub persist: bool,
+    pub counters: bool,
+    /// In order: address lists (merged when adjacent) and files.
+    pub parts: Vec<TablePart>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TablePart {
+    Hosts(Vec<Host>),
+    File(String),
 }
 
 /// A rule line before list expansion.
@@ -202,10 +222,42 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
                     Err(e) => Err(e),
                 }
             }
+            Some("table") => {
+                p.next();
+                match table(&mut p) {
+                    Ok(t) => {
+                        out.header.push(crate::print::table(&t));
+                        out.tables.push(t);
+                        Ok(Vec::new())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
             _ => Err("syntax error".into()),
         };
         match res {
-            Ok(tmpls) => {
+            Ok(mut tmpls) => {
+                for t in tmpls.iter_mut() {
+                    for pl in [t.r.nat.as_mut(), t.r.rdr.as_mut()].into_iter().flatten() {
+                        if let Some(list) = pl.list.take() {
+                            let name = format!("__automatic_{}", out.auto_tables);
+                            out.auto_tables += 1;
+                            let tb = Table {
+                                name: name.clone(),
+                                konst: true,
+                                persist: false,
+                                counters: false,
+                                parts: vec![TablePart::Hosts(list)],
+                            };
+                            out.header.push(crate::print::table(&tb));
+                            out.tables.push(tb);
+                            pl.host = Host { neg: false, kind: HostKind::Table(name) };
+                            if pl.kind == PoolKind::None {
+                                pl.kind = PoolKind::RoundRobin;
+                            }
+                        }
+                    }
+                }
                 for t in tmpls {
                     match expand(&t, &mut nr) {
                         Ok(rules) => out.rules.extend(rules),
@@ -351,6 +403,7 @@ fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
         nat: None,
         rdr: None,
         binat: None,
+        scrub: None,
         line,
     };
     if action == Action::Block {
@@ -450,7 +503,8 @@ fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
         inb.src = t.dst.clone();
         inb.dst = vec![b.host.clone()];
         let orig = t.src.first().cloned().unwrap_or(Host::ANY);
-        inb.r.rdr = Some(Pool { host: orig, port: None, kind: PoolKind::None, sticky: false, static_port: false });
+        inb.r.rdr =
+            Some(Pool { host: orig, port: None, kind: PoolKind::None, sticky: false, static_port: false, list: None });
         return Ok(vec![out, inb]);
     }
     Ok(vec![t])
@@ -696,6 +750,8 @@ fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
                 "rdr-to" => t.r.rdr = Some(pool),
                 _ => t.r.binat = Some(pool),
             }
+        } else if p.eat("scrub") {
+            t.r.scrub = Some(scrub_opts(p)?);
         } else if p.eat("allow-opts") {
             t.r.allow_opts = true;
         } else if p.eat("label") {
@@ -714,6 +770,88 @@ fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
         }
     }
     Ok(())
+}
+
+fn table(p: &mut P) -> R<Table> {
+    p.expect_punct("<")?;
+    let name = p.string()?;
+    p.expect_punct(">")?;
+    if name.len() > 31 {
+        return Err(format!("table name too long, max 31 chars"));
+    }
+    let mut t = Table { name, konst: false, persist: false, counters: false, parts: Vec::new() };
+    while !p.done() {
+        if p.eat("const") {
+            t.konst = true;
+        } else if p.eat("persist") {
+            t.persist = true;
+        } else if p.eat("counters") {
+            t.counters = true;
+        } else if p.eat("file") {
+            let f = p.string()?;
+            t.parts.push(TablePart::File(f));
+        } else if p.punct("{") {
+            let hs = p.list(host)?;
+            match t.parts.last_mut() {
+                Some(TablePart::Hosts(v)) => v.extend(hs),
+                _ => t.parts.push(TablePart::Hosts(hs)),
+            }
+        } else {
+            return Err("syntax error".into());
+        }
+    }
+    Ok(t)
+}
+
+fn scrub_opts(p: &mut P) -> R<Scrub> {
+    let mut sc = Scrub::default();
+    p.expect_punct("(")?;
+    let num = |p: &mut P| -> R<u64> { p.string()?.parse().map_err(|_| "syntax error".to_string()) };
+    while !p.eat_punct(")") {
+        let w = p.string()?;
+        match w.as_str() {
+            "no-df" => {
+                if sc.no_df {
+                    return Err("no-df cannot be respecified".into());
+                }
+                sc.no_df = true;
+            }
+            "random-id" => {
+                if sc.random_id {
+                    return Err("random-id cannot be respecified".into());
+                }
+                sc.random_id = true;
+            }
+            "min-ttl" => {
+                if sc.min_ttl.is_some() {
+                    return Err("min-ttl cannot be respecified".into());
+                }
+                let v = num(p)?;
+                sc.min_ttl = Some(u8::try_from(v).map_err(|_| format!("illegal min-ttl value {v}"))?);
+            }
+            "max-mss" => {
+                if sc.max_mss.is_some() {
+                    return Err("max-mss cannot be respecified".into());
+                }
+                let v = num(p)?;
+                sc.max_mss = Some(u16::try_from(v).map_err(|_| format!("illegal max-mss value {v}"))?);
+            }
+            "set-tos" => {
+                let s = p.string()?;
+                let v = if let Some(h) = s.strip_prefix("0x") { u8::from_str_radix(h, 16) } else { s.parse() };
+                sc.set_tos = Some(v.map_err(|_| format!("illegal tos value {s}"))?);
+            }
+            "reassemble" => {
+                if !p.eat("tcp") {
+                    return Err("syntax error".into());
+                }
+                sc.reassemble_tcp = true;
+            }
+            _ => return Err("syntax error".into()),
+        }
+        p.eat_punct(",");
+    }
+    Ok(sc)
 }
 
 fn state_opts(p: &mut P, o: &mut StateOpts) -> R<()> {
@@ -765,10 +903,17 @@ fn state_opts(p: &mut P, o: &mut StateOpts) -> R<()> {
 
 fn pool(p: &mut P, nat: bool) -> R<Pool> {
     let hosts = p.list(host)?;
-    if hosts.len() != 1 {
-        return Err("syntax error".into());
+    let mut pl = Pool {
+        host: hosts[0].clone(),
+        port: None,
+        kind: PoolKind::None,
+        sticky: false,
+        static_port: false,
+        list: None,
+    };
+    if hosts.len() > 1 {
+        pl.list = Some(hosts);
     }
-    let mut pl = Pool { host: hosts[0].clone(), port: None, kind: PoolKind::None, sticky: false, static_port: false };
     if p.eat("port") {
         let s = p.string()?;
         pl.port = Some(match s.split_once(':') {

@@ -258,6 +258,28 @@ pub fn rule(r: &Rule) -> String {
         }
         let _ = write!(s, " ({})", v.join(", "));
     }
+    if let Some(sc) = &r.scrub {
+        let mut v: Vec<String> = Vec::new();
+        if sc.no_df {
+            v.push("no-df".into());
+        }
+        if sc.random_id {
+            v.push("random-id".into());
+        }
+        if let Some(t) = sc.min_ttl {
+            v.push(format!("min-ttl {t}"));
+        }
+        if let Some(t) = sc.set_tos {
+            v.push(format!("set-tos 0x{t:02x}"));
+        }
+        if let Some(m) = sc.max_mss {
+            v.push(format!("max-mss {m}"));
+        }
+        if sc.reassemble_tcp {
+            v.push("reassemble tcp".into());
+        }
+        let _ = write!(s, " scrub ({})", v.join(" "));
+    }
     if r.allow_opts {
         s.push_str(" allow-opts");
     }
@@ -333,6 +355,35 @@ pub fn ruleset(rules: &[Rule]) -> String {
     for r in rules {
         s.push_str(&rule(r));
         s.push('\n');
+    }
+    s
+}
+
+/// A table definition as pfctl prints it (print_tabledef).
+pub fn table(t: &crate::parse::Table) -> String {
+    let mut s = format!("table <{}>", t.name);
+    if t.konst {
+        s.push_str(" const");
+    }
+    if t.persist {
+        s.push_str(" persist");
+    }
+    if t.counters {
+        s.push_str(" counters");
+    }
+    for part in &t.parts {
+        match part {
+            crate::parse::TablePart::File(f) => {
+                let _ = write!(s, " file \"{f}\"");
+            }
+            crate::parse::TablePart::Hosts(hs) => {
+                s.push_str(" {");
+                for h in hs {
+                    let _ = write!(s, " {}{}", if h.neg { "!" } else { "" }, host_label(h));
+                }
+                s.push_str(" }");
+            }
+        }
     }
     s
 }
