@@ -573,6 +573,26 @@ fn mask(a: IpAddr, len: u8) -> IpAddr {
     }
 }
 
+/// A host, or the several addresses a name stands for (`localhost`: 127.0.0.1 and ::1, as
+/// the resolver gives them).
+fn hosts(p: &mut P) -> R<Vec<Host>> {
+    if p.is("localhost") {
+        p.next();
+        let l4 = Host { neg: false, kind: HostKind::Net(IpAddr::from([127, 0, 0, 1]), 32) };
+        let l6 = Host { neg: false, kind: HostKind::Net(IpAddr::from(std::net::Ipv6Addr::LOCALHOST), 128) };
+        return Ok(vec![l4, l6]);
+    }
+    if p.punct("!") && matches!(p.t.get(p.i + 1).map(|t| &t.tok), Some(Tok::Word(w)) if w == "localhost") {
+        p.next();
+        let mut v = hosts(p)?;
+        for h in &mut v {
+            h.neg = true;
+        }
+        return Ok(v);
+    }
+    Ok(vec![host(p)?])
+}
+
 fn host(p: &mut P) -> R<Host> {
     let neg = p.eat_punct("!");
     let kind = if p.eat_punct("<") {
@@ -660,9 +680,9 @@ fn port(p: &mut P) -> R<PortOp> {
     Ok(PortOp::Eq(a))
 }
 
-fn hostport(p: &mut P, hosts: &mut Vec<Host>, ports: &mut Vec<PortOp>) -> R<()> {
+fn hostport(p: &mut P, out: &mut Vec<Host>, ports: &mut Vec<PortOp>) -> R<()> {
     if !p.is("port") {
-        *hosts = p.list(host)?;
+        *out = p.list(hosts)?.into_iter().flatten().collect();
     }
     if p.eat("port") {
         *ports = p.list(port)?;
@@ -777,7 +797,7 @@ fn table(p: &mut P) -> R<Table> {
     let name = p.string()?;
     p.expect_punct(">")?;
     if name.len() > 31 {
-        return Err(format!("table name too long, max 31 chars"));
+        return Err("table name too long, max 31 chars".to_string());
     }
     let mut t = Table { name, konst: false, persist: false, counters: false, parts: Vec::new() };
     while !p.done() {

@@ -28,7 +28,13 @@ fn pfctl_nv(src: &str) -> String {
     if p.errors.is_empty() {
         xpf_conf::print::parsed(&p)
     } else {
-        p.errors.iter().map(|e| format!("{e}\n")).collect()
+        // stderr (the errors) then stdout (what parsing printed), as the regress files hold them.
+        let mut o: String = p.errors.iter().map(|e| format!("{e}\n")).collect();
+        for h in &p.header {
+            o.push_str(h);
+            o.push('\n');
+        }
+        o
     }
 }
 
@@ -62,7 +68,7 @@ fn pfctl_regress_tally() {
         let p = xpf_conf::parse(&read(&format!("pfail{n}.in")), "stdin", &[]);
         let want = read(&format!("pfail{n}.ok"));
         let refused = !p.errors.is_empty();
-        let got: String = p.errors.iter().map(|e| format!("{e}\n")).collect();
+        let got = pfctl_nv(&read(&format!("pfail{n}.in")));
         // pfail14 is accepted nowadays: its .ok is the printed rule.
         if (refused && got == want) || (*n == 14 && !refused && xpf_conf::print::parsed(&p) == want) {
             pfail.push(*n);
@@ -112,4 +118,16 @@ fn show_first_differences() {
             );
         }
     }
+}
+
+/// `XPF_PFCASE=pfail25 cargo test -p xpf-conf --test pfctl_regress -- --nocapture show_case`
+/// prints what xpf gives for one case and what pfctl gives (a work aid).
+#[test]
+fn show_case() {
+    let Some(c) = std::env::var_os("XPF_PFCASE") else { return };
+    let c = c.to_string_lossy().to_string();
+    let d = dir();
+    let got = pfctl_nv(&std::fs::read_to_string(d.join(format!("{c}.in"))).unwrap());
+    let want = std::fs::read_to_string(d.join(format!("{c}.ok"))).unwrap();
+    println!("--- xpf\n{got}--- pfctl\n{want}");
 }
