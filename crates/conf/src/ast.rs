@@ -127,7 +127,7 @@ pub enum StateKind {
     Synproxy,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Rule {
     pub action: Action,
     pub ret: Return,
@@ -160,6 +160,10 @@ pub struct Rule {
     pub rdr: Option<Pool>,
     pub binat: Option<Pool>,
     pub scrub: Option<Scrub>,
+    /// `probability`, in percent.
+    pub probability: Option<f64>,
+    /// `anchor "name"` rules: the name (empty for an unnamed inline anchor).
+    pub anchor: Option<String>,
     /// The line of pf.conf it came from.
     pub line: u32,
 }

@@ -214,7 +214,7 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
             continue;
         }
         let res = match p.word() {
-            Some("pass") | Some("block") | Some("match") => rule(&mut p, last_line, out.block_return),
+            Some("pass") | Some("block") | Some("match") | Some("anchor") => rule(&mut p, last_line, out.block_return),
             Some("set") => {
                 p.next();
                 match set_option(&mut p, &mut out) {
@@ -369,10 +369,25 @@ fn set_option(p: &mut P, out: &mut Parsed) -> R<()> {
 }
 
 fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
-    let action = match p.string()?.as_str() {
+    let word = p.string()?;
+    let action = match word.as_str() {
         "pass" => Action::Pass,
         "block" => Action::Block,
         _ => Action::Match,
+    };
+    let anchor = if word == "anchor" {
+        match p.peek().clone() {
+            Tok::Str(n) | Tok::Word(n)
+                if !["in", "out", "on", "inet", "inet6", "proto", "from", "to", "all", "log", "quick"]
+                    .contains(&n.as_str()) =>
+            {
+                p.next();
+                Some(n)
+            }
+            _ => Some(String::new()),
+        }
+    } else {
+        None
     };
     let mut r = Rule {
         action,
@@ -404,8 +419,14 @@ fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
         rdr: None,
         binat: None,
         scrub: None,
+        probability: None,
+        anchor: None,
         line,
     };
+    if anchor.is_some() {
+        r.state = StateKind::No;
+        r.anchor = anchor;
+    }
     if action == Action::Block {
         block_return_spec(p, &mut r)?;
     }
@@ -424,27 +445,30 @@ fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
     } else if p.eat("out") {
         t.r.dir = Dir::Out;
     }
-    if p.eat("log") {
-        let mut l = Log::default();
-        if p.eat_punct("(") {
-            loop {
-                match p.string()?.as_str() {
-                    "all" => l.all = true,
-                    "matches" => l.matches = true,
-                    "user" => l.user = true,
-                    "to" => l.to = Some(p.string()?),
-                    _ => return Err("syntax error".into()),
+    // `log` and `quick` come in either order.
+    for _ in 0..2 {
+        if p.eat("log") {
+            let mut l = Log::default();
+            if p.eat_punct("(") {
+                loop {
+                    match p.string()?.as_str() {
+                        "all" => l.all = true,
+                        "matches" => l.matches = true,
+                        "user" => l.user = true,
+                        "to" => l.to = Some(p.string()?),
+                        _ => return Err("syntax error".into()),
+                    }
+                    if p.eat_punct(")") {
+                        break;
+                    }
+                    p.expect_punct(",")?;
                 }
-                if p.eat_punct(")") {
-                    break;
-                }
-                p.expect_punct(",")?;
             }
+            t.r.log = Some(l);
         }
-        t.r.log = Some(l);
-    }
-    if p.eat("quick") {
-        t.r.quick = true;
+        if p.eat("quick") {
+            t.r.quick = true;
+        }
     }
     if p.eat("on") {
         t.ifs = p.list(|p| {
@@ -535,8 +559,20 @@ fn block_return_spec(p: &mut P, r: &mut Rule) -> R<()> {
         }
         r.ret = Return::Rst { ttl };
     } else if p.eat("return-icmp") {
-        let v4 = icmp_code(p, false)?;
-        r.ret = Return::Icmp { v4, v6: None };
+        let mut v6 = None;
+        let v4 = if p.eat_punct("(") {
+            let a = p.string()?;
+            let a = names::icmp_code(&a, false).ok_or_else(|| format!("unknown icmp code {a}"))?.1;
+            if p.eat_punct(",") {
+                let b = p.string()?;
+                v6 = Some(names::icmp_code(&b, true).ok_or_else(|| format!("unknown icmp6 code {b}"))?.1);
+            }
+            p.expect_punct(")")?;
+            Some(a)
+        } else {
+            None
+        };
+        r.ret = Return::Icmp { v4, v6 };
     } else if p.eat("return-icmp6") {
         let v6 = icmp_code(p, true)?;
         r.ret = Return::Icmp { v4: None, v6 };
@@ -578,8 +614,14 @@ fn mask(a: IpAddr, len: u8) -> IpAddr {
 fn hosts(p: &mut P) -> R<Vec<Host>> {
     if p.is("localhost") {
         p.next();
-        let l4 = Host { neg: false, kind: HostKind::Net(IpAddr::from([127, 0, 0, 1]), 32) };
-        let l6 = Host { neg: false, kind: HostKind::Net(IpAddr::from(std::net::Ipv6Addr::LOCALHOST), 128) };
+        let (mut b4, mut b6) = (32u8, 128u8);
+        if p.eat_punct("/") {
+            let l: u8 = p.string()?.parse().map_err(|_| "syntax error".to_string())?;
+            b4 = l.min(32);
+            b6 = l.min(128);
+        }
+        let l4 = Host { neg: false, kind: HostKind::Net(mask(IpAddr::from([127, 0, 0, 1]), b4), b4) };
+        let l6 = Host { neg: false, kind: HostKind::Net(mask(IpAddr::from(std::net::Ipv6Addr::LOCALHOST), b6), b6) };
         return Ok(vec![l4, l6]);
     }
     if p.punct("!") && matches!(p.t.get(p.i + 1).map(|t| &t.tok), Some(Tok::Word(w)) if w == "localhost") {
@@ -645,6 +687,10 @@ fn host(p: &mut P) -> R<Host> {
 }
 
 fn port_num(s: &str) -> R<u16> {
+    if let Some(h) = s.strip_prefix("0x") {
+        let n = u64::from_str_radix(h, 16).map_err(|_| format!("unknown port {s}"))?;
+        return u16::try_from(n).map_err(|_| format!("illegal port value {n}"));
+    }
     if let Ok(n) = s.parse::<u64>() {
         return u16::try_from(n).map_err(|_| format!("illegal port value {n}"));
     }
@@ -770,6 +816,17 @@ fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
                 "rdr-to" => t.r.rdr = Some(pool),
                 _ => t.r.binat = Some(pool),
             }
+        } else if p.eat("probability") {
+            let v = p.string()?;
+            let pct = match v.strip_suffix('%') {
+                Some(x) => x.parse::<f64>(),
+                None => v.parse::<f64>().map(|x| x * 100.0),
+            }
+            .map_err(|_| format!("invalid probability: {v}"))?;
+            if !(0.0..=100.0).contains(&pct) {
+                return Err(format!("invalid probability: {v}"));
+            }
+            t.r.probability = Some(pct);
         } else if p.eat("scrub") {
             t.r.scrub = Some(scrub_opts(p)?);
         } else if p.eat("allow-opts") {
@@ -1051,6 +1108,7 @@ fn expand(t: &Template, nr: &mut u32) -> Result<Vec<Rule>, Vec<String>> {
                                     }
                                 }
                                 if r.flags.is_none()
+                                    && r.anchor.is_none()
                                     && r.action != Action::Block
                                     && r.state != StateKind::No
                                     && matches!(proto, None | Some(6))

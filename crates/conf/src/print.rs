@@ -80,12 +80,18 @@ fn is_any(h: &Host) -> bool {
 /// One rule as pfctl prints it (without the trailing newline).
 pub fn rule(r: &Rule) -> String {
     let mut s = String::new();
-    s.push_str(match r.action {
-        Action::Pass => "pass",
-        Action::Block => "block",
-        Action::Match => "match",
-    });
-    if r.action == Action::Block {
+    match &r.anchor {
+        Some(n) if !n.is_empty() => {
+            let _ = write!(s, "anchor \"{n}\"");
+        }
+        Some(_) => s.push_str("anchor"),
+        None => s.push_str(match r.action {
+            Action::Pass => "pass",
+            Action::Block => "block",
+            Action::Match => "match",
+        }),
+    }
+    if r.action == Action::Block && r.anchor.is_none() {
         match &r.ret {
             Return::Drop => s.push_str(" drop"),
             Return::Return => s.push_str(" return"),
@@ -203,7 +209,7 @@ pub fn rule(r: &Rule) -> String {
     }
     let o = &r.state_opts;
     match r.state {
-        StateKind::No if r.action == Action::Pass => s.push_str(" no state"),
+        StateKind::No if r.action == Action::Pass && r.anchor.is_none() => s.push_str(" no state"),
         StateKind::Keep if !o.is_empty() => s.push_str(" keep state"),
         StateKind::Modulate => s.push_str(" modulate state"),
         StateKind::Synproxy => s.push_str(" synproxy state"),
@@ -258,6 +264,16 @@ pub fn rule(r: &Rule) -> String {
         }
         let _ = write!(s, " ({})", v.join(", "));
     }
+    if let Some(p) = r.probability {
+        // pfctl stores a 32-bit fraction and prints it back with %g.
+        let frac = (p / 100.0 * u32::MAX as f64).round() / u32::MAX as f64 * 100.0;
+        let digits = 6usize.saturating_sub(frac.abs().log10().floor().max(0.0) as usize + 1);
+        let mut t = format!("{:.*}", digits, frac);
+        if t.contains('.') {
+            t = t.trim_end_matches('0').trim_end_matches('.').to_string();
+        }
+        let _ = write!(s, " probability {t}%");
+    }
     if let Some(sc) = &r.scrub {
         let mut v: Vec<String> = Vec::new();
         if sc.no_df {
@@ -272,11 +288,11 @@ pub fn rule(r: &Rule) -> String {
         if let Some(t) = sc.set_tos {
             v.push(format!("set-tos 0x{t:02x}"));
         }
-        if let Some(m) = sc.max_mss {
-            v.push(format!("max-mss {m}"));
-        }
         if sc.reassemble_tcp {
             v.push("reassemble tcp".into());
+        }
+        if let Some(m) = sc.max_mss {
+            v.push(format!("max-mss {m}"));
         }
         let _ = write!(s, " scrub ({})", v.join(" "));
     }
