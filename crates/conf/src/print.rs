@@ -7,6 +7,22 @@ use std::fmt::Write;
 
 const FLAG_CHARS: &[u8] = b"FSRPAUEW";
 
+/// A name as pfctl prints it (bare), quoted only when it would not lex back as one word.
+fn word(w: &str) -> String {
+    let bare =
+        !w.is_empty() && w.chars().all(|c| !(c.is_whitespace() || c.is_control() || "(){}<>!=/#,\"$\\".contains(c)));
+    if bare {
+        w.to_string()
+    } else {
+        quoted(w)
+    }
+}
+
+/// A double-quoted string, with `"` escaped as the lexer reads it back.
+fn quoted(w: &str) -> String {
+    format!("\"{}\"", w.replace('"', "\\\""))
+}
+
 fn flags(b: u8) -> String {
     (0..8).filter(|i| b & (1 << i) != 0).map(|i| FLAG_CHARS[i] as char).collect()
 }
@@ -301,14 +317,14 @@ pub fn rule(r: &Rule) -> String {
     }
     if let Some(l) = &r.label {
         if !l.is_empty() {
-            let _ = write!(s, " label \"{l}\"");
+            let _ = write!(s, " label {}", quoted(l));
         }
     }
     if let Some(t) = &r.tag {
-        let _ = write!(s, " tag {t}");
+        let _ = write!(s, " tag {}", word(t));
     }
     if let Some((neg, t)) = &r.tagged {
-        let _ = write!(s, "{} tagged {t}", if *neg { " !" } else { "" });
+        let _ = write!(s, "{} tagged {}", if *neg { " !" } else { "" }, word(t));
     }
     if let Some(p) = &r.nat {
         pool(&mut s, "nat-to", p, true);

@@ -1,0 +1,15 @@
+//! Arbitrary text as pf.conf: the parser must answer rules or errors, never panic, and what it
+//! accepts must print to a fixed point (printed, parsed again and printed: the same text).
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let src = String::from_utf8_lossy(data);
+    let p = xpf_conf::parse(&src, "fuzz", &[]);
+    if p.errors.is_empty() {
+        let once = xpf_conf::print::ruleset(&p.rules);
+        let q = xpf_conf::parse(&once, "printed", &[]);
+        assert!(q.errors.is_empty(), "printed form refused: {:?}\n{once}", q.errors);
+        assert_eq!(xpf_conf::print::ruleset(&q.rules), once);
+    }
+});
