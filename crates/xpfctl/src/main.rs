@@ -8,7 +8,7 @@ use std::process::ExitCode;
 const USAGE: &str = "usage: xpfctl [-nv] [-D macro=value] [-o level] -f FILE\n       \
                      xpfctl [-s info|states|memory|rules|timeouts|Tables|all] [-k host] [-F what] [-t table -T cmd]";
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Opts {
     file: Option<String>,
     noaction: bool,
