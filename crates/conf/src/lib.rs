@@ -7,11 +7,13 @@
 //! (docs/pfconf.md says what is covered).
 
 pub mod ast;
+pub mod compile;
 pub mod lex;
 pub mod names;
 pub mod parse;
 pub mod print;
 
+pub use compile::Ruleset;
 pub use parse::{parse, ConfError, Parsed};
 
 #[cfg(test)]

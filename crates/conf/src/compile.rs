@@ -1,0 +1,462 @@
+//! The compiled ruleset and its evaluation (pf_test_rule): rules in order, the last matching
+//! rule decides, `quick` stops, `match` rules apply their options (the tag) and evaluation goes
+//! on; a packet no rule matches passes without state (pf's default rule). Skip steps, as pf
+//! computes them (pf_calc_skip_steps): for each rule and each of interface, direction, family,
+//! protocol, source address, source port, destination address and destination port, the next
+//! rule where that field differs, so that a mismatch jumps over every rule that would fail the
+//! same way.
+
+use crate::ast::*;
+use crate::parse::{Parsed, TablePart};
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use xpf_engine::{Action as EAction, Decision, Policy};
+use xpf_state::Dir as SDir;
+use xpf_wire::pdesc::{pdf, AF_INET, AF_INET6, IPPROTO_TCP};
+use xpf_wire::{Addr, PDesc};
+
+/// A table: longest-prefix match over the entries, a negated entry excluding what it covers.
+/// Lookup walks only the prefix lengths present, longest first.
+#[derive(Debug, Default)]
+pub struct Table {
+    v4: HashMap<(u8, u32), Entry>,
+    v6: HashMap<(u8, u128), Entry>,
+    lens4: Vec<u8>,
+    lens6: Vec<u8>,
+}
+
+#[derive(Debug, Default)]
+pub struct Entry {
+    pub neg: bool,
+    /// Packets that matched this entry (pfctl -t T -T show -v's counters).
+    pub matches: AtomicU64,
+}
+
+impl Table {
+    pub fn insert(&mut self, a: IpAddr, len: u8, neg: bool) {
+        match a {
+            IpAddr::V4(v) => {
+                let k = (len, u32::from(v) & mask4(len));
+                self.v4.insert(k, Entry { neg, matches: AtomicU64::new(0) });
+                if !self.lens4.contains(&len) {
+                    self.lens4.push(len);
+                    self.lens4.sort_by(|a, b| b.cmp(a));
+                }
+            }
+            IpAddr::V6(v) => {
+                let k = (len, u128::from(v) & mask6(len));
+                self.v6.insert(k, Entry { neg, matches: AtomicU64::new(0) });
+                if !self.lens6.contains(&len) {
+                    self.lens6.push(len);
+                    self.lens6.sort_by(|a, b| b.cmp(a));
+                }
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.v4.len() + self.v6.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether `a` (family `af`) is in the table, counting the deciding entry.
+    pub fn contains(&self, a: &Addr, af: u8) -> bool {
+        let e = if af == AF_INET {
+            let x = a.v4_u32();
+            self.lens4.iter().find_map(|&l| self.v4.get(&(l, x & mask4(l))))
+        } else {
+            let x = u128::from_be_bytes(a.0);
+            self.lens6.iter().find_map(|&l| self.v6.get(&(l, x & mask6(l))))
+        };
+        match e {
+            Some(e) => {
+                e.matches.fetch_add(1, Ordering::Relaxed);
+                !e.neg
+            }
+            None => false,
+        }
+    }
+}
+
+fn mask4(l: u8) -> u32 {
+    if l == 0 {
+        0
+    } else {
+        u32::MAX << (32 - l.min(32) as u32)
+    }
+}
+
+fn mask6(l: u8) -> u128 {
+    if l == 0 {
+        0
+    } else {
+        u128::MAX << (128 - l.min(128) as u32)
+    }
+}
+
+/// An address test, ready for the packet path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum AddrTest {
+    Any,
+    V4(u32, u32),
+    V6(u128, u128),
+    Range4(u32, u32),
+    Range6(u128, u128),
+    Table(usize),
+    /// Needs state the compiler does not have yet (interface addresses, routes): never matches.
+    Never,
+}
+
+#[derive(Debug, Clone)]
+struct CRule {
+    nr: u32,
+    action: Action,
+    quick: bool,
+    dir: Dir,
+    /// (negated, interface index)
+    on: Option<(bool, u16)>,
+    af: u8,
+    proto: Option<u8>,
+    src: (bool, AddrTest),
+    src_port: Option<PortOp>,
+    dst: (bool, AddrTest),
+    dst_port: Option<PortOp>,
+    flags: Option<(u8, u8)>,
+    icmp: Option<(u8, Option<u8>)>,
+    keep_state: bool,
+    nosync: bool,
+    if_bound: bool,
+    allow_opts: bool,
+    tag: Option<u16>,
+    tagged: Option<(bool, u16)>,
+}
+
+const SKIP_IF: usize = 0;
+const SKIP_DIR: usize = 1;
+const SKIP_AF: usize = 2;
+const SKIP_PROTO: usize = 3;
+const SKIP_SRC: usize = 4;
+const SKIP_SPORT: usize = 5;
+const SKIP_DST: usize = 6;
+const SKIP_DPORT: usize = 7;
+
+/// The compiled ruleset; it is the engine's `Policy`.
+#[derive(Debug)]
+pub struct Ruleset {
+    rules: Vec<CRule>,
+    skip: Vec<[u32; 8]>,
+    pub tables: Vec<(String, Table)>,
+    tags: Vec<String>,
+    /// Evaluations (pfctl -s rules -v), per rule.
+    pub evaluations: Vec<AtomicU64>,
+}
+
+/// Compile errors name the rule's line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompileError {
+    pub line: u32,
+    pub msg: String,
+}
+
+fn addr_test(h: &Host, tables: &mut Vec<(String, Table)>) -> (bool, AddrTest) {
+    let t = match &h.kind {
+        HostKind::Any => AddrTest::Any,
+        HostKind::Net(IpAddr::V4(a), l) => AddrTest::V4(u32::from(*a) & mask4(*l), mask4(*l)),
+        HostKind::Net(IpAddr::V6(a), l) => AddrTest::V6(u128::from(*a) & mask6(*l), mask6(*l)),
+        HostKind::Range(IpAddr::V4(a), IpAddr::V4(b)) => AddrTest::Range4(u32::from(*a), u32::from(*b)),
+        HostKind::Range(IpAddr::V6(a), IpAddr::V6(b)) => AddrTest::Range6(u128::from(*a), u128::from(*b)),
+        HostKind::Table(name) => match tables.iter().position(|t| &t.0 == name) {
+            Some(i) => AddrTest::Table(i),
+            None => {
+                // pf creates a rule's table when it is not declared (empty until filled).
+                tables.push((name.clone(), Table::default()));
+                AddrTest::Table(tables.len() - 1)
+            }
+        },
+        _ => AddrTest::Never,
+    };
+    (h.neg, t)
+}
+
+impl Ruleset {
+    /// Compiles parsed rules. `ifindex` maps interface names to the engine's indexes; a rule on
+    /// an interface the machine does not have is an error, as in pf.
+    pub fn compile(p: &Parsed, ifindex: &dyn Fn(&str) -> Option<u16>) -> Result<Ruleset, CompileError> {
+        let mut tables: Vec<(String, Table)> = Vec::new();
+        for t in &p.tables {
+            let mut tb = Table::default();
+            for part in &t.parts {
+                if let TablePart::Hosts(hs) = part {
+                    for h in hs {
+                        if let HostKind::Net(a, l) = h.kind {
+                            tb.insert(a, l, h.neg);
+                        }
+                    }
+                }
+            }
+            tables.push((t.name.clone(), tb));
+        }
+        let mut tags: Vec<String> = Vec::new();
+        let mut tag_id = |s: &str| -> u16 {
+            match tags.iter().position(|t| t == s) {
+                Some(i) => i as u16 + 1,
+                None => {
+                    tags.push(s.to_string());
+                    tags.len() as u16
+                }
+            }
+        };
+        let mut rules = Vec::new();
+        for (nr, r) in p.rules.iter().enumerate() {
+            if r.anchor.is_some() {
+                continue;
+            }
+            let on = match &r.on {
+                Some(i) if i.name == "any" => None,
+                Some(i) => Some((
+                    i.neg,
+                    ifindex(&i.name)
+                        .ok_or_else(|| CompileError { line: r.line, msg: format!("no such interface: {}", i.name) })?,
+                )),
+                None => None,
+            };
+            rules.push(CRule {
+                nr: nr as u32,
+                action: r.action,
+                quick: r.quick,
+                dir: r.dir,
+                on,
+                af: match r.af {
+                    Af::Inet => AF_INET,
+                    Af::Inet6 => AF_INET6,
+                    Af::Any => 0,
+                },
+                proto: r.proto,
+                src: addr_test(&r.src, &mut tables),
+                src_port: r.src_port,
+                dst: addr_test(&r.dst, &mut tables),
+                dst_port: r.dst_port,
+                flags: match r.flags {
+                    Some(Flags::Set { bits, mask }) => Some((bits, mask)),
+                    _ => None,
+                },
+                icmp: r.icmp,
+                keep_state: r.state != StateKind::No,
+                nosync: r.state_opts.no_sync,
+                if_bound: r.state_opts.if_bound,
+                allow_opts: r.allow_opts,
+                tag: r.tag.as_deref().map(&mut tag_id),
+                tagged: r.tagged.as_ref().map(|(n, t)| (*n, tag_id(t))),
+            });
+        }
+        let skip = skip_steps(&rules);
+        let evaluations = (0..rules.len()).map(|_| AtomicU64::new(0)).collect();
+        Ok(Ruleset { rules, skip, tables, tags, evaluations })
+    }
+
+    pub fn len(&self) -> usize {
+        self.rules.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    pub fn table(&self, name: &str) -> Option<&Table> {
+        self.tables.iter().find(|t| t.0 == name).map(|t| &t.1)
+    }
+
+    /// The index of the first field of rule `r` the packet fails, or None when it matches.
+    #[inline]
+    fn first_mismatch(&self, r: &CRule, pd: &PDesc, ifidx: u16, dir: SDir, tag: u16) -> Option<usize> {
+        if let Some((neg, i)) = r.on {
+            if (i == ifidx) == neg {
+                return Some(SKIP_IF);
+            }
+        }
+        match (r.dir, dir) {
+            (Dir::In, SDir::Out) | (Dir::Out, SDir::In) => return Some(SKIP_DIR),
+            _ => {}
+        }
+        if r.af != 0 && r.af != pd.af {
+            return Some(SKIP_AF);
+        }
+        if let Some(p) = r.proto {
+            if p != pd.proto {
+                return Some(SKIP_PROTO);
+            }
+        }
+        if !self.addr_match(&r.src, &pd.src, pd.af) {
+            return Some(SKIP_SRC);
+        }
+        if let Some(op) = r.src_port {
+            if pd.flags & pdf::HAS_PORTS == 0 || !port_match(op, pd.sport) {
+                return Some(SKIP_SPORT);
+            }
+        }
+        if !self.addr_match(&r.dst, &pd.dst, pd.af) {
+            return Some(SKIP_DST);
+        }
+        if let Some(op) = r.dst_port {
+            if pd.flags & pdf::HAS_PORTS == 0 || !port_match(op, pd.dport) {
+                return Some(SKIP_DPORT);
+            }
+        }
+        // Fields without skip steps: a mismatch goes to the next rule.
+        if let Some((bits, mask)) = r.flags {
+            if pd.proto == IPPROTO_TCP && pd.tcp_flags & mask != bits {
+                return Some(usize::MAX);
+            }
+        }
+        if let Some((t, code)) = r.icmp {
+            if pd.icmp_type != t || code.is_some_and(|c| c != pd.icmp_code) {
+                return Some(usize::MAX);
+            }
+        }
+        if let Some((neg, t)) = r.tagged {
+            if (tag == t) == neg {
+                return Some(usize::MAX);
+            }
+        }
+        None
+    }
+
+    #[inline]
+    fn addr_match(&self, (neg, t): &(bool, AddrTest), a: &Addr, af: u8) -> bool {
+        let m = match t {
+            AddrTest::Any => true,
+            AddrTest::V4(net, mask) => af == AF_INET && a.v4_u32() & mask == *net,
+            AddrTest::V6(net, mask) => af == AF_INET6 && u128::from_be_bytes(a.0) & mask == *net,
+            AddrTest::Range4(lo, hi) => af == AF_INET && (*lo..=*hi).contains(&a.v4_u32()),
+            AddrTest::Range6(lo, hi) => af == AF_INET6 && (*lo..=*hi).contains(&u128::from_be_bytes(a.0)),
+            AddrTest::Table(i) => self.tables[*i].1.contains(a, af),
+            AddrTest::Never => false,
+        };
+        m != *neg
+    }
+
+    /// pf_test_rule. Returns the deciding rule's index (None: the default rule) and the tag.
+    pub fn eval(&self, pd: &PDesc, ifidx: u16, dir: SDir) -> (Option<usize>, u16) {
+        let mut tag = 0u16;
+        let mut last = None;
+        let mut i = 0;
+        while i < self.rules.len() {
+            let r = &self.rules[i];
+            self.evaluations[i].fetch_add(1, Ordering::Relaxed);
+            match self.first_mismatch(r, pd, ifidx, dir, tag) {
+                Some(f) if f < 8 => i = self.skip[i][f] as usize,
+                Some(_) => i += 1,
+                None => {
+                    if let Some(t) = r.tag {
+                        tag = t;
+                    }
+                    if r.action != Action::Match {
+                        last = Some(i);
+                    }
+                    if r.quick {
+                        break;
+                    }
+                    i += 1;
+                }
+            }
+        }
+        (last, tag)
+    }
+
+    /// The same evaluation without skip steps (the property test's model).
+    pub fn eval_naive(&self, pd: &PDesc, ifidx: u16, dir: SDir) -> (Option<usize>, u16) {
+        let mut tag = 0u16;
+        let mut last = None;
+        for (i, r) in self.rules.iter().enumerate() {
+            if self.first_mismatch(r, pd, ifidx, dir, tag).is_none() {
+                if let Some(t) = r.tag {
+                    tag = t;
+                }
+                if r.action != Action::Match {
+                    last = Some(i);
+                }
+                if r.quick {
+                    break;
+                }
+            }
+        }
+        (last, tag)
+    }
+
+    /// The pf rule number of compiled rule `i` (its place in the printed ruleset).
+    pub fn rule_nr(&self, i: usize) -> u32 {
+        self.rules[i].nr
+    }
+
+    pub fn tag_name(&self, t: u16) -> Option<&str> {
+        self.tags.get(t as usize - 1).map(String::as_str)
+    }
+}
+
+impl Policy for Ruleset {
+    fn evaluate(&self, pd: &PDesc, ifidx: u16, dir: SDir) -> Decision {
+        match self.eval(pd, ifidx, dir).0 {
+            None => Decision { keep_state: false, ..Decision::PASS },
+            Some(i) => {
+                let r = &self.rules[i];
+                Decision {
+                    action: if r.action == Action::Block { EAction::Block } else { EAction::Pass },
+                    keep_state: r.keep_state && r.action == Action::Pass,
+                    rule: r.nr,
+                    nosync: r.nosync,
+                    if_bound: r.if_bound,
+                    allow_opts: r.allow_opts,
+                }
+            }
+        }
+    }
+}
+
+#[inline]
+fn port_match(op: PortOp, p: u16) -> bool {
+    match op {
+        PortOp::Eq(a) => p == a,
+        PortOp::Ne(a) => p != a,
+        PortOp::Lt(a) => p < a,
+        PortOp::Le(a) => p <= a,
+        PortOp::Gt(a) => p > a,
+        PortOp::Ge(a) => p >= a,
+        PortOp::Range(a, b) => (a..=b).contains(&p),
+        PortOp::Inside(a, b) => p > a && p < b,
+        PortOp::Outside(a, b) => p < a || p > b,
+    }
+}
+
+/// pf_calc_skip_steps: for each rule and field, the next rule whose field differs.
+fn skip_steps(rules: &[CRule]) -> Vec<[u32; 8]> {
+    let n = rules.len();
+    let mut skip = vec![[n as u32; 8]; n];
+    let same = |a: &CRule, b: &CRule, f: usize| -> bool {
+        match f {
+            SKIP_IF => a.on == b.on,
+            SKIP_DIR => a.dir == b.dir,
+            SKIP_AF => a.af == b.af,
+            SKIP_PROTO => a.proto == b.proto,
+            SKIP_SRC => a.src == b.src,
+            SKIP_SPORT => a.src_port == b.src_port,
+            SKIP_DST => a.dst == b.dst,
+            _ => a.dst_port == b.dst_port,
+        }
+    };
+    for f in 0..8 {
+        let mut head = 0;
+        for i in 1..=n {
+            if i == n || !same(&rules[head], &rules[i], f) {
+                for s in skip.iter_mut().take(i).skip(head) {
+                    s[f] = i as u32;
+                }
+                head = i;
+            }
+        }
+    }
+    skip
+}

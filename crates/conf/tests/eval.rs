@@ -1,0 +1,172 @@
+//! Evaluation: verdicts of compiled rulesets on crafted packets, skip steps against a naive
+//! evaluation, and a ruleset driving the engine.
+
+use proptest::prelude::*;
+use xpf_conf::{parse, Ruleset};
+use xpf_engine::{Action, Policy, Verdict, Worker, WorkerConfig};
+use xpf_state::{Dir, Seed};
+use xpf_wire::pdesc::{pdf, AF_INET, IPPROTO_TCP, IPPROTO_UDP};
+use xpf_wire::{tcp, Addr, PDesc};
+
+fn ifindex(n: &str) -> Option<u16> {
+    match n {
+        "em0" => Some(1),
+        "em1" => Some(2),
+        _ => None,
+    }
+}
+
+fn rs(src: &str) -> Ruleset {
+    let p = parse(src, "test", &[]);
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    Ruleset::compile(&p, &ifindex).unwrap()
+}
+
+fn pkt(proto: u8, src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, flags: u8) -> PDesc {
+    PDesc {
+        src: Addr::v4(src),
+        dst: Addr::v4(dst),
+        sport,
+        dport,
+        af: AF_INET,
+        proto,
+        tcp_flags: flags,
+        flags: pdf::HAS_PORTS,
+        ..Default::default()
+    }
+}
+
+fn action(r: &Ruleset, p: &PDesc, ifidx: u16, dir: Dir) -> Action {
+    r.evaluate(p, ifidx, dir).action
+}
+
+#[test]
+fn last_match_wins_and_quick_stops() {
+    let r = rs("block all\npass in proto tcp to port 22\n");
+    let ssh = pkt(IPPROTO_TCP, [1, 1, 1, 1], [2, 2, 2, 2], 999, 22, tcp::SYN);
+    let web = pkt(IPPROTO_TCP, [1, 1, 1, 1], [2, 2, 2, 2], 999, 80, tcp::SYN);
+    assert_eq!(action(&r, &ssh, 1, Dir::In), Action::Pass);
+    assert_eq!(action(&r, &web, 1, Dir::In), Action::Block);
+    assert_eq!(action(&r, &ssh, 1, Dir::Out), Action::Block, "the pass rule is for in only");
+    let d = r.evaluate(&ssh, 1, Dir::In);
+    assert!(d.keep_state);
+    assert_eq!(d.rule, 1);
+    let q = rs("block quick from 10/8\npass all\n");
+    assert_eq!(action(&q, &pkt(IPPROTO_UDP, [10, 9, 9, 9], [2, 2, 2, 2], 1, 2, 0), 1, Dir::In), Action::Block);
+    assert_eq!(action(&q, &pkt(IPPROTO_UDP, [11, 9, 9, 9], [2, 2, 2, 2], 1, 2, 0), 1, Dir::In), Action::Pass);
+}
+
+#[test]
+fn match_rules_tag_and_go_on() {
+    let r = rs("match in from 10/8 tag INSIDE\nblock all\npass in tagged INSIDE\npass out ! tagged INSIDE\n");
+    let inside = pkt(IPPROTO_UDP, [10, 0, 0, 1], [8, 8, 8, 8], 1, 53, 0);
+    let outside = pkt(IPPROTO_UDP, [11, 0, 0, 1], [8, 8, 8, 8], 1, 53, 0);
+    assert_eq!(action(&r, &inside, 1, Dir::In), Action::Pass);
+    assert_eq!(action(&r, &outside, 1, Dir::In), Action::Block);
+    assert_eq!(action(&r, &outside, 1, Dir::Out), Action::Pass);
+    let (_, tag) = r.eval(&inside, 1, Dir::In);
+    assert_eq!(r.tag_name(tag), Some("INSIDE"));
+}
+
+#[test]
+fn negation_ports_flags_and_interfaces() {
+    let r = rs("block all\npass in on em0 proto tcp from ! 10/8 to any port 1000:2000 flags S/SA\n");
+    let ok = pkt(IPPROTO_TCP, [11, 0, 0, 1], [2, 2, 2, 2], 5, 1500, tcp::SYN);
+    assert_eq!(action(&r, &ok, 1, Dir::In), Action::Pass);
+    assert_eq!(action(&r, &ok, 2, Dir::In), Action::Block, "other interface");
+    assert_eq!(
+        action(&r, &pkt(IPPROTO_TCP, [10, 0, 0, 1], [2, 2, 2, 2], 5, 1500, tcp::SYN), 1, Dir::In),
+        Action::Block
+    );
+    assert_eq!(
+        action(&r, &pkt(IPPROTO_TCP, [11, 0, 0, 1], [2, 2, 2, 2], 5, 2001, tcp::SYN), 1, Dir::In),
+        Action::Block
+    );
+    assert_eq!(
+        action(&r, &pkt(IPPROTO_TCP, [11, 0, 0, 1], [2, 2, 2, 2], 5, 1500, tcp::SYN | tcp::ACK), 1, Dir::In),
+        Action::Block
+    );
+    let p = parse("pass on em7\n", "t", &[]);
+    assert_eq!(Ruleset::compile(&p, &ifindex).unwrap_err().msg, "no such interface: em7");
+}
+
+#[test]
+fn tables_are_longest_prefix_with_negation_and_counters() {
+    let r = rs("table <t> { 10/8 !10.1/16 10.1.2.3 }\nblock all\npass from <t>\n");
+    let a = |x: [u8; 4]| action(&r, &pkt(IPPROTO_UDP, x, [2, 2, 2, 2], 1, 2, 0), 1, Dir::In);
+    assert_eq!(a([10, 2, 3, 4]), Action::Pass);
+    assert_eq!(a([10, 1, 9, 9]), Action::Block, "the negated /16 excludes it");
+    assert_eq!(a([10, 1, 2, 3]), Action::Pass, "a longer entry inside the negated one");
+    assert_eq!(a([11, 0, 0, 1]), Action::Block);
+    let t = r.table("t").unwrap();
+    assert_eq!(t.len(), 3);
+}
+
+#[test]
+fn no_match_passes_without_state() {
+    let r = rs("block in on em1\n");
+    let d = r.evaluate(&pkt(IPPROTO_UDP, [1, 1, 1, 1], [2, 2, 2, 2], 1, 2, 0), 1, Dir::In);
+    assert_eq!((d.action, d.keep_state), (Action::Pass, false));
+}
+
+#[test]
+fn a_ruleset_drives_the_engine() {
+    // Default block, outbound keep state: replies pass by state, unsolicited traffic does not.
+    let r = rs("block all\npass out proto udp\n");
+    let mut w = Worker::new(
+        WorkerConfig { limit: 100, rows: None, seed: Seed::fixed(1), events: 0, now: 0, prefault: false },
+        r,
+    )
+    .unwrap();
+    let frame = |src: [u8; 4], dst: [u8; 4], sp: u16, dp: u16| {
+        let mut f = vec![0u8; 60];
+        f[12] = 8;
+        xpf_wire::ipv4::emit_header(&mut f[14..], src, dst, 17, 46, 64, 1);
+        xpf_wire::udp::emit_header(&mut f[34..], sp, dp, 26);
+        f
+    };
+    let mut v = [Verdict::Pass; 2];
+    w.process(&[&frame([10, 0, 0, 1], [8, 8, 8, 8], 5000, 53)], 1, Dir::Out, 0, &mut v);
+    assert_eq!(v[0], Verdict::Pass);
+    let reply = frame([8, 8, 8, 8], [10, 0, 0, 1], 53, 5000);
+    let probe = frame([8, 8, 8, 8], [10, 0, 0, 1], 53, 5001);
+    w.process(&[&reply, &probe], 1, Dir::In, 1, &mut v);
+    assert_eq!(v, [Verdict::Pass, Verdict::Drop(xpf_wire::Reason::Match)]);
+    assert_eq!(w.states(), 1);
+}
+
+fn rule_line() -> impl Strategy<Value = String> {
+    let action = prop_oneof![Just("pass"), Just("block"), Just("match")];
+    let dir = prop_oneof![Just(""), Just(" in"), Just(" out")];
+    let quick = prop_oneof![4 => Just(""), 1 => Just(" quick")];
+    let on = prop_oneof![Just(""), Just(" on em0"), Just(" on ! em1")];
+    let proto = prop_oneof![Just(""), Just(" proto tcp"), Just(" proto udp")];
+    let src = prop_oneof![Just(" from any"), Just(" from 10/8"), Just(" from ! 10.1/16"), Just(" from <t>")];
+    let dst = prop_oneof![Just(" to any"), Just(" to 20/8"), Just(" to ! 20.0.0.1")];
+    let tag = prop_oneof![3 => Just(""), 1 => Just(" tag A"), 1 => Just(" tagged A")];
+    (action, dir, quick, on, proto, src, dst, tag).prop_map(|(a, d, q, o, p, s, t, g)| {
+        let ports = if p.is_empty() { "" } else { " port 100:200" };
+        format!("{a}{d}{q}{o}{p}{s}{t}{ports}{g}\n")
+    })
+}
+
+proptest! {
+    /// Skip steps never change a verdict: evaluation with them equals evaluation without.
+    #[test]
+    fn skip_steps_agree_with_naive_evaluation(
+        lines in proptest::collection::vec(rule_line(), 1..40),
+        pkts in proptest::collection::vec((any::<bool>(), 0u8..3, any::<u8>(), any::<u8>(), 90u16..210, any::<bool>(), 1u16..3), 1..30),
+    ) {
+        let src = format!("table <t> {{ 10.2/16 !10.2.3/24 }}\n{}", lines.concat());
+        let p = parse(&src, "t", &[]);
+        prop_assume!(p.errors.is_empty());
+        let r = Ruleset::compile(&p, &ifindex).unwrap();
+        for (tcp_, net, b, c, port, out, ifi) in pkts {
+            let s = [[10, 2, b, c], [10, 1, b, c], [11, 0, b, c]][net as usize];
+            let d = [20, 0, 0, c];
+            let pd = pkt(if tcp_ { IPPROTO_TCP } else { IPPROTO_UDP }, s, d, port, port, tcp::SYN);
+            let dir = if out { Dir::Out } else { Dir::In };
+            prop_assert_eq!(r.eval(&pd, ifi, dir), r.eval_naive(&pd, ifi, dir));
+        }
+    }
+}
