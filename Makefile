@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN := target/release
 
-.PHONY: all deps build demo test bench bench-states bench-hashsize bench-insert bench-resize bench-workers fuzz fmt clean
+.PHONY: all deps build demo test bench bench-states bench-hashsize bench-insert bench-resize bench-rules bench-workers fuzz fmt clean
 
 all: build
 
@@ -23,10 +23,11 @@ test: build
 	$(BIN)/xpf-bench states --quick --json
 	$(BIN)/xpf-bench hashsize --quick
 	$(BIN)/xpf-bench insert --quick
+	$(BIN)/xpf-bench rules --quick
 	scripts/test.sh
 
 # The full experiments (several minutes each); figures go to bench-results/out/.
-bench: bench-states bench-hashsize bench-insert bench-resize bench-workers
+bench: bench-states bench-hashsize bench-insert bench-resize bench-rules bench-workers
 
 bench-states: build
 	$(BIN)/xpf-bench states
@@ -39,6 +40,9 @@ bench-insert: build
 
 bench-resize: build
 	$(BIN)/xpf-bench resize
+
+bench-rules: build
+	$(BIN)/xpf-bench rules
 
 bench-workers: build
 	$(BIN)/xpf-bench states --workers 2 --points 9800,1M,10M --out bench-results/out/states-2w-shard

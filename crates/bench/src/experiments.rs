@@ -480,3 +480,122 @@ pub fn resize(o: &Opts) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// A campus-like ruleset of about `n` rules: per network a chain (block the network's inbound
+/// traffic, pass its web and mail servers, pass its users' outbound traffic with state), and
+/// per user a rule, in the style of the 1.6M-rule campus NAT that motivates xpf.
+pub fn campus_ruleset(n: usize) -> String {
+    let mut s = String::with_capacity(n * 64);
+    s.push_str("block all\n");
+    let per_net = 10;
+    let nets = n.div_ceil(per_net).max(1);
+    for k in 0..nets {
+        let (a, b) = ((k >> 8) & 0xff, k & 0xff);
+        let net = format!("10.{a}.{b}.0/24");
+        s.push_str(&format!("block in quick on em0 proto tcp from any to {net} port 23\n"));
+        s.push_str(&format!("pass in on em0 proto tcp from any to 10.{a}.{b}.10 port {{ 80 443 }}\n"));
+        s.push_str(&format!("pass in on em0 proto tcp from any to 10.{a}.{b}.25 port 25\n"));
+        // 1 block + 2 (web: two ports) + 1 mail + users + 1 network rule = per_net rules.
+        for u in 0..(per_net - 5) {
+            s.push_str(&format!("pass out on em0 proto tcp from 10.{a}.{b}.{} to any\n", 100 + u * 3));
+        }
+        s.push_str(&format!("pass out on em0 inet from {net} to any\n"));
+    }
+    s
+}
+
+#[derive(Serialize)]
+struct RulesPoint {
+    rules: usize,
+    parse_compile_seconds: f64,
+    evaluations_per_sec: Summary,
+    runs: Vec<f64>,
+}
+
+/// First-packet rule evaluations per second for rulesets of 10, 1k, 100k and 1M rules.
+pub fn rules(o: &Opts) -> Result<(), String> {
+    use std::time::Instant;
+    use xpf_engine::Policy;
+    let sizes: Vec<usize> = o
+        .points
+        .clone()
+        .map(|v| v.into_iter().map(|x| x as usize).collect())
+        .unwrap_or(if o.quick { vec![10, 1_000, 100_000] } else { vec![10, 1_000, 100_000, 1_000_000] });
+    let e = env(o);
+    say(o, format!("xpf-bench rules: first-packet evaluations/s on campus-like rulesets (linear with skip steps), {} runs; commit {}", o.runs, e.commit));
+    let mut out = Vec::new();
+    for &n in &sizes {
+        let text = campus_ruleset(n);
+        let t = Instant::now();
+        let p = xpf_conf::parse(&text, "campus", &[]);
+        if let Some(err) = p.errors.first() {
+            return Err(format!("generated ruleset refused: {err}"));
+        }
+        let r = xpf_conf::Ruleset::compile(&p, &|n| (n == "em0").then_some(1)).map_err(|e| e.msg)?;
+        let pc = t.elapsed().as_secs_f64();
+        // Packets of new flows towards random hosts of the campus networks.
+        let nets = n.div_ceil(10).max(1) as u64;
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let pkts: Vec<xpf_wire::PDesc> = (0..4096)
+            .map(|_| {
+                let k = next() % nets;
+                let (a, b) = (((k >> 8) & 0xff) as u8, (k & 0xff) as u8);
+                let out = next() % 2 == 0;
+                let host = [10, a, b, (next() % 254 + 1) as u8];
+                let peer = [198, 51, 100, (next() % 254 + 1) as u8];
+                let (s, d) = if out { (host, peer) } else { (peer, host) };
+                xpf_wire::PDesc {
+                    src: xpf_wire::Addr::v4(s),
+                    dst: xpf_wire::Addr::v4(d),
+                    sport: 40000,
+                    dport: [22, 25, 80, 443][(next() % 4) as usize],
+                    af: 4,
+                    proto: 6,
+                    tcp_flags: xpf_wire::tcp::SYN,
+                    flags: xpf_wire::pdesc::pdf::HAS_PORTS,
+                    ..Default::default()
+                }
+            })
+            .collect();
+        let mut runs = Vec::new();
+        for _ in 0..o.runs {
+            let (mut k, t) = (0usize, Instant::now());
+            while t.elapsed().as_secs_f64() < o.seconds || k < 64 {
+                for pd in pkts.iter().cycle().skip(k % pkts.len()).take(64) {
+                    let dir = if pd.src.0[0] == 10 { xpf_state::Dir::Out } else { xpf_state::Dir::In };
+                    std::hint::black_box(r.evaluate(pd, 1, dir));
+                }
+                k += 64;
+            }
+            runs.push(k as f64 / t.elapsed().as_secs_f64());
+        }
+        say(o, format!("  {} rules: parsed and compiled in {pc:.2} s", r.len()));
+        out.push(RulesPoint {
+            rules: r.len(),
+            parse_compile_seconds: pc,
+            evaluations_per_sec: Summary::of(&runs),
+            runs,
+        });
+    }
+    say(o, stats::header("rules", "evaluations/s"));
+    for p in &out {
+        say(o, stats::row(&p.rules.to_string(), &p.evaluations_per_sec));
+    }
+    let series = vec![Series {
+        title: "xpf (linear, skip steps)",
+        points: out
+            .iter()
+            .map(|p| {
+                (p.rules as f64, p.evaluations_per_sec.median, p.evaluations_per_sec.min, p.evaluations_per_sec.max)
+            })
+            .collect(),
+    }];
+    let report = Report { bench: o.bench.clone(), env: e, points: out, hashmap_reference: None };
+    finish(o, &report, &series, "first-packet rule evaluations per second", "rules")
+}

@@ -58,7 +58,7 @@ pub struct Opts {
 
 fn usage() -> String {
     let mut s = String::from(
-        "usage: xpf-bench states|hashsize|insert|resize [options]\n       xpf-bench replay FILE.pcap...\n\noptions:\n",
+        "usage: xpf-bench states|hashsize|insert|resize|rules [options]\n       xpf-bench replay FILE.pcap...\n\noptions:\n",
     );
     for (f, v, h) in FLAGS {
         s.push_str(&format!("  {:<24} {h}\n", format!("{f} {v}")));
@@ -85,7 +85,7 @@ fn parse_num(flag: &str, v: &str) -> Result<u64, String> {
 
 fn parse(args: &[String]) -> Result<Opts, String> {
     let bench = args.first().ok_or_else(usage)?.clone();
-    if !["states", "hashsize", "insert", "resize", "replay"].contains(&bench.as_str()) {
+    if !["states", "hashsize", "insert", "resize", "rules", "replay"].contains(&bench.as_str()) {
         return Err(format!("unknown bench '{bench}'\n\n{}", usage()));
     }
     let mut o = Opts {
@@ -206,6 +206,7 @@ fn main() -> ExitCode {
         "hashsize" => experiments::hashsize(&o),
         "replay" => replay(&o),
         "resize" => experiments::resize(&o),
+        "rules" => experiments::rules(&o),
         _ => experiments::insert(&o),
     };
     match r {
