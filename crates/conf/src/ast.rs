@@ -160,6 +160,10 @@ pub struct Rule {
     pub rdr: Option<Pool>,
     pub binat: Option<Pool>,
     pub scrub: Option<Scrub>,
+    /// `set (prio a[, b])`, `set (queue a[, b])`, `set tos`.
+    pub set_prio: Option<(u8, u8)>,
+    pub set_queue: Option<(String, Option<String>)>,
+    pub set_tos: Option<u8>,
     /// `probability`, in percent.
     pub probability: Option<f64>,
     /// `anchor "name"` rules: the name (empty for an unnamed inline anchor).
@@ -226,4 +230,27 @@ pub struct Scrub {
     pub set_tos: Option<u8>,
     pub max_mss: Option<u16>,
     pub reassemble_tcp: bool,
+}
+
+/// A queue (`queue NAME on IF | parent P ...`): HFSC bandwidth and/or FQ-CoDel flows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Queue {
+    pub name: String,
+    pub on: Option<String>,
+    pub parent: Option<String>,
+    /// Bits per second, or a percentage of the parent (`50%`).
+    pub bandwidth: Option<Bandwidth>,
+    pub min: Option<Bandwidth>,
+    pub max: Option<Bandwidth>,
+    pub flows: Option<u32>,
+    pub quantum: Option<u32>,
+    pub qlimit: Option<u32>,
+    pub default: bool,
+    pub line: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bandwidth {
+    Bits(u64),
+    Percent(u32),
 }

@@ -57,6 +57,7 @@ pub struct Parsed {
     /// Tables: declared ones and the `__automatic_N` ones pfctl makes for address lists.
     pub tables: Vec<Table>,
     auto_tables: u32,
+    pub queues: Vec<Queue>,
 }
 
 /// A table as declared (`table <name> ...`) or made for a list.
@@ -222,6 +223,17 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
                     Err(e) => Err(e),
                 }
             }
+            Some("queue") => {
+                p.next();
+                match queue(&mut p, last_line) {
+                    Ok(q) => {
+                        out.header.push(crate::print::queue(&q));
+                        out.queues.push(q);
+                        Ok(Vec::new())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
             Some("table") => {
                 p.next();
                 match table(&mut p) {
@@ -277,6 +289,7 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
             }
         }
     }
+    check_queues(&mut out, file);
     out
 }
 
@@ -421,6 +434,9 @@ fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
         scrub: None,
         probability: None,
         anchor: None,
+        set_prio: None,
+        set_queue: None,
+        set_tos: None,
         line,
     };
     if anchor.is_some() {
@@ -773,8 +789,7 @@ fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
             })?;
         } else if p.eat("tos") {
             let s = p.string()?;
-            let v = if let Some(h) = s.strip_prefix("0x") { u8::from_str_radix(h, 16) } else { s.parse() };
-            t.r.tos = Some(v.map_err(|_| format!("illegal tos value {s}"))?);
+            t.r.tos = Some(tos_value(&s)?);
         } else if p.eat("no") {
             if !p.eat("state") {
                 return Err("syntax error".into());
@@ -816,6 +831,57 @@ fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
                 "rdr-to" => t.r.rdr = Some(pool),
                 _ => t.r.binat = Some(pool),
             }
+        } else if p.eat("set") {
+            // `set prio`, `set queue`, `set tos`, alone or in parentheses.
+            let paren = p.eat_punct("(");
+            loop {
+                let w = p.string()?;
+                match w.as_str() {
+                    "prio" => {
+                        let one = |p: &mut P| -> R<u8> {
+                            let s = p.string()?;
+                            match s.parse::<i64>() {
+                                Ok(v) if (0..=7).contains(&v) => Ok(v as u8),
+                                Ok(_) => Err("prio must be 0 - 7".into()),
+                                Err(_) => Err("syntax error".into()),
+                            }
+                        };
+                        if p.eat_punct("(") {
+                            let a = one(p)?;
+                            p.expect_punct(",")?;
+                            let b = one(p)?;
+                            p.expect_punct(")")?;
+                            t.r.set_prio = Some((a, b));
+                        } else {
+                            if p.done() {
+                                return Err("syntax error".into());
+                            }
+                            let a = one(p)?;
+                            t.r.set_prio = Some((a, a));
+                        }
+                    }
+                    "queue" => {
+                        if p.eat_punct("(") {
+                            let a = p.string()?;
+                            p.expect_punct(",")?;
+                            let b = p.string()?;
+                            p.expect_punct(")")?;
+                            t.r.set_queue = Some((a, Some(b)));
+                        } else {
+                            t.r.set_queue = Some((p.string()?, None));
+                        }
+                    }
+                    "tos" => {
+                        let s = p.string()?;
+                        t.r.set_tos = Some(tos_value(&s)?);
+                    }
+                    _ => return Err("syntax error".into()),
+                }
+                if !paren || p.eat_punct(")") {
+                    break;
+                }
+                p.expect_punct(",")?;
+            }
         } else if p.eat("probability") {
             let v = p.string()?;
             let pct = match v.strip_suffix('%') {
@@ -847,6 +913,101 @@ fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
         }
     }
     Ok(())
+}
+
+fn tos_value(s: &str) -> R<u8> {
+    match s {
+        "lowdelay" => return Ok(0x10),
+        "throughput" => return Ok(0x08),
+        "reliability" => return Ok(0x04),
+        _ => {}
+    }
+    let v = if let Some(h) = s.strip_prefix("0x") { u8::from_str_radix(h, 16) } else { s.parse() };
+    v.map_err(|_| format!("illegal tos value {s}"))
+}
+
+fn bandwidth(p: &mut P) -> R<Bandwidth> {
+    let s = p.string()?;
+    if let Some(x) = s.strip_suffix('%') {
+        return x.parse().map(Bandwidth::Percent).map_err(|_| format!("invalid bandwidth {s}"));
+    }
+    let t = s.strip_suffix("b").unwrap_or(&s);
+    let (num, mul) = match t.chars().last() {
+        Some('K') => (&t[..t.len() - 1], 1_000u64),
+        Some('M') => (&t[..t.len() - 1], 1_000_000),
+        Some('G') => (&t[..t.len() - 1], 1_000_000_000),
+        _ => (t, 1),
+    };
+    num.parse::<u64>().map(|n| Bandwidth::Bits(n * mul)).map_err(|_| format!("invalid bandwidth {s}"))
+}
+
+fn queue(p: &mut P, line: u32) -> R<Queue> {
+    let mut q = Queue { name: p.string()?, line, ..Queue::default() };
+    let num = |p: &mut P| -> R<u32> { p.string()?.parse().map_err(|_| "syntax error".to_string()) };
+    while !p.done() {
+        let w = p.string()?;
+        match w.as_str() {
+            "on" => q.on = Some(p.string()?),
+            "parent" => q.parent = Some(p.string()?),
+            "bandwidth" => q.bandwidth = Some(bandwidth(p)?),
+            "min" => q.min = Some(bandwidth(p)?),
+            "max" => q.max = Some(bandwidth(p)?),
+            "flows" => q.flows = Some(num(p)?),
+            "quantum" => q.quantum = Some(num(p)?),
+            "qlimit" => q.qlimit = Some(num(p)?),
+            "default" => q.default = true,
+            _ => return Err("syntax error".into()),
+        }
+        p.eat_punct(",");
+    }
+    if q.bandwidth.is_none() && q.flows.is_none() {
+        return Err("no bandwidth or flow specification".into());
+    }
+    Ok(q)
+}
+
+/// pfctl's checks of the queue tree, after the whole file is read (bare `pfctl:` messages).
+fn check_queues(out: &mut Parsed, file: &str) {
+    let qs = out.queues.clone();
+    if qs.is_empty() {
+        return;
+    }
+    let has_children = |n: &str| qs.iter().any(|q| q.parent.as_deref() == Some(n));
+    let mut msgs = Vec::new();
+    for q in &qs {
+        if q.flows.is_some() && has_children(&q.name) {
+            msgs.push(format!("pfctl: flow queue {} is not a leaf queue", q.name));
+        }
+        if q.default && has_children(&q.name) {
+            msgs.push(format!("pfctl: default queue {} is not a leaf queue", q.name));
+        }
+    }
+    let hfsc = qs.iter().any(|q| q.bandwidth.is_some());
+    if msgs.is_empty() && hfsc {
+        for q in &qs {
+            if q.bandwidth.is_none() {
+                msgs.push(format!("pfctl: queue {}: no bandwidth was specified", q.name));
+            }
+        }
+        if msgs.is_empty() && !qs.iter().any(|q| q.default) {
+            msgs.push("pfctl: no default queue specified".into());
+        }
+    }
+    for r in &out.rules {
+        if let Some((a, b)) = &r.set_queue {
+            for n in std::iter::once(a).chain(b.iter()) {
+                if !qs.iter().any(|q| &q.name == n) {
+                    out.errors.push(ConfError {
+                        file: file.into(),
+                        line: r.line,
+                        msg: format!("queue {n} is not defined"),
+                        bare: false,
+                    });
+                }
+            }
+        }
+    }
+    out.errors.extend(msgs.into_iter().map(|m| ConfError { file: file.into(), line: 0, msg: m, bare: true }));
 }
 
 fn table(p: &mut P) -> R<Table> {

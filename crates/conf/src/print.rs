@@ -223,6 +223,23 @@ pub fn rule(r: &Rule) -> String {
     if let Some(t) = r.tos {
         let _ = write!(s, " tos 0x{t:02x}");
     }
+    if r.set_prio.is_some() || r.set_queue.is_some() || r.set_tos.is_some() {
+        let mut v: Vec<String> = Vec::new();
+        match r.set_prio {
+            Some((a, b)) if a == b => v.push(format!("prio {a}")),
+            Some((a, b)) => v.push(format!("prio({a}, {b})")),
+            None => {}
+        }
+        match &r.set_queue {
+            Some((a, Some(b))) => v.push(format!("queue({a}, {b})")),
+            Some((a, None)) => v.push(format!("queue {a}")),
+            None => {}
+        }
+        if let Some(t) = r.set_tos {
+            v.push(format!("tos 0x{t:02x}"));
+        }
+        let _ = write!(s, " set ({})", v.join(", "));
+    }
     let o = &r.state_opts;
     match r.state {
         StateKind::No if r.action == Action::Pass && r.anchor.is_none() => s.push_str(" no state"),
@@ -416,6 +433,56 @@ pub fn table(t: &crate::parse::Table) -> String {
                 s.push_str(" }");
             }
         }
+    }
+    s
+}
+
+fn bandwidth(b: Bandwidth) -> String {
+    match b {
+        Bandwidth::Percent(p) => format!("{p}%"),
+        Bandwidth::Bits(n) => {
+            for (m, u) in [(1_000_000_000u64, "G"), (1_000_000, "M"), (1_000, "K")] {
+                if n >= m && n % m == 0 {
+                    return format!("{}{u}", n / m);
+                }
+            }
+            n.to_string()
+        }
+    }
+}
+
+/// A queue as pfctl prints it (print_queuespec).
+pub fn queue(q: &Queue) -> String {
+    let mut s = format!("queue {}", q.name);
+    match (&q.parent, &q.on) {
+        (Some(p), _) => {
+            let _ = write!(s, " parent {p}");
+        }
+        (None, Some(i)) => {
+            let _ = write!(s, " on {i}");
+        }
+        _ => {}
+    }
+    if let Some(f) = q.flows {
+        let _ = write!(s, " flows {f}");
+        if let Some(qt) = q.quantum {
+            let _ = write!(s, " quantum {qt}");
+        }
+    }
+    if let Some(l) = q.qlimit {
+        let _ = write!(s, " qlimit {l}");
+    }
+    if let Some(b) = q.bandwidth {
+        let _ = write!(s, " bandwidth {}", bandwidth(b));
+        if let Some(m) = q.min {
+            let _ = write!(s, ", min {}", bandwidth(m));
+        }
+        if let Some(m) = q.max {
+            let _ = write!(s, ", max {}", bandwidth(m));
+        }
+    }
+    if q.default {
+        s.push_str(" default");
     }
     s
 }
