@@ -227,7 +227,6 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
                 p.next();
                 match queue(&mut p, last_line) {
                     Ok(q) => {
-                        out.header.push(crate::print::queue(&q));
                         out.queues.push(q);
                         Ok(Vec::new())
                     }
@@ -983,7 +982,10 @@ fn check_queues(out: &mut Parsed, file: &str) {
         }
     }
     let hfsc = qs.iter().any(|q| q.bandwidth.is_some());
-    if msgs.is_empty() && hfsc {
+    if !out.errors.is_empty() {
+        // The tree is checked when the file parsed; the reference is checked as it is read.
+        msgs.clear();
+    } else if msgs.is_empty() && hfsc {
         for q in &qs {
             if q.bandwidth.is_none() {
                 msgs.push(format!("pfctl: queue {}: no bandwidth was specified", q.name));

@@ -394,6 +394,11 @@ pub fn parsed(p: &crate::Parsed) -> String {
         s.push_str(h);
         s.push('\n');
     }
+    // Queues are printed as they are loaded, before the rules.
+    for q in &p.queues {
+        s.push_str(&queue(q));
+        s.push('\n');
+    }
     s.push_str(&ruleset(&p.rules));
     s
 }

@@ -92,19 +92,20 @@ fn main() -> ExitCode {
         }
     };
     let p = xpf_conf::parse(&src, &name, &o.defines);
-    if o.verbose > 0 {
-        for h in &p.header {
-            println!("{h}");
-        }
-    }
     if !p.errors.is_empty() {
+        // As pfctl: what parsing printed (macros, options) still goes to stdout.
+        if o.verbose > 0 {
+            for h in &p.header {
+                println!("{h}");
+            }
+        }
         for e in &p.errors {
             eprintln!("{e}");
         }
         return ExitCode::FAILURE;
     }
     if o.verbose > 0 {
-        print!("{}", xpf_conf::print::ruleset(&p.rules));
+        print!("{}", xpf_conf::print::parsed(&p));
     }
     if !o.noaction {
         eprintln!(
