@@ -6,6 +6,7 @@ set -euo pipefail
 need=()
 command -v gnuplot >/dev/null 2>&1 || need+=(gnuplot-nox)   # the benches' PNG plots
 command -v cc >/dev/null 2>&1 || need+=(gcc)                # libfuzzer-sys, cc-using crates
+command -v ip >/dev/null 2>&1 || need+=(iproute2)           # the pf.conf conformance test's network namespace
 
 if ! command -v cargo >/dev/null 2>&1; then
     echo "deps: cargo is not installed; xpf needs Rust 1.95 (rustup)" >&2

@@ -8,6 +8,7 @@
 
 pub mod ast;
 pub mod compile;
+pub mod ifaddr;
 pub mod lex;
 pub mod names;
 pub mod parse;

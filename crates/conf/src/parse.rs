@@ -247,31 +247,21 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
             _ => Err("syntax error".into()),
         };
         match res {
-            Ok(mut tmpls) => {
-                for t in tmpls.iter_mut() {
-                    for pl in [t.r.nat.as_mut(), t.r.rdr.as_mut()].into_iter().flatten() {
-                        if let Some(list) = pl.list.take() {
-                            let name = format!("__automatic_{}", out.auto_tables);
-                            out.auto_tables += 1;
-                            let tb = Table {
-                                name: name.clone(),
-                                konst: true,
-                                persist: false,
-                                counters: false,
-                                parts: vec![TablePart::Hosts(list)],
-                            };
-                            out.header.push(crate::print::table(&tb));
-                            out.tables.push(tb);
-                            pl.host = Host { neg: false, kind: HostKind::Table(name) };
-                            if pl.kind == PoolKind::None {
-                                pl.kind = PoolKind::RoundRobin;
-                            }
-                        }
-                    }
-                }
+            Ok(tmpls) => {
                 for t in tmpls {
                     match expand(&t, &mut nr) {
-                        Ok(rules) => out.rules.extend(rules),
+                        Ok(mut rules) => {
+                            let mut bad = None;
+                            for r in rules.iter_mut() {
+                                if let Err(e) = resolve_pools(r, &mut out) {
+                                    bad = Some(e);
+                                }
+                            }
+                            match bad {
+                                Some(e) => out.errors.extend(to_errors(file, last_line, &e)),
+                                None => out.rules.extend(rules),
+                            }
+                        }
                         Err(msgs) => {
                             for m in msgs {
                                 out.errors.extend(to_errors(file, last_line, &m));
@@ -290,6 +280,39 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
     }
     check_queues(&mut out, file);
     out
+}
+
+/// A translation target given as several addresses (a list, or an interface with several):
+/// only those of the rule's family count; one left is the target, more become an automatic
+/// table (round-robin unless told), as pfctl does.
+fn resolve_pools(r: &mut Rule, out: &mut Parsed) -> R<()> {
+    let af = r.af;
+    for pl in [r.nat.as_mut(), r.rdr.as_mut()].into_iter().flatten() {
+        let Some(list) = pl.list.take() else { continue };
+        let l: Vec<Host> = list.into_iter().filter(|h| af == Af::Any || h.af() == Af::Any || h.af() == af).collect();
+        match l.len() {
+            0 => return Err("no translation address with matching address family found.".into()),
+            1 => pl.host = l[0].clone(),
+            _ => {
+                let name = format!("__automatic_{}", out.auto_tables);
+                out.auto_tables += 1;
+                let tb = Table {
+                    name: name.clone(),
+                    konst: true,
+                    persist: false,
+                    counters: false,
+                    parts: vec![TablePart::Hosts(l)],
+                };
+                out.header.push(crate::print::table(&tb));
+                out.tables.push(tb);
+                pl.host = Host { neg: false, kind: HostKind::Table(name) };
+                if pl.kind == PoolKind::None {
+                    pl.kind = PoolKind::RoundRobin;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn set_option(p: &mut P, out: &mut Parsed) -> R<()> {
@@ -647,7 +670,68 @@ fn hosts(p: &mut P) -> R<Vec<Host>> {
         }
         return Ok(v);
     }
+    // An interface name: its addresses now (pfctl resolves them when it reads the file).
+    if let Some(Tok::Word(w)) = p.t.get(p.i + p.punct("!") as usize).map(|t| &t.tok) {
+        let (name, modifier) = match w.split_once(':') {
+            Some((a, b)) => (a.to_string(), Some(b.to_string())),
+            None => (w.clone(), None),
+        };
+        if w.parse::<IpAddr>().is_err()
+            && parse_addr(w).is_none()
+            && !["any", "self", "no-route", "urpf-failed"].contains(&w.as_str())
+        {
+            if let Some(addrs) = crate::ifaddr::addresses(&name) {
+                let neg = p.eat_punct("!");
+                p.next();
+                let prefix = if p.eat_punct("/") {
+                    Some(p.string()?.parse::<u8>().map_err(|_| "syntax error".to_string())?)
+                } else {
+                    None
+                };
+                return Ok(interface_hosts(&addrs, modifier.as_deref(), prefix, neg));
+            }
+        }
+    }
     Ok(vec![host(p)?])
+}
+
+/// The hosts an interface stands for: every address (or `:network`, `:broadcast`, `:peer`,
+/// `:0` for the first of each family), with an optional mask applied.
+fn interface_hosts(
+    addrs: &[crate::ifaddr::IfAddr],
+    modifier: Option<&str>,
+    prefix: Option<u8>,
+    neg: bool,
+) -> Vec<Host> {
+    let mut out = Vec::new();
+    let (mut seen4, mut seen6) = (false, false);
+    for a in addrs {
+        let v4 = a.addr.is_ipv4();
+        let full = if v4 { 32 } else { 128 };
+        let (addr, len) = match modifier {
+            Some("network") => (mask(a.addr, a.prefix), a.prefix),
+            Some("broadcast") => match (a.dst, a.point_to_point, v4) {
+                (Some(b), false, true) => (b, 32),
+                _ => continue,
+            },
+            Some("peer") => match (a.dst, a.point_to_point) {
+                (Some(b), true) => (b, full),
+                _ => continue,
+            },
+            Some("0") => {
+                let seen = if v4 { &mut seen4 } else { &mut seen6 };
+                if *seen {
+                    continue;
+                }
+                *seen = true;
+                (a.addr, full)
+            }
+            _ => (a.addr, full),
+        };
+        let len = prefix.map_or(len, |p| p.min(full));
+        out.push(Host { neg, kind: HostKind::Net(mask(addr, len), len) });
+    }
+    out
 }
 
 fn host(p: &mut P) -> R<Host> {
@@ -743,7 +827,17 @@ fn port(p: &mut P) -> R<PortOp> {
 
 fn hostport(p: &mut P, out: &mut Vec<Host>, ports: &mut Vec<PortOp>) -> R<()> {
     if !p.is("port") {
-        *out = p.list(hosts)?.into_iter().flatten().collect();
+        // In rules an interface's addresses expand IPv4 first (tables list IPv6 first), as
+        // pfctl's output has them.
+        *out = p
+            .list(|p| {
+                let mut v = hosts(p)?;
+                v.sort_by_key(|h| h.af() != Af::Inet);
+                Ok(v)
+            })?
+            .into_iter()
+            .flatten()
+            .collect();
     }
     if p.eat("port") {
         *ports = p.list(port)?;
@@ -1031,7 +1125,7 @@ fn table(p: &mut P) -> R<Table> {
             let f = p.string()?;
             t.parts.push(TablePart::File(f));
         } else if p.punct("{") {
-            let hs = p.list(host)?;
+            let hs: Vec<Host> = p.list(hosts)?.into_iter().flatten().collect();
             match t.parts.last_mut() {
                 Some(TablePart::Hosts(v)) => v.extend(hs),
                 _ => t.parts.push(TablePart::Hosts(hs)),
@@ -1142,7 +1236,10 @@ fn state_opts(p: &mut P, o: &mut StateOpts) -> R<()> {
 }
 
 fn pool(p: &mut P, nat: bool) -> R<Pool> {
-    let hosts = p.list(host)?;
+    let hosts: Vec<Host> = p.list(hosts)?.into_iter().flatten().collect();
+    if hosts.is_empty() {
+        return Err("could not parse host specification".into());
+    }
     let mut pl = Pool {
         host: hosts[0].clone(),
         port: None,
@@ -1220,7 +1317,14 @@ fn expand(t: &Template, nr: &mut u32) -> Result<Vec<Rule>, Vec<String>> {
                                 // The family: the rule's, or what the addresses pin.
                                 let mut af = r.af;
                                 let mut ok = true;
-                                for a in [s.af(), d.af()] {
+                                let pool_af = [r.nat.as_ref(), r.rdr.as_ref()]
+                                    .into_iter()
+                                    .flatten()
+                                    .filter(|p| p.list.is_none())
+                                    .map(|p| p.host.af())
+                                    .find(|a| *a != Af::Any)
+                                    .unwrap_or(Af::Any);
+                                for a in [s.af(), d.af(), pool_af] {
                                     if a != Af::Any {
                                         if af == Af::Any {
                                             af = a;
@@ -1319,8 +1423,8 @@ fn label_macros(l: &str, r: &Rule, nr: u32) -> String {
     let mut s = l.to_string();
     let pairs = [
         ("$if", r.on.as_ref().map_or("any".to_string(), |i| i.name.clone())),
-        ("$srcaddr", crate::print::host_label(&r.src)),
-        ("$dstaddr", crate::print::host_label(&r.dst)),
+        ("$srcaddr", format!("{}{}", if r.src.neg { "! " } else { "" }, crate::print::host_label(&r.src))),
+        ("$dstaddr", format!("{}{}", if r.dst.neg { "! " } else { "" }, crate::print::host_label(&r.dst))),
         ("$srcport", r.src_port.map_or(String::new(), crate::print::port_label)),
         ("$dstport", r.dst_port.map_or(String::new(), crate::print::port_label)),
         ("$proto", r.proto.map_or(String::new(), |p| names::proto_name(p).map_or(p.to_string(), str::to_string))),

@@ -50,8 +50,69 @@ fn floor() -> (usize, usize, usize) {
     (n("pf:"), n("pfail:"), n("selfpf:"))
 }
 
+/// The interfaces OpenBSD's regress harness has (lo0 with 127.0.0.1/8, ::1 and fe80::1; the
+/// others bare) in a private network namespace, deleted when dropped.
+struct Netns(String);
+
+impl Netns {
+    fn new() -> Result<Netns, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("the interface cases need root (a network namespace with dummy interfaces)".into());
+        }
+        let name = format!("xpfrg{}", std::process::id());
+        let ip = |args: &[&str]| -> Result<(), String> {
+            let o = std::process::Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
+            if o.status.success() {
+                Ok(())
+            } else {
+                Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&o.stderr).trim()))
+            }
+        };
+        ip(&["netns", "add", &name])?;
+        let ns = Netns(name.clone());
+        // lo0 is the namespace's own loopback renamed (Linux puts ::1 on loopback only); the
+        // others are veth (this kernel has no dummy driver and loads no modules).
+        ip(&["-n", &name, "link", "set", "lo", "name", "lo0"])?;
+        ip(&["-n", &name, "link", "set", "lo0", "up"])?;
+        ip(&["-n", &name, "addr", "add", "fe80::1/64", "dev", "lo0", "nodad"])?;
+        for (k, ifname) in ["lo1000000", "tun1000000", "tun1000001"].into_iter().enumerate() {
+            let peer = format!("xpfp{k}");
+            ip(&["-n", &name, "link", "add", ifname, "type", "veth", "peer", "name", &peer])?;
+            ip(&["-n", &name, "link", "set", ifname, "addrgenmode", "none"])?;
+            ip(&["-n", &name, "link", "set", ifname, "up"])?;
+        }
+        Ok(ns)
+    }
+
+    /// Runs `f` on a thread that has entered the namespace.
+    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let path = format!("/var/run/netns/{}", self.0);
+        std::thread::spawn(move || {
+            let fd = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+            // SAFETY: fd is a network namespace file; setns affects only this thread.
+            let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&fd), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+            f()
+        })
+        .join()
+        .unwrap()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
 #[test]
 fn pfctl_regress_tally() {
+    let ns = Netns::new().unwrap_or_else(|e| panic!("{e}"));
+    ns.run(tally);
+}
+
+fn tally() {
     let d = dir();
     let read = |n: &str| std::fs::read_to_string(d.join(n)).unwrap_or_else(|e| panic!("{n}: {e}"));
     let (mut pf, mut pfail, mut selfpf) = (Vec::new(), Vec::new(), Vec::new());
@@ -98,6 +159,10 @@ fn show_first_differences() {
     if std::env::var_os("XPF_PFDIFF").is_none() {
         return;
     }
+    Netns::new().unwrap().run(first_differences);
+}
+
+fn first_differences() {
     let d = dir();
     for n in PF {
         let ok = std::fs::read_to_string(d.join(format!("pf{n}.ok"))).unwrap();
@@ -126,6 +191,10 @@ fn show_first_differences() {
 fn show_case() {
     let Some(c) = std::env::var_os("XPF_PFCASE") else { return };
     let c = c.to_string_lossy().to_string();
+    Netns::new().unwrap().run(move || one_case(c));
+}
+
+fn one_case(c: String) {
     let d = dir();
     let got = pfctl_nv(&std::fs::read_to_string(d.join(format!("{c}.in"))).unwrap());
     let want = std::fs::read_to_string(d.join(format!("{c}.ok"))).unwrap();
