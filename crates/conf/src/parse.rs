@@ -709,6 +709,8 @@ fn interface_hosts(
         let v4 = a.addr.is_ipv4();
         let full = if v4 { 32 } else { 128 };
         let (addr, len) = match modifier {
+            // pfctl leaves link-local networks out of `:network`.
+            Some("network") if matches!(a.addr, IpAddr::V6(v) if v.segments()[0] & 0xffc0 == 0xfe80) => continue,
             Some("network") => (mask(a.addr, a.prefix), a.prefix),
             Some("broadcast") => match (a.dst, a.point_to_point, v4) {
                 (Some(b), false, true) => (b, 32),
@@ -827,17 +829,7 @@ fn port(p: &mut P) -> R<PortOp> {
 
 fn hostport(p: &mut P, out: &mut Vec<Host>, ports: &mut Vec<PortOp>) -> R<()> {
     if !p.is("port") {
-        // In rules an interface's addresses expand IPv4 first (tables list IPv6 first), as
-        // pfctl's output has them.
-        *out = p
-            .list(|p| {
-                let mut v = hosts(p)?;
-                v.sort_by_key(|h| h.af() != Af::Inet);
-                Ok(v)
-            })?
-            .into_iter()
-            .flatten()
-            .collect();
+        *out = p.list(hosts)?.into_iter().flatten().collect();
     }
     if p.eat("port") {
         *ports = p.list(port)?;
@@ -1200,12 +1192,12 @@ fn state_opts(p: &mut P, o: &mut StateOpts) -> R<()> {
             "if-bound" => o.if_bound = true,
             "floating" => o.floating = true,
             "source-track" => {
-                o.source_track = Some(if p.eat("rule") {
-                    true
-                } else {
-                    p.eat("global");
-                    false
-                })
+                // Plain `source-track` is `rule`.
+                let global = p.eat("global");
+                if !global {
+                    p.eat("rule");
+                }
+                o.source_track = Some(!global);
             }
             "max-src-states" => o.max_src_states = Some(num(p)?),
             "max-src-conn" => o.max_src_conn = Some(num(p)?),
@@ -1229,6 +1221,15 @@ fn state_opts(p: &mut P, o: &mut StateOpts) -> R<()> {
             },
         }
         if p.eat_punct(")") {
+            // Source limits need source tracking: pfctl turns on `source-track rule`.
+            if o.source_track.is_none()
+                && (o.max_src_nodes.is_some()
+                    || o.max_src_states.is_some()
+                    || o.max_src_conn.is_some()
+                    || o.max_src_conn_rate.is_some())
+            {
+                o.source_track = Some(true);
+            }
             return Ok(());
         }
         p.expect_punct(",")?;
@@ -1261,6 +1262,18 @@ fn pool(p: &mut P, nat: bool) -> R<Pool> {
             }
         });
     }
+    let finish = |mut pl: Pool| {
+        // A pool that can hold several addresses is round-robin unless told.
+        let several = match &pl.host.kind {
+            HostKind::Dynamic { modifier, .. } => modifier.as_deref() != Some("0"),
+            HostKind::Table(_) => true,
+            _ => false,
+        };
+        if pl.kind == PoolKind::None && several {
+            pl.kind = PoolKind::RoundRobin;
+        }
+        pl
+    };
     loop {
         if p.eat("bitmask") {
             pl.kind = PoolKind::Bitmask;
@@ -1279,7 +1292,7 @@ fn pool(p: &mut P, nat: bool) -> R<Pool> {
         } else if nat && p.eat("static-port") {
             pl.static_port = true;
         } else {
-            return Ok(pl);
+            return Ok(finish(pl));
         }
     }
 }

@@ -146,6 +146,7 @@ fn tally() {
     );
     println!("pf passing: {pf:?}");
     println!("pfail passing: {pfail:?}");
+    println!("selfpf failing: {:?}", PF.iter().filter(|n| !selfpf.contains(n)).collect::<Vec<_>>());
     let (f_pf, f_pfail, f_self) = floor();
     assert!(pf.len() >= f_pf, "pf conformance fell to {} below the floor {f_pf}", pf.len());
     assert!(pfail.len() >= f_pfail, "pfail conformance fell to {} below the floor {f_pfail}", pfail.len());
