@@ -555,8 +555,17 @@ fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
             o.timeouts.push((xpf_state::Timeout::AdaptiveEnd, m / 10 * 12));
         }
     }
-    // binat-to is two rules: out with nat-to (static-port), in with rdr-to back.
-    if let Some(b) = t.r.binat.take() {
+    // binat-to is two rules: out with nat-to (static-port), in with rdr-to back. A target with
+    // several addresses (an interface) keeps those of the rule's family.
+    if let Some(mut b) = t.r.binat.take() {
+        if let Some(list) = b.list.take() {
+            let fam = t.src.iter().chain(t.dst.iter()).map(Host::af).find(|a| *a != Af::Any).unwrap_or(t.r.af);
+            let l: Vec<Host> = list.into_iter().filter(|h| fam == Af::Any || h.af() == fam).collect();
+            match l.len() {
+                1 => b.host = l[0].clone(),
+                _ => return Err("binat-to requires a specified source and redirect address".into()),
+            }
+        }
         let mut out = t.clone();
         out.r.dir = Dir::Out;
         out.r.nat = Some(Pool { static_port: true, ..b.clone() });
@@ -1312,13 +1321,15 @@ fn expand(t: &Template, nr: &mut u32) -> Result<Vec<Rule>, Vec<String>> {
     let mut errs = Vec::new();
     let srcs = if t.src.is_empty() { vec![Host::ANY] } else { t.src.clone() };
     let dsts = if t.dst.is_empty() { vec![Host::ANY] } else { t.dst.clone() };
+    // pfctl's order: interface, protocol, ICMP type, source, destination, source port,
+    // destination port.
     for on in one_or_none(&t.ifs) {
         for proto in one_or_none(&t.protos) {
-            for s in &srcs {
-                for sp in one_or_none(&t.src_ports) {
+            for ic in one_or_none(&t.icmp) {
+                for s in &srcs {
                     for d in &dsts {
-                        for dp in one_or_none(&t.dst_ports) {
-                            for ic in one_or_none(&t.icmp) {
+                        for sp in one_or_none(&t.src_ports) {
+                            for dp in one_or_none(&t.dst_ports) {
                                 let mut r = t.r.clone();
                                 r.on = on.clone();
                                 r.proto = proto;
