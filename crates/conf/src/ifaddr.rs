@@ -86,3 +86,26 @@ pub fn addresses(name: &str) -> Option<Vec<IfAddr>> {
     v6.extend(v4);
     Some(v6)
 }
+
+/// Whether interface `name` is a loopback interface (None: no such interface).
+pub fn is_loopback(name: &str) -> Option<bool> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills head with a list we free below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: p walks the list getifaddrs returned.
+        let ifa = unsafe { &*p };
+        if unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy() == name {
+            found = Some(ifa.ifa_flags & libc::IFF_LOOPBACK as u32 != 0);
+            break;
+        }
+        p = ifa.ifa_next;
+    }
+    // SAFETY: head came from getifaddrs.
+    unsafe { libc::freeifaddrs(head) };
+    found
+}

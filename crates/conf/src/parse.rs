@@ -216,6 +216,7 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
         }
         let res = match p.word() {
             Some("pass") | Some("block") | Some("match") | Some("anchor") => rule(&mut p, last_line, out.block_return),
+            Some("antispoof") => antispoof(&mut p, last_line),
             Some("set") => {
                 p.next();
                 match set_option(&mut p, &mut out) {
@@ -424,43 +425,10 @@ fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
     } else {
         None
     };
-    let mut r = Rule {
-        action,
-        ret: if action == Action::Block && block_return { Return::Return } else { Return::Drop },
-        dir: Dir::Both,
-        log: None,
-        quick: false,
-        on: None,
-        af: Af::Any,
-        proto: None,
-        src: Host::ANY,
-        src_port: None,
-        dst: Host::ANY,
-        dst_port: None,
-        flags: None,
-        icmp: None,
-        icmp6: false,
-        tos: None,
-        state: if action == Action::Pass { StateKind::Keep } else { StateKind::No },
-        state_explicit: false,
-        allow_opts: false,
-        label: None,
-        tag: None,
-        tagged: None,
-        state_opts: StateOpts::default(),
-        user: None,
-        group: None,
-        nat: None,
-        rdr: None,
-        binat: None,
-        scrub: None,
-        probability: None,
-        anchor: None,
-        set_prio: None,
-        set_queue: None,
-        set_tos: None,
-        line,
-    };
+    let mut r = rule_shell(action, line);
+    if action == Action::Block && block_return {
+        r.ret = Return::Return;
+    }
     if anchor.is_some() {
         r.state = StateKind::No;
         r.anchor = anchor;
@@ -579,6 +547,126 @@ fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
         return Ok(vec![out, inb]);
     }
     Ok(vec![t])
+}
+
+/// `antispoof [log] [quick] for IF [inet|inet6] [label]`: per interface, drop what comes in on
+/// other interfaces from its networks, and for a non-loopback interface what claims one of its
+/// own addresses (pfctl's expansion).
+fn antispoof(p: &mut P, line: u32) -> R<Vec<Template>> {
+    p.next();
+    // The rule part after `antispoof`, parsed as a block rule's header.
+    let mut base = rule_shell(Action::Block, line);
+    base.ret = Return::Drop;
+    for _ in 0..2 {
+        if p.eat("log") {
+            base.log = Some(Log::default());
+        }
+        if p.eat("quick") {
+            base.quick = true;
+        }
+    }
+    if !p.eat("for") {
+        return Err("syntax error".into());
+    }
+    let ifs = p.list(|p| {
+        if p.eat_punct("(") {
+            let n = p.string()?;
+            p.expect_punct(")")?;
+            Ok((n, true))
+        } else {
+            Ok((p.string()?, false))
+        }
+    })?;
+    if p.eat("inet") {
+        base.af = Af::Inet;
+    } else if p.eat("inet6") {
+        base.af = Af::Inet6;
+    }
+    if p.eat("label") {
+        base.label = Some(p.string()?);
+    }
+    if !p.done() {
+        return Err("syntax error".into());
+    }
+    base.dir = Dir::In;
+    let mut out = Vec::new();
+    let tmpl = |r: &Rule, ifs: Vec<Iface>, src: Vec<Host>| Template {
+        r: r.clone(),
+        ifs,
+        protos: vec![],
+        src,
+        src_ports: vec![],
+        dst: vec![],
+        dst_ports: vec![],
+        icmp: vec![],
+    };
+    for (name, dynamic) in ifs {
+        let on = vec![Iface { neg: true, name: name.clone() }];
+        if dynamic {
+            let h = Host {
+                neg: false,
+                kind: HostKind::Dynamic { ifname: name, modifier: Some("network".into()), prefix: None },
+            };
+            out.push(tmpl(&base, on, vec![h]));
+            continue;
+        }
+        let addrs = crate::ifaddr::addresses(&name)
+            .ok_or_else(|| format!("{BARE}no IP address found for {name}\ncould not parse host specification"))?;
+        let fam =
+            |v: Vec<Host>| -> Vec<Host> { v.into_iter().filter(|h| base.af == Af::Any || h.af() == base.af).collect() };
+        let nets = fam(interface_hosts(&addrs, Some("network"), None, false));
+        if !nets.is_empty() {
+            out.push(tmpl(&base, on, nets));
+        }
+        if crate::ifaddr::is_loopback(&name) == Some(false) {
+            let own = fam(interface_hosts(&addrs, None, None, false));
+            if !own.is_empty() {
+                out.push(tmpl(&base, vec![], own));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A rule with pf's defaults for `action`, before its options are read.
+fn rule_shell(action: Action, line: u32) -> Rule {
+    Rule {
+        action,
+        ret: Return::Drop,
+        dir: Dir::Both,
+        log: None,
+        quick: false,
+        on: None,
+        af: Af::Any,
+        proto: None,
+        src: Host::ANY,
+        src_port: None,
+        dst: Host::ANY,
+        dst_port: None,
+        flags: None,
+        icmp: None,
+        icmp6: false,
+        tos: None,
+        state: if action == Action::Pass { StateKind::Keep } else { StateKind::No },
+        state_explicit: false,
+        allow_opts: false,
+        label: None,
+        tag: None,
+        tagged: None,
+        state_opts: StateOpts::default(),
+        user: None,
+        group: None,
+        nat: None,
+        rdr: None,
+        binat: None,
+        scrub: None,
+        probability: None,
+        anchor: None,
+        set_prio: None,
+        set_queue: None,
+        set_tos: None,
+        line,
+    }
 }
 
 fn block_return_spec(p: &mut P, r: &mut Rule) -> R<()> {
