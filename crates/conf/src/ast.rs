@@ -160,6 +160,9 @@ pub struct Rule {
     pub rdr: Option<Pool>,
     pub binat: Option<Pool>,
     pub scrub: Option<Scrub>,
+    pub divert: Option<Divert>,
+    /// `route-to`, `reply-to`, `dup-to` and the pool.
+    pub route: Option<(RouteKind, Pool)>,
     /// `set (prio a[, b])`, `set (queue a[, b])`, `set tos`.
     pub set_prio: Option<(u8, u8)>,
     pub set_queue: Option<(String, Option<String>)>,
@@ -253,4 +256,18 @@ pub struct Queue {
 pub enum Bandwidth {
     Bits(u64),
     Percent(u32),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Divert {
+    To(IpAddr, u16),
+    Reply,
+    Packet(u16),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteKind {
+    RouteTo,
+    ReplyTo,
+    DupTo,
 }

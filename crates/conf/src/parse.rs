@@ -509,6 +509,18 @@ fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
     if matches!(t.r.flags, Some(Flags::Set { .. })) && !t.protos.is_empty() && !t.protos.contains(&6) {
         return Err("flags only apply to tcp".into());
     }
+    match (&t.r.divert, t.r.dir) {
+        (Some(Divert::To(..)), Dir::Out) => return Err("divert-to used with outgoing rule".into()),
+        (Some(Divert::Reply), Dir::In) => return Err("divert-reply used with incoming rule".into()),
+        (Some(Divert::To(a, _)), _) => {
+            let fam = if a.is_ipv4() { Af::Inet } else { Af::Inet6 };
+            if t.r.af != Af::Any && t.r.af != fam {
+                return Err("divert-to address family mismatch".into());
+            }
+            t.r.af = fam;
+        }
+        _ => {}
+    }
     for tag in [t.r.tag.as_ref(), t.r.tagged.as_ref().map(|x| &x.1)].into_iter().flatten() {
         if tag.len() > 63 {
             return Err("tag too long, max 63 chars".into());
@@ -665,6 +677,8 @@ fn rule_shell(action: Action, line: u32) -> Rule {
         set_prio: None,
         set_queue: None,
         set_tos: None,
+        divert: None,
+        route: None,
         line,
     }
 }
@@ -1005,6 +1019,38 @@ fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
             } else {
                 t.r.user = first;
             }
+        } else if p.is("divert-to") || p.is("divert-reply") || p.is("divert-packet") {
+            if t.r.divert.is_some() {
+                return Err("more than one divert option".into());
+            }
+            let w = p.string()?;
+            t.r.divert = Some(match w.as_str() {
+                "divert-reply" => Divert::Reply,
+                "divert-packet" => {
+                    if !p.eat("port") {
+                        return Err("syntax error".into());
+                    }
+                    Divert::Packet(port_num(&p.string()?)?)
+                }
+                _ => {
+                    let hs = hosts(p)?;
+                    let a = match hs.first().map(|h| &h.kind) {
+                        Some(HostKind::Net(a, _)) => *a,
+                        _ => return Err("could not parse host specification".into()),
+                    };
+                    if !p.eat("port") {
+                        return Err("syntax error".into());
+                    }
+                    Divert::To(a, port_num(&p.string()?)?)
+                }
+            });
+        } else if p.is("route-to") || p.is("reply-to") || p.is("dup-to") {
+            let kind = match p.string()?.as_str() {
+                "route-to" => RouteKind::RouteTo,
+                "reply-to" => RouteKind::ReplyTo,
+                _ => RouteKind::DupTo,
+            };
+            t.r.route = Some((kind, pool(p, false)?));
         } else if p.is("nat-to") || p.is("rdr-to") || p.is("binat-to") {
             let which = p.string()?;
             let pool = pool(p, which == "nat-to")?;
@@ -1429,7 +1475,7 @@ fn expand(t: &Template, nr: &mut u32) -> Result<Vec<Rule>, Vec<String>> {
                                 // The family: the rule's, or what the addresses pin.
                                 let mut af = r.af;
                                 let mut ok = true;
-                                let pool_af = [r.nat.as_ref(), r.rdr.as_ref()]
+                                let pool_af = [r.nat.as_ref(), r.rdr.as_ref(), r.route.as_ref().map(|x| &x.1)]
                                     .into_iter()
                                     .flatten()
                                     .filter(|p| p.list.is_none())

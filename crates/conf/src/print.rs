@@ -343,6 +343,14 @@ pub fn rule(r: &Rule) -> String {
     if let Some((neg, t)) = &r.tagged {
         let _ = write!(s, "{} tagged {}", if *neg { " !" } else { "" }, word(t));
     }
+    if let Some((k, p)) = &r.route {
+        let w = match k {
+            RouteKind::RouteTo => "route-to",
+            RouteKind::ReplyTo => "reply-to",
+            RouteKind::DupTo => "dup-to",
+        };
+        pool(&mut s, w, p, false);
+    }
     if let Some(p) = &r.nat {
         pool(&mut s, "nat-to", p, true);
     }
@@ -351,6 +359,16 @@ pub fn rule(r: &Rule) -> String {
     }
     if let Some(p) = &r.binat {
         pool(&mut s, "binat-to", p, false);
+    }
+    match &r.divert {
+        Some(Divert::To(a, port)) => {
+            let _ = write!(s, " divert-to {a} port {port}");
+        }
+        Some(Divert::Reply) => s.push_str(" divert-reply"),
+        Some(Divert::Packet(port)) => {
+            let _ = write!(s, " divert-packet port {port}");
+        }
+        None => {}
     }
     s
 }
