@@ -1033,8 +1033,10 @@ fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
                     Divert::Packet(port_num(&p.string()?)?)
                 }
                 _ => {
+                    // The first address of the host, of the rule's family when it has one.
                     let hs = hosts(p)?;
-                    let a = match hs.first().map(|h| &h.kind) {
+                    let fam = t.r.af;
+                    let a = match hs.iter().find(|h| fam == Af::Any || h.af() == fam).or(hs.first()).map(|h| &h.kind) {
                         Some(HostKind::Net(a, _)) => *a,
                         _ => return Err("could not parse host specification".into()),
                     };
@@ -1325,6 +1327,7 @@ fn scrub_opts(p: &mut P) -> R<Scrub> {
 
 fn state_opts(p: &mut P, o: &mut StateOpts) -> R<()> {
     let num = |p: &mut P| -> R<u32> { p.string()?.parse().map_err(|_| "syntax error".to_string()) };
+    let mut explicit: Option<bool> = None;
     loop {
         let w = p.string()?;
         match w.as_str() {
@@ -1335,12 +1338,15 @@ fn state_opts(p: &mut P, o: &mut StateOpts) -> R<()> {
             "if-bound" => o.if_bound = true,
             "floating" => o.floating = true,
             "source-track" => {
-                // Plain `source-track` is `rule`.
-                let global = p.eat("global");
-                if !global {
-                    p.eat("rule");
-                }
-                o.source_track = Some(!global);
+                // Plain `source-track` is global, unless source limits make it per rule (below).
+                explicit = if p.eat("global") {
+                    Some(false)
+                } else if p.eat("rule") {
+                    Some(true)
+                } else {
+                    None
+                };
+                o.source_track = Some(explicit.unwrap_or(false));
             }
             "max-src-states" => o.max_src_states = Some(num(p)?),
             "max-src-conn" => o.max_src_conn = Some(num(p)?),
@@ -1364,13 +1370,15 @@ fn state_opts(p: &mut P, o: &mut StateOpts) -> R<()> {
             },
         }
         if p.eat_punct(")") {
-            // Source limits need source tracking: pfctl turns on `source-track rule`.
-            if o.source_track.is_none()
-                && (o.max_src_nodes.is_some()
-                    || o.max_src_states.is_some()
-                    || o.max_src_conn.is_some()
-                    || o.max_src_conn_rate.is_some())
-            {
+            // Source limits need source tracking: pfctl makes it per rule unless told global.
+            let limits = o.max_src_nodes.is_some()
+                || o.max_src_states.is_some()
+                || o.max_src_conn.is_some()
+                || o.max_src_conn_rate.is_some();
+            if explicit == Some(false) && o.max_src_nodes.is_some() {
+                return Err("'max-src-nodes' is incompatible with 'source-track global'".into());
+            }
+            if limits && explicit != Some(false) {
                 o.source_track = Some(true);
             }
             return Ok(());
