@@ -161,6 +161,7 @@ pub struct Rule {
     pub binat: Option<Pool>,
     pub scrub: Option<Scrub>,
     pub divert: Option<Divert>,
+    pub rtable: Option<u32>,
     /// `route-to`, `reply-to`, `dup-to` and the pool.
     pub route: Option<(RouteKind, Pool)>,
     /// `set (prio a[, b])`, `set (queue a[, b])`, `set tos`.

@@ -88,6 +88,8 @@ struct Template {
     dst: Vec<Host>,
     dst_ports: Vec<PortOp>,
     icmp: Vec<(u8, Option<u8>)>,
+    users: Vec<PortOp>,
+    groups: Vec<PortOp>,
 }
 
 struct P<'a> {
@@ -445,6 +447,8 @@ fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
         dst: vec![],
         dst_ports: vec![],
         icmp: vec![],
+        users: vec![],
+        groups: vec![],
     };
     if p.eat("in") {
         t.r.dir = Dir::In;
@@ -611,6 +615,8 @@ fn antispoof(p: &mut P, line: u32) -> R<Vec<Template>> {
         dst: vec![],
         dst_ports: vec![],
         icmp: vec![],
+        users: vec![],
+        groups: vec![],
     };
     for (name, dynamic) in ifs {
         let on = vec![Iface { neg: true, name: name.clone() }];
@@ -679,6 +685,7 @@ fn rule_shell(action: Action, line: u32) -> Rule {
         set_tos: None,
         divert: None,
         route: None,
+        rtable: None,
         line,
     }
 }
@@ -730,6 +737,12 @@ fn block_return_spec(p: &mut P, r: &mut Rule) -> R<()> {
 }
 
 fn parse_addr(s: &str) -> Option<(IpAddr, Option<u8>)> {
+    // A scoped IPv6 address (fe80::1%lo0): pfctl keeps the scope in the kernel's form and prints
+    // the address without it.
+    let s = match s.split_once('%') {
+        Some((a, _)) if a.contains(':') => a,
+        _ => s,
+    };
     if let Ok(a) = s.parse::<IpAddr>() {
         return Some((a, None));
     }
@@ -898,6 +911,50 @@ fn host(p: &mut P) -> R<Host> {
     Ok(Host { neg, kind })
 }
 
+/// A user or group operand: a number or a name (this machine's, as pf's `user` matches local
+/// sockets), with the port operators.
+fn id_op(p: &mut P, group: bool) -> R<PortOp> {
+    let id = |s: &str| -> R<u16> {
+        if let Ok(n) = s.parse::<u32>() {
+            return u16::try_from(n).map_err(|_| format!("illegal {} value {n}", if group { "gid" } else { "uid" }));
+        }
+        let c = std::ffi::CString::new(s).map_err(|_| "syntax error".to_string())?;
+        // SAFETY: c is a valid C string; the returned pointer is read at once.
+        let v = unsafe {
+            if group {
+                let g = libc::getgrnam(c.as_ptr());
+                (!g.is_null()).then(|| (*g).gr_gid)
+            } else {
+                let u = libc::getpwnam(c.as_ptr());
+                (!u.is_null()).then(|| (*u).pw_uid)
+            }
+        };
+        v.and_then(|x| u16::try_from(x).ok())
+            .ok_or_else(|| format!("unknown {} {s}", if group { "group" } else { "user" }))
+    };
+    for op in ["=", "!=", "<", "<=", ">", ">="] {
+        if p.eat_punct(op) {
+            let n = id(&p.string()?)?;
+            return Ok(match op {
+                "=" => PortOp::Eq(n),
+                "!=" => PortOp::Ne(n),
+                "<" => PortOp::Lt(n),
+                "<=" => PortOp::Le(n),
+                ">" => PortOp::Gt(n),
+                _ => PortOp::Ge(n),
+            });
+        }
+    }
+    let a = id(&p.string()?)?;
+    if p.eat_punct("><") {
+        return Ok(PortOp::Inside(a, id(&p.string()?)?));
+    }
+    if p.eat_punct("<>") {
+        return Ok(PortOp::Outside(a, id(&p.string()?)?));
+    }
+    Ok(PortOp::Eq(a))
+}
+
 fn port_num(s: &str) -> R<u16> {
     if let Some(h) = s.strip_prefix("0x") {
         let n = u64::from_str_radix(h, 16).map_err(|_| format!("unknown port {s}"))?;
@@ -1009,15 +1066,11 @@ fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
             }
         } else if p.is("user") || p.is("group") {
             let g = p.string()? == "group";
-            let v = p.list(|p| {
-                let op = port(p)?;
-                Ok(op)
-            })?;
-            let first = v.first().copied();
-            if g {
-                t.r.group = first;
-            } else {
-                t.r.user = first;
+            let v = p.list(|p| id_op(p, g))?;
+            // A later `user` goes first, as pfctl links them.
+            let l = if g { &mut t.groups } else { &mut t.users };
+            for (i, x) in v.into_iter().enumerate() {
+                l.insert(i, x);
             }
         } else if p.is("divert-to") || p.is("divert-reply") || p.is("divert-packet") {
             if t.r.divert.is_some() {
@@ -1112,6 +1165,9 @@ fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
                 }
                 p.expect_punct(",")?;
             }
+        } else if p.eat("rtable") {
+            let v = p.string()?;
+            t.r.rtable = Some(v.parse().map_err(|_| format!("invalid rtable id {v}"))?);
         } else if p.eat("probability") {
             let v = p.string()?;
             let pct = match v.strip_suffix('%') {
@@ -1381,6 +1437,12 @@ fn state_opts(p: &mut P, o: &mut StateOpts) -> R<()> {
             if limits && explicit != Some(false) {
                 o.source_track = Some(true);
             }
+            // The rate's interval keeps source nodes that long, unless told (pfctl).
+            if let Some((_, secs)) = o.max_src_conn_rate {
+                if !o.timeouts.iter().any(|(t, _)| *t == xpf_state::Timeout::SrcTrack) {
+                    o.timeouts.push((xpf_state::Timeout::SrcTrack, secs));
+                }
+            }
             return Ok(());
         }
         p.expect_punct(",")?;
@@ -1472,99 +1534,105 @@ fn expand(t: &Template, nr: &mut u32) -> Result<Vec<Rule>, Vec<String>> {
                     for d in &dsts {
                         for sp in one_or_none(&t.src_ports) {
                             for dp in one_or_none(&t.dst_ports) {
-                                let mut r = t.r.clone();
-                                r.on = on.clone();
-                                r.proto = proto;
-                                r.src = s.clone();
-                                r.src_port = sp;
-                                r.dst = d.clone();
-                                r.dst_port = dp;
-                                r.icmp = ic;
-                                // The family: the rule's, or what the addresses pin.
-                                let mut af = r.af;
-                                let mut ok = true;
-                                let pool_af = [r.nat.as_ref(), r.rdr.as_ref(), r.route.as_ref().map(|x| &x.1)]
-                                    .into_iter()
-                                    .flatten()
-                                    .filter(|p| p.list.is_none())
-                                    .map(|p| p.host.af())
-                                    .find(|a| *a != Af::Any)
-                                    .unwrap_or(Af::Any);
-                                for a in [s.af(), d.af(), pool_af] {
-                                    if a != Af::Any {
-                                        if af == Af::Any {
-                                            af = a;
-                                        } else if af != a {
-                                            ok = false;
+                                for uid in one_or_none(&t.users) {
+                                    for gid in one_or_none(&t.groups) {
+                                        let mut r = t.r.clone();
+                                        r.on = on.clone();
+                                        r.proto = proto;
+                                        r.src = s.clone();
+                                        r.src_port = sp;
+                                        r.dst = d.clone();
+                                        r.dst_port = dp;
+                                        r.user = uid;
+                                        r.group = gid;
+                                        r.icmp = ic;
+                                        // The family: the rule's, or what the addresses pin.
+                                        let mut af = r.af;
+                                        let mut ok = true;
+                                        let pool_af = [r.nat.as_ref(), r.rdr.as_ref(), r.route.as_ref().map(|x| &x.1)]
+                                            .into_iter()
+                                            .flatten()
+                                            .filter(|p| p.list.is_none())
+                                            .map(|p| p.host.af())
+                                            .find(|a| *a != Af::Any)
+                                            .unwrap_or(Af::Any);
+                                        for a in [s.af(), d.af(), pool_af] {
+                                            if a != Af::Any {
+                                                if af == Af::Any {
+                                                    af = a;
+                                                } else if af != a {
+                                                    ok = false;
+                                                }
+                                            }
                                         }
+                                        if !ok {
+                                            continue;
+                                        }
+                                        if (sp.is_some() || dp.is_some()) && !matches!(proto, Some(6) | Some(17)) {
+                                            errs.push("port only applies to tcp/udp".to_string());
+                                            continue;
+                                        }
+                                        if let Some(l) = [s, d].iter().find_map(|h| match h.kind {
+                                            HostKind::Net(a, l) if a.is_ipv4() && l > 32 => Some(l),
+                                            _ => None,
+                                        }) {
+                                            errs.push(format!("{BARE}netmask {l} invalid for IPv4 address"));
+                                            continue;
+                                        }
+                                        match (af, proto) {
+                                            (Af::Inet6, Some(1)) => {
+                                                errs.push("proto icmp doesn't match address family inet6".into());
+                                                continue;
+                                            }
+                                            (Af::Inet, Some(58)) => {
+                                                errs.push("proto icmp6 doesn't match address family inet".into());
+                                                continue;
+                                            }
+                                            _ => {}
+                                        }
+                                        if ic.is_some()
+                                            && (t.r.icmp6 != (proto == Some(58))
+                                                || (af == Af::Inet6) != t.r.icmp6 && af != Af::Any)
+                                        {
+                                            errs.push("icmp-type mismatch".into());
+                                            continue;
+                                        }
+                                        r.af = af;
+                                        // Flags and sequence modulation are TCP's: pfctl drops them for
+                                        // the other protocols of a list.
+                                        if matches!(proto, Some(p) if p != 6) {
+                                            r.flags = None;
+                                            if matches!(r.state, StateKind::Modulate | StateKind::Synproxy) {
+                                                r.state = StateKind::Keep;
+                                            }
+                                        }
+                                        if r.flags.is_none()
+                                            && r.anchor.is_none()
+                                            && r.action != Action::Block
+                                            && r.state != StateKind::No
+                                            && matches!(proto, None | Some(6))
+                                        {
+                                            r.flags = Some(Flags::Set { bits: 0x02, mask: 0x12 });
+                                        }
+                                        if let Some(l) = &r.label {
+                                            r.label = Some(label_macros(l, &r, *nr));
+                                        }
+                                        if let Some(l) = &r.tag {
+                                            r.tag = Some(label_macros(l, &r, *nr));
+                                        }
+                                        if let Some((n, l)) = &r.tagged {
+                                            r.tagged = Some((*n, label_macros(l, &r, *nr)));
+                                        }
+                                        // `rdr-to ... port a:*`: as wide as the destination range.
+                                        if let (Some(p), Some(PortOp::Range(x, y))) = (r.rdr.as_mut(), dp) {
+                                            if let Some((a, 0)) = p.port {
+                                                p.port = Some((a, a.saturating_add(y.saturating_sub(x))));
+                                            }
+                                        }
+                                        *nr += 1;
+                                        out.push(r);
                                     }
                                 }
-                                if !ok {
-                                    continue;
-                                }
-                                if (sp.is_some() || dp.is_some()) && !matches!(proto, Some(6) | Some(17)) {
-                                    errs.push("port only applies to tcp/udp".to_string());
-                                    continue;
-                                }
-                                if let Some(l) = [s, d].iter().find_map(|h| match h.kind {
-                                    HostKind::Net(a, l) if a.is_ipv4() && l > 32 => Some(l),
-                                    _ => None,
-                                }) {
-                                    errs.push(format!("{BARE}netmask {l} invalid for IPv4 address"));
-                                    continue;
-                                }
-                                match (af, proto) {
-                                    (Af::Inet6, Some(1)) => {
-                                        errs.push("proto icmp doesn't match address family inet6".into());
-                                        continue;
-                                    }
-                                    (Af::Inet, Some(58)) => {
-                                        errs.push("proto icmp6 doesn't match address family inet".into());
-                                        continue;
-                                    }
-                                    _ => {}
-                                }
-                                if ic.is_some()
-                                    && (t.r.icmp6 != (proto == Some(58))
-                                        || (af == Af::Inet6) != t.r.icmp6 && af != Af::Any)
-                                {
-                                    errs.push("icmp-type mismatch".into());
-                                    continue;
-                                }
-                                r.af = af;
-                                // Flags and sequence modulation are TCP's: pfctl drops them for
-                                // the other protocols of a list.
-                                if matches!(proto, Some(p) if p != 6) {
-                                    r.flags = None;
-                                    if matches!(r.state, StateKind::Modulate | StateKind::Synproxy) {
-                                        r.state = StateKind::Keep;
-                                    }
-                                }
-                                if r.flags.is_none()
-                                    && r.anchor.is_none()
-                                    && r.action != Action::Block
-                                    && r.state != StateKind::No
-                                    && matches!(proto, None | Some(6))
-                                {
-                                    r.flags = Some(Flags::Set { bits: 0x02, mask: 0x12 });
-                                }
-                                if let Some(l) = &r.label {
-                                    r.label = Some(label_macros(l, &r, *nr));
-                                }
-                                if let Some(l) = &r.tag {
-                                    r.tag = Some(label_macros(l, &r, *nr));
-                                }
-                                if let Some((n, l)) = &r.tagged {
-                                    r.tagged = Some((*n, label_macros(l, &r, *nr)));
-                                }
-                                // `rdr-to ... port a:*`: as wide as the destination range.
-                                if let (Some(p), Some(PortOp::Range(x, y))) = (r.rdr.as_mut(), dp) {
-                                    if let Some((a, 0)) = p.port {
-                                        p.port = Some((a, a.saturating_add(y.saturating_sub(x))));
-                                    }
-                                }
-                                *nr += 1;
-                                out.push(r);
                             }
                         }
                     }
@@ -1593,7 +1661,7 @@ fn label_macros(l: &str, r: &Rule, nr: u32) -> String {
         ("$dstaddr", format!("{}{}", if r.dst.neg { "! " } else { "" }, crate::print::host_label(&r.dst))),
         ("$srcport", r.src_port.map_or(String::new(), crate::print::port_label)),
         ("$dstport", r.dst_port.map_or(String::new(), crate::print::port_label)),
-        ("$proto", r.proto.map_or(String::new(), |p| names::proto_name(p).map_or(p.to_string(), str::to_string))),
+        ("$proto", names::proto_name(r.proto.unwrap_or(0)).map_or(r.proto.unwrap_or(0).to_string(), str::to_string)),
         ("$nr", nr.to_string()),
     ];
     for (k, v) in pairs {

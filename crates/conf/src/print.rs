@@ -69,7 +69,8 @@ pub fn port_label(p: PortOp) -> String {
         PortOp::Le(a) => format!("<={a}"),
         PortOp::Gt(a) => format!(">{a}"),
         PortOp::Ge(a) => format!(">={a}"),
-        PortOp::Range(a, b) => format!("{a}:{b}"),
+        // pfctl's label expansion has no form for an a:b range: it is left empty.
+        PortOp::Range(..) => String::new(),
         PortOp::Inside(a, b) => format!("{a}><{b}"),
         PortOp::Outside(a, b) => format!("{a}<>{b}"),
     }
@@ -331,6 +332,9 @@ pub fn rule(r: &Rule) -> String {
     }
     if r.allow_opts {
         s.push_str(" allow-opts");
+    }
+    if let Some(t) = r.rtable {
+        let _ = write!(s, " rtable {t}");
     }
     if let Some(l) = &r.label {
         if !l.is_empty() {
