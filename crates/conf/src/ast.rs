@@ -162,6 +162,10 @@ pub struct Rule {
     pub scrub: Option<Scrub>,
     pub divert: Option<Divert>,
     pub rtable: Option<u32>,
+    /// Nesting depth inside inline anchors (0 = the main ruleset).
+    pub depth: u8,
+    /// An anchor rule whose body (the rules of depth + 1 after it) follows inline.
+    pub opens: bool,
     /// `route-to`, `reply-to`, `dup-to` and the pool.
     pub route: Option<(RouteKind, Pool)>,
     /// `set (prio a[, b])`, `set (queue a[, b])`, `set tos`.

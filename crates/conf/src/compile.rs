@@ -133,6 +133,9 @@ struct CRule {
     allow_opts: bool,
     tag: Option<u16>,
     tagged: Option<(bool, u16)>,
+    depth: u8,
+    /// For an anchor rule: the index after its body (0: not an anchor).
+    anchor_end: u32,
 }
 
 const SKIP_IF: usize = 0;
@@ -212,9 +215,15 @@ impl Ruleset {
         };
         let mut rules = Vec::new();
         for (nr, r) in p.rules.iter().enumerate() {
-            if r.anchor.is_some() {
-                continue;
-            }
+            // An anchor's body is the rules after it one level deeper; one loaded from elsewhere
+            // has none here yet, and is empty.
+            let anchor_end = if r.anchor.is_some() {
+                let end =
+                    p.rules[nr + 1..].iter().position(|x| x.depth <= r.depth).map_or(p.rules.len(), |k| nr + 1 + k);
+                end as u32
+            } else {
+                0
+            };
             let on = match &r.on {
                 Some(i) if i.name == "any" => None,
                 Some(i) => Some((
@@ -251,6 +260,8 @@ impl Ruleset {
                 allow_opts: r.allow_opts,
                 tag: r.tag.as_deref().map(&mut tag_id),
                 tagged: r.tagged.as_ref().map(|(n, t)| (*n, tag_id(t))),
+                depth: r.depth,
+                anchor_end,
             });
         }
         let skip = skip_steps(&rules);
@@ -340,14 +351,41 @@ impl Ruleset {
     }
 
     /// pf_test_rule. Returns the deciding rule's index (None: the default rule) and the tag.
+    /// Anchors are evaluated in place: a matching anchor rule leads into its body, one that
+    /// does not match is passed over with its body; `anchor quick` stops after its body if a
+    /// rule in it matched.
     pub fn eval(&self, pd: &PDesc, ifidx: u16, dir: SDir) -> (Option<usize>, u16) {
         let mut tag = 0u16;
         let mut last = None;
         let mut i = 0;
+        // Quick anchors entered: (end of body, last match when entered).
+        let mut quick: Vec<(usize, Option<usize>)> = Vec::new();
         while i < self.rules.len() {
+            if let Some(&(end, before)) = quick.last() {
+                if i >= end {
+                    quick.pop();
+                    if last != before {
+                        break;
+                    }
+                    continue;
+                }
+            }
             let r = &self.rules[i];
             self.evaluations[i].fetch_add(1, Ordering::Relaxed);
-            match self.first_mismatch(r, pd, ifidx, dir, tag) {
+            let miss = self.first_mismatch(r, pd, ifidx, dir, tag);
+            if r.anchor_end != 0 {
+                match miss {
+                    Some(_) => i = r.anchor_end as usize,
+                    None => {
+                        if r.quick {
+                            quick.push((r.anchor_end as usize, last));
+                        }
+                        i += 1;
+                    }
+                }
+                continue;
+            }
+            match miss {
                 Some(f) if f < 8 => i = self.skip[i][f] as usize,
                 Some(_) => i += 1,
                 None => {
@@ -371,7 +409,17 @@ impl Ruleset {
     pub fn eval_naive(&self, pd: &PDesc, ifidx: u16, dir: SDir) -> (Option<usize>, u16) {
         let mut tag = 0u16;
         let mut last = None;
+        let mut skip_to = 0usize;
         for (i, r) in self.rules.iter().enumerate() {
+            if i < skip_to {
+                continue;
+            }
+            if r.anchor_end != 0 {
+                if self.first_mismatch(r, pd, ifidx, dir, tag).is_some() {
+                    skip_to = r.anchor_end as usize;
+                }
+                continue;
+            }
             if self.first_mismatch(r, pd, ifidx, dir, tag).is_none() {
                 if let Some(t) = r.tag {
                     tag = t;
@@ -435,7 +483,11 @@ fn port_match(op: PortOp, p: u16) -> bool {
 fn skip_steps(rules: &[CRule]) -> Vec<[u32; 8]> {
     let n = rules.len();
     let mut skip = vec![[n as u32; 8]; n];
+    // Skip steps stay inside one ruleset: they never run into or over an anchor, nor out of one.
     let same = |a: &CRule, b: &CRule, f: usize| -> bool {
+        if a.anchor_end != 0 || b.anchor_end != 0 || a.depth != b.depth {
+            return false;
+        }
         match f {
             SKIP_IF => a.on == b.on,
             SKIP_DIR => a.dir == b.dir,

@@ -180,6 +180,7 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
         out.macros.insert(k.clone(), v.clone());
     }
     let mut nr = 0u32;
+    let mut depth = 0u8;
     'lines: for pieces in logical_lines(src) {
         let mut toks = Vec::new();
         let last_line = pieces.last().map_or(0, |p| p.0);
@@ -194,6 +195,20 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
             }
         }
         if toks.is_empty() {
+            continue;
+        }
+        // `}` closes an inline anchor.
+        if matches!(toks.first().map(|t| &t.tok), Some(Tok::Punct("}"))) {
+            if depth == 0 || toks.len() > 1 {
+                out.errors.push(ConfError {
+                    file: file.into(),
+                    line: toks[0].line,
+                    msg: "syntax error".into(),
+                    bare: false,
+                });
+            } else {
+                depth -= 1;
+            }
             continue;
         }
         let mut p = P { t: &toks, i: 0 };
@@ -262,7 +277,16 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
                             }
                             match bad {
                                 Some(e) => out.errors.extend(to_errors(file, last_line, &e)),
-                                None => out.rules.extend(rules),
+                                None => {
+                                    for mut r in rules {
+                                        r.depth = depth;
+                                        let opens = r.opens;
+                                        out.rules.push(r);
+                                        if opens {
+                                            depth += 1;
+                                        }
+                                    }
+                                }
                             }
                         }
                         Err(msgs) => {
@@ -280,6 +304,14 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
                 out.errors.extend(to_errors(file, line, &msg));
             }
         }
+    }
+    if depth > 0 {
+        out.errors.push(ConfError {
+            file: file.into(),
+            line: src.lines().count() as u32,
+            msg: "syntax error".into(),
+            bare: false,
+        });
     }
     check_queues(&mut out, file);
     out
@@ -507,6 +539,9 @@ fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
         }
     }
     filter_opts(p, &mut t)?;
+    if t.r.anchor.is_some() && p.eat_punct("{") {
+        t.r.opens = true;
+    }
     if !p.done() {
         return Err("syntax error".into());
     }
@@ -686,6 +721,8 @@ fn rule_shell(action: Action, line: u32) -> Rule {
         divert: None,
         route: None,
         rtable: None,
+        depth: 0,
+        opens: false,
         line,
     }
 }
@@ -1017,7 +1054,7 @@ fn flag_bits(s: &str) -> R<u8> {
 }
 
 fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
-    while !p.done() {
+    while !p.done() && !(t.r.anchor.is_some() && p.punct("{")) {
         if p.eat("flags") {
             if p.eat("any") {
                 t.r.flags = Some(Flags::Any);

@@ -425,13 +425,27 @@ pub fn parsed(p: &crate::Parsed) -> String {
     s
 }
 
-/// The rules as `pfctl -nv` prints them.
+/// The rules as `pfctl -nv` prints them, inline anchors' bodies indented inside braces.
 pub fn ruleset(rules: &[Rule]) -> String {
     let mut s = String::new();
+    let mut depth = 0u8;
+    let close = |s: &mut String, depth: &mut u8, to: u8| {
+        while *depth > to {
+            *depth -= 1;
+            let _ = writeln!(s, "{}}}", "  ".repeat(*depth as usize));
+        }
+    };
     for r in rules {
+        close(&mut s, &mut depth, r.depth);
+        s.push_str(&"  ".repeat(r.depth as usize));
         s.push_str(&rule(r));
+        if r.opens {
+            s.push_str(" {");
+            depth = r.depth + 1;
+        }
         s.push('\n');
     }
+    close(&mut s, &mut depth, 0);
     s
 }
 

@@ -170,3 +170,23 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn anchors_are_evaluated_in_place() {
+    let r = rs("block all\nanchor in on em0 {\n  pass proto tcp to port 22\n  anchor proto udp {\n    pass proto udp to port 53\n  }\n}\npass in on em1 proto udp\n");
+    let ssh = pkt(IPPROTO_TCP, [1, 1, 1, 1], [2, 2, 2, 2], 999, 22, tcp::SYN);
+    let dns = pkt(IPPROTO_UDP, [1, 1, 1, 1], [2, 2, 2, 2], 999, 53, 0);
+    let ntp = pkt(IPPROTO_UDP, [1, 1, 1, 1], [2, 2, 2, 2], 999, 123, 0);
+    assert_eq!(action(&r, &ssh, 1, Dir::In), Action::Pass);
+    assert_eq!(action(&r, &dns, 1, Dir::In), Action::Pass);
+    assert_eq!(action(&r, &ntp, 1, Dir::In), Action::Block);
+    // The anchor is for em0: on em1 its body is passed over, the last rule decides.
+    assert_eq!(action(&r, &ssh, 2, Dir::In), Action::Block);
+    assert_eq!(action(&r, &ntp, 2, Dir::In), Action::Pass);
+    // A quick anchor stops once a rule in it matched.
+    let q = rs("block all\nanchor quick {\n  pass proto tcp\n}\nblock proto tcp\n");
+    assert_eq!(action(&q, &ssh, 1, Dir::In), Action::Pass);
+    for (p, ifi) in [(&ssh, 1), (&dns, 2), (&ntp, 1)] {
+        assert_eq!(r.eval(p, ifi, Dir::In), r.eval_naive(p, ifi, Dir::In));
+    }
+}
