@@ -1054,7 +1054,7 @@ fn flag_bits(s: &str) -> R<u8> {
 }
 
 fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
-    while !p.done() && !(t.r.anchor.is_some() && p.punct("{")) {
+    while !p.done() && (t.r.anchor.is_none() || !p.punct("{")) {
         if p.eat("flags") {
             if p.eat("any") {
                 t.r.flags = Some(Flags::Any);
