@@ -95,6 +95,8 @@ struct Template {
 struct P<'a> {
     t: &'a [Token],
     i: usize,
+    /// The interface a scoped address named (fe80::1%lo0): the rule is then on it.
+    scope: Option<String>,
 }
 
 type R<T> = Result<T, String>;
@@ -211,7 +213,7 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
             }
             continue;
         }
-        let mut p = P { t: &toks, i: 0 };
+        let mut p = P { t: &toks, i: 0, scope: None };
         // Macro definition: NAME = value...
         if let (Some(Tok::Word(name)), Some(Tok::Punct("="))) =
             (toks.first().map(|t| &t.tok), toks.get(1).map(|t| &t.tok))
@@ -539,6 +541,11 @@ fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
         }
     }
     filter_opts(p, &mut t)?;
+    if t.ifs.is_empty() {
+        if let Some(sc) = p.scope.take() {
+            t.ifs = vec![Iface { neg: false, name: sc }];
+        }
+    }
     if t.r.anchor.is_some() && p.eat_punct("{") {
         t.r.opens = true;
     }
@@ -898,6 +905,13 @@ fn interface_hosts(
 }
 
 fn host(p: &mut P) -> R<Host> {
+    if let Tok::Word(w) = p.peek() {
+        if let Some((a, scope)) = w.split_once('%') {
+            if a.contains(':') {
+                p.scope = Some(scope.to_string());
+            }
+        }
+    }
     let neg = p.eat_punct("!");
     let kind = if p.eat_punct("<") {
         let n = p.string()?;
@@ -1168,7 +1182,7 @@ fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
                         };
                         if p.eat_punct("(") {
                             let a = one(p)?;
-                            p.expect_punct(",")?;
+                            p.eat_punct(",");
                             let b = one(p)?;
                             p.expect_punct(")")?;
                             t.r.set_prio = Some((a, b));
@@ -1635,6 +1649,14 @@ fn expand(t: &Template, nr: &mut u32) -> Result<Vec<Rule>, Vec<String>> {
                                             continue;
                                         }
                                         r.af = af;
+                                        // A dynamic address's mask wider than the family has is dropped.
+                                        for h in [&mut r.src, &mut r.dst] {
+                                            if let HostKind::Dynamic { prefix: pf @ Some(_), .. } = &mut h.kind {
+                                                if af == Af::Inet && pf.is_some_and(|l| l > 32) {
+                                                    *pf = None;
+                                                }
+                                            }
+                                        }
                                         // Flags and sequence modulation are TCP's: pfctl drops them for
                                         // the other protocols of a list.
                                         if matches!(proto, Some(p) if p != 6) {
