@@ -546,6 +546,9 @@ fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
             t.ifs = vec![Iface { neg: false, name: sc }];
         }
     }
+    if t.r.anchor.is_some() && t.r.state_explicit {
+        return Err("cannot specify state handling on anchors".into());
+    }
     if t.r.anchor.is_some() && p.eat_punct("{") {
         t.r.opens = true;
     }
@@ -584,6 +587,9 @@ fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
     // binat-to is two rules: out with nat-to (static-port), in with rdr-to back. A target with
     // several addresses (an interface) keeps those of the rule's family.
     if let Some(mut b) = t.r.binat.take() {
+        if matches!(b.host.kind, HostKind::Table(_)) || t.src.iter().any(|h| matches!(h.kind, HostKind::Table(_))) {
+            return Err("binat-to requires a specified source and redirect address".into());
+        }
         if let Some(list) = b.list.take() {
             let fam = t.src.iter().chain(t.dst.iter()).map(Host::af).find(|a| *a != Af::Any).unwrap_or(t.r.af);
             let l: Vec<Host> = list.into_iter().filter(|h| fam == Af::Any || h.af() == fam).collect();
@@ -920,6 +926,9 @@ fn host(p: &mut P) -> R<Host> {
     } else if p.eat_punct("(") {
         let s = p.string()?;
         p.expect_punct(")")?;
+        if s.starts_with(|c: char| c.is_ascii_digit()) || s.contains("::") {
+            return Err(format!("invalid interface name '{s}'"));
+        }
         let (ifname, modifier) = match s.split_once(':') {
             Some((a, b)) => (a.to_string(), Some(b.to_string())),
             None => (s, None),
@@ -1074,8 +1083,16 @@ fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
                 t.r.flags = Some(Flags::Any);
                 continue;
             }
+            // pfctl's grammar: flags F/M or flags /M (a lone F or an empty mask is an error).
             let bits = if p.punct("/") { 0 } else { flag_bits(&p.string()?)? };
-            let mask = if p.eat_punct("/") { flag_bits(&p.string()?)? } else { 0xff };
+            p.expect_punct("/")?;
+            let mask = match p.peek() {
+                Tok::Word(_) => flag_bits(&p.string()?)?,
+                _ => return Err("syntax error".into()),
+            };
+            if bits & mask != bits {
+                return Err("flags always false".into());
+            }
             t.r.flags = Some(Flags::Set { bits, mask });
         } else if p.is("icmp-type") || p.is("icmp6-type") {
             let v6 = p.string()? == "icmp6-type";
@@ -1347,7 +1364,8 @@ fn check_queues(out: &mut Parsed, file: &str) {
             }
         }
     }
-    out.errors.extend(msgs.into_iter().map(|m| ConfError { file: file.into(), line: 0, msg: m, bare: true }));
+    // pfctl stops at the first problem of the tree.
+    out.errors.extend(msgs.into_iter().take(1).map(|m| ConfError { file: file.into(), line: 0, msg: m, bare: true }));
 }
 
 fn table(p: &mut P) -> R<Table> {
@@ -1367,9 +1385,27 @@ fn table(p: &mut P) -> R<Table> {
             t.counters = true;
         } else if p.eat("file") {
             let f = p.string()?;
+            if let Err(e) = std::fs::metadata(&f) {
+                let why = if e.kind() == std::io::ErrorKind::NotFound {
+                    "No such file or directory".to_string()
+                } else {
+                    e.to_string()
+                };
+                return Err(format!("cannot load \"{f}\": {why}"));
+            }
             t.parts.push(TablePart::File(f));
         } else if p.punct("{") {
             let hs: Vec<Host> = p.list(hosts)?.into_iter().flatten().collect();
+            for h in &hs {
+                match &h.kind {
+                    HostKind::Table(_) => return Err("tables cannot contain tables".into()),
+                    HostKind::Dynamic { .. } => return Err("dynamic addresses are not permitted inside tables".into()),
+                    HostKind::NoRoute => return Err("\"no-route\" is not permitted inside tables".into()),
+                    HostKind::UrpfFailed => return Err("\"urpf-failed\" is not permitted inside tables".into()),
+                    HostKind::SelfAddr => return Err("\"self\" is not permitted inside tables".into()),
+                    _ => {}
+                }
+            }
             match t.parts.last_mut() {
                 Some(TablePart::Hosts(v)) => v.extend(hs),
                 _ => t.parts.push(TablePart::Hosts(hs)),
@@ -1561,6 +1597,8 @@ fn pool(p: &mut P, nat: bool) -> R<Pool> {
     }
 }
 
+const SKIPPING: &str = "skipping rule due to errors";
+
 fn one_or_none<T: Clone>(v: &[T]) -> Vec<Option<T>> {
     if v.is_empty() {
         vec![None]
@@ -1600,6 +1638,31 @@ fn expand(t: &Template, nr: &mut u32) -> Result<Vec<Rule>, Vec<String>> {
                                         // The family: the rule's, or what the addresses pin.
                                         let mut af = r.af;
                                         let mut ok = true;
+                                        let route_af = r.route.as_ref().map_or(Af::Any, |x| x.1.host.af());
+                                        let fixed_af = [r.af, s.af(), d.af()]
+                                            .into_iter()
+                                            .find(|a| *a != Af::Any)
+                                            .unwrap_or(Af::Any);
+                                        if r.route.is_some() {
+                                            let mut ce: Vec<String> = Vec::new();
+                                            if route_af != Af::Any && fixed_af != Af::Any && route_af != fixed_af {
+                                                ce.push("af mismatch in routing spec".into());
+                                            }
+                                            if r.state == StateKind::No {
+                                                ce.push("route-to, reply-to and dup-to require keep state".into());
+                                            }
+                                            if r.action == Action::Block {
+                                                ce.push(
+                                                    "route-to, reply-to and dup-to are not supported on block rules"
+                                                        .into(),
+                                                );
+                                            }
+                                            if !ce.is_empty() {
+                                                errs.extend(ce);
+                                                errs.push(SKIPPING.into());
+                                                continue;
+                                            }
+                                        }
                                         let pool_af = [r.nat.as_ref(), r.rdr.as_ref(), r.route.as_ref().map(|x| &x.1)]
                                             .into_iter()
                                             .flatten()
@@ -1621,6 +1684,7 @@ fn expand(t: &Template, nr: &mut u32) -> Result<Vec<Rule>, Vec<String>> {
                                         }
                                         if (sp.is_some() || dp.is_some()) && !matches!(proto, Some(6) | Some(17)) {
                                             errs.push("port only applies to tcp/udp".to_string());
+                                            errs.push(SKIPPING.into());
                                             continue;
                                         }
                                         if let Some(l) = [s, d].iter().find_map(|h| match h.kind {
@@ -1628,15 +1692,18 @@ fn expand(t: &Template, nr: &mut u32) -> Result<Vec<Rule>, Vec<String>> {
                                             _ => None,
                                         }) {
                                             errs.push(format!("{BARE}netmask {l} invalid for IPv4 address"));
+                                            errs.push(SKIPPING.into());
                                             continue;
                                         }
                                         match (af, proto) {
                                             (Af::Inet6, Some(1)) => {
                                                 errs.push("proto icmp doesn't match address family inet6".into());
+                                                errs.push(SKIPPING.into());
                                                 continue;
                                             }
                                             (Af::Inet, Some(58)) => {
                                                 errs.push("proto icmp6 doesn't match address family inet".into());
+                                                errs.push(SKIPPING.into());
                                                 continue;
                                             }
                                             _ => {}
@@ -1646,6 +1713,7 @@ fn expand(t: &Template, nr: &mut u32) -> Result<Vec<Rule>, Vec<String>> {
                                                 || (af == Af::Inet6) != t.r.icmp6 && af != Af::Any)
                                         {
                                             errs.push("icmp-type mismatch".into());
+                                            errs.push(SKIPPING.into());
                                             continue;
                                         }
                                         r.af = af;
@@ -1698,9 +1766,6 @@ fn expand(t: &Template, nr: &mut u32) -> Result<Vec<Rule>, Vec<String>> {
                 }
             }
         }
-    }
-    if !errs.is_empty() {
-        errs.push("skipping rule due to errors".into());
     }
     if out.is_empty() {
         errs.push("rule expands to no valid combination".into());
