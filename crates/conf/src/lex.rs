@@ -91,6 +91,10 @@ fn lex_into(
                     }
                 }
             }
+            // pfctl's lexer holds a token in 8,096 bytes.
+            if s.len() >= 8096 {
+                return Err(LexError { line, msg: "string too long\nsyntax error".into() });
+            }
             out.push(Token { tok: Tok::Str(s), line });
             continue;
         }

@@ -151,6 +151,14 @@ impl<'a> P<'a> {
             _ => Err("syntax error".into()),
         }
     }
+    /// A name (label, tag, anchor): a string, but not a bare number, which pfctl's lexer makes
+    /// a NUMBER token the grammar does not take there.
+    fn name(&mut self) -> R<String> {
+        match self.peek() {
+            Tok::Word(w) if !w.is_empty() && w.bytes().all(|b| b.is_ascii_digit()) => Err("syntax error".into()),
+            _ => self.string(),
+        }
+    }
     fn done(&self) -> bool {
         matches!(self.peek(), Tok::Eof | Tok::Newline)
     }
@@ -453,8 +461,7 @@ fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
                 if !["in", "out", "on", "inet", "inet6", "proto", "from", "to", "all", "log", "quick"]
                     .contains(&n.as_str()) =>
             {
-                p.next();
-                Some(n)
+                Some(p.name()?)
             }
             _ => Some(String::new()),
         }
@@ -1252,16 +1259,16 @@ fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
         } else if p.eat("allow-opts") {
             t.r.allow_opts = true;
         } else if p.eat("label") {
-            t.r.label = Some(p.string()?);
+            t.r.label = Some(p.name()?);
         } else if p.eat("tag") {
-            t.r.tag = Some(p.string()?);
+            t.r.tag = Some(p.name()?);
         } else if p.eat("tagged") {
-            t.r.tagged = Some((false, p.string()?));
+            t.r.tagged = Some((false, p.name()?));
         } else if p.eat_punct("!") {
             if !p.eat("tagged") {
                 return Err("syntax error".into());
             }
-            t.r.tagged = Some((true, p.string()?));
+            t.r.tagged = Some((true, p.name()?));
         } else {
             return Err("syntax error".into());
         }
@@ -1329,11 +1336,11 @@ fn check_queues(out: &mut Parsed, file: &str) {
     let has_children = |n: &str| qs.iter().any(|q| q.parent.as_deref() == Some(n));
     let mut msgs = Vec::new();
     for q in &qs {
-        if q.flows.is_some() && has_children(&q.name) {
-            msgs.push(format!("pfctl: flow queue {} is not a leaf queue", q.name));
-        }
         if q.default && has_children(&q.name) {
             msgs.push(format!("pfctl: default queue {} is not a leaf queue", q.name));
+        }
+        if q.flows.is_some() && has_children(&q.name) {
+            msgs.push(format!("pfctl: flow queue {} is not a leaf queue", q.name));
         }
     }
     let hfsc = qs.iter().any(|q| q.bandwidth.is_some());
