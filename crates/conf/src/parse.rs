@@ -461,7 +461,9 @@ fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
                 if !["in", "out", "on", "inet", "inet6", "proto", "from", "to", "all", "log", "quick"]
                     .contains(&n.as_str()) =>
             {
-                Some(p.name()?)
+                // Unlike labels and tags, an anchor may be named by a number.
+                p.next();
+                Some(n)
             }
             _ => Some(String::new()),
         }
