@@ -162,6 +162,8 @@ pub struct Rule {
     pub scrub: Option<Scrub>,
     pub divert: Option<Divert>,
     pub rtable: Option<u32>,
+    /// `af-to inet|inet6 from ADDR [to ADDR]`: translation to the other family.
+    pub af_to: Option<(Af, Host, Option<Host>)>,
     /// Nesting depth inside inline anchors (0 = the main ruleset).
     pub depth: u8,
     /// An anchor rule whose body (the rules of depth + 1 after it) follows inline.

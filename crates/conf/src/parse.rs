@@ -555,6 +555,9 @@ fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>> {
             t.ifs = vec![Iface { neg: false, name: sc }];
         }
     }
+    if t.r.af_to.is_some() && t.r.route.is_some() {
+        return Err("af-to cannot be used together with route-to, reply-to, dup-to".into());
+    }
     if t.r.anchor.is_some() && t.r.state_explicit {
         return Err("cannot specify state handling on anchors".into());
     }
@@ -743,6 +746,7 @@ fn rule_shell(action: Action, line: u32) -> Rule {
         divert: None,
         route: None,
         rtable: None,
+        af_to: None,
         depth: 0,
         opens: false,
         line,
@@ -1242,6 +1246,20 @@ fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
                 }
                 p.expect_punct(",")?;
             }
+        } else if p.eat("af-to") {
+            let af = if p.eat("inet") {
+                Af::Inet
+            } else if p.eat("inet6") {
+                Af::Inet6
+            } else {
+                return Err("syntax error".into());
+            };
+            if !p.eat("from") {
+                return Err("syntax error".into());
+            }
+            let from = host(p)?;
+            let to = if p.eat("to") { Some(host(p)?) } else { None };
+            t.r.af_to = Some((af, from, to));
         } else if p.eat("rtable") {
             let v = p.string()?;
             t.r.rtable = Some(v.parse().map_err(|_| format!("invalid rtable id {v}"))?);

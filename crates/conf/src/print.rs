@@ -355,6 +355,12 @@ pub fn rule(r: &Rule) -> String {
         };
         pool(&mut s, w, p, false);
     }
+    if let Some((af, from, to)) = &r.af_to {
+        let _ = write!(s, " af-to {} from {}", if *af == Af::Inet { "inet" } else { "inet6" }, host_label(from));
+        if let Some(t) = to {
+            let _ = write!(s, " to {}", host_label(t));
+        }
+    }
     if let Some(p) = &r.nat {
         pool(&mut s, "nat-to", p, true);
     }
