@@ -58,6 +58,8 @@ pub struct Parsed {
     pub tables: Vec<Table>,
     auto_tables: u32,
     pub queues: Vec<Queue>,
+    /// `set skip on` interfaces: not filtered at all.
+    pub skip: Vec<String>,
 }
 
 /// A table as declared (`table <name> ...`) or made for a list.
@@ -191,8 +193,11 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
     }
     let mut nr = 0u32;
     let mut depth = 0u8;
+    // A `{ }` list may run over several lines (pfctl's grammar allows newlines in it): the
+    // tokens of a line with an unclosed list wait here for the lines that close it.
+    let mut pending: Vec<Token> = Vec::new();
     'lines: for pieces in logical_lines(src) {
-        let mut toks = Vec::new();
+        let mut toks = std::mem::take(&mut pending);
         let last_line = pieces.last().map_or(0, |p| p.0);
         for (line, text) in &pieces {
             match lex_line(text, *line, &out.macros, &mut toks) {
@@ -205,6 +210,15 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
             }
         }
         if toks.is_empty() {
+            continue;
+        }
+        let open = toks.iter().filter(|t| t.tok == Tok::Punct("{")).count();
+        let close = toks.iter().filter(|t| t.tok == Tok::Punct("}")).count();
+        let anchor_body = matches!(toks.first().map(|t| &t.tok), Some(Tok::Word(w)) if w == "anchor")
+            && toks.last().map(|t| &t.tok) == Some(&Tok::Punct("{"))
+            && open == close + 1;
+        if open > close && !anchor_body {
+            pending = toks;
             continue;
         }
         // `}` closes an inline anchor.
@@ -272,6 +286,7 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
                     Err(e) => Err(e),
                 }
             }
+            Some(w) if UNSUPPORTED_STATEMENTS.contains(&w) => Err(unsupported(w)),
             _ => Err("syntax error".into()),
         };
         match res {
@@ -314,6 +329,9 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
                 out.errors.extend(to_errors(file, line, &msg));
             }
         }
+    }
+    if let Some(t) = pending.first() {
+        out.errors.push(ConfError { file: file.into(), line: t.line, msg: "syntax error".into(), bare: false });
     }
     if depth > 0 {
         out.errors.push(ConfError {
@@ -438,6 +456,26 @@ fn set_option(p: &mut P, out: &mut Parsed) -> R<()> {
         "debug" => {
             let v = p.string()?;
             out.header.push(format!("set debug {v}"));
+        }
+        "skip" => {
+            if !p.eat("on") {
+                return Err("syntax error".into());
+            }
+            let ifs = p.list(|p| p.string())?;
+            for i in &ifs {
+                out.header.push(format!("set skip on {i}"));
+            }
+            out.skip.extend(ifs);
+        }
+        "ruleset-optimization" => {
+            let v = p.string()?;
+            if !["none", "basic", "profile"].contains(&v.as_str()) {
+                return Err(format!("unknown ruleset-optimization {v}"));
+            }
+            out.header.push(format!("set ruleset-optimization {v}"));
+        }
+        w @ ("syncookies" | "fingerprints" | "require-order" | "state-defaults" | "prio") => {
+            return Err(unsupported(&format!("set {w}")))
         }
         _ => return Err("syntax error".into()),
     }
@@ -1289,6 +1327,8 @@ fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
                 return Err("syntax error".into());
             }
             t.r.tagged = Some((true, p.name()?));
+        } else if let Some(w) = p.word().filter(|w| UNSUPPORTED_OPTIONS.contains(w)) {
+            return Err(unsupported(w));
         } else {
             return Err("syntax error".into());
         }
@@ -1625,6 +1665,32 @@ fn pool(p: &mut P, nat: bool) -> R<Pool> {
 }
 
 const SKIPPING: &str = "skipping rule due to errors";
+
+/// A pf.conf construct that pfctl accepts and xpf does not implement yet: said as such, so
+/// that nobody mistakes it for a mistake in the file.
+fn unsupported(what: &str) -> String {
+    format!("xpf does not support '{what}' yet")
+}
+
+/// Statements of pf.conf (OpenBSD's and the older FreeBSD dialect's) that xpf does not read yet.
+const UNSUPPORTED_STATEMENTS: &[&str] = &[
+    "include",
+    "load",
+    "nat",
+    "rdr",
+    "binat",
+    "no",
+    "scrub",
+    "altq",
+    "nat-anchor",
+    "rdr-anchor",
+    "binat-anchor",
+    "ether",
+];
+
+/// Rule options pfctl knows that xpf does not implement yet.
+const UNSUPPORTED_OPTIONS: &[&str] =
+    &["os", "received-on", "once", "max-pkt-rate", "prio", "queue", "fragment", "no-df", "rdomain", "pflow", "delay"];
 
 fn one_or_none<T: Clone>(v: &[T]) -> Vec<Option<T>> {
     if v.is_empty() {
