@@ -293,14 +293,20 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
             Ok(tmpls) => {
                 for t in tmpls {
                     match expand(&t, &mut nr) {
-                        Ok(mut rules) => {
+                        Ok(rules) => {
+                            // A combination whose translation pool has no address of its family
+                            // is left out, as pfctl leaves it; if none is left, the rule fails.
+                            let n = rules.len();
                             let mut bad = None;
-                            for r in rules.iter_mut() {
-                                if let Err(e) = resolve_pools(r, &mut out) {
-                                    bad = Some(e);
+                            let mut kept = Vec::with_capacity(n);
+                            for mut r in rules {
+                                match resolve_pools(&mut r, &mut out) {
+                                    Ok(()) => kept.push(r),
+                                    Err(e) => bad = Some(e),
                                 }
                             }
-                            match bad {
+                            let rules = kept;
+                            match bad.filter(|_| rules.is_empty()) {
                                 Some(e) => out.errors.extend(to_errors(file, last_line, &e)),
                                 None => {
                                     for mut r in rules {
@@ -1649,8 +1655,21 @@ fn pool(p: &mut P, nat: bool) -> R<Pool> {
         } else if p.eat("round-robin") {
             pl.kind = PoolKind::RoundRobin;
         } else if p.eat("source-hash") {
-            let key = match p.word() {
-                Some(w) if w.starts_with("0x") => Some(p.string()?),
+            // The key: 0x and 32 hex digits, or a string whose MD5 is the key (pfctl's way).
+            let key = match p.peek().clone() {
+                Tok::Word(w) if w.starts_with("0x") => {
+                    p.next();
+                    if w.len() != 34 || !w[2..].bytes().all(|b| b.is_ascii_hexdigit()) {
+                        return Err("hash key must be 128 bits, in hex".into());
+                    }
+                    Some(w.to_ascii_lowercase())
+                }
+                Tok::Word(w) | Tok::Str(w) if !["sticky-address", "static-port", "port"].contains(&w.as_str()) => {
+                    p.next();
+                    use md5::Digest;
+                    let d = md5::Md5::digest(w.as_bytes());
+                    Some(format!("0x{}", d.iter().map(|b| format!("{b:02x}")).collect::<String>()))
+                }
                 _ => None,
             };
             pl.kind = PoolKind::SourceHash(key);
