@@ -13,6 +13,7 @@ pub mod lex;
 pub mod names;
 pub mod parse;
 pub mod print;
+pub mod reload;
 
 pub use compile::Ruleset;
 pub use parse::{parse, ConfError, Parsed};
