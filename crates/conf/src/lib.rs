@@ -49,6 +49,31 @@ mod tests {
     }
 
     #[test]
+    fn rule_numbers_count_per_ruleset() {
+        let p = parse("pass\nanchor {\n pass\n block\n}\nblock\n", "t", &[]);
+        assert_eq!(
+            print::ruleset_numbered(&p.rules, true),
+            "@0 pass all flags S/SA\n@1 anchor all {\n  @0 pass all flags S/SA\n  @1 block drop all\n}\n@2 block drop all\n"
+        );
+    }
+
+    #[test]
+    fn include_reads_in_place_and_names_the_file() {
+        let d = std::env::temp_dir().join(format!("xpf-inc-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("inner.conf"), "block in proto udp\npass in on $nope\n").unwrap();
+        let p = parse::parse_in("pass out\ninclude \"inner.conf\"\nblock out\n", "outer.conf", &[], Some(&d));
+        let e: Vec<String> = p.errors.iter().map(|e| e.to_string()).collect();
+        assert_eq!(e, vec!["inner.conf:2: macro 'nope' not defined"]);
+        let p = parse::parse_in("include \"missing.conf\"\n", "outer.conf", &[], Some(&d));
+        assert_eq!(p.errors[0].to_string(), "outer.conf:1: cannot open the include file missing.conf");
+        std::fs::write(d.join("loop.conf"), "include \"loop.conf\"\n").unwrap();
+        let p = parse::parse_in("include \"loop.conf\"\n", "outer.conf", &[], Some(&d));
+        assert!(p.errors.iter().any(|e| e.msg.contains("include nesting too deep")));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
     fn defines_override_the_file() {
         let p = parse("ext = \"em0\"\npass in on $ext\n", "t", &[("ext".into(), "lo0".into())]);
         assert_eq!(print::ruleset(&p.rules), "pass in on lo0 all flags S/SA\n");

@@ -186,13 +186,40 @@ impl<'a> P<'a> {
 /// Parses pf.conf text. `file` names it in errors (`stdin` for `-f -`); `defines` are `-D`
 /// macros, which a definition in the file does not override.
 pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
+    parse_in(src, file, defines, None)
+}
+
+/// As [`parse`], with `base` the directory relative `include` paths are tried in after the
+/// current one (the including file's directory; pfctl itself uses only the current one).
+pub fn parse_in(src: &str, file: &str, defines: &[(String, String)], base: Option<&std::path::Path>) -> Parsed {
     let mut out = Parsed::default();
-    let fixed: Vec<String> = defines.iter().map(|d| d.0.clone()).collect();
+    let mut st = ParseState { fixed: defines.iter().map(|d| d.0.clone()).collect(), nr: 0, depth: 0, includes: 0 };
     for (k, v) in defines {
         out.macros.insert(k.clone(), v.clone());
     }
-    let mut nr = 0u32;
-    let mut depth = 0u8;
+    parse_source(src, file, base, &mut out, &mut st);
+    check_queues(&mut out, file);
+    out
+}
+
+/// What parsing carries across included files.
+struct ParseState {
+    /// Macros given with -D, which the file does not redefine.
+    fixed: Vec<String>,
+    /// Rules so far (`$nr`).
+    nr: u32,
+    /// Inline anchor depth.
+    depth: u8,
+    /// Include nesting, bounded.
+    includes: u8,
+}
+
+const MAX_INCLUDE_DEPTH: u8 = 16;
+
+fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut Parsed, st: &mut ParseState) {
+    let fixed = st.fixed.clone();
+    let mut nr = st.nr;
+    let mut depth = st.depth;
     // A `{ }` list may run over several lines (pfctl's grammar allows newlines in it): the
     // tokens of a line with an unclosed list wait here for the lines that close it.
     let mut pending: Vec<Token> = Vec::new();
@@ -258,9 +285,17 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
         let res = match p.word() {
             Some("pass") | Some("block") | Some("match") | Some("anchor") => rule(&mut p, last_line, out.block_return),
             Some("antispoof") => antispoof(&mut p, last_line),
+            Some("include") => {
+                p.next();
+                st.nr = nr;
+                st.depth = depth;
+                let r = include(&mut p, file, base, out, st).map(|()| Vec::new());
+                nr = st.nr;
+                r
+            }
             Some("set") => {
                 p.next();
-                match set_option(&mut p, &mut out) {
+                match set_option(&mut p, out) {
                     Ok(()) => Ok(Vec::new()),
                     Err(e) => Err(e),
                 }
@@ -300,7 +335,7 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
                             let mut bad = None;
                             let mut kept = Vec::with_capacity(n);
                             for mut r in rules {
-                                match resolve_pools(&mut r, &mut out) {
+                                match resolve_pools(&mut r, out) {
                                     Ok(()) => kept.push(r),
                                     Err(e) => bad = Some(e),
                                 }
@@ -339,7 +374,7 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
     if let Some(t) = pending.first() {
         out.errors.push(ConfError { file: file.into(), line: t.line, msg: "syntax error".into(), bare: false });
     }
-    if depth > 0 {
+    if depth > st.depth {
         out.errors.push(ConfError {
             file: file.into(),
             line: src.lines().count() as u32,
@@ -347,8 +382,33 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
             bare: false,
         });
     }
-    check_queues(&mut out, file);
-    out
+    st.nr = nr;
+}
+
+/// `include "file"`: its statements are read in place, errors naming it.
+fn include(p: &mut P, file: &str, base: Option<&std::path::Path>, out: &mut Parsed, st: &mut ParseState) -> R<()> {
+    let path = p.string()?;
+    if !p.done() {
+        return Err("syntax error".into());
+    }
+    if st.includes >= MAX_INCLUDE_DEPTH {
+        return Err(format!("include nesting too deep at {path}"));
+    }
+    let mut tries = vec![std::path::PathBuf::from(&path)];
+    if let Some(b) = base {
+        tries.push(b.join(&path));
+    }
+    if let Some(d) = std::path::Path::new(file).parent() {
+        tries.push(d.join(&path));
+    }
+    let Some((found, text)) = tries.iter().find_map(|t| std::fs::read_to_string(t).ok().map(|s| (t.clone(), s))) else {
+        return Err(format!("cannot open the include file {path}"));
+    };
+    st.includes += 1;
+    let inner_base = found.parent().map(|d| d.to_path_buf());
+    parse_source(&text, &path, inner_base.as_deref().or(base), out, st);
+    st.includes -= 1;
+    Ok(())
 }
 
 /// A translation target given as several addresses (a list, or an interface with several):

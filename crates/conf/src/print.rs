@@ -433,7 +433,14 @@ pub fn parsed(p: &crate::Parsed) -> String {
 
 /// The rules as `pfctl -nv` prints them, inline anchors' bodies indented inside braces.
 pub fn ruleset(rules: &[Rule]) -> String {
+    ruleset_numbered(rules, false)
+}
+
+/// As [`ruleset`]; with `numbered`, each rule starts with `@N ` as `pfctl -nvv` prints it, N
+/// counting from 0 in each ruleset (an anchor's body has its own count).
+pub fn ruleset_numbered(rules: &[Rule], numbered: bool) -> String {
     let mut s = String::new();
+    let mut counts = vec![0u32];
     let mut depth = 0u8;
     let close = |s: &mut String, depth: &mut u8, to: u8| {
         while *depth > to {
@@ -443,11 +450,17 @@ pub fn ruleset(rules: &[Rule]) -> String {
     };
     for r in rules {
         close(&mut s, &mut depth, r.depth);
+        counts.truncate(r.depth as usize + 1);
         s.push_str(&"  ".repeat(r.depth as usize));
+        if numbered {
+            let _ = write!(s, "@{} ", counts[r.depth as usize]);
+            counts[r.depth as usize] += 1;
+        }
         s.push_str(&rule(r));
         if r.opens {
             s.push_str(" {");
             depth = r.depth + 1;
+            counts.push(0);
         }
         s.push('\n');
     }

@@ -24,7 +24,8 @@ fn dir() -> PathBuf {
 
 /// What `pfctl -o none -nv -f - < src` prints: the rules, or the errors.
 fn pfctl_nv(src: &str) -> String {
-    let p = xpf_conf::parse(src, "stdin", &[]);
+    // pfctl's harness runs in the regress directory: includes are found there.
+    let p = xpf_conf::parse::parse_in(src, "stdin", &[], Some(&dir()));
     if p.errors.is_empty() {
         xpf_conf::print::parsed(&p)
     } else {
@@ -126,7 +127,7 @@ fn tally() {
         }
     }
     for n in PFAIL {
-        let p = xpf_conf::parse(&read(&format!("pfail{n}.in")), "stdin", &[]);
+        let p = xpf_conf::parse::parse_in(&read(&format!("pfail{n}.in")), "stdin", &[], Some(&d));
         let want = read(&format!("pfail{n}.ok"));
         let refused = !p.errors.is_empty();
         let got = pfctl_nv(&read(&format!("pfail{n}.in")));

@@ -91,7 +91,8 @@ fn main() -> ExitCode {
             }
         }
     };
-    let p = xpf_conf::parse(&src, &name, &o.defines);
+    let base = std::path::Path::new(&file).parent().map(|d| d.to_path_buf());
+    let p = xpf_conf::parse::parse_in(&src, &name, &o.defines, base.as_deref());
     if !p.errors.is_empty() {
         // As pfctl: what parsing printed (macros, options) still goes to stdout.
         if o.verbose > 0 {
@@ -104,7 +105,16 @@ fn main() -> ExitCode {
         }
         return ExitCode::FAILURE;
     }
-    if o.verbose > 0 {
+    if o.verbose > 1 {
+        // -vv: rule numbers, as pfctl prints them.
+        for h in &p.header {
+            println!("{h}");
+        }
+        for q in &p.queues {
+            println!("{}", xpf_conf::print::queue(q));
+        }
+        print!("{}", xpf_conf::print::ruleset_numbered(&p.rules, true));
+    } else if o.verbose > 0 {
         print!("{}", xpf_conf::print::parsed(&p));
     }
     if !o.noaction {
