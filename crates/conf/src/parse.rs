@@ -1753,7 +1753,6 @@ fn unsupported(what: &str) -> String {
 
 /// Statements of pf.conf (OpenBSD's and the older FreeBSD dialect's) that xpf does not read yet.
 const UNSUPPORTED_STATEMENTS: &[&str] = &[
-    "include",
     "load",
     "nat",
     "rdr",
@@ -1764,6 +1763,8 @@ const UNSUPPORTED_STATEMENTS: &[&str] = &[
     "nat-anchor",
     "rdr-anchor",
     "binat-anchor",
+    "scrub-anchor",
+    "dummynet-anchor",
     "ether",
 ];
 
