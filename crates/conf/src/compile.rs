@@ -389,13 +389,7 @@ impl Ruleset {
                 Some(f) if f < 8 => i = self.skip[i][f] as usize,
                 Some(_) => i += 1,
                 None => {
-                    if let Some(t) = r.tag {
-                        tag = t;
-                    }
-                    if r.action != Action::Match {
-                        last = Some(i);
-                    }
-                    if r.quick {
+                    if matched(r, i, &mut tag, &mut last) {
                         break;
                     }
                     i += 1;
@@ -420,16 +414,8 @@ impl Ruleset {
                 }
                 continue;
             }
-            if self.first_mismatch(r, pd, ifidx, dir, tag).is_none() {
-                if let Some(t) = r.tag {
-                    tag = t;
-                }
-                if r.action != Action::Match {
-                    last = Some(i);
-                }
-                if r.quick {
-                    break;
-                }
+            if self.first_mismatch(r, pd, ifidx, dir, tag).is_none() && matched(r, i, &mut tag, &mut last) {
+                break;
             }
         }
         (last, tag)
@@ -462,6 +448,19 @@ impl Policy for Ruleset {
             }
         }
     }
+}
+
+/// What a matching rule does: set its tag, become the deciding rule unless it is a `match`
+/// rule; true when it is `quick` (evaluation stops).
+#[inline(always)]
+fn matched(r: &CRule, i: usize, tag: &mut u16, last: &mut Option<usize>) -> bool {
+    if let Some(t) = r.tag {
+        *tag = t;
+    }
+    if r.action != Action::Match {
+        *last = Some(i);
+    }
+    r.quick
 }
 
 #[inline]

@@ -1109,27 +1109,7 @@ fn id_op(p: &mut P, group: bool) -> R<PortOp> {
         v.and_then(|x| u16::try_from(x).ok())
             .ok_or_else(|| format!("unknown {} {s}", if group { "group" } else { "user" }))
     };
-    for op in ["=", "!=", "<", "<=", ">", ">="] {
-        if p.eat_punct(op) {
-            let n = id(&p.string()?)?;
-            return Ok(match op {
-                "=" => PortOp::Eq(n),
-                "!=" => PortOp::Ne(n),
-                "<" => PortOp::Lt(n),
-                "<=" => PortOp::Le(n),
-                ">" => PortOp::Gt(n),
-                _ => PortOp::Ge(n),
-            });
-        }
-    }
-    let a = id(&p.string()?)?;
-    if p.eat_punct("><") {
-        return Ok(PortOp::Inside(a, id(&p.string()?)?));
-    }
-    if p.eat_punct("<>") {
-        return Ok(PortOp::Outside(a, id(&p.string()?)?));
-    }
-    Ok(PortOp::Eq(a))
+    op_spec(p, &id, false)
 }
 
 fn port_num(s: &str) -> R<u16> {
@@ -1144,10 +1124,15 @@ fn port_num(s: &str) -> R<u16> {
 }
 
 fn port(p: &mut P) -> R<PortOp> {
-    let ops = ["=", "!=", "<", "<=", ">", ">="];
-    for op in ops {
+    op_spec(p, &port_num, true)
+}
+
+/// An operator and operand(s), for ports, users and groups: `= n`, `!= n`, `< n`, `<= n`,
+/// `> n`, `>= n`, `a >< b`, `a <> b`, a bare `n`, and for ports `a:b`.
+fn op_spec(p: &mut P, val: &dyn Fn(&str) -> R<u16>, colon_range: bool) -> R<PortOp> {
+    for op in ["=", "!=", "<", "<=", ">", ">="] {
         if p.eat_punct(op) {
-            let n = port_num(&p.string()?)?;
+            let n = val(&p.string()?)?;
             return Ok(match op {
                 "=" => PortOp::Eq(n),
                 "!=" => PortOp::Ne(n),
@@ -1159,15 +1144,17 @@ fn port(p: &mut P) -> R<PortOp> {
         }
     }
     let a = p.string()?;
-    if let Some((x, y)) = a.split_once(':') {
-        return Ok(PortOp::Range(port_num(x)?, port_num(y)?));
+    if colon_range {
+        if let Some((x, y)) = a.split_once(':') {
+            return Ok(PortOp::Range(val(x)?, val(y)?));
+        }
     }
-    let a = port_num(&a)?;
+    let a = val(&a)?;
     if p.eat_punct("><") {
-        return Ok(PortOp::Inside(a, port_num(&p.string()?)?));
+        return Ok(PortOp::Inside(a, val(&p.string()?)?));
     }
     if p.eat_punct("<>") {
-        return Ok(PortOp::Outside(a, port_num(&p.string()?)?));
+        return Ok(PortOp::Outside(a, val(&p.string()?)?));
     }
     Ok(PortOp::Eq(a))
 }
