@@ -24,6 +24,7 @@ test: build
 	$(BIN)/xpf-bench hashsize --quick
 	$(BIN)/xpf-bench insert --quick
 	$(BIN)/xpf-bench rules --quick
+	$(CARGO) test --release -p xpf-conf --test pfctl_regress -- --nocapture --exact pfctl_regress_tally 2>&1 | grep -E '^(pf|pfail|selfpf)[: ]'
 	scripts/test.sh
 
 # The full experiments (several minutes each); figures go to bench-results/out/.
