@@ -1,0 +1,232 @@
+//! pfctl's expansion of a rule line into rules: lists, families, translation pools, label
+//! macros, and the checks pfctl makes on each combination.
+
+use super::*;
+
+/// A translation target given as several addresses (a list, or an interface with several):
+/// only those of the rule's family count; one left is the target, more become an automatic
+/// table (round-robin unless told), as pfctl does.
+pub(super) fn resolve_pools(r: &mut Rule, out: &mut Parsed) -> R<()> {
+    let af = r.af;
+    for pl in [r.nat.as_mut(), r.rdr.as_mut()].into_iter().flatten() {
+        let Some(list) = pl.list.take() else { continue };
+        let l: Vec<Host> = list.into_iter().filter(|h| af == Af::Any || h.af() == Af::Any || h.af() == af).collect();
+        match l.len() {
+            0 => return Err("no translation address with matching address family found.".into()),
+            1 => pl.host = l[0].clone(),
+            _ => {
+                let name = format!("__automatic_{}", out.auto_tables);
+                out.auto_tables += 1;
+                let tb = Table {
+                    name: name.clone(),
+                    konst: true,
+                    persist: false,
+                    counters: false,
+                    parts: vec![TablePart::Hosts(l)],
+                };
+                out.header.push(crate::print::table(&tb));
+                out.tables.push(tb);
+                pl.host = Host { neg: false, kind: HostKind::Table(name) };
+                if pl.kind == PoolKind::None {
+                    pl.kind = PoolKind::RoundRobin;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn one_or_none<T: Clone>(v: &[T]) -> Vec<Option<T>> {
+    if v.is_empty() {
+        vec![None]
+    } else {
+        v.iter().cloned().map(Some).collect()
+    }
+}
+
+/// pfctl's expand_rule: every combination of interface, protocol, source and destination
+/// (and their ports, and ICMP types), each one a rule if its address families agree.
+pub(super) fn expand(t: &Template, nr: &mut u32) -> Result<Vec<Rule>, Vec<String>> {
+    let mut out = Vec::new();
+    let mut errs = Vec::new();
+    let srcs = if t.src.is_empty() { vec![Host::ANY] } else { t.src.clone() };
+    let dsts = if t.dst.is_empty() { vec![Host::ANY] } else { t.dst.clone() };
+    // pfctl's order: interface, protocol, ICMP type, source, destination, source port,
+    // destination port.
+    for on in one_or_none(&t.ifs) {
+        for proto in one_or_none(&t.protos) {
+            for ic in one_or_none(&t.icmp) {
+                for s in &srcs {
+                    for d in &dsts {
+                        for sp in one_or_none(&t.src_ports) {
+                            for dp in one_or_none(&t.dst_ports) {
+                                for uid in one_or_none(&t.users) {
+                                    for gid in one_or_none(&t.groups) {
+                                        let mut r = t.r.clone();
+                                        r.on = on.clone();
+                                        r.proto = proto;
+                                        r.src = s.clone();
+                                        r.src_port = sp;
+                                        r.dst = d.clone();
+                                        r.dst_port = dp;
+                                        r.user = uid;
+                                        r.group = gid;
+                                        r.icmp = ic;
+                                        // The family: the rule's, or what the addresses pin.
+                                        let mut af = r.af;
+                                        let mut ok = true;
+                                        let route_af = r.route.as_ref().map_or(Af::Any, |x| x.1.host.af());
+                                        let fixed_af = [r.af, s.af(), d.af()]
+                                            .into_iter()
+                                            .find(|a| *a != Af::Any)
+                                            .unwrap_or(Af::Any);
+                                        if r.route.is_some() {
+                                            let mut ce: Vec<String> = Vec::new();
+                                            if route_af != Af::Any && fixed_af != Af::Any && route_af != fixed_af {
+                                                ce.push("af mismatch in routing spec".into());
+                                            }
+                                            if r.state == StateKind::No {
+                                                ce.push("route-to, reply-to and dup-to require keep state".into());
+                                            }
+                                            if r.action == Action::Block {
+                                                ce.push(
+                                                    "route-to, reply-to and dup-to are not supported on block rules"
+                                                        .into(),
+                                                );
+                                            }
+                                            if !ce.is_empty() {
+                                                errs.extend(ce);
+                                                errs.push(SKIPPING.into());
+                                                continue;
+                                            }
+                                        }
+                                        let pool_af = [r.nat.as_ref(), r.rdr.as_ref(), r.route.as_ref().map(|x| &x.1)]
+                                            .into_iter()
+                                            .flatten()
+                                            .filter(|p| p.list.is_none())
+                                            .map(|p| p.host.af())
+                                            .find(|a| *a != Af::Any)
+                                            .unwrap_or(Af::Any);
+                                        for a in [s.af(), d.af(), pool_af] {
+                                            if a != Af::Any {
+                                                if af == Af::Any {
+                                                    af = a;
+                                                } else if af != a {
+                                                    ok = false;
+                                                }
+                                            }
+                                        }
+                                        if !ok {
+                                            continue;
+                                        }
+                                        if (sp.is_some() || dp.is_some()) && !matches!(proto, Some(6) | Some(17)) {
+                                            errs.push("port only applies to tcp/udp".to_string());
+                                            errs.push(SKIPPING.into());
+                                            continue;
+                                        }
+                                        if let Some(l) = [s, d].iter().find_map(|h| match h.kind {
+                                            HostKind::Net(a, l) if a.is_ipv4() && l > 32 => Some(l),
+                                            _ => None,
+                                        }) {
+                                            errs.push(format!("{BARE}netmask {l} invalid for IPv4 address"));
+                                            errs.push(SKIPPING.into());
+                                            continue;
+                                        }
+                                        match (af, proto) {
+                                            (Af::Inet6, Some(1)) => {
+                                                errs.push("proto icmp doesn't match address family inet6".into());
+                                                errs.push(SKIPPING.into());
+                                                continue;
+                                            }
+                                            (Af::Inet, Some(58)) => {
+                                                errs.push("proto icmp6 doesn't match address family inet".into());
+                                                errs.push(SKIPPING.into());
+                                                continue;
+                                            }
+                                            _ => {}
+                                        }
+                                        if ic.is_some()
+                                            && (t.r.icmp6 != (proto == Some(58))
+                                                || (af == Af::Inet6) != t.r.icmp6 && af != Af::Any)
+                                        {
+                                            errs.push("icmp-type mismatch".into());
+                                            errs.push(SKIPPING.into());
+                                            continue;
+                                        }
+                                        r.af = af;
+                                        // A dynamic address's mask wider than the family has is dropped.
+                                        for h in [&mut r.src, &mut r.dst] {
+                                            if let HostKind::Dynamic { prefix: pf @ Some(_), .. } = &mut h.kind {
+                                                if af == Af::Inet && pf.is_some_and(|l| l > 32) {
+                                                    *pf = None;
+                                                }
+                                            }
+                                        }
+                                        // Flags and sequence modulation are TCP's: pfctl drops them for
+                                        // the other protocols of a list.
+                                        if matches!(proto, Some(p) if p != 6) {
+                                            r.flags = None;
+                                            if matches!(r.state, StateKind::Modulate | StateKind::Synproxy) {
+                                                r.state = StateKind::Keep;
+                                            }
+                                        }
+                                        if r.flags.is_none()
+                                            && r.anchor.is_none()
+                                            && r.action != Action::Block
+                                            && r.state != StateKind::No
+                                            && matches!(proto, None | Some(6))
+                                        {
+                                            r.flags = Some(Flags::Set { bits: 0x02, mask: 0x12 });
+                                        }
+                                        if let Some(l) = &r.label {
+                                            r.label = Some(label_macros(l, &r, *nr));
+                                        }
+                                        if let Some(l) = &r.tag {
+                                            r.tag = Some(label_macros(l, &r, *nr));
+                                        }
+                                        if let Some((n, l)) = &r.tagged {
+                                            r.tagged = Some((*n, label_macros(l, &r, *nr)));
+                                        }
+                                        // `rdr-to ... port a:*`: as wide as the destination range.
+                                        if let (Some(p), Some(PortOp::Range(x, y))) = (r.rdr.as_mut(), dp) {
+                                            if let Some((a, 0)) = p.port {
+                                                p.port = Some((a, a.saturating_add(y.saturating_sub(x))));
+                                            }
+                                        }
+                                        *nr += 1;
+                                        out.push(r);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if out.is_empty() {
+        errs.push("rule expands to no valid combination".into());
+    }
+    if errs.is_empty() {
+        Ok(out)
+    } else {
+        Err(errs)
+    }
+}
+
+pub(super) fn label_macros(l: &str, r: &Rule, nr: u32) -> String {
+    let mut s = l.to_string();
+    let pairs = [
+        ("$if", r.on.as_ref().map_or("any".to_string(), |i| i.name.clone())),
+        ("$srcaddr", format!("{}{}", if r.src.neg { "! " } else { "" }, crate::print::host_label(&r.src))),
+        ("$dstaddr", format!("{}{}", if r.dst.neg { "! " } else { "" }, crate::print::host_label(&r.dst))),
+        ("$srcport", r.src_port.map_or(String::new(), crate::print::port_label)),
+        ("$dstport", r.dst_port.map_or(String::new(), crate::print::port_label)),
+        ("$proto", names::proto_name(r.proto.unwrap_or(0)).map_or(r.proto.unwrap_or(0).to_string(), str::to_string)),
+        ("$nr", nr.to_string()),
+    ];
+    for (k, v) in pairs {
+        s = s.replace(k, &v);
+    }
+    s
+}

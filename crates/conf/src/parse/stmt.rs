@@ -1,0 +1,291 @@
+//! The other statements: `set`, `table`, `queue` (and the queue tree checks), `include`.
+
+use super::*;
+
+pub(super) fn set_option(p: &mut P, out: &mut Parsed) -> R<()> {
+    let num = |p: &mut P| -> R<u32> {
+        let s = p.string()?;
+        let v = if let Some(h) = s.strip_prefix("0x") { u32::from_str_radix(h, 16) } else { s.parse() };
+        v.map_err(|_| "syntax error".to_string())
+    };
+    match p.string()?.as_str() {
+        "block-policy" => {
+            let v = p.string()?;
+            out.block_return = match v.as_str() {
+                "drop" => false,
+                "return" => true,
+                _ => return Err("syntax error".into()),
+            };
+            out.header.push(format!("set block-policy {v}"));
+        }
+        "optimization" => {
+            let v = p.string()?;
+            if !["default", "normal", "high-latency", "satellite", "aggressive", "conservative"].contains(&v.as_str()) {
+                return Err(format!("unknown optimization {v}"));
+            }
+            out.header.push(format!("set optimization {v}"));
+        }
+        "timeout" => {
+            let items = p.list(|p| {
+                let name = p.string()?;
+                let t = xpf_state::Timeout::from_name(&name).ok_or_else(|| format!("unknown timeout {name}"))?;
+                Ok((t, num(p)?))
+            })?;
+            for (t, v) in items {
+                out.header.push(format!("set timeout {} {v}", t.name()));
+                out.timeouts.push((t, v));
+            }
+        }
+        "limit" => {
+            let items = p.list(|p| {
+                let name = p.string()?;
+                if !["states", "frags", "src-nodes", "tables", "table-entries", "pktdelay-pkts", "anchors"]
+                    .contains(&name.as_str())
+                {
+                    return Err(format!("unknown limit {name}"));
+                }
+                Ok((name, num(p)?))
+            })?;
+            for (n, v) in items {
+                out.header.push(format!("set limit {n} {v}"));
+                out.limits.push((n, v));
+            }
+        }
+        "loginterface" => {
+            let v = p.string()?;
+            out.header.push(format!("set loginterface {v}"));
+        }
+        "hostid" => {
+            let v = num(p)?;
+            if v == 0 {
+                return Err("hostid must be non-zero".into());
+            }
+            out.header.push(format!("set hostid 0x{v:08x}"));
+        }
+        "reassemble" => {
+            let v = p.string()?;
+            if v != "yes" && v != "no" {
+                return Err("syntax error".into());
+            }
+            let nodf = p.eat("no-df");
+            out.header.push(format!("set reassemble {v} {}", if nodf { "no-df" } else { "" }));
+        }
+        "state-policy" => {
+            let v = p.string()?;
+            if v != "if-bound" && v != "floating" {
+                return Err("syntax error".into());
+            }
+            out.header.push(format!("set state-policy {v}"));
+        }
+        "debug" => {
+            let v = p.string()?;
+            out.header.push(format!("set debug {v}"));
+        }
+        "skip" => {
+            if !p.eat("on") {
+                return Err("syntax error".into());
+            }
+            let ifs = p.list(|p| p.string())?;
+            for i in &ifs {
+                out.header.push(format!("set skip on {i}"));
+            }
+            out.skip.extend(ifs);
+        }
+        "ruleset-optimization" => {
+            let v = p.string()?;
+            if !["none", "basic", "profile"].contains(&v.as_str()) {
+                return Err(format!("unknown ruleset-optimization {v}"));
+            }
+            out.header.push(format!("set ruleset-optimization {v}"));
+        }
+        w @ ("syncookies" | "fingerprints" | "require-order" | "state-defaults" | "prio") => {
+            return Err(unsupported(&format!("set {w}")))
+        }
+        _ => return Err("syntax error".into()),
+    }
+    if p.done() {
+        Ok(())
+    } else {
+        Err("syntax error".into())
+    }
+}
+
+pub(super) fn tos_value(s: &str) -> R<u8> {
+    match s {
+        "lowdelay" => return Ok(0x10),
+        "throughput" => return Ok(0x08),
+        "reliability" => return Ok(0x04),
+        _ => {}
+    }
+    let v = if let Some(h) = s.strip_prefix("0x") { u8::from_str_radix(h, 16) } else { s.parse() };
+    v.map_err(|_| format!("illegal tos value {s}"))
+}
+
+pub(super) fn bandwidth(p: &mut P) -> R<Bandwidth> {
+    let s = p.string()?;
+    if let Some(x) = s.strip_suffix('%') {
+        return x.parse().map(Bandwidth::Percent).map_err(|_| format!("invalid bandwidth {s}"));
+    }
+    let t = s.strip_suffix("b").unwrap_or(&s);
+    let (num, mul) = match t.chars().last() {
+        Some('K') => (&t[..t.len() - 1], 1_000u64),
+        Some('M') => (&t[..t.len() - 1], 1_000_000),
+        Some('G') => (&t[..t.len() - 1], 1_000_000_000),
+        _ => (t, 1),
+    };
+    num.parse::<u64>().map(|n| Bandwidth::Bits(n * mul)).map_err(|_| format!("invalid bandwidth {s}"))
+}
+
+pub(super) fn queue(p: &mut P, line: u32) -> R<Queue> {
+    let mut q = Queue { name: p.string()?, line, ..Queue::default() };
+    let num = |p: &mut P| -> R<u32> { p.string()?.parse().map_err(|_| "syntax error".to_string()) };
+    while !p.done() {
+        let w = p.string()?;
+        match w.as_str() {
+            "on" => q.on = Some(p.string()?),
+            "parent" => q.parent = Some(p.string()?),
+            "bandwidth" => q.bandwidth = Some(bandwidth(p)?),
+            "min" => q.min = Some(bandwidth(p)?),
+            "max" => q.max = Some(bandwidth(p)?),
+            "flows" => q.flows = Some(num(p)?),
+            "quantum" => q.quantum = Some(num(p)?),
+            "qlimit" => q.qlimit = Some(num(p)?),
+            "default" => q.default = true,
+            _ => return Err("syntax error".into()),
+        }
+        p.eat_punct(",");
+    }
+    if q.bandwidth.is_none() && q.flows.is_none() {
+        return Err("no bandwidth or flow specification".into());
+    }
+    Ok(q)
+}
+
+/// pfctl's checks of the queue tree, after the whole file is read (bare `pfctl:` messages).
+pub(super) fn check_queues(out: &mut Parsed, file: &str) {
+    let qs = out.queues.clone();
+    if qs.is_empty() {
+        return;
+    }
+    let has_children = |n: &str| qs.iter().any(|q| q.parent.as_deref() == Some(n));
+    let mut msgs = Vec::new();
+    for q in &qs {
+        if q.default && has_children(&q.name) {
+            msgs.push(format!("pfctl: default queue {} is not a leaf queue", q.name));
+        }
+        if q.flows.is_some() && has_children(&q.name) {
+            msgs.push(format!("pfctl: flow queue {} is not a leaf queue", q.name));
+        }
+    }
+    let hfsc = qs.iter().any(|q| q.bandwidth.is_some());
+    if !out.errors.is_empty() {
+        // The tree is checked when the file parsed; the reference is checked as it is read.
+        msgs.clear();
+    } else if msgs.is_empty() && hfsc {
+        for q in &qs {
+            if q.bandwidth.is_none() {
+                msgs.push(format!("pfctl: queue {}: no bandwidth was specified", q.name));
+            }
+        }
+        if msgs.is_empty() && !qs.iter().any(|q| q.default) {
+            msgs.push("pfctl: no default queue specified".into());
+        }
+    }
+    for r in &out.rules {
+        if let Some((a, b)) = &r.set_queue {
+            for n in std::iter::once(a).chain(b.iter()) {
+                if !qs.iter().any(|q| &q.name == n) {
+                    out.errors.push(ConfError {
+                        file: file.into(),
+                        line: r.line,
+                        msg: format!("queue {n} is not defined"),
+                        bare: false,
+                    });
+                }
+            }
+        }
+    }
+    // pfctl stops at the first problem of the tree.
+    out.errors.extend(msgs.into_iter().take(1).map(|m| ConfError { file: file.into(), line: 0, msg: m, bare: true }));
+}
+
+pub(super) fn table(p: &mut P) -> R<Table> {
+    p.expect_punct("<")?;
+    let name = p.string()?;
+    p.expect_punct(">")?;
+    if name.len() > 31 {
+        return Err("table name too long, max 31 chars".to_string());
+    }
+    let mut t = Table { name, konst: false, persist: false, counters: false, parts: Vec::new() };
+    while !p.done() {
+        if p.eat("const") {
+            t.konst = true;
+        } else if p.eat("persist") {
+            t.persist = true;
+        } else if p.eat("counters") {
+            t.counters = true;
+        } else if p.eat("file") {
+            let f = p.string()?;
+            if let Err(e) = std::fs::metadata(&f) {
+                let why = if e.kind() == std::io::ErrorKind::NotFound {
+                    "No such file or directory".to_string()
+                } else {
+                    e.to_string()
+                };
+                return Err(format!("cannot load \"{f}\": {why}"));
+            }
+            t.parts.push(TablePart::File(f));
+        } else if p.punct("{") {
+            let hs: Vec<Host> = p.list(hosts)?.into_iter().flatten().collect();
+            for h in &hs {
+                match &h.kind {
+                    HostKind::Table(_) => return Err("tables cannot contain tables".into()),
+                    HostKind::Dynamic { .. } => return Err("dynamic addresses are not permitted inside tables".into()),
+                    HostKind::NoRoute => return Err("\"no-route\" is not permitted inside tables".into()),
+                    HostKind::UrpfFailed => return Err("\"urpf-failed\" is not permitted inside tables".into()),
+                    HostKind::SelfAddr => return Err("\"self\" is not permitted inside tables".into()),
+                    _ => {}
+                }
+            }
+            match t.parts.last_mut() {
+                Some(TablePart::Hosts(v)) => v.extend(hs),
+                _ => t.parts.push(TablePart::Hosts(hs)),
+            }
+        } else {
+            return Err("syntax error".into());
+        }
+    }
+    Ok(t)
+}
+
+/// `include "file"`: its statements are read in place, errors naming it.
+pub(super) fn include(
+    p: &mut P,
+    file: &str,
+    base: Option<&std::path::Path>,
+    out: &mut Parsed,
+    st: &mut ParseState,
+) -> R<()> {
+    let path = p.string()?;
+    if !p.done() {
+        return Err("syntax error".into());
+    }
+    if st.includes >= MAX_INCLUDE_DEPTH {
+        return Err(format!("include nesting too deep at {path}"));
+    }
+    let mut tries = vec![std::path::PathBuf::from(&path)];
+    if let Some(b) = base {
+        tries.push(b.join(&path));
+    }
+    if let Some(d) = std::path::Path::new(file).parent() {
+        tries.push(d.join(&path));
+    }
+    let Some((found, text)) = tries.iter().find_map(|t| std::fs::read_to_string(t).ok().map(|s| (t.clone(), s))) else {
+        return Err(format!("cannot open the include file {path}"));
+    };
+    st.includes += 1;
+    let inner_base = found.parent().map(|d| d.to_path_buf());
+    parse_source(&text, &path, inner_base.as_deref().or(base), out, st);
+    st.includes -= 1;
+    Ok(())
+}
