@@ -1,9 +1,9 @@
 //! pf.conf's grammar (the OpenBSD 7.7 dialect), by recursive descent over one logical line at a
 //! time. A rule line is parsed into a `Template` holding lists, then expanded into rules.
 //!
-//! This file drives it (lines, macros, errors, `include`); [`host`] reads addresses and
-//! operands, [`rule`] filter rules and `antispoof`, [`stmt`] `set`, `table` and `queue`, and
-//! [`expand`] turns a rule line into rules as pfctl does.
+//! This file drives it (lines, macros, errors, `include`); `host` reads addresses and
+//! operands, `rule` filter rules and `antispoof`, `stmt` `set`, `table` and `queue`, and
+//! `expand` turns a rule line into rules as pfctl does.
 
 use crate::ast::*;
 use crate::lex::{lex_line, logical_lines, Tok, Token};
