@@ -107,6 +107,24 @@ struct Template {
     groups: Vec<PortOp>,
 }
 
+impl Template {
+    /// A rule with no lists yet (each list empty means "any").
+    fn new(r: Rule) -> Template {
+        Template {
+            r,
+            ifs: vec![],
+            protos: vec![],
+            src: vec![],
+            src_ports: vec![],
+            dst: vec![],
+            dst_ports: vec![],
+            icmp: vec![],
+            users: vec![],
+            groups: vec![],
+        }
+    }
+}
+
 struct P<'a> {
     t: &'a [Token],
     i: usize,

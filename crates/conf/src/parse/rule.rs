@@ -35,18 +35,7 @@ pub(super) fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>>
     if action == Action::Block {
         block_return_spec(p, &mut r)?;
     }
-    let mut t = Template {
-        r,
-        ifs: vec![],
-        protos: vec![],
-        src: vec![],
-        src_ports: vec![],
-        dst: vec![],
-        dst_ports: vec![],
-        icmp: vec![],
-        users: vec![],
-        groups: vec![],
-    };
+    let mut t = Template::new(r);
     if p.eat("in") {
         t.r.dir = Dir::In;
     } else if p.eat("out") {
@@ -220,18 +209,7 @@ pub(super) fn antispoof(p: &mut P, line: u32) -> R<Vec<Template>> {
     }
     base.dir = Dir::In;
     let mut out = Vec::new();
-    let tmpl = |r: &Rule, ifs: Vec<Iface>, src: Vec<Host>| Template {
-        r: r.clone(),
-        ifs,
-        protos: vec![],
-        src,
-        src_ports: vec![],
-        dst: vec![],
-        dst_ports: vec![],
-        icmp: vec![],
-        users: vec![],
-        groups: vec![],
-    };
+    let tmpl = |r: &Rule, ifs: Vec<Iface>, src: Vec<Host>| Template { ifs, src, ..Template::new(r.clone()) };
     for (name, dynamic) in ifs {
         let on = vec![Iface { neg: true, name: name.clone() }];
         if dynamic {
