@@ -7,6 +7,14 @@ need=()
 command -v gnuplot >/dev/null 2>&1 || need+=(gnuplot-nox)   # the benches' PNG plots
 command -v cc >/dev/null 2>&1 || need+=(gcc)                # libfuzzer-sys, cc-using crates
 command -v ip >/dev/null 2>&1 || need+=(iproute2)           # the pf.conf conformance test's network namespace
+command -v clang >/dev/null 2>&1 || need+=(clang)              # the XDP programs (crates/xdp/bpf)
+command -v ethtool >/dev/null 2>&1 || need+=(ethtool)          # the netns labs (checksum offload off on veth)
+command -v iperf3 >/dev/null 2>&1 || need+=(iperf3)            # demo and scenario tests
+command -v nc >/dev/null 2>&1 || need+=(netcat-openbsd)         # scenario tests
+command -v ping >/dev/null 2>&1 || need+=(iputils-ping)         # demo and scenario tests
+command -v curl >/dev/null 2>&1 || need+=(curl)                # demo and scenario tests
+command -v nft >/dev/null 2>&1 || need+=(nftables)              # the lab: the kernel firewall xpf is compared with
+command -v conntrack >/dev/null 2>&1 || need+=(conntrack)       # the lab: warming and counting the kernel's states
 
 if ! command -v cargo >/dev/null 2>&1; then
     echo "deps: cargo is not installed; xpf needs Rust 1.95 (rustup)" >&2

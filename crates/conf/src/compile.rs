@@ -55,6 +55,22 @@ impl Table {
         }
     }
 
+    /// The entries: address, prefix length, negated, packets matched (pfctl -T show -v).
+    pub fn entries(&self) -> Vec<(IpAddr, u8, bool, u64)> {
+        let mut v: Vec<_> = self
+            .v4
+            .iter()
+            .map(|(&(l, a), e)| {
+                (IpAddr::from(std::net::Ipv4Addr::from(a)), l, e.neg, e.matches.load(Ordering::Relaxed))
+            })
+            .chain(self.v6.iter().map(|(&(l, a), e)| {
+                (IpAddr::from(std::net::Ipv6Addr::from(a)), l, e.neg, e.matches.load(Ordering::Relaxed))
+            }))
+            .collect();
+        v.sort();
+        v
+    }
+
     pub fn len(&self) -> usize {
         self.v4.len() + self.v6.len()
     }

@@ -36,6 +36,14 @@ impl Slot {
         Ok(self.generation.fetch_add(1, Ordering::Release) + 1)
     }
 
+    /// Installs a ruleset compiled elsewhere (the daemon, which keeps the parsed form too);
+    /// returns the new generation.
+    pub fn install(&self, r: Ruleset) -> u64 {
+        let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        *cur = Arc::new(r);
+        self.generation.fetch_add(1, Ordering::Release) + 1
+    }
+
     /// The generation in force (cheap: for a worker's per-batch check).
     #[inline]
     pub fn generation(&self) -> u64 {

@@ -1,9 +1,16 @@
-//! xpfctl, pfctl for xpf. Today it does what needs no daemon: `-n -f FILE` checks a pf.conf
-//! and, with `-v`, prints it in pfctl's canonical form (`-f -` reads stdin, `-D name=value`
-//! defines a macro, `-o none` is accepted: xpf has no optimizer to turn off). Everything that
-//! talks to xpfd (`-s`, `-k`, `-F`, `-t`, loading) comes with the daemon, and says so.
+//! xpfctl, pfctl for xpf. `-n -f FILE` checks a pf.conf without a daemon and, with `-v`,
+//! prints it in pfctl's canonical form (`-f -` reads stdin, `-D name=value` defines a macro,
+//! `-o none` is accepted: xpf has no optimizer to turn off). `-f FILE` loads it into xpfd
+//! (atomically: a bad file changes nothing); `-s`, `-k`, `-F`, `-t ... -T` talk to xpfd over its
+//! control socket (/run/xpfd.sock, `--socket` or XPFD_SOCKET), `--json` prints the answer's data.
 
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
+
+/// Where xpfd listens unless told otherwise (xpfd --socket, XPFD_SOCKET or --socket here).
+const SOCKET: &str = "/run/xpfd.sock";
 
 const USAGE: &str = "usage: xpfctl [-nv] [-D macro=value] [-o level] -f FILE\n       \
                      xpfctl [-s info|states|memory|rules|timeouts|Tables|all] [-k host] [-F what] [-t table -T cmd]";
@@ -14,7 +21,16 @@ struct Opts {
     noaction: bool,
     verbose: u8,
     defines: Vec<(String, String)>,
-    daemon_cmd: Option<String>,
+    show: Option<String>,
+    kill: Vec<String>,
+    label: Option<String>,
+    flush: Option<String>,
+    table: Option<String>,
+    table_cmd: Option<String>,
+    /// Addresses after `-T add|delete|replace|test`.
+    rest: Vec<String>,
+    json: bool,
+    socket: Option<String>,
 }
 
 fn parse_args(args: &[String]) -> Result<Opts, String> {
@@ -26,7 +42,22 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
             *i += 1;
             args.get(*i).cloned().ok_or_else(|| format!("option {a} needs a value"))
         };
+        if a == "--json" {
+            o.json = true;
+            i += 1;
+            continue;
+        }
+        if a == "--socket" {
+            o.socket = Some(val(&mut i)?);
+            i += 1;
+            continue;
+        }
         if !a.starts_with('-') || a == "-" {
+            if o.table_cmd.is_some() {
+                o.rest.push(a.clone());
+                i += 1;
+                continue;
+            }
             return Err(format!("unexpected argument '{a}'"));
         }
         // Flags may be grouped as pfctl allows: -nvf FILE.
@@ -48,7 +79,19 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
                 'o' => {
                     let _ = val(&mut i)?;
                 }
-                's' | 'k' | 'F' | 't' | 'T' | 'a' => o.daemon_cmd = Some(format!("-{c} {}", val(&mut i)?)),
+                's' => o.show = Some(val(&mut i)?),
+                'k' => {
+                    let v = val(&mut i)?;
+                    if v == "label" {
+                        o.label = Some(val(&mut i)?);
+                    } else {
+                        o.kill.push(v);
+                    }
+                }
+                'F' => o.flush = Some(val(&mut i)?),
+                't' => o.table = Some(val(&mut i)?),
+                'T' => o.table_cmd = Some(val(&mut i)?),
+                'a' => return Err(format!("-a {}: xpf has no anchors to load at run time yet", val(&mut i)?)),
                 'h' => return Err(USAGE.to_string()),
                 other => return Err(format!("unknown option -{other}\n{USAGE}")),
             }
@@ -67,11 +110,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Some(cmd) = &o.daemon_cmd {
-        eprintln!("xpfctl: {cmd} needs xpfd, which is not built yet (it comes with the daemon issue).");
-        return ExitCode::from(2);
+    if o.show.is_some() || !o.kill.is_empty() || o.label.is_some() || o.flush.is_some() || o.table.is_some() {
+        return daemon(&o);
     }
-    let Some(file) = o.file else {
+    let Some(file) = o.file.clone() else {
         eprintln!("{USAGE}");
         return ExitCode::from(2);
     };
@@ -118,12 +160,100 @@ fn main() -> ExitCode {
         print!("{}", xpf_conf::print::parsed(&p));
     }
     if !o.noaction {
-        eprintln!(
-            "xpfctl: {name}: ruleset is valid; loading it needs xpfd, which is not built yet (use -n to check only)."
-        );
-        return ExitCode::from(2);
+        if file == "-" {
+            eprintln!("xpfctl: loading from stdin into xpfd: write the ruleset to a file and give its path");
+            return ExitCode::from(2);
+        }
+        let path = std::fs::canonicalize(&file).unwrap_or_else(|_| file.clone().into());
+        return request(&o, json!({"op": "load", "file": path.to_string_lossy()}));
     }
     ExitCode::SUCCESS
+}
+
+/// Sends one request to xpfd and prints its answer (the text, or the data with --json).
+fn request(o: &Opts, req: Value) -> ExitCode {
+    let path = o.socket.clone().or_else(|| std::env::var("XPFD_SOCKET").ok()).unwrap_or_else(|| SOCKET.to_string());
+    let mut s = match UnixStream::connect(&path) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("xpfctl: cannot reach xpfd at {path}: {e}; is xpfd running (xpfd -f pf.conf -i IF ...), and are you root?");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = writeln!(s, "{req}") {
+        eprintln!("xpfctl: sending to xpfd: {e}");
+        return ExitCode::FAILURE;
+    }
+    let mut line = String::new();
+    if let Err(e) = BufReader::new(&s).read_line(&mut line) {
+        eprintln!("xpfctl: reading xpfd's answer: {e}");
+        return ExitCode::FAILURE;
+    }
+    let ans: Value = match serde_json::from_str(&line) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("xpfctl: xpfd's answer is not JSON ({e})");
+            return ExitCode::FAILURE;
+        }
+    };
+    if ans["ok"].as_bool() != Some(true) {
+        eprintln!("{}", ans["error"].as_str().unwrap_or("xpfd refused the request"));
+        return ExitCode::FAILURE;
+    }
+    if o.json {
+        println!("{}", serde_json::to_string_pretty(&ans["data"]).unwrap_or_default());
+    } else if let Some(t) = ans["text"].as_str() {
+        print!("{t}");
+    }
+    ExitCode::SUCCESS
+}
+
+fn daemon(o: &Opts) -> ExitCode {
+    let mut rc = ExitCode::SUCCESS;
+    if let Some(what) = &o.flush {
+        let what = match what.as_str() {
+            "s" | "states" | "state" => "states",
+            "r" | "rules" => "rules",
+            "a" | "all" => "all",
+            w => {
+                eprintln!("xpfctl: -F {w}: states, rules or all");
+                return ExitCode::from(2);
+            }
+        };
+        rc = request(o, json!({"op": "flush", "what": what}));
+    }
+    if let Some(l) = &o.label {
+        rc = request(o, json!({"op": "kill", "label": l}));
+    } else if !o.kill.is_empty() {
+        rc = request(o, json!({"op": "kill", "hosts": o.kill}));
+    }
+    if let Some(t) = &o.table {
+        let cmd = o.table_cmd.clone().unwrap_or_else(|| "show".into());
+        let full = ["add", "delete", "replace", "show", "test", "flush", "zero"]
+            .iter()
+            .find(|c| c.starts_with(cmd.as_str()) && !cmd.is_empty());
+        let Some(cmd) = full else {
+            eprintln!("xpfctl: -T {cmd}: add, delete, replace, show, test, flush or zero");
+            return ExitCode::from(2);
+        };
+        rc = request(o, json!({"op": "table", "name": t, "cmd": cmd, "addrs": o.rest, "verbose": o.verbose}));
+    }
+    if let Some(what) = &o.show {
+        // pfctl accepts any unambiguous prefix: -s i, -s st, -s r ...
+        let names = ["info", "states", "memory", "rules", "timeouts", "Tables", "all"];
+        let full: Vec<&&str> = names.iter().filter(|n| n.starts_with(what.as_str())).collect();
+        let full = if names.contains(&what.as_str()) {
+            vec![names.iter().find(|n| **n == what.as_str()).unwrap()]
+        } else {
+            full
+        };
+        if full.len() != 1 {
+            eprintln!("xpfctl: -s {what}: one of info, states, memory, rules, timeouts, Tables, all");
+            return ExitCode::from(2);
+        }
+        rc = request(o, json!({"op": "show", "what": full[0], "verbose": o.verbose}));
+    }
+    rc
 }
 
 #[cfg(test)]
@@ -144,6 +274,13 @@ mod tests {
         assert!(parse_args(&a("-fn x")).unwrap_err().contains("must come last"));
         assert!(parse_args(&a("-q")).unwrap_err().contains("unknown option -q"));
         assert!(parse_args(&a("-D novalue")).unwrap_err().contains("macro=value"));
-        assert_eq!(parse_args(&a("-s info")).unwrap().daemon_cmd.as_deref(), Some("-s info"));
+        assert_eq!(parse_args(&a("-s info")).unwrap().show.as_deref(), Some("info"));
+        let o = parse_args(&a("-k 10.0.0.1 -k 10.0.1.0/24")).unwrap();
+        assert_eq!(o.kill, vec!["10.0.0.1", "10.0.1.0/24"]);
+        assert_eq!(parse_args(&a("-k label web")).unwrap().label.as_deref(), Some("web"));
+        let o = parse_args(&a("-t bad -T add 192.0.2.1 192.0.2.0/28")).unwrap();
+        assert_eq!((o.table.as_deref(), o.table_cmd.as_deref()), (Some("bad"), Some("add")));
+        assert_eq!(o.rest, vec!["192.0.2.1", "192.0.2.0/28"]);
+        assert!(parse_args(&a("-s info --json")).unwrap().json);
     }
 }

@@ -1,19 +1,242 @@
-//! xpfd, the xpf daemon. The dataplane (AF_XDP/AF_PACKET I/O, FIB, the control socket) is
-//! issue 4's work; until then this binary says so and exits non-zero, so that no script takes
-//! it for a running firewall.
+//! xpfd, the xpf daemon: filters the traffic routed between the interfaces it is given, with
+//! the pf.conf it is given, on AF_XDP sockets; answers xpfctl on a Unix socket.
+//!
+//! ```text
+//! xpfd -f /etc/xpf/pf.conf -i IF -i IF [--io xdp|auto] [--workers N] [--cpus 0,1]
+//!      [--socket PATH] [--busy-poll] [-D macro=value]
+//! ```
+//! Runs in the foreground and logs to stderr. SIGHUP reloads the file; SIGINT and SIGTERM
+//! stop it cleanly (the XDP programs are removed). Killed hard, it leaves the steering
+//! programs attached with no socket behind them: forwarded traffic is dropped until xpfd
+//! starts again (fail closed).
 
-use std::process::ExitCode;
+mod control;
+mod dataplane;
+mod policy;
 
-const USAGE: &str = "usage: xpfd -f FILE -i IF [-i IF ...] [--io xdp|packet|auto] [--workers N] [--socket PATH]";
+use control::{Daemon, Loaded};
+use dataplane::{Cmd, Dataplane, Port};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use xpf_engine::{Worker, WorkerConfig};
+use xpf_state::Seed;
+use xpf_xdp::steer::Steer;
+use xpf_xdp::{netlink, xsk::Xsk};
 
-fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        println!("{USAGE}");
-        return ExitCode::SUCCESS;
+pub const DEFAULT_SOCKET: &str = "/run/xpfd.sock";
+
+const USAGE: &str = "usage: xpfd -f FILE -i IF [-i IF ...] [--io xdp|auto] [--workers N] [--cpus LIST] \
+                     [--socket PATH] [--busy-poll] [-D macro=value]";
+
+#[derive(Debug)]
+struct Args {
+    file: String,
+    ifaces: Vec<String>,
+    io: String,
+    workers: Option<u32>,
+    cpus: Option<Vec<usize>>,
+    socket: String,
+    busy: bool,
+    defines: Vec<(String, String)>,
+}
+
+fn parse_args(a: &[String]) -> Result<Args, String> {
+    let mut r = Args {
+        file: String::new(),
+        ifaces: Vec::new(),
+        io: "auto".into(),
+        workers: None,
+        cpus: None,
+        socket: DEFAULT_SOCKET.into(),
+        busy: false,
+        defines: Vec::new(),
+    };
+    let mut i = 0;
+    while i < a.len() {
+        let flag = a[i].clone();
+        let mut val = || {
+            i += 1;
+            a.get(i).cloned().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
+        };
+        match flag.as_str() {
+            "-f" => r.file = val()?,
+            "-i" => r.ifaces.push(val()?),
+            "--io" => r.io = val()?,
+            "--workers" => r.workers = Some(val()?.parse().map_err(|_| "--workers: a number".to_string())?),
+            "--cpus" => {
+                let v = val()?;
+                r.cpus = Some(
+                    v.split(',')
+                        .map(|c| c.parse().map_err(|_| format!("--cpus {v}: numbers, comma-separated")))
+                        .collect::<Result<_, _>>()?,
+                )
+            }
+            "--socket" => r.socket = val()?,
+            "--busy-poll" => r.busy = true,
+            "-D" => {
+                let d = val()?;
+                let (k, v) = d.split_once('=').ok_or_else(|| format!("-D {d}: expected macro=value"))?;
+                r.defines.push((k.into(), v.into()));
+            }
+            "-h" | "--help" => return Err(USAGE.into()),
+            x => return Err(format!("unknown argument '{x}'\n{USAGE}")),
+        }
+        i += 1;
     }
-    eprintln!("xpfd: the dataplane is not built yet (it comes with the daemon issue); nothing is filtered.");
-    eprintln!("xpfd: to exercise the engine today, run `xpf-bench states --quick` or `xpf-bench replay FILE.pcap`.");
-    eprintln!("{USAGE}");
-    ExitCode::from(2)
+    if r.file.is_empty() || r.ifaces.is_empty() {
+        return Err(format!("xpfd needs a ruleset (-f) and at least one interface (-i)\n{USAGE}"));
+    }
+    if !matches!(r.io.as_str(), "xdp" | "auto" | "packet") {
+        return Err(format!("--io {}: xdp, packet or auto", r.io));
+    }
+    Ok(r)
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+static HUP: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    if sig == libc::SIGHUP {
+        HUP.fetch_add(1, Ordering::Relaxed);
+    } else {
+        STOP.store(true, Ordering::Relaxed);
+    }
+}
+
+fn pin(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t with one bit set, for this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let a = match parse_args(&args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("xpfd: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(a) {
+        eprintln!("xpfd: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(a: Args) -> Result<(), String> {
+    if a.io == "packet" {
+        return Err("--io packet: the AF_PACKET fallback is not in this build yet; use --io xdp".into());
+    }
+    let text = std::fs::read_to_string(&a.file).map_err(|e| format!("{}: {e}", a.file))?;
+    let loaded = Loaded::build(&text, &a.file, &a.defines).map_err(|e| e.join("\n"))?;
+    eprintln!("xpfd: {}: {} rules, {} tables", a.file, loaded.parsed.rules.len(), loaded.parsed.tables.len());
+    let limit = loaded.state_limit();
+    let timeouts = loaded.timeouts();
+    let (ruleset, loaded) = loaded.take_ruleset();
+    let slot = Arc::new(xpf_conf::reload::Slot::new(ruleset));
+
+    // Interfaces, queues, sockets.
+    let mut ifs = Vec::new();
+    for name in &a.ifaces {
+        let idx = netlink::ifindex(name).map_err(|e| format!("-i {name}: {e}"))?;
+        if idx > u16::MAX as u32 {
+            return Err(format!("-i {name}: interface index {idx} beyond what the engine keys on"));
+        }
+        ifs.push((name.clone(), idx, netlink::rx_queues(name)));
+    }
+    let queues = ifs.iter().map(|i| i.2).min().unwrap_or(1);
+    let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let workers = a.workers.unwrap_or(queues).clamp(1, queues);
+    let cpus: Vec<usize> = a.cpus.clone().unwrap_or_else(|| (0..workers as usize).map(|w| w % ncpu).collect());
+    let mut steers = Vec::new();
+    let mut ports_of: Vec<Vec<Port>> = (0..workers).map(|_| Vec::new()).collect();
+    for (name, idx, nq) in &ifs {
+        let steer = Steer::load().map_err(|e| e.to_string())?;
+        for q in 0..*nq {
+            let w = (q % workers) as usize;
+            let x = Xsk::open(*idx, q, if a.busy { 20 } else { 0 }).map_err(|e| format!("-i {name}: {e}"))?;
+            steer.register(q, x.fd()).map_err(|e| format!("-i {name} queue {q}: {e}"))?;
+            eprintln!(
+                "xpfd: {name} queue {q}: AF_XDP {} mode, worker {w}",
+                if x.zero_copy { "zero-copy" } else { "copy" }
+            );
+            ports_of[w].push(Port { xsk: x, ifindex: *idx });
+        }
+        steers.push((name.clone(), steer));
+    }
+    let steers = Arc::new(Mutex::new(steers));
+    for (name, s) in steers.lock().unwrap().iter_mut() {
+        let mode = s
+            .attach(ifs.iter().find(|i| &i.0 == name).unwrap().1)
+            .map_err(|e| format!("-i {name}: attaching XDP: {e}"))?;
+        eprintln!("xpfd: {name}: steering program attached ({mode} XDP)");
+    }
+
+    // Workers.
+    let stop = Arc::new(AtomicBool::new(false));
+    let per_worker = (limit / workers).max(1);
+    let mut txs = Vec::new();
+    let mut handles = Vec::new();
+    let seed = Seed::random();
+    for (w, ports) in ports_of.into_iter().enumerate() {
+        let (tx, rx) = mpsc::channel::<Cmd>();
+        txs.push(tx);
+        let cfg = WorkerConfig { limit: per_worker, rows: None, seed, events: 0, now: 1, prefault: true };
+        let mut worker =
+            Worker::new(cfg, policy::Live::new(slot.clone())).map_err(|e| format!("state table: {e:?}"))?;
+        worker.t4.set_timeouts(timeouts.clone());
+        worker.t6.set_timeouts(timeouts.clone());
+        let cpu = cpus[w % cpus.len()];
+        let (stop, busy) = (stop.clone(), a.busy);
+        handles.push(
+            std::thread::Builder::new()
+                .name(format!("xpf-worker{w}"))
+                .spawn(move || {
+                    pin(cpu);
+                    let mut dp = Dataplane::new(worker, ports, rx, stop, busy);
+                    dp.run();
+                })
+                .map_err(|e| e.to_string())?,
+        );
+        eprintln!("xpfd: worker {w} on CPU {cpu}, state limit {per_worker}");
+    }
+
+    // SAFETY: installing async-signal-safe handlers that only store to atomics.
+    unsafe {
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::signal(s, on_signal as *const () as libc::sighandler_t);
+        }
+    }
+    let mut d = Daemon::new(a.file.clone(), a.defines.clone(), loaded, slot, txs, steers.clone());
+    let listener = control::listen(&a.socket).map_err(|e| format!("control socket {}: {e}", a.socket))?;
+    eprintln!("xpfd: filtering {}; control socket {}", a.ifaces.join(", "), a.socket);
+    let mut hups = 0;
+    while !STOP.load(Ordering::Relaxed) {
+        let h = HUP.load(Ordering::Relaxed);
+        if h != hups {
+            hups = h;
+            match d.reload_file() {
+                Ok(g) => eprintln!("xpfd: SIGHUP: {} reloaded (generation {g})", a.file),
+                Err(e) => {
+                    eprintln!("xpfd: SIGHUP: {} not loaded, the ruleset in force stays:\n{}", a.file, e.join("\n"))
+                }
+            }
+        }
+        control::serve_once(&listener, &mut d, 200);
+    }
+    eprintln!("xpfd: stopping");
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        let _ = h.join();
+    }
+    for (_, s) in steers.lock().unwrap().iter_mut() {
+        s.detach_all();
+    }
+    let _ = std::fs::remove_file(&a.socket);
+    Ok(())
 }

@@ -54,7 +54,7 @@ fn to_errors(file: &str, line: u32, msg: &str) -> Vec<ConfError> {
 }
 
 /// What parsing gave: the rules, in order, and every error (pfctl reports all, then refuses).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Parsed {
     pub rules: Vec<Rule>,
     pub errors: Vec<ConfError>,

@@ -1,0 +1,59 @@
+/* The lab's traffic generator, run with BPF_PROG_TEST_RUN in live-frames mode (the technique
+ * of xdp-tools' xdp-trafficgen): the kernel hands this program the template frame again and
+ * again, it writes the flow's addresses and port into it and transmits it with XDP_TX out of
+ * the interface the run names. Flows are stepped like netmap pkt-gen's ranges:
+ * packet c is flow f = c mod (srcs * dsts * ports); sport = port0 + f mod ports, then the
+ * destination, then the source. Fields are written absolutely, never incrementally, because a
+ * recycled page keeps what the previous run wrote. */
+#include "xpf.h"
+#include <linux/ip.h>
+#include <linux/udp.h>
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+struct gen_cfg {
+    __u32 src0, dst0;       /* host order */
+    __u32 srcs, dsts, ports;
+    __u32 sport0;
+};
+
+struct xpf_map gen_cfg SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct gen_cfg), 1, 0 };
+struct xpf_map gen_count SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 1, 0 };
+
+SEC("xdp")
+int xpf_gen(struct xdp_md *ctx) {
+    void *data = (void *)(long)ctx->data;
+    void *end = (void *)(long)ctx->data_end;
+    struct ethhdr *eth = data;
+    struct iphdr *ip = (void *)(eth + 1);
+    struct udphdr *udp = (void *)(ip + 1);
+    if ((void *)(udp + 1) > end)
+        return XDP_DROP;
+    __u32 zero = 0;
+    struct gen_cfg *cfg = bpf_map_lookup_elem(&gen_cfg, &zero);
+    __u64 *ctr = bpf_map_lookup_elem(&gen_count, &zero);
+    if (!cfg || !ctr || !cfg->srcs || !cfg->dsts || !cfg->ports)
+        return XDP_DROP;
+    __u64 c = *ctr;
+    *ctr = c + 1;
+    __u32 n = cfg->srcs * cfg->dsts * cfg->ports;
+    __u32 f = c % n;
+    __u32 port = f % cfg->ports;
+    f /= cfg->ports;
+    __u32 dst = cfg->dst0 + f % cfg->dsts;
+    __u32 src = cfg->src0 + f / cfg->dsts;
+    ip->saddr = __builtin_bswap32(src);
+    ip->daddr = __builtin_bswap32(dst);
+    udp->source = bswap16((__u16)(cfg->sport0 + port));
+    udp->check = 0;
+    ip->check = 0;
+    __u32 sum = 0;
+    __u16 *w = (__u16 *)ip;
+#pragma unroll
+    for (int i = 0; i < 10; i++)
+        sum += w[i];
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    ip->check = ~sum;
+    return XDP_TX;
+}

@@ -1,0 +1,133 @@
+/* xpf's steering program, attached to every interface xpfd filters.
+ *
+ * The kernel keeps the FIB and the neighbour tables (configured with `ip route`, `ip neigh`,
+ * kept current by the kernel itself); this program asks them, with bpf_fib_lookup, where each
+ * IPv4/IPv6 packet would be forwarded, writes the answer in front of the frame and redirects
+ * the frame to xpfd's AF_XDP socket on this queue. xpfd filters it `in` on this interface and
+ * `out` on the egress one, and transmits it itself.
+ *
+ * Everything the kernel must see goes up the stack (XDP_PASS): non-IP (ARP, LLDP...), IPv6
+ * neighbour discovery, traffic to the box itself, TTL/hop limit about to expire (so the kernel
+ * sends the ICMP time exceeded a traceroute needs), too big for the egress MTU (the kernel
+ * sends the ICMP error), and what the FIB does not route. Forwardable traffic with no xpfd
+ * socket on its queue is dropped and counted: the firewall fails closed. */
+#include "xpf.h"
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/icmpv6.h>
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+struct xpf_map xsks SEC("maps") = { BPF_MAP_TYPE_XSKMAP, 4, 4, 64, 0 };
+struct xpf_map steer_stats SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 8, 0 };
+
+/* steer_stats slots (src/steer.rs names them). */
+enum { S_NOT_IP, S_LOCAL, S_TTL, S_NO_ROUTE, S_MTU, S_TO_XSK, S_NO_SOCKET, S_ND };
+
+/* What xpfd finds in front of each frame (src/steer.rs: Meta). */
+struct meta {
+    __u8 kind;          /* 1: forward (MACs valid), 2: neighbour not resolved yet */
+    __u8 family;        /* AF_INET / AF_INET6 */
+    __u16 pad;
+    __u32 ifindex;      /* egress interface */
+    __u8 dmac[6];
+    __u8 smac[6];
+    __u32 nexthop[4];   /* next hop (IPv4 in nexthop[0]), network order */
+} __attribute__((packed));
+
+#define META_LEN 36
+
+INLINE int to_xsk(struct xdp_md *ctx, struct bpf_fib_lookup *p, int rc, __u8 family) {
+    if (bpf_xdp_adjust_head(ctx, -META_LEN))
+        return XDP_PASS;
+    void *data = (void *)(long)ctx->data;
+    void *end = (void *)(long)ctx->data_end;
+    struct meta *m = data;
+    if ((void *)(m + 1) > end)
+        return XDP_DROP;
+    m->kind = rc == BPF_FIB_LKUP_RET_SUCCESS ? 1 : 2;
+    m->family = family;
+    m->pad = 0;
+    m->ifindex = p->ifindex;
+    __builtin_memcpy(m->dmac, p->dmac, 6);
+    __builtin_memcpy(m->smac, p->smac, 6);
+    __builtin_memcpy(m->nexthop, p->ipv6_dst, 16);
+    count(&steer_stats, S_TO_XSK);
+    long r = bpf_redirect_map(&xsks, ctx->rx_queue_index, 0);
+    if (r != XDP_REDIRECT)
+        count(&steer_stats, S_NO_SOCKET);
+    return r == XDP_REDIRECT ? XDP_REDIRECT : XDP_DROP;
+}
+
+INLINE int verdict(struct xdp_md *ctx, struct bpf_fib_lookup *p, long rc, __u8 family) {
+    switch (rc) {
+    case BPF_FIB_LKUP_RET_SUCCESS:
+    case BPF_FIB_LKUP_RET_NO_NEIGH:
+        return to_xsk(ctx, p, rc, family);
+    case BPF_FIB_LKUP_RET_FRAG_NEEDED:
+        count(&steer_stats, S_MTU);
+        return XDP_PASS;
+    case BPF_FIB_LKUP_RET_NOT_FWDED:
+        count(&steer_stats, S_LOCAL);
+        return XDP_PASS;
+    default:
+        count(&steer_stats, S_NO_ROUTE);
+        return XDP_PASS;
+    }
+}
+
+SEC("xdp")
+int xpf_steer(struct xdp_md *ctx) {
+    void *data = (void *)(long)ctx->data;
+    void *end = (void *)(long)ctx->data_end;
+    struct ethhdr *eth = data;
+    if ((void *)(eth + 1) > end)
+        return XDP_PASS;
+    __u16 proto = eth->h_proto;
+    struct bpf_fib_lookup p = {};
+    p.ifindex = ctx->ingress_ifindex;
+    if (proto == htons(ETH_P_IP)) {
+        struct iphdr *ip = (void *)(eth + 1);
+        if ((void *)(ip + 1) > end)
+            return XDP_PASS;
+        if (ip->ttl <= 1) {
+            count(&steer_stats, S_TTL);
+            return XDP_PASS;
+        }
+        p.family = AF_INET;
+        p.tos = ip->tos;
+        p.l4_protocol = ip->protocol;
+        p.tot_len = bswap16(ip->tot_len);
+        p.ipv4_src = ip->saddr;
+        p.ipv4_dst = ip->daddr;
+        return verdict(ctx, &p, bpf_fib_lookup(ctx, &p, sizeof(p), 0), AF_INET);
+    }
+    if (proto == htons(ETH_P_IPV6)) {
+        struct ipv6hdr *ip6 = (void *)(eth + 1);
+        if ((void *)(ip6 + 1) > end)
+            return XDP_PASS;
+        if (ip6->nexthdr == IPPROTO_ICMPV6) {
+            struct icmp6hdr *ic = (void *)(ip6 + 1);
+            if ((void *)(ic + 1) > end)
+                return XDP_PASS;
+            /* Router/neighbour solicitation and advertisement, redirect: the kernel's. */
+            if (ic->icmp6_type >= 133 && ic->icmp6_type <= 137) {
+                count(&steer_stats, S_ND);
+                return XDP_PASS;
+            }
+        }
+        if (ip6->hop_limit <= 1) {
+            count(&steer_stats, S_TTL);
+            return XDP_PASS;
+        }
+        p.family = AF_INET6;
+        p.flowinfo = *(__be32 *)ip6 & htonl(0x0fffffff);
+        p.l4_protocol = ip6->nexthdr;
+        p.tot_len = bswap16(ip6->payload_len) + sizeof(*ip6);
+        __builtin_memcpy(p.ipv6_src, &ip6->saddr, 16);
+        __builtin_memcpy(p.ipv6_dst, &ip6->daddr, 16);
+        return verdict(ctx, &p, bpf_fib_lookup(ctx, &p, sizeof(p), 0), AF_INET6);
+    }
+    count(&steer_stats, S_NOT_IP);
+    return XDP_PASS;
+}

@@ -1,0 +1,455 @@
+//! The bpf(2) calls xpf needs, and a loader for its own BPF objects.
+//!
+//! xpf's programs (bpf/*.c) are compiled to ELF by clang. The loader reads the one program
+//! section `xdp`, creates a map for each symbol of section `maps` (a `struct xpf_map`: type,
+//! key size, value size, entries, flags) and patches every `ld_imm64` that refers to a map with
+//! the map's file descriptor, as libbpf does for legacy map definitions. There is no BTF and no
+//! CO-RE: the programs only use stable UAPI structures.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+const BPF_MAP_CREATE: i32 = 0;
+const BPF_MAP_LOOKUP_ELEM: i32 = 1;
+const BPF_MAP_UPDATE_ELEM: i32 = 2;
+const BPF_MAP_DELETE_ELEM: i32 = 3;
+const BPF_PROG_LOAD: i32 = 5;
+const BPF_PROG_TEST_RUN: i32 = 10;
+const BPF_PROG_TYPE_XDP: u32 = 6;
+const BPF_PSEUDO_MAP_FD: u8 = 1;
+/// `BPF_F_TEST_XDP_LIVE_FRAMES`: frames really go out (XDP_TX/REDIRECT).
+pub const TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
+pub const MAP_TYPE_PERCPU_ARRAY: u32 = 6;
+
+fn sys_bpf<T>(cmd: i32, attr: &mut T) -> io::Result<i64> {
+    // SAFETY: attr is a properly sized, zero-padded bpf_attr variant for cmd.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut T, std::mem::size_of::<T>()) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct MapCreate {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+    inner_map_fd: u32,
+    numa_node: u32,
+    map_name: [u8; 16],
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct MapElem {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct ProgLoad {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct TestRun {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+    ctx_size_in: u32,
+    ctx_size_out: u32,
+    ctx_in: u64,
+    ctx_out: u64,
+    flags: u32,
+    cpu: u32,
+    batch_size: u32,
+    _pad: u32,
+}
+
+fn name16(s: &str) -> [u8; 16] {
+    let mut n = [0u8; 16];
+    for (d, c) in n.iter_mut().zip(s.bytes().filter(|c| c.is_ascii_alphanumeric() || *c == b'_').take(15)) {
+        *d = c;
+    }
+    n
+}
+
+/// A BPF map.
+#[derive(Debug)]
+pub struct Map {
+    pub name: String,
+    pub fd: OwnedFd,
+    pub map_type: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+}
+
+impl Map {
+    pub fn create(
+        name: &str,
+        map_type: u32,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        flags: u32,
+    ) -> io::Result<Map> {
+        let mut a = MapCreate {
+            map_type,
+            key_size,
+            value_size,
+            max_entries,
+            map_flags: flags,
+            map_name: name16(name),
+            ..Default::default()
+        };
+        let fd = sys_bpf(BPF_MAP_CREATE, &mut a).map_err(|e| ctx(e, &format!("creating BPF map {name}")))?;
+        // SAFETY: the kernel returned a fresh descriptor we now own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        Ok(Map { name: name.to_string(), fd, map_type, key_size, value_size, max_entries })
+    }
+
+    pub fn update(&self, key: &[u8], value: &[u8]) -> io::Result<()> {
+        assert_eq!(key.len(), self.key_size as usize);
+        let mut a = MapElem {
+            map_fd: self.fd.as_raw_fd() as u32,
+            key: key.as_ptr() as u64,
+            value: value.as_ptr() as u64,
+            ..Default::default()
+        };
+        sys_bpf(BPF_MAP_UPDATE_ELEM, &mut a).map(|_| ())
+    }
+
+    pub fn delete(&self, key: &[u8]) -> io::Result<()> {
+        let mut a = MapElem { map_fd: self.fd.as_raw_fd() as u32, key: key.as_ptr() as u64, ..Default::default() };
+        sys_bpf(BPF_MAP_DELETE_ELEM, &mut a).map(|_| ())
+    }
+
+    /// Reads entry `key` into `out` (for per-CPU maps, one value per possible CPU, each
+    /// rounded up to 8 bytes).
+    pub fn lookup(&self, key: &[u8], out: &mut [u8]) -> io::Result<()> {
+        let mut a = MapElem {
+            map_fd: self.fd.as_raw_fd() as u32,
+            key: key.as_ptr() as u64,
+            value: out.as_mut_ptr() as u64,
+            ..Default::default()
+        };
+        sys_bpf(BPF_MAP_LOOKUP_ELEM, &mut a).map(|_| ())
+    }
+
+    /// Sum over CPUs of the u64 counter at `index` of a per-CPU array.
+    pub fn percpu_sum(&self, index: u32) -> io::Result<u64> {
+        let n = possible_cpus();
+        let mut buf = vec![0u8; 8 * n];
+        self.lookup(&index.to_ne_bytes(), &mut buf)?;
+        Ok(buf.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).sum())
+    }
+}
+
+/// The kernel's number of possible CPUs (the width of per-CPU map values).
+pub fn possible_cpus() -> usize {
+    let s = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap_or_default();
+    s.trim()
+        .split(',')
+        .map(|r| match r.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().unwrap_or(0) + 1 - a.parse::<usize>().unwrap_or(0),
+            None => usize::from(!r.is_empty()),
+        })
+        .sum::<usize>()
+        .max(1)
+}
+
+fn ctx(e: io::Error, what: &str) -> io::Error {
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+/// A loaded XDP program and the maps it uses.
+#[derive(Debug)]
+pub struct Program {
+    pub name: String,
+    pub fd: OwnedFd,
+    pub maps: Vec<Map>,
+}
+
+impl Program {
+    pub fn map(&self, name: &str) -> &Map {
+        self.maps.iter().find(|m| m.name == name).unwrap_or_else(|| panic!("program {} has no map {name}", self.name))
+    }
+
+    /// Loads the `xdp` section of an ELF object made by clang -target bpf.
+    pub fn load(name: &str, elf: &[u8]) -> io::Result<Program> {
+        let obj = Elf::parse(elf).map_err(|m| io::Error::new(io::ErrorKind::InvalidData, format!("{name}: {m}")))?;
+        let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, format!("{name}: {m}"));
+        let prog = obj.section("xdp").ok_or_else(|| bad("no xdp section"))?;
+        let license = obj.section("license").map(|s| obj.data(s)).unwrap_or(b"GPL\0");
+        let license = CString::new(license.split(|&b| b == 0).next().unwrap_or(b"GPL")).unwrap();
+        let mut insns = obj.data(prog).to_vec();
+        let mut maps: Vec<Map> = Vec::new();
+        let mut by_sym: Vec<(usize, usize)> = Vec::new(); // symbol index -> maps index
+        if let Some(ms) = obj.section("maps") {
+            let data = obj.data(ms);
+            for (si, sym) in obj.symbols().enumerate() {
+                if sym.shndx as usize != ms.index || sym.name.is_empty() {
+                    continue;
+                }
+                let o = sym.value as usize;
+                let f = |i: usize| u32::from_le_bytes(data[o + 4 * i..o + 4 * i + 4].try_into().unwrap());
+                if o + 20 > data.len() {
+                    return Err(bad("short map definition"));
+                }
+                maps.push(Map::create(sym.name, f(0), f(1), f(2), f(3), f(4))?);
+                by_sym.push((si, maps.len() - 1));
+            }
+        }
+        for rel in obj.relocations_for(prog.index) {
+            let Some(&(_, mi)) = by_sym.iter().find(|(s, _)| *s == rel.sym) else {
+                return Err(bad(&format!("relocation to symbol {} that is not a map", rel.sym)));
+            };
+            let at = rel.offset as usize;
+            if at + 8 > insns.len() || insns[at] != 0x18 {
+                return Err(bad("map relocation not on a ld_imm64"));
+            }
+            insns[at + 1] = (insns[at + 1] & 0x0f) | (BPF_PSEUDO_MAP_FD << 4);
+            insns[at + 4..at + 8].copy_from_slice(&(maps[mi].fd.as_raw_fd() as u32).to_le_bytes());
+        }
+        let mut log = vec![0u8; 1 << 20];
+        let mut a = ProgLoad {
+            prog_type: BPF_PROG_TYPE_XDP,
+            insn_cnt: (insns.len() / 8) as u32,
+            insns: insns.as_ptr() as u64,
+            license: license.as_ptr() as u64,
+            prog_name: name16(name),
+            ..Default::default()
+        };
+        let fd = match sys_bpf(BPF_PROG_LOAD, &mut a) {
+            Ok(fd) => fd,
+            Err(_) => {
+                // Load again with the verifier's log, to say why.
+                a.log_level = 1;
+                a.log_size = log.len() as u32;
+                a.log_buf = log.as_mut_ptr() as u64;
+                match sys_bpf(BPF_PROG_LOAD, &mut a) {
+                    Ok(fd) => fd,
+                    Err(e) => {
+                        let text = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)])
+                            .lines()
+                            .rev()
+                            .take(12)
+                            .collect::<Vec<_>>()
+                            .into_iter()
+                            .rev()
+                            .collect::<Vec<_>>()
+                            .join("\n");
+                        return Err(ctx(e, &format!("loading XDP program {name}; verifier said:\n{text}")));
+                    }
+                }
+            }
+        };
+        // SAFETY: fresh descriptor from the kernel.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        Ok(Program { name: name.to_string(), fd, maps })
+    }
+
+    /// BPF_PROG_TEST_RUN: runs the program `repeat` times on `frame`, with `ingress` as the
+    /// receiving interface, in batches of `batch` (live frames when `flags` says so).
+    pub fn test_run(&self, frame: &[u8], ingress: u32, repeat: u32, batch: u32, flags: u32) -> io::Result<u32> {
+        // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex
+        let mut md = [0u32; 6];
+        md[1] = frame.len() as u32;
+        md[3] = ingress;
+        let mut a = TestRun {
+            prog_fd: self.fd.as_raw_fd() as u32,
+            data_size_in: frame.len() as u32,
+            data_in: frame.as_ptr() as u64,
+            repeat,
+            ctx_size_in: std::mem::size_of_val(&md) as u32,
+            ctx_in: md.as_mut_ptr() as u64,
+            flags,
+            batch_size: batch,
+            ..Default::default()
+        };
+        sys_bpf(BPF_PROG_TEST_RUN, &mut a)?;
+        Ok(a.retval)
+    }
+}
+
+// ---- a minimal ELF64 little-endian reader, enough for clang's BPF objects ----
+
+struct Section {
+    index: usize,
+    name: String,
+    offset: usize,
+    size: usize,
+    sh_type: u32,
+    link: u32,
+    info: u32,
+}
+
+struct Sym<'a> {
+    name: &'a str,
+    shndx: u16,
+    value: u64,
+}
+
+struct Rel {
+    offset: u64,
+    sym: usize,
+}
+
+struct Elf<'a> {
+    b: &'a [u8],
+    sections: Vec<Section>,
+}
+
+const SHT_SYMTAB: u32 = 2;
+const SHT_REL: u32 = 9;
+
+impl<'a> Elf<'a> {
+    fn parse(b: &'a [u8]) -> Result<Elf<'a>, String> {
+        if b.len() < 64 || &b[..4] != b"\x7fELF" || b[4] != 2 || b[5] != 1 {
+            return Err("not a 64-bit little-endian ELF object".into());
+        }
+        let u16_ = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]) as usize;
+        let shoff = u64::from_le_bytes(b[0x28..0x30].try_into().unwrap()) as usize;
+        let (shentsize, shnum, shstrndx) = (u16_(0x3a), u16_(0x3c), u16_(0x3e));
+        if shentsize < 64 || shoff.checked_add(shnum * shentsize).is_none_or(|e| e > b.len()) || shstrndx >= shnum {
+            return Err("bad section header table".into());
+        }
+        let mut raw = Vec::new();
+        for i in 0..shnum {
+            let h = &b[shoff + i * shentsize..shoff + i * shentsize + 64];
+            let r32 = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().unwrap());
+            let r64 = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().unwrap()) as usize;
+            let (offset, size) = (r64(24), r64(32));
+            if r32(4) != 8 && offset.checked_add(size).is_none_or(|e| e > b.len()) {
+                return Err(format!("section {i} out of the file"));
+            }
+            raw.push((r32(0), r32(4), offset, size, r32(40), r32(44)));
+        }
+        let (_, _, stro, strs, _, _) = raw[shstrndx];
+        let names = &b[stro..stro + strs];
+        let cstr = |t: &[u8], o: usize| -> String {
+            t.get(o..)
+                .map(|s| String::from_utf8_lossy(s.split(|&c| c == 0).next().unwrap_or(&[])).into_owned())
+                .unwrap_or_default()
+        };
+        let sections = raw
+            .iter()
+            .enumerate()
+            .map(|(index, &(n, sh_type, offset, size, link, info))| Section {
+                index,
+                name: cstr(names, n as usize),
+                offset,
+                size,
+                sh_type,
+                link,
+                info,
+            })
+            .collect();
+        Ok(Elf { b, sections })
+    }
+
+    fn section(&self, name: &str) -> Option<&Section> {
+        self.sections.iter().find(|s| s.name == name)
+    }
+
+    fn data(&self, s: &Section) -> &'a [u8] {
+        &self.b[s.offset..s.offset + s.size]
+    }
+
+    fn symbols(&self) -> impl Iterator<Item = Sym<'a>> + '_ {
+        let st = self.sections.iter().find(|s| s.sh_type == SHT_SYMTAB);
+        let (data, strtab) = match st {
+            Some(s) => (self.data(s), self.sections.get(s.link as usize).map(|t| self.data(t)).unwrap_or(&[])),
+            None => (&[][..], &[][..]),
+        };
+        data.chunks_exact(24).map(move |e| {
+            let n = u32::from_le_bytes(e[0..4].try_into().unwrap()) as usize;
+            let name =
+                strtab.get(n..).and_then(|s| std::str::from_utf8(s.split(|&c| c == 0).next()?).ok()).unwrap_or("");
+            Sym {
+                name,
+                shndx: u16::from_le_bytes([e[6], e[7]]),
+                value: u64::from_le_bytes(e[8..16].try_into().unwrap()),
+            }
+        })
+    }
+
+    fn relocations_for(&self, target: usize) -> Vec<Rel> {
+        self.sections
+            .iter()
+            .filter(|s| s.sh_type == SHT_REL && s.info as usize == target)
+            .flat_map(|s| {
+                self.data(s).chunks_exact(16).map(|e| Rel {
+                    offset: u64::from_le_bytes(e[0..8].try_into().unwrap()),
+                    sym: (u64::from_le_bytes(e[8..16].try_into().unwrap()) >> 32) as usize,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The programs of bpf/, compiled by build.rs.
+pub mod objects {
+    pub const STEER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/steer.o"));
+    pub const GEN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gen.o"));
+    pub const SINK: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sink.o"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn objects_parse_and_name_their_maps() {
+        for (o, maps) in [
+            (objects::STEER, &["xsks", "steer_stats"][..]),
+            (objects::GEN, &["gen_cfg", "gen_count"][..]),
+            (objects::SINK, &["sink_count"][..]),
+        ] {
+            let e = Elf::parse(o).unwrap();
+            let ms = e.section("maps").unwrap();
+            let names: Vec<_> = e.symbols().filter(|s| s.shndx as usize == ms.index).map(|s| s.name).collect();
+            for m in maps {
+                assert!(names.contains(m), "{m} in {names:?}");
+            }
+            let x = e.section("xdp").unwrap();
+            assert!(!e.relocations_for(x.index).is_empty());
+        }
+    }
+
+    #[test]
+    fn garbage_is_refused() {
+        assert!(Elf::parse(b"hello").is_err());
+        let mut b = objects::SINK.to_vec();
+        b[0x3c] = 0xff; // section count beyond the file
+        assert!(Elf::parse(&b).is_err());
+    }
+}

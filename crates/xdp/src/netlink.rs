@@ -1,0 +1,177 @@
+//! The rtnetlink requests xpf makes: attach and detach an XDP program, and ask the kernel to
+//! resolve a neighbour. Each request is one message on a fresh NETLINK_ROUTE socket, answered
+//! by the kernel's acknowledgement.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+const IFLA_XDP: u16 = 43;
+const IFLA_XDP_FD: u16 = 1;
+const IFLA_XDP_FLAGS: u16 = 3;
+const NLA_F_NESTED: u16 = 1 << 15;
+/// XDP_FLAGS_SKB_MODE (generic XDP) and XDP_FLAGS_DRV_MODE (native).
+pub const XDP_FLAGS_SKB_MODE: u32 = 1 << 1;
+pub const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
+const NDA_DST: u16 = 1;
+const NTF_USE: u8 = 1;
+
+struct Msg(Vec<u8>);
+
+impl Msg {
+    fn new(ty: u16, flags: u16) -> Msg {
+        let mut b = vec![0u8; 16];
+        b[4..6].copy_from_slice(&ty.to_ne_bytes());
+        b[6..8].copy_from_slice(&(flags | libc::NLM_F_REQUEST as u16 | libc::NLM_F_ACK as u16).to_ne_bytes());
+        b[8..12].copy_from_slice(&1u32.to_ne_bytes());
+        Msg(b)
+    }
+    fn put(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+        while !self.0.len().is_multiple_of(4) {
+            self.0.push(0);
+        }
+    }
+    fn attr(&mut self, ty: u16, payload: &[u8]) {
+        let len = (4 + payload.len()) as u16;
+        let mut h = len.to_ne_bytes().to_vec();
+        h.extend_from_slice(&ty.to_ne_bytes());
+        h.extend_from_slice(payload);
+        self.put(&h);
+    }
+    /// Starts a nested attribute; returns its offset for `end_nest`.
+    fn nest(&mut self, ty: u16) -> usize {
+        let at = self.0.len();
+        self.put(&[0, 0, 0, 0]);
+        self.0[at + 2..at + 4].copy_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
+        at
+    }
+    fn end_nest(&mut self, at: usize) {
+        let len = (self.0.len() - at) as u16;
+        self.0[at..at + 2].copy_from_slice(&len.to_ne_bytes());
+    }
+    fn send(mut self) -> io::Result<()> {
+        let len = self.0.len() as u32;
+        self.0[0..4].copy_from_slice(&len.to_ne_bytes());
+        // SAFETY: plain socket calls on a descriptor we own; buffers outlive the calls.
+        unsafe {
+            let fd = libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE);
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let fd = OwnedFd::from_raw_fd(fd);
+            let mut sa: libc::sockaddr_nl = std::mem::zeroed();
+            sa.nl_family = libc::AF_NETLINK as u16;
+            let r = libc::sendto(
+                fd.as_raw_fd(),
+                self.0.as_ptr().cast(),
+                self.0.len(),
+                0,
+                (&sa as *const libc::sockaddr_nl).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as u32,
+            );
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let mut buf = [0u8; 8192];
+            let n = libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0);
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // struct nlmsghdr (16) then, for NLMSG_ERROR, the error code.
+            let ty = u16::from_ne_bytes([buf[4], buf[5]]);
+            if ty == libc::NLMSG_ERROR as u16 && n >= 20 {
+                let err = i32::from_ne_bytes(buf[16..20].try_into().unwrap());
+                if err != 0 {
+                    return Err(io::Error::from_raw_os_error(-err));
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+fn ifinfomsg(ifindex: u32) -> [u8; 16] {
+    let mut m = [0u8; 16];
+    m[4..8].copy_from_slice(&(ifindex as i32).to_ne_bytes());
+    m
+}
+
+/// Attaches program `prog_fd` to `ifindex` (native mode when `flags` has DRV_MODE), replacing
+/// what was there. It stays attached when xpfd dies: with no socket in its map, forwardable
+/// traffic is dropped, so the box fails closed.
+pub fn xdp_attach(ifindex: u32, prog_fd: i32, flags: u32) -> io::Result<()> {
+    let mut m = Msg::new(libc::RTM_SETLINK, 0);
+    m.put(&ifinfomsg(ifindex));
+    let at = m.nest(IFLA_XDP);
+    m.attr(IFLA_XDP_FD, &prog_fd.to_ne_bytes());
+    m.attr(IFLA_XDP_FLAGS, &flags.to_ne_bytes());
+    m.end_nest(at);
+    m.send()
+}
+
+/// Removes the XDP program of `ifindex` (in the mode `flags` names).
+pub fn xdp_detach(ifindex: u32, flags: u32) -> io::Result<()> {
+    xdp_attach(ifindex, -1, flags)
+}
+
+/// Asks the kernel to resolve `addr` (4 or 16 bytes) on `ifindex` (ARP or neighbour
+/// solicitation), as a packet it forwarded itself would: RTM_NEWNEIGH with NTF_USE.
+pub fn neigh_resolve(ifindex: u32, addr: &[u8]) -> io::Result<()> {
+    let family = if addr.len() == 4 { libc::AF_INET } else { libc::AF_INET6 } as u8;
+    let mut m = Msg::new(libc::RTM_NEWNEIGH, (libc::NLM_F_CREATE | libc::NLM_F_REPLACE) as u16);
+    // struct ndmsg: family, pad1, pad2, ifindex, state, flags, type
+    let mut nd = [0u8; 12];
+    nd[0] = family;
+    nd[4..8].copy_from_slice(&(ifindex as i32).to_ne_bytes());
+    nd[8..10].copy_from_slice(&(libc::NUD_NONE).to_ne_bytes());
+    nd[10] = NTF_USE;
+    m.put(&nd);
+    m.attr(NDA_DST, addr);
+    m.send()
+}
+
+/// The index of interface `name` in this network namespace.
+pub fn ifindex(name: &str) -> io::Result<u32> {
+    let c = std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: c is a valid NUL-terminated string.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if i == 0 {
+        Err(io::Error::new(io::ErrorKind::NotFound, format!("no interface named {name}")))
+    } else {
+        Ok(i)
+    }
+}
+
+/// The name of interface `ifindex`.
+pub fn ifname(ifindex: u32) -> Option<String> {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: buf has IF_NAMESIZE bytes as the call requires.
+    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: if_indextoname wrote a NUL-terminated name into buf.
+    Some(unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
+}
+
+/// The hardware address of interface `name`.
+pub fn mac(name: &str) -> io::Result<[u8; 6]> {
+    let s = std::fs::read_to_string(format!("/sys/class/net/{name}/address"))?;
+    let mut m = [0u8; 6];
+    let parts: Vec<_> = s.trim().split(':').collect();
+    if parts.len() != 6 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{name}: no Ethernet address")));
+    }
+    for (d, p) in m.iter_mut().zip(parts) {
+        *d = u8::from_str_radix(p, 16).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+    }
+    Ok(m)
+}
+
+/// Receive queues of interface `name` (one AF_XDP socket and one worker each).
+pub fn rx_queues(name: &str) -> u32 {
+    std::fs::read_dir(format!("/sys/class/net/{name}/queues"))
+        .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("rx-")).count() as u32)
+        .unwrap_or(1)
+        .max(1)
+}

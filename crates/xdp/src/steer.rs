@@ -1,0 +1,93 @@
+//! The steering program (bpf/steer.c) seen from userspace: the metadata it writes in front of
+//! each frame it redirects, and the names of its counters.
+
+use crate::bpf::{objects, Program};
+use crate::netlink;
+use std::io;
+
+/// Bytes of metadata in front of each frame (`struct meta` in bpf/steer.c).
+pub const META_LEN: usize = 36;
+
+/// What the kernel's FIB said about a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// Forward out of `ifindex` with these Ethernet addresses.
+    Forward { ifindex: u32, dmac: [u8; 6], smac: [u8; 6] },
+    /// Out of `ifindex` via `nexthop`, whose link address the kernel does not know yet.
+    NoNeighbour { ifindex: u32, family: u8, nexthop: [u8; 16] },
+    /// Metadata missing or unknown (never seen from our own program).
+    Invalid,
+}
+
+impl Route {
+    #[inline]
+    pub fn parse(m: &[u8]) -> Route {
+        if m.len() < META_LEN {
+            return Route::Invalid;
+        }
+        let ifindex = u32::from_ne_bytes([m[4], m[5], m[6], m[7]]);
+        match m[0] {
+            1 => Route::Forward { ifindex, dmac: m[8..14].try_into().unwrap(), smac: m[14..20].try_into().unwrap() },
+            2 => Route::NoNeighbour { ifindex, family: m[1], nexthop: m[20..36].try_into().unwrap() },
+            _ => Route::Invalid,
+        }
+    }
+}
+
+/// Names of the program's counters, by slot (the enum in bpf/steer.c).
+pub const COUNTERS: [&str; 8] = [
+    "not IP, to the kernel",
+    "for this host, to the kernel",
+    "TTL/hop limit expiring, to the kernel",
+    "no route, to the kernel",
+    "over the egress MTU, to the kernel",
+    "redirected to xpfd",
+    "no xpfd socket, dropped",
+    "neighbour discovery, to the kernel",
+];
+
+/// The steering program loaded once and attached to each filtered interface.
+pub struct Steer {
+    pub prog: Program,
+    attached: Vec<(u32, u32)>,
+}
+
+impl Steer {
+    pub fn load() -> io::Result<Steer> {
+        Ok(Steer { prog: Program::load("xpf_steer", objects::STEER)?, attached: Vec::new() })
+    }
+
+    /// Attaches to `ifindex`, native mode first, then generic (skb) mode; returns the mode.
+    pub fn attach(&mut self, ifindex: u32) -> io::Result<&'static str> {
+        use std::os::fd::AsRawFd;
+        let fd = self.prog.fd.as_raw_fd();
+        match netlink::xdp_attach(ifindex, fd, netlink::XDP_FLAGS_DRV_MODE) {
+            Ok(()) => {
+                self.attached.push((ifindex, netlink::XDP_FLAGS_DRV_MODE));
+                Ok("native")
+            }
+            Err(_) => {
+                netlink::xdp_attach(ifindex, fd, netlink::XDP_FLAGS_SKB_MODE)?;
+                self.attached.push((ifindex, netlink::XDP_FLAGS_SKB_MODE));
+                Ok("generic")
+            }
+        }
+    }
+
+    /// Puts socket `fd` in the map for receive queue `queue`.
+    pub fn register(&self, queue: u32, fd: i32) -> io::Result<()> {
+        self.prog.map("xsks").update(&queue.to_ne_bytes(), &fd.to_ne_bytes())
+    }
+
+    pub fn counters(&self) -> [u64; 8] {
+        let m = self.prog.map("steer_stats");
+        std::array::from_fn(|i| m.percpu_sum(i as u32).unwrap_or(0))
+    }
+
+    /// Detaches from every interface (a clean stop; see netlink::xdp_attach for a crash).
+    pub fn detach_all(&mut self) {
+        for (i, f) in self.attached.drain(..) {
+            let _ = netlink::xdp_detach(i, f);
+        }
+    }
+}

@@ -1,0 +1,416 @@
+//! An AF_XDP socket on one queue of one interface, with its own UMEM.
+//!
+//! The UMEM's first half of frames feeds the receive path (fill ring -> RX ring -> back to the
+//! fill ring once the worker is done with the frame); the second half is a free list for
+//! transmission (TX ring -> completion ring -> free list). Forwarding from one socket to
+//! another copies the frame into a TX frame of the egress socket: on veth (copy mode) the
+//! kernel copies anyway, and it keeps each UMEM owned by one socket. Zero-copy is asked for
+//! first and copy mode taken when the driver refuses it.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+pub const FRAME: u32 = 2048;
+const FRAMES: u32 = 4096;
+const RING: u32 = 2048;
+const XDP_USE_NEED_WAKEUP: u16 = 1 << 3;
+const XDP_COPY: u16 = 1 << 1;
+const XDP_ZEROCOPY: u16 = 1 << 2;
+const XDP_RING_NEED_WAKEUP: u32 = 1;
+const PGOFF_RX: i64 = 0;
+const PGOFF_TX: i64 = 0x8000_0000;
+const PGOFF_FILL: i64 = 0x1_0000_0000;
+const PGOFF_COMP: i64 = 0x1_8000_0000;
+const SO_PREFER_BUSY_POLL: i32 = 69;
+const SO_BUSY_POLL_BUDGET: i32 = 70;
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct Desc {
+    pub addr: u64,
+    pub len: u32,
+    pub options: u32,
+}
+
+struct Ring<T> {
+    producer: *const AtomicU32,
+    consumer: *const AtomicU32,
+    flags: *const AtomicU32,
+    ring: *mut T,
+    mask: u32,
+    size: u32,
+    map: *mut libc::c_void,
+    map_len: usize,
+    /// Producer side: next index to write; consumer side: next index to read.
+    cached: u32,
+}
+
+impl<T: Copy> Ring<T> {
+    fn map(fd: i32, off: &libc::xdp_ring_offset, size: u32, pgoff: i64) -> io::Result<Ring<T>> {
+        let len = off.desc as usize + size as usize * std::mem::size_of::<T>();
+        // SAFETY: mapping the ring the kernel set up for this socket at its page offset.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
+                pgoff,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let b = p as *mut u8;
+        // SAFETY: offsets come from XDP_MMAP_OFFSETS for this very mapping.
+        unsafe {
+            Ok(Ring {
+                producer: b.add(off.producer as usize).cast(),
+                consumer: b.add(off.consumer as usize).cast(),
+                flags: b.add(off.flags as usize).cast(),
+                ring: b.add(off.desc as usize).cast(),
+                mask: size - 1,
+                size,
+                map: p,
+                map_len: len,
+                cached: 0,
+            })
+        }
+    }
+    fn prod(&self) -> &AtomicU32 {
+        // SAFETY: points into our live mapping.
+        unsafe { &*self.producer }
+    }
+    fn cons(&self) -> &AtomicU32 {
+        // SAFETY: as above.
+        unsafe { &*self.consumer }
+    }
+    fn need_wakeup(&self) -> bool {
+        // SAFETY: as above.
+        unsafe { (*self.flags).load(Ordering::Relaxed) & XDP_RING_NEED_WAKEUP != 0 }
+    }
+    /// Consumer: entries ready to read.
+    fn ready(&self) -> u32 {
+        self.prod().load(Ordering::Acquire).wrapping_sub(self.cached)
+    }
+    fn read(&self, i: u32) -> T {
+        // SAFETY: index masked into the ring.
+        unsafe { *self.ring.add((self.cached.wrapping_add(i) & self.mask) as usize) }
+    }
+    fn release(&mut self, n: u32) {
+        self.cached = self.cached.wrapping_add(n);
+        self.cons().store(self.cached, Ordering::Release);
+    }
+    /// Producer: free slots.
+    fn free(&self) -> u32 {
+        self.size - self.cached.wrapping_sub(self.cons().load(Ordering::Acquire))
+    }
+    fn write(&mut self, i: u32, v: T) {
+        // SAFETY: index masked into the ring.
+        unsafe { *self.ring.add((self.cached.wrapping_add(i) & self.mask) as usize) = v }
+    }
+    fn submit(&mut self, n: u32) {
+        self.cached = self.cached.wrapping_add(n);
+        self.prod().store(self.cached, Ordering::Release);
+    }
+}
+
+impl<T> Drop for Ring<T> {
+    fn drop(&mut self) {
+        // SAFETY: unmapping what map() mapped.
+        unsafe { libc::munmap(self.map, self.map_len) };
+    }
+}
+
+/// Statistics of one socket.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct XskStats {
+    pub rx: u64,
+    pub tx: u64,
+    /// Frames dropped because the TX ring or the free list was full.
+    pub tx_full: u64,
+    pub kicks: u64,
+    /// From the kernel (XDP_STATISTICS): dropped for want of fill ring entries, invalid
+    /// descriptors.
+    pub rx_dropped: u64,
+    pub rx_invalid: u64,
+    pub rx_ring_full: u64,
+    pub fill_empty: u64,
+}
+
+pub struct Xsk {
+    fd: OwnedFd,
+    umem: *mut u8,
+    umem_len: usize,
+    rx: Ring<Desc>,
+    tx: Ring<Desc>,
+    fill: Ring<u64>,
+    comp: Ring<u64>,
+    tx_free: Vec<u64>,
+    tx_pending: u32,
+    pub ifindex: u32,
+    pub queue: u32,
+    pub zero_copy: bool,
+    pub stats: XskStats,
+}
+
+// SAFETY: the socket and its mappings are used by one worker thread at a time.
+unsafe impl Send for Xsk {}
+
+fn setopt<T>(fd: i32, level: i32, opt: i32, v: &T) -> io::Result<()> {
+    // SAFETY: v points to a value of the size passed.
+    let r = unsafe { libc::setsockopt(fd, level, opt, (v as *const T).cast(), std::mem::size_of::<T>() as u32) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+impl Xsk {
+    /// Opens a socket on `queue` of `ifindex`. `busy_poll_us` > 0 turns on preferred busy
+    /// polling (the application drives the driver's NAPI instead of an interrupt).
+    pub fn open(ifindex: u32, queue: u32, busy_poll_us: u32) -> io::Result<Xsk> {
+        // SAFETY: plain socket call.
+        let fd = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fresh descriptor.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let raw = fd.as_raw_fd();
+        let umem_len = (FRAMES * FRAME) as usize;
+        // SAFETY: anonymous private mapping.
+        let umem = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                umem_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if umem == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let free_umem = |e: io::Error| {
+            // SAFETY: unmapping the region mapped above.
+            unsafe { libc::munmap(umem, umem_len) };
+            e
+        };
+        // SAFETY: all-zero is a valid xdp_umem_reg.
+        let mut reg: libc::xdp_umem_reg = unsafe { std::mem::zeroed() };
+        reg.addr = umem as u64;
+        reg.len = umem_len as u64;
+        reg.chunk_size = FRAME;
+        setopt(raw, libc::SOL_XDP, libc::XDP_UMEM_REG, &reg).map_err(free_umem)?;
+        for (opt, n) in [
+            (libc::XDP_UMEM_FILL_RING, RING),
+            (libc::XDP_UMEM_COMPLETION_RING, RING),
+            (libc::XDP_RX_RING, RING),
+            (libc::XDP_TX_RING, RING),
+        ] {
+            setopt(raw, libc::SOL_XDP, opt, &n).map_err(free_umem)?;
+        }
+        // SAFETY: all-zero is valid; getsockopt fills it.
+        let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
+        let mut ol = std::mem::size_of::<libc::xdp_mmap_offsets>() as u32;
+        // SAFETY: off has the size passed in ol.
+        if unsafe {
+            libc::getsockopt(raw, libc::SOL_XDP, libc::XDP_MMAP_OFFSETS, &mut off as *mut _ as *mut _, &mut ol)
+        } < 0
+        {
+            return Err(free_umem(io::Error::last_os_error()));
+        }
+        let rx = Ring::map(raw, &off.rx, RING, PGOFF_RX).map_err(free_umem)?;
+        let tx = Ring::map(raw, &off.tx, RING, PGOFF_TX).map_err(free_umem)?;
+        let fill = Ring::map(raw, &off.fr, RING, PGOFF_FILL).map_err(free_umem)?;
+        let comp = Ring::map(raw, &off.cr, RING, PGOFF_COMP).map_err(free_umem)?;
+        let mut x = Xsk {
+            fd,
+            umem: umem.cast(),
+            umem_len,
+            rx,
+            tx,
+            fill,
+            comp,
+            tx_free: (FRAMES / 2..FRAMES).map(|i| (i * FRAME) as u64).collect(),
+            tx_pending: 0,
+            ifindex,
+            queue,
+            zero_copy: false,
+            stats: XskStats::default(),
+        };
+        // Hand the receive half to the kernel (one short of the ring: a full fill ring at
+        // start was seen to stall libxdp's sockets).
+        let n = (FRAMES / 2).min(RING - 1);
+        for i in 0..n {
+            x.fill.write(i, (i * FRAME) as u64);
+        }
+        x.fill.submit(n);
+        let mut last = None;
+        for mode in [XDP_ZEROCOPY, XDP_COPY] {
+            // SAFETY: all-zero is a valid sockaddr_xdp.
+            let mut sa: libc::sockaddr_xdp = unsafe { std::mem::zeroed() };
+            sa.sxdp_family = libc::AF_XDP as u16;
+            sa.sxdp_ifindex = ifindex;
+            sa.sxdp_queue_id = queue;
+            sa.sxdp_flags = mode | XDP_USE_NEED_WAKEUP;
+            // SAFETY: sa is a sockaddr_xdp of the size passed.
+            let r = unsafe {
+                libc::bind(
+                    raw,
+                    (&sa as *const libc::sockaddr_xdp).cast(),
+                    std::mem::size_of::<libc::sockaddr_xdp>() as u32,
+                )
+            };
+            if r == 0 {
+                x.zero_copy = mode == XDP_ZEROCOPY;
+                last = None;
+                break;
+            }
+            last = Some(io::Error::last_os_error());
+        }
+        if let Some(e) = last {
+            return Err(io::Error::new(e.kind(), format!("binding AF_XDP to ifindex {ifindex} queue {queue}: {e}")));
+        }
+        if busy_poll_us > 0 {
+            setopt(raw, libc::SOL_SOCKET, SO_PREFER_BUSY_POLL, &1i32)?;
+            setopt(raw, libc::SOL_SOCKET, libc::SO_BUSY_POLL, &(busy_poll_us as i32))?;
+            setopt(raw, libc::SOL_SOCKET, SO_BUSY_POLL_BUDGET, &64i32)?;
+        }
+        Ok(x)
+    }
+
+    pub fn fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+
+    /// Up to `out.len()` received descriptors; they stay owned by the caller until
+    /// `rx_done` returns them to the fill ring.
+    pub fn rx_burst(&mut self, out: &mut [Desc]) -> usize {
+        let n = self.rx.ready().min(out.len() as u32);
+        for i in 0..n {
+            out[i as usize] = self.rx.read(i);
+        }
+        self.rx.release(n);
+        self.stats.rx += n as u64;
+        n as usize
+    }
+
+    /// The bytes of a received or to-be-sent frame.
+    #[inline]
+    pub fn frame(&self, addr: u64, len: u32) -> &[u8] {
+        assert!(addr as usize + len as usize <= self.umem_len);
+        // SAFETY: bounds checked against the UMEM just above.
+        unsafe { std::slice::from_raw_parts(self.umem.add(addr as usize), len as usize) }
+    }
+
+    /// A received frame with a lifetime not tied to the socket, so that it can be read while
+    /// another socket (or this one) transmits.
+    ///
+    /// # Safety
+    /// The caller must not use the slice after giving the frame back with `rx_done`.
+    #[inline]
+    pub unsafe fn frame_unbound<'a>(&self, addr: u64, len: u32) -> &'a [u8] {
+        assert!(addr as usize + len as usize <= self.umem_len);
+        // SAFETY: in bounds; the caller keeps the frame off the fill ring while it reads.
+        unsafe { std::slice::from_raw_parts(self.umem.add(addr as usize), len as usize) }
+    }
+
+    #[inline]
+    pub fn frame_mut(&mut self, addr: u64, len: u32) -> &mut [u8] {
+        assert!(addr as usize + len as usize <= self.umem_len);
+        // SAFETY: as above; &mut self makes the borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.umem.add(addr as usize), len as usize) }
+    }
+
+    /// Gives received frames back to the kernel.
+    pub fn rx_done(&mut self, descs: &[Desc]) {
+        let n = (descs.len() as u32).min(self.fill.free());
+        for i in 0..n {
+            self.fill.write(i, descs[i as usize].addr & !(FRAME as u64 - 1));
+        }
+        self.fill.submit(n);
+    }
+
+    /// Copies `bytes` into a free TX frame and queues it; false (counted) when full.
+    #[inline]
+    pub fn tx_copy(&mut self, bytes: &[u8]) -> Option<&mut [u8]> {
+        if self.tx_free.is_empty() {
+            self.reap();
+        }
+        if bytes.len() > FRAME as usize || self.tx.free() == 0 {
+            self.stats.tx_full += 1;
+            return None;
+        }
+        let Some(addr) = self.tx_free.pop() else {
+            self.stats.tx_full += 1;
+            return None;
+        };
+        let len = bytes.len() as u32;
+        self.frame_mut(addr, len).copy_from_slice(bytes);
+        self.tx.write(self.tx_pending, Desc { addr, len, options: 0 });
+        self.tx_pending += 1;
+        Some(self.frame_mut(addr, len))
+    }
+
+    /// Publishes queued frames and wakes the kernel to send them.
+    pub fn flush(&mut self) {
+        if self.tx_pending > 0 {
+            self.stats.tx += self.tx_pending as u64;
+            self.tx.submit(self.tx_pending);
+            self.tx_pending = 0;
+        }
+        if self.tx.need_wakeup() && self.tx.cached != self.tx.cons().load(Ordering::Acquire) {
+            self.stats.kicks += 1;
+            // SAFETY: zero-length send on our socket is the documented TX kick.
+            unsafe { libc::sendto(self.fd.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
+        }
+        self.reap();
+    }
+
+    /// Takes completed TX frames back onto the free list.
+    fn reap(&mut self) {
+        let n = self.comp.ready();
+        for i in 0..n {
+            self.tx_free.push(self.comp.read(i));
+        }
+        self.comp.release(n);
+    }
+
+    /// Whether the kernel wants a wakeup to refill its receive side (copy mode: the fill ring
+    /// ran dry), in which case `poll`ing the socket is the wakeup.
+    pub fn fill_needs_wakeup(&self) -> bool {
+        self.fill.need_wakeup()
+    }
+
+    /// The kernel's counters for this socket.
+    pub fn kernel_stats(&mut self) -> XskStats {
+        // struct xdp_statistics: rx_dropped, rx_invalid_descs, tx_invalid_descs,
+        // rx_ring_full, rx_fill_ring_empty_descs, tx_ring_empty_descs
+        let mut s = [0u64; 6];
+        let mut l = std::mem::size_of_val(&s) as u32;
+        // SAFETY: s has the size passed in l.
+        let r = unsafe {
+            libc::getsockopt(self.fd.as_raw_fd(), libc::SOL_XDP, libc::XDP_STATISTICS, s.as_mut_ptr().cast(), &mut l)
+        };
+        if r == 0 {
+            self.stats.rx_dropped = s[0];
+            self.stats.rx_invalid = s[1];
+            self.stats.rx_ring_full = s[3];
+            self.stats.fill_empty = s[4];
+        }
+        self.stats
+    }
+}
+
+impl Drop for Xsk {
+    fn drop(&mut self) {
+        // SAFETY: the rings are unmapped by their own Drop; the UMEM is ours.
+        unsafe { libc::munmap(self.umem.cast(), self.umem_len) };
+    }
+}

@@ -1,0 +1,632 @@
+//! The control socket: a Unix stream socket (mode 0600, root only; the peer's credentials are
+//! checked too), one JSON request per connection, one JSON answer: `{"ok": true, "text":
+//! "...", "data": {...}}` or `{"ok": false, "error": "..."}`. The daemon renders pfctl's text
+//! itself, so that xpfctl stays a thin client and `--json` gets the same facts.
+//!
+//! Requests: `{"op":"show","what":"info|states|memory|rules|timeouts|Tables|all","verbose":N}`,
+//! `{"op":"load","file":PATH,"noaction":bool}`, `{"op":"kill","hosts":[..]}` or
+//! `{"op":"kill","label":L}`, `{"op":"flush","what":"states|rules|all"}`,
+//! `{"op":"table","name":T,"cmd":"add|delete|replace|show|test|flush|zero","addrs":[..]}`.
+
+use crate::dataplane::{Cmd, IoStats, Select, StateRow};
+use serde_json::{json, Value};
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write};
+use std::net::IpAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use xpf_conf::ast::{Host, HostKind};
+use xpf_conf::parse::{Parsed, TablePart};
+use xpf_conf::reload::Slot;
+use xpf_conf::Ruleset;
+use xpf_engine::info::Info;
+use xpf_state::{Timeout, Timeouts};
+use xpf_xdp::steer::Steer;
+use xpf_xdp::xsk::XskStats;
+
+/// pf's default hard limits, as `pfctl -sm` lists them.
+const LIMITS: [(&str, u32); 5] =
+    [("states", 100_000), ("src-nodes", 10_000), ("frags", 65_536), ("tables", 1_000), ("table-entries", 200_000)];
+
+/// A parsed and compiled pf.conf.
+pub struct Loaded {
+    pub parsed: Parsed,
+    ruleset: Option<Ruleset>,
+}
+
+fn ifindex_of(name: &str) -> Option<u16> {
+    xpf_xdp::netlink::ifindex(name).ok().and_then(|i| u16::try_from(i).ok())
+}
+
+impl Loaded {
+    /// Parses and compiles; errors as `FILE:LINE: message`.
+    pub fn build(text: &str, file: &str, defines: &[(String, String)]) -> Result<Loaded, Vec<String>> {
+        let base = std::path::Path::new(file).parent().map(|d| d.to_path_buf());
+        let parsed = xpf_conf::parse::parse_in(text, file, defines, base.as_deref());
+        if !parsed.errors.is_empty() {
+            return Err(parsed.errors.iter().map(|e| e.to_string()).collect());
+        }
+        Self::compile(parsed, file)
+    }
+
+    fn compile(parsed: Parsed, file: &str) -> Result<Loaded, Vec<String>> {
+        let r = Ruleset::compile(&parsed, &ifindex_of).map_err(|e| vec![format!("{file}:{}: {}", e.line, e.msg)])?;
+        if let Some((n, _)) = parsed.limits.iter().find(|(n, _)| !LIMITS.iter().any(|l| l.0 == n)) {
+            return Err(vec![format!("{file}: set limit {n}: not a limit xpf knows")]);
+        }
+        Ok(Loaded { parsed, ruleset: Some(r) })
+    }
+
+    pub fn limit(&self, name: &str) -> u32 {
+        let d = LIMITS.iter().find(|l| l.0 == name).map(|l| l.1).unwrap_or(0);
+        self.parsed.limits.iter().rev().find(|(n, _)| n == name).map(|l| l.1).unwrap_or(d)
+    }
+
+    pub fn state_limit(&self) -> u32 {
+        self.limit("states").max(1)
+    }
+
+    pub fn timeouts(&self) -> Timeouts {
+        let mut t = Timeouts::default();
+        for &(k, v) in &self.parsed.timeouts {
+            t.set(k, v);
+        }
+        t
+    }
+
+    pub fn take_ruleset(mut self) -> (Ruleset, Loaded) {
+        let r = self.ruleset.take().expect("compiled");
+        (r, self)
+    }
+}
+
+pub struct Daemon {
+    file: String,
+    defines: Vec<(String, String)>,
+    loaded: Loaded,
+    slot: Arc<Slot>,
+    workers: Vec<Sender<Cmd>>,
+    steers: Arc<Mutex<Vec<(String, Steer)>>>,
+    start: Instant,
+}
+
+fn ask<T>(workers: &[Sender<Cmd>], mk: impl Fn(Sender<T>) -> Cmd) -> Result<Vec<T>, String> {
+    let mut rxs = Vec::new();
+    for w in workers {
+        let (tx, rx) = mpsc::channel();
+        w.send(mk(tx)).map_err(|_| "a worker has stopped".to_string())?;
+        rxs.push(rx);
+    }
+    rxs.into_iter()
+        .map(|rx| rx.recv_timeout(Duration::from_secs(10)).map_err(|_| "a worker did not answer in 10 s".to_string()))
+        .collect()
+}
+
+fn parse_host(s: &str) -> Result<(IpAddr, u8), String> {
+    let (a, l) = match s.split_once('/') {
+        Some((a, l)) => (a, Some(l.parse::<u8>().map_err(|_| format!("{s}: bad prefix length"))?)),
+        None => (s, None),
+    };
+    let ip: IpAddr =
+        a.parse().map_err(|_| format!("{s}: not an IPv4 or IPv6 address (host names are not resolved)"))?;
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    let l = l.unwrap_or(max);
+    if l > max {
+        return Err(format!("{s}: prefix longer than {max}"));
+    }
+    Ok((ip, l))
+}
+
+fn hms(s: u32) -> String {
+    format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
+fn proto_name(p: u8) -> String {
+    match p {
+        1 => "icmp".into(),
+        6 => "tcp".into(),
+        17 => "udp".into(),
+        58 => "ipv6-icmp".into(),
+        132 => "sctp".into(),
+        n => n.to_string(),
+    }
+}
+
+/// One `pfctl -ss` line (and with `verbose`, pfctl -v's second line).
+pub fn state_text(r: &StateRow, verbose: u8) -> String {
+    // pfctl shows the peers from the point of view of the state's direction.
+    let (a, b) = if r.out { (r.src_state, r.dst_state) } else { (r.dst_state, r.src_state) };
+    let names = |x: u8| -> &'static str {
+        if r.proto == 6 {
+            xpf_engine::proto::tcps::NAMES.get(x as usize).copied().unwrap_or("?")
+        } else {
+            ["NO_TRAFFIC", "SINGLE", "MULTIPLE"].get(x as usize).copied().unwrap_or("?")
+        }
+    };
+    let peers =
+        if r.proto == 1 || r.proto == 58 { format!("{}:{}", a, b) } else { format!("{}:{}", names(a), names(b)) };
+    let mut s = format!(
+        "{} {} {} {} {}       {}",
+        r.ifname,
+        proto_name(r.proto),
+        r.left,
+        if r.out { "->" } else { "<-" },
+        r.right,
+        peers
+    );
+    if verbose > 0 {
+        let _ = write!(
+            s,
+            "\n   age {}, expires in {}, {}:{} pkts, {}:{} bytes, rule {}",
+            hms(r.age),
+            hms(r.expires_in),
+            r.packets[0],
+            r.packets[1],
+            r.bytes[0],
+            r.bytes[1],
+            r.rule
+        );
+    }
+    s
+}
+
+impl Daemon {
+    pub fn new(
+        file: String,
+        defines: Vec<(String, String)>,
+        loaded: Loaded,
+        slot: Arc<Slot>,
+        workers: Vec<Sender<Cmd>>,
+        steers: Arc<Mutex<Vec<(String, Steer)>>>,
+    ) -> Daemon {
+        Daemon { file, defines, loaded, slot, workers, steers, start: Instant::now() }
+    }
+
+    /// Loads the daemon's own file again (SIGHUP).
+    pub fn reload_file(&mut self) -> Result<u64, Vec<String>> {
+        let f = self.file.clone();
+        self.load(&f, false)
+    }
+
+    /// Parses, compiles and installs `file`; on any error nothing changes.
+    pub fn load(&mut self, file: &str, noaction: bool) -> Result<u64, Vec<String>> {
+        let text = std::fs::read_to_string(file).map_err(|e| vec![format!("{file}: {e}")])?;
+        let l = Loaded::build(&text, file, &self.defines)?;
+        if noaction {
+            return Ok(self.slot.generation());
+        }
+        self.install(l)
+    }
+
+    fn install(&mut self, l: Loaded) -> Result<u64, Vec<String>> {
+        let per = (l.state_limit() / self.workers.len() as u32).max(1);
+        let t = l.timeouts();
+        let results =
+            ask(&self.workers, |done| Cmd::Limits { states: per, timeouts: t.clone(), done }).map_err(|e| vec![e])?;
+        if let Some(Err(e)) = results.into_iter().find(|r| r.is_err()) {
+            return Err(vec![format!("{}: {e}", self.file)]);
+        }
+        let (r, l) = l.take_ruleset();
+        let g = self.slot.install(r);
+        self.loaded = l;
+        Ok(g)
+    }
+
+    fn snapshot(&self) -> Result<(Info, IoStats, Vec<XskStats>), String> {
+        let parts = ask(&self.workers, Cmd::Snapshot)?;
+        let mut info = Info::default();
+        let mut io = IoStats::default();
+        let mut xs = Vec::new();
+        for (i, o, x) in parts {
+            info.add(&i);
+            io.add(&o);
+            xs.extend(x);
+        }
+        Ok((info, io, xs))
+    }
+
+    fn states(&self) -> Result<Vec<StateRow>, String> {
+        Ok(ask(&self.workers, Cmd::States)?.into_iter().flatten().collect())
+    }
+
+    pub fn handle(&mut self, req: &Value) -> Result<(String, Value), String> {
+        let op = req["op"].as_str().unwrap_or("");
+        let verbose = req["verbose"].as_u64().unwrap_or(0) as u8;
+        match op {
+            "show" => self.show(req["what"].as_str().unwrap_or(""), verbose),
+            "load" => {
+                let file = req["file"].as_str().ok_or("load: no file")?;
+                let noaction = req["noaction"].as_bool().unwrap_or(false);
+                match self.load(file, noaction) {
+                    Ok(g) if noaction => Ok((String::new(), json!({"generation": g, "loaded": false}))),
+                    Ok(g) => {
+                        if file != self.file {
+                            eprintln!("xpfd: loaded {file} (generation {g})");
+                        }
+                        Ok((String::new(), json!({"generation": g, "loaded": true})))
+                    }
+                    Err(e) => Err(e.join("\n")),
+                }
+            }
+            "kill" => {
+                let mut sel = Select::default();
+                if let Some(label) = req["label"].as_str() {
+                    let rules: Vec<u32> = (0..self.loaded.parsed.rules.len())
+                        .filter(|&i| self.loaded.parsed.rules[i].label.as_deref() == Some(label))
+                        .map(|i| i as u32)
+                        .collect();
+                    if rules.is_empty() {
+                        return Err(format!("no rule has label \"{label}\""));
+                    }
+                    let mut n = 0;
+                    for r in rules {
+                        sel.rule = Some(r);
+                        n += ask(&self.workers, |tx| Cmd::Kill(sel.clone(), tx))?.iter().sum::<u32>();
+                    }
+                    return Ok((format!("killed {n} states\n"), json!({"killed": n})));
+                }
+                let hosts: Vec<&str> =
+                    req["hosts"].as_array().map(|a| a.iter().filter_map(|h| h.as_str()).collect()).unwrap_or_default();
+                if hosts.is_empty() || hosts.len() > 2 {
+                    return Err("kill: one or two hosts (-k src [-k dst]), or a label".into());
+                }
+                sel.src = Some(parse_host(hosts[0])?);
+                if let Some(d) = hosts.get(1) {
+                    sel.dst = Some(parse_host(d)?);
+                }
+                let n: u32 = ask(&self.workers, |tx| Cmd::Kill(sel.clone(), tx))?.iter().sum();
+                let what = hosts.join(" -> ");
+                Ok((format!("killed {n} states from host {what}\n"), json!({"killed": n})))
+            }
+            "flush" => {
+                let what = req["what"].as_str().unwrap_or("");
+                let mut text = String::new();
+                let mut data = json!({});
+                if matches!(what, "rules" | "all") {
+                    let p = xpf_conf::parse::parse("", &self.file, &[]);
+                    let l = Loaded::compile(p, &self.file).map_err(|e| e.join("\n"))?;
+                    // Keep the limits and timeouts: pfctl -F rules empties the rules only.
+                    let mut l = l;
+                    l.parsed.limits = self.loaded.parsed.limits.clone();
+                    l.parsed.timeouts = self.loaded.parsed.timeouts.clone();
+                    self.install(l).map_err(|e| e.join("\n"))?;
+                    text.push_str("rules cleared\n");
+                }
+                if matches!(what, "states" | "all") {
+                    let n: u32 = ask(&self.workers, Cmd::Flush)?.iter().sum();
+                    let _ = writeln!(text, "{n} states cleared");
+                    data = json!({"states_cleared": n});
+                }
+                if text.is_empty() {
+                    return Err(format!("flush {what}: states, rules or all"));
+                }
+                Ok((text, data))
+            }
+            "table" => self.table(req),
+            _ => Err(format!("unknown request '{op}'")),
+        }
+    }
+
+    fn table(&mut self, req: &Value) -> Result<(String, Value), String> {
+        let name = req["name"].as_str().ok_or("table: no name")?.to_string();
+        let cmd = req["cmd"].as_str().unwrap_or("show");
+        let addrs: Vec<(IpAddr, u8)> = req["addrs"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|h| h.as_str()).map(parse_host).collect::<Result<_, _>>())
+            .transpose()?
+            .unwrap_or_default();
+        let (_, cur) = self.slot.current();
+        let Some((_, t)) = cur.tables.iter().find(|t| t.0 == name) else {
+            return Err(format!("table <{name}> does not exist (declare it in pf.conf)"));
+        };
+        let entries = t.entries();
+        let norm = |(a, l): (IpAddr, u8)| -> (IpAddr, u8) {
+            match a {
+                IpAddr::V4(v) => (IpAddr::V4((u32::from(v) & if l == 0 { 0 } else { u32::MAX << (32 - l) }).into()), l),
+                IpAddr::V6(v) => {
+                    (IpAddr::V6((u128::from(v) & if l == 0 { 0 } else { u128::MAX << (128 - l) }).into()), l)
+                }
+            }
+        };
+        let fmt = |a: IpAddr, l: u8, neg: bool| {
+            let full = if a.is_ipv4() { 32 } else { 128 };
+            format!("{}{a}{}", if neg { "!" } else { "" }, if l == full { String::new() } else { format!("/{l}") })
+        };
+        match cmd {
+            "show" => {
+                let verbose = req["verbose"].as_u64().unwrap_or(0) > 0;
+                let mut text = String::new();
+                for &(a, l, neg, m) in &entries {
+                    let _ = writeln!(text, "   {}", fmt(a, l, neg));
+                    if verbose {
+                        let _ = writeln!(text, "\tMatches: {m}");
+                    }
+                }
+                let data: Vec<Value> = entries
+                    .iter()
+                    .map(|&(a, l, neg, m)| json!({"addr": a.to_string(), "prefix": l, "negated": neg, "matches": m}))
+                    .collect();
+                Ok((text, json!({"table": name, "entries": data})))
+            }
+            "test" => {
+                let mut text = String::new();
+                let mut hits = 0;
+                for &(a, _) in &addrs {
+                    let x = match a {
+                        IpAddr::V4(v) => xpf_wire::Addr::v4(v.octets()),
+                        IpAddr::V6(v) => xpf_wire::Addr(v.octets()),
+                    };
+                    let af = if a.is_ipv4() { xpf_wire::pdesc::AF_INET } else { xpf_wire::pdesc::AF_INET6 };
+                    if t.contains(&x, af) {
+                        hits += 1;
+                        let _ = writeln!(text, "{a}");
+                    }
+                }
+                let _ = writeln!(text, "{hits}/{} addresses match.", addrs.len());
+                if hits < addrs.len() {
+                    return Err(text.trim_end().to_string());
+                }
+                Ok((text, json!({"matched": hits, "tested": addrs.len()})))
+            }
+            "add" | "delete" | "replace" | "flush" | "zero" => {
+                let mut set: Vec<(IpAddr, u8, bool)> = entries.iter().map(|e| (e.0, e.1, e.2)).collect();
+                let before = set.len();
+                let mut changed = 0;
+                match cmd {
+                    "add" => {
+                        for a in addrs.iter().map(|&a| norm(a)) {
+                            if !set.iter().any(|e| (e.0, e.1) == a) {
+                                set.push((a.0, a.1, false));
+                                changed += 1;
+                            }
+                        }
+                    }
+                    "delete" => {
+                        for a in addrs.iter().map(|&a| norm(a)) {
+                            let n = set.len();
+                            set.retain(|e| (e.0, e.1) != a);
+                            changed += n - set.len();
+                        }
+                    }
+                    "replace" => {
+                        set = addrs.iter().map(|&a| norm(a)).map(|a| (a.0, a.1, false)).collect();
+                        changed = set.len().max(before);
+                    }
+                    "flush" => {
+                        changed = set.len();
+                        set.clear();
+                    }
+                    _ => changed = set.len(), // zero: the counters restart with the new table
+                }
+                let verb = match cmd {
+                    "add" => format!("{changed}/{} addresses added.", addrs.len()),
+                    "delete" => format!("{changed}/{} addresses deleted.", addrs.len()),
+                    "replace" => format!("{} addresses replaced ({before} before).", set.len()),
+                    "flush" => format!("{changed} addresses deleted."),
+                    _ => format!("{changed} addresses zeroed."),
+                };
+                let mut p = self.loaded.parsed.clone();
+                let hosts = set.iter().map(|&(a, l, neg)| Host { neg, kind: HostKind::Net(a, l) }).collect();
+                match p.tables.iter_mut().find(|t| t.name == name) {
+                    Some(t) => t.parts = vec![TablePart::Hosts(hosts)],
+                    None => {
+                        return Err(format!("table <{name}> was made by a rule; declare it in pf.conf to change it"))
+                    }
+                }
+                let l = Loaded::compile(p, &self.file).map_err(|e| e.join("\n"))?;
+                self.install(l).map_err(|e| e.join("\n"))?;
+                Ok((format!("{verb}\n"), json!({"changed": changed, "entries": set.len()})))
+            }
+            _ => Err(format!("-T {cmd}: add, delete, replace, show, test, flush or zero")),
+        }
+    }
+
+    fn show(&mut self, what: &str, verbose: u8) -> Result<(String, Value), String> {
+        let uptime = self.start.elapsed().as_secs();
+        match what {
+            "info" => {
+                let (info, io, xs) = self.snapshot()?;
+                let mut text = info.render(uptime);
+                let steer: Vec<(String, [u64; 8])> =
+                    self.steers.lock().unwrap().iter().map(|(n, s)| (n.clone(), s.counters())).collect();
+                let _ = writeln!(text, "Forwarding");
+                for (k, v) in [
+                    ("forwarded", io.forwarded),
+                    ("no-neighbour", io.no_neighbour),
+                    ("egress-not-filtered", io.egress_not_filtered),
+                    ("tx-ring-full", io.tx_full),
+                    ("bad-metadata", io.bad_meta),
+                ] {
+                    let _ = writeln!(text, "  {:<25} {:>14}", k, v);
+                }
+                for (name, c) in &steer {
+                    let _ = writeln!(text, "Interface {name} (XDP steering)");
+                    for (i, label) in xpf_xdp::steer::COUNTERS.iter().enumerate() {
+                        let _ = writeln!(text, "  {:<38} {:>14}", label, c[i]);
+                    }
+                }
+                let rx_dropped: u64 = xs.iter().map(|x| x.rx_dropped + x.rx_ring_full + x.fill_empty).sum();
+                let _ = writeln!(text, "AF_XDP sockets: {} (kernel-side drops {rx_dropped})", xs.len());
+                let reasons: serde_json::Map<String, Value> =
+                    xpf_wire::Reason::ALL.iter().map(|&r| (r.name().to_string(), json!(info.counter(r)))).collect();
+                let data = json!({
+                    "uptime": uptime,
+                    "states": info.states, "limit": info.limit,
+                    "searches": info.searches, "inserts": info.inserts, "removals": info.removals,
+                    "packets": info.stats.packets, "bytes": info.stats.bytes,
+                    "passed": info.stats.passed, "dropped": info.stats.dropped,
+                    "counters": reasons,
+                    "forwarding": io,
+                    "steering": steer.iter().map(|(n, c)| json!({"interface": n, "counters": c})).collect::<Vec<_>>(),
+                    "sockets": xs.iter().map(|x| json!({"rx": x.rx, "tx": x.tx, "tx_full": x.tx_full, "kicks": x.kicks,
+                        "rx_dropped": x.rx_dropped, "rx_ring_full": x.rx_ring_full, "fill_empty": x.fill_empty})).collect::<Vec<_>>(),
+                });
+                Ok((text, data))
+            }
+            "states" => {
+                let rows = self.states()?;
+                let mut text = String::new();
+                for r in &rows {
+                    text.push_str(&state_text(r, verbose));
+                    text.push('\n');
+                }
+                Ok((text, json!(rows)))
+            }
+            "memory" => {
+                let mut text = String::new();
+                let mut data = serde_json::Map::new();
+                for (n, _) in LIMITS {
+                    let v = self.loaded.limit(n);
+                    let _ = writeln!(text, "{:<13} hard limit {:>8}", n, v);
+                    data.insert(n.to_string(), json!(v));
+                }
+                Ok((text, Value::Object(data)))
+            }
+            "timeouts" => {
+                let t = self.loaded.timeouts();
+                let limit = self.loaded.state_limit();
+                let (astart, aend) = t.adaptive(limit);
+                let mut text = String::new();
+                let mut data = serde_json::Map::new();
+                for &k in Timeout::ALL {
+                    let v = match k {
+                        Timeout::AdaptiveStart => astart,
+                        Timeout::AdaptiveEnd => aend,
+                        _ => t.get(k),
+                    };
+                    let unit = if matches!(k, Timeout::AdaptiveStart | Timeout::AdaptiveEnd) { " states" } else { "s" };
+                    let _ = writeln!(text, "{:<20} {:>10}{unit}", k.name(), v);
+                    data.insert(k.name().to_string(), json!(v));
+                }
+                Ok((text, Value::Object(data)))
+            }
+            "rules" => {
+                let (_, cur) = self.slot.current();
+                let rows = if verbose > 0 { self.states()? } else { Vec::new() };
+                let mut text = String::new();
+                let mut data = Vec::new();
+                for (i, r) in self.loaded.parsed.rules.iter().enumerate() {
+                    let line = xpf_conf::print::rule(r);
+                    if verbose > 1 {
+                        let _ = writeln!(text, "@{i} {line}");
+                    } else {
+                        let _ = writeln!(text, "{line}");
+                    }
+                    let evals =
+                        cur.evaluations.get(i).map(|e| e.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(0);
+                    let mine = rows.iter().filter(|s| s.rule == i as u32);
+                    let (states, pk, by) = mine.fold((0u64, 0u64, 0u64), |a, s| {
+                        (a.0 + 1, a.1 + s.packets[0] as u64 + s.packets[1] as u64, a.2 + s.bytes[0] + s.bytes[1])
+                    });
+                    if verbose > 0 {
+                        let _ = writeln!(
+                            text,
+                            "  [ Evaluations: {evals:<8} Packets: {pk:<10} Bytes: {by:<10} States: {states:<6}]"
+                        );
+                    }
+                    data.push(json!({"nr": i, "rule": line, "evaluations": evals, "states": states,
+                        "state_packets": pk, "state_bytes": by}));
+                }
+                Ok((text, json!(data)))
+            }
+            "Tables" | "tables" => {
+                let (_, cur) = self.slot.current();
+                let mut text = String::new();
+                let mut data = Vec::new();
+                for (n, t) in &cur.tables {
+                    if n.starts_with("__automatic") {
+                        continue;
+                    }
+                    let _ = writeln!(text, "{n}");
+                    data.push(json!({"name": n, "entries": t.len()}));
+                }
+                Ok((text, json!(data)))
+            }
+            "all" => {
+                let mut text = String::new();
+                let mut data = serde_json::Map::new();
+                for (title, w) in [
+                    ("RULES", "rules"),
+                    ("STATES", "states"),
+                    ("INFO", "info"),
+                    ("TIMEOUTS", "timeouts"),
+                    ("LIMITS", "memory"),
+                    ("TABLES", "Tables"),
+                ] {
+                    let (t, d) = self.show(w, verbose)?;
+                    let _ = writeln!(text, "{title}:\n{t}");
+                    data.insert(w.to_lowercase(), d);
+                }
+                Ok((text, Value::Object(data)))
+            }
+            _ => Err(format!("-s {what}: info, states, memory, rules, timeouts, Tables or all")),
+        }
+    }
+}
+
+/// Binds the control socket, mode 0600.
+pub fn listen(path: &str) -> std::io::Result<UnixListener> {
+    if let Ok(s) = UnixStream::connect(path) {
+        drop(s);
+        return Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, "another xpfd answers on it"));
+    }
+    let _ = std::fs::remove_file(path);
+    let old = unsafe { libc::umask(0o177) };
+    let l = UnixListener::bind(path);
+    // SAFETY: restoring the process umask.
+    unsafe { libc::umask(old) };
+    let l = l?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    l.set_nonblocking(true)?;
+    Ok(l)
+}
+
+fn peer_uid(s: &UnixStream) -> Option<u32> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: getsockopt SO_PEERCRED into a ucred of the size passed.
+    unsafe {
+        let mut c: libc::ucred = std::mem::zeroed();
+        let mut l = std::mem::size_of::<libc::ucred>() as u32;
+        let r = libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut c as *mut libc::ucred).cast(),
+            &mut l,
+        );
+        (r == 0).then_some(c.uid)
+    }
+}
+
+/// Waits up to `ms` for one client and answers it.
+pub fn serve_once(l: &UnixListener, d: &mut Daemon, ms: i32) {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd { fd: l.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one pollfd.
+    if unsafe { libc::poll(&mut p, 1, ms) } <= 0 {
+        return;
+    }
+    let Ok((s, _)) = l.accept() else { return };
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let reply = if peer_uid(&s) != Some(0) {
+        json!({"ok": false, "error": "xpfd answers root only"})
+    } else {
+        let mut line = String::new();
+        match BufReader::new(&s).read_line(&mut line) {
+            Ok(_) => match serde_json::from_str::<Value>(&line) {
+                Ok(req) => match d.handle(&req) {
+                    Ok((text, data)) => json!({"ok": true, "text": text, "data": data}),
+                    Err(e) => json!({"ok": false, "error": e}),
+                },
+                Err(e) => json!({"ok": false, "error": format!("bad request: {e}")}),
+            },
+            Err(e) => json!({"ok": false, "error": format!("reading the request: {e}")}),
+        }
+    };
+    let mut w = &s;
+    let _ = writeln!(w, "{reply}");
+}

@@ -1,0 +1,423 @@
+//! One worker: the AF_XDP sockets of one receive queue on every filtered interface, the
+//! engine's state tables for the flows steered to that queue, and the loop that joins them.
+//!
+//! A forwarded packet is filtered as pf does: `in` on the interface it arrived on, then `out`
+//! on the one the kernel's FIB chose, each direction with its own state (a forwarded UDP flow
+//! makes two). A packet that passes both has its Ethernet addresses rewritten, its TTL or hop
+//! limit decremented (IPv4 checksum updated incrementally) and is copied to the egress
+//! socket's TX ring. Control requests (show, kill, flush, new ruleset) reach the worker by a
+//! channel it looks at between batches: the tables have one owner and no lock.
+
+use crate::policy::Live;
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use xpf_engine::{info::Info, Verdict, Worker, BATCH};
+use xpf_state::{Dir, Key, Timeouts};
+use xpf_xdp::steer::{Route, META_LEN};
+use xpf_xdp::xsk::{Desc, Xsk, XskStats};
+
+/// Drops and hand-offs that happen around the engine, in the I/O layer.
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct IoStats {
+    /// Passed by the filter, but the next hop's link address is unknown: the kernel was
+    /// asked to resolve it and the packet dropped (its sender retransmits).
+    pub no_neighbour: u64,
+    /// The FIB routes it out of an interface xpfd does not filter: dropped.
+    pub egress_not_filtered: u64,
+    /// The egress TX ring or its free frames were full.
+    pub tx_full: u64,
+    /// Frames without the steering program's metadata.
+    pub bad_meta: u64,
+    /// Non-IP frames that reached the socket (the steering program passes them up instead).
+    pub not_ip: u64,
+    pub forwarded: u64,
+    pub rx_batches: u64,
+}
+
+impl IoStats {
+    pub fn add(&mut self, o: &IoStats) {
+        self.no_neighbour += o.no_neighbour;
+        self.egress_not_filtered += o.egress_not_filtered;
+        self.tx_full += o.tx_full;
+        self.bad_meta += o.bad_meta;
+        self.not_ip += o.not_ip;
+        self.forwarded += o.forwarded;
+        self.rx_batches += o.rx_batches;
+    }
+}
+
+/// One state, as `xpfctl -s states` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct StateRow {
+    pub ifname: String,
+    pub proto: u8,
+    pub af: u8,
+    /// pf's key order: `addr[1]:port[1]` then the arrow then `addr[0]:port[0]`.
+    pub left: String,
+    pub right: String,
+    pub out: bool,
+    pub src_state: u8,
+    pub dst_state: u8,
+    pub age: u32,
+    pub expires_in: u32,
+    pub packets: [u32; 2],
+    pub bytes: [u64; 2],
+    pub rule: u32,
+}
+
+/// Which states a kill or a listing selects: hosts as pfctl -k gives them.
+#[derive(Debug, Clone, Default)]
+pub struct Select {
+    pub src: Option<(std::net::IpAddr, u8)>,
+    pub dst: Option<(std::net::IpAddr, u8)>,
+    pub rule: Option<u32>,
+}
+
+pub enum Cmd {
+    Snapshot(Sender<(Info, IoStats, Vec<XskStats>)>),
+    States(Sender<Vec<StateRow>>),
+    Kill(Select, Sender<u32>),
+    Flush(Sender<u32>),
+    Limits { states: u32, timeouts: Timeouts, done: Sender<Result<(), String>> },
+}
+
+pub struct Port {
+    pub xsk: Xsk,
+    pub ifindex: u32,
+}
+
+pub struct Dataplane {
+    pub worker: Worker<Live>,
+    pub ports: Vec<Port>,
+    pub cmds: Receiver<Cmd>,
+    pub stop: Arc<AtomicBool>,
+    pub io: IoStats,
+    pub start: Instant,
+    /// Busy-poll instead of sleeping in poll(2) when idle.
+    pub busy: bool,
+    last_resolve: Vec<(u32, [u8; 16], Instant)>,
+}
+
+fn in_net(a: &xpf_wire::Addr, af: u8, net: &(std::net::IpAddr, u8)) -> bool {
+    use std::net::IpAddr;
+    match (net.0, af) {
+        (IpAddr::V4(n), xpf_wire::pdesc::AF_INET) => {
+            let m = if net.1 == 0 { 0 } else { u32::MAX << (32 - net.1 as u32) };
+            (u32::from_be_bytes(a.v4_bytes()) & m) == (u32::from(n) & m)
+        }
+        (IpAddr::V6(n), xpf_wire::pdesc::AF_INET6) => {
+            let m = if net.1 == 0 { 0 } else { u128::MAX << (128 - net.1 as u32) };
+            (u128::from_be_bytes(a.0) & m) == (u128::from(n) & m)
+        }
+        _ => false,
+    }
+}
+
+fn host(a: xpf_wire::Addr, af: u8, port: u16, proto: u8) -> String {
+    let ip: std::net::IpAddr = if af == xpf_wire::pdesc::AF_INET {
+        std::net::Ipv4Addr::from(a.v4_bytes()).into()
+    } else {
+        std::net::Ipv6Addr::from(a.0).into()
+    };
+    let ports = matches!(proto, 1 | 6 | 17 | 58 | 132);
+    match (ip, ports) {
+        (std::net::IpAddr::V4(_), true) => format!("{ip}:{port}"),
+        (std::net::IpAddr::V6(_), true) => format!("{ip}[{port}]"),
+        (_, false) => ip.to_string(),
+    }
+}
+
+fn rows<K: Key>(t: &xpf_state::StateTable<K>, now: u32, out: &mut Vec<StateRow>) {
+    for (_, s) in t.iter() {
+        // pf's `expire` is the last activity; the deadline adds the (adaptive) timeout.
+        let deadline = s.expire.saturating_add(t.timeouts().effective(s.class(), t.len(), t.limit()));
+        let k = &s.key;
+        let ifname = if k.kif() == 0 {
+            "all".to_string()
+        } else {
+            xpf_xdp::netlink::ifname(k.kif() as u32).unwrap_or_else(|| format!("if{}", k.kif()))
+        };
+        out.push(StateRow {
+            ifname,
+            proto: k.proto(),
+            af: k.af(),
+            left: host(k.addr(1), k.af(), k.port(1), k.proto()),
+            right: host(k.addr(0), k.af(), k.port(0), k.proto()),
+            out: s.flags & xpf_state::sf::OUT != 0,
+            src_state: s.peer_state[0],
+            dst_state: s.peer_state[1],
+            age: now.saturating_sub(s.creation),
+            expires_in: deadline.saturating_sub(now),
+            packets: s.packets,
+            bytes: s.bytes,
+            rule: s.rule,
+        });
+    }
+}
+
+fn kill<K: Key>(t: &mut xpf_state::StateTable<K>, sel: &Select) -> u32 {
+    let ids: Vec<u32> = t
+        .iter()
+        .filter(|(_, s)| {
+            let k = &s.key;
+            // The key's source is addr[0] for inbound states and addr[1] for outbound ones.
+            let (si, di) = if s.flags & xpf_state::sf::OUT != 0 { (1, 0) } else { (0, 1) };
+            sel.src.as_ref().is_none_or(|n| in_net(&k.addr(si), k.af(), n))
+                && sel.dst.as_ref().is_none_or(|n| in_net(&k.addr(di), k.af(), n))
+                && sel.rule.is_none_or(|r| r == s.rule)
+        })
+        .map(|(id, _)| id)
+        .collect();
+    ids.iter().filter(|&&id| t.remove(id)).count() as u32
+}
+
+impl Dataplane {
+    pub fn new(worker: Worker<Live>, ports: Vec<Port>, cmds: Receiver<Cmd>, stop: Arc<AtomicBool>, busy: bool) -> Self {
+        Dataplane {
+            worker,
+            ports,
+            cmds,
+            stop,
+            io: IoStats::default(),
+            start: Instant::now(),
+            busy,
+            last_resolve: Vec::new(),
+        }
+    }
+
+    fn now(&self) -> u32 {
+        self.start.elapsed().as_secs() as u32 + 1
+    }
+
+    fn port_of(&self, ifindex: u32) -> Option<usize> {
+        self.ports.iter().position(|p| p.ifindex == ifindex)
+    }
+
+    /// The loop: runs until `stop` is set.
+    pub fn run(&mut self) {
+        let mut descs = [Desc::default(); BATCH];
+        let mut idle_rounds = 0u32;
+        let mut n_loops = 0u64;
+        while !self.stop.load(Ordering::Relaxed) {
+            let now = self.now();
+            let mut got = 0;
+            for p in 0..self.ports.len() {
+                let n = self.ports[p].xsk.rx_burst(&mut descs);
+                if n == 0 {
+                    continue;
+                }
+                got += n;
+                self.io.rx_batches += 1;
+                self.forward(p, &descs[..n], now);
+                self.ports[p].xsk.rx_done(&descs[..n]);
+            }
+            for p in self.ports.iter_mut() {
+                p.xsk.flush();
+            }
+            n_loops += 1;
+            if got == 0 || n_loops.is_multiple_of(64) {
+                self.worker.policy.refresh();
+                while let Ok(c) = self.cmds.try_recv() {
+                    self.command(c);
+                }
+                self.worker.maintain(now, if got == 0 { 4096 } else { 256 });
+            }
+            if got == 0 {
+                idle_rounds += 1;
+                if !self.busy && idle_rounds > 16 {
+                    self.wait(Duration::from_millis(10));
+                }
+            } else {
+                idle_rounds = 0;
+            }
+        }
+    }
+
+    /// Sleeps until a socket has something to read, or `d` passes.
+    fn wait(&self, d: Duration) {
+        let mut fds: Vec<libc::pollfd> =
+            self.ports.iter().map(|p| libc::pollfd { fd: p.xsk.fd(), events: libc::POLLIN, revents: 0 }).collect();
+        // SAFETY: fds is a live array of pollfd of the length passed.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, d.as_millis() as i32) };
+    }
+
+    fn forward(&mut self, p: usize, descs: &[Desc], now: u32) {
+        let n = descs.len();
+        let mut frames: [&[u8]; BATCH] = [&[]; BATCH];
+        let mut routes = [Route::Invalid; BATCH];
+        let inif = self.ports[p].ifindex;
+        for i in 0..n {
+            let d = descs[i];
+            // SAFETY: the frame stays ours (not on the fill ring) until rx_done after this call;
+            // nothing writes to the RX half of the UMEM meanwhile.
+            let all = unsafe { self.ports[p].xsk.frame_unbound(d.addr, d.len) };
+            routes[i] = Route::parse(all);
+            frames[i] = all.get(META_LEN..).unwrap_or(&[]);
+        }
+        let mut v_in = [Verdict::Pass; BATCH];
+        self.worker.process(&frames[..n], inif as u16, Dir::In, now, &mut v_in);
+        // `out` on the egress interface, one engine batch per egress interface.
+        let mut egress: [u32; BATCH] = [0; BATCH];
+        let mut todo = 0u64;
+        for i in 0..n {
+            match (v_in[i], routes[i]) {
+                (Verdict::Pass, Route::Forward { ifindex, .. } | Route::NoNeighbour { ifindex, .. }) => {
+                    egress[i] = ifindex;
+                    todo |= 1 << i;
+                }
+                (Verdict::Pass, Route::Invalid) => self.io.bad_meta += 1,
+                (Verdict::Host, _) => self.io.not_ip += 1,
+                _ => {}
+            }
+        }
+        let mut sel: [usize; BATCH] = [0; BATCH];
+        let mut out_frames: [&[u8]; BATCH] = [&[]; BATCH];
+        let mut v_out = [Verdict::Pass; BATCH];
+        while todo != 0 {
+            let eg = egress[todo.trailing_zeros() as usize];
+            let mut m = 0;
+            let mut rest = todo;
+            while rest != 0 {
+                let j = rest.trailing_zeros() as usize;
+                rest &= rest - 1;
+                if egress[j] == eg {
+                    todo &= !(1 << j);
+                    sel[m] = j;
+                    out_frames[m] = frames[j];
+                    m += 1;
+                }
+            }
+            let Some(ep) = self.port_of(eg) else {
+                self.io.egress_not_filtered += m as u64;
+                continue;
+            };
+            self.worker.process(&out_frames[..m], eg as u16, Dir::Out, now, &mut v_out[..m]);
+            for k in 0..m {
+                if v_out[k] != Verdict::Pass {
+                    continue;
+                }
+                match routes[sel[k]] {
+                    Route::Forward { dmac, smac, .. } => match self.ports[ep].xsk.tx_copy(out_frames[k]) {
+                        Some(f) => {
+                            rewrite(f, &dmac, &smac);
+                            self.io.forwarded += 1;
+                        }
+                        None => self.io.tx_full += 1,
+                    },
+                    Route::NoNeighbour { ifindex, family, nexthop } => {
+                        self.io.no_neighbour += 1;
+                        self.resolve(ifindex, family, nexthop);
+                    }
+                    Route::Invalid => {}
+                }
+            }
+        }
+    }
+
+    /// Asks the kernel to resolve a next hop, at most once a second per next hop.
+    fn resolve(&mut self, ifindex: u32, family: u8, nexthop: [u8; 16]) {
+        let t = Instant::now();
+        self.last_resolve.retain(|e| t.duration_since(e.2) < Duration::from_secs(1));
+        if self.last_resolve.iter().any(|e| e.0 == ifindex && e.1 == nexthop) || self.last_resolve.len() > 256 {
+            return;
+        }
+        self.last_resolve.push((ifindex, nexthop, t));
+        let addr = if family == libc::AF_INET as u8 { &nexthop[..4] } else { &nexthop[..] };
+        if let Err(e) = xpf_xdp::netlink::neigh_resolve(ifindex, addr) {
+            eprintln!("xpfd: asking the kernel to resolve a next hop on ifindex {ifindex}: {e}");
+        }
+    }
+
+    fn command(&mut self, c: Cmd) {
+        let now = self.now();
+        match c {
+            Cmd::Snapshot(tx) => {
+                let x: Vec<XskStats> = self.ports.iter_mut().map(|p| p.xsk.kernel_stats()).collect();
+                let _ = tx.send((Info::of(&self.worker), self.io, x));
+            }
+            Cmd::States(tx) => {
+                let mut v = Vec::new();
+                rows(&self.worker.t4, now, &mut v);
+                rows(&self.worker.t6, now, &mut v);
+                let _ = tx.send(v);
+            }
+            Cmd::Kill(sel, tx) => {
+                let n = kill(&mut self.worker.t4, &sel) + kill(&mut self.worker.t6, &sel);
+                let _ = tx.send(n);
+            }
+            Cmd::Flush(tx) => {
+                let all = Select::default();
+                let n = kill(&mut self.worker.t4, &all) + kill(&mut self.worker.t6, &all);
+                let _ = tx.send(n);
+            }
+            Cmd::Limits { states, timeouts, done } => {
+                self.worker.t4.set_timeouts(timeouts.clone());
+                self.worker.t6.set_timeouts(timeouts);
+                let r = if states != self.worker.limit() {
+                    self.worker.set_limit(states).map_err(|e| format!("set limit states {states}: {e:?}"))
+                } else {
+                    Ok(())
+                };
+                let _ = done.send(r);
+            }
+        }
+    }
+}
+
+/// The router's part of forwarding: new Ethernet addresses, TTL or hop limit one less.
+#[inline]
+pub fn rewrite(f: &mut [u8], dmac: &[u8; 6], smac: &[u8; 6]) {
+    if f.len() < 14 {
+        return;
+    }
+    f[0..6].copy_from_slice(dmac);
+    f[6..12].copy_from_slice(smac);
+    let et = u16::from_be_bytes([f[12], f[13]]);
+    match et {
+        0x0800 if f.len() >= 34 => {
+            let old = u16::from_be_bytes([f[22], f[23]]);
+            f[22] = f[22].wrapping_sub(1);
+            let new = u16::from_be_bytes([f[22], f[23]]);
+            let ck = u16::from_be_bytes([f[24], f[25]]);
+            let ck = xpf_wire::checksum::update16(ck, old, new);
+            f[24..26].copy_from_slice(&ck.to_be_bytes());
+        }
+        0x86dd if f.len() >= 54 => f[21] = f[21].wrapping_sub(1),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rewrite_decrements_ttl_and_keeps_the_checksum_valid() {
+        let mut f = vec![0u8; 60];
+        f[12] = 0x08;
+        f[14] = 0x45;
+        f[16..18].copy_from_slice(&46u16.to_be_bytes());
+        f[22] = 64;
+        f[23] = 17;
+        f[26..30].copy_from_slice(&[10, 0, 0, 1]);
+        f[30..34].copy_from_slice(&[10, 0, 1, 1]);
+        let ck = xpf_wire::checksum::checksum(&f[14..34]);
+        f[24..26].copy_from_slice(&ck.to_be_bytes());
+        rewrite(&mut f, &[2; 6], &[4; 6]);
+        assert_eq!(&f[0..12], &[2, 2, 2, 2, 2, 2, 4, 4, 4, 4, 4, 4]);
+        assert_eq!(f[22], 63);
+        assert_eq!(xpf_wire::checksum::checksum(&f[14..34]), 0, "header checksum still verifies");
+    }
+
+    #[test]
+    fn hop_limit_of_ipv6() {
+        let mut f = vec![0u8; 60];
+        f[12..14].copy_from_slice(&[0x86, 0xdd]);
+        f[21] = 64;
+        rewrite(&mut f, &[1; 6], &[3; 6]);
+        assert_eq!(f[21], 63);
+    }
+}

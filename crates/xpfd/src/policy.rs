@@ -1,0 +1,37 @@
+//! The ruleset as a worker sees it: the compiled ruleset in force, taken anew from the reload
+//! slot when its generation moves (one atomic load, between batches).
+
+use std::sync::Arc;
+use xpf_conf::reload::Slot;
+use xpf_conf::Ruleset;
+use xpf_engine::{Decision, Policy};
+use xpf_state::Dir;
+use xpf_wire::PDesc;
+
+pub struct Live {
+    slot: Arc<Slot>,
+    generation: u64,
+    rules: Arc<Ruleset>,
+}
+
+impl Live {
+    pub fn new(slot: Arc<Slot>) -> Live {
+        let (generation, rules) = slot.current();
+        Live { slot, generation, rules }
+    }
+
+    /// Takes the new ruleset if one was installed since.
+    #[inline]
+    pub fn refresh(&mut self) {
+        if self.slot.generation() != self.generation {
+            (self.generation, self.rules) = self.slot.current();
+        }
+    }
+}
+
+impl Policy for Live {
+    #[inline]
+    fn evaluate(&self, pd: &PDesc, ifidx: u16, dir: Dir) -> Decision {
+        self.rules.evaluate(pd, ifidx, dir)
+    }
+}

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Builds and removes the three-host lab the demo and the scenario tests use:
+#
+#   netns ${P}client [c0] 10.0.1.2/24 fd00:1::2/64
+#        |  veth
+#   netns ${P}fw     [fc] 10.0.1.1/24 fd00:1::1/64   -- xpfd filters fc and fs --
+#                    [fs] 10.0.2.1/24 fd00:2::1/64
+#        |  veth
+#   netns ${P}server [s0] 10.0.2.2/24 fd00:2::2/64
+#
+# usage: topo.sh up PREFIX | down PREFIX
+set -euo pipefail
+cmd=${1:?up or down}; P=${2:?prefix}
+
+down() {
+    for n in client fw server; do ip netns del "${P}$n" 2>/dev/null || true; done
+}
+
+up() {
+    down
+    for n in client fw server; do
+        ip netns add "${P}$n"
+        ip -n "${P}$n" link set lo up
+    done
+    ip link add "${P}c0" type veth peer name "${P}fc"
+    ip link set "${P}c0" netns "${P}client" name c0
+    ip link set "${P}fc" netns "${P}fw" name fc
+    ip link add "${P}s0" type veth peer name "${P}fs"
+    ip link set "${P}s0" netns "${P}server" name s0
+    ip link set "${P}fs" netns "${P}fw" name fs
+    ip -n "${P}client" addr add 10.0.1.2/24 dev c0
+    ip -n "${P}client" addr add fd00:1::2/64 dev c0 nodad
+    ip -n "${P}fw" addr add 10.0.1.1/24 dev fc
+    ip -n "${P}fw" addr add fd00:1::1/64 dev fc nodad
+    ip -n "${P}fw" addr add 10.0.2.1/24 dev fs
+    ip -n "${P}fw" addr add fd00:2::1/64 dev fs nodad
+    ip -n "${P}server" addr add 10.0.2.2/24 dev s0
+    ip -n "${P}server" addr add fd00:2::2/64 dev s0 nodad
+    for x in "client c0" "fw fc" "fw fs" "server s0"; do
+        set -- $x
+        ip -n "${P}$1" link set "$2" up
+    done
+    # veth leaves TCP/UDP checksums to "hardware" (CHECKSUM_PARTIAL); frames that leave
+    # through AF_XDP are sent as they are, so the end hosts compute their checksums themselves,
+    # as they would in front of a real NIC.
+    ip netns exec "${P}client" ethtool -K c0 tx off >/dev/null
+    ip netns exec "${P}server" ethtool -K s0 tx off >/dev/null
+    ip -n "${P}client" route add default via 10.0.1.1
+    ip -n "${P}client" -6 route add default via fd00:1::1
+    ip -n "${P}server" route add default via 10.0.2.1
+    ip -n "${P}server" -6 route add default via fd00:2::1
+    # A router: forwarding on (the XDP program's FIB lookups need it too).
+    ip netns exec "${P}fw" sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1
+}
+
+"$cmd"
