@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN := target/release
 
-.PHONY: all deps build demo test bench bench-states bench-hashsize bench-insert bench-resize bench-rules bench-workers fuzz fmt clean
+.PHONY: all deps build demo test lab bench bench-states bench-hashsize bench-insert bench-resize bench-rules bench-workers fuzz fmt clean
 
 all: build
 
@@ -13,9 +13,9 @@ deps:
 build: deps
 	$(CARGO) build --release --workspace
 
-# Until the daemon exists (issue 4), the main job is the state-table bench in its quick form.
+# The main job: xpfd filtering real traffic between network namespaces (scripts/demo.sh).
 demo: build
-	$(BIN)/xpf-bench states --quick
+	scripts/demo.sh
 
 # The quick benches run first so that they print their figures on every CI run (they assert
 # nothing about speed); the test suite runs last.
@@ -26,6 +26,8 @@ test: build
 	$(BIN)/xpf-bench rules --quick
 	$(CARGO) test --release -p xpf-conf --test pfctl_regress -- --nocapture --exact pfctl_regress_tally 2>&1 | grep -E '^(pf|pfail|selfpf)[: ]'
 	scripts/test.sh
+	scripts/scenario.sh
+	$(BIN)/xpf-bench lab --quick
 
 # The full experiments (several minutes each); figures go to bench-results/out/.
 bench: bench-states bench-hashsize bench-insert bench-resize bench-rules bench-workers
@@ -60,3 +62,7 @@ fmt:
 
 clean:
 	$(CARGO) clean
+
+# xpfd against the kernel (nftables + conntrack) in network namespaces, point by point.
+lab: build
+	$(BIN)/xpf-bench lab

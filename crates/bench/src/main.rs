@@ -2,6 +2,7 @@
 //! run. `states`: packets per second against the number of states; `hashsize`: against the
 //! index size at 4M states; `insert`: new states per second. See docs/bench.md.
 
+mod lab;
 mod engines;
 mod experiments;
 mod plot;
@@ -85,7 +86,7 @@ fn parse_num(flag: &str, v: &str) -> Result<u64, String> {
 
 fn parse(args: &[String]) -> Result<Opts, String> {
     let bench = args.first().ok_or_else(usage)?.clone();
-    if !["states", "hashsize", "insert", "resize", "rules", "replay"].contains(&bench.as_str()) {
+    if !["states", "hashsize", "insert", "resize", "rules", "replay", "lab"].contains(&bench.as_str()) {
         return Err(format!("unknown bench '{bench}'\n\n{}", usage()));
     }
     let mut o = Opts {
@@ -192,6 +193,26 @@ fn replay(o: &Opts) -> Result<(), String> {
     }
 }
 
+/// The netns lab against the kernel (xpf_bench::lab).
+fn lab(o: &Opts) -> Result<(), String> {
+    let points = o.points.clone().unwrap_or_else(|| {
+        if o.quick {
+            vec![128, 9_800, 100_000]
+        } else {
+            vec![128, 9_800, 100_000, 1_000_000, 2_000_000]
+        }
+    });
+    let bin = std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.to_path_buf())).unwrap_or_default();
+    lab::run(&lab::LabOpts {
+        points,
+        runs: o.runs,
+        seconds: if o.quick { o.seconds.max(1.0) } else { o.seconds.max(5.0) },
+        out: o.out.clone(),
+        bin,
+        json: o.json,
+    })
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let o = match parse(&args) {
@@ -207,6 +228,7 @@ fn main() -> ExitCode {
         "replay" => replay(&o),
         "resize" => experiments::resize(&o),
         "rules" => experiments::rules(&o),
+        "lab" => lab(&o),
         _ => experiments::insert(&o),
     };
     match r {

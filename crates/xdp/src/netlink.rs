@@ -154,18 +154,33 @@ pub fn ifname(ifindex: u32) -> Option<String> {
     Some(unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
 }
 
-/// The hardware address of interface `name`.
+/// The hardware address of interface `name` (asked with SIOCGIFHWADDR, so that it answers
+/// for the calling thread's network namespace, which /sys may not show).
 pub fn mac(name: &str) -> io::Result<[u8; 6]> {
-    let s = std::fs::read_to_string(format!("/sys/class/net/{name}/address"))?;
-    let mut m = [0u8; 6];
-    let parts: Vec<_> = s.trim().split(':').collect();
-    if parts.len() != 6 {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{name}: no Ethernet address")));
+    if name.len() >= libc::IF_NAMESIZE {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{name}: name too long")));
     }
-    for (d, p) in m.iter_mut().zip(parts) {
-        *d = u8::from_str_radix(p, 16).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+    // SAFETY: a datagram socket for the ioctl, an ifreq with the name copied in.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let fd = OwnedFd::from_raw_fd(fd);
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (d, c) in req.ifr_name.iter_mut().zip(name.bytes()) {
+            *d = c as libc::c_char;
+        }
+        if libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFHWADDR, &mut req) < 0 {
+            return Err(io::Error::new(io::ErrorKind::NotFound, format!("{name}: {}", io::Error::last_os_error())));
+        }
+        let sa = req.ifr_ifru.ifru_hwaddr;
+        let mut m = [0u8; 6];
+        for (d, c) in m.iter_mut().zip(sa.sa_data.iter()) {
+            *d = *c as u8;
+        }
+        Ok(m)
     }
-    Ok(m)
 }
 
 /// Receive queues of interface `name` (one AF_XDP socket and one worker each).

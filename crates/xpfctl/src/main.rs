@@ -31,6 +31,8 @@ struct Opts {
     rest: Vec<String>,
     json: bool,
     socket: Option<String>,
+    /// `--steer off|on`: hand forwarding to the kernel (unfiltered) and back; the lab's switch.
+    steer: Option<bool>,
 }
 
 fn parse_args(args: &[String]) -> Result<Opts, String> {
@@ -44,6 +46,15 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         };
         if a == "--json" {
             o.json = true;
+            i += 1;
+            continue;
+        }
+        if a == "--steer" {
+            o.steer = Some(match val(&mut i)?.as_str() {
+                "on" => true,
+                "off" => false,
+                v => return Err(format!("--steer {v}: on or off")),
+            });
             i += 1;
             continue;
         }
@@ -110,6 +121,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(on) = o.steer {
+        return request(&o, json!({"op": "steer", "on": on}));
+    }
     if o.show.is_some() || !o.kill.is_empty() || o.label.is_some() || o.flush.is_some() || o.table.is_some() {
         return daemon(&o);
     }

@@ -306,6 +306,22 @@ impl Daemon {
                 Ok((text, data))
             }
             "table" => self.table(req),
+            "steer" => {
+                // Maintenance and the lab: take the steering programs off (the kernel forwards
+                // unfiltered, by its own rules) or put them back.
+                let on = req["on"].as_bool().ok_or("steer: on true|false")?;
+                let mut st = self.steers.lock().unwrap();
+                for (name, s) in st.iter_mut() {
+                    if on {
+                        let idx = xpf_xdp::netlink::ifindex(name).map_err(|e| e.to_string())?;
+                        s.attach(idx).map_err(|e| format!("{name}: {e}"))?;
+                    } else {
+                        s.detach_all();
+                    }
+                }
+                eprintln!("xpfd: steering {}", if on { "on" } else { "off: the kernel forwards unfiltered" });
+                Ok((String::new(), json!({"steering": on})))
+            }
             _ => Err(format!("unknown request '{op}'")),
         }
     }

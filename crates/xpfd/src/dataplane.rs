@@ -203,6 +203,8 @@ impl Dataplane {
         let mut n_loops = 0u64;
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.now();
+            // A new ruleset applies from the next packet on: one atomic load per round.
+            self.worker.policy.refresh();
             let mut got = 0;
             for p in 0..self.ports.len() {
                 let n = self.ports[p].xsk.rx_burst(&mut descs);
@@ -219,7 +221,6 @@ impl Dataplane {
             }
             n_loops += 1;
             if got == 0 || n_loops.is_multiple_of(64) {
-                self.worker.policy.refresh();
                 while let Ok(c) = self.cmds.try_recv() {
                     self.command(c);
                 }

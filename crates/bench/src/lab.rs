@@ -1,0 +1,473 @@
+//! `xpf-bench lab`: xpfd and the Linux kernel (nftables + conntrack) forwarding the same
+//! traffic, in the same run, point by point.
+//!
+//! ```text
+//! netns xl-gen [g0] --veth-- [f0] netns xl-fw [f1] --veth-- [s0] netns xl-sink
+//!  XDP generator (CPU0)       firewall work on CPU1          XDP drop + counter
+//! ```
+//! The generator is an XDP program run by BPF_PROG_TEST_RUN in live-frames mode (XDP_TX out of
+//! g0), stepping N/2 flows of 60-byte UDP frames from 198.18.0.0/15 to 198.19.0.0/16. In the
+//! firewall namespace the kernel's forwarding is set up once (routes, a permanent neighbour
+//! for the sink, nftables forward chain with `ct state established,related accept; ct state
+//! new accept`), and xpfd runs throughout with `pass all` keep-state rules. Three setups are
+//! measured in turn for every run of every point: (a) xpfd (steering on), (b) the kernel
+//! (xpfd's steering off: the same packets take the kernel's forward path and conntrack), (c)
+//! xpfd with `pass all no state` (its I/O ceiling: everything but the state table). A
+//! forwarded flow makes two pf states (in and out) and one conntrack entry, so N states means
+//! N/2 flows, as in pf's own counting (4,900 flows -> 9,800 states).
+//!
+//! The figure is what reaches the sink, per second, over `seconds` after one second of
+//! settling. Global sysctls (nf_conntrack_max, the conntrack hash size) are restored at the
+//! end, and the namespaces deleted, also on Ctrl-C.
+
+use crate::stats::{self, Summary};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use xpf_xdp::bpf::{objects, Program, TEST_XDP_LIVE_FRAMES};
+use xpf_xdp::netlink;
+
+const NS: [&str; 3] = ["xl-gen", "xl-fw", "xl-sink"];
+const SOCK: &str = "/run/xpf-lab.sock";
+const GEN_CPU: usize = 0;
+const FW_CPU: usize = 1;
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_int(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+pub struct LabOpts {
+    pub points: Vec<u64>,
+    pub runs: usize,
+    pub seconds: f64,
+    pub out: PathBuf,
+    pub bin: PathBuf,
+    pub json: bool,
+}
+
+fn sh(args: &[&str]) -> Result<String, String> {
+    let o = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{}: {e}", args[0]))?;
+    if !o.status.success() {
+        return Err(format!("{}: {}", args.join(" "), String::from_utf8_lossy(&o.stderr).trim()));
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+fn ns(n: &str, args: &[&str]) -> Result<String, String> {
+    let mut v = vec!["ip", "netns", "exec", n];
+    v.extend_from_slice(args);
+    sh(&v)
+}
+
+/// Runs `f` on a thread that has entered network namespace `name`.
+fn in_ns<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+    let path = format!("/run/netns/{name}");
+    std::thread::spawn(move || {
+        let fd = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+        // SAFETY: setns on this thread only, with a namespace file we opened.
+        if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&fd), libc::CLONE_NEWNET) } != 0 {
+            return Err(format!("setns {path}: {}", std::io::Error::last_os_error()));
+        }
+        Ok(f())
+    })
+    .join()
+    .map_err(|_| "namespace thread panicked".to_string())?
+}
+
+/// What the lab changed outside its namespaces, to put back.
+struct Restore {
+    sysctls: Vec<(String, String)>,
+    xpfd: Option<Child>,
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.xpfd.take() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(5) {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for (k, v) in self.sysctls.drain(..) {
+            let _ = std::fs::write(&k, &v);
+        }
+        if std::env::var_os("XPF_LAB_KEEP").is_none() {
+            for n in NS {
+                let _ = Command::new("ip").args(["netns", "del", n]).status();
+            }
+        }
+        let _ = std::fs::remove_file(SOCK);
+    }
+}
+
+fn set_global(r: &mut Restore, path: &str, v: &str) -> Result<(), String> {
+    let old = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    r.sysctls.push((path.to_string(), old.trim().to_string()));
+    std::fs::write(path, v).map_err(|e| format!("{path} = {v}: {e}"))
+}
+
+fn mac(n: &str, dev: &str) -> Result<[u8; 6], String> {
+    let dev = dev.to_string();
+    in_ns(n, move || netlink::mac(&dev))?.map_err(|e| e.to_string())
+}
+
+fn fmt_mac(m: &[u8; 6]) -> String {
+    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+fn build(r: &mut Restore) -> Result<(), String> {
+    for n in NS {
+        let _ = Command::new("ip").args(["netns", "del", n]).stderr(Stdio::null()).status();
+        sh(&["ip", "netns", "add", n])?;
+        ns(n, &["ip", "link", "set", "lo", "up"])?;
+    }
+    sh(&["ip", "link", "add", "xl-g0", "type", "veth", "peer", "name", "xl-f0"])?;
+    sh(&["ip", "link", "add", "xl-f1", "type", "veth", "peer", "name", "xl-s0"])?;
+    for (dev, n, name) in [("xl-g0", NS[0], "g0"), ("xl-f0", NS[1], "f0"), ("xl-f1", NS[1], "f1"), ("xl-s0", NS[2], "s0")] {
+        sh(&["ip", "link", "set", dev, "netns", n, "name", name])?;
+        ns(n, &["ip", "link", "set", name, "up"])?;
+    }
+    ns(NS[0], &["ip", "addr", "add", "10.10.1.2/24", "dev", "g0"])?;
+    ns(NS[1], &["ip", "addr", "add", "10.10.1.1/24", "dev", "f0"])?;
+    ns(NS[1], &["ip", "addr", "add", "10.10.2.1/24", "dev", "f1"])?;
+    ns(NS[2], &["ip", "addr", "add", "10.10.2.2/24", "dev", "s0"])?;
+    let s0 = mac(NS[2], "s0")?;
+    let g0 = mac(NS[0], "g0")?;
+    ns(NS[1], &["ip", "neigh", "replace", "10.10.2.2", "lladdr", &fmt_mac(&s0), "dev", "f1", "nud", "permanent"])?;
+    ns(NS[1], &["ip", "neigh", "replace", "10.10.1.2", "lladdr", &fmt_mac(&g0), "dev", "f0", "nud", "permanent"])?;
+    ns(NS[1], &["ip", "route", "add", "198.19.0.0/16", "via", "10.10.2.2"])?;
+    ns(NS[1], &["ip", "route", "add", "198.18.0.0/16", "via", "10.10.1.2"])?;
+    ns(NS[1], &["sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.f0.rp_filter=0"])?;
+    // One-way flows stay "unreplied" in conntrack (30 s by default): long enough here.
+    ns(NS[1], &["sysctl", "-qw", "net.netfilter.nf_conntrack_udp_timeout=600"])?;
+    // The kernel's forwarding work on the firewall core: f0's NAPI as a thread pinned there.
+    // GRO on f0 lets XDP_TX from the generator reach it while no XDP program is attached.
+    ns(NS[1], &["ethtool", "-K", "f0", "gro", "on"])?;
+    ns(NS[1], &["sh", "-c", "echo 1 > /sys/class/net/f0/threaded"])?;
+    let nft = "table inet xpflab {\n chain forward {\n  type filter hook forward priority 0; policy drop;\n  \
+               ct state established,related accept\n  ct state new accept\n }\n}\n";
+    let f = std::env::temp_dir().join("xpf-lab.nft");
+    std::fs::write(&f, nft).map_err(|e| e.to_string())?;
+    ns(NS[1], &["nft", "-f", &f.to_string_lossy()])?;
+    set_global(r, "/proc/sys/net/netfilter/nf_conntrack_max", "8388608")?;
+    set_global(r, "/proc/sys/net/netfilter/nf_conntrack_buckets", "2097152")?;
+    Ok(())
+}
+
+struct Gen {
+    prog: Program,
+    frame: Vec<u8>,
+    ifindex: u32,
+}
+
+fn frame(dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
+    let mut f = vec![0u8; 60];
+    f[0..6].copy_from_slice(&dst);
+    f[6..12].copy_from_slice(&src);
+    f[12..14].copy_from_slice(&[0x08, 0x00]);
+    f[14] = 0x45;
+    f[16..18].copy_from_slice(&46u16.to_be_bytes());
+    f[22] = 64;
+    f[23] = 17;
+    f[34..36].copy_from_slice(&2000u16.to_be_bytes());
+    f[36..38].copy_from_slice(&2000u16.to_be_bytes());
+    f[38..40].copy_from_slice(&26u16.to_be_bytes());
+    f
+}
+
+impl Gen {
+    fn new() -> Result<Gen, String> {
+        let prog = Program::load("xpf_gen", objects::GEN).map_err(|e| e.to_string())?;
+        let ifindex = in_ns(NS[0], || netlink::ifindex("g0"))?.map_err(|e| e.to_string())?;
+        let f = frame(mac(NS[1], "f0")?, mac(NS[0], "g0")?);
+        Ok(Gen { prog, frame: f, ifindex })
+    }
+
+    /// Flows: `srcs` x `dsts` x `ports` (source port varies fastest).
+    fn flows(&self, srcs: u32, dsts: u32, ports: u32) {
+        let mut cfg = Vec::new();
+        for v in [0xc612_0000u32, 0xc613_0000, srcs, dsts, ports, 1024] {
+            cfg.extend_from_slice(&v.to_ne_bytes());
+        }
+        self.prog.map("gen_cfg").update(&0u32.to_ne_bytes(), &cfg).expect("gen config");
+    }
+
+    /// Sends for `d` from the generator's core; returns frames sent.
+    fn run(&self, d: Duration) -> Result<u64, String> {
+        let fd = self.prog.fd.try_clone().map_err(|e| e.to_string())?;
+        let frame = self.frame.clone();
+        let ifindex = self.ifindex;
+        let before = self.prog.map("gen_count").percpu_sum(0).unwrap_or(0);
+        in_ns(NS[0], move || {
+            crate::sys::pin(GEN_CPU);
+            let p = Program { name: "xpf_gen".into(), fd, maps: Vec::new() };
+            let t = Instant::now();
+            while t.elapsed() < d && !STOP.load(Ordering::Relaxed) {
+                p.test_run(&frame, ifindex, 1 << 16, 64, TEST_XDP_LIVE_FRAMES).map_err(|e| format!("generator: {e}"))?;
+            }
+            Ok::<(), String>(())
+        })??;
+        Ok(self.prog.map("gen_count").percpu_sum(0).unwrap_or(0) - before)
+    }
+}
+
+struct Sink {
+    prog: Program,
+}
+
+impl Sink {
+    fn new() -> Result<Sink, String> {
+        let prog = Program::load("xpf_sink", objects::SINK).map_err(|e| e.to_string())?;
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&prog.fd);
+        in_ns(NS[2], move || {
+            let i = netlink::ifindex("s0")?;
+            netlink::xdp_attach(i, fd, netlink::XDP_FLAGS_DRV_MODE)
+        })?
+        .map_err(|e| format!("attaching the sink: {e}"))?;
+        Ok(Sink { prog })
+    }
+    fn count(&self) -> u64 {
+        self.prog.map("sink_count").percpu_sum(0).unwrap_or(0)
+    }
+}
+
+/// Measures what reaches the sink per second while the generator sends for `settle +
+/// seconds`, counting over the last `seconds`.
+fn measure(g: &Gen, s: &Sink, secs: f64) -> Result<f64, String> {
+    let settle = Duration::from_millis(700);
+    let total = settle + Duration::from_secs_f64(secs);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            std::thread::sleep(settle);
+            let a = (Instant::now(), s.count());
+            std::thread::sleep(Duration::from_secs_f64(secs));
+            let b = (Instant::now(), s.count());
+            let _ = tx.send((b.1 - a.1) as f64 / b.0.duration_since(a.0).as_secs_f64());
+        });
+        g.run(total)
+    })?;
+    rx.recv().map_err(|_| "measuring thread".to_string())
+}
+
+fn xpfctl(bin: &Path, args: &[&str]) -> Result<String, String> {
+    let mut v = vec![bin.join("xpfctl").to_string_lossy().into_owned(), "--socket".into(), SOCK.into()];
+    v.extend(args.iter().map(|s| s.to_string()));
+    let r: Vec<&str> = v.iter().map(String::as_str).collect();
+    sh(&r)
+}
+
+fn conf(keep: bool, limit: u64) -> String {
+    format!(
+        "set limit states {limit}\nset timeout {{ udp.first 600, udp.single 600, udp.multiple 600 }}\npass all{}\n",
+        if keep { "" } else { " no state" }
+    )
+}
+
+fn split(flows: u64) -> (u32, u32) {
+    // srcs x dsts = flows, dsts a power of two up to 256 (pkt-gen style ranges).
+    let mut d = 1u64;
+    while d < 256 && flows % (d * 2) == 0 {
+        d *= 2;
+    }
+    ((flows / d) as u32, d as u32)
+}
+
+#[derive(serde::Serialize)]
+struct Point {
+    states: u64,
+    flows: u64,
+    xpf: Summary,
+    kernel: Summary,
+    ceiling: Summary,
+    kernel_ceiling: Option<f64>,
+    ratio: f64,
+    xpf_ns: f64,
+    kernel_ns: f64,
+    xpf_of_ceiling: f64,
+    xpf_states: u64,
+    kernel_entries: u64,
+}
+
+pub fn run(o: &LabOpts) -> Result<(), String> {
+    // SAFETY: a handler that only sets an atomic flag.
+    unsafe { libc::signal(libc::SIGINT, on_int as *const () as libc::sighandler_t) };
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("the lab builds network namespaces: run it as root".into());
+    }
+    let mut r = Restore { sysctls: Vec::new(), xpfd: None };
+    build(&mut r)?;
+    let maxp = *o.points.iter().max().unwrap_or(&9800);
+    // Room for the new-flows measurement too: 2 states a flow for a few seconds of new flows.
+    let limit = (maxp * 2 + 100_000).max(8_000_000);
+    let keep = std::env::temp_dir().join("xpf-lab-keep.conf");
+    let nostate = std::env::temp_dir().join("xpf-lab-nostate.conf");
+    std::fs::write(&keep, conf(true, limit)).map_err(|e| e.to_string())?;
+    std::fs::write(&nostate, conf(false, limit)).map_err(|e| e.to_string())?;
+    let log = std::fs::File::create(std::env::temp_dir().join("xpf-lab-xpfd.log")).map_err(|e| e.to_string())?;
+    let child = Command::new("ip")
+        .args(["netns", "exec", NS[1]])
+        .arg(o.bin.join("xpfd"))
+        .args(["-f", &keep.to_string_lossy(), "-i", "f0", "-i", "f1", "--cpus", &FW_CPU.to_string(), "--socket", SOCK])
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("starting xpfd: {e}"))?;
+    r.xpfd = Some(child);
+    let t = Instant::now();
+    while xpfctl(&o.bin, &["-s", "memory"]).is_err() {
+        if t.elapsed() > Duration::from_secs(60) {
+            return Err("xpfd did not come up in 60 s (see /tmp/xpf-lab-xpfd.log)".into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let g = Gen::new()?;
+    let s = Sink::new()?;
+    // The sink's NAPI stays a softirq: it runs where f1 transmits, on the firewall core, for
+    // both firewalls alike (the method of ../shared/reference/kernel-baseline.md). Made a
+    // thread beside the generator, it starved and dropped in f1's transmit.
+    pin_napi_threads();
+
+    println!("xpf-bench lab: gen -- fw -- sink in network namespaces; firewall work on CPU {FW_CPU}, generator on CPU {GEN_CPU}");
+    println!("firewalls: (a) xpfd, pass all keep state; (b) kernel nftables + conntrack; (c) xpfd pass all no state (I/O ceiling)");
+    println!("{} runs of {:.1} s per point, setups alternated within each run\n", o.runs, o.seconds);
+    let mut points = Vec::new();
+    for &n in &o.points {
+        if STOP.load(Ordering::Relaxed) {
+            break;
+        }
+        let flows = (n / 2).max(1);
+        let (srcs, dsts) = split(flows);
+        g.flows(srcs, dsts, 1);
+        xpfctl(&o.bin, &["-F", "states"])?;
+        let _ = ns(NS[1], &["conntrack", "-F"]);
+        // Warm both tables: every flow seen by each firewall.
+        let warm = Duration::from_secs_f64((flows as f64 / 250_000.0).clamp(1.0, 20.0));
+        xpfctl(&o.bin, &["--steer", "on"])?;
+        g.run(warm)?;
+        xpfctl(&o.bin, &["--steer", "off"])?;
+        g.run(warm)?;
+        let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..o.runs {
+            if STOP.load(Ordering::Relaxed) {
+                break;
+            }
+            xpfctl(&o.bin, &["--steer", "on"])?;
+            a.push(measure(&g, &s, o.seconds)?);
+            xpfctl(&o.bin, &["--steer", "off"])?;
+            b.push(measure(&g, &s, o.seconds)?);
+            xpfctl(&o.bin, &["-f", &nostate.to_string_lossy()])?;
+            xpfctl(&o.bin, &["--steer", "on"])?;
+            c.push(measure(&g, &s, o.seconds)?);
+            xpfctl(&o.bin, &["--steer", "off"])?;
+            xpfctl(&o.bin, &["-f", &keep.to_string_lossy()])?;
+        }
+        if a.is_empty() {
+            break;
+        }
+        let info: serde_json::Value =
+            serde_json::from_str(&xpfctl(&o.bin, &["-s", "info", "--json"])?).map_err(|e| e.to_string())?;
+        let xpf_states = info["states"].as_u64().unwrap_or(0);
+        let kernel_entries: u64 = ns(NS[1], &["cat", "/proc/sys/net/netfilter/nf_conntrack_count"])?.trim().parse().unwrap_or(0);
+        let (sa, sb, sc) = (Summary::of(&a), Summary::of(&b), Summary::of(&c));
+        let ns_per = |x: f64| if x > 0.0 { 1e9 / x } else { f64::INFINITY };
+        let p = Point {
+            states: n,
+            flows,
+            ratio: sa.median / sb.median,
+            xpf_ns: ns_per(sa.median) - ns_per(sc.median),
+            kernel_ns: ns_per(sb.median) - ns_per(sc.median),
+            xpf_of_ceiling: sa.median / sc.median,
+            kernel_ceiling: None,
+            xpf: sa,
+            kernel: sb,
+            ceiling: sc,
+            xpf_states,
+            kernel_entries,
+        };
+        println!("{} states ({} flows; xpf holds {}, conntrack {}):", n, flows, p.xpf_states, p.kernel_entries);
+        println!("{}", stats::header("setup", "packets/s into the sink"));
+        println!("{}", stats::row("xpf", &p.xpf));
+        println!("{}", stats::row("kernel", &p.kernel));
+        println!("{}", stats::row("ceiling", &p.ceiling));
+        println!(
+            "  xpf/kernel {:.2}x; xpf at {:.0}% of its ceiling; per packet over the ceiling: xpf {:.0} ns, kernel {:.0} ns\n",
+            p.ratio,
+            100.0 * p.xpf_of_ceiling,
+            p.xpf_ns,
+            p.kernel_ns
+        );
+        points.push(p);
+    }
+    // New states per second: every packet a new flow.
+    let mut newrate = None;
+    if !STOP.load(Ordering::Relaxed) {
+        g.flows(64, 1, 60_000);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for _ in 0..o.runs.min(3) {
+            xpfctl(&o.bin, &["-F", "states"])?;
+            let _ = ns(NS[1], &["conntrack", "-F"]);
+            xpfctl(&o.bin, &["--steer", "on"])?;
+            a.push(measure(&g, &s, o.seconds.min(2.0))?);
+            xpfctl(&o.bin, &["--steer", "off"])?;
+            b.push(measure(&g, &s, o.seconds.min(2.0))?);
+        }
+        let (sa, sb) = (Summary::of(&a), Summary::of(&b));
+        println!("new flows per second (each packet a new flow; xpf makes 2 states per flow, the kernel 1 entry):");
+        println!("{}", stats::header("setup", "new flows/s forwarded"));
+        println!("{}", stats::row("xpf", &sa));
+        println!("{}", stats::row("kernel", &sb));
+        println!("  xpf/kernel {:.2}x\n", sa.median / sb.median);
+        newrate = Some((sa, sb));
+    }
+    xpfctl(&o.bin, &["--steer", "on"]).ok();
+    if !points.is_empty() {
+        let series = |f: &dyn Fn(&Point) -> &Summary, title: &'static str| crate::plot::Series {
+            title,
+            points: points.iter().map(|p| (p.states as f64, f(p).median, f(p).min, f(p).max)).collect(),
+        };
+        let all = [
+            series(&|p| &p.xpf, "xpf (pass keep state)"),
+            series(&|p| &p.kernel, "kernel (nftables + conntrack)"),
+            series(&|p| &p.ceiling, "xpf no state (I/O ceiling)"),
+        ];
+        match crate::plot::write(&o.out, "lab", "pps forwarded vs number of states, one firewall core", "states", "packets/s", true, &all) {
+            Ok(Ok(png)) => println!("plot: {png}"),
+            Ok(Err(why)) => println!("plot: {why}"),
+            Err(e) => println!("plot: {e}"),
+        }
+    }
+    if o.json {
+        let j = serde_json::json!({"points": points, "new_flows": newrate.map(|(a, b)| serde_json::json!({"xpf": a, "kernel": b}))});
+        println!("{}", serde_json::to_string_pretty(&j).unwrap_or_default());
+    }
+    drop(r);
+    if STOP.load(Ordering::Relaxed) {
+        return Err("interrupted; namespaces deleted and sysctls restored".into());
+    }
+    Ok(())
+}
+
+/// Pins the NAPI threads of the firewall's interfaces to the firewall core.
+fn pin_napi_threads() {
+    let Ok(out) = sh(&["ps", "-eo", "pid=,comm="]) else { return };
+    for l in out.lines() {
+        let mut it = l.split_whitespace();
+        let (Some(pid), Some(comm)) = (it.next(), it.next()) else { continue };
+        let cpu = if comm.starts_with("napi/f0-") || comm.starts_with("napi/f1-") {
+            FW_CPU
+        } else {
+            continue;
+        };
+        let _ = sh(&["taskset", "-pc", &cpu.to_string(), pid]);
+    }
+}

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Scenario tests: xpfd on veth pairs between network namespaces, checked with real tools.
+#   client (10.0.1.2) -- [fc] xpfd [fs] -- server (10.0.2.2)
+# Each check prints ok/FAIL; the last line is the tally. Needs root; cleans up after itself.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN=target/release
+P=xs-
+SOCK=/run/xpf-scenario.sock
+CTL="$BIN/xpfctl --socket $SOCK"
+LOG=$(mktemp /tmp/xpf-scenario-xpfd.XXXX.log)
+DIR=$(mktemp -d /tmp/xpf-scenario.XXXX)
+pass=0; fail=0
+[[ $(id -u) -eq 0 ]] || { echo "scenario: needs root (network namespaces, XDP)"; exit 1; }
+
+cleanup() {
+    [[ -n ${XPFD:-} ]] && kill "$XPFD" 2>/dev/null && wait "$XPFD" 2>/dev/null
+    for n in client server; do ip netns pids ${P}$n 2>/dev/null | xargs -r kill 2>/dev/null; done
+    scripts/topo.sh down $P
+    rm -rf "$SOCK" "$DIR"
+}
+trap cleanup EXIT INT TERM
+
+check() { # check NAME CMD...: passes when CMD succeeds
+    local name=$1; shift
+    if "$@" >"$DIR/out" 2>&1; then echo "ok   $name"; pass=$((pass + 1));
+    else echo "FAIL $name"; sed 's/^/     /' "$DIR/out" | tail -15; fail=$((fail + 1)); fi
+}
+refused() { ! "$@"; }
+c() { ip netns exec ${P}client "$@"; }
+info() { $CTL -s info --json | python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+
+cat > "$DIR/pf.conf" <<'CONF'
+ext_if = "fc"
+int_if = "fs"
+table <blocked> persist
+block all
+block in quick on $ext_if from <blocked>
+pass in on $int_if
+pass out on $ext_if
+pass in on $ext_if inet proto tcp to 10.0.2.2 port { 80, 5201 }
+pass in on $ext_if inet proto icmp icmp-type echoreq
+pass out on $int_if
+CONF
+sed 's/port { 80, 5201 }/port 5201/' "$DIR/pf.conf" > "$DIR/no-http.conf"
+printf 'pass all\npass in on nosuchif0\n' > "$DIR/bad.conf"
+
+scripts/topo.sh up $P
+ip netns exec ${P}server python3 -m http.server 80 --bind 10.0.2.2 >/dev/null 2>&1 &
+ip netns exec ${P}server iperf3 -s -D --bind 10.0.2.2 >/dev/null
+ip netns exec ${P}server nc -lk 10.0.2.2 2222 >/dev/null 2>&1 &
+ip netns exec ${P}client nc -lk 10.0.1.2 3333 >/dev/null 2>&1 &
+ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --socket $SOCK 2>"$LOG" &
+XPFD=$!
+for _ in $(seq 100); do $CTL -s memory >/dev/null 2>&1 && break; sleep 0.1; done
+check "xpfd starts and answers on its control socket" $CTL -s memory
+check "control socket is mode 0600" test "$(stat -c %a $SOCK)" = 600
+sleep 0.3
+
+# Warm the neighbour entries (the first packet to an unresolved next hop is dropped and counted).
+c ping -c 1 -W 1 10.0.2.2 >/dev/null 2>&1
+check "ping through the firewall (echoreq allowed)" c ping -c 3 -i 0.2 -W 1 10.0.2.2
+check "HTTP to the published server (curl)" c curl -sf -m 5 -o /dev/null http://10.0.2.2/
+check "TCP bulk transfer, 3 s (iperf3)" c iperf3 -c 10.0.2.2 -t 3
+check "unsolicited inbound to an unpublished port is blocked (nc)" refused c nc -z -w 2 10.0.2.2 2222
+check "the server network may open connections outwards (pass in on fs)" ip netns exec ${P}server nc -z -w 2 10.0.1.2 3333
+
+# -s info counts what was sent: 20 echo requests and 20 replies, each forwarded once.
+f0=$(info 'd["forwarding"]["forwarded"]')
+c ping -c 20 -i 0.01 -W 1 10.0.2.2 >/dev/null 2>&1
+f1=$(info 'd["forwarding"]["forwarded"]')
+check "-s info: 20 pings forwarded as exactly 40 packets (got $((f1 - f0)))" test $((f1 - f0)) -eq 40
+
+# Atomic reload: a bad file changes nothing and names file and line.
+check "-f with a bad file fails with FILE:LINE" bash -c "! $CTL -f $DIR/bad.conf 2>$DIR/err && grep -q 'bad.conf:2:' $DIR/err"
+check "after the refused reload, HTTP still passes" c curl -sf -m 5 -o /dev/null http://10.0.2.2/
+check "-f with a ruleset without HTTP loads" $CTL -f "$DIR/no-http.conf"
+check "new HTTP connections are now blocked" refused c curl -sf -m 2 -o /dev/null http://10.0.2.2/
+check "iperf3 (port 5201) still passes" c iperf3 -c 10.0.2.2 -t 1
+check "-f back to the full ruleset" $CTL -f "$DIR/pf.conf"
+
+# -k kills the states of a host; a ruleset that passes nothing new proves they are gone.
+c curl -sf -m 5 -o /dev/null http://10.0.2.2/
+check "-s states lists the client's states" bash -c "$CTL -s states | grep -q 10.0.1.2"
+check "-k 10.0.1.2 kills them" bash -c "$CTL -k 10.0.1.2 | grep -Eq 'killed [1-9][0-9]* states'"
+check "-k 0.0.0.0/0 -k 10.0.1.2 kills the states towards it (pfctl's form)" $CTL -k 0.0.0.0/0 -k 10.0.1.2
+check "-s states no longer lists the client" bash -c "! $CTL -s states -v | grep -A1 10.0.1.2"
+
+# Tables at run time.
+check "-t blocked -T add 10.0.1.2" $CTL -t blocked -T add 10.0.1.2
+check "a blocked host gets nothing" refused c ping -c 2 -i 0.2 -W 1 10.0.2.2
+check "-t blocked -T test 10.0.1.2" $CTL -t blocked -T test 10.0.1.2
+check "-t blocked -T delete 10.0.1.2" $CTL -t blocked -T delete 10.0.1.2
+check "unblocked, ping passes again" c ping -c 2 -i 0.2 -W 1 10.0.2.2
+
+check "-s rules -v shows evaluations" bash -c "$CTL -s rules -v | grep -q 'Evaluations:'"
+check "-s all --json is JSON" bash -c "$CTL -s all --json | python3 -m json.tool >/dev/null"
+check "-F states empties the table" bash -c "$CTL -F states && test \"\$($CTL -s info --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"states\"])')\" = 0"
+check "xpfctl without xpfd fails and says what to do" bash -c "! $BIN/xpfctl --socket /nonexistent -s info 2>$DIR/e && grep -q 'is xpfd running' $DIR/e"
+
+kill "$XPFD"; wait "$XPFD" 2>/dev/null; XPFD=
+check "xpfd stops cleanly and removes its XDP programs" bash -c "! ip -n ${P}fw link show fc | grep -q xdp"
+
+echo "scenario: $pass passed, $fail failed"
+[[ $fail -eq 0 ]]
