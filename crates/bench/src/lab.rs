@@ -133,7 +133,9 @@ fn build(r: &mut Restore) -> Result<(), String> {
     }
     sh(&["ip", "link", "add", "xl-g0", "type", "veth", "peer", "name", "xl-f0"])?;
     sh(&["ip", "link", "add", "xl-f1", "type", "veth", "peer", "name", "xl-s0"])?;
-    for (dev, n, name) in [("xl-g0", NS[0], "g0"), ("xl-f0", NS[1], "f0"), ("xl-f1", NS[1], "f1"), ("xl-s0", NS[2], "s0")] {
+    for (dev, n, name) in
+        [("xl-g0", NS[0], "g0"), ("xl-f0", NS[1], "f0"), ("xl-f1", NS[1], "f1"), ("xl-s0", NS[2], "s0")]
+    {
         sh(&["ip", "link", "set", dev, "netns", n, "name", name])?;
         ns(n, &["ip", "link", "set", name, "up"])?;
     }
@@ -147,7 +149,10 @@ fn build(r: &mut Restore) -> Result<(), String> {
     ns(NS[1], &["ip", "neigh", "replace", "10.10.1.2", "lladdr", &fmt_mac(&g0), "dev", "f0", "nud", "permanent"])?;
     ns(NS[1], &["ip", "route", "add", "198.19.0.0/16", "via", "10.10.2.2"])?;
     ns(NS[1], &["ip", "route", "add", "198.18.0.0/16", "via", "10.10.1.2"])?;
-    ns(NS[1], &["sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.f0.rp_filter=0"])?;
+    ns(
+        NS[1],
+        &["sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.f0.rp_filter=0"],
+    )?;
     // One-way flows stay "unreplied" in conntrack (30 s by default): long enough here.
     ns(NS[1], &["sysctl", "-qw", "net.netfilter.nf_conntrack_udp_timeout=600"])?;
     // The kernel's forwarding work on the firewall core: f0's NAPI as a thread pinned there.
@@ -213,7 +218,8 @@ impl Gen {
             let p = Program { name: "xpf_gen".into(), fd, maps: Vec::new() };
             let t = Instant::now();
             while t.elapsed() < d && !STOP.load(Ordering::Relaxed) {
-                p.test_run(&frame, ifindex, 1 << 16, 64, TEST_XDP_LIVE_FRAMES).map_err(|e| format!("generator: {e}"))?;
+                p.test_run(&frame, ifindex, 1 << 16, 64, TEST_XDP_LIVE_FRAMES)
+                    .map_err(|e| format!("generator: {e}"))?;
             }
             Ok::<(), String>(())
         })??;
@@ -377,7 +383,8 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
         let info: serde_json::Value =
             serde_json::from_str(&xpfctl(&o.bin, &["-s", "info", "--json"])?).map_err(|e| e.to_string())?;
         let xpf_states = info["states"].as_u64().unwrap_or(0);
-        let kernel_entries: u64 = ns(NS[1], &["cat", "/proc/sys/net/netfilter/nf_conntrack_count"])?.trim().parse().unwrap_or(0);
+        let kernel_entries: u64 =
+            ns(NS[1], &["cat", "/proc/sys/net/netfilter/nf_conntrack_count"])?.trim().parse().unwrap_or(0);
         let (sa, sb, sc) = (Summary::of(&a), Summary::of(&b), Summary::of(&c));
         let ns_per = |x: f64| if x > 0.0 { 1e9 / x } else { f64::INFINITY };
         let p = Point {
@@ -440,7 +447,15 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
             series(&|p| &p.kernel, "kernel (nftables + conntrack)"),
             series(&|p| &p.ceiling, "xpf no state (I/O ceiling)"),
         ];
-        match crate::plot::write(&o.out, "lab", "pps forwarded vs number of states, one firewall core", "states", "packets/s", true, &all) {
+        match crate::plot::write(
+            &o.out,
+            "lab",
+            "pps forwarded vs number of states, one firewall core",
+            "states",
+            "packets/s",
+            true,
+            &all,
+        ) {
             Ok(Ok(png)) => println!("plot: {png}"),
             Ok(Err(why)) => println!("plot: {why}"),
             Err(e) => println!("plot: {e}"),

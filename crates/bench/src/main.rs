@@ -2,9 +2,9 @@
 //! run. `states`: packets per second against the number of states; `hashsize`: against the
 //! index size at 4M states; `insert`: new states per second. See docs/bench.md.
 
-mod lab;
 mod engines;
 mod experiments;
+mod lab;
 mod plot;
 mod runner;
 mod shared;
