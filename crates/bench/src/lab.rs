@@ -207,12 +207,11 @@ impl Gen {
         self.prog.map("gen_cfg").update(&0u32.to_ne_bytes(), &cfg).expect("gen config");
     }
 
-    /// Sends for `d` from the generator's core; returns frames sent.
-    fn run(&self, d: Duration) -> Result<u64, String> {
+    /// Sends for `d` from the generator's core.
+    fn run(&self, d: Duration) -> Result<(), String> {
         let fd = self.prog.fd.try_clone().map_err(|e| e.to_string())?;
         let frame = self.frame.clone();
         let ifindex = self.ifindex;
-        let before = self.prog.map("gen_count").percpu_sum(0).unwrap_or(0);
         in_ns(NS[0], move || {
             crate::sys::pin(GEN_CPU);
             let p = Program { name: "xpf_gen".into(), fd, maps: Vec::new() };
@@ -222,8 +221,7 @@ impl Gen {
                     .map_err(|e| format!("generator: {e}"))?;
             }
             Ok::<(), String>(())
-        })??;
-        Ok(self.prog.map("gen_count").percpu_sum(0).unwrap_or(0) - before)
+        })?
     }
 }
 
@@ -283,7 +281,7 @@ fn conf(keep: bool, limit: u64) -> String {
 fn split(flows: u64) -> (u32, u32) {
     // srcs x dsts = flows, dsts a power of two up to 256 (pkt-gen style ranges).
     let mut d = 1u64;
-    while d < 256 && flows % (d * 2) == 0 {
+    while d < 256 && flows.is_multiple_of(d * 2) {
         d *= 2;
     }
     ((flows / d) as u32, d as u32)
@@ -296,7 +294,6 @@ struct Point {
     xpf: Summary,
     kernel: Summary,
     ceiling: Summary,
-    kernel_ceiling: Option<f64>,
     ratio: f64,
     xpf_ns: f64,
     kernel_ns: f64,
@@ -394,7 +391,6 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
             xpf_ns: ns_per(sa.median) - ns_per(sc.median),
             kernel_ns: ns_per(sb.median) - ns_per(sc.median),
             xpf_of_ceiling: sa.median / sc.median,
-            kernel_ceiling: None,
             xpf: sa,
             kernel: sb,
             ceiling: sc,

@@ -13,14 +13,12 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 const BPF_MAP_CREATE: i32 = 0;
 const BPF_MAP_LOOKUP_ELEM: i32 = 1;
 const BPF_MAP_UPDATE_ELEM: i32 = 2;
-const BPF_MAP_DELETE_ELEM: i32 = 3;
 const BPF_PROG_LOAD: i32 = 5;
 const BPF_PROG_TEST_RUN: i32 = 10;
 const BPF_PROG_TYPE_XDP: u32 = 6;
 const BPF_PSEUDO_MAP_FD: u8 = 1;
 /// `BPF_F_TEST_XDP_LIVE_FRAMES`: frames really go out (XDP_TX/REDIRECT).
 pub const TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
-pub const MAP_TYPE_PERCPU_ARRAY: u32 = 6;
 
 fn sys_bpf<T>(cmd: i32, attr: &mut T) -> io::Result<i64> {
     // SAFETY: attr is a properly sized, zero-padded bpf_attr variant for cmd.
@@ -145,11 +143,6 @@ impl Map {
             ..Default::default()
         };
         sys_bpf(BPF_MAP_UPDATE_ELEM, &mut a).map(|_| ())
-    }
-
-    pub fn delete(&self, key: &[u8]) -> io::Result<()> {
-        let mut a = MapElem { map_fd: self.fd.as_raw_fd() as u32, key: key.as_ptr() as u64, ..Default::default() };
-        sys_bpf(BPF_MAP_DELETE_ELEM, &mut a).map(|_| ())
     }
 
     /// Reads entry `key` into `out` (for per-CPU maps, one value per possible CPU, each

@@ -301,14 +301,6 @@ impl Xsk {
         n as usize
     }
 
-    /// The bytes of a received or to-be-sent frame.
-    #[inline]
-    pub fn frame(&self, addr: u64, len: u32) -> &[u8] {
-        assert!(addr as usize + len as usize <= self.umem_len);
-        // SAFETY: bounds checked against the UMEM just above.
-        unsafe { std::slice::from_raw_parts(self.umem.add(addr as usize), len as usize) }
-    }
-
     /// A received frame with a lifetime not tied to the socket, so that it can be read while
     /// another socket (or this one) transmits.
     ///
@@ -380,12 +372,6 @@ impl Xsk {
             self.tx_free.push(self.comp.read(i));
         }
         self.comp.release(n);
-    }
-
-    /// Whether the kernel wants a wakeup to refill its receive side (copy mode: the fill ring
-    /// ran dry), in which case `poll`ing the socket is the wakeup.
-    pub fn fill_needs_wakeup(&self) -> bool {
-        self.fill.need_wakeup()
     }
 
     /// The kernel's counters for this socket.

@@ -339,14 +339,7 @@ impl Daemon {
             return Err(format!("table <{name}> does not exist (declare it in pf.conf)"));
         };
         let entries = t.entries();
-        let norm = |(a, l): (IpAddr, u8)| -> (IpAddr, u8) {
-            match a {
-                IpAddr::V4(v) => (IpAddr::V4((u32::from(v) & if l == 0 { 0 } else { u32::MAX << (32 - l) }).into()), l),
-                IpAddr::V6(v) => {
-                    (IpAddr::V6((u128::from(v) & if l == 0 { 0 } else { u128::MAX << (128 - l) }).into()), l)
-                }
-            }
-        };
+        let norm = |(a, l): (IpAddr, u8)| (crate::dataplane::masked(a, l), l);
         let fmt = |a: IpAddr, l: u8, neg: bool| {
             let full = if a.is_ipv4() { 32 } else { 128 };
             format!("{}{a}{}", if neg { "!" } else { "" }, if l == full { String::new() } else { format!("/{l}") })

@@ -101,27 +101,30 @@ pub struct Dataplane {
     last_resolve: Vec<(u32, [u8; 16], Instant)>,
 }
 
-fn in_net(a: &xpf_wire::Addr, af: u8, net: &(std::net::IpAddr, u8)) -> bool {
+/// `a` with the bits past prefix length `l` cleared.
+pub fn masked(a: std::net::IpAddr, l: u8) -> std::net::IpAddr {
     use std::net::IpAddr;
-    match (net.0, af) {
-        (IpAddr::V4(n), xpf_wire::pdesc::AF_INET) => {
-            let m = if net.1 == 0 { 0 } else { u32::MAX << (32 - net.1 as u32) };
-            (u32::from_be_bytes(a.v4_bytes()) & m) == (u32::from(n) & m)
-        }
-        (IpAddr::V6(n), xpf_wire::pdesc::AF_INET6) => {
-            let m = if net.1 == 0 { 0 } else { u128::MAX << (128 - net.1 as u32) };
-            (u128::from_be_bytes(a.0) & m) == (u128::from(n) & m)
-        }
-        _ => false,
+    match a {
+        IpAddr::V4(v) => IpAddr::V4((u32::from(v) & u32::MAX.checked_shl(32 - l as u32).unwrap_or(0)).into()),
+        IpAddr::V6(v) => IpAddr::V6((u128::from(v) & u128::MAX.checked_shl(128 - l as u32).unwrap_or(0)).into()),
     }
 }
 
-fn host(a: xpf_wire::Addr, af: u8, port: u16, proto: u8) -> String {
-    let ip: std::net::IpAddr = if af == xpf_wire::pdesc::AF_INET {
+fn ip(a: &xpf_wire::Addr, af: u8) -> std::net::IpAddr {
+    if af == xpf_wire::pdesc::AF_INET {
         std::net::Ipv4Addr::from(a.v4_bytes()).into()
     } else {
         std::net::Ipv6Addr::from(a.0).into()
-    };
+    }
+}
+
+fn in_net(a: &xpf_wire::Addr, af: u8, net: &(std::net::IpAddr, u8)) -> bool {
+    let a = ip(a, af);
+    a.is_ipv4() == net.0.is_ipv4() && masked(a, net.1) == masked(net.0, net.1)
+}
+
+fn host(a: xpf_wire::Addr, af: u8, port: u16, proto: u8) -> String {
+    let ip = ip(&a, af);
     let ports = matches!(proto, 1 | 6 | 17 | 58 | 132);
     match (ip, ports) {
         (std::net::IpAddr::V4(_), true) => format!("{ip}:{port}"),
