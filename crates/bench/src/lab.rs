@@ -12,12 +12,15 @@
 //! new accept`), and xpfd runs throughout with `pass all` keep-state rules. Three setups are
 //! measured in turn for every run of every point: (a) xpfd (steering on), (b) the kernel
 //! (xpfd's steering off: the same packets take the kernel's forward path and conntrack), (c)
-//! xpfd with `pass all no state` (its I/O ceiling: everything but the state table). A
+//! xpfd with `pass all no state` (its I/O ceiling: everything but the state table), (d) the
+//! kernel forwarding with the nftables table deleted (its own ceiling: no conntrack hooks). A
 //! forwarded flow makes two pf states (in and out) and one conntrack entry, so N states means
 //! N/2 flows, as in pf's own counting (4,900 flows -> 9,800 states).
 //!
 //! The figure is what reaches the sink, per second, over `seconds` after one second of
-//! settling. Global sysctls (nf_conntrack_max, the conntrack hash size) are restored at the
+//! settling. Each firewall's cost per packet is set against its own ceiling: for the kernel
+//! 1/pps(b) - 1/pps(d); for xpfd the worker clocks its time in the engine per packet, since
+//! the difference of two AF_XDP-bound rates is mostly noise. Global sysctls (nf_conntrack_max, the conntrack hash size) are restored at the
 //! end, and the namespaces deleted, also on Ctrl-C.
 
 use crate::stats::{self, Summary};
@@ -46,6 +49,7 @@ pub struct LabOpts {
     pub out: PathBuf,
     pub bin: PathBuf,
     pub json: bool,
+    pub busy_poll: bool,
 }
 
 fn sh(args: &[&str]) -> Result<String, String> {
@@ -159,20 +163,31 @@ fn build(r: &mut Restore) -> Result<(), String> {
     // GRO on f0 lets XDP_TX from the generator reach it while no XDP program is attached.
     ns(NS[1], &["ethtool", "-K", "f0", "gro", "on"])?;
     ns(NS[1], &["sh", "-c", "echo 1 > /sys/class/net/f0/threaded"])?;
-    let nft = "table inet xpflab {\n chain forward {\n  type filter hook forward priority 0; policy drop;\n  \
-               ct state established,related accept\n  ct state new accept\n }\n}\n";
-    let f = std::env::temp_dir().join("xpf-lab.nft");
-    std::fs::write(&f, nft).map_err(|e| e.to_string())?;
-    ns(NS[1], &["nft", "-f", &f.to_string_lossy()])?;
+    nft(true)?;
     set_global(r, "/proc/sys/net/netfilter/nf_conntrack_max", "8388608")?;
     set_global(r, "/proc/sys/net/netfilter/nf_conntrack_buckets", "2097152")?;
     Ok(())
+}
+
+/// The kernel firewall on (nftables + conntrack) or off (plain forwarding: the kernel's own
+/// ceiling). Without a rule that uses `ct`, the namespace has no conntrack hooks at all.
+fn nft(on: bool) -> Result<(), String> {
+    if !on {
+        return ns(NS[1], &["nft", "delete", "table", "inet", "xpflab"]).map(|_| ());
+    }
+    let rules = "table inet xpflab {\n chain forward {\n  type filter hook forward priority 0; policy drop;\n  \
+                 ct state established,related accept\n  ct state new accept\n }\n}\n";
+    let f = std::env::temp_dir().join("xpf-lab.nft");
+    std::fs::write(&f, rules).map_err(|e| e.to_string())?;
+    ns(NS[1], &["nft", "-f", &f.to_string_lossy()]).map(|_| ())
 }
 
 struct Gen {
     prog: Program,
     frame: Vec<u8>,
     ifindex: u32,
+    dmac: [u8; 6],
+    smac: [u8; 6],
 }
 
 fn frame(dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
@@ -194,8 +209,8 @@ impl Gen {
     fn new() -> Result<Gen, String> {
         let prog = Program::load("xpf_gen", objects::GEN).map_err(|e| e.to_string())?;
         let ifindex = in_ns(NS[0], || netlink::ifindex("g0"))?.map_err(|e| e.to_string())?;
-        let f = frame(mac(NS[1], "f0")?, mac(NS[0], "g0")?);
-        Ok(Gen { prog, frame: f, ifindex })
+        let (dmac, smac) = (mac(NS[1], "f0")?, mac(NS[0], "g0")?);
+        Ok(Gen { prog, frame: frame(dmac, smac), ifindex, dmac, smac })
     }
 
     /// Flows: `srcs` x `dsts` x `ports` (source port varies fastest).
@@ -204,6 +219,8 @@ impl Gen {
         for v in [0xc612_0000u32, 0xc613_0000, srcs, dsts, ports, 1024] {
             cfg.extend_from_slice(&v.to_ne_bytes());
         }
+        cfg.extend_from_slice(&self.dmac);
+        cfg.extend_from_slice(&self.smac);
         self.prog.map("gen_cfg").update(&0u32.to_ne_bytes(), &cfg).expect("gen config");
     }
 
@@ -264,6 +281,23 @@ fn measure(g: &Gen, s: &Sink, secs: f64) -> Result<f64, String> {
     rx.recv().map_err(|_| "measuring thread".to_string())
 }
 
+/// xpfd's own clock of its filter: (packets through the engine, ns spent in it).
+fn filter_clock(bin: &Path) -> Result<(u64, u64), String> {
+    let v: serde_json::Value =
+        serde_json::from_str(&xpfctl(bin, &["-s", "info", "--json"])?).map_err(|e| e.to_string())?;
+    let f = &v["forwarding"];
+    Ok((f["filtered"].as_u64().unwrap_or(0), f["filter_ns"].as_u64().unwrap_or(0)))
+}
+
+/// `measure` for xpfd, also returning the worker's filter time per packet over the run.
+fn measure_xpf(bin: &Path, g: &Gen, s: &Sink, secs: f64) -> Result<(f64, f64), String> {
+    let a = filter_clock(bin)?;
+    let pps = measure(g, s, secs)?;
+    let b = filter_clock(bin)?;
+    let n = b.0.saturating_sub(a.0);
+    Ok((pps, if n > 0 { b.1.saturating_sub(a.1) as f64 / n as f64 } else { f64::NAN }))
+}
+
 fn xpfctl(bin: &Path, args: &[&str]) -> Result<String, String> {
     let mut v = vec![bin.join("xpfctl").to_string_lossy().into_owned(), "--socket".into(), SOCK.into()];
     v.extend(args.iter().map(|s| s.to_string()));
@@ -294,7 +328,12 @@ struct Point {
     xpf: Summary,
     kernel: Summary,
     ceiling: Summary,
+    kernel_ceiling: Summary,
     ratio: f64,
+    /// The worker's time in the engine per forwarded packet (`in` + `out`, rules + states).
+    xpf_filter_ns: Summary,
+    /// The same with `no state`: the ruleset alone.
+    xpf_rules_ns: Summary,
     xpf_ns: f64,
     kernel_ns: f64,
     xpf_of_ceiling: f64,
@@ -307,6 +346,12 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
     unsafe { libc::signal(libc::SIGINT, on_int as *const () as libc::sighandler_t) };
     if unsafe { libc::geteuid() } != 0 {
         return Err("the lab builds network namespaces: run it as root".into());
+    }
+    // One lab at a time: a second one would tear down the first one's namespaces.
+    let lock = std::fs::File::create("/run/xpf-lab.lock").map_err(|e| format!("/run/xpf-lab.lock: {e}"))?;
+    // SAFETY: flock on a file we hold open; released when `lock` is dropped at the end.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err("another xpf-bench lab is running (it holds /run/xpf-lab.lock)".into());
     }
     let mut r = Restore { sysctls: Vec::new(), xpfd: None };
     build(&mut r)?;
@@ -322,6 +367,7 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
         .args(["netns", "exec", NS[1]])
         .arg(o.bin.join("xpfd"))
         .args(["-f", &keep.to_string_lossy(), "-i", "f0", "-i", "f1", "--cpus", &FW_CPU.to_string(), "--socket", SOCK])
+        .args(if o.busy_poll { &["--busy-poll"][..] } else { &[] })
         .stderr(log)
         .spawn()
         .map_err(|e| format!("starting xpfd: {e}"))?;
@@ -341,7 +387,8 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
     pin_napi_threads();
 
     println!("xpf-bench lab: gen -- fw -- sink in network namespaces; firewall work on CPU {FW_CPU}, generator on CPU {GEN_CPU}");
-    println!("firewalls: (a) xpfd, pass all keep state; (b) kernel nftables + conntrack; (c) xpfd pass all no state (I/O ceiling)");
+    println!("firewalls: (a) xpfd, pass all keep state; (b) kernel nftables + conntrack; ceilings: (c) xpfd pass all no state,");
+    println!("(d) the kernel forwarding with no nftables table (no conntrack hooks)");
     println!("{} runs of {:.1} s per point, setups alternated within each run\n", o.runs, o.seconds);
     let mut points = Vec::new();
     for &n in &o.points {
@@ -359,18 +406,26 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
         g.run(warm)?;
         xpfctl(&o.bin, &["--steer", "off"])?;
         g.run(warm)?;
-        let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut a, mut b, mut c, mut d) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut fa, mut fc) = (Vec::new(), Vec::new());
         for _ in 0..o.runs {
             if STOP.load(Ordering::Relaxed) {
                 break;
             }
             xpfctl(&o.bin, &["--steer", "on"])?;
-            a.push(measure(&g, &s, o.seconds)?);
+            let (pps, ns) = measure_xpf(&o.bin, &g, &s, o.seconds)?;
+            a.push(pps);
+            fa.push(ns);
             xpfctl(&o.bin, &["--steer", "off"])?;
             b.push(measure(&g, &s, o.seconds)?);
+            nft(false)?;
+            d.push(measure(&g, &s, o.seconds)?);
+            nft(true)?;
             xpfctl(&o.bin, &["-f", &nostate.to_string_lossy()])?;
             xpfctl(&o.bin, &["--steer", "on"])?;
-            c.push(measure(&g, &s, o.seconds)?);
+            let (pps, ns) = measure_xpf(&o.bin, &g, &s, o.seconds)?;
+            c.push(pps);
+            fc.push(ns);
             xpfctl(&o.bin, &["--steer", "off"])?;
             xpfctl(&o.bin, &["-f", &keep.to_string_lossy()])?;
         }
@@ -382,18 +437,21 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
         let xpf_states = info["states"].as_u64().unwrap_or(0);
         let kernel_entries: u64 =
             ns(NS[1], &["cat", "/proc/sys/net/netfilter/nf_conntrack_count"])?.trim().parse().unwrap_or(0);
-        let (sa, sb, sc) = (Summary::of(&a), Summary::of(&b), Summary::of(&c));
+        let (sa, sb, sc, sd) = (Summary::of(&a), Summary::of(&b), Summary::of(&c), Summary::of(&d));
         let ns_per = |x: f64| if x > 0.0 { 1e9 / x } else { f64::INFINITY };
         let p = Point {
             states: n,
             flows,
             ratio: sa.median / sb.median,
-            xpf_ns: ns_per(sa.median) - ns_per(sc.median),
-            kernel_ns: ns_per(sb.median) - ns_per(sc.median),
+            xpf_filter_ns: Summary::of(&fa),
+            xpf_rules_ns: Summary::of(&fc),
+            xpf_ns: Summary::of(&fa).median,
+            kernel_ns: ns_per(sb.median) - ns_per(sd.median),
             xpf_of_ceiling: sa.median / sc.median,
             xpf: sa,
             kernel: sb,
             ceiling: sc,
+            kernel_ceiling: sd,
             xpf_states,
             kernel_entries,
         };
@@ -401,13 +459,19 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
         println!("{}", stats::header("setup", "packets/s into the sink"));
         println!("{}", stats::row("xpf", &p.xpf));
         println!("{}", stats::row("kernel", &p.kernel));
-        println!("{}", stats::row("ceiling", &p.ceiling));
+        println!("{}", stats::row("xpf-bare", &p.ceiling));
+        println!("{}", stats::row("kern-bare", &p.kernel_ceiling));
         println!(
-            "  xpf/kernel {:.2}x; xpf at {:.0}% of its ceiling; per packet over the ceiling: xpf {:.0} ns, kernel {:.0} ns\n",
+            "  xpf/kernel {:.2}x; xpf at {:.0}% of its ceiling, kernel at {:.0}% of its own\n  \
+             firewall cost per packet: xpf {:.0} ns (clocked in the worker: rules + states, in and out; \
+             rules alone {:.0} ns),\n  kernel {:.0} ns (1/kernel - 1/kern-bare): kernel/xpf {:.1}x\n",
             p.ratio,
             100.0 * p.xpf_of_ceiling,
+            100.0 * p.kernel.median / p.kernel_ceiling.median,
             p.xpf_ns,
-            p.kernel_ns
+            p.xpf_rules_ns.median,
+            p.kernel_ns,
+            p.kernel_ns / p.xpf_ns
         );
         points.push(p);
     }
@@ -442,6 +506,7 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
             series(&|p| &p.xpf, "xpf (pass keep state)"),
             series(&|p| &p.kernel, "kernel (nftables + conntrack)"),
             series(&|p| &p.ceiling, "xpf no state (I/O ceiling)"),
+            series(&|p| &p.kernel_ceiling, "kernel forwarding, no firewall"),
         ];
         match crate::plot::write(
             &o.out,

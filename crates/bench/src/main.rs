@@ -31,6 +31,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("--no-baseline", "", "skip the HashMap baseline"),
     ("--json", "", "print the report as JSON on stdout (progress goes to stderr)"),
     ("--info", "", "replay: print pfctl -si's view of the counters after each capture"),
+    ("--busy-poll", "", "lab: start xpfd with --busy-poll (its sockets busy-poll instead of sleeping)"),
     ("--out", "DIR", "where gnuplot data, the plot and the JSON go (default bench-results/out/<bench>)"),
 ];
 
@@ -52,6 +53,7 @@ pub struct Opts {
     pub shuffle: bool,
     pub json: bool,
     pub info: bool,
+    pub busy_poll: bool,
     pub out: PathBuf,
     /// replay: capture files.
     pub files: Vec<PathBuf>,
@@ -107,6 +109,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         shuffle: false,
         json: false,
         info: false,
+        busy_poll: false,
         files: Vec::new(),
     };
     let mut it = args[1..].iter();
@@ -140,6 +143,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--shuffle" => o.shuffle = true,
             "--json" => o.json = true,
             "--info" => o.info = true,
+            "--busy-poll" => o.busy_poll = true,
             "--out" => o.out = PathBuf::from(val()?),
             "-h" | "--help" => return Err(usage()),
             other => return Err(format!("unknown option '{other}'\n\n{}", usage())),
@@ -210,6 +214,7 @@ fn lab(o: &Opts) -> Result<(), String> {
         out: o.out.clone(),
         bin,
         json: o.json,
+        busy_poll: o.busy_poll,
     })
 }
 

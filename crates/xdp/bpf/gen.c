@@ -4,7 +4,9 @@
  * the interface the run names. Flows are stepped like netmap pkt-gen's ranges:
  * packet c is flow f = c mod (srcs * dsts * ports); sport = port0 + f mod ports, then the
  * destination, then the source. Fields are written absolutely, never incrementally, because a
- * recycled page keeps what the previous run wrote. */
+ * recycled page keeps what the previous run wrote -- and what the receiver wrote: a frame the
+ * kernel forwarded comes back with the next hop's MACs and a lower TTL, so the Ethernet and
+ * IP headers are rewritten whole for every packet. */
 #include "xpf.h"
 #include <linux/ip.h>
 #include <linux/udp.h>
@@ -15,6 +17,7 @@ struct gen_cfg {
     __u32 src0, dst0;       /* host order */
     __u32 srcs, dsts, ports;
     __u32 sport0;
+    __u8 dmac[6], smac[6];
 };
 
 struct xpf_map gen_cfg SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct gen_cfg), 1, 0 };
@@ -42,9 +45,22 @@ int xpf_gen(struct xdp_md *ctx) {
     f /= cfg->ports;
     __u32 dst = cfg->dst0 + f % cfg->dsts;
     __u32 src = cfg->src0 + f / cfg->dsts;
+    __builtin_memcpy(eth->h_dest, cfg->dmac, 6);
+    __builtin_memcpy(eth->h_source, cfg->smac, 6);
+    eth->h_proto = bswap16(0x0800);
+    ip->version = 4;
+    ip->ihl = 5;
+    ip->tos = 0;
+    ip->tot_len = bswap16(46);
+    ip->id = 0;
+    ip->frag_off = 0;
+    ip->ttl = 64;
+    ip->protocol = 17;
     ip->saddr = __builtin_bswap32(src);
     ip->daddr = __builtin_bswap32(dst);
     udp->source = bswap16((__u16)(cfg->sport0 + port));
+    udp->dest = bswap16(2000);
+    udp->len = bswap16(26);
     udp->check = 0;
     ip->check = 0;
     __u32 sum = 0;
