@@ -101,5 +101,29 @@ check "xpfctl without xpfd fails and says what to do" bash -c "! $BIN/xpfctl --s
 kill "$XPFD"; wait "$XPFD" 2>/dev/null; XPFD=
 check "xpfd stops cleanly and removes its XDP programs" bash -c "! ip -n ${P}fw link show fc | grep -q xdp"
 
+# The AF_PACKET fallback (--io packet): the same filtering, and the kernel forwards nothing.
+fwd() { ip netns exec ${P}fw nstat -az IpForwDatagrams | awk '/IpForwDatagrams/ {print $2}'; }
+ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --io packet --socket $SOCK 2>"$LOG.packet" &
+XPFD=$!
+for _ in $(seq 100); do $CTL -s memory >/dev/null 2>&1 && break; sleep 0.1; done
+check "--io packet: xpfd starts on AF_PACKET rings" grep -q "AF_PACKET (TPACKET_V3 rings)" "$LOG.packet"
+check "--io packet: the nftables guard table is in place" ip netns exec ${P}fw nft list table netdev xpfd
+c ping -c 1 -W 1 10.0.2.2 >/dev/null 2>&1
+k0=$(fwd)
+f0=$(info 'd["forwarding"]["forwarded"]')
+check "--io packet: ping through the firewall" c ping -c 3 -i 0.2 -W 1 10.0.2.2
+check "--io packet: HTTP to the published server (curl)" c curl -sf -m 5 -o /dev/null http://10.0.2.2/
+check "--io packet: TCP bulk transfer, 2 s (iperf3)" c iperf3 -c 10.0.2.2 -t 2
+check "--io packet: unsolicited inbound is blocked (nc)" refused c nc -z -w 2 10.0.2.2 2222
+f1=$(info 'd["forwarding"]["forwarded"]')
+k1=$(fwd)
+check "--io packet: xpfd forwarded the traffic ($((f1 - f0)) packets)" test $((f1 - f0)) -gt 1000
+check "--io packet: the kernel forwarded none of it ($((k1 - k0)) packets)" test $((k1 - k0)) -eq 0
+check "--io packet: the firewall itself still answers ping (left to the kernel)" c ping -c 2 -i 0.2 -W 1 10.0.1.1
+check "--io packet: -s info shows the AF_PACKET counters" bash -c "$CTL -s info | grep -q 'Interface fc (AF_PACKET)'"
+kill "$XPFD"; wait "$XPFD" 2>/dev/null; XPFD=
+check "--io packet: a clean stop removes the guard table" refused ip netns exec ${P}fw nft list table netdev xpfd
+rm -f "$LOG.packet"
+
 echo "scenario: $pass passed, $fail failed"
 [[ $fail -eq 0 ]]

@@ -1,9 +1,12 @@
 //! xpf-xdp: how xpf meets the kernel. Its XDP programs (bpf/*.c, compiled by build.rs) and
 //! their loader ([`bpf`]), AF_XDP sockets ([`xsk`]), the rtnetlink requests it makes
-//! ([`netlink`]) and the layout of what the steering program writes in front of each frame
-//! ([`steer`]).
+//! ([`netlink`]), the layout of what the steering program writes in front of each frame
+//! ([`steer`]), the AF_PACKET fallback ([`packet`]) and the port type the dataplane uses for
+//! either ([`port`]).
 
 pub mod bpf;
 pub mod netlink;
+pub mod packet;
+pub mod port;
 pub mod steer;
 pub mod xsk;

@@ -49,7 +49,20 @@ impl Msg {
         let len = (self.0.len() - at) as u16;
         self.0[at..at + 2].copy_from_slice(&len.to_ne_bytes());
     }
-    fn send(mut self) -> io::Result<()> {
+    fn send(self) -> io::Result<()> {
+        self.exchange().map(|_| ())
+    }
+
+    /// Sends a get request (no acknowledgement asked) and returns the answer's payload after
+    /// its nlmsghdr, or the kernel's error.
+    fn get(mut self) -> io::Result<Vec<u8>> {
+        let flags = u16::from_ne_bytes([self.0[6], self.0[7]]) & !(libc::NLM_F_ACK as u16);
+        self.0[6..8].copy_from_slice(&flags.to_ne_bytes());
+        let (buf, n) = self.exchange()?;
+        Ok(buf[16.min(n)..n].to_vec())
+    }
+
+    fn exchange(mut self) -> io::Result<(Vec<u8>, usize)> {
         let len = self.0.len() as u32;
         self.0[0..4].copy_from_slice(&len.to_ne_bytes());
         // SAFETY: plain socket calls on a descriptor we own; buffers outlive the calls.
@@ -72,10 +85,14 @@ impl Msg {
             if r < 0 {
                 return Err(io::Error::last_os_error());
             }
-            let mut buf = [0u8; 8192];
+            let mut buf = vec![0u8; 8192];
             let n = libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0);
             if n < 0 {
                 return Err(io::Error::last_os_error());
+            }
+            let n = n as usize;
+            if n < 16 {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, "short netlink answer"));
             }
             // struct nlmsghdr (16) then, for NLMSG_ERROR, the error code.
             let ty = u16::from_ne_bytes([buf[4], buf[5]]);
@@ -85,7 +102,7 @@ impl Msg {
                     return Err(io::Error::from_raw_os_error(-err));
                 }
             }
-            Ok(())
+            Ok((buf, n))
         }
     }
 }
@@ -128,6 +145,162 @@ pub fn neigh_resolve(ifindex: u32, addr: &[u8]) -> io::Result<()> {
     m.put(&nd);
     m.attr(NDA_DST, addr);
     m.send()
+}
+
+/// What the kernel's FIB answers for a destination (`ip route get`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FibRoute {
+    /// rtm_type: RTN_UNICAST (1), RTN_LOCAL (2), RTN_BROADCAST (3), RTN_MULTICAST (5), or a
+    /// reject type (blackhole 6, unreachable 7, prohibit 8).
+    pub kind: u8,
+    pub oif: u32,
+    /// The next hop: the gateway, or the destination itself when it is on link.
+    pub nexthop: [u8; 16],
+}
+
+/// Iterates the rtattrs of `b`: (type, payload).
+fn attrs(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        if b.len() < 4 {
+            return None;
+        }
+        let len = u16::from_ne_bytes([b[0], b[1]]) as usize;
+        let ty = u16::from_ne_bytes([b[2], b[3]]) & 0x3fff;
+        if len < 4 || len > b.len() {
+            return None;
+        }
+        let v = &b[4..len];
+        b = &b[len.next_multiple_of(4).min(b.len())..];
+        Some((ty, v))
+    })
+}
+
+/// Asks the FIB for the route to `dst` (4 or 16 bytes), as `ip route get` does.
+pub fn route_get(dst: &[u8]) -> io::Result<FibRoute> {
+    const RTA_DST: u16 = 1;
+    const RTA_OIF: u16 = 4;
+    const RTA_GATEWAY: u16 = 5;
+    let family = if dst.len() == 4 { libc::AF_INET } else { libc::AF_INET6 } as u8;
+    let mut m = Msg::new(libc::RTM_GETROUTE, 0);
+    // struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags (u32).
+    let mut rt = [0u8; 12];
+    rt[0] = family;
+    rt[1] = (dst.len() * 8) as u8;
+    m.put(&rt);
+    m.attr(RTA_DST, dst);
+    let a = m.get()?;
+    if a.len() < 12 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "short route answer"));
+    }
+    let mut r = FibRoute { kind: a[7], oif: 0, nexthop: [0; 16] };
+    r.nexthop[..dst.len()].copy_from_slice(dst);
+    for (ty, v) in attrs(&a[12..]) {
+        match ty {
+            RTA_OIF if v.len() == 4 => r.oif = u32::from_ne_bytes(v.try_into().unwrap()),
+            RTA_GATEWAY if v.len() == dst.len() => {
+                r.nexthop = [0; 16];
+                r.nexthop[..v.len()].copy_from_slice(v);
+            }
+            _ => {}
+        }
+    }
+    Ok(r)
+}
+
+/// The link address of neighbour `addr` (4 or 16 bytes) on `ifindex`, if the kernel holds a
+/// usable one (reachable, stale, delay, probe, permanent or noarp), as `ip neigh get` asks.
+pub fn neigh_get(ifindex: u32, addr: &[u8]) -> io::Result<Option<[u8; 6]>> {
+    const NDA_LLADDR: u16 = 2;
+    let family = if addr.len() == 4 { libc::AF_INET } else { libc::AF_INET6 } as u8;
+    let mut m = Msg::new(libc::RTM_GETNEIGH, 0);
+    let mut nd = [0u8; 12];
+    nd[0] = family;
+    nd[4..8].copy_from_slice(&(ifindex as i32).to_ne_bytes());
+    m.put(&nd);
+    m.attr(NDA_DST, addr);
+    let a = match m.get() {
+        Ok(a) => a,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if a.len() < 12 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "short neighbour answer"));
+    }
+    let state = u16::from_ne_bytes([a[8], a[9]]);
+    let usable = libc::NUD_REACHABLE
+        | libc::NUD_STALE
+        | libc::NUD_DELAY
+        | libc::NUD_PROBE
+        | libc::NUD_PERMANENT
+        | libc::NUD_NOARP;
+    if state & usable == 0 {
+        return Ok(None);
+    }
+    let ll = attrs(&a[12..]).find(|(t, v)| *t == NDA_LLADDR && v.len() == 6).map(|(_, v)| v.try_into().unwrap());
+    Ok(ll)
+}
+
+/// Turns generic receive offload of interface `name` on or off (SIOCETHTOOL); returns whether
+/// it was on. Packet mode needs it off: a tap sees GRO's merged packets, larger than the MTU.
+pub fn set_gro(name: &str, on: bool) -> io::Result<bool> {
+    const ETHTOOL_GGRO: u32 = 0x2b;
+    const ETHTOOL_SGRO: u32 = 0x2c;
+    if name.len() >= libc::IF_NAMESIZE {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{name}: name too long")));
+    }
+    // SAFETY: a datagram socket for the ioctl; ifr_data points to a live ethtool_value.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let fd = OwnedFd::from_raw_fd(fd);
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (d, c) in req.ifr_name.iter_mut().zip(name.bytes()) {
+            *d = c as libc::c_char;
+        }
+        let mut v = [ETHTOOL_GGRO, 0u32];
+        req.ifr_ifru.ifru_data = v.as_mut_ptr().cast();
+        if libc::ioctl(fd.as_raw_fd(), libc::SIOCETHTOOL, &mut req) < 0 {
+            return Err(io::Error::other(format!("{name}: reading GRO: {}", io::Error::last_os_error())));
+        }
+        let was = v[1] != 0;
+        if was != on {
+            v = [ETHTOOL_SGRO, on as u32];
+            req.ifr_ifru.ifru_data = v.as_mut_ptr().cast();
+            if libc::ioctl(fd.as_raw_fd(), libc::SIOCETHTOOL, &mut req) < 0 {
+                return Err(io::Error::other(format!(
+                    "{name}: setting GRO {}: {}",
+                    if on { "on" } else { "off" },
+                    io::Error::last_os_error()
+                )));
+            }
+        }
+        Ok(was)
+    }
+}
+
+/// The MTU of interface `name`.
+pub fn mtu(name: &str) -> io::Result<u32> {
+    if name.len() >= libc::IF_NAMESIZE {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{name}: name too long")));
+    }
+    // SAFETY: a datagram socket for the ioctl, an ifreq with the name copied in.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let fd = OwnedFd::from_raw_fd(fd);
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (d, c) in req.ifr_name.iter_mut().zip(name.bytes()) {
+            *d = c as libc::c_char;
+        }
+        if libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFMTU, &mut req) < 0 {
+            return Err(io::Error::new(io::ErrorKind::NotFound, format!("{name}: {}", io::Error::last_os_error())));
+        }
+        Ok(req.ifr_ifru.ifru_mtu as u32)
+    }
 }
 
 /// The index of interface `name` in this network namespace.

@@ -32,6 +32,26 @@ impl Route {
             _ => Route::Invalid,
         }
     }
+
+    /// Writes the metadata as the steering program does (packet mode routes in userspace).
+    pub fn write(&self, m: &mut [u8]) {
+        m[..META_LEN].fill(0);
+        match *self {
+            Route::Forward { ifindex, dmac, smac } => {
+                m[0] = 1;
+                m[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+                m[8..14].copy_from_slice(&dmac);
+                m[14..20].copy_from_slice(&smac);
+            }
+            Route::NoNeighbour { ifindex, family, nexthop } => {
+                m[0] = 2;
+                m[1] = family;
+                m[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+                m[20..36].copy_from_slice(&nexthop);
+            }
+            Route::Invalid => {}
+        }
+    }
 }
 
 /// Names of the program's counters, by slot (the enum in bpf/steer.c).

@@ -8,7 +8,7 @@
 //! `{"op":"kill","label":L}`, `{"op":"flush","what":"states|rules|all"}`,
 //! `{"op":"table","name":T,"cmd":"add|delete|replace|show|test|flush|zero","addrs":[..]}`.
 
-use crate::dataplane::{Cmd, IoStats, Select, StateRow};
+use crate::dataplane::{Cmd, IoStats, Select, Snapshot, StateRow};
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
@@ -25,7 +25,6 @@ use xpf_conf::Ruleset;
 use xpf_engine::info::Info;
 use xpf_state::{Timeout, Timeouts};
 use xpf_xdp::steer::Steer;
-use xpf_xdp::xsk::XskStats;
 
 /// pf's default hard limits, as `pfctl -sm` lists them.
 const LIMITS: [(&str, u32); 5] =
@@ -215,17 +214,24 @@ impl Daemon {
         Ok(g)
     }
 
-    fn snapshot(&self) -> Result<(Info, IoStats, Vec<XskStats>), String> {
+    fn snapshot(&self) -> Result<Snapshot, String> {
         let parts = ask(&self.workers, Cmd::Snapshot)?;
         let mut info = Info::default();
         let mut io = IoStats::default();
         let mut xs = Vec::new();
-        for (i, o, x) in parts {
+        let mut pc: Vec<(u32, [u64; 8])> = Vec::new();
+        for (i, o, x, c) in parts {
             info.add(&i);
             io.add(&o);
             xs.extend(x);
+            for (ifindex, c) in c {
+                match pc.iter_mut().find(|e| e.0 == ifindex) {
+                    Some(e) => e.1.iter_mut().zip(c).for_each(|(a, b)| *a += b),
+                    None => pc.push((ifindex, c)),
+                }
+            }
         }
-        Ok((info, io, xs))
+        Ok((info, io, xs, pc))
     }
 
     fn states(&self) -> Result<Vec<StateRow>, String> {
@@ -311,6 +317,9 @@ impl Daemon {
                 // unfiltered, by its own rules) or put them back.
                 let on = req["on"].as_bool().ok_or("steer: on true|false")?;
                 let mut st = self.steers.lock().unwrap();
+                if st.is_empty() {
+                    return Err("steer: xpfd runs in packet mode (no steering program to switch)".into());
+                }
                 for (name, s) in st.iter_mut() {
                     if on {
                         let idx = xpf_xdp::netlink::ifindex(name).map_err(|e| e.to_string())?;
@@ -437,7 +446,7 @@ impl Daemon {
         let uptime = self.start.elapsed().as_secs();
         match what {
             "info" => {
-                let (info, io, xs) = self.snapshot()?;
+                let (info, io, xs, pc) = self.snapshot()?;
                 let mut text = info.render(uptime);
                 let steer: Vec<(String, [u64; 8])> =
                     self.steers.lock().unwrap().iter().map(|(n, s)| (n.clone(), s.counters())).collect();
@@ -451,14 +460,26 @@ impl Daemon {
                 ] {
                     let _ = writeln!(text, "  {:<25} {:>14}", k, v);
                 }
+                if io.filtered > 0 {
+                    let per = io.filter_ns as f64 / io.filtered as f64;
+                    let _ = writeln!(text, "  {:<25} {:>11.0} ns", "filter time per packet", per);
+                }
                 for (name, c) in &steer {
                     let _ = writeln!(text, "Interface {name} (XDP steering)");
                     for (i, label) in xpf_xdp::steer::COUNTERS.iter().enumerate() {
                         let _ = writeln!(text, "  {:<38} {:>14}", label, c[i]);
                     }
                 }
+                for (ifindex, c) in &pc {
+                    let name = xpf_xdp::netlink::ifname(*ifindex).unwrap_or_else(|| format!("if{ifindex}"));
+                    let _ = writeln!(text, "Interface {name} (AF_PACKET)");
+                    for (i, label) in xpf_xdp::packet::PACKET_COUNTERS.iter().enumerate() {
+                        let _ = writeln!(text, "  {:<42} {:>14}", label, c[i]);
+                    }
+                }
                 let rx_dropped: u64 = xs.iter().map(|x| x.rx_dropped + x.rx_ring_full + x.fill_empty).sum();
-                let _ = writeln!(text, "AF_XDP sockets: {} (kernel-side drops {rx_dropped})", xs.len());
+                let kind = if pc.is_empty() { "AF_XDP" } else { "AF_PACKET" };
+                let _ = writeln!(text, "{kind} sockets: {} (kernel-side drops {rx_dropped})", xs.len());
                 let reasons: serde_json::Map<String, Value> =
                     xpf_wire::Reason::ALL.iter().map(|&r| (r.name().to_string(), json!(info.counter(r)))).collect();
                 let data = json!({
@@ -470,6 +491,7 @@ impl Daemon {
                     "counters": reasons,
                     "forwarding": io,
                     "steering": steer.iter().map(|(n, c)| json!({"interface": n, "counters": c})).collect::<Vec<_>>(),
+                    "packet_mode": pc.iter().map(|(i, c)| json!({"ifindex": i, "counters": c})).collect::<Vec<_>>(),
                     "sockets": xs.iter().map(|x| json!({"rx": x.rx, "tx": x.tx, "tx_full": x.tx_full, "kicks": x.kicks,
                         "rx_dropped": x.rx_dropped, "rx_ring_full": x.rx_ring_full, "fill_empty": x.fill_empty})).collect::<Vec<_>>(),
                 });

@@ -16,8 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use xpf_engine::{info::Info, Verdict, Worker, BATCH};
 use xpf_state::{Dir, Key, Timeouts};
+use xpf_xdp::port::PortIo;
 use xpf_xdp::steer::{Route, META_LEN};
-use xpf_xdp::xsk::{Desc, Xsk, XskStats};
+use xpf_xdp::xsk::{Desc, XskStats};
 
 /// Drops and hand-offs that happen around the engine, in the I/O layer.
 #[derive(Debug, Default, Clone, Copy, Serialize)]
@@ -35,6 +36,10 @@ pub struct IoStats {
     pub not_ip: u64,
     pub forwarded: u64,
     pub rx_batches: u64,
+    /// Packets through the engine (a forwarded packet counts once: `in` and `out` together)
+    /// and the worker's time inside it: the filter's cost per packet, clocked per batch.
+    pub filtered: u64,
+    pub filter_ns: u64,
 }
 
 impl IoStats {
@@ -46,6 +51,8 @@ impl IoStats {
         self.not_ip += o.not_ip;
         self.forwarded += o.forwarded;
         self.rx_batches += o.rx_batches;
+        self.filtered += o.filtered;
+        self.filter_ns += o.filter_ns;
     }
 }
 
@@ -76,8 +83,12 @@ pub struct Select {
     pub rule: Option<u32>,
 }
 
+/// A worker's counters: the engine's, the I/O layer's, each socket's, and packet mode's
+/// classification counters by interface index.
+pub type Snapshot = (Info, IoStats, Vec<XskStats>, Vec<(u32, [u64; 8])>);
+
 pub enum Cmd {
-    Snapshot(Sender<(Info, IoStats, Vec<XskStats>)>),
+    Snapshot(Sender<Snapshot>),
     States(Sender<Vec<StateRow>>),
     Kill(Select, Sender<u32>),
     Flush(Sender<u32>),
@@ -85,7 +96,7 @@ pub enum Cmd {
 }
 
 pub struct Port {
-    pub xsk: Xsk,
+    pub io: PortIo,
     pub ifindex: u32,
 }
 
@@ -210,17 +221,17 @@ impl Dataplane {
             self.worker.policy.refresh();
             let mut got = 0;
             for p in 0..self.ports.len() {
-                let n = self.ports[p].xsk.rx_burst(&mut descs);
+                let n = self.ports[p].io.rx_burst(&mut descs);
                 if n == 0 {
                     continue;
                 }
                 got += n;
                 self.io.rx_batches += 1;
                 self.forward(p, &descs[..n], now);
-                self.ports[p].xsk.rx_done(&descs[..n]);
+                self.ports[p].io.rx_done(&descs[..n]);
             }
             for p in self.ports.iter_mut() {
-                p.xsk.flush();
+                p.io.flush();
             }
             n_loops += 1;
             if got == 0 || n_loops.is_multiple_of(64) {
@@ -243,7 +254,7 @@ impl Dataplane {
     /// Sleeps until a socket has something to read, or `d` passes.
     fn wait(&self, d: Duration) {
         let mut fds: Vec<libc::pollfd> =
-            self.ports.iter().map(|p| libc::pollfd { fd: p.xsk.fd(), events: libc::POLLIN, revents: 0 }).collect();
+            self.ports.iter().map(|p| libc::pollfd { fd: p.io.fd(), events: libc::POLLIN, revents: 0 }).collect();
         // SAFETY: fds is a live array of pollfd of the length passed.
         unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, d.as_millis() as i32) };
     }
@@ -257,12 +268,14 @@ impl Dataplane {
             let d = descs[i];
             // SAFETY: the frame stays ours (not on the fill ring) until rx_done after this call;
             // nothing writes to the RX half of the UMEM meanwhile.
-            let all = unsafe { self.ports[p].xsk.frame_unbound(d.addr, d.len) };
+            let all = unsafe { self.ports[p].io.frame_unbound(d.addr, d.len) };
             routes[i] = Route::parse(all);
             frames[i] = all.get(META_LEN..).unwrap_or(&[]);
         }
         let mut v_in = [Verdict::Pass; BATCH];
+        let clock = Instant::now();
         self.worker.process(&frames[..n], inif as u16, Dir::In, now, &mut v_in);
+        let mut spent = clock.elapsed();
         // `out` on the egress interface, one engine batch per egress interface.
         let mut egress: [u32; BATCH] = [0; BATCH];
         let mut todo = 0u64;
@@ -298,13 +311,15 @@ impl Dataplane {
                 self.io.egress_not_filtered += m as u64;
                 continue;
             };
+            let clock = Instant::now();
             self.worker.process(&out_frames[..m], eg as u16, Dir::Out, now, &mut v_out[..m]);
+            spent += clock.elapsed();
             for k in 0..m {
                 if v_out[k] != Verdict::Pass {
                     continue;
                 }
                 match routes[sel[k]] {
-                    Route::Forward { dmac, smac, .. } => match self.ports[ep].xsk.tx_copy(out_frames[k]) {
+                    Route::Forward { dmac, smac, .. } => match self.ports[ep].io.tx_copy(out_frames[k]) {
                         Some(f) => {
                             rewrite(f, &dmac, &smac);
                             self.io.forwarded += 1;
@@ -319,6 +334,8 @@ impl Dataplane {
                 }
             }
         }
+        self.io.filtered += n as u64;
+        self.io.filter_ns += spent.as_nanos() as u64;
     }
 
     /// Asks the kernel to resolve a next hop, at most once a second per next hop.
@@ -339,8 +356,9 @@ impl Dataplane {
         let now = self.now();
         match c {
             Cmd::Snapshot(tx) => {
-                let x: Vec<XskStats> = self.ports.iter_mut().map(|p| p.xsk.kernel_stats()).collect();
-                let _ = tx.send((Info::of(&self.worker), self.io, x));
+                let x: Vec<XskStats> = self.ports.iter_mut().map(|p| p.io.kernel_stats()).collect();
+                let c = self.ports.iter().filter_map(|p| Some((p.ifindex, p.io.packet_counters()?))).collect();
+                let _ = tx.send((Info::of(&self.worker), self.io, x, c));
             }
             Cmd::States(tx) => {
                 let mut v = Vec::new();

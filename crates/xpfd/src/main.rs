@@ -21,6 +21,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use xpf_engine::{Worker, WorkerConfig};
 use xpf_state::Seed;
+use xpf_xdp::packet::{Guard, PacketPort};
+use xpf_xdp::port::PortIo;
 use xpf_xdp::steer::Steer;
 use xpf_xdp::{netlink, xsk::Xsk};
 
@@ -113,6 +115,45 @@ fn pin(cpu: usize) {
     }
 }
 
+type Ports = (Vec<Vec<Port>>, Vec<(String, Steer)>);
+
+/// XDP mode: a steering program per interface and an AF_XDP socket per receive queue, queue q
+/// served by worker q mod workers; the programs attached last, when every socket is in place.
+fn xdp_ports(a: &Args, ifs: &[(String, u32, u32)]) -> Result<Ports, String> {
+    let queues = ifs.iter().map(|i| i.2).min().unwrap_or(1);
+    let workers = a.workers.unwrap_or(queues).clamp(1, queues);
+    let mut steers = Vec::new();
+    let mut ports_of: Vec<Vec<Port>> = (0..workers).map(|_| Vec::new()).collect();
+    for (name, idx, nq) in ifs {
+        let steer = Steer::load().map_err(|e| e.to_string())?;
+        for q in 0..*nq {
+            let w = (q % workers) as usize;
+            let x = Xsk::open(*idx, q, if a.busy { 20 } else { 0 }).map_err(|e| format!("-i {name}: {e}"))?;
+            steer.register(q, x.fd()).map_err(|e| format!("-i {name} queue {q}: {e}"))?;
+            eprintln!(
+                "xpfd: {name} queue {q}: AF_XDP {} mode, worker {w}",
+                if x.zero_copy { "zero-copy" } else { "copy" }
+            );
+            ports_of[w].push(Port { io: PortIo::Xdp(x), ifindex: *idx });
+        }
+        steers.push((name.clone(), steer));
+    }
+    for i in 0..steers.len() {
+        let name = steers[i].0.clone();
+        let idx = ifs.iter().find(|f| f.0 == name).unwrap().1;
+        match steers[i].1.attach(idx) {
+            Ok(mode) => eprintln!("xpfd: {name}: steering program attached ({mode} XDP)"),
+            Err(e) => {
+                for (_, s) in steers.iter_mut() {
+                    s.detach_all();
+                }
+                return Err(format!("-i {name}: attaching XDP: {e}"));
+            }
+        }
+    }
+    Ok((ports_of, steers))
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let a = match parse_args(&args) {
@@ -129,9 +170,6 @@ fn main() {
 }
 
 fn run(a: Args) -> Result<(), String> {
-    if a.io == "packet" {
-        return Err("--io packet: the AF_PACKET fallback is not in this build yet; use --io xdp".into());
-    }
     let text = std::fs::read_to_string(&a.file).map_err(|e| format!("{}: {e}", a.file))?;
     let loaded = Loaded::build(&text, &a.file, &a.defines).map_err(|e| e.join("\n"))?;
     eprintln!("xpfd: {}: {} rules, {} tables", a.file, loaded.parsed.rules.len(), loaded.parsed.tables.len());
@@ -149,37 +187,54 @@ fn run(a: Args) -> Result<(), String> {
         }
         ifs.push((name.clone(), idx, netlink::rx_queues(name)));
     }
-    let queues = ifs.iter().map(|i| i.2).min().unwrap_or(1);
     let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let workers = a.workers.unwrap_or(queues).clamp(1, queues);
-    let cpus: Vec<usize> = a.cpus.clone().unwrap_or_else(|| (0..workers as usize).map(|w| w % ncpu).collect());
-    let mut steers = Vec::new();
-    let mut ports_of: Vec<Vec<Port>> = (0..workers).map(|_| Vec::new()).collect();
-    for (name, idx, nq) in &ifs {
-        let steer = Steer::load().map_err(|e| e.to_string())?;
-        for q in 0..*nq {
-            let w = (q % workers) as usize;
-            let x = Xsk::open(*idx, q, if a.busy { 20 } else { 0 }).map_err(|e| format!("-i {name}: {e}"))?;
-            steer.register(q, x.fd()).map_err(|e| format!("-i {name} queue {q}: {e}"))?;
+    let xdp = match a.io.as_str() {
+        "packet" => None,
+        "xdp" => Some(xdp_ports(&a, &ifs)?),
+        _ => match xdp_ports(&a, &ifs) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("xpfd: --io auto: XDP is not available here ({e}); falling back to AF_PACKET (TPACKET_V3)");
+                None
+            }
+        },
+    };
+    let mut guard = None;
+    let mut gro_restore = Vec::new();
+    let (ports_of, steers) = match xdp {
+        Some(p) => p,
+        None => {
+            // One worker: a packet socket per interface, no flow steering across sockets.
+            let mut ports = Vec::new();
+            for (name, idx, _) in &ifs {
+                match netlink::set_gro(name, false) {
+                    Ok(true) => {
+                        eprintln!("xpfd: {name}: GRO turned off for packet mode (merged packets would exceed the MTU)");
+                        gro_restore.push(name.clone());
+                    }
+                    Ok(false) => {}
+                    Err(e) => eprintln!("xpfd: {name}: {e}; packets merged by GRO will be dropped as over the MTU"),
+                }
+                let p = PacketPort::open(*idx).map_err(|e| format!("-i {name}: AF_PACKET: {e}"))?;
+                eprintln!("xpfd: {name}: AF_PACKET (TPACKET_V3 rings), worker 0");
+                ports.push(Port { io: PortIo::Packet(p), ifindex: *idx });
+            }
+            guard = Some(Guard::install(&a.ifaces).map_err(|e| format!("packet mode: {e}"))?);
             eprintln!(
-                "xpfd: {name} queue {q}: AF_XDP {} mode, worker {w}",
-                if x.zero_copy { "zero-copy" } else { "copy" }
+                "xpfd: packet mode: nftables table netdev {} drops transit IP in the kernel on {}",
+                Guard::TABLE,
+                a.ifaces.join(", ")
             );
-            ports_of[w].push(Port { xsk: x, ifindex: *idx });
+            (vec![ports], Vec::new())
         }
-        steers.push((name.clone(), steer));
-    }
+    };
+    let workers = ports_of.len();
+    let cpus: Vec<usize> = a.cpus.clone().unwrap_or_else(|| (0..workers).map(|w| w % ncpu).collect());
     let steers = Arc::new(Mutex::new(steers));
-    for (name, s) in steers.lock().unwrap().iter_mut() {
-        let mode = s
-            .attach(ifs.iter().find(|i| &i.0 == name).unwrap().1)
-            .map_err(|e| format!("-i {name}: attaching XDP: {e}"))?;
-        eprintln!("xpfd: {name}: steering program attached ({mode} XDP)");
-    }
 
     // Workers.
     let stop = Arc::new(AtomicBool::new(false));
-    let per_worker = (limit / workers).max(1);
+    let per_worker = (limit / workers as u32).max(1);
     let mut txs = Vec::new();
     let mut handles = Vec::new();
     let seed = Seed::random();
@@ -236,6 +291,12 @@ fn run(a: Args) -> Result<(), String> {
     }
     for (_, s) in steers.lock().unwrap().iter_mut() {
         s.detach_all();
+    }
+    if let Some(mut g) = guard {
+        g.remove();
+    }
+    for name in gro_restore {
+        let _ = netlink::set_gro(&name, true);
     }
     let _ = std::fs::remove_file(&a.socket);
     Ok(())

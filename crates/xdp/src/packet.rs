@@ -1,0 +1,545 @@
+//! AF_PACKET ports (TPACKET_V3 rings): the fallback where XDP cannot be attached.
+//!
+//! A packet socket is a tap, not a diversion: the kernel goes on processing what the socket
+//! copies. So packet mode has two halves. In the kernel, a `table netdev xpfd` ingress chain
+//! per filtered interface ([`Guard`]) drops every IPv4/IPv6 frame the kernel would forward,
+//! and lets through what the steering program would have passed up in XDP mode (non-IP,
+//! neighbour discovery, TTL/hop limit expiring, traffic for this host, broadcast and
+//! multicast). Taps see a frame before the ingress hook, so xpfd still gets it. In xpfd, each
+//! received frame is classified the same way and, when it is to be forwarded, routed with the
+//! kernel's FIB and neighbour table over rtnetlink (answers cached for a second), and the
+//! answer written in the ring's reserved headroom in front of the frame exactly as the
+//! steering program writes it: the dataplane cannot tell the two kinds of port apart.
+//!
+//! Like XDP mode it fails closed: if xpfd dies, the ingress chains stay and transit traffic
+//! stops. `nft delete table netdev xpfd` opens the box again.
+
+use crate::netlink::{self, FibRoute};
+use crate::steer::{Route, META_LEN};
+use crate::xsk::{Desc, XskStats};
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+const BLOCK: usize = 1 << 18;
+const RX_BLOCKS: usize = 16;
+const TX_FRAME: usize = 2048;
+const TX_FRAMES: usize = 1024;
+/// Where a TX frame's data starts: TPACKET3_HDRLEN less the sockaddr_ll (the kernel's rule
+/// without PACKET_TX_HAS_OFF).
+const TX_DATA: usize = 48;
+/// Headroom asked of the RX ring in front of each frame, for the routing metadata.
+const RESERVE: u32 = 64;
+const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
+
+/// Why a received frame was not handed to the filter (slots of [`PACKET_COUNTERS`]).
+pub const PACKET_COUNTERS: [&str; 8] = [
+    "not IP, left to the kernel",
+    "for this host, left to the kernel",
+    "TTL/hop limit expiring, left to the kernel",
+    "no route, dropped",
+    "over the egress MTU or truncated, dropped",
+    "to the filter",
+    "not for this host's MAC, ignored",
+    "neighbour discovery, left to the kernel",
+];
+
+/// One interface's packet socket with its RX and TX rings.
+pub struct PacketPort {
+    fd: OwnedFd,
+    map: *mut u8,
+    map_len: usize,
+    blk: usize,
+    /// Offset in the current block of the next frame, and frames left in it (block open).
+    next: usize,
+    left: u32,
+    open: bool,
+    /// The open block is used up: give it back at the next `rx_done`.
+    release: bool,
+    tx_head: usize,
+    tx_pending: Vec<usize>,
+    stats: XskStats,
+    pub counters: [u64; 8],
+    router: Router,
+}
+
+// SAFETY: the mapping belongs to the port; the port moves to its worker thread and is used
+// there only.
+unsafe impl Send for PacketPort {}
+
+fn setopt<T>(fd: i32, level: i32, name: i32, v: &T) -> io::Result<()> {
+    // SAFETY: v points to a live T of the size passed.
+    let r = unsafe { libc::setsockopt(fd, level, name, (v as *const T).cast(), std::mem::size_of::<T>() as u32) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+impl PacketPort {
+    /// Opens a packet socket on `ifindex` with a TPACKET_V3 RX ring and a TX ring.
+    pub fn open(ifindex: u32) -> io::Result<PacketPort> {
+        // Protocol 0 until the rings are set up and the socket bound: it sees nothing before.
+        // SAFETY: plain socket call.
+        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: raw is a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        setopt(raw, libc::SOL_PACKET, libc::PACKET_VERSION, &2i32 /* TPACKET_V3 */)?;
+        setopt(raw, libc::SOL_PACKET, libc::PACKET_RESERVE, &RESERVE)?;
+        // Our own transmissions (and the host's) are not received back.
+        setopt(raw, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &1i32)?;
+        let rx = libc::tpacket_req3 {
+            tp_block_size: BLOCK as u32,
+            tp_block_nr: RX_BLOCKS as u32,
+            tp_frame_size: TX_FRAME as u32,
+            tp_frame_nr: (BLOCK * RX_BLOCKS / TX_FRAME) as u32,
+            tp_retire_blk_tov: 1,
+            tp_sizeof_priv: 0,
+            tp_feature_req_word: 0,
+        };
+        setopt(raw, libc::SOL_PACKET, libc::PACKET_RX_RING, &rx)?;
+        let tx_blocks = TX_FRAME * TX_FRAMES / BLOCK;
+        let tx = libc::tpacket_req3 {
+            tp_block_size: BLOCK as u32,
+            tp_block_nr: tx_blocks as u32,
+            tp_frame_size: TX_FRAME as u32,
+            tp_frame_nr: TX_FRAMES as u32,
+            tp_retire_blk_tov: 0,
+            tp_sizeof_priv: 0,
+            tp_feature_req_word: 0,
+        };
+        setopt(raw, libc::SOL_PACKET, libc::PACKET_TX_RING, &tx)?;
+        let map_len = BLOCK * (RX_BLOCKS + tx_blocks);
+        // SAFETY: mapping the rings the kernel just set up on this socket.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                raw,
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let port = PacketPort {
+            fd,
+            map: map.cast(),
+            map_len,
+            blk: 0,
+            next: 0,
+            left: 0,
+            open: false,
+            release: false,
+            tx_head: 0,
+            tx_pending: Vec::with_capacity(64),
+            stats: XskStats::default(),
+            counters: [0; 8],
+            router: Router::default(),
+        };
+        // SAFETY: a zeroed sockaddr_ll filled in for bind.
+        unsafe {
+            let mut sa: libc::sockaddr_ll = std::mem::zeroed();
+            sa.sll_family = libc::AF_PACKET as u16;
+            sa.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
+            sa.sll_ifindex = ifindex as i32;
+            if libc::bind(
+                raw,
+                (&sa as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            ) < 0
+            {
+                return Err(io::Error::other(format!(
+                    "binding a packet socket to ifindex {ifindex}: {}",
+                    io::Error::last_os_error()
+                )));
+            }
+        }
+        Ok(port)
+    }
+
+    pub fn fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+
+    fn block(&self, i: usize) -> *mut u8 {
+        // SAFETY: i < RX_BLOCKS, inside the mapping.
+        unsafe { self.map.add(i * BLOCK) }
+    }
+
+    fn status(p: *mut u8) -> &'static AtomicU32 {
+        // SAFETY: p is a 4-byte aligned status word inside the mapping, shared with the kernel.
+        unsafe { AtomicU32::from_ptr(p.cast()) }
+    }
+
+    fn u32_at(p: *const u8, off: usize) -> u32 {
+        // SAFETY: callers pass offsets inside a header the kernel wrote.
+        unsafe { std::ptr::read_unaligned(p.add(off).cast::<u32>()) }
+    }
+
+    /// Up to `out.len()` frames for the filter, from one block of the RX ring, each with the
+    /// routing metadata in front of it. What the filter must not see is counted and skipped.
+    pub fn rx_burst(&mut self, out: &mut [Desc]) -> usize {
+        let mut n = 0;
+        loop {
+            if !self.open {
+                let b = self.block(self.blk);
+                // block_desc: version, offset_to_priv, then block_status at 8.
+                // SAFETY: inside the mapping.
+                let st = Self::status(unsafe { b.add(8) }).load(Ordering::Acquire);
+                if st & libc::TP_STATUS_USER == 0 {
+                    return n;
+                }
+                self.left = Self::u32_at(b, 12);
+                self.next = Self::u32_at(b, 16) as usize;
+                self.open = true;
+            }
+            let b = self.block(self.blk);
+            while self.left > 0 && n < out.len() {
+                // SAFETY: next is an offset the kernel wrote, inside the block.
+                let h = unsafe { b.add(self.next) };
+                let next_off = Self::u32_at(h, 0) as usize;
+                let snaplen = Self::u32_at(h, 12);
+                let len = Self::u32_at(h, 16);
+                let status = Self::u32_at(h, 20);
+                // SAFETY: tp_mac is a u16 at 24; sll_pkttype at 48 + 10.
+                let (mac, pkttype) =
+                    unsafe { (std::ptr::read_unaligned(h.add(24).cast::<u16>()) as usize, *h.add(58)) };
+                self.left -= 1;
+                self.next += next_off;
+                self.stats.rx += 1;
+                // SAFETY: the frame lies at tp_mac within the block, snaplen long.
+                let frame = unsafe { std::slice::from_raw_parts(h.add(mac), snaplen as usize) };
+                let slot = if pkttype == libc::PACKET_OTHERHOST || pkttype == libc::PACKET_OUTGOING {
+                    Some(6)
+                } else if status & TP_STATUS_VLAN_VALID != 0 {
+                    Some(0)
+                } else if snaplen < len {
+                    Some(4)
+                } else {
+                    None
+                };
+                let (slot, route) = match slot {
+                    Some(s) => (s, Route::Invalid),
+                    None => self.router.classify(frame),
+                };
+                self.counters[slot] += 1;
+                if slot != 5 || mac < META_LEN {
+                    continue;
+                }
+                // SAFETY: PACKET_RESERVE left RESERVE >= META_LEN bytes in front of the frame.
+                let meta = unsafe { std::slice::from_raw_parts_mut(h.add(mac - META_LEN), META_LEN) };
+                route.write(meta);
+                let addr = (h as usize - self.map as usize + mac - META_LEN) as u64;
+                out[n] = Desc { addr, len: META_LEN as u32 + snaplen, options: 0 };
+                n += 1;
+            }
+            if self.left > 0 {
+                return n;
+            }
+            if n > 0 {
+                self.release = true;
+                return n;
+            }
+            self.give_back();
+        }
+    }
+
+    fn give_back(&mut self) {
+        // SAFETY: inside the mapping.
+        Self::status(unsafe { self.block(self.blk).add(8) }).store(libc::TP_STATUS_KERNEL, Ordering::Release);
+        self.blk = (self.blk + 1) % RX_BLOCKS;
+        self.open = false;
+        self.release = false;
+    }
+
+    /// # Safety
+    /// As [`crate::xsk::Xsk::frame_unbound`]: not to be used after `rx_done`.
+    pub unsafe fn frame_unbound<'a>(&self, addr: u64, len: u32) -> &'a [u8] {
+        assert!(addr as usize + len as usize <= BLOCK * RX_BLOCKS);
+        // SAFETY: in the RX part of the mapping; the block stays ours until rx_done.
+        unsafe { std::slice::from_raw_parts(self.map.add(addr as usize), len as usize) }
+    }
+
+    /// Frames handed out by the last `rx_burst` are done with.
+    pub fn rx_done(&mut self, _descs: &[Desc]) {
+        if self.release {
+            self.give_back();
+        }
+    }
+
+    /// Copies `bytes` into a free TX frame; returns it for in-place edits before `flush`.
+    pub fn tx_copy(&mut self, bytes: &[u8]) -> Option<&mut [u8]> {
+        if bytes.len() > TX_FRAME - TX_DATA || self.tx_pending.len() >= TX_FRAMES {
+            self.stats.tx_full += 1;
+            return None;
+        }
+        let i = self.tx_head;
+        // SAFETY: frame i of the TX ring, inside the mapping.
+        let f = unsafe { self.map.add(BLOCK * RX_BLOCKS + i * TX_FRAME) };
+        // SAFETY: tp_status at 20 of the frame header.
+        let st = Self::status(unsafe { f.add(20) }).load(Ordering::Acquire);
+        if st & (libc::TP_STATUS_SEND_REQUEST | libc::TP_STATUS_SENDING) != 0 {
+            self.stats.tx_full += 1;
+            return None;
+        }
+        self.tx_head = (i + 1) % TX_FRAMES;
+        // SAFETY: header fields and data area of a frame the kernel is not using.
+        unsafe {
+            std::ptr::write_unaligned(f.cast::<u32>(), 0); // tp_next_offset
+            std::ptr::write_unaligned(f.add(16).cast::<u32>(), bytes.len() as u32); // tp_len
+            std::ptr::write_unaligned(f.add(12).cast::<u32>(), bytes.len() as u32); // tp_snaplen
+            let d = std::slice::from_raw_parts_mut(f.add(TX_DATA), bytes.len());
+            d.copy_from_slice(bytes);
+            self.tx_pending.push(i);
+            Some(d)
+        }
+    }
+
+    /// Hands the queued frames to the kernel and has it send them.
+    pub fn flush(&mut self) {
+        if self.tx_pending.is_empty() {
+            return;
+        }
+        for &i in &self.tx_pending {
+            // SAFETY: frame i's status word.
+            let f = unsafe { self.map.add(BLOCK * RX_BLOCKS + i * TX_FRAME + 20) };
+            Self::status(f).store(libc::TP_STATUS_SEND_REQUEST, Ordering::Release);
+        }
+        self.stats.tx += self.tx_pending.len() as u64;
+        self.tx_pending.clear();
+        self.stats.kicks += 1;
+        // SAFETY: a zero-length send on our socket transmits the ring's requested frames.
+        unsafe { libc::send(self.fd.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT) };
+    }
+
+    /// Counters in the AF_XDP shape; the kernel's drops (ring full) from PACKET_STATISTICS.
+    pub fn kernel_stats(&mut self) -> XskStats {
+        // SAFETY: a zeroed tpacket_stats_v3 of the size passed.
+        unsafe {
+            let mut s: libc::tpacket_stats_v3 = std::mem::zeroed();
+            let mut l = std::mem::size_of::<libc::tpacket_stats_v3>() as u32;
+            if libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_STATISTICS,
+                (&mut s as *mut libc::tpacket_stats_v3).cast(),
+                &mut l,
+            ) == 0
+            {
+                // The kernel resets these on every read.
+                self.stats.rx_ring_full += s.tp_drops as u64;
+            }
+        }
+        self.stats
+    }
+}
+
+impl Drop for PacketPort {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping once.
+        unsafe { libc::munmap(self.map.cast(), self.map_len) };
+    }
+}
+
+/// The FIB and neighbour answers of the last second, by destination.
+/// When asked, the FIB's answer, and the next hop's link address if the kernel had one.
+type Answer = (Instant, Option<FibRoute>, Option<[u8; 6]>);
+
+#[derive(Default)]
+struct Router {
+    routes: HashMap<(u8, [u8; 16]), Answer>,
+    links: HashMap<u32, (Instant, [u8; 6], u32)>,
+}
+
+const FRESH: Duration = Duration::from_secs(1);
+/// An unresolved neighbour is asked again sooner.
+const FRESH_UNRESOLVED: Duration = Duration::from_millis(100);
+const MAX_ROUTES: usize = 1 << 16;
+
+impl Router {
+    /// The steering program's decision for `frame`: a slot of [`PACKET_COUNTERS`], and the
+    /// route when the slot is 5 (to the filter).
+    fn classify(&mut self, f: &[u8]) -> (usize, Route) {
+        if f.len() < 14 {
+            return (0, Route::Invalid);
+        }
+        let (family, dst, l3) = match u16::from_be_bytes([f[12], f[13]]) {
+            0x0800 if f.len() >= 34 && f[14] >> 4 == 4 => {
+                if f[22] <= 1 {
+                    return (2, Route::Invalid);
+                }
+                let mut d = [0u8; 16];
+                d[..4].copy_from_slice(&f[30..34]);
+                if d[0] >= 224 {
+                    return (1, Route::Invalid);
+                }
+                (libc::AF_INET as u8, d, 4)
+            }
+            0x86dd if f.len() >= 54 && f[14] >> 4 == 6 => {
+                if f[21] <= 1 {
+                    return (2, Route::Invalid);
+                }
+                if f[20] == 58 && f.len() >= 55 && (133..=137).contains(&f[54]) {
+                    return (7, Route::Invalid);
+                }
+                let d: [u8; 16] = f[38..54].try_into().unwrap();
+                if d[0] == 0xff {
+                    return (1, Route::Invalid);
+                }
+                (libc::AF_INET6 as u8, d, 16)
+            }
+            _ => return (0, Route::Invalid),
+        };
+        let t = Instant::now();
+        let fresh = |e: &Answer| t.duration_since(e.0) < if e.2.is_some() { FRESH } else { FRESH_UNRESOLVED };
+        let (route, dmac) = match self.routes.get(&(family, dst)) {
+            Some(e) if fresh(e) => (e.1, e.2),
+            _ => {
+                let r = netlink::route_get(&dst[..l3]).ok();
+                let mac =
+                    r.filter(|r| r.kind == 1).and_then(|r| netlink::neigh_get(r.oif, &r.nexthop[..l3]).ok().flatten());
+                if self.routes.len() >= MAX_ROUTES {
+                    self.routes.clear();
+                }
+                self.routes.insert((family, dst), (t, r, mac));
+                (r, mac)
+            }
+        };
+        let Some(r) = route else { return (3, Route::Invalid) };
+        match r.kind {
+            1 => {}
+            2 | 3 | 5 => return (1, Route::Invalid),
+            _ => return (3, Route::Invalid),
+        }
+        let Some((smac, mtu)) = self.link(r.oif) else { return (3, Route::Invalid) };
+        if f.len() - 14 > mtu as usize {
+            return (4, Route::Invalid);
+        }
+        match dmac {
+            Some(dmac) => (5, Route::Forward { ifindex: r.oif, dmac, smac }),
+            None => (5, Route::NoNeighbour { ifindex: r.oif, family, nexthop: r.nexthop }),
+        }
+    }
+
+    /// The MAC and MTU of interface `ifindex`, refreshed every second.
+    fn link(&mut self, ifindex: u32) -> Option<([u8; 6], u32)> {
+        let t = Instant::now();
+        if let Some(e) = self.links.get(&ifindex) {
+            if t.duration_since(e.0) < FRESH {
+                return Some((e.1, e.2));
+            }
+        }
+        let name = netlink::ifname(ifindex)?;
+        let (mac, mtu) = (netlink::mac(&name).ok()?, netlink::mtu(&name).ok()?);
+        self.links.insert(ifindex, (t, mac, mtu));
+        Some((mac, mtu))
+    }
+}
+
+/// The kernel half of packet mode: a `table netdev xpfd` whose ingress chains drop, on the
+/// filtered interfaces, the IP traffic the kernel would otherwise forward past the filter.
+pub struct Guard {
+    installed: bool,
+}
+
+impl Guard {
+    pub const TABLE: &'static str = "xpfd";
+
+    /// The nftables text for `ifaces`.
+    pub fn rules(ifaces: &[String]) -> String {
+        let mut s = format!("table netdev {} {{\n", Self::TABLE);
+        for (i, name) in ifaces.iter().enumerate() {
+            s.push_str(&format!(
+                "  chain in{i} {{\n    type filter hook ingress device \"{name}\" priority -500; policy accept;\n    \
+                 meta protocol != {{ ip, ip6 }} accept\n    \
+                 ip ttl <= 1 accept\n    \
+                 ip6 hoplimit <= 1 accept\n    \
+                 icmpv6 type {{ nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, nd-redirect }} accept\n    \
+                 meta pkttype {{ broadcast, multicast }} accept\n    \
+                 fib daddr type {{ local, broadcast, multicast }} accept\n    \
+                 counter drop comment \"forwarded by xpfd, not by the kernel\"\n  }}\n"
+            ));
+        }
+        s.push_str("}\n");
+        s
+    }
+
+    /// Replaces any earlier table of ours with chains for `ifaces`.
+    pub fn install(ifaces: &[String]) -> io::Result<Guard> {
+        let _ = std::process::Command::new("nft")
+            .args(["delete", "table", "netdev", Self::TABLE])
+            .stderr(std::process::Stdio::null())
+            .status();
+        let mut child = std::process::Command::new("nft")
+            .args(["-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| io::Error::new(e.kind(), format!("running nft (packet mode needs nftables): {e}")))?;
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(Self::rules(ifaces).as_bytes())?;
+        let st = child.wait()?;
+        if !st.success() {
+            return Err(io::Error::other(format!("nft refused the packet-mode guard table ({st})")));
+        }
+        Ok(Guard { installed: true })
+    }
+
+    /// Takes the table away (a clean stop): the kernel forwards unfiltered again, as after
+    /// XDP mode's detach.
+    pub fn remove(&mut self) {
+        if std::mem::take(&mut self.installed) {
+            let _ = std::process::Command::new("nft").args(["delete", "table", "netdev", Self::TABLE]).status();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v4(ttl: u8, dst: [u8; 4]) -> Vec<u8> {
+        let mut f = vec![0u8; 60];
+        f[12] = 0x08;
+        f[14] = 0x45;
+        f[22] = ttl;
+        f[23] = 17;
+        f[30..34].copy_from_slice(&dst);
+        f
+    }
+
+    #[test]
+    fn classification_mirrors_the_steering_program() {
+        let mut r = Router::default();
+        assert_eq!(r.classify(&[0u8; 10]).0, 0, "runt");
+        let mut arp = vec![0u8; 60];
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        assert_eq!(r.classify(&arp).0, 0, "ARP to the kernel");
+        assert_eq!(r.classify(&v4(1, [192, 0, 2, 1])).0, 2, "TTL 1 to the kernel");
+        assert_eq!(r.classify(&v4(64, [224, 0, 0, 5])).0, 1, "multicast to the kernel");
+        assert_eq!(r.classify(&v4(64, [127, 0, 0, 1])).0, 1, "local to the kernel");
+        let mut ns = vec![0u8; 78];
+        ns[12..14].copy_from_slice(&[0x86, 0xdd]);
+        ns[14] = 0x60;
+        ns[20] = 58;
+        ns[21] = 255;
+        ns[38] = 0xfe;
+        ns[54] = 135;
+        assert_eq!(r.classify(&ns).0, 7, "neighbour solicitation to the kernel");
+    }
+
+    #[test]
+    fn guard_rules_name_every_interface() {
+        let t = Guard::rules(&["eth0".into(), "eth1".into()]);
+        assert!(t.contains("device \"eth0\"") && t.contains("device \"eth1\""));
+        assert_eq!(t.matches("counter drop").count(), 2);
+    }
+}

@@ -1,0 +1,80 @@
+//! A filtered interface's queue as the dataplane sees it: an AF_XDP socket, or the AF_PACKET
+//! fallback. Both hand out frames with the routing metadata in front of them and take frames
+//! to send by copy, so the worker's loop is the same for either.
+
+use crate::packet::PacketPort;
+use crate::xsk::{Desc, Xsk, XskStats};
+
+pub enum PortIo {
+    Xdp(Xsk),
+    Packet(PacketPort),
+}
+
+impl PortIo {
+    #[inline]
+    pub fn rx_burst(&mut self, out: &mut [Desc]) -> usize {
+        match self {
+            PortIo::Xdp(x) => x.rx_burst(out),
+            PortIo::Packet(p) => p.rx_burst(out),
+        }
+    }
+
+    /// # Safety
+    /// The slice must not be used after the frame is given back with `rx_done`.
+    #[inline]
+    pub unsafe fn frame_unbound<'a>(&self, addr: u64, len: u32) -> &'a [u8] {
+        // SAFETY: the caller's promise, passed on.
+        unsafe {
+            match self {
+                PortIo::Xdp(x) => x.frame_unbound(addr, len),
+                PortIo::Packet(p) => p.frame_unbound(addr, len),
+            }
+        }
+    }
+
+    #[inline]
+    pub fn rx_done(&mut self, descs: &[Desc]) {
+        match self {
+            PortIo::Xdp(x) => x.rx_done(descs),
+            PortIo::Packet(p) => p.rx_done(descs),
+        }
+    }
+
+    #[inline]
+    pub fn tx_copy(&mut self, bytes: &[u8]) -> Option<&mut [u8]> {
+        match self {
+            PortIo::Xdp(x) => x.tx_copy(bytes),
+            PortIo::Packet(p) => p.tx_copy(bytes),
+        }
+    }
+
+    #[inline]
+    pub fn flush(&mut self) {
+        match self {
+            PortIo::Xdp(x) => x.flush(),
+            PortIo::Packet(p) => p.flush(),
+        }
+    }
+
+    pub fn fd(&self) -> i32 {
+        match self {
+            PortIo::Xdp(x) => x.fd(),
+            PortIo::Packet(p) => p.fd(),
+        }
+    }
+
+    pub fn kernel_stats(&mut self) -> XskStats {
+        match self {
+            PortIo::Xdp(x) => x.kernel_stats(),
+            PortIo::Packet(p) => p.kernel_stats(),
+        }
+    }
+
+    /// Packet mode's classification counters (XDP mode keeps them in the steering program).
+    pub fn packet_counters(&self) -> Option<[u64; 8]> {
+        match self {
+            PortIo::Xdp(_) => None,
+            PortIo::Packet(p) => Some(p.counters),
+        }
+    }
+}
