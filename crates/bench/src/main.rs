@@ -32,6 +32,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("--json", "", "print the report as JSON on stdout (progress goes to stderr)"),
     ("--info", "", "replay: print pfctl -si's view of the counters after each capture"),
     ("--busy-poll", "", "lab: start xpfd with --busy-poll (its sockets busy-poll instead of sleeping)"),
+    ("--fastpath", "", "lab: start xpfd with --fastpath (established UDP flows forwarded by its XDP program)"),
     ("--out", "DIR", "where gnuplot data, the plot and the JSON go (default bench-results/out/<bench>)"),
 ];
 
@@ -54,6 +55,7 @@ pub struct Opts {
     pub json: bool,
     pub info: bool,
     pub busy_poll: bool,
+    pub fastpath: bool,
     pub out: PathBuf,
     /// replay: capture files.
     pub files: Vec<PathBuf>,
@@ -110,6 +112,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         json: false,
         info: false,
         busy_poll: false,
+        fastpath: false,
         files: Vec::new(),
     };
     let mut it = args[1..].iter();
@@ -144,6 +147,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--json" => o.json = true,
             "--info" => o.info = true,
             "--busy-poll" => o.busy_poll = true,
+            "--fastpath" => o.fastpath = true,
             "--out" => o.out = PathBuf::from(val()?),
             "-h" | "--help" => return Err(usage()),
             other => return Err(format!("unknown option '{other}'\n\n{}", usage())),
@@ -215,6 +219,7 @@ fn lab(o: &Opts) -> Result<(), String> {
         bin,
         json: o.json,
         busy_poll: o.busy_poll,
+        fastpath: o.fastpath,
     })
 }
 

@@ -16,7 +16,7 @@ impl Summary {
     pub fn of(xs: &[f64]) -> Summary {
         assert!(!xs.is_empty());
         let mut v = xs.to_vec();
-        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v.sort_by(|a, b| a.total_cmp(b));
         let n = v.len();
         let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
         let avg = v.iter().sum::<f64>() / n as f64;

@@ -240,11 +240,69 @@ impl<P: Policy> Worker<P> {
         }
     }
 
+    /// For a packet forwarded in on `in_if` and out on `out_if`: whether both of its states
+    /// exist (`in` and `out`, floating or bound to those interfaces), and with `add` =
+    /// (packets, bytes) accounts that traffic to both and marks them active at `now`. The
+    /// kernel fast path's traffic reaches the states this way (xpfd, --fastpath). Returns the
+    /// `in` state's packets in the packet's direction (after `add`), None without both states.
+    pub fn flow_states(
+        &mut self,
+        frame: &[u8],
+        in_if: u16,
+        out_if: u16,
+        add: Option<(u32, u64)>,
+        now: u32,
+    ) -> Option<u32> {
+        let mut pd = PDesc::default();
+        if parse_ether(frame, &mut pd).is_err() || pd.flags & (pdf::NOT_FIRST_FRAG | pdf::ICMP_ERROR) != 0 {
+            return None;
+        }
+        if pd.af == AF_INET {
+            flow_pair(&mut self.t4, &pd, in_if, out_if, self.any_if_bound, add, now)
+        } else {
+            flow_pair(&mut self.t6, &pd, in_if, out_if, self.any_if_bound, add, now)
+        }
+    }
+
     /// Background work between batches: expiry and index growth, `budget` units per table.
     /// Returns the states expired.
     pub fn maintain(&mut self, now: u32, budget: u32) -> u32 {
         self.t4.maintain(now, budget) + self.t6.maintain(now, budget)
     }
+}
+
+fn flow_pair<K: Key>(
+    t: &mut StateTable<K>,
+    pd: &PDesc,
+    in_if: u16,
+    out_if: u16,
+    bound: bool,
+    add: Option<(u32, u64)>,
+    now: u32,
+) -> Option<u32> {
+    let find = |dir: Dir, kif: u16| {
+        let k = K::from_pdesc(pd, dir, 0);
+        t.find(&k, t.hash(&k)).or_else(|| {
+            let kb = K::from_pdesc(pd, dir, kif);
+            if bound {
+                t.find(&kb, t.hash(&kb))
+            } else {
+                None
+            }
+        })
+    };
+    let (a, b) = (find(Dir::In, in_if)?, find(Dir::Out, out_if)?);
+    if let Some((packets, bytes)) = add {
+        for (id, dir) in [(a & ID_MASK, Dir::In), (b & ID_MASK, Dir::Out)] {
+            let s = t.state_mut(id);
+            let side = (((s.flags & sf::OUT) >> 2) ^ dir as u8) as usize;
+            s.packets[side] = s.packets[side].wrapping_add(packets);
+            s.bytes[side] += bytes;
+            s.expire = s.expire.max(now);
+        }
+    }
+    let s = t.state(a & ID_MASK);
+    Some(s.packets[(((s.flags & sf::OUT) >> 2) ^ Dir::In as u8) as usize])
 }
 
 struct Ctx<'a> {

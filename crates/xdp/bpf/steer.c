@@ -10,7 +10,14 @@
  * neighbour discovery, traffic to the box itself, TTL/hop limit about to expire (so the kernel
  * sends the ICMP time exceeded a traceroute needs), too big for the egress MTU (the kernel
  * sends the ICMP error), and what the FIB does not route. Forwardable traffic with no xpfd
- * socket on its queue is dropped and counted: the firewall fails closed. */
+ * socket on its queue is dropped and counted: the firewall fails closed.
+ *
+ * Fast path (xpfd --fastpath): UDP flows whose `in` and `out` states xpfd holds are put in
+ * map `fast` by xpfd; their packets are forwarded here, in the kernel (MACs from the FIB,
+ * TTL/hop limit decremented, XDP_REDIRECT to the egress interface), counted per flow for
+ * xpfd to carry into its states, and never reach userspace. Only while the FIB still routes
+ * them out of the interface the `out` state was made on; IPv4 options and fragments, and
+ * every other protocol (TCP: pf's window tracking sees each segment) go to xpfd as before. */
 #include "xpf.h"
 #include <linux/ip.h>
 #include <linux/ipv6.h>
@@ -19,10 +26,29 @@
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 struct xpf_map xsks SEC("maps") = { BPF_MAP_TYPE_XSKMAP, 4, 4, 64, 0 };
-struct xpf_map steer_stats SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 8, 0 };
+
+struct fast_key {
+    __u8 family, proto;
+    __be16 sport, dport;
+    __u16 pad;
+    __u8 src[16], dst[16];
+};
+
+struct fast_val {
+    __u32 egress;       /* where the out state is: the FIB must still say so */
+    __u32 owner;        /* the xpfd worker that installed it */
+    __u64 packets, bytes;
+};
+
+/* BPF_F_NO_PREALLOC: entries are allocated as xpfd installs them. */
+struct xpf_map fast SEC("maps") = { BPF_MAP_TYPE_HASH, sizeof(struct fast_key), sizeof(struct fast_val), 1 << 21, 1 };
+/* steer_cfg[0] = 1: forward everything routable here, unfiltered (the lab's measure of the
+ * fast path's I/O ceiling; set only through xpfctl --steer bare). */
+struct xpf_map steer_cfg SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 4, 1, 0 };
+struct xpf_map steer_stats SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 9, 0 };
 
 /* steer_stats slots (src/steer.rs names them). */
-enum { S_NOT_IP, S_LOCAL, S_TTL, S_NO_ROUTE, S_MTU, S_TO_XSK, S_NO_SOCKET, S_ND };
+enum { S_NOT_IP, S_LOCAL, S_TTL, S_NO_ROUTE, S_MTU, S_TO_XSK, S_NO_SOCKET, S_ND, S_FAST };
 
 /* What xpfd finds in front of each frame (src/steer.rs: Meta). */
 struct meta {
@@ -59,9 +85,60 @@ INLINE int to_xsk(struct xdp_md *ctx, struct bpf_fib_lookup *p, int rc, __u8 fam
     return r == XDP_REDIRECT ? XDP_REDIRECT : XDP_DROP;
 }
 
-INLINE int verdict(struct xdp_md *ctx, struct bpf_fib_lookup *p, long rc, __u8 family) {
+/* Forwards the packet in the kernel if it belongs to a fast-path flow (or the program is in
+ * bare mode); -1 when it does not. `k` has the flow's addresses and ports when it is UDP. */
+INLINE int fast_path(struct xdp_md *ctx, struct bpf_fib_lookup *p, struct fast_key *k, __u8 family, __u32 len) {
+    __u32 zero = 0;
+    __u32 *bare = bpf_map_lookup_elem(&steer_cfg, &zero);
+    struct fast_val *v = 0;
+    if (!bare || *bare != 1) {
+        if (!k->proto)
+            return -1;
+        v = bpf_map_lookup_elem(&fast, k);
+        if (!v || v->egress != p->ifindex)
+            return -1;
+    }
+    void *data = (void *)(long)ctx->data;
+    void *end = (void *)(long)ctx->data_end;
+    struct ethhdr *eth = data;
+    if ((void *)(eth + 1) > end)
+        return -1;
+    if (family == AF_INET) {
+        struct iphdr *ip = (void *)(eth + 1);
+        if ((void *)(ip + 1) > end)
+            return -1;
+        /* TTL down by one, checksum by RFC 1624 (the TTL is the high byte of its word). */
+        __u32 sum = (__u16)~ip->check + (__u16)~htons(0x0100);
+        sum = (sum & 0xffff) + (sum >> 16);
+        sum = (sum & 0xffff) + (sum >> 16);
+        ip->check = ~(__u16)sum;
+        ip->ttl--;
+    } else {
+        struct ipv6hdr *ip6 = (void *)(eth + 1);
+        if ((void *)(ip6 + 1) > end)
+            return -1;
+        ip6->hop_limit--;
+    }
+    __builtin_memcpy(eth->h_dest, p->dmac, 6);
+    __builtin_memcpy(eth->h_source, p->smac, 6);
+    if (v) {
+        __sync_fetch_and_add(&v->packets, 1);
+        __sync_fetch_and_add(&v->bytes, len);
+    }
+    count(&steer_stats, S_FAST);
+    return bpf_redirect(p->ifindex, 0);
+}
+
+INLINE int verdict(struct xdp_md *ctx, struct bpf_fib_lookup *p, long rc, __u8 family, struct fast_key *k,
+                   __u32 len) {
     switch (rc) {
     case BPF_FIB_LKUP_RET_SUCCESS:
+        {
+            int r = fast_path(ctx, p, k, family, len);
+            if (r >= 0)
+                return r;
+        }
+        return to_xsk(ctx, p, rc, family);
     case BPF_FIB_LKUP_RET_NO_NEIGH:
         return to_xsk(ctx, p, rc, family);
     case BPF_FIB_LKUP_RET_FRAG_NEEDED:
@@ -100,7 +177,21 @@ int xpf_steer(struct xdp_md *ctx) {
         p.tot_len = bswap16(ip->tot_len);
         p.ipv4_src = ip->saddr;
         p.ipv4_dst = ip->daddr;
-        return verdict(ctx, &p, bpf_fib_lookup(ctx, &p, sizeof(p), 0), AF_INET);
+        struct fast_key k = {};
+        /* UDP without options or fragments is a fast-path candidate (proto set). */
+        if (ip->protocol == IPPROTO_UDP && ip->ihl == 5 && !(ip->frag_off & htons(0x3fff))) {
+            __be16 *ports = (void *)(ip + 1);
+            if ((void *)(ports + 2) <= end) {
+                k.family = AF_INET;
+                k.proto = IPPROTO_UDP;
+                k.sport = ports[0];
+                k.dport = ports[1];
+                __builtin_memcpy(k.src, &ip->saddr, 4);
+                __builtin_memcpy(k.dst, &ip->daddr, 4);
+            }
+        }
+        __u32 len = p.tot_len; /* the lookup reuses tot_len's bytes for the MTU */
+        return verdict(ctx, &p, bpf_fib_lookup(ctx, &p, sizeof(p), 0), AF_INET, &k, len);
     }
     if (proto == htons(ETH_P_IPV6)) {
         struct ipv6hdr *ip6 = (void *)(eth + 1);
@@ -126,7 +217,20 @@ int xpf_steer(struct xdp_md *ctx) {
         p.tot_len = bswap16(ip6->payload_len) + sizeof(*ip6);
         __builtin_memcpy(p.ipv6_src, &ip6->saddr, 16);
         __builtin_memcpy(p.ipv6_dst, &ip6->daddr, 16);
-        return verdict(ctx, &p, bpf_fib_lookup(ctx, &p, sizeof(p), 0), AF_INET6);
+        struct fast_key k = {};
+        if (ip6->nexthdr == IPPROTO_UDP) {
+            __be16 *ports = (void *)(ip6 + 1);
+            if ((void *)(ports + 2) <= end) {
+                k.family = AF_INET6;
+                k.proto = IPPROTO_UDP;
+                k.sport = ports[0];
+                k.dport = ports[1];
+                __builtin_memcpy(k.src, &ip6->saddr, 16);
+                __builtin_memcpy(k.dst, &ip6->daddr, 16);
+            }
+        }
+        __u32 len = p.tot_len;
+        return verdict(ctx, &p, bpf_fib_lookup(ctx, &p, sizeof(p), 0), AF_INET6, &k, len);
     }
     count(&steer_stats, S_NOT_IP);
     return XDP_PASS;

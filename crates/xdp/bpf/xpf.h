@@ -25,6 +25,8 @@ static long (*bpf_xdp_adjust_head)(struct xdp_md *ctx, int delta) = (void *)BPF_
 static long (*bpf_fib_lookup)(void *ctx, struct bpf_fib_lookup *p, int len, __u32 flags) =
     (void *)BPF_FUNC_fib_lookup;
 
+static long (*bpf_redirect)(__u32 ifindex, __u64 flags) = (void *)BPF_FUNC_redirect;
+
 #define bswap16(x) __builtin_bswap16(x)
 #define htons(x) bswap16(x)
 #define htonl(x) __builtin_bswap32(x)

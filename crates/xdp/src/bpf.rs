@@ -13,7 +13,10 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 const BPF_MAP_CREATE: i32 = 0;
 const BPF_MAP_LOOKUP_ELEM: i32 = 1;
 const BPF_MAP_UPDATE_ELEM: i32 = 2;
+const BPF_MAP_DELETE_ELEM: i32 = 3;
 const BPF_PROG_LOAD: i32 = 5;
+const BPF_MAP_LOOKUP_BATCH: i32 = 24;
+const BPF_MAP_UPDATE_BATCH: i32 = 26;
 const BPF_PROG_TEST_RUN: i32 = 10;
 const BPF_PROG_TYPE_XDP: u32 = 6;
 const BPF_PSEUDO_MAP_FD: u8 = 1;
@@ -50,6 +53,19 @@ struct MapElem {
     _pad: u32,
     key: u64,
     value: u64,
+    flags: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct MapBatch {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
     flags: u64,
 }
 
@@ -155,6 +171,75 @@ impl Map {
             ..Default::default()
         };
         sys_bpf(BPF_MAP_LOOKUP_ELEM, &mut a).map(|_| ())
+    }
+
+    pub fn delete(&self, key: &[u8]) -> io::Result<()> {
+        assert_eq!(key.len(), self.key_size as usize);
+        let mut a = MapElem { map_fd: self.fd.as_raw_fd() as u32, key: key.as_ptr() as u64, ..Default::default() };
+        sys_bpf(BPF_MAP_DELETE_ELEM, &mut a).map(|_| ())
+    }
+
+    /// Every entry of a hash map, read `chunk` at a time with BPF_MAP_LOOKUP_BATCH; `f` gets
+    /// each key and value. Entries added or removed meanwhile may or may not be seen.
+    pub fn for_each(&self, chunk: usize, mut f: impl FnMut(&[u8], &[u8])) -> io::Result<()> {
+        let (ks, vs) = (self.key_size as usize, self.value_size as usize);
+        let mut keys = vec![0u8; ks * chunk];
+        let mut vals = vec![0u8; vs * chunk];
+        let (mut token, mut next) = (0u32, 0u32);
+        let mut first = true;
+        loop {
+            let mut a = MapBatch {
+                in_batch: if first { 0 } else { &mut token as *mut u32 as u64 },
+                out_batch: &mut next as *mut u32 as u64,
+                keys: keys.as_mut_ptr() as u64,
+                values: vals.as_mut_ptr() as u64,
+                count: chunk as u32,
+                map_fd: self.fd.as_raw_fd() as u32,
+                ..Default::default()
+            };
+            let r = sys_bpf(BPF_MAP_LOOKUP_BATCH, &mut a);
+            let done = match r {
+                Ok(_) => false,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
+                Err(e) => return Err(e),
+            };
+            for i in 0..a.count as usize {
+                f(&keys[i * ks..(i + 1) * ks], &vals[i * vs..(i + 1) * vs]);
+            }
+            if done {
+                return Ok(());
+            }
+            token = next;
+            first = false;
+        }
+    }
+
+    /// Writes `keys.len() / key_size` entries in one call (BPF_MAP_UPDATE_BATCH); returns how
+    /// many were written before an error, and the error.
+    pub fn update_batch(&self, keys: &[u8], values: &[u8]) -> (usize, io::Result<()>) {
+        let n = keys.len() / self.key_size as usize;
+        assert_eq!(values.len(), n * self.value_size as usize);
+        let mut a = MapBatch {
+            keys: keys.as_ptr() as u64,
+            values: values.as_ptr() as u64,
+            count: n as u32,
+            map_fd: self.fd.as_raw_fd() as u32,
+            ..Default::default()
+        };
+        let r = sys_bpf(BPF_MAP_UPDATE_BATCH, &mut a).map(|_| ());
+        (a.count as usize, r)
+    }
+
+    /// Another handle on the same map (for another thread).
+    pub fn share(&self) -> io::Result<Map> {
+        Ok(Map {
+            name: self.name.clone(),
+            fd: self.fd.try_clone()?,
+            map_type: self.map_type,
+            key_size: self.key_size,
+            value_size: self.value_size,
+            max_entries: self.max_entries,
+        })
     }
 
     /// Sum over CPUs of the u64 counter at `index` of a per-CPU array.

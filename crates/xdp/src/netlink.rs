@@ -240,15 +240,13 @@ pub fn neigh_get(ifindex: u32, addr: &[u8]) -> io::Result<Option<[u8; 6]>> {
     Ok(ll)
 }
 
-/// Turns generic receive offload of interface `name` on or off (SIOCETHTOOL); returns whether
-/// it was on. Packet mode needs it off: a tap sees GRO's merged packets, larger than the MTU.
-pub fn set_gro(name: &str, on: bool) -> io::Result<bool> {
-    const ETHTOOL_GGRO: u32 = 0x2b;
-    const ETHTOOL_SGRO: u32 = 0x2c;
+/// Runs `f` with a datagram socket and an ifreq naming interface `name` (for the SIOC*
+/// ioctls, which answer for the calling thread's network namespace).
+fn with_ifreq<T>(name: &str, f: impl FnOnce(i32, &mut libc::ifreq) -> io::Result<T>) -> io::Result<T> {
     if name.len() >= libc::IF_NAMESIZE {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{name}: name too long")));
     }
-    // SAFETY: a datagram socket for the ioctl; ifr_data points to a live ethtool_value.
+    // SAFETY: a fresh datagram socket we own; a zeroed ifreq with the name copied in.
     unsafe {
         let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
         if fd < 0 {
@@ -259,48 +257,46 @@ pub fn set_gro(name: &str, on: bool) -> io::Result<bool> {
         for (d, c) in req.ifr_name.iter_mut().zip(name.bytes()) {
             *d = c as libc::c_char;
         }
+        f(fd.as_raw_fd(), &mut req)
+    }
+}
+
+/// Turns generic receive offload of interface `name` on or off (SIOCETHTOOL); returns whether
+/// it was on. Packet mode needs it off: a tap sees GRO's merged packets, larger than the MTU.
+pub fn set_gro(name: &str, on: bool) -> io::Result<bool> {
+    const ETHTOOL_GGRO: u32 = 0x2b;
+    const ETHTOOL_SGRO: u32 = 0x2c;
+    with_ifreq(name, |fd, req| {
         let mut v = [ETHTOOL_GGRO, 0u32];
         req.ifr_ifru.ifru_data = v.as_mut_ptr().cast();
-        if libc::ioctl(fd.as_raw_fd(), libc::SIOCETHTOOL, &mut req) < 0 {
+        // SAFETY: ifr_data points to a live ethtool_value for the call.
+        if unsafe { libc::ioctl(fd, libc::SIOCETHTOOL, req as *mut libc::ifreq) } < 0 {
             return Err(io::Error::other(format!("{name}: reading GRO: {}", io::Error::last_os_error())));
         }
         let was = v[1] != 0;
         if was != on {
             v = [ETHTOOL_SGRO, on as u32];
             req.ifr_ifru.ifru_data = v.as_mut_ptr().cast();
-            if libc::ioctl(fd.as_raw_fd(), libc::SIOCETHTOOL, &mut req) < 0 {
-                return Err(io::Error::other(format!(
-                    "{name}: setting GRO {}: {}",
-                    if on { "on" } else { "off" },
-                    io::Error::last_os_error()
-                )));
+            // SAFETY: as above.
+            if unsafe { libc::ioctl(fd, libc::SIOCETHTOOL, req as *mut libc::ifreq) } < 0 {
+                let what = if on { "on" } else { "off" };
+                return Err(io::Error::other(format!("{name}: setting GRO {what}: {}", io::Error::last_os_error())));
             }
         }
         Ok(was)
-    }
+    })
 }
 
 /// The MTU of interface `name`.
 pub fn mtu(name: &str) -> io::Result<u32> {
-    if name.len() >= libc::IF_NAMESIZE {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{name}: name too long")));
-    }
-    // SAFETY: a datagram socket for the ioctl, an ifreq with the name copied in.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let fd = OwnedFd::from_raw_fd(fd);
-        let mut req: libc::ifreq = std::mem::zeroed();
-        for (d, c) in req.ifr_name.iter_mut().zip(name.bytes()) {
-            *d = c as libc::c_char;
-        }
-        if libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFMTU, &mut req) < 0 {
+    with_ifreq(name, |fd, req| {
+        // SAFETY: SIOCGIFMTU fills ifr_mtu of the ifreq passed.
+        if unsafe { libc::ioctl(fd, libc::SIOCGIFMTU, req as *mut libc::ifreq) } < 0 {
             return Err(io::Error::new(io::ErrorKind::NotFound, format!("{name}: {}", io::Error::last_os_error())));
         }
-        Ok(req.ifr_ifru.ifru_mtu as u32)
-    }
+        // SAFETY: the kernel wrote the mtu member.
+        Ok(unsafe { req.ifr_ifru.ifru_mtu } as u32)
+    })
 }
 
 /// The index of interface `name` in this network namespace.
@@ -330,30 +326,19 @@ pub fn ifname(ifindex: u32) -> Option<String> {
 /// The hardware address of interface `name` (asked with SIOCGIFHWADDR, so that it answers
 /// for the calling thread's network namespace, which /sys may not show).
 pub fn mac(name: &str) -> io::Result<[u8; 6]> {
-    if name.len() >= libc::IF_NAMESIZE {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{name}: name too long")));
-    }
-    // SAFETY: a datagram socket for the ioctl, an ifreq with the name copied in.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let fd = OwnedFd::from_raw_fd(fd);
-        let mut req: libc::ifreq = std::mem::zeroed();
-        for (d, c) in req.ifr_name.iter_mut().zip(name.bytes()) {
-            *d = c as libc::c_char;
-        }
-        if libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFHWADDR, &mut req) < 0 {
+    with_ifreq(name, |fd, req| {
+        // SAFETY: SIOCGIFHWADDR fills ifr_hwaddr of the ifreq passed.
+        if unsafe { libc::ioctl(fd, libc::SIOCGIFHWADDR, req as *mut libc::ifreq) } < 0 {
             return Err(io::Error::new(io::ErrorKind::NotFound, format!("{name}: {}", io::Error::last_os_error())));
         }
-        let sa = req.ifr_ifru.ifru_hwaddr;
+        // SAFETY: the kernel wrote the hwaddr member.
+        let sa = unsafe { req.ifr_ifru.ifru_hwaddr };
         let mut m = [0u8; 6];
         for (d, c) in m.iter_mut().zip(sa.sa_data.iter()) {
             *d = *c as u8;
         }
         Ok(m)
-    }
+    })
 }
 
 /// Receive queues of interface `name` (one AF_XDP socket and one worker each).

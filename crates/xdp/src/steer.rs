@@ -55,7 +55,7 @@ impl Route {
 }
 
 /// Names of the program's counters, by slot (the enum in bpf/steer.c).
-pub const COUNTERS: [&str; 8] = [
+pub const COUNTERS: [&str; 9] = [
     "not IP, to the kernel",
     "for this host, to the kernel",
     "TTL/hop limit expiring, to the kernel",
@@ -64,6 +64,7 @@ pub const COUNTERS: [&str; 8] = [
     "redirected to xpfd",
     "no xpfd socket, dropped",
     "neighbour discovery, to the kernel",
+    "forwarded in the kernel (fast path)",
 ];
 
 /// The steering program loaded once and attached to each filtered interface.
@@ -99,9 +100,15 @@ impl Steer {
         self.prog.map("xsks").update(&queue.to_ne_bytes(), &fd.to_ne_bytes())
     }
 
-    pub fn counters(&self) -> [u64; 8] {
+    pub fn counters(&self) -> [u64; 9] {
         let m = self.prog.map("steer_stats");
         std::array::from_fn(|i| m.percpu_sum(i as u32).unwrap_or(0))
+    }
+
+    /// Bare mode: forward everything routable in the kernel, unfiltered (the lab's measure
+    /// of the fast path's I/O ceiling).
+    pub fn set_bare(&self, on: bool) -> io::Result<()> {
+        self.prog.map("steer_cfg").update(&0u32.to_ne_bytes(), &(on as u32).to_ne_bytes())
     }
 
     /// Detaches from every interface (a clean stop; see netlink::xdp_attach for a crash).

@@ -31,8 +31,9 @@ struct Opts {
     rest: Vec<String>,
     json: bool,
     socket: Option<String>,
-    /// `--steer off|on`: hand forwarding to the kernel (unfiltered) and back; the lab's switch.
-    steer: Option<bool>,
+    /// `--steer off|on|bare`: hand forwarding to the kernel (unfiltered) and back; `bare`
+    /// forwards everything in XDP, unfiltered. The lab's switches.
+    steer: Option<(bool, bool)>,
 }
 
 fn parse_args(args: &[String]) -> Result<Opts, String> {
@@ -51,9 +52,10 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         }
         if a == "--steer" {
             o.steer = Some(match val(&mut i)?.as_str() {
-                "on" => true,
-                "off" => false,
-                v => return Err(format!("--steer {v}: on or off")),
+                "on" => (true, false),
+                "off" => (false, false),
+                "bare" => (true, true),
+                v => return Err(format!("--steer {v}: on, off or bare")),
             });
             i += 1;
             continue;
@@ -121,8 +123,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Some(on) = o.steer {
-        return request(&o, json!({"op": "steer", "on": on}));
+    if let Some((on, bare)) = o.steer {
+        return request(&o, json!({"op": "steer", "on": on, "bare": bare}));
     }
     if o.show.is_some() || !o.kill.is_empty() || o.label.is_some() || o.flush.is_some() || o.table.is_some() {
         return daemon(&o);

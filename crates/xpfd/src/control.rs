@@ -316,11 +316,13 @@ impl Daemon {
                 // Maintenance and the lab: take the steering programs off (the kernel forwards
                 // unfiltered, by its own rules) or put them back.
                 let on = req["on"].as_bool().ok_or("steer: on true|false")?;
+                let bare = req["bare"].as_bool().unwrap_or(false);
                 let mut st = self.steers.lock().unwrap();
                 if st.is_empty() {
                     return Err("steer: xpfd runs in packet mode (no steering program to switch)".into());
                 }
                 for (name, s) in st.iter_mut() {
+                    s.set_bare(on && bare).map_err(|e| format!("{name}: {e}"))?;
                     if on {
                         let idx = xpf_xdp::netlink::ifindex(name).map_err(|e| e.to_string())?;
                         s.attach(idx).map_err(|e| format!("{name}: {e}"))?;
@@ -328,7 +330,14 @@ impl Daemon {
                         s.detach_all();
                     }
                 }
-                eprintln!("xpfd: steering {}", if on { "on" } else { "off: the kernel forwards unfiltered" });
+                eprintln!(
+                    "xpfd: steering {}",
+                    match (on, bare) {
+                        (true, false) => "on",
+                        (true, true) => "bare: XDP forwards everything routable, unfiltered (measurement)",
+                        _ => "off: the kernel forwards unfiltered",
+                    }
+                );
                 Ok((String::new(), json!({"steering": on})))
             }
             _ => Err(format!("unknown request '{op}'")),
@@ -448,7 +457,7 @@ impl Daemon {
             "info" => {
                 let (info, io, xs, pc) = self.snapshot()?;
                 let mut text = info.render(uptime);
-                let steer: Vec<(String, [u64; 8])> =
+                let steer: Vec<(String, [u64; 9])> =
                     self.steers.lock().unwrap().iter().map(|(n, s)| (n.clone(), s.counters())).collect();
                 let _ = writeln!(text, "Forwarding");
                 for (k, v) in [
@@ -459,6 +468,18 @@ impl Daemon {
                     ("bad-metadata", io.bad_meta),
                 ] {
                     let _ = writeln!(text, "  {:<25} {:>14}", k, v);
+                }
+                if io.fast.installed > 0 {
+                    let f = &io.fast;
+                    for (k, v) in [
+                        ("fast-path flows", f.flows),
+                        ("fast-path installed", f.installed),
+                        ("fast-path removed", f.removed),
+                        ("fast-path refused (full)", f.refused),
+                        ("fast-path packets", f.packets),
+                    ] {
+                        let _ = writeln!(text, "  {:<25} {:>14}", k, v);
+                    }
                 }
                 if io.filtered > 0 {
                     let per = io.filter_ns as f64 / io.filtered as f64;

@@ -40,6 +40,8 @@ pub struct IoStats {
     /// and the worker's time inside it: the filter's cost per packet, clocked per batch.
     pub filtered: u64,
     pub filter_ns: u64,
+    /// The kernel fast path (--fastpath): flows in it, packets it forwarded.
+    pub fast: crate::fastpath::FastStats,
 }
 
 impl IoStats {
@@ -53,6 +55,13 @@ impl IoStats {
         self.rx_batches += o.rx_batches;
         self.filtered += o.filtered;
         self.filter_ns += o.filter_ns;
+        let (f, g) = (&mut self.fast, &o.fast);
+        f.flows += g.flows;
+        f.installed += g.installed;
+        f.removed += g.removed;
+        f.refused += g.refused;
+        f.packets += g.packets;
+        f.bytes += g.bytes;
     }
 }
 
@@ -109,6 +118,8 @@ pub struct Dataplane {
     pub start: Instant,
     /// Busy-poll instead of sleeping in poll(2) when idle.
     pub busy: bool,
+    /// The kernel fast path for established UDP flows (--fastpath).
+    pub fast: Option<crate::fastpath::FastPath>,
     last_resolve: Vec<(u32, [u8; 16], Instant)>,
 }
 
@@ -198,6 +209,7 @@ impl Dataplane {
             io: IoStats::default(),
             start: Instant::now(),
             busy,
+            fast: None,
             last_resolve: Vec::new(),
         }
     }
@@ -239,6 +251,9 @@ impl Dataplane {
                     self.command(c);
                 }
                 self.worker.maintain(now, if got == 0 { 4096 } else { 256 });
+                if let Some(f) = &mut self.fast {
+                    f.sync(&mut self.worker, now, false);
+                }
             }
             if got == 0 {
                 idle_rounds += 1;
@@ -323,6 +338,9 @@ impl Dataplane {
                         Some(f) => {
                             rewrite(f, &dmac, &smac);
                             self.io.forwarded += 1;
+                            if let Some(fp) = &mut self.fast {
+                                fp.offer(&mut self.worker, out_frames[k], inif, eg, now);
+                            }
                         }
                         None => self.io.tx_full += 1,
                     },
@@ -336,6 +354,9 @@ impl Dataplane {
         }
         self.io.filtered += n as u64;
         self.io.filter_ns += spent.as_nanos() as u64;
+        if let Some(fp) = &mut self.fast {
+            fp.install();
+        }
     }
 
     /// Asks the kernel to resolve a next hop, at most once a second per next hop.
@@ -358,7 +379,11 @@ impl Dataplane {
             Cmd::Snapshot(tx) => {
                 let x: Vec<XskStats> = self.ports.iter_mut().map(|p| p.io.kernel_stats()).collect();
                 let c = self.ports.iter().filter_map(|p| Some((p.ifindex, p.io.packet_counters()?))).collect();
-                let _ = tx.send((Info::of(&self.worker), self.io, x, c));
+                let mut io = self.io;
+                if let Some(f) = &self.fast {
+                    io.fast = f.stats;
+                }
+                let _ = tx.send((Info::of(&self.worker), io, x, c));
             }
             Cmd::States(tx) => {
                 let mut v = Vec::new();
@@ -368,11 +393,17 @@ impl Dataplane {
             }
             Cmd::Kill(sel, tx) => {
                 let n = kill(&mut self.worker.t4, &sel) + kill(&mut self.worker.t6, &sel);
+                if let Some(f) = &mut self.fast {
+                    f.sync(&mut self.worker, now, true);
+                }
                 let _ = tx.send(n);
             }
             Cmd::Flush(tx) => {
                 let all = Select::default();
                 let n = kill(&mut self.worker.t4, &all) + kill(&mut self.worker.t6, &all);
+                if let Some(f) = &mut self.fast {
+                    f.sync(&mut self.worker, now, true);
+                }
                 let _ = tx.send(n);
             }
             Cmd::Limits { states, timeouts, done } => {

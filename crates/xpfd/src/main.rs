@@ -2,9 +2,13 @@
 //! the pf.conf it is given, on AF_XDP sockets; answers xpfctl on a Unix socket.
 //!
 //! ```text
-//! xpfd -f /etc/xpf/pf.conf -i IF -i IF [--io xdp|auto] [--workers N] [--cpus 0,1]
-//!      [--socket PATH] [--busy-poll] [-D macro=value]
+//! xpfd -f /etc/xpf/pf.conf -i IF -i IF [--io xdp|packet|auto] [--workers N] [--cpus 0,1]
+//!      [--socket PATH] [--busy-poll] [--fastpath] [-D macro=value]
 //! ```
+//! `--io packet` uses AF_PACKET rings (xpf_xdp::packet); `auto` tries XDP and falls back.
+//! `--fastpath` lets the steering program forward established UDP flows in the kernel
+//! (fastpath.rs); the egress interfaces must accept XDP frames (real NICs do; a veth only
+//! when its peer has an XDP program or GRO on).
 //! Runs in the foreground and logs to stderr. SIGHUP reloads the file; SIGINT and SIGTERM
 //! stop it cleanly (the XDP programs are removed). Killed hard, it leaves the steering
 //! programs attached with no socket behind them: forwarded traffic is dropped until xpfd
@@ -12,6 +16,7 @@
 
 mod control;
 mod dataplane;
+mod fastpath;
 mod policy;
 
 use control::{Daemon, Loaded};
@@ -28,8 +33,8 @@ use xpf_xdp::{netlink, xsk::Xsk};
 
 pub const DEFAULT_SOCKET: &str = "/run/xpfd.sock";
 
-const USAGE: &str = "usage: xpfd -f FILE -i IF [-i IF ...] [--io xdp|auto] [--workers N] [--cpus LIST] \
-                     [--socket PATH] [--busy-poll] [-D macro=value]";
+const USAGE: &str = "usage: xpfd -f FILE -i IF [-i IF ...] [--io xdp|packet|auto] [--workers N] [--cpus LIST] \
+                     [--socket PATH] [--busy-poll] [--fastpath] [-D macro=value]";
 
 #[derive(Debug)]
 struct Args {
@@ -40,6 +45,7 @@ struct Args {
     cpus: Option<Vec<usize>>,
     socket: String,
     busy: bool,
+    fastpath: bool,
     defines: Vec<(String, String)>,
 }
 
@@ -52,6 +58,7 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
         cpus: None,
         socket: DEFAULT_SOCKET.into(),
         busy: false,
+        fastpath: false,
         defines: Vec::new(),
     };
     let mut i = 0;
@@ -76,6 +83,7 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
             }
             "--socket" => r.socket = val()?,
             "--busy-poll" => r.busy = true,
+            "--fastpath" => r.fastpath = true,
             "-D" => {
                 let d = val()?;
                 let (k, v) = d.split_once('=').ok_or_else(|| format!("-D {d}: expected macro=value"))?;
@@ -230,6 +238,21 @@ fn run(a: Args) -> Result<(), String> {
     };
     let workers = ports_of.len();
     let cpus: Vec<usize> = a.cpus.clone().unwrap_or_else(|| (0..workers).map(|w| w % ncpu).collect());
+    if a.fastpath && steers.is_empty() {
+        eprintln!("xpfd: --fastpath needs XDP; packet mode forwards everything in xpfd");
+    }
+    let mut fast_maps: Vec<Vec<(u32, xpf_xdp::bpf::Map)>> = Vec::new();
+    if a.fastpath && !steers.is_empty() {
+        for _ in 0..workers {
+            let mut v = Vec::new();
+            for (name, s) in &steers {
+                let idx = ifs.iter().find(|f| &f.0 == name).unwrap().1;
+                v.push((idx, s.prog.map("fast").share().map_err(|e| format!("fast path map: {e}"))?));
+            }
+            fast_maps.push(v);
+        }
+        eprintln!("xpfd: fast path on: established UDP flows are forwarded by the steering program");
+    }
     let steers = Arc::new(Mutex::new(steers));
 
     // Workers.
@@ -248,12 +271,16 @@ fn run(a: Args) -> Result<(), String> {
         worker.t6.set_timeouts(timeouts.clone());
         let cpu = cpus[w % cpus.len()];
         let (stop, busy) = (stop.clone(), a.busy);
+        let fast = if fast_maps.is_empty() { None } else { Some(std::mem::take(&mut fast_maps[w])) };
         handles.push(
             std::thread::Builder::new()
                 .name(format!("xpf-worker{w}"))
                 .spawn(move || {
                     pin(cpu);
                     let mut dp = Dataplane::new(worker, ports, rx, stop, busy);
+                    if let Some(maps) = fast {
+                        dp.fast = Some(fastpath::FastPath::new(maps, w as u32));
+                    }
                     dp.run();
                 })
                 .map_err(|e| e.to_string())?,
