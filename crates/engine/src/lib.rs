@@ -240,27 +240,37 @@ impl<P: Policy> Worker<P> {
         }
     }
 
-    /// For a packet forwarded in on `in_if` and out on `out_if`: whether both of its states
-    /// exist (`in` and `out`, floating or bound to those interfaces), and with `add` =
-    /// (packets, bytes) accounts that traffic to both and marks them active at `now`. The
-    /// kernel fast path's traffic reaches the states this way (xpfd, --fastpath). Returns the
-    /// `in` state's packets in the packet's direction (after `add`), None without both states.
-    pub fn flow_states(
+    /// For a packet forwarded in on `in_if` and out on `out_if`: its two states (`in` and
+    /// `out`, floating or bound to those interfaces) as ids for [`Worker::flow_account`], and
+    /// the `in` state's packets in the packet's direction. None without both. The kernel fast
+    /// path (xpfd --fastpath) offers a flow this way.
+    pub fn flow_states(&mut self, frame: &[u8], in_if: u16, out_if: u16) -> Option<([u32; 2], u32)> {
+        let pd = flow_pd(frame)?;
+        if pd.af == AF_INET {
+            flow_pair(&self.t4, &pd, in_if, out_if, self.any_if_bound)
+        } else {
+            flow_pair(&self.t6, &pd, in_if, out_if, self.any_if_bound)
+        }
+    }
+
+    /// Accounts (packets, bytes) that went by another path to the two states `ids` of the flow
+    /// `frame` names, and marks them active at `now`; with `add` None, only checks them.
+    /// False when either state is gone (expired, killed; an id reused by another state is
+    /// caught by its key).
+    pub fn flow_account(
         &mut self,
         frame: &[u8],
         in_if: u16,
         out_if: u16,
+        ids: [u32; 2],
         add: Option<(u32, u64)>,
         now: u32,
-    ) -> Option<u32> {
-        let mut pd = PDesc::default();
-        if parse_ether(frame, &mut pd).is_err() || pd.flags & (pdf::NOT_FIRST_FRAG | pdf::ICMP_ERROR) != 0 {
-            return None;
-        }
+    ) -> bool {
+        let Some(pd) = flow_pd(frame) else { return false };
         if pd.af == AF_INET {
-            flow_pair(&mut self.t4, &pd, in_if, out_if, self.any_if_bound, add, now)
+            account_pair(&mut self.t4, &pd, [in_if, out_if], ids, add, now)
         } else {
-            flow_pair(&mut self.t6, &pd, in_if, out_if, self.any_if_bound, add, now)
+            account_pair(&mut self.t6, &pd, [in_if, out_if], ids, add, now)
         }
     }
 
@@ -271,15 +281,15 @@ impl<P: Policy> Worker<P> {
     }
 }
 
-fn flow_pair<K: Key>(
-    t: &mut StateTable<K>,
-    pd: &PDesc,
-    in_if: u16,
-    out_if: u16,
-    bound: bool,
-    add: Option<(u32, u64)>,
-    now: u32,
-) -> Option<u32> {
+fn flow_pd(frame: &[u8]) -> Option<PDesc> {
+    let mut pd = PDesc::default();
+    if parse_ether(frame, &mut pd).is_err() || pd.flags & (pdf::NOT_FIRST_FRAG | pdf::ICMP_ERROR) != 0 {
+        return None;
+    }
+    Some(pd)
+}
+
+fn flow_pair<K: Key>(t: &StateTable<K>, pd: &PDesc, in_if: u16, out_if: u16, bound: bool) -> Option<([u32; 2], u32)> {
     let find = |dir: Dir, kif: u16| {
         let k = K::from_pdesc(pd, dir, 0);
         t.find(&k, t.hash(&k)).or_else(|| {
@@ -291,18 +301,35 @@ fn flow_pair<K: Key>(
             }
         })
     };
-    let (a, b) = (find(Dir::In, in_if)?, find(Dir::Out, out_if)?);
+    let (a, b) = (find(Dir::In, in_if)? & ID_MASK, find(Dir::Out, out_if)? & ID_MASK);
+    let s = t.state(a);
+    Some(([a, b], s.packets[(((s.flags & sf::OUT) >> 2) ^ Dir::In as u8) as usize]))
+}
+
+fn account_pair<K: Key>(
+    t: &mut StateTable<K>,
+    pd: &PDesc,
+    kif: [u16; 2],
+    ids: [u32; 2],
+    add: Option<(u32, u64)>,
+    now: u32,
+) -> bool {
+    for (i, dir) in [Dir::In, Dir::Out].into_iter().enumerate() {
+        let Some(s) = t.live(ids[i]) else { return false };
+        if s.key != K::from_pdesc(pd, dir, 0) && s.key != K::from_pdesc(pd, dir, kif[i]) {
+            return false;
+        }
+    }
     if let Some((packets, bytes)) = add {
-        for (id, dir) in [(a & ID_MASK, Dir::In), (b & ID_MASK, Dir::Out)] {
-            let s = t.state_mut(id);
+        for (i, dir) in [Dir::In, Dir::Out].into_iter().enumerate() {
+            let s = t.state_mut(ids[i]);
             let side = (((s.flags & sf::OUT) >> 2) ^ dir as u8) as usize;
             s.packets[side] = s.packets[side].wrapping_add(packets);
             s.bytes[side] += bytes;
             s.expire = s.expire.max(now);
         }
     }
-    let s = t.state(a & ID_MASK);
-    Some(s.packets[(((s.flags & sf::OUT) >> 2) ^ Dir::In as u8) as usize])
+    true
 }
 
 struct Ctx<'a> {

@@ -595,6 +595,15 @@ impl<K: Key> StateTable<K> {
         s
     }
 
+    /// State `id` if it is live (in the index): for holders of an id that may be stale.
+    pub fn live(&self, id: u32) -> Option<&State<K>> {
+        if id >= self.hwm {
+            return None;
+        }
+        let s = self.state(id);
+        (s.flags & sf::LIVE != 0 && s.flags & sf::DEAD == 0).then_some(s)
+    }
+
     /// Removes state `id` now (pfctl -k, a sync delete). False if it was not live.
     pub fn remove(&mut self, id: u32) -> bool {
         if id >= self.hwm || self.state(id).flags & sf::LIVE == 0 {

@@ -37,11 +37,13 @@ struct fast_key {
 struct fast_val {
     __u32 egress;       /* where the out state is: the FIB must still say so */
     __u32 owner;        /* the xpfd worker that installed it */
+    __u32 slot, pad;    /* the worker's record of the flow */
     __u64 packets, bytes;
 };
 
-/* BPF_F_NO_PREALLOC: entries are allocated as xpfd installs them. */
-struct xpf_map fast SEC("maps") = { BPF_MAP_TYPE_HASH, sizeof(struct fast_key), sizeof(struct fast_val), 1 << 21, 1 };
+/* Preallocated (xpfd sizes it with --fastpath FLOWS; one entry without): the counters sit
+ * in the entry, one cache line away from the key. */
+struct xpf_map fast SEC("maps") = { BPF_MAP_TYPE_HASH, sizeof(struct fast_key), sizeof(struct fast_val), 1 << 20, 0 };
 /* steer_cfg[0] = 1: forward everything routable here, unfiltered (the lab's measure of the
  * fast path's I/O ceiling; set only through xpfctl --steer bare). */
 struct xpf_map steer_cfg SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 4, 1, 0 };

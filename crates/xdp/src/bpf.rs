@@ -115,6 +115,16 @@ fn name16(s: &str) -> [u8; 16] {
     n
 }
 
+/// Where a walk of a hash map stands (see [`Map::read_chunk`]).
+#[derive(Debug, Default)]
+pub struct BatchCursor {
+    token: u32,
+    started: bool,
+    pub done: bool,
+    keys: Vec<u8>,
+    vals: Vec<u8>,
+}
+
 /// A BPF map.
 #[derive(Debug)]
 pub struct Map {
@@ -179,39 +189,34 @@ impl Map {
         sys_bpf(BPF_MAP_DELETE_ELEM, &mut a).map(|_| ())
     }
 
-    /// Every entry of a hash map, read `chunk` at a time with BPF_MAP_LOOKUP_BATCH; `f` gets
-    /// each key and value. Entries added or removed meanwhile may or may not be seen.
-    pub fn for_each(&self, chunk: usize, mut f: impl FnMut(&[u8], &[u8])) -> io::Result<()> {
+    /// The next (up to) `chunk` entries of a hash map after cursor `c` (BPF_MAP_LOOKUP_BATCH),
+    /// for walking a big map a slice at a time; `c.done` is set after the last. Entries added
+    /// or removed meanwhile may or may not be seen.
+    pub fn read_chunk(&self, c: &mut BatchCursor, chunk: usize, mut f: impl FnMut(&[u8], &[u8])) -> io::Result<()> {
         let (ks, vs) = (self.key_size as usize, self.value_size as usize);
-        let mut keys = vec![0u8; ks * chunk];
-        let mut vals = vec![0u8; vs * chunk];
-        let (mut token, mut next) = (0u32, 0u32);
-        let mut first = true;
-        loop {
-            let mut a = MapBatch {
-                in_batch: if first { 0 } else { &mut token as *mut u32 as u64 },
-                out_batch: &mut next as *mut u32 as u64,
-                keys: keys.as_mut_ptr() as u64,
-                values: vals.as_mut_ptr() as u64,
-                count: chunk as u32,
-                map_fd: self.fd.as_raw_fd() as u32,
-                ..Default::default()
-            };
-            let r = sys_bpf(BPF_MAP_LOOKUP_BATCH, &mut a);
-            let done = match r {
-                Ok(_) => false,
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
-                Err(e) => return Err(e),
-            };
-            for i in 0..a.count as usize {
-                f(&keys[i * ks..(i + 1) * ks], &vals[i * vs..(i + 1) * vs]);
-            }
-            if done {
-                return Ok(());
-            }
-            token = next;
-            first = false;
+        c.keys.resize(ks * chunk, 0);
+        c.vals.resize(vs * chunk, 0);
+        let mut next = 0u32;
+        let mut a = MapBatch {
+            in_batch: if c.started { &mut c.token as *mut u32 as u64 } else { 0 },
+            out_batch: &mut next as *mut u32 as u64,
+            keys: c.keys.as_mut_ptr() as u64,
+            values: c.vals.as_mut_ptr() as u64,
+            count: chunk as u32,
+            map_fd: self.fd.as_raw_fd() as u32,
+            ..Default::default()
+        };
+        match sys_bpf(BPF_MAP_LOOKUP_BATCH, &mut a) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => c.done = true,
+            Err(e) => return Err(e),
         }
+        for i in 0..(a.count as usize).min(chunk) {
+            f(&c.keys[i * ks..(i + 1) * ks], &c.vals[i * vs..(i + 1) * vs]);
+        }
+        c.token = next;
+        c.started = true;
+        Ok(())
     }
 
     /// Writes `keys.len() / key_size` entries in one call (BPF_MAP_UPDATE_BATCH); returns how
@@ -283,6 +288,12 @@ impl Program {
 
     /// Loads the `xdp` section of an ELF object made by clang -target bpf.
     pub fn load(name: &str, elf: &[u8]) -> io::Result<Program> {
+        Self::load_sized(name, elf, &[])
+    }
+
+    /// As `load`, with the maps named in `sizes` made with those max_entries instead of the
+    /// object's.
+    pub fn load_sized(name: &str, elf: &[u8], sizes: &[(&str, u32)]) -> io::Result<Program> {
         let obj = Elf::parse(elf).map_err(|m| io::Error::new(io::ErrorKind::InvalidData, format!("{name}: {m}")))?;
         let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, format!("{name}: {m}"));
         let prog = obj.section("xdp").ok_or_else(|| bad("no xdp section"))?;
@@ -302,7 +313,8 @@ impl Program {
                 if o + 20 > data.len() {
                     return Err(bad("short map definition"));
                 }
-                maps.push(Map::create(sym.name, f(0), f(1), f(2), f(3), f(4))?);
+                let entries = sizes.iter().find(|s| s.0 == sym.name).map_or(f(3), |s| s.1);
+                maps.push(Map::create(sym.name, f(0), f(1), f(2), entries, f(4))?);
                 by_sym.push((si, maps.len() - 1));
             }
         }

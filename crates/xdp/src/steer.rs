@@ -74,8 +74,12 @@ pub struct Steer {
 }
 
 impl Steer {
-    pub fn load() -> io::Result<Steer> {
-        Ok(Steer { prog: Program::load("xpf_steer", objects::STEER)?, attached: Vec::new() })
+    /// Loads the program with room for `fast_flows` fast-path flows (0: fast path off, its
+    /// maps at their smallest; the flow map is preallocated, ~100 bytes a flow).
+    pub fn load(fast_flows: u32) -> io::Result<Steer> {
+        let n = fast_flows.max(1);
+        let prog = Program::load_sized("xpf_steer", objects::STEER, &[("fast", n)])?;
+        Ok(Steer { prog, attached: Vec::new() })
     }
 
     /// Attaches to `ifindex`, native mode first, then generic (skb) mode; returns the mode.

@@ -477,6 +477,7 @@ impl Daemon {
                         ("fast-path removed", f.removed),
                         ("fast-path refused (full)", f.refused),
                         ("fast-path packets", f.packets),
+                        ("fast-path read-back us", f.last_pass_us),
                     ] {
                         let _ = writeln!(text, "  {:<25} {:>14}", k, v);
                     }

@@ -62,6 +62,8 @@ impl IoStats {
         f.refused += g.refused;
         f.packets += g.packets;
         f.bytes += g.bytes;
+        f.last_pass_us = f.last_pass_us.max(g.last_pass_us);
+        f.last_pass_entries = f.last_pass_entries.max(g.last_pass_entries);
     }
 }
 
@@ -339,7 +341,7 @@ impl Dataplane {
                             rewrite(f, &dmac, &smac);
                             self.io.forwarded += 1;
                             if let Some(fp) = &mut self.fast {
-                                fp.offer(&mut self.worker, out_frames[k], inif, eg, now);
+                                fp.offer(&mut self.worker, out_frames[k], inif, eg);
                             }
                         }
                         None => self.io.tx_full += 1,
@@ -386,6 +388,10 @@ impl Dataplane {
                 let _ = tx.send((Info::of(&self.worker), io, x, c));
             }
             Cmd::States(tx) => {
+                // The fast path's counts first, so that packets and expiry are current.
+                if let Some(f) = &mut self.fast {
+                    f.sync(&mut self.worker, now, true);
+                }
                 let mut v = Vec::new();
                 rows(&self.worker.t4, now, &mut v);
                 rows(&self.worker.t6, now, &mut v);

@@ -1,30 +1,34 @@
 //! The userspace half of the kernel fast path (`xpfd --fastpath`).
 //!
-//! A UDP packet that xpfd forwarded, and whose `in` and `out` states exist, has its flow put in
-//! the steering program's `fast` map of the interface it came in on (bpf/steer.c). Later
-//! packets of that flow, in that direction, are forwarded by the steering program itself and
-//! only counted; every 2 s the worker reads the counts back (BPF_MAP_LOOKUP_BATCH) and
-//! carries them into both states, which keeps them from expiring. A flow whose states are
-//! gone (expired, killed with -k, flushed) is taken out of the map at that pass, or at once
-//! after -k/-F. Each worker owns the entries it installed.
+//! A UDP packet that xpfd forwarded, and whose `in` and `out` states exist and have seen a
+//! second packet, has its flow put in the steering program's `fast` map of the interface it
+//! came in on (bpf/steer.c), naming a record of this worker's by slot. Later packets of that
+//! flow, in that direction, are forwarded by the steering program itself and counted in the
+//! map entry. A read-back pass walks the map (BPF_MAP_LOOKUP_BATCH, a slice per call so that
+//! a million flows never stall the worker), carries the counts into both states (which keeps
+//! them from expiring) and takes out the flows whose states are gone (expired, killed with -k,
+//! flushed; at once after -k/-F). Passes come every third of the shortest UDP timeout, at
+//! most every 10 s: a state cannot expire unseen.
 //!
 //! Only UDP, as pf's TCP tracking needs every segment. The reply direction is a flow of its
-//! own, installed when its first packet comes through xpfd.
+//! own, installed when its packets come through xpfd.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use xpf_engine::Worker;
-use xpf_xdp::bpf::Map;
+use xpf_state::Timeout;
+use xpf_xdp::bpf::{BatchCursor, Map};
 
 use crate::policy::Live;
 
 /// `struct fast_key` and `struct fast_val` of bpf/steer.c.
 pub const KEY_LEN: usize = 40;
-pub const VAL_LEN: usize = 24;
+pub const VAL_LEN: usize = 32;
 
-/// How often the counts are read back: well under pf's shortest default UDP timeout
-/// (udp.single 30 s). A pass costs ~0.3 us per flow in the map (two state lookups).
-const SYNC_EVERY: Duration = Duration::from_secs(2);
+/// The longest interval between read-back passes; shorter when UDP timeouts are short.
+const SYNC_MAX: Duration = Duration::from_secs(10);
+/// Map entries read per slice of a pass (one BPF_MAP_LOOKUP_BATCH).
+const SLICE: usize = 4096;
 /// After the map refused an entry (full), offers wait this long.
 const BACKOFF: Duration = Duration::from_secs(1);
 /// A flow is offered to the kernel once its `in` state has seen this many packets in the
@@ -38,17 +42,28 @@ pub struct FastStats {
     pub flows: u64,
     pub installed: u64,
     pub removed: u64,
-    /// The map refused an entry (full: 2M flows per interface).
+    /// No room: the map is full (--fastpath FLOWS, 1M per interface by default).
     pub refused: u64,
     /// Packets and bytes the kernel forwarded, as carried into the states.
     pub packets: u64,
     pub bytes: u64,
+    /// The last complete read-back pass: worker time it took (summed over its slices) and
+    /// flows it visited.
+    pub last_pass_us: u64,
+    pub last_pass_entries: u64,
 }
 
+/// A worker's record of a flow it installed; the map entry names it by slot.
 struct Seen {
+    in_if: u32,
+    key: [u8; KEY_LEN],
     egress: u32,
+    /// The `in` and `out` states.
+    ids: [u32; 2],
+    /// The counts already carried into the states.
     packets: u64,
     bytes: u64,
+    /// The last pass that found its map entry.
     pass: u32,
 }
 
@@ -56,12 +71,20 @@ pub struct FastPath {
     /// The `fast` map of each filtered interface, by ifindex.
     maps: Vec<(u32, Map)>,
     owner: u32,
-    mine: HashMap<(u32, [u8; KEY_LEN]), Seen>,
+    /// Installed flows: records by slot, and slots by flow (to offer each flow once).
+    seen: Vec<Option<Seen>>,
+    free: Vec<u32>,
+    mine: HashMap<(u32, [u8; KEY_LEN]), u32>,
     last_sync: Instant,
     pass: u32,
     refused_at: Option<Instant>,
     /// Flows offered during the current batch, installed together by `install`.
-    queued: Vec<(u32, [u8; KEY_LEN], u32)>,
+    queued: Vec<(u32, [u8; KEY_LEN], u32, [u32; 2])>,
+    /// The pass under way: which map, and where in it.
+    walking: Option<(usize, BatchCursor)>,
+    gone: Vec<(u32, [u8; KEY_LEN], Option<u32>)>,
+    pass_time: Duration,
+    pass_entries: u64,
     pub stats: FastStats,
 }
 
@@ -94,10 +117,10 @@ pub fn key_of(f: &[u8]) -> Option<[u8; KEY_LEN]> {
     Some(k)
 }
 
-/// A minimal frame of the flow `k` names, for the engine to key its states on.
-fn frame_of(k: &[u8; KEY_LEN]) -> Vec<u8> {
+/// A minimal frame of the flow `k` names, for the engine to key its states on, and its length.
+fn frame_of(k: &[u8; KEY_LEN]) -> ([u8; 62], usize) {
     let v4 = k[0] == libc::AF_INET as u8;
-    let mut f = vec![0u8; if v4 { 42 } else { 62 }];
+    let mut f = [0u8; 62];
     if v4 {
         f[12..14].copy_from_slice(&[0x08, 0x00]);
         f[14] = 0x45;
@@ -121,7 +144,7 @@ fn frame_of(k: &[u8; KEY_LEN]) -> Vec<u8> {
         f[54..58].copy_from_slice(&k[2..6]);
         f[58..60].copy_from_slice(&8u16.to_be_bytes());
     }
-    f
+    (f, if v4 { 42 } else { 62 })
 }
 
 impl FastPath {
@@ -129,33 +152,42 @@ impl FastPath {
         FastPath {
             maps,
             owner,
+            seen: Vec::new(),
+            free: Vec::new(),
             mine: HashMap::new(),
             last_sync: Instant::now(),
             pass: 0,
             refused_at: None,
             queued: Vec::new(),
+            walking: None,
+            gone: Vec::new(),
+            pass_time: Duration::ZERO,
+            pass_entries: 0,
             stats: FastStats::default(),
         }
     }
 
     /// After xpfd forwarded `frame` from `in_if` to `out_if`: queues its flow for the kernel's
     /// map if it is a UDP flow with both states (`install` writes the batch's in one call).
-    pub fn offer(&mut self, w: &mut Worker<Live>, frame: &[u8], in_if: u32, out_if: u32, now: u32) {
+    pub fn offer(&mut self, w: &mut Worker<Live>, frame: &[u8], in_if: u32, out_if: u32) {
         let Some(k) = key_of(frame) else { return };
-        if self.mine.contains_key(&(in_if, k)) {
-            return;
-        }
-        if self.refused_at.is_some_and(|t| t.elapsed() < BACKOFF) {
+        if self.mine.contains_key(&(in_if, k)) || self.refused_at.is_some_and(|t| t.elapsed() < BACKOFF) {
             return;
         }
         if !self.maps.iter().any(|m| m.0 == in_if) || self.queued.iter().any(|q| q.0 == in_if && q.1 == k) {
             return;
         }
-        match w.flow_states(frame, in_if as u16, out_if as u16, None, now) {
-            Some(n) if n >= OFFER_AFTER => {}
-            _ => return,
+        match w.flow_states(frame, in_if as u16, out_if as u16) {
+            Some((ids, n)) if n >= OFFER_AFTER => self.queued.push((in_if, k, out_if, ids)),
+            _ => {}
         }
-        self.queued.push((in_if, k, out_if));
+    }
+
+    fn alloc(&mut self) -> u32 {
+        self.free.pop().unwrap_or_else(|| {
+            self.seen.push(None);
+            self.seen.len() as u32 - 1
+        })
     }
 
     /// Writes the queued flows into the maps, one BPF_MAP_UPDATE_BATCH per interface.
@@ -165,22 +197,34 @@ impl FastPath {
         }
         let mut q = std::mem::take(&mut self.queued);
         q.sort_unstable_by_key(|e| e.0);
-        let (mut keys, mut vals) = (Vec::new(), Vec::new());
+        let (mut keys, mut vals, mut slots) = (Vec::new(), Vec::new(), Vec::new());
         for chunk in q.chunk_by(|a, b| a.0 == b.0) {
             let in_if = chunk[0].0;
-            let Some((_, map)) = self.maps.iter().find(|m| m.0 == in_if) else { continue };
+            let Some(mi) = self.maps.iter().position(|m| m.0 == in_if) else { continue };
             keys.clear();
             vals.clear();
-            for (_, k, out_if) in chunk {
-                keys.extend_from_slice(k);
+            slots.clear();
+            for &(_, k, out_if, ids) in chunk {
+                let slot = self.alloc();
+                self.seen[slot as usize] =
+                    Some(Seen { in_if, key: k, egress: out_if, ids, packets: 0, bytes: 0, pass: self.pass });
+                slots.push(slot);
+                keys.extend_from_slice(&k);
                 vals.extend_from_slice(&out_if.to_ne_bytes());
                 vals.extend_from_slice(&self.owner.to_ne_bytes());
-                vals.extend_from_slice(&[0u8; 16]);
+                vals.extend_from_slice(&slot.to_ne_bytes());
+                vals.extend_from_slice(&[0u8; 20]);
             }
-            debug_assert_eq!(vals.len(), chunk.len() * VAL_LEN);
-            let (done, r) = map.update_batch(&keys, &vals);
-            for (_, k, out_if) in &chunk[..done.min(chunk.len())] {
-                self.mine.insert((in_if, *k), Seen { egress: *out_if, packets: 0, bytes: 0, pass: self.pass });
+            debug_assert_eq!(vals.len(), slots.len() * VAL_LEN);
+            let (done, r) = self.maps[mi].1.update_batch(&keys, &vals);
+            let done = done.min(slots.len());
+            for (i, &slot) in slots.iter().enumerate() {
+                if i < done {
+                    self.mine.insert((in_if, chunk[i].1), slot);
+                } else {
+                    self.seen[slot as usize] = None;
+                    self.free.push(slot);
+                }
             }
             self.stats.installed += done as u64;
             if r.is_err() {
@@ -193,61 +237,129 @@ impl FastPath {
         self.queued = q;
     }
 
-    /// Reads the kernel's counts back into the states, once a second (or now, with `force`:
-    /// after states were killed), and takes out the flows whose states are gone.
+    /// The interval between passes: a third of the shortest UDP timeout now in force
+    /// (adaptive scaling included), at most SYNC_MAX.
+    fn interval(w: &Worker<Live>) -> Duration {
+        let t = &w.t4;
+        let shortest = [Timeout::UdpFirst, Timeout::UdpSingle, Timeout::UdpMultiple]
+            .into_iter()
+            .map(|c| t.timeouts().effective(c, t.len() + w.t6.len(), t.limit()))
+            .min()
+            .unwrap_or(30);
+        Duration::from_secs((shortest / 3).max(1) as u64).min(SYNC_MAX)
+    }
+
+    /// Carries the kernel's counts into the states and takes out the flows whose states are
+    /// gone: a pass every `interval`, a slice of a map per call; with `force` (after states
+    /// were killed) a whole pass now.
     pub fn sync(&mut self, w: &mut Worker<Live>, now: u32, force: bool) {
-        if !force && self.last_sync.elapsed() < SYNC_EVERY {
+        if force {
+            self.begin();
+            while self.walking.is_some() {
+                self.step(w, now);
+            }
             return;
         }
-        self.last_sync = Instant::now();
-        self.pass = self.pass.wrapping_add(1);
-        let pass = self.pass;
-        let owner = self.owner;
-        let mut gone: Vec<(u32, [u8; KEY_LEN])> = Vec::new();
-        for (in_if, map) in &self.maps {
-            let in_if = *in_if;
-            let mine = &mut self.mine;
-            let stats = &mut self.stats;
-            let r = map.for_each(4096, |k, v| {
-                if u32::from_ne_bytes(v[4..8].try_into().unwrap()) != owner {
-                    return;
-                }
-                let k: [u8; KEY_LEN] = k.try_into().unwrap();
-                let packets = u64::from_ne_bytes(v[8..16].try_into().unwrap());
-                let bytes = u64::from_ne_bytes(v[16..24].try_into().unwrap());
-                let Some(s) = mine.get_mut(&(in_if, k)) else {
-                    gone.push((in_if, k));
-                    return;
-                };
-                let (dp, db) = (packets.saturating_sub(s.packets), bytes.saturating_sub(s.bytes));
-                let add = (dp > 0).then_some((dp as u32, db));
-                if w.flow_states(&frame_of(&k), in_if as u16, s.egress as u16, add, now).is_some() {
-                    s.packets = packets;
-                    s.bytes = bytes;
-                    s.pass = pass;
-                    stats.packets += dp;
-                    stats.bytes += db;
-                } else {
-                    gone.push((in_if, k));
-                }
-            });
-            if let Err(e) = r {
-                eprintln!("xpfd: fast path: reading the counts of ifindex {in_if}: {e}");
+        if self.walking.is_none() {
+            if self.last_sync.elapsed() < Self::interval(w) {
+                return;
             }
+            self.begin();
         }
-        for (in_if, k) in gone {
+        self.step(w, now);
+    }
+
+    fn begin(&mut self) {
+        self.last_sync = Instant::now();
+        if self.maps.is_empty() {
+            return;
+        }
+        self.pass = self.pass.wrapping_add(1);
+        self.walking = Some((0, BatchCursor::default()));
+        self.pass_time = Duration::ZERO;
+        self.pass_entries = 0;
+    }
+
+    /// One slice of the current pass; the pass ends after the last map's last slice.
+    fn step(&mut self, w: &mut Worker<Live>, now: u32) {
+        let t = Instant::now();
+        let Some((mi, mut cur)) = self.walking.take() else { return };
+        let (pass, owner) = (self.pass, self.owner);
+        let (in_if, map) = (self.maps[mi].0, &self.maps[mi].1);
+        let (seen_v, stats, gone) = (&mut self.seen, &mut self.stats, &mut self.gone);
+        let mut read = 0u64;
+        let r = map.read_chunk(&mut cur, SLICE, |k, v| {
+            read += 1;
+            if u32::from_ne_bytes(v[4..8].try_into().unwrap()) != owner {
+                return;
+            }
+            let k: [u8; KEY_LEN] = k.try_into().unwrap();
+            let slot = u32::from_ne_bytes(v[8..12].try_into().unwrap());
+            let packets = u64::from_ne_bytes(v[16..24].try_into().unwrap());
+            let bytes = u64::from_ne_bytes(v[24..32].try_into().unwrap());
+            let Some(s) =
+                seen_v.get_mut(slot as usize).and_then(|s| s.as_mut()).filter(|s| s.key == k && s.in_if == in_if)
+            else {
+                gone.push((in_if, k, None));
+                return;
+            };
+            let (dp, db) = (packets.saturating_sub(s.packets), bytes.saturating_sub(s.bytes));
+            let add = (dp > 0).then_some((dp as u32, db));
+            let (f, len) = frame_of(&k);
+            if w.flow_account(&f[..len], in_if as u16, s.egress as u16, s.ids, add, now) {
+                s.packets = packets;
+                s.bytes = bytes;
+                s.pass = pass;
+                stats.packets += dp;
+                stats.bytes += db;
+            } else {
+                gone.push((in_if, k, Some(slot)));
+            }
+        });
+        if let Err(e) = &r {
+            eprintln!("xpfd: fast path: reading the counts of ifindex {in_if}: {e}");
+        }
+        self.pass_entries += read;
+        if !cur.done && r.is_ok() {
+            self.walking = Some((mi, cur));
+        } else if mi + 1 < self.maps.len() {
+            self.walking = Some((mi + 1, BatchCursor::default()));
+        } else {
+            self.finish(pass);
+        }
+        self.pass_time += t.elapsed();
+        if self.walking.is_none() {
+            self.stats.last_pass_us = self.pass_time.as_micros() as u64;
+            self.stats.last_pass_entries = self.pass_entries;
+        }
+    }
+
+    fn finish(&mut self, pass: u32) {
+        for (in_if, k, slot) in std::mem::take(&mut self.gone) {
             if let Some((_, m)) = self.maps.iter().find(|m| m.0 == in_if) {
                 let _ = m.delete(&k);
             }
-            if self.mine.remove(&(in_if, k)).is_some() {
-                self.stats.removed += 1;
+            if let Some(slot) = slot {
+                self.release(slot);
             }
         }
-        // Entries that left the map by other means.
-        let before = self.mine.len();
-        self.mine.retain(|_, s| s.pass == pass);
-        self.stats.removed += (before - self.mine.len()) as u64;
+        // Records whose entries left the map by other means, or were installed where the
+        // pass had already been (they are found by the next one).
+        for slot in 0..self.seen.len() as u32 {
+            if self.seen[slot as usize].as_ref().is_some_and(|s| pass.wrapping_sub(s.pass) > 1) {
+                self.release(slot);
+            }
+        }
         self.stats.flows = self.mine.len() as u64;
+    }
+
+    /// Forgets flow `slot` (its map entry is gone or being deleted) and frees the slot.
+    fn release(&mut self, slot: u32) {
+        if let Some(s) = self.seen[slot as usize].take() {
+            self.mine.remove(&(s.in_if, s.key));
+            self.free.push(slot);
+            self.stats.removed += 1;
+        }
     }
 }
 
@@ -277,7 +389,8 @@ mod tests {
                 k
             },
         ] {
-            assert_eq!(key_of(&frame_of(&k0)), Some(k0));
+            let (f, n) = frame_of(&k0);
+            assert_eq!(key_of(&f[..n]), Some(k0));
         }
     }
 
@@ -289,11 +402,13 @@ mod tests {
         k[8..12].copy_from_slice(&[10, 0, 0, 1]);
         k[24..28].copy_from_slice(&[10, 0, 1, 1]);
         let mut pd = xpf_wire::PDesc::default();
-        assert!(xpf_wire::parse_ether(&frame_of(&k), &mut pd).is_ok(), "IPv4");
+        let (f, n) = frame_of(&k);
+        assert!(xpf_wire::parse_ether(&f[..n], &mut pd).is_ok(), "IPv4");
         k[0] = 10;
         k[8] = 0xfd;
         k[24] = 0xfd;
-        assert!(xpf_wire::parse_ether(&frame_of(&k), &mut pd).is_ok(), "IPv6");
+        let (f, n) = frame_of(&k);
+        assert!(xpf_wire::parse_ether(&f[..n], &mut pd).is_ok(), "IPv6");
     }
 
     #[test]
@@ -301,7 +416,8 @@ mod tests {
         let mut k = [0u8; KEY_LEN];
         k[0] = 2;
         k[1] = 17;
-        let f = frame_of(&k);
+        let (f, n) = frame_of(&k);
+        let f = f[..n].to_vec();
         let mut tcp = f.clone();
         tcp[23] = 6;
         assert_eq!(key_of(&tcp), None);

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! xpfd -f /etc/xpf/pf.conf -i IF -i IF [--io xdp|packet|auto] [--workers N] [--cpus 0,1]
-//!      [--socket PATH] [--busy-poll] [--fastpath] [-D macro=value]
+//!      [--socket PATH] [--busy-poll] [--fastpath [FLOWS]] [-D macro=value]
 //! ```
 //! `--io packet` uses AF_PACKET rings (xpf_xdp::packet); `auto` tries XDP and falls back.
 //! `--fastpath` lets the steering program forward established UDP flows in the kernel
@@ -34,7 +34,7 @@ use xpf_xdp::{netlink, xsk::Xsk};
 pub const DEFAULT_SOCKET: &str = "/run/xpfd.sock";
 
 const USAGE: &str = "usage: xpfd -f FILE -i IF [-i IF ...] [--io xdp|packet|auto] [--workers N] [--cpus LIST] \
-                     [--socket PATH] [--busy-poll] [--fastpath] [-D macro=value]";
+                     [--socket PATH] [--busy-poll] [--fastpath [FLOWS]] [-D macro=value]";
 
 #[derive(Debug)]
 struct Args {
@@ -45,7 +45,8 @@ struct Args {
     cpus: Option<Vec<usize>>,
     socket: String,
     busy: bool,
-    fastpath: bool,
+    /// Fast-path flows per interface (0: off).
+    fastpath: u32,
     defines: Vec<(String, String)>,
 }
 
@@ -58,7 +59,7 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
         cpus: None,
         socket: DEFAULT_SOCKET.into(),
         busy: false,
-        fastpath: false,
+        fastpath: 0,
         defines: Vec::new(),
     };
     let mut i = 0;
@@ -83,7 +84,16 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
             }
             "--socket" => r.socket = val()?,
             "--busy-poll" => r.busy = true,
-            "--fastpath" => r.fastpath = true,
+            "--fastpath" => {
+                // An optional size: --fastpath [FLOWS] (default 1M flows per interface).
+                r.fastpath = match a.get(i + 1).and_then(|v| v.parse::<u32>().ok()) {
+                    Some(n) => {
+                        i += 1;
+                        n.clamp(1, 1 << 24)
+                    }
+                    None => 1 << 20,
+                }
+            }
             "-D" => {
                 let d = val()?;
                 let (k, v) = d.split_once('=').ok_or_else(|| format!("-D {d}: expected macro=value"))?;
@@ -133,7 +143,7 @@ fn xdp_ports(a: &Args, ifs: &[(String, u32, u32)]) -> Result<Ports, String> {
     let mut steers = Vec::new();
     let mut ports_of: Vec<Vec<Port>> = (0..workers).map(|_| Vec::new()).collect();
     for (name, idx, nq) in ifs {
-        let steer = Steer::load().map_err(|e| e.to_string())?;
+        let steer = Steer::load(a.fastpath).map_err(|e| e.to_string())?;
         for q in 0..*nq {
             let w = (q % workers) as usize;
             let x = Xsk::open(*idx, q, if a.busy { 20 } else { 0 }).map_err(|e| format!("-i {name}: {e}"))?;
@@ -238,16 +248,16 @@ fn run(a: Args) -> Result<(), String> {
     };
     let workers = ports_of.len();
     let cpus: Vec<usize> = a.cpus.clone().unwrap_or_else(|| (0..workers).map(|w| w % ncpu).collect());
-    if a.fastpath && steers.is_empty() {
+    if a.fastpath > 0 && steers.is_empty() {
         eprintln!("xpfd: --fastpath needs XDP; packet mode forwards everything in xpfd");
     }
     let mut fast_maps: Vec<Vec<(u32, xpf_xdp::bpf::Map)>> = Vec::new();
-    if a.fastpath && !steers.is_empty() {
+    if a.fastpath > 0 && !steers.is_empty() {
         for _ in 0..workers {
             let mut v = Vec::new();
             for (name, s) in &steers {
-                let idx = ifs.iter().find(|f| &f.0 == name).unwrap().1;
-                v.push((idx, s.prog.map("fast").share().map_err(|e| format!("fast path map: {e}"))?));
+                let ifindex = ifs.iter().find(|f| &f.0 == name).unwrap().1;
+                v.push((ifindex, s.prog.map("fast").share().map_err(|e| format!("fast path map: {e}"))?));
             }
             fast_maps.push(v);
         }
