@@ -14,7 +14,8 @@ pub mod proto;
 pub use policy::{Action, BlockAll, Decision, PassAll, Policy};
 
 use xpf_state::{sf, Config, Dir, Key, Key4, Key6, NewState, Seed, StateTable, ID_MASK, NONE};
-use xpf_wire::pdesc::{pdf, AF_INET};
+use xpf_wire::pdesc::{pdf, AF_INET, IPPROTO_TCP};
+use xpf_wire::tcp;
 use xpf_wire::{parse_ether, PDesc, Parse, Reason};
 
 /// Frames per batch at most (the I/O layer hands at most this many at a time).
@@ -187,8 +188,9 @@ impl<P: Policy> Worker<P> {
             for j in 0..n4 {
                 let i = self.i4[j] as usize;
                 let pd = &self.pd[i];
-                verdicts[i] = if self.r4[j] != NONE {
-                    hit(&mut self.t4, self.r4[j], pd, dir, now)
+                let v = if self.r4[j] != NONE { hit(&mut self.t4, self.r4[j], pd, dir, now) } else { None };
+                verdicts[i] = if let Some(v) = v {
+                    v
                 } else {
                     let c = Ctx {
                         limit: self.limit,
@@ -209,8 +211,9 @@ impl<P: Policy> Worker<P> {
             for j in 0..n6 {
                 let i = self.i6[j] as usize;
                 let pd = &self.pd[i];
-                verdicts[i] = if self.r6[j] != NONE {
-                    hit(&mut self.t6, self.r6[j], pd, dir, now)
+                let v = if self.r6[j] != NONE { hit(&mut self.t6, self.r6[j], pd, dir, now) } else { None };
+                verdicts[i] = if let Some(v) = v {
+                    v
                 } else {
                     let c = Ctx {
                         limit: self.limit,
@@ -358,15 +361,68 @@ fn stateless<P: Policy>(p: &P, pd: &PDesc, ifidx: u16, dir: Dir, rule_passes: &m
 /// A packet of an existing state: count it, advance the peer states. As in pf, a packet with
 /// IP options passes only if the state's rule had `allow-opts`.
 #[inline(always)]
-fn hit<K: Key>(t: &mut StateTable<K>, r: u32, pd: &PDesc, dir: Dir, now: u32) -> Verdict {
+/// A packet of state `r`. None when the state was just closed for reuse (a new SYN on a
+/// closed TCP connection): the packet is then filtered as if no state matched.
+fn hit<K: Key>(t: &mut StateTable<K>, r: u32, pd: &PDesc, dir: Dir, now: u32) -> Option<Verdict> {
+    if pd.proto == IPPROTO_TCP {
+        return hit_tcp(t, r & ID_MASK, pd, dir, now);
+    }
     let s = t.touch(r & ID_MASK, dir, pd.ip_len, now);
     let from = (((s.flags & sf::OUT) >> 2) ^ dir as u8) as usize;
     let class = proto::on_packet(pd.proto, pd.tcp_flags, from, &mut s.peer_state);
     s.set_class(class);
     if pd.flags & pdf::IP_OPTIONS != 0 && !s.allow_opts() {
-        return Verdict::Drop(Reason::IpOption);
+        return Some(Verdict::Drop(Reason::IpOption));
     }
-    Verdict::Pass
+    Some(Verdict::Pass)
+}
+
+/// A TCP segment of state `id`: pf's window tracking ([`proto::tcp_track`]). A segment out
+/// of the window is dropped (`state-mismatch`) without touching the state.
+#[inline(never)]
+fn hit_tcp<K: Key>(t: &mut StateTable<K>, id: u32, pd: &PDesc, dir: Dir, now: u32) -> Option<Verdict> {
+    let (s, peers) = t.state_and_peers_mut(id);
+    if s.flags & sf::DEAD != 0 {
+        return None;
+    }
+    let from = (((s.flags & sf::OUT) >> 2) ^ dir as u8) as usize;
+    let st = &mut s.peer_state;
+    if pd.tcp_flags & (tcp::SYN | tcp::ACK) == tcp::SYN
+        && st[0] >= proto::tcps::FIN_WAIT_2
+        && st[1] >= proto::tcps::FIN_WAIT_2
+    {
+        // A new connection on the ports of a closed one (pf's "state reuse").
+        t.remove(id);
+        t.counters.reused += 1;
+        return None;
+    }
+    let mut next = *st;
+    let track = match peers {
+        Some(p) => proto::tcp_track(p, &mut next, pd, from),
+        None => proto::Track::Pass(proto::on_packet(pd.proto, pd.tcp_flags, from, &mut next)),
+    };
+    *st = next;
+    let (class, expire) = (s.class(), s.expire);
+    match track {
+        proto::Track::Bad => {
+            t.counters.window_drops += 1;
+            return Some(Verdict::Drop(Reason::StateMismatch));
+        }
+        proto::Track::Pass(c) => {
+            let e = t.touch(id, dir, pd.ip_len, now);
+            e.set_class(c);
+        }
+        proto::Track::Loose => {
+            // pf does not refresh the state for loosely accepted segments.
+            let e = t.touch(id, dir, pd.ip_len, now);
+            e.expire = expire;
+            e.set_class(class);
+        }
+    }
+    if pd.flags & pdf::IP_OPTIONS != 0 && !t.state(id).allow_opts() {
+        return Some(Verdict::Drop(Reason::IpOption));
+    }
+    Some(Verdict::Pass)
 }
 
 /// No state: ask the ruleset, and create the state if the rule keeps state.
@@ -374,12 +430,16 @@ fn hit<K: Key>(t: &mut StateTable<K>, r: u32, pd: &PDesc, dir: Dir, now: u32) ->
 fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key: K, h: u64) -> Verdict {
     // Created by an earlier packet of this batch, or if-bound to this interface.
     if let Some(r) = t.find(&key, h) {
-        return hit(t, r, pd, c.dir, c.now);
+        if let Some(v) = hit(t, r, pd, c.dir, c.now) {
+            return v;
+        }
     }
     if *c.any_if_bound {
         let kb = K::from_pdesc(pd, c.dir, c.ifidx);
         if let Some(r) = t.find(&kb, t.hash(&kb)) {
-            return hit(t, r, pd, c.dir, c.now);
+            if let Some(v) = hit(t, r, pd, c.dir, c.now) {
+                return v;
+            }
         }
     }
     let d = p.evaluate(pd, c.ifidx, c.dir);
@@ -422,7 +482,9 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
             t.touch(id, c.dir, pd.ip_len, c.now);
             Verdict::Pass
         }
-        Err(xpf_state::InsertError::Exists(r)) => hit(t, r, pd, c.dir, c.now),
+        Err(xpf_state::InsertError::Exists(r)) => {
+            hit(t, r, pd, c.dir, c.now).unwrap_or(Verdict::Drop(Reason::StateInsert))
+        }
         Err(xpf_state::InsertError::Limit) => Verdict::Drop(Reason::StateLimit),
         Err(xpf_state::InsertError::Memory) => Verdict::Drop(Reason::Memory),
     }

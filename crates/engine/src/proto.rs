@@ -1,8 +1,9 @@
 //! Per-protocol state keeping: the initial peer states and timeout of a new state, and the
 //! update on each packet. UDP, ICMP and other protocols follow pf (`pf_test_state`); TCP
-//! creates states on SYN only (pf's default `flags S/SA`) and follows the handshake and
-//! teardown by flags. Sequence-window checks (pf's `pf_tcp_track_full`) are the protocol
-//! issue's work and plug in at [`on_packet`].
+//! creates states on SYN only (pf's default `flags S/SA`) and each segment is checked against
+//! both peers' sequence windows ([`tcp_track`], pf's `pf_tcp_track_full`, from Guido van
+//! Rooij's "Real Stateful TCP Packet Filtering in IP Filter"): a segment outside the window,
+//! or a RST that does not hit the expected sequence number, is dropped and the state kept.
 
 use xpf_state::{Peer, Timeout};
 use xpf_wire::pdesc::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP};
@@ -52,13 +53,28 @@ pub fn may_create(pd: &PDesc) -> bool {
 pub fn initial(pd: &PDesc) -> (Timeout, u8, u8, Option<[Peer; 2]>) {
     match pd.proto {
         IPPROTO_TCP => {
-            let src = Peer {
+            // pf_create_state: the creator's window starts at its SYN; the peer's is unknown
+            // (seqhi 1, max_win 1) until its first segment.
+            let mut src = Peer {
                 seqlo: pd.tcp_seq,
-                seqhi: pd.tcp_seq.wrapping_add(1).wrapping_add(pd.payload_len as u32),
+                seqhi: pd.tcp_seq.wrapping_add(pd.payload_len as u32).wrapping_add(1),
                 max_win: pd.tcp_win.max(1),
                 ..Peer::default()
             };
-            (Timeout::TcpFirst, tcps::SYN_SENT, tcps::CLOSED, Some([src, Peer::default()]))
+            if pd.tcp_flags & tcp::SYN != 0 {
+                src.seqhi = src.seqhi.wrapping_add(1);
+                src.wscale = pd.tcp_wscale;
+            }
+            let sws = src.wscale & WSCALE_MASK;
+            if sws != 0 {
+                // The window of a SYN is not scaled: keep max_win in the scaled unit.
+                src.max_win = ((src.max_win as u32 + (1 << sws) - 1) >> sws) as u16;
+            }
+            if pd.tcp_flags & tcp::FIN != 0 {
+                src.seqhi = src.seqhi.wrapping_add(1);
+            }
+            let dst = Peer { seqhi: 1, max_win: 1, ..Peer::default() };
+            (Timeout::TcpFirst, tcps::SYN_SENT, tcps::CLOSED, Some([src, dst]))
         }
         IPPROTO_UDP => (Timeout::UdpFirst, SINGLE, NO_TRAFFIC, None),
         IPPROTO_ICMP | IPPROTO_ICMPV6 => (Timeout::IcmpFirst, 0, 0, None),
@@ -92,17 +108,7 @@ pub fn on_packet(proto: u8, flags: u8, from: usize, st: &mut [u8; 2]) -> Timeout
             if flags & tcp::RST != 0 {
                 *st = [tcps::TIME_WAIT, tcps::TIME_WAIT];
             }
-            if st[0] >= tcps::FIN_WAIT_2 && st[1] >= tcps::FIN_WAIT_2 {
-                Timeout::TcpClosed
-            } else if st[0] >= tcps::CLOSING && st[1] >= tcps::CLOSING {
-                Timeout::TcpFinWait
-            } else if st[0] < tcps::ESTABLISHED || st[1] < tcps::ESTABLISHED {
-                Timeout::TcpOpening
-            } else if st[0] >= tcps::CLOSING || st[1] >= tcps::CLOSING {
-                Timeout::TcpClosing
-            } else {
-                Timeout::TcpEstablished
-            }
+            tcp_class(st)
         }
         IPPROTO_ICMP | IPPROTO_ICMPV6 => Timeout::IcmpError,
         _ => {
@@ -121,6 +127,190 @@ pub fn on_packet(proto: u8, flags: u8, from: usize, st: &mut [u8; 2]) -> Timeout
                 (false, false) => Timeout::OtherSingle,
             }
         }
+    }
+}
+
+/// pf's PF_WSCALE_FLAG / PF_WSCALE_MASK on `Peer::wscale`.
+pub const WSCALE_FLAG: u8 = 0x80;
+pub const WSCALE_MASK: u8 = 0x0f;
+/// pf's MAXACKWINDOW: how far an ACK may lag (one window plus a fudge for a fragment).
+const MAXACKWINDOW: i64 = 0xffff + 1500;
+const TCP_MAXWIN: u32 = 65535;
+
+#[inline(always)]
+fn seq_geq(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) >= 0
+}
+
+#[inline(always)]
+fn seq_gt(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) > 0
+}
+
+/// The timeout class of TCP peer states `st` (pf_tcp_track_full's last step).
+fn tcp_class(st: &[u8; 2]) -> Timeout {
+    if st[0] >= tcps::FIN_WAIT_2 && st[1] >= tcps::FIN_WAIT_2 {
+        Timeout::TcpClosed
+    } else if st[0] >= tcps::CLOSING && st[1] >= tcps::CLOSING {
+        Timeout::TcpFinWait
+    } else if st[0] < tcps::ESTABLISHED || st[1] < tcps::ESTABLISHED {
+        Timeout::TcpOpening
+    } else if st[0] >= tcps::CLOSING || st[1] >= tcps::CLOSING {
+        Timeout::TcpClosing
+    } else {
+        Timeout::TcpEstablished
+    }
+}
+
+/// What the window check made of a TCP segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Track {
+    /// In the window: the timeout class to use now.
+    Pass(Timeout),
+    /// Accepted loosely (pf's second branch: a SYN shotgun, a stream picked up late, stray
+    /// segments after a close): passes, but the state's timeout is not refreshed.
+    Loose,
+    /// Outside the window, or a RST off the expected sequence number: drop, keep the state.
+    Bad,
+}
+
+/// pf's `pf_tcp_track_full` for a segment `pd` from side `from` (0: the side that created the
+/// state) of a state with peers `p` and peer states `st`.
+pub fn tcp_track(p: &mut [Peer; 2], st: &mut [u8; 2], pd: &PDesc, from: usize) -> Track {
+    let (si, di) = (from, 1 - from);
+    let flags = pd.tcp_flags;
+    let mut win = pd.tcp_win as u32;
+    let (mut sws, mut dws) = if p[si].wscale != 0 && p[di].wscale != 0 && flags & tcp::SYN == 0 {
+        (p[si].wscale & WSCALE_MASK, p[di].wscale & WSCALE_MASK)
+    } else {
+        (0, 0)
+    };
+    let orig_seq = pd.tcp_seq;
+    let mut seq = orig_seq;
+    let mut ack = pd.tcp_ack;
+    let mut end;
+    let mut data_end;
+    if p[si].seqlo == 0 {
+        // First segment from this side (the SYN|ACK of the responder, usually).
+        end = seq.wrapping_add(pd.payload_len as u32);
+        if flags & tcp::SYN != 0 {
+            end = end.wrapping_add(1);
+            if p[di].wscale & WSCALE_FLAG != 0 {
+                p[si].wscale = pd.tcp_wscale;
+                if p[si].wscale & WSCALE_FLAG != 0 {
+                    sws = p[si].wscale & WSCALE_MASK;
+                    win = (win + (1 << sws) - 1) >> sws;
+                    dws = p[di].wscale & WSCALE_MASK;
+                } else {
+                    // The other side asked for scaling, this one did not: neither scales.
+                    p[di].max_win = ((p[di].max_win as u32) << (p[di].wscale & WSCALE_MASK)).min(TCP_MAXWIN) as u16;
+                    p[di].wscale = 0;
+                }
+            }
+        }
+        data_end = end;
+        if flags & tcp::FIN != 0 {
+            end = end.wrapping_add(1);
+        }
+        p[si].seqlo = seq;
+        if st[si] < tcps::SYN_SENT {
+            st[si] = tcps::SYN_SENT;
+        }
+        let reach = end.wrapping_add(((p[di].max_win as u32) << dws).max(1));
+        if p[si].seqhi == 1 || seq_geq(reach, p[si].seqhi) {
+            p[si].seqhi = reach;
+        }
+        if win > p[si].max_win as u32 {
+            p[si].max_win = win.min(u16::MAX as u32) as u16;
+        }
+    } else {
+        end = seq.wrapping_add(pd.payload_len as u32);
+        if flags & tcp::SYN != 0 {
+            end = end.wrapping_add(1);
+        }
+        data_end = end;
+        if flags & tcp::FIN != 0 {
+            end = end.wrapping_add(1);
+        }
+    }
+    if flags & tcp::ACK == 0 {
+        // Let it pass the ack skew check.
+        ack = p[di].seqlo;
+    } else if (ack == 0 && flags & (tcp::ACK | tcp::RST) == tcp::ACK | tcp::RST) || st[di] < tcps::SYN_SENT {
+        // Stacks that send RST|ACK with ack 0, or an ACK before the peer said anything.
+        ack = p[di].seqlo;
+    }
+    if seq == end {
+        // No data: ease the sequencing restrictions.
+        seq = p[si].seqlo;
+        end = seq;
+        data_end = seq;
+    }
+    let ackskew = p[di].seqlo.wrapping_sub(ack) as i32 as i64;
+    let rst_ok = flags & tcp::RST == 0
+        || orig_seq == p[si].seqlo
+        || orig_seq == p[si].seqlo.wrapping_add(1)
+        || orig_seq.wrapping_add(1) == p[si].seqlo;
+    let dwin = (p[di].max_win as u32) << dws;
+    if seq_geq(p[si].seqhi, data_end)
+        && seq_geq(seq, p[si].seqlo.wrapping_sub(dwin))
+        && ackskew >= -MAXACKWINDOW
+        && ackskew <= MAXACKWINDOW << sws
+        && rst_ok
+    {
+        slide(p, si, di, win, sws, end, ack);
+        if flags & tcp::SYN != 0 && st[si] < tcps::SYN_SENT {
+            st[si] = tcps::SYN_SENT;
+        }
+        if flags & tcp::FIN != 0 && st[si] < tcps::CLOSING {
+            st[si] = tcps::CLOSING;
+        }
+        if flags & tcp::ACK != 0 {
+            if st[di] == tcps::SYN_SENT {
+                st[di] = tcps::ESTABLISHED;
+            } else if st[di] == tcps::CLOSING {
+                st[di] = tcps::FIN_WAIT_2;
+            }
+        }
+        if flags & tcp::RST != 0 {
+            *st = [tcps::TIME_WAIT, tcps::TIME_WAIT];
+        }
+        Track::Pass(tcp_class(st))
+    } else if (st[di] < tcps::SYN_SENT || st[di] >= tcps::FIN_WAIT_2 || st[si] >= tcps::FIN_WAIT_2)
+        && seq_geq(p[si].seqhi.wrapping_add(MAXACKWINDOW as u32), data_end)
+        && seq_geq(seq, p[si].seqlo.wrapping_sub(MAXACKWINDOW as u32))
+    {
+        slide(p, si, di, win, sws, end, ack);
+        if flags & tcp::FIN != 0 && st[si] < tcps::CLOSING {
+            st[si] = tcps::CLOSING;
+        }
+        if flags & tcp::RST != 0 {
+            *st = [tcps::TIME_WAIT, tcps::TIME_WAIT];
+        }
+        Track::Loose
+    } else {
+        if st[0] == tcps::SYN_SENT && st[1] == tcps::SYN_SENT {
+            // A mismatch during the handshake: forget this side's window (pf also sends a RST).
+            p[si].seqlo = 0;
+            p[si].seqhi = 1;
+            p[si].max_win = 1;
+        }
+        Track::Bad
+    }
+}
+
+/// The window updates both of pf's accepting branches make.
+#[inline(always)]
+fn slide(p: &mut [Peer; 2], si: usize, di: usize, win: u32, sws: u8, end: u32, ack: u32) {
+    if (p[si].max_win as u32) < win {
+        p[si].max_win = win.min(u16::MAX as u32) as u16;
+    }
+    if seq_gt(end, p[si].seqlo) {
+        p[si].seqlo = end;
+    }
+    let w = win << sws;
+    if seq_geq(ack.wrapping_add(w), p[di].seqhi) {
+        p[di].seqhi = ack.wrapping_add(w.max(1));
     }
 }
 

@@ -182,3 +182,106 @@ proptest::proptest! {
         proptest::prop_assert_eq!(w.states(), 0);
     }
 }
+
+/// A TCP segment with sequence numbers, window, `len` bytes of data and, on SYNs, a window
+/// scale option.
+#[allow(clippy::too_many_arguments)]
+fn seg(fwd: bool, flags: u8, seq: u32, ack: u32, win: u16, len: usize, wscale: Option<u8>) -> Vec<u8> {
+    let (src, dst, sport, dport): ([u8; 4], [u8; 4], u16, u16) =
+        if fwd { ([1, 1, 1, 1], [2, 2, 2, 2], 1000, 80) } else { ([2, 2, 2, 2], [1, 1, 1, 1], 80, 1000) };
+    let opt = if wscale.is_some() { 4 } else { 0 };
+    let tl = 20 + opt + len;
+    let mut f = vec![0u8; 14 + 20 + tl];
+    f[12] = 0x08;
+    ipv4::emit_header(&mut f[14..], src, dst, 6, (20 + tl) as u16, 64, 1);
+    let t = &mut f[34..];
+    t[0..2].copy_from_slice(&sport.to_be_bytes());
+    t[2..4].copy_from_slice(&dport.to_be_bytes());
+    t[4..8].copy_from_slice(&seq.to_be_bytes());
+    t[8..12].copy_from_slice(&ack.to_be_bytes());
+    t[12] = (((20 + opt) / 4) as u8) << 4;
+    t[13] = flags;
+    t[14..16].copy_from_slice(&win.to_be_bytes());
+    if let Some(w) = wscale {
+        t[20..24].copy_from_slice(&[1, 3, 3, w]); // NOP, wscale
+    }
+    f
+}
+
+/// Client 1000 -> server 80 through a `pass keep state` worker: the handshake with window
+/// scaling (shift 7 both ways), then a segment of data each way. Returns the worker.
+fn established() -> Worker<PassAll> {
+    let mut w = worker(PassAll, 10);
+    let c = |w: &mut Worker<PassAll>, f: Vec<u8>, d| run(w, &[f], d, 1)[0];
+    assert_eq!(c(&mut w, seg(true, tcp::SYN, 1000, 0, 65535, 0, Some(7)), Dir::In), Verdict::Pass);
+    assert_eq!(c(&mut w, seg(false, tcp::SYN | tcp::ACK, 5000, 1001, 65535, 0, Some(7)), Dir::Out), Verdict::Pass);
+    assert_eq!(c(&mut w, seg(true, tcp::ACK, 1001, 5001, 512, 0, None), Dir::In), Verdict::Pass);
+    assert_eq!(c(&mut w, seg(true, tcp::ACK | tcp::PSH, 1001, 5001, 512, 1000, None), Dir::In), Verdict::Pass);
+    assert_eq!(c(&mut w, seg(false, tcp::ACK, 5001, 2001, 512, 1400, None), Dir::Out), Verdict::Pass);
+    w
+}
+
+fn peer_states(w: &Worker<PassAll>) -> (u8, u8) {
+    let s = w.t4.iter().next().unwrap().1;
+    (s.peer_state[0], s.peer_state[1])
+}
+
+#[test]
+fn tcp_window_tracking_passes_a_real_connection() {
+    let w = established();
+    assert_eq!(peer_states(&w), (proto::tcps::ESTABLISHED, proto::tcps::ESTABLISHED));
+    let (id, _) = w.t4.iter().next().unwrap();
+    let p = w.t4.peers(id).unwrap();
+    assert_eq!(p[0].wscale, 0x87, "client's window scale seen on its SYN");
+    assert_eq!(p[1].wscale, 0x87);
+    assert_eq!(p[0].seqlo, 2001, "client sent up to 2001");
+    assert_eq!(p[1].seqlo, 6401, "server sent up to 6401");
+}
+
+#[test]
+fn tcp_segments_outside_the_window_are_dropped_and_the_state_kept() {
+    let mut w = established();
+    let before = peer_states(&w);
+    // Data 10 MB ahead of anything the server allowed (window 512 << 7 = 64 KB).
+    let far = seg(true, tcp::ACK, 2001 + 10_000_000, 6401, 512, 100, None);
+    assert_eq!(run(&mut w, &[far], Dir::In, 2)[0], Verdict::Drop(Reason::StateMismatch));
+    // An ACK for data the server never sent.
+    let ack_ahead = seg(true, tcp::ACK, 2001, 6401 + 10_000_000, 512, 0, None);
+    assert_eq!(run(&mut w, &[ack_ahead], Dir::In, 2)[0], Verdict::Drop(Reason::StateMismatch));
+    assert_eq!(w.t4.counters.window_drops, 2);
+    assert_eq!(peer_states(&w), before);
+    // The connection goes on.
+    assert_eq!(run(&mut w, &[seg(true, tcp::ACK, 2001, 6401, 512, 500, None)], Dir::In, 3)[0], Verdict::Pass);
+    // A retransmission of data already seen passes.
+    assert_eq!(run(&mut w, &[seg(true, tcp::ACK, 1001, 6401, 512, 1000, None)], Dir::In, 3)[0], Verdict::Pass);
+}
+
+#[test]
+fn a_spoofed_rst_does_not_kill_the_state() {
+    let mut w = established();
+    // In the window but not at the expected sequence number: a blind RST guess.
+    let spoof = seg(false, tcp::RST, 6401 + 3000, 0, 0, 0, None);
+    assert_eq!(run(&mut w, &[spoof], Dir::Out, 2)[0], Verdict::Drop(Reason::StateMismatch));
+    assert_eq!(peer_states(&w), (proto::tcps::ESTABLISHED, proto::tcps::ESTABLISHED));
+    // The real one, at the server's next sequence number, closes it.
+    let rst = seg(false, tcp::RST, 6401, 0, 0, 0, None);
+    assert_eq!(run(&mut w, &[rst], Dir::Out, 2)[0], Verdict::Pass);
+    assert_eq!(peer_states(&w), (proto::tcps::TIME_WAIT, proto::tcps::TIME_WAIT));
+}
+
+#[test]
+fn teardown_then_a_new_syn_on_the_same_ports_makes_a_new_state() {
+    let mut w = established();
+    let c = |w: &mut Worker<PassAll>, f: Vec<u8>, d| run(w, &[f], d, 4)[0];
+    assert_eq!(c(&mut w, seg(true, tcp::FIN | tcp::ACK, 2001, 6401, 512, 0, None), Dir::In), Verdict::Pass);
+    assert_eq!(c(&mut w, seg(false, tcp::FIN | tcp::ACK, 6401, 2002, 512, 0, None), Dir::Out), Verdict::Pass);
+    assert_eq!(c(&mut w, seg(true, tcp::ACK, 2002, 6402, 512, 0, None), Dir::In), Verdict::Pass);
+    assert_eq!(peer_states(&w), (proto::tcps::FIN_WAIT_2, proto::tcps::FIN_WAIT_2));
+    assert_eq!(w.t4.iter().next().unwrap().1.class(), Timeout::TcpClosed);
+    // The client reuses its port with a new ISN: the closed state gives way to a new one.
+    assert_eq!(c(&mut w, seg(true, tcp::SYN, 900_000, 0, 65535, 0, Some(7)), Dir::In), Verdict::Pass);
+    assert_eq!(w.t4.counters.reused, 1);
+    assert_eq!(w.states(), 1);
+    assert_eq!(peer_states(&w), (proto::tcps::SYN_SENT, proto::tcps::CLOSED));
+    assert_eq!(c(&mut w, seg(false, tcp::SYN | tcp::ACK, 77_000, 900_001, 65535, 0, Some(7)), Dir::Out), Verdict::Pass);
+}

@@ -148,6 +148,10 @@ pub struct Counters {
     pub insert_exists: u64,
     pub limit_drops: u64,
     pub memory_drops: u64,
+    /// TCP segments outside the state's sequence window (dropped, state kept).
+    pub window_drops: u64,
+    /// Closed TCP states replaced by a new connection on the same ports.
+    pub reused: u64,
 }
 
 pub struct Config {
@@ -415,6 +419,22 @@ impl<K: Key> StateTable<K> {
         } else {
             Some(self.tcp.get_mut(s.ext))
         }
+    }
+
+    /// A TCP state and its peers, both writable (the window tracking's one access).
+    #[inline(always)]
+    pub fn state_and_peers_mut(&mut self, id: u32) -> (&mut State<K>, Option<&mut [Peer; 2]>) {
+        assert!((id as usize) < self.slab.capacity());
+        // SAFETY: bounds checked above.
+        let s = unsafe { self.slab.get_unchecked_mut(id as usize) };
+        let p = if s.key.proto() != xpf_wire::pdesc::IPPROTO_TCP || s.ext == NONE {
+            None
+        } else if s.flags & sf::NAT != 0 {
+            Some(&mut self.tcpnat.get_mut(s.ext).0)
+        } else {
+            Some(self.tcp.get_mut(s.ext))
+        };
+        (s, p)
     }
 
     pub fn peers(&self, id: u32) -> Option<&[Peer; 2]> {

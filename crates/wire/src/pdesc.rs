@@ -92,6 +92,9 @@ pub struct PDesc {
     pub tcp_win: u16,
     /// Transport payload length (TCP: segment data, UDP: datagram data).
     pub payload_len: u16,
+    /// TCP SYN segments only: the window scale option as pf keeps it, shift | 0x80 when the
+    /// option is present (shift clamped to 14), 0 when absent.
+    pub tcp_wscale: u8,
 }
 
 const _: () = assert!(core::mem::size_of::<PDesc>() <= 96);
@@ -190,10 +193,23 @@ fn fast_udp_tcp4(f: &[u8]) -> Option<PDesc> {
             pd.tcp_flags = t[13];
             pd.tcp_win = u16::from_be_bytes([t[14], t[15]]);
             pd.payload_len = (l4.len() - off) as u16;
+            if t[13] & tcp::SYN != 0 && off > 20 {
+                pd.tcp_wscale = wscale_of(&l4[20..off]);
+            }
         }
         _ => return None,
     }
     Some(pd)
+}
+
+/// pf's view of a SYN's window scale option (`pf_get_wscale`): shift | 0x80, or 0 without one
+/// (or with options that do not parse).
+#[inline(never)]
+fn wscale_of(opts: &[u8]) -> u8 {
+    match tcp::Options::parse(opts) {
+        Ok(tcp::Options { wscale: Some(w), .. }) => w.min(14) | 0x80,
+        _ => 0,
+    }
 }
 
 /// The general parser: VLAN tags, IPv4 options and fragments, IPv6, every transport. `pd`
@@ -353,6 +369,9 @@ fn parse_l4(l4: &[u8], pd: &mut PDesc, partial: bool) -> Result<(), Parse> {
             pd.tcp_ack = t.ack();
             pd.tcp_win = t.window();
             pd.payload_len = (l4.len() - t.header_len()) as u16;
+            if pd.tcp_flags & tcp::SYN != 0 && t.header_len() > 20 {
+                pd.tcp_wscale = wscale_of(&l4[20..t.header_len()]);
+            }
             pd.flags |= pdf::HAS_PORTS;
         }
         IPPROTO_ICMP | IPPROTO_ICMPV6 => {
