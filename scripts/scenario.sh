@@ -64,6 +64,18 @@ check "HTTP to the published server (curl)" c curl -sf -m 5 -o /dev/null http://
 check "TCP bulk transfer, 3 s (iperf3)" c iperf3 -c 10.0.2.2 -t 3
 check "unsolicited inbound to an unpublished port is blocked (nc)" refused c nc -z -w 2 10.0.2.2 2222
 check "the server network may open connections outwards (pass in on fs)" ip netns exec ${P}server nc -z -w 2 10.0.1.2 3333
+# The client's port unreachable is blocked on fc by the rules, and passes only as part of
+# the server's UDP state (the ICMP error quotes the server's datagram).
+check "an ICMP error comes back through the firewall with the state it quotes" ip netns exec ${P}server python3 -c "
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2)
+s.connect(('10.0.1.2', 9999)); s.send(b'x')
+try:
+    s.recv(16)
+except ConnectionRefusedError:
+    sys.exit(0)
+sys.exit(1)"
+
 
 # -s info counts what was sent: 20 echo requests and 20 replies, each forwarded once.
 f0=$(info 'd["forwarding"]["forwarded"]')

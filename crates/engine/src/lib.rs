@@ -167,9 +167,23 @@ impl<P: Policy> Worker<P> {
             m &= m - 1;
             let pd = &self.pd[i];
             if pd.flags & (pdf::NOT_FIRST_FRAG | pdf::ICMP_ERROR) != 0 {
-                // No ports to key a state on: the ruleset alone decides (reassembly and ICMP
-                // error matching come with the protocol work).
-                verdicts[i] = stateless(&self.policy, pd, ifidx, dir, &mut self.stats.rule_passes);
+                // An ICMP error passes with the state of the packet it quotes; without one,
+                // and for fragments after the first (no ports to key a state on: reassembly
+                // comes with the protocol work), the ruleset alone decides.
+                let v = if pd.flags & pdf::ICMP_ERROR == 0 {
+                    None
+                } else {
+                    let q = frames[i].get(pd.l4_off as usize + 8..).unwrap_or(&[]);
+                    if pd.af == AF_INET {
+                        icmp_error(&mut self.t4, q, pd, ifidx, dir, self.any_if_bound)
+                    } else {
+                        icmp_error(&mut self.t6, q, pd, ifidx, dir, self.any_if_bound)
+                    }
+                };
+                verdicts[i] = match v {
+                    Some(v) => v,
+                    None => stateless(&self.policy, pd, ifidx, dir, &mut self.stats.rule_passes),
+                };
             } else if pd.af == AF_INET {
                 self.k4[n4] = Key4::from_pdesc(pd, dir, 0);
                 self.i4[n4] = i as u8;
@@ -358,11 +372,57 @@ fn stateless<P: Policy>(p: &P, pd: &PDesc, ifidx: u16, dir: Dir, rule_passes: &m
     }
 }
 
-/// A packet of an existing state: count it, advance the peer states. As in pf, a packet with
-/// IP options passes only if the state's rule had `allow-opts`.
+/// An ICMP or ICMPv6 error (`pd`, quoting `q`) met on `ifidx` going `dir` (pf's
+/// `pf_test_state_icmp`): it belongs to the state of the packet it quotes, which went the
+/// other way. Some(Pass) when that state exists and the error is consistent with it; a
+/// `state-mismatch` drop when the state exists but the error is not addressed to the
+/// quoted packet's sender (FreeBSD's CVE-2019-5598: a state must not let errors through to
+/// anyone else) or quotes a TCP sequence number outside the sender's window; None when no
+/// state matches (the rules decide).
+#[cold]
+#[inline(never)]
+fn icmp_error<K: Key>(
+    t: &mut StateTable<K>,
+    q: &[u8],
+    pd: &PDesc,
+    ifidx: u16,
+    dir: Dir,
+    bound: bool,
+) -> Option<Verdict> {
+    let inner = xpf_wire::pdesc::parse_quoted(q, pd.af)?;
+    let odir = if dir == Dir::In { Dir::Out } else { Dir::In };
+    let k = K::from_pdesc(&inner, odir, 0);
+    let r = t.find(&k, t.hash(&k)).or_else(|| {
+        let kb = K::from_pdesc(&inner, odir, ifidx);
+        if bound {
+            t.find(&kb, t.hash(&kb))
+        } else {
+            None
+        }
+    })?;
+    let id = r & ID_MASK;
+    if pd.dst != inner.src {
+        t.counters.icmp_mismatch += 1;
+        return Some(Verdict::Drop(Reason::StateMismatch));
+    }
+    if inner.proto == IPPROTO_TCP {
+        let s = *t.state(id);
+        let from = (((s.flags & sf::OUT) >> 2) ^ odir as u8) as usize;
+        if let Some(p) = t.peers(id) {
+            if !proto::quoted_seq_ok(p, from, inner.tcp_seq) {
+                t.counters.icmp_mismatch += 1;
+                return Some(Verdict::Drop(Reason::StateMismatch));
+            }
+        }
+    }
+    Some(Verdict::Pass)
+}
+
+/// A packet of state `r`: count it, advance the peer states. As in pf, a packet with IP
+/// options passes only if the state's rule had `allow-opts`. None when the state was just
+/// closed for reuse (a new SYN on a closed TCP connection): the packet is then filtered as
+/// if no state matched.
 #[inline(always)]
-/// A packet of state `r`. None when the state was just closed for reuse (a new SYN on a
-/// closed TCP connection): the packet is then filtered as if no state matched.
 fn hit<K: Key>(t: &mut StateTable<K>, r: u32, pd: &PDesc, dir: Dir, now: u32) -> Option<Verdict> {
     if pd.proto == IPPROTO_TCP {
         return hit_tcp(t, r & ID_MASK, pd, dir, now);

@@ -299,6 +299,14 @@ pub fn tcp_track(p: &mut [Peer; 2], st: &mut [u8; 2], pd: &PDesc, from: usize) -
     }
 }
 
+/// Whether sequence number `seq`, quoted by an ICMP error, lies in the window of side `from`
+/// (the quoted segment's sender): pf's check in pf_test_state_icmp.
+pub fn quoted_seq_ok(p: &[Peer; 2], from: usize, seq: u32) -> bool {
+    let (s, d) = (&p[from], &p[1 - from]);
+    let dws = if s.wscale != 0 && d.wscale != 0 { d.wscale & WSCALE_MASK } else { 0 };
+    seq_geq(s.seqhi, seq) && seq_geq(seq, s.seqlo.wrapping_sub((d.max_win as u32) << dws))
+}
+
 /// The window updates both of pf's accepting branches make.
 #[inline(always)]
 fn slide(p: &mut [Peer; 2], si: usize, di: usize, win: u32, sws: u8, end: u32, ack: u32) {

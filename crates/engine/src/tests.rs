@@ -285,3 +285,71 @@ fn teardown_then_a_new_syn_on_the_same_ports_makes_a_new_state() {
     assert_eq!(peer_states(&w), (proto::tcps::SYN_SENT, proto::tcps::CLOSED));
     assert_eq!(c(&mut w, seg(false, tcp::SYN | tcp::ACK, 77_000, 900_001, 65535, 0, Some(7)), Dir::Out), Verdict::Pass);
 }
+
+/// An ICMPv4 destination unreachable (port unreachable) from `from` to `to`, quoting `quoted`
+/// (a frame with an Ethernet header): its IP header and 8 transport bytes.
+fn unreach(from: [u8; 4], to: [u8; 4], quoted: &[u8]) -> Vec<u8> {
+    let q = &quoted[14..14 + 28];
+    let mut f = vec![0u8; 14 + 20 + 8 + 28];
+    f[12] = 0x08;
+    ipv4::emit_header(&mut f[14..], from, to, 1, (20 + 8 + 28) as u16, 64, 7);
+    f[34] = 3; // destination unreachable
+    f[35] = 3; // port unreachable
+    f[42..].copy_from_slice(q);
+    f
+}
+
+/// Out: pass keep state; in: block. Only what a state lets in passes.
+fn outbound_only() -> Worker<impl Policy> {
+    let p = |_: &PDesc, _: u16, d: Dir| Decision {
+        action: if d == Dir::Out { Action::Pass } else { Action::Block },
+        ..Decision::PASS
+    };
+    worker(p, 10)
+}
+
+#[test]
+fn an_icmp_error_passes_with_the_state_of_the_packet_it_quotes() {
+    let mut w = outbound_only();
+    let out = udp4([10, 0, 0, 1], [192, 0, 2, 9], 5000, 53);
+    assert_eq!(run(&mut w, std::slice::from_ref(&out), Dir::Out, 1)[0], Verdict::Pass);
+    // The server (or a router on the way) answers port unreachable, to the client.
+    let err = unreach([192, 0, 2, 9], [10, 0, 0, 1], &out);
+    assert_eq!(run(&mut w, &[err], Dir::In, 1)[0], Verdict::Pass);
+    let err = unreach([198, 51, 100, 1], [10, 0, 0, 1], &out);
+    assert_eq!(run(&mut w, &[err], Dir::In, 1)[0], Verdict::Pass, "from a router on the path");
+}
+
+#[test]
+fn an_icmp_error_quoting_no_state_is_left_to_the_rules() {
+    let mut w = outbound_only();
+    let never_sent = udp4([10, 0, 0, 1], [192, 0, 2, 9], 5000, 53);
+    let err = unreach([192, 0, 2, 9], [10, 0, 0, 1], &never_sent);
+    assert_eq!(run(&mut w, &[err], Dir::In, 1)[0], Verdict::Drop(Reason::Match));
+}
+
+#[test]
+fn an_icmp_error_to_someone_else_does_not_ride_a_state() {
+    // FreeBSD CVE-2019-5598: the quoted packet matches a state, but the error is addressed to
+    // another host behind the firewall.
+    let mut w = outbound_only();
+    let out = udp4([10, 0, 0, 1], [192, 0, 2, 9], 5000, 53);
+    run(&mut w, std::slice::from_ref(&out), Dir::Out, 1);
+    let spoof = unreach([192, 0, 2, 9], [10, 0, 0, 77], &out);
+    assert_eq!(run(&mut w, &[spoof], Dir::In, 1)[0], Verdict::Drop(Reason::StateMismatch));
+    assert_eq!(w.t4.counters.icmp_mismatch, 1);
+}
+
+#[test]
+fn an_icmp_error_quoting_tcp_must_quote_a_sequence_number_in_the_window() {
+    let mut w = established();
+    // What the client sent last (seq 2001): an error quoting it passes; one quoting a
+    // sequence number 100 MB away does not.
+    let good = seg(true, tcp::ACK, 2001, 6401, 512, 0, None);
+    let bad = seg(true, tcp::ACK, 2001 + 100_000_000, 6401, 512, 0, None);
+    assert_eq!(run(&mut w, &[unreach([2, 2, 2, 2], [1, 1, 1, 1], &good)], Dir::Out, 2)[0], Verdict::Pass);
+    assert_eq!(
+        run(&mut w, &[unreach([2, 2, 2, 2], [1, 1, 1, 1], &bad)], Dir::Out, 2)[0],
+        Verdict::Drop(Reason::StateMismatch)
+    );
+}

@@ -152,6 +152,9 @@ pub struct Counters {
     pub window_drops: u64,
     /// Closed TCP states replaced by a new connection on the same ports.
     pub reused: u64,
+    /// ICMP errors that quoted a packet of a state but did not fit it (wrong addressee, TCP
+    /// sequence outside the window): dropped.
+    pub icmp_mismatch: u64,
 }
 
 pub struct Config {

@@ -251,6 +251,58 @@ pub fn parse_raw_ip(pkt: &[u8], pd: &mut PDesc) -> Result<(), Parse> {
     }
 }
 
+/// The packet quoted by an ICMP or ICMPv6 error (`q` starts at its IP header): addresses,
+/// protocol, and ports (or the ICMP id) and the TCP sequence number from the 8 transport
+/// bytes an error must carry. The quote is truncated by design, so lengths and the checksum
+/// are not checked. None when it is not a quote a state can be found for (a non-first
+/// fragment, IPv6 extension headers, too short).
+pub fn parse_quoted(q: &[u8], af: u8) -> Option<PDesc> {
+    let mut pd = PDesc { af, ..PDesc::default() };
+    let l4 = match af {
+        AF_INET => {
+            let h = q.get(..20)?;
+            let hl = ((h[0] & 0x0f) as usize) * 4;
+            if h[0] >> 4 != 4 || hl < 20 || u16::from_be_bytes([h[6], h[7]]) & 0x1fff != 0 {
+                return None;
+            }
+            pd.proto = h[9];
+            pd.src = Addr::v4(h[12..16].try_into().unwrap());
+            pd.dst = Addr::v4(h[16..20].try_into().unwrap());
+            q.get(hl..hl + 8)?
+        }
+        AF_INET6 => {
+            let h = q.get(..40)?;
+            if h[0] >> 4 != 6 {
+                return None;
+            }
+            pd.proto = h[6];
+            pd.src = Addr(h[8..24].try_into().unwrap());
+            pd.dst = Addr(h[24..40].try_into().unwrap());
+            q.get(40..48)?
+        }
+        _ => return None,
+    };
+    match pd.proto {
+        IPPROTO_TCP | IPPROTO_UDP => {
+            pd.sport = u16::from_be_bytes([l4[0], l4[1]]);
+            pd.dport = u16::from_be_bytes([l4[2], l4[3]]);
+            pd.tcp_seq = u32::from_be_bytes([l4[4], l4[5], l4[6], l4[7]]);
+        }
+        IPPROTO_ICMP | IPPROTO_ICMPV6 => {
+            let kind = if pd.proto == IPPROTO_ICMP { icmp::kind_v4(l4[0]) } else { icmp::kind_v6(l4[0]) };
+            if !matches!(kind, icmp::Kind::Query | icmp::Kind::Reply) {
+                return None;
+            }
+            pd.icmp_type = l4[0];
+            pd.sport = u16::from_be_bytes([l4[4], l4[5]]);
+            pd.dport = pd.sport;
+        }
+        _ => {}
+    }
+    pd.flags |= pdf::HAS_PORTS;
+    Some(pd)
+}
+
 fn ip_error(e: Error) -> Reason {
     match e {
         Error::Truncated => Reason::Short,
