@@ -93,3 +93,20 @@ fn known_sessions_make_the_states_they_should() {
     let teardrop = replay("wireshark-wiki-via-filesamples/teardrop.pcap");
     assert_eq!(teardrop.to_host, 11, "ARP, CDP and the like go to the host: {teardrop:?}");
 }
+
+#[test]
+fn tcp_data_outside_the_window_is_dropped_and_real_sessions_are_not() {
+    // SYN, SYN/ACK, then data 100,001 bytes past the window (IPv4 and IPv6).
+    for f in [
+        "suricata-verify/firewall__tcp-session-stream-out-of-window__input.pcap",
+        "suricata-verify/firewall__tcp-session-ipv6-stream-out-of-window__input.pcap",
+    ] {
+        let r = replay(f);
+        assert_eq!((r.passed, r.dropped(Reason::StateMismatch), r.states), (2, 1, 1), "{f}: {r:?}");
+    }
+    // Whole sessions with handshakes, data both ways and teardowns: every segment in window.
+    for (f, n) in [("tcpdump/ssh.pcap", 54), ("tcpdump/print-flags.pcap", 10), ("tcpdump/dns_tcp.pcap", 11)] {
+        let r = replay(f);
+        assert_eq!((r.passed, r.dropped_total()), (n, 0), "{f}: {r:?}");
+    }
+}
