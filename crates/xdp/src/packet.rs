@@ -16,7 +16,7 @@
 
 use crate::netlink::{self, FibRoute};
 use crate::steer::{Route, META_LEN};
-use crate::xsk::{Desc, XskStats};
+use crate::xsk::{setopt, Desc, XskStats};
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -68,16 +68,6 @@ pub struct PacketPort {
 // SAFETY: the mapping belongs to the port; the port moves to its worker thread and is used
 // there only.
 unsafe impl Send for PacketPort {}
-
-fn setopt<T>(fd: i32, level: i32, name: i32, v: &T) -> io::Result<()> {
-    // SAFETY: v points to a live T of the size passed.
-    let r = unsafe { libc::setsockopt(fd, level, name, (v as *const T).cast(), std::mem::size_of::<T>() as u32) };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
 
 impl PacketPort {
     /// Opens a packet socket on `ifindex` with a TPACKET_V3 RX ring and a TX ring.
@@ -189,6 +179,7 @@ impl PacketPort {
     /// routing metadata in front of it. What the filter must not see is counted and skipped.
     pub fn rx_burst(&mut self, out: &mut [Desc]) -> usize {
         let mut n = 0;
+        let now = Instant::now();
         loop {
             if !self.open {
                 let b = self.block(self.blk);
@@ -229,7 +220,7 @@ impl PacketPort {
                 };
                 let (slot, route) = match slot {
                     Some(s) => (s, Route::Invalid),
-                    None => self.router.classify(frame),
+                    None => self.router.classify(frame, now),
                 };
                 self.counters[slot] += 1;
                 if slot != 5 || mac < META_LEN {
@@ -368,7 +359,7 @@ const MAX_ROUTES: usize = 1 << 16;
 impl Router {
     /// The steering program's decision for `frame`: a slot of [`PACKET_COUNTERS`], and the
     /// route when the slot is 5 (to the filter).
-    fn classify(&mut self, f: &[u8]) -> (usize, Route) {
+    fn classify(&mut self, f: &[u8], t: Instant) -> (usize, Route) {
         if f.len() < 14 {
             return (0, Route::Invalid);
         }
@@ -399,7 +390,6 @@ impl Router {
             }
             _ => return (0, Route::Invalid),
         };
-        let t = Instant::now();
         let fresh = |e: &Answer| t.duration_since(e.0) < if e.2.is_some() { FRESH } else { FRESH_UNRESOLVED };
         let (route, dmac) = match self.routes.get(&(family, dst)) {
             Some(e) if fresh(e) => (e.1, e.2),
@@ -420,7 +410,7 @@ impl Router {
             2 | 3 | 5 => return (1, Route::Invalid),
             _ => return (3, Route::Invalid),
         }
-        let Some((smac, mtu)) = self.link(r.oif) else { return (3, Route::Invalid) };
+        let Some((smac, mtu)) = self.link(r.oif, t) else { return (3, Route::Invalid) };
         if f.len() - 14 > mtu as usize {
             return (4, Route::Invalid);
         }
@@ -431,8 +421,7 @@ impl Router {
     }
 
     /// The MAC and MTU of interface `ifindex`, refreshed every second.
-    fn link(&mut self, ifindex: u32) -> Option<([u8; 6], u32)> {
-        let t = Instant::now();
+    fn link(&mut self, ifindex: u32, t: Instant) -> Option<([u8; 6], u32)> {
         if let Some(e) = self.links.get(&ifindex) {
             if t.duration_since(e.0) < FRESH {
                 return Some((e.1, e.2));
@@ -519,13 +508,13 @@ mod tests {
     #[test]
     fn classification_mirrors_the_steering_program() {
         let mut r = Router::default();
-        assert_eq!(r.classify(&[0u8; 10]).0, 0, "runt");
+        assert_eq!(r.classify(&[0u8; 10], Instant::now()).0, 0, "runt");
         let mut arp = vec![0u8; 60];
         arp[12..14].copy_from_slice(&[0x08, 0x06]);
-        assert_eq!(r.classify(&arp).0, 0, "ARP to the kernel");
-        assert_eq!(r.classify(&v4(1, [192, 0, 2, 1])).0, 2, "TTL 1 to the kernel");
-        assert_eq!(r.classify(&v4(64, [224, 0, 0, 5])).0, 1, "multicast to the kernel");
-        assert_eq!(r.classify(&v4(64, [127, 0, 0, 1])).0, 1, "local to the kernel");
+        assert_eq!(r.classify(&arp, Instant::now()).0, 0, "ARP to the kernel");
+        assert_eq!(r.classify(&v4(1, [192, 0, 2, 1]), Instant::now()).0, 2, "TTL 1 to the kernel");
+        assert_eq!(r.classify(&v4(64, [224, 0, 0, 5]), Instant::now()).0, 1, "multicast to the kernel");
+        assert_eq!(r.classify(&v4(64, [127, 0, 0, 1]), Instant::now()).0, 1, "local to the kernel");
         let mut ns = vec![0u8; 78];
         ns[12..14].copy_from_slice(&[0x86, 0xdd]);
         ns[14] = 0x60;
@@ -533,7 +522,7 @@ mod tests {
         ns[21] = 255;
         ns[38] = 0xfe;
         ns[54] = 135;
-        assert_eq!(r.classify(&ns).0, 7, "neighbour solicitation to the kernel");
+        assert_eq!(r.classify(&ns, Instant::now()).0, 7, "neighbour solicitation to the kernel");
     }
 
     #[test]

@@ -159,7 +159,7 @@ pub struct Xsk {
 // SAFETY: the socket and its mappings are used by one worker thread at a time.
 unsafe impl Send for Xsk {}
 
-fn setopt<T>(fd: i32, level: i32, opt: i32, v: &T) -> io::Result<()> {
+pub(crate) fn setopt<T>(fd: i32, level: i32, opt: i32, v: &T) -> io::Result<()> {
     // SAFETY: v points to a value of the size passed.
     let r = unsafe { libc::setsockopt(fd, level, opt, (v as *const T).cast(), std::mem::size_of::<T>() as u32) };
     if r < 0 {

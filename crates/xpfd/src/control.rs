@@ -460,27 +460,26 @@ impl Daemon {
                 let steer: Vec<(String, [u64; 9])> =
                     self.steers.lock().unwrap().iter().map(|(n, s)| (n.clone(), s.counters())).collect();
                 let _ = writeln!(text, "Forwarding");
-                for (k, v) in [
+                let f = &io.fast;
+                let mut rows = vec![
                     ("forwarded", io.forwarded),
                     ("no-neighbour", io.no_neighbour),
                     ("egress-not-filtered", io.egress_not_filtered),
                     ("tx-ring-full", io.tx_full),
                     ("bad-metadata", io.bad_meta),
-                ] {
-                    let _ = writeln!(text, "  {:<25} {:>14}", k, v);
-                }
-                if io.fast.installed > 0 {
-                    let f = &io.fast;
-                    for (k, v) in [
+                ];
+                if f.installed > 0 {
+                    rows.extend([
                         ("fast-path flows", f.flows),
                         ("fast-path installed", f.installed),
                         ("fast-path removed", f.removed),
                         ("fast-path refused (full)", f.refused),
                         ("fast-path packets", f.packets),
                         ("fast-path read-back us", f.last_pass_us),
-                    ] {
-                        let _ = writeln!(text, "  {:<25} {:>14}", k, v);
-                    }
+                    ]);
+                }
+                for (k, v) in rows {
+                    let _ = writeln!(text, "  {:<25} {:>14}", k, v);
                 }
                 if io.filtered > 0 {
                     let per = io.filter_ns as f64 / io.filtered as f64;

@@ -55,15 +55,7 @@ impl IoStats {
         self.rx_batches += o.rx_batches;
         self.filtered += o.filtered;
         self.filter_ns += o.filter_ns;
-        let (f, g) = (&mut self.fast, &o.fast);
-        f.flows += g.flows;
-        f.installed += g.installed;
-        f.removed += g.removed;
-        f.refused += g.refused;
-        f.packets += g.packets;
-        f.bytes += g.bytes;
-        f.last_pass_us = f.last_pass_us.max(g.last_pass_us);
-        f.last_pass_entries = f.last_pass_entries.max(g.last_pass_entries);
+        self.fast.add(&o.fast);
     }
 }
 

@@ -54,6 +54,20 @@ pub struct FastStats {
 }
 
 /// A worker's record of a flow it installed; the map entry names it by slot.
+impl FastStats {
+    /// Adds another worker's (counts add up; the pass figures are the slowest worker's).
+    pub fn add(&mut self, g: &FastStats) {
+        self.flows += g.flows;
+        self.installed += g.installed;
+        self.removed += g.removed;
+        self.refused += g.refused;
+        self.packets += g.packets;
+        self.bytes += g.bytes;
+        self.last_pass_us = self.last_pass_us.max(g.last_pass_us);
+        self.last_pass_entries = self.last_pass_entries.max(g.last_pass_entries);
+    }
+}
+
 struct Seen {
     in_if: u32,
     key: [u8; KEY_LEN],
@@ -121,18 +135,12 @@ pub fn key_of(f: &[u8]) -> Option<[u8; KEY_LEN]> {
 fn frame_of(k: &[u8; KEY_LEN]) -> ([u8; 62], usize) {
     let v4 = k[0] == libc::AF_INET as u8;
     let mut f = [0u8; 62];
+    let (sport, dport) = (u16::from_be_bytes([k[2], k[3]]), u16::from_be_bytes([k[4], k[5]]));
     if v4 {
         f[12..14].copy_from_slice(&[0x08, 0x00]);
-        f[14] = 0x45;
-        f[16..18].copy_from_slice(&28u16.to_be_bytes());
-        f[22] = 64;
-        f[23] = 17;
-        f[26..30].copy_from_slice(&k[8..12]);
-        f[30..34].copy_from_slice(&k[24..28]);
-        f[34..38].copy_from_slice(&k[2..6]);
-        f[38..40].copy_from_slice(&8u16.to_be_bytes());
-        let ck = xpf_wire::checksum::checksum(&f[14..34]);
-        f[24..26].copy_from_slice(&ck.to_be_bytes());
+        let (src, dst) = (k[8..12].try_into().unwrap(), k[24..28].try_into().unwrap());
+        xpf_wire::ipv4::emit_header(&mut f[14..], src, dst, 17, 28, 64, 0);
+        xpf_wire::udp::emit_header(&mut f[34..], sport, dport, 8);
     } else {
         f[12..14].copy_from_slice(&[0x86, 0xdd]);
         f[14] = 0x60;
@@ -141,8 +149,7 @@ fn frame_of(k: &[u8; KEY_LEN]) -> ([u8; 62], usize) {
         f[21] = 64;
         f[22..38].copy_from_slice(&k[8..24]);
         f[38..54].copy_from_slice(&k[24..40]);
-        f[54..58].copy_from_slice(&k[2..6]);
-        f[58..60].copy_from_slice(&8u16.to_be_bytes());
+        xpf_wire::udp::emit_header(&mut f[54..], sport, dport, 8);
     }
     (f, if v4 { 42 } else { 62 })
 }
@@ -174,7 +181,7 @@ impl FastPath {
         if self.mine.contains_key(&(in_if, k)) || self.refused_at.is_some_and(|t| t.elapsed() < BACKOFF) {
             return;
         }
-        if !self.maps.iter().any(|m| m.0 == in_if) || self.queued.iter().any(|q| q.0 == in_if && q.1 == k) {
+        if !self.maps.iter().any(|m| m.0 == in_if) {
             return;
         }
         match w.flow_states(frame, in_if as u16, out_if as u16) {
@@ -196,7 +203,9 @@ impl FastPath {
             return;
         }
         let mut q = std::mem::take(&mut self.queued);
-        q.sort_unstable_by_key(|e| e.0);
+        // A flow offered twice in one batch (two of its packets) is installed once.
+        q.sort_unstable_by_key(|e| (e.0, e.1));
+        q.dedup_by_key(|e| (e.0, e.1));
         let (mut keys, mut vals, mut slots) = (Vec::new(), Vec::new(), Vec::new());
         for chunk in q.chunk_by(|a, b| a.0 == b.0) {
             let in_if = chunk[0].0;
