@@ -129,6 +129,7 @@ impl Shared {
                         tcp: None,
                         nosync: false,
                         allow_opts: false,
+                        sloppy: false,
                     };
                     match t.insert(hs[i], ns, now) {
                         Ok(id) => {

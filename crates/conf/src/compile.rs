@@ -13,6 +13,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use xpf_engine::{Action as EAction, Decision, Policy};
 use xpf_state::Dir as SDir;
+use xpf_state::{Overload, RuleLimits};
 use xpf_wire::pdesc::{pdf, AF_INET, AF_INET6, IPPROTO_TCP};
 use xpf_wire::{Addr, PDesc};
 
@@ -147,6 +148,10 @@ struct CRule {
     nosync: bool,
     if_bound: bool,
     allow_opts: bool,
+    sloppy: bool,
+    pickup: bool,
+    /// Index + 1 in `Ruleset::limits`, 0 for none.
+    limits: u32,
     tag: Option<u16>,
     tagged: Option<(bool, u16)>,
     depth: u8,
@@ -172,6 +177,55 @@ pub struct Ruleset {
     tags: Vec<String>,
     /// Evaluations (pfctl -s rules -v), per rule.
     pub evaluations: Vec<AtomicU64>,
+    /// The state limits of the rules that have some.
+    pub limits: Vec<RuleLimits>,
+}
+
+/// A limited rule's limiter id: a hash of the rule as written (its line aside) and of how many
+/// identical rules come before it. A table change or a reload recompiles every rule; a rule
+/// that is still there keeps its id, so its states go on counting against its limits, and a
+/// changed rule starts from zero while the old one's states count against the old one (as
+/// pf's states keep their rule).
+fn limiter_id(r: &Rule, seen: &mut HashMap<u64, u32>) -> u32 {
+    use std::hash::{Hash, Hasher};
+    let text = format!("{:?}", Rule { line: 0, ..r.clone() });
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    let base = h.finish();
+    let n = seen.entry(base).or_insert(0);
+    *n += 1;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (base, *n).hash(&mut h);
+    (h.finish() as u32).max(1)
+}
+
+/// A rule's `keep state (...)` limits and timeouts, None when it has none.
+/// Its limiter id is left 0 for the caller ([`limiter_id`]).
+fn rule_limits(o: &StateOpts) -> Option<RuleLimits> {
+    let track_src = o.source_track.is_some()
+        || o.max_src_states.is_some()
+        || o.max_src_nodes.is_some()
+        || o.max_src_conn.is_some()
+        || o.max_src_conn_rate.is_some();
+    if !track_src && o.max.is_none() && o.timeouts.is_empty() {
+        return None;
+    }
+    Some(RuleLimits {
+        limiter: 0,
+        max: o.max.unwrap_or(0),
+        max_src_states: o.max_src_states.unwrap_or(0),
+        max_src_nodes: o.max_src_nodes.unwrap_or(0),
+        max_src_conn: o.max_src_conn.unwrap_or(0),
+        max_src_conn_rate: o.max_src_conn_rate.unwrap_or((0, 0)),
+        track_src,
+        per_rule_nodes: o.source_track == Some(true),
+        overload: o.overload.as_ref().map(|(t, flush, global)| Overload {
+            table: t.clone(),
+            flush: *flush,
+            global: *global,
+        }),
+        timeouts: o.timeouts.clone(),
+    })
 }
 
 /// Compile errors name the rule's line.
@@ -230,6 +284,8 @@ impl Ruleset {
             }
         };
         let mut rules = Vec::new();
+        let mut limits = Vec::new();
+        let mut seen = HashMap::new();
         for (nr, r) in p.rules.iter().enumerate() {
             // An anchor's body is the rules after it one level deeper; one loaded from elsewhere
             // has none here yet, and is empty.
@@ -274,6 +330,19 @@ impl Ruleset {
                 nosync: r.state_opts.no_sync,
                 if_bound: r.state_opts.if_bound,
                 allow_opts: r.allow_opts,
+                sloppy: r.state_opts.sloppy,
+                // A rule that does not ask for a bare SYN may pick a stream up in the middle.
+                pickup: match r.flags {
+                    Some(Flags::Set { bits, mask }) => !(bits & 0x02 != 0 && mask & 0x10 != 0 && bits & 0x10 == 0),
+                    _ => true,
+                },
+                limits: match rule_limits(&r.state_opts) {
+                    Some(l) if r.action == Action::Pass && r.state != StateKind::No => {
+                        limits.push(RuleLimits { limiter: limiter_id(r, &mut seen), ..l });
+                        limits.len() as u32
+                    }
+                    _ => 0,
+                },
                 tag: r.tag.as_deref().map(&mut tag_id),
                 tagged: r.tagged.as_ref().map(|(n, t)| (*n, tag_id(t))),
                 depth: r.depth,
@@ -282,7 +351,7 @@ impl Ruleset {
         }
         let skip = skip_steps(&rules);
         let evaluations = (0..rules.len()).map(|_| AtomicU64::new(0)).collect();
-        Ok(Ruleset { rules, skip, tables, tags, evaluations })
+        Ok(Ruleset { rules, skip, tables, tags, evaluations, limits })
     }
 
     pub fn len(&self) -> usize {
@@ -448,6 +517,10 @@ impl Ruleset {
 }
 
 impl Policy for Ruleset {
+    fn limits(&self, i: u32) -> Option<&RuleLimits> {
+        self.limits.get((i as usize).wrapping_sub(1))
+    }
+
     fn evaluate(&self, pd: &PDesc, ifidx: u16, dir: SDir) -> Decision {
         match self.eval(pd, ifidx, dir).0 {
             None => Decision { keep_state: false, ..Decision::PASS },
@@ -460,6 +533,9 @@ impl Policy for Ruleset {
                     nosync: r.nosync,
                     if_bound: r.if_bound,
                     allow_opts: r.allow_opts,
+                    sloppy: r.sloppy,
+                    pickup: r.pickup,
+                    limits: r.limits,
                 }
             }
         }

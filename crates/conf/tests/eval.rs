@@ -190,3 +190,34 @@ fn anchors_are_evaluated_in_place() {
         assert_eq!(r.eval(p, ifi, Dir::In), r.eval_naive(p, ifi, Dir::In));
     }
 }
+
+#[test]
+fn state_options_reach_the_engine_and_limiters_survive_a_recompile() {
+    let text = "table <bf> persist\n\
+                pass in proto tcp to port 22 keep state (max 3, max-src-conn 2, overload <bf> flush global, udp.first 5)\n\
+                pass in proto tcp to port 80 flags any keep state (sloppy)\n\
+                pass in proto tcp to port 443\n";
+    let r = rs(text);
+    let ssh = r.evaluate(&pkt(IPPROTO_TCP, [1, 1, 1, 1], [2, 2, 2, 2], 1000, 22, tcp::SYN), 1, Dir::In);
+    assert_ne!(ssh.limits, 0);
+    let l = r.limits(ssh.limits).unwrap();
+    assert_eq!(
+        (l.max, l.max_src_conn, l.track_src, l.per_rule_nodes),
+        (3, 2, true, true),
+        "max-src-conn implies source-track rule, as in pfctl"
+    );
+    let o = l.overload.as_ref().unwrap();
+    assert_eq!((o.table.as_str(), o.flush, o.global), ("bf", true, true));
+    assert_eq!(l.timeouts[0], (xpf_state::Timeout::UdpFirst, 5));
+    assert!(!ssh.sloppy && !ssh.pickup, "flags S/SA by default");
+    let web = r.evaluate(&pkt(IPPROTO_TCP, [1, 1, 1, 1], [2, 2, 2, 2], 1000, 80, tcp::ACK), 1, Dir::In);
+    assert!(web.sloppy && web.pickup && web.limits == 0);
+    let tls = r.evaluate(&pkt(IPPROTO_TCP, [1, 1, 1, 1], [2, 2, 2, 2], 1000, 443, tcp::SYN), 1, Dir::In);
+    assert_eq!(tls.limits, 0);
+    // A table change recompiles everything: the unchanged rule keeps its limiter (its states
+    // go on counting), a changed one gets another.
+    let again = rs(&text.replace("persist", "persist { 10.0.0.1 }"));
+    assert_eq!(again.limits[0].limiter, l.limiter);
+    let changed = rs(&text.replace("max 3", "max 4"));
+    assert_ne!(changed.limits[0].limiter, l.limiter);
+}

@@ -13,6 +13,28 @@ pub struct Info {
     pub inserts: u64,
     pub removals: u64,
     pub stats: Stats,
+    /// pf's "Limit Counters", in [`LIMIT_NAMES`] order.
+    pub limits: [u64; LIMIT_NAMES.len()],
+    /// What state tracking refused or did, in [`TRACKING_NAMES`] order.
+    pub tracking: [u64; TRACKING_NAMES.len()],
+}
+
+/// pfctl -si -v's limit counters that xpf keeps.
+pub const LIMIT_NAMES: [&str; 7] = [
+    "max states per rule",
+    "max-src-states",
+    "max-src-nodes",
+    "max-src-conn",
+    "max-src-conn-rate",
+    "overload table insertion",
+    "overload flush states",
+];
+
+/// xpf's detail behind pf's state-mismatch counter, and state reuse.
+pub const TRACKING_NAMES: [&str; 3] = ["tcp out of window", "icmp error mismatch", "tcp state reused"];
+
+fn limit_values(c: &xpf_state::LimitCounters) -> [u64; LIMIT_NAMES.len()] {
+    [c.states, c.src_states, c.src_nodes, c.src_conn, c.src_conn_rate, c.overload_table, c.overload_flush]
 }
 
 impl Info {
@@ -25,6 +47,11 @@ impl Info {
             inserts: a.inserts + b.inserts,
             removals: a.removals + b.removals,
             stats: w.stats,
+            limits: {
+                let (x, y) = (limit_values(&w.t4.track.counters), limit_values(&w.t6.track.counters));
+                std::array::from_fn(|i| x[i] + y[i])
+            },
+            tracking: [a.window_drops + b.window_drops, a.icmp_mismatch + b.icmp_mismatch, a.reused + b.reused],
         }
     }
 
@@ -43,6 +70,12 @@ impl Info {
         s.to_host += t.to_host;
         s.rule_passes += t.rule_passes;
         for (x, y) in s.reasons.iter_mut().zip(t.reasons.iter()) {
+            *x += y;
+        }
+        for (x, y) in self.limits.iter_mut().zip(o.limits.iter()) {
+            *x += y;
+        }
+        for (x, y) in self.tracking.iter_mut().zip(o.tracking.iter()) {
             *x += y;
         }
     }
@@ -80,6 +113,14 @@ impl Info {
         for r in Reason::ALL {
             let v = self.counter(*r);
             let _ = writeln!(o, "  {:<25} {:>14} {}", r.name(), v, rate(v));
+        }
+        let _ = writeln!(o, "Limit Counters");
+        for (name, v) in LIMIT_NAMES.iter().zip(self.limits) {
+            let _ = writeln!(o, "  {:<25} {:>14} {}", name, v, rate(v));
+        }
+        let _ = writeln!(o, "State Tracking");
+        for (name, v) in TRACKING_NAMES.iter().zip(self.tracking) {
+            let _ = writeln!(o, "  {:<25} {:>14} {}", name, v, rate(v));
         }
         o
     }

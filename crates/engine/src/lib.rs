@@ -13,7 +13,7 @@ pub mod proto;
 
 pub use policy::{Action, BlockAll, Decision, PassAll, Policy};
 
-use xpf_state::{sf, Config, Dir, Key, Key4, Key6, NewState, Seed, StateTable, ID_MASK, NONE};
+use xpf_state::{sf, Config, Dir, Key, Key4, Key6, NewState, Refusal, Seed, StateTable, ID_MASK, NONE};
 use xpf_wire::pdesc::{pdf, AF_INET, IPPROTO_TCP};
 use xpf_wire::tcp;
 use xpf_wire::{parse_ether, PDesc, Parse, Reason};
@@ -209,6 +209,7 @@ impl<P: Policy> Worker<P> {
                     let c = Ctx {
                         limit: self.limit,
                         other,
+                        elsewhere: &self.t6.track,
                         ifidx,
                         dir,
                         now,
@@ -232,6 +233,7 @@ impl<P: Policy> Worker<P> {
                     let c = Ctx {
                         limit: self.limit,
                         other,
+                        elsewhere: &self.t4.track,
                         ifidx,
                         dir,
                         now,
@@ -352,6 +354,8 @@ fn account_pair<K: Key>(
 struct Ctx<'a> {
     limit: u32,
     other: u32,
+    /// The other family's limits (a rule's `max` counts its states in both).
+    elsewhere: &'a xpf_state::Tracking,
     ifidx: u16,
     dir: Dir,
     now: u32,
@@ -456,6 +460,7 @@ fn hit_tcp<K: Key>(t: &mut StateTable<K>, id: u32, pd: &PDesc, dir: Dir, now: u3
         t.counters.reused += 1;
         return None;
     }
+    let before = *st;
     let mut next = *st;
     let track = match peers {
         Some(p) => proto::tcp_track(p, &mut next, pd, from),
@@ -471,6 +476,15 @@ fn hit_tcp<K: Key>(t: &mut StateTable<K>, id: u32, pd: &PDesc, dir: Dir, now: u3
         proto::Track::Pass(c) => {
             let e = t.touch(id, dir, pd.ip_len, now);
             e.set_class(c);
+            if e.timeout & xpf_state::table::TO_EXTRA != 0
+                && (before[0] < proto::tcps::ESTABLISHED || before[1] < proto::tcps::ESTABLISHED)
+                && next[0] >= proto::tcps::ESTABLISHED
+                && next[1] >= proto::tcps::ESTABLISHED
+            {
+                if let Some(v) = connection_limit(t, id, now) {
+                    return Some(v);
+                }
+            }
         }
         proto::Track::Loose => {
             // pf does not refresh the state for loosely accepted segments.
@@ -483,6 +497,35 @@ fn hit_tcp<K: Key>(t: &mut StateTable<K>, id: u32, pd: &PDesc, dir: Dir, now: u3
         return Some(Verdict::Drop(Reason::IpOption));
     }
     Some(Verdict::Pass)
+}
+
+/// State `id`, made by a rule with limits, completed its handshake (pf_src_connlimit): over
+/// `max-src-conn` or `max-src-conn-rate`, the state is killed and the segment dropped as
+/// `src-limit`; its source goes to the `overload` table (by the daemon, between batches),
+/// and with `flush` its states go too (this rule's, or every rule's with `global`).
+#[cold]
+#[inline(never)]
+fn connection_limit<K: Key>(t: &mut StateTable<K>, id: u32, now: u32) -> Option<Verdict> {
+    let over = t.track.established(id, now)?;
+    if let Some(o) = over.overload.as_ref().filter(|o| o.flush) {
+        // pf walks every state for this too; it happens once per overloaded source.
+        let victims: Vec<u32> = t
+            .iter()
+            .filter(|&(i, s)| {
+                let src = if s.flags & sf::OUT != 0 { s.key.addr(1) } else { s.key.addr(0) };
+                i != id
+                    && src == over.src
+                    && (o.global || t.track.extra.get(&i).is_some_and(|x| x.limiter == over.limiter))
+            })
+            .map(|(i, _)| i)
+            .collect();
+        for v in victims {
+            t.remove(v);
+        }
+        t.track.counters.overload_flush += 1;
+    }
+    t.remove(id);
+    Some(Verdict::Drop(Reason::SrcLimit))
 }
 
 /// No state: ask the ruleset, and create the state if the rule keeps state.
@@ -510,12 +553,20 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         return Verdict::Drop(Reason::IpOption);
     }
     *c.rule_passes += 1;
-    if !d.keep_state || !proto::may_create(pd) {
+    if !d.keep_state || !proto::may_create(pd, d.pickup) {
         return Verdict::Pass;
     }
     if t.len() + c.other >= c.limit {
         t.counters.limit_drops += 1;
         return Verdict::Drop(Reason::StateLimit);
+    }
+    let limits = if d.limits != 0 { p.limits(d.limits) } else { None };
+    if let Some(l) = limits {
+        match t.track.admit(l, pd.src, c.elsewhere.rule_states(l.limiter)) {
+            Ok(()) => {}
+            Err(Refusal::Max) => return Verdict::Drop(Reason::StateLimit),
+            Err(Refusal::Src) => return Verdict::Drop(Reason::SrcLimit),
+        }
     }
     let (key, h) = if d.if_bound {
         *c.any_if_bound = true;
@@ -525,6 +576,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         (key, h)
     };
     let (timeout, src_state, dst_state, tcp) = proto::initial(pd);
+    let tcp = if d.sloppy { None } else { tcp };
     let ns = NewState {
         key,
         stack: None,
@@ -536,9 +588,13 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         tcp,
         nosync: d.nosync,
         allow_opts: d.allow_opts,
+        sloppy: d.sloppy,
     };
     match t.insert(h, ns, c.now) {
         Ok(id) => {
+            if let Some(l) = limits {
+                t.attach(id, l, pd.src, c.now);
+            }
             t.touch(id, c.dir, pd.ip_len, c.now);
             Verdict::Pass
         }

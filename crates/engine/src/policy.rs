@@ -1,7 +1,7 @@
 //! What the engine asks the ruleset on a state miss. The pf.conf compiler (issue 3) implements
 //! [`Policy`]; the simple policies here serve the benches and tests until then.
 
-use xpf_state::Dir;
+use xpf_state::{Dir, RuleLimits};
 use xpf_wire::PDesc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,18 +24,38 @@ pub struct Decision {
     pub if_bound: bool,
     /// `allow-opts`: packets with IP options pass (pf drops them otherwise, as `ip-option`).
     pub allow_opts: bool,
+    /// `sloppy`: TCP tracked by its flags only, without sequence windows.
+    pub sloppy: bool,
+    /// The rule lets any TCP segment make a state (`flags any`), not only a SYN: a stream
+    /// picked up in the middle.
+    pub pickup: bool,
+    /// The rule's limits ([`Policy::limits`]), 0 for none.
+    pub limits: u32,
 }
 
 impl Decision {
     /// `pass` with pf's defaults (keep state, no options allowed).
-    pub const PASS: Decision =
-        Decision { action: Action::Pass, keep_state: true, rule: 0, nosync: false, if_bound: false, allow_opts: false };
+    pub const PASS: Decision = Decision {
+        action: Action::Pass,
+        keep_state: true,
+        rule: 0,
+        nosync: false,
+        if_bound: false,
+        allow_opts: false,
+        sloppy: false,
+        pickup: false,
+        limits: 0,
+    };
     /// `block` (drop).
     pub const BLOCK: Decision = Decision { action: Action::Block, keep_state: false, ..Decision::PASS };
 }
 
 pub trait Policy {
     fn evaluate(&self, pd: &PDesc, ifidx: u16, dir: Dir) -> Decision;
+    /// The limits a decision names (`Decision::limits` != 0).
+    fn limits(&self, _i: u32) -> Option<&RuleLimits> {
+        None
+    }
 }
 
 /// `pass all` (keep state implied), the lab's ruleset.

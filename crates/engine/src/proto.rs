@@ -44,8 +44,11 @@ pub mod tcps {
 
 /// Whether a packet that matched a keep-state rule may create a state (`flags S/SA` for TCP).
 #[inline]
-pub fn may_create(pd: &PDesc) -> bool {
-    pd.proto != IPPROTO_TCP || pd.tcp_flags & (tcp::SYN | tcp::ACK) == tcp::SYN
+/// With `pickup` (a rule with `flags any`), any segment but a RST makes one.
+pub fn may_create(pd: &PDesc, pickup: bool) -> bool {
+    pd.proto != IPPROTO_TCP
+        || pd.tcp_flags & (tcp::SYN | tcp::ACK) == tcp::SYN
+        || (pickup && pd.tcp_flags & tcp::RST == 0)
 }
 
 /// Initial (timeout, src state, dst state, TCP peers) of a state created by `pd`.
@@ -356,12 +359,15 @@ mod tests {
     #[test]
     fn only_bare_syn_creates_tcp_state() {
         let mut pd = PDesc { proto: IPPROTO_TCP, tcp_flags: tcp::SYN, ..Default::default() };
-        assert!(may_create(&pd));
+        assert!(may_create(&pd, false));
         pd.tcp_flags = tcp::SYN | tcp::ACK;
-        assert!(!may_create(&pd));
+        assert!(!may_create(&pd, false));
         pd.tcp_flags = tcp::ACK;
-        assert!(!may_create(&pd));
+        assert!(!may_create(&pd, false));
+        assert!(may_create(&pd, true), "flags any picks up a stream");
+        pd.tcp_flags = tcp::RST | tcp::ACK;
+        assert!(!may_create(&pd, true), "but never from a RST");
         pd.proto = IPPROTO_UDP;
-        assert!(may_create(&pd));
+        assert!(may_create(&pd, false));
     }
 }

@@ -353,3 +353,147 @@ fn an_icmp_error_quoting_tcp_must_quote_a_sequence_number_in_the_window() {
         Verdict::Drop(Reason::StateMismatch)
     );
 }
+
+/// A pass-keep-state policy whose rule has `limits` (limiter 7), deciding with `d`.
+struct Limited(Decision, xpf_state::RuleLimits);
+
+impl Policy for Limited {
+    fn evaluate(&self, _: &PDesc, _: u16, _: Dir) -> Decision {
+        Decision { limits: 1, ..self.0 }
+    }
+    fn limits(&self, i: u32) -> Option<&xpf_state::RuleLimits> {
+        (i == 1).then_some(&self.1)
+    }
+}
+
+fn limited(l: xpf_state::RuleLimits) -> Worker<Limited> {
+    worker(Limited(Decision::PASS, xpf_state::RuleLimits { limiter: 7, ..l }), 1000)
+}
+
+/// A TCP segment from `src`:`sport` to 2.2.2.2:80 (or back, with `fwd` false).
+fn tseg(src: [u8; 4], sport: u16, fwd: bool, flags: u8, seq: u32, ack: u32) -> Vec<u8> {
+    let mut f = if fwd { tcp4(src, [2, 2, 2, 2], sport, 80, flags) } else { tcp4([2, 2, 2, 2], src, 80, sport, flags) };
+    f[38..42].copy_from_slice(&seq.to_be_bytes());
+    f[42..46].copy_from_slice(&ack.to_be_bytes());
+    f
+}
+
+/// The three segments of a handshake from `src`:`sport`; the verdicts of each.
+fn handshake<P: Policy>(w: &mut Worker<P>, src: [u8; 4], sport: u16) -> [Verdict; 3] {
+    [
+        run(w, &[tseg(src, sport, true, tcp::SYN, 100, 0)], Dir::In, 1)[0],
+        run(w, &[tseg(src, sport, false, tcp::SYN | tcp::ACK, 900, 101)], Dir::Out, 1)[0],
+        run(w, &[tseg(src, sport, true, tcp::ACK, 101, 901)], Dir::In, 1)[0],
+    ]
+}
+
+const PASS3: [Verdict; 3] = [Verdict::Pass; 3];
+
+#[test]
+fn max_refuses_the_fourth_connection_until_one_goes() {
+    let mut w = limited(xpf_state::RuleLimits { max: 3, ..Default::default() });
+    for sport in 1..=3 {
+        assert_eq!(handshake(&mut w, [1, 1, 1, 1], sport), PASS3);
+    }
+    let syn = tseg([1, 1, 1, 1], 4, true, tcp::SYN, 100, 0);
+    assert_eq!(run(&mut w, std::slice::from_ref(&syn), Dir::In, 1), vec![Verdict::Drop(Reason::StateLimit)]);
+    assert_eq!(w.states(), 3, "the three held are kept");
+    assert_eq!(w.t4.track.counters.states, 1);
+    let (id, _) = w.t4.iter().next().unwrap();
+    w.t4.remove(id);
+    assert_eq!(run(&mut w, &[syn], Dir::In, 2), vec![Verdict::Pass], "room again after one went");
+}
+
+#[test]
+fn max_src_states_counts_per_source() {
+    let mut w = limited(xpf_state::RuleLimits { max_src_states: 2, track_src: true, ..Default::default() });
+    let syn = |src, sport| tseg(src, sport, true, tcp::SYN, 100, 0);
+    let v = run(
+        &mut w,
+        &[syn([1, 1, 1, 1], 1), syn([1, 1, 1, 1], 2), syn([1, 1, 1, 1], 3), syn([3, 3, 3, 3], 1)],
+        Dir::In,
+        1,
+    );
+    assert_eq!(v, vec![Verdict::Pass, Verdict::Pass, Verdict::Drop(Reason::SrcLimit), Verdict::Pass]);
+    assert_eq!(w.t4.track.nodes.len(), 2);
+    assert_eq!(w.t4.track.counters.src_states, 1);
+    // The nodes go with the states (src.track 0).
+    let ids: Vec<u32> = w.t4.iter().map(|(i, _)| i).collect();
+    for id in ids {
+        w.t4.remove(id);
+    }
+    assert!(w.t4.track.nodes.is_empty() && w.t4.track.extra.is_empty());
+}
+
+#[test]
+fn max_src_conn_overload_flushes_the_source_and_names_it_for_the_table() {
+    let o = xpf_state::Overload { table: "bruteforce".into(), flush: true, global: false };
+    let mut w =
+        limited(xpf_state::RuleLimits { max_src_conn: 2, track_src: true, overload: Some(o), ..Default::default() });
+    let bad = [1, 1, 1, 1];
+    assert_eq!(handshake(&mut w, bad, 1), PASS3);
+    assert_eq!(handshake(&mut w, bad, 2), PASS3);
+    assert_eq!(handshake(&mut w, [3, 3, 3, 3], 1), PASS3);
+    let third = handshake(&mut w, bad, 3);
+    assert_eq!(third, [Verdict::Pass, Verdict::Pass, Verdict::Drop(Reason::SrcLimit)]);
+    assert_eq!(w.states(), 1, "the source's states are flushed, the other source's kept");
+    assert_eq!(w.t4.track.overloads, vec![("bruteforce".to_string(), xpf_wire::Addr::v4(bad))]);
+    let c = w.t4.track.counters;
+    assert_eq!((c.src_conn, c.overload_table, c.overload_flush), (1, 1, 1));
+    // Its next segments find no state (the rules decide: here flags S/SA refuses them).
+    let v = run(&mut w, &[tseg(bad, 1, true, tcp::ACK, 101, 901)], Dir::In, 2);
+    assert_eq!(v, vec![Verdict::Pass], "PassAll-like rule passes it statelessly");
+    assert_eq!(w.states(), 1, "but makes no state from a bare ACK");
+}
+
+#[test]
+fn max_src_conn_rate_counts_connections_over_time() {
+    let mut w = limited(xpf_state::RuleLimits { max_src_conn_rate: (2, 10), track_src: true, ..Default::default() });
+    let src = [1, 1, 1, 1];
+    assert_eq!(handshake(&mut w, src, 1), PASS3);
+    assert_eq!(handshake(&mut w, src, 2), PASS3);
+    assert_eq!(handshake(&mut w, src, 3)[2], Verdict::Drop(Reason::SrcLimit));
+    assert_eq!(w.t4.track.counters.src_conn_rate, 1);
+}
+
+#[test]
+fn a_sloppy_state_tracks_flags_only() {
+    let d = Decision { sloppy: true, ..Decision::PASS };
+    let mut w = worker(move |_: &PDesc, _: u16, _: Dir| d, 10);
+    assert_eq!(handshake(&mut w, [1, 1, 1, 1], 1), PASS3);
+    // Far outside any window: full tracking drops it, sloppy passes it.
+    let wild = tseg([1, 1, 1, 1], 1, true, tcp::ACK, 101, 3_000_000_000);
+    assert_eq!(run(&mut w, std::slice::from_ref(&wild), Dir::In, 2), vec![Verdict::Pass]);
+    let (id, s) = w.t4.iter().next().unwrap();
+    assert_eq!(s.peer_state, [proto::tcps::ESTABLISHED; 2]);
+    assert!(w.t4.peers(id).is_none(), "no sequence record");
+    let mut full = worker(PassAll, 10);
+    assert_eq!(handshake(&mut full, [1, 1, 1, 1], 1), PASS3);
+    assert_eq!(run(&mut full, &[wild], Dir::In, 2), vec![Verdict::Drop(Reason::StateMismatch)]);
+}
+
+#[test]
+fn flags_any_picks_up_an_established_stream() {
+    let d = Decision { pickup: true, ..Decision::PASS };
+    let mut w = worker(move |_: &PDesc, _: u16, d2: Dir| if d2 == Dir::In { d } else { Decision::BLOCK }, 10);
+    let mid = tseg([1, 1, 1, 1], 1, true, tcp::ACK, 5000, 7000);
+    assert_eq!(run(&mut w, &[mid], Dir::In, 1), vec![Verdict::Pass]);
+    assert_eq!(w.states(), 1);
+    let back = tseg([1, 1, 1, 1], 1, false, tcp::ACK, 7000, 5000);
+    assert_eq!(run(&mut w, &[back], Dir::Out, 1), vec![Verdict::Pass], "the reply rides the picked-up state");
+    let rst = tseg([3, 3, 3, 3], 1, true, tcp::RST | tcp::ACK, 1, 1);
+    run(&mut w, &[rst], Dir::In, 1);
+    assert_eq!(w.states(), 1, "a RST makes no state");
+}
+
+#[test]
+fn a_rule_timeout_overrides_the_global_one() {
+    let mut w = limited(xpf_state::RuleLimits { timeouts: vec![(Timeout::UdpFirst, 5)], ..Default::default() });
+    run(&mut w, &[udp4([1, 1, 1, 1], [2, 2, 2, 2], 1, 53)], Dir::In, 10);
+    let (id, _) = w.t4.iter().next().unwrap();
+    assert_eq!(w.t4.timeout_of(id), 5);
+    w.maintain(14, 100);
+    assert_eq!(w.states(), 1);
+    w.maintain(15, 100);
+    assert_eq!(w.states(), 0, "gone after the rule's 5 s, not udp.first's 60");
+}

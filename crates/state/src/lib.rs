@@ -17,6 +17,7 @@ pub mod key;
 pub mod region;
 pub mod table;
 pub mod timeout;
+pub mod track;
 pub mod wheel;
 
 pub use event::{Event, EventKind};
@@ -25,3 +26,4 @@ pub use table::{
     auto_rows, sf, Config, Counters, InsertError, Memory, NewState, Peer, State, StateTable, ID_MASK, NONE, STACK,
 };
 pub use timeout::{Timeout, Timeouts};
+pub use track::{LimitCounters, Overload, Refusal, RuleLimits, Tracking};

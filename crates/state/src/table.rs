@@ -10,6 +10,7 @@ use crate::index::{Index, Probe};
 use crate::key::{Dir, Key, Seed};
 use crate::region::{MapError, Region, Zeroable};
 use crate::timeout::{Timeout, Timeouts};
+use crate::track::{RuleLimits, Tracking};
 use crate::wheel::Wheel;
 
 /// No state.
@@ -76,6 +77,10 @@ unsafe impl<K: Key> Zeroable for State<K> {}
 pub const TO_CLASS: u8 = 0x1f;
 /// `allow-opts`: packets with IP options may pass by this state.
 pub const TO_ALLOWOPTS: u8 = 0x80;
+/// The state has an entry in the table's [`Tracking`] (a rule with limits made it).
+pub const TO_EXTRA: u8 = 0x40;
+/// `sloppy`: TCP tracked by flags alone, without sequence windows (no peer record).
+pub const TO_SLOPPY: u8 = 0x20;
 const _: () = assert!(Timeout::ALL.len() <= TO_CLASS as usize + 1);
 
 impl<K: Key> State<K> {
@@ -127,6 +132,8 @@ pub struct NewState<K: Key> {
     pub nosync: bool,
     /// The rule's `allow-opts`.
     pub allow_opts: bool,
+    /// The rule's `sloppy` (TCP: `tcp` is None then).
+    pub sloppy: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -255,7 +262,12 @@ pub struct StateTable<K: Key> {
     grow: bool,
     len: u32,
     seq: u32,
+    /// The latest time the table was told (insert, maintain): removals outside those stamp
+    /// source nodes with it.
+    now: u32,
     pub counters: Counters,
+    /// Limits and source nodes of the states made by limited rules.
+    pub track: Tracking,
 }
 
 impl<K: Key> Drop for StateTable<K> {
@@ -301,7 +313,9 @@ impl<K: Key> StateTable<K> {
             grow: cfg.grow_from.is_some(),
             len: 0,
             seq: 0,
+            now: cfg.now,
             counters: Counters::default(),
+            track: Tracking::default(),
         })
     }
 
@@ -408,7 +422,7 @@ impl<K: Key> StateTable<K> {
 
     #[inline(always)]
     fn has_tcp(&self, s: &State<K>) -> bool {
-        s.key.proto() == xpf_wire::pdesc::IPPROTO_TCP
+        s.key.proto() == xpf_wire::pdesc::IPPROTO_TCP && s.timeout & TO_SLOPPY == 0
     }
 
     /// TCP peers of a TCP state.
@@ -581,7 +595,9 @@ impl<K: Key> StateTable<K> {
             rule: s.rule,
             ext,
             seq: self.seq,
-            timeout: s.timeout as u8 | if s.allow_opts { TO_ALLOWOPTS } else { 0 },
+            timeout: s.timeout as u8
+                | if s.allow_opts { TO_ALLOWOPTS } else { 0 }
+                | if s.sloppy { TO_SLOPPY } else { 0 },
             peer_state: [s.src_state, s.dst_state],
             flags,
             packets: [0; 2],
@@ -592,9 +608,37 @@ impl<K: Key> StateTable<K> {
             self.index.insert(hs, id | STACK);
         }
         self.wheel.file(id, now.saturating_add(self.timeouts.get(s.timeout)));
+        self.now = self.now.max(now);
         self.len += 1;
         self.counters.inserts += 1;
         Ok(id)
+    }
+
+    /// Puts new state `id`, made by a rule with limits `l` for a packet from `src`, under
+    /// those limits (after [`Tracking::admit`] allowed it).
+    pub fn attach(&mut self, id: u32, l: &RuleLimits, src: xpf_wire::Addr, now: u32) {
+        let rule = self.state(id).rule;
+        self.track.attach(id, l, src, rule, now);
+        let s = self.state_mut(id);
+        s.timeout |= TO_EXTRA;
+        let class = s.class();
+        if !l.timeouts.is_empty() {
+            // The rule's own timeout may be shorter than the one the wheel was given.
+            let t = self.track.timeout(l.limiter, class, &self.timeouts, self.len, self.limit);
+            self.wheel.file(id, now.saturating_add(t));
+        }
+    }
+
+    /// Seconds after its last packet that state `id` expires: its class's timeout, its rule's
+    /// if it has one, scaled down as the table fills (pf_state_expires).
+    pub fn timeout_of(&self, id: u32) -> u32 {
+        let s = self.state(id);
+        if s.timeout & TO_EXTRA != 0 {
+            if let Some(x) = self.track.extra.get(&id) {
+                return self.track.timeout(x.limiter, s.class(), &self.timeouts, self.len, self.limit);
+            }
+        }
+        self.timeouts.effective(s.class(), self.len, self.limit)
     }
 
     /// Accounts a packet of `bytes` going in direction `dir` to state `id`, marks its activity
@@ -660,6 +704,9 @@ impl<K: Key> StateTable<K> {
                 (false, false) => {}
             }
         }
+        if s.timeout & TO_EXTRA != 0 {
+            self.track.detach(id, self.now, self.timeouts.get(Timeout::SrcTrack));
+        }
         let mut flags = (s.flags & !(sf::LIVE | sf::NAT)) | sf::DEAD;
         if self.events.enabled() && s.flags & sf::NOSYNC == 0 && self.events.push(Event { id, kind: EventKind::Delete })
         {
@@ -668,6 +715,7 @@ impl<K: Key> StateTable<K> {
         let e = self.state_mut(id);
         e.flags = flags;
         e.ext = NONE;
+        e.timeout &= !TO_EXTRA;
         self.len -= 1;
         self.counters.removals += 1;
     }
@@ -683,6 +731,13 @@ impl<K: Key> StateTable<K> {
     /// Background work, bounded by `budget` units: moves index rows during a resize, and
     /// expires the states whose deadline has passed. Returns the states expired.
     pub fn maintain(&mut self, now: u32, budget: u32) -> u32 {
+        self.now = self.now.max(now);
+        let st = self.timeouts.get(Timeout::SrcTrack);
+        if st != 0 && now >= self.track.next_purge && !self.track.nodes.is_empty() {
+            // Nodes without states are few next to states: a scan every few seconds.
+            self.track.purge_nodes(now, st);
+            self.track.next_purge = now + 4;
+        }
         if self.resizing() {
             self.migrate(budget / 4 + 1);
         } else if self.wanted_rows() > self.index.nrows() {
@@ -708,7 +763,7 @@ impl<K: Key> StateTable<K> {
             }
             return false;
         }
-        let t = self.timeouts.effective(s.class(), self.len, self.limit);
+        let t = self.timeout_of(id);
         let deadline = s.expire.saturating_add(t);
         if deadline > now {
             self.wheel.file(id, deadline);

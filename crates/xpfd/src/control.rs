@@ -344,6 +344,13 @@ impl Daemon {
         }
     }
 
+    /// Adds hosts to a table as `-T add` does (the `overload` action).
+    pub fn table_add(&mut self, name: &str, addrs: &[IpAddr]) -> Result<u64, String> {
+        let hosts: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+        let (_, v) = self.table(&json!({"name": name, "cmd": "add", "addrs": hosts}))?;
+        Ok(v["changed"].as_u64().unwrap_or(0))
+    }
+
     fn table(&mut self, req: &Value) -> Result<(String, Value), String> {
         let name = req["name"].as_str().ok_or("table: no name")?.to_string();
         let cmd = req["cmd"].as_str().unwrap_or("show");
@@ -510,6 +517,8 @@ impl Daemon {
                     "packets": info.stats.packets, "bytes": info.stats.bytes,
                     "passed": info.stats.passed, "dropped": info.stats.dropped,
                     "counters": reasons,
+                    "limit_counters": xpf_engine::info::LIMIT_NAMES.iter().zip(info.limits).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),
+                    "tracking": xpf_engine::info::TRACKING_NAMES.iter().zip(info.tracking).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),
                     "forwarding": io,
                     "steering": steer.iter().map(|(n, c)| json!({"interface": n, "counters": c})).collect::<Vec<_>>(),
                     "packet_mode": pc.iter().map(|(i, c)| json!({"ifindex": i, "counters": c})).collect::<Vec<_>>(),

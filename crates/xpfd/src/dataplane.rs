@@ -114,6 +114,9 @@ pub struct Dataplane {
     pub busy: bool,
     /// The kernel fast path for established UDP flows (--fastpath).
     pub fast: Option<crate::fastpath::FastPath>,
+    /// Sources over `max-src-conn(-rate)` to add to an `overload` table, for the control
+    /// thread (tables change by recompiling the ruleset, which is not the worker's job).
+    pub overload: Option<Sender<(String, std::net::IpAddr)>>,
     last_resolve: Vec<(u32, [u8; 16], Instant)>,
 }
 
@@ -150,9 +153,9 @@ fn host(a: xpf_wire::Addr, af: u8, port: u16, proto: u8) -> String {
 }
 
 fn rows<K: Key>(t: &xpf_state::StateTable<K>, now: u32, out: &mut Vec<StateRow>) {
-    for (_, s) in t.iter() {
+    for (id, s) in t.iter() {
         // pf's `expire` is the last activity; the deadline adds the (adaptive) timeout.
-        let deadline = s.expire.saturating_add(t.timeouts().effective(s.class(), t.len(), t.limit()));
+        let deadline = s.expire.saturating_add(t.timeout_of(id));
         let k = &s.key;
         let ifname = if k.kif() == 0 {
             "all".to_string()
@@ -204,6 +207,7 @@ impl Dataplane {
             start: Instant::now(),
             busy,
             fast: None,
+            overload: None,
             last_resolve: Vec::new(),
         }
     }
@@ -245,6 +249,7 @@ impl Dataplane {
                     self.command(c);
                 }
                 self.worker.maintain(now, if got == 0 { 4096 } else { 256 });
+                self.overloads();
                 if let Some(f) = &mut self.fast {
                     f.sync(&mut self.worker, now, false);
                 }
@@ -256,6 +261,21 @@ impl Dataplane {
                 }
             } else {
                 idle_rounds = 0;
+            }
+        }
+    }
+
+    /// Hands the sources the engine found over their limits to the control thread.
+    fn overloads(&mut self) {
+        let w = &mut self.worker;
+        if w.t4.track.overloads.is_empty() && w.t6.track.overloads.is_empty() {
+            return;
+        }
+        let v4 = w.t4.track.overloads.drain(..).map(|(t, a)| (t, ip(&a, xpf_wire::pdesc::AF_INET)));
+        let v6 = w.t6.track.overloads.drain(..).map(|(t, a)| (t, ip(&a, xpf_wire::pdesc::AF_INET6)));
+        for x in v4.chain(v6) {
+            if let Some(tx) = &self.overload {
+                let _ = tx.send(x);
             }
         }
     }

@@ -187,6 +187,17 @@ fn main() {
     }
 }
 
+fn group_by_table(v: &[(String, std::net::IpAddr)]) -> Vec<(String, Vec<std::net::IpAddr>)> {
+    let mut out: Vec<(String, Vec<std::net::IpAddr>)> = Vec::new();
+    for (t, a) in v {
+        match out.last_mut() {
+            Some((name, addrs)) if name == t => addrs.push(*a),
+            _ => out.push((t.clone(), vec![*a])),
+        }
+    }
+    out
+}
+
 fn run(a: Args) -> Result<(), String> {
     let text = std::fs::read_to_string(&a.file).map_err(|e| format!("{}: {e}", a.file))?;
     let loaded = Loaded::build(&text, &a.file, &a.defines).map_err(|e| e.join("\n"))?;
@@ -271,6 +282,7 @@ fn run(a: Args) -> Result<(), String> {
     let mut txs = Vec::new();
     let mut handles = Vec::new();
     let seed = Seed::random();
+    let (overload_tx, overload_rx) = mpsc::channel::<(String, std::net::IpAddr)>();
     for (w, ports) in ports_of.into_iter().enumerate() {
         let (tx, rx) = mpsc::channel::<Cmd>();
         txs.push(tx);
@@ -282,12 +294,14 @@ fn run(a: Args) -> Result<(), String> {
         let cpu = cpus[w % cpus.len()];
         let (stop, busy) = (stop.clone(), a.busy);
         let fast = if fast_maps.is_empty() { None } else { Some(std::mem::take(&mut fast_maps[w])) };
+        let overload = overload_tx.clone();
         handles.push(
             std::thread::Builder::new()
                 .name(format!("xpf-worker{w}"))
                 .spawn(move || {
                     pin(cpu);
                     let mut dp = Dataplane::new(worker, ports, rx, stop, busy);
+                    dp.overload = Some(overload);
                     if let Some(maps) = fast {
                         dp.fast = Some(fastpath::FastPath::new(maps, w as u32));
                     }
@@ -319,7 +333,17 @@ fn run(a: Args) -> Result<(), String> {
                 }
             }
         }
-        control::serve_once(&listener, &mut d, 200);
+        // Sources over their connection limits go to their `overload` table, a batch at a time.
+        let mut over: Vec<(String, std::net::IpAddr)> = overload_rx.try_iter().collect();
+        over.sort();
+        over.dedup();
+        for (table, addrs) in group_by_table(&over) {
+            match d.table_add(&table, &addrs) {
+                Ok(n) => eprintln!("xpfd: overload: {n} source(s) added to table <{table}>"),
+                Err(e) => eprintln!("xpfd: overload: table <{table}>: {e}"),
+            }
+        }
+        control::serve_once(&listener, &mut d, if over.is_empty() { 200 } else { 0 });
     }
     eprintln!("xpfd: stopping");
     stop.store(true, Ordering::Relaxed);

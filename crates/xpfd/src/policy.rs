@@ -30,6 +30,10 @@ impl Live {
 }
 
 impl Policy for Live {
+    fn limits(&self, i: u32) -> Option<&xpf_state::RuleLimits> {
+        self.rules.limits(i)
+    }
+
     #[inline]
     fn evaluate(&self, pd: &PDesc, ifidx: u16, dir: Dir) -> Decision {
         self.rules.evaluate(pd, ifidx, dir)
