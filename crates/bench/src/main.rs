@@ -31,6 +31,11 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("--no-baseline", "", "skip the HashMap baseline"),
     ("--json", "", "print the report as JSON on stdout (progress goes to stderr)"),
     ("--info", "", "replay: print pfctl -si's view of the counters after each capture"),
+    (
+        "--conf",
+        "FILE",
+        "replay: filter with this pf.conf (interface names map to the capture's interface 1) instead of pass all",
+    ),
     ("--busy-poll", "", "lab: start xpfd with --busy-poll (its sockets busy-poll instead of sleeping)"),
     ("--fastpath", "", "lab: start xpfd with --fastpath (established UDP flows forwarded by its XDP program)"),
     ("--out", "DIR", "where gnuplot data, the plot and the JSON go (default bench-results/out/<bench>)"),
@@ -57,6 +62,8 @@ pub struct Opts {
     pub busy_poll: bool,
     pub fastpath: bool,
     pub out: PathBuf,
+    /// replay: the ruleset.
+    pub conf: Option<PathBuf>,
     /// replay: capture files.
     pub files: Vec<PathBuf>,
 }
@@ -113,6 +120,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         info: false,
         busy_poll: false,
         fastpath: false,
+        conf: None,
         files: Vec::new(),
     };
     let mut it = args[1..].iter();
@@ -135,6 +143,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--seconds" => o.seconds = val()?.parse::<f64>().map_err(|_| "--seconds takes a number".to_string())?,
             "--batch" => o.batch = parse_num(a, &val()?)?.clamp(1, 64) as usize,
             "--quick" => o.quick = true,
+            "--conf" => o.conf = Some(PathBuf::from(val()?)),
             "--big" => o.big = true,
             "--points" => o.points = Some(val()?.split(',').map(|x| parse_num(a, x)).collect::<Result<_, _>>()?),
             "--states" => o.states = Some(parse_num(a, &val()?)?),
@@ -162,19 +171,27 @@ fn parse(args: &[String]) -> Result<Opts, String> {
     Ok(o)
 }
 
-/// Replays captures through the engine with `pass all` (until pf.conf rulesets load) and
-/// prints what became of each packet.
+/// Replays captures through the engine with `--conf`'s ruleset (or `pass all`) and prints
+/// what became of each packet.
 fn replay(o: &Opts) -> Result<(), String> {
     if o.files.is_empty() {
         return Err("replay needs at least one capture file".into());
     }
+    let conf = match &o.conf {
+        Some(path) => Some(xpf_bench::replay::Conf::load(path)?),
+        None => None,
+    };
     let mut failed = false;
     for f in &o.files {
-        match xpf_bench::replay::replay_file(f, xpf_engine::PassAll) {
+        let r = match &conf {
+            Some(c) => xpf_bench::replay::replay_file(f, c.ruleset()?, c.reassemble),
+            None => xpf_bench::replay::replay_file(f, xpf_engine::PassAll, true),
+        };
+        match r {
             Ok(r) => {
                 let drops: Vec<String> = r.dropped.iter().map(|(k, n)| format!("{}={n}", k.name())).collect();
                 println!(
-                    "{}: {} records, {} passed, {} dropped [{}], {} to host, {} skipped, {} states",
+                    "{}: {} records, {} passed, {} dropped [{}], {} to host, {} skipped, {} held, {} states",
                     f.display(),
                     r.records,
                     r.passed,
@@ -182,6 +199,7 @@ fn replay(o: &Opts) -> Result<(), String> {
                     drops.join(" "),
                     r.to_host,
                     r.skipped,
+                    r.held,
                     r.states
                 );
                 if o.info {

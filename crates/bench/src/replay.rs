@@ -16,6 +16,8 @@ pub struct Report {
     pub dropped: Vec<(Reason, u64)>,
     /// Records not turned into frames (link type, short link header, not IP).
     pub skipped: u64,
+    /// Fragments still held for reassembly at the end (their datagram never completed).
+    pub held: u64,
     pub states: u32,
     /// `pfctl -si` after the replay, the capture's duration as uptime.
     pub info: String,
@@ -33,12 +35,14 @@ impl Report {
 /// Runs every record of `path` through a worker with `policy`, with the capture's own clock as
 /// the engine's clock, as if the capture had been taken on the firewall's interface 1: a
 /// packet whose reverse flow has a state is a reply and goes `out`, every other goes `in`.
-pub fn replay_file<P: Policy>(path: &Path, policy: P) -> Result<Report, String> {
+/// With `reassemble` (pf's default), fragments are reassembled and filtered as datagrams.
+pub fn replay_file<P: Policy>(path: &Path, policy: P, reassemble: bool) -> Result<Report, String> {
     let buf = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let recs = pcap::read(&buf).map_err(|e| format!("{}: {e}", path.display()))?;
     let t0 = recs.first().map_or(0, |r| r.ts_ns);
     let cfg = WorkerConfig { limit: 100_000, rows: None, seed: Seed::random(), events: 0, now: 0, prefault: false };
     let mut w = Worker::new(cfg, policy).map_err(|e| e.to_string())?;
+    w.set_reassemble(reassemble, 65_536, xpf_state::Timeout::Frag.default_secs());
     let mut rep = Report { records: recs.len() as u64, ..Default::default() };
     let mut frame = Vec::new();
     let mut v = [Verdict::Pass; BATCH];
@@ -51,11 +55,13 @@ pub fn replay_file<P: Policy>(path: &Path, policy: P) -> Result<Report, String> 
         w.maintain(now, 1024);
         let dir = if is_reply(&w, &frame) { Dir::Out } else { Dir::In };
         w.process(&[&frame[..]], 1, dir, now, &mut v);
+        w.released.clear();
     }
     rep.passed = w.stats.passed;
     rep.to_host = w.stats.to_host;
     rep.dropped = Reason::ALL.iter().map(|r| (*r, w.stats.reasons[*r as usize])).filter(|x| x.1 > 0).collect();
     rep.states = w.states();
+    rep.held = w.frags.as_ref().map_or(0, |f| f.counters.held);
     let span = recs.last().map_or(0, |r| r.ts_ns.saturating_sub(t0) / 1_000_000_000) as u64;
     rep.info = xpf_engine::info::Info::of(&w).render(span.max(1));
     Ok(rep)
@@ -73,5 +79,31 @@ fn is_reply<P: Policy>(w: &Worker<P>, frame: &[u8]) -> bool {
     } else {
         let k = Key6::from_pdesc(&pd, Dir::Out, 0);
         w.t6.find(&k, w.t6.hash(&k)).is_some()
+    }
+}
+
+/// A pf.conf for replays: its rules compiled with every interface name as the capture's
+/// interface 1, and its `set reassemble`.
+pub struct Conf {
+    parsed: xpf_conf::parse::Parsed,
+    path: String,
+    pub reassemble: bool,
+}
+
+impl Conf {
+    pub fn load(path: &Path) -> Result<Conf, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let name = path.display().to_string();
+        let parsed = xpf_conf::parse(&text, &name, &[]);
+        if let Some(e) = parsed.errors.first() {
+            return Err(format!("{e}"));
+        }
+        let reassemble = parsed.reassemble != Some(false);
+        Ok(Conf { parsed, path: name, reassemble })
+    }
+
+    pub fn ruleset(&self) -> Result<xpf_conf::Ruleset, String> {
+        xpf_conf::Ruleset::compile(&self.parsed, &|_| Some(1))
+            .map_err(|e| format!("{}:{}: {}", self.path, e.line, e.msg))
     }
 }

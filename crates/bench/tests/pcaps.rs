@@ -14,7 +14,7 @@ fn pcaps_dir() -> PathBuf {
 }
 
 fn replay(rel: &str) -> Report {
-    replay_file(&pcaps_dir().join(rel), PassAll).unwrap_or_else(|e| panic!("{rel}: {e}"))
+    replay_file(&pcaps_dir().join(rel), PassAll, true).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
 #[test]
@@ -35,8 +35,9 @@ fn all_captures_replay_and_every_record_is_accounted_for() {
     assert_eq!(files.len(), 43, "the manifest lists 43 captures");
     let mut total = 0;
     for f in &files {
-        let r = replay_file(f, PassAll).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-        assert_eq!(r.passed + r.dropped_total() + r.to_host + r.skipped, r.records, "{}: {r:?}", f.display());
+        let r = replay_file(f, PassAll, true).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        // Fragments of datagrams that never completed are still held at the end.
+        assert_eq!(r.passed + r.dropped_total() + r.to_host + r.skipped + r.held, r.records, "{}: {r:?}", f.display());
         total += r.records;
     }
     assert!(total > 1000);
@@ -109,4 +110,71 @@ fn tcp_data_outside_the_window_is_dropped_and_real_sessions_are_not() {
         let r = replay(f);
         assert_eq!((r.passed, r.dropped_total()), (n, 0), "{f}: {r:?}");
     }
+}
+
+fn replay_with(rel: &str, conf: &str) -> Report {
+    let p = xpf_conf::parse(conf, "test.conf", &[]);
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    let rs = xpf_conf::Ruleset::compile(&p, &|_| Some(1)).unwrap();
+    replay_file(&pcaps_dir().join(rel), rs, p.reassemble != Some(false)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+#[test]
+fn teardrop_fragments_never_pass() {
+    // Two fragments of id 0xf2: the first 36 data bytes with MF (not a multiple of 8: a bad
+    // fragment), the second at offset 24, overlapping it. Nothing of the datagram passes.
+    let r = replay("wireshark-wiki-via-filesamples/teardrop.pcap");
+    assert_eq!(r.dropped(Reason::Fragment), 1, "{r:?}");
+    assert_eq!(r.held, 1, "the second waits for a first that will never be valid");
+    assert_eq!(r.passed, 4, "the DNS and the rest of the noise pass");
+    assert!(r.info.contains("bad length"), "{}", r.info);
+    // Without reassembly pf passes fragments to the rules: pass all lets both through.
+    let plain = replay_with("wireshark-wiki-via-filesamples/teardrop.pcap", "set reassemble no\npass all\n");
+    assert_eq!(plain.dropped(Reason::Fragment), 0);
+    assert_eq!(plain.passed, 6);
+}
+
+#[test]
+fn a_tcp_syn_in_three_fragments_is_reassembled_and_makes_its_state() {
+    // The first fragment is too short for the TCP header: only the reassembled datagram has
+    // ports, and flags S/SA sees the SYN.
+    let r = replay("suricata-verify/defrag__bug-6887-defrag-ipv4-tcp-syn__frag-ip-tcp-syn.pcap");
+    assert_eq!((r.passed, r.held, r.states), (3, 0, 1), "{r:?}");
+    // A ruleset that passes only port 80 decides on the whole datagram.
+    // (12345 -> 8080, 8 bytes of TCP header per fragment.)
+    let f = "suricata-verify/defrag__bug-6887-defrag-ipv4-tcp-syn__frag-ip-tcp-syn.pcap";
+    let r = replay_with(f, "block all\npass in proto tcp to port 8080\n");
+    assert_eq!((r.passed, r.states), (3, 1), "{r:?}");
+    let r = replay_with(f, "block all\npass in proto tcp to port 8081\n");
+    assert_eq!(r.dropped(Reason::Match), 3, "{r:?}");
+    // Without reassembly, no fragment carries both ports: a port rule passes none of them.
+    let r = replay_with(f, "set reassemble no\nblock all\npass in proto tcp to port 8080\n");
+    assert_eq!(r.dropped(Reason::Match), 3, "{r:?}");
+}
+
+#[test]
+fn overlapping_ipv6_fragments_are_dropped() {
+    for f in ["frag-1", "frag-2"] {
+        let r = replay(&format!("suricata-verify/ipv6-evasion__ipv6-malformed-fragments-{}__{f}.pcap", &f[5..]));
+        assert_eq!(r.dropped(Reason::Fragment), 4, "{f}: {r:?}");
+        assert!(r.info.contains("overlapping"), "{}", r.info);
+    }
+}
+
+#[test]
+fn afs_rpc_fragments_all_reassemble() {
+    let r = replay("tcpdump/afs.pcap");
+    assert_eq!((r.passed, r.held, r.dropped_total()), (601, 0, 0), "{r:?}");
+}
+
+#[test]
+fn a_syn_flood_fills_only_what_the_limits_allow() {
+    let flood = "suricata-verify/firewall__tcp-session-syn-flood-drop-precedence__input.pcap";
+    let r = replay(flood);
+    assert_eq!((r.passed, r.states), (200, 200), "200 SYNs, 200 half-open states");
+    let r = replay_with(flood, "set limit states 1000\npass in proto tcp keep state (max 50)\n");
+    assert_eq!((r.passed, r.states, r.dropped(Reason::StateLimit)), (50, 50, 150), "{r:?}");
+    let r = replay_with(flood, "pass in proto tcp keep state (max-src-states 20)\n");
+    assert_eq!(r.passed + r.dropped(Reason::SrcLimit), 200, "{r:?}");
+    assert!(r.dropped(Reason::SrcLimit) > 0 && r.info.contains("max-src-states"), "{r:?}");
 }

@@ -17,7 +17,21 @@ pub struct Info {
     pub limits: [u64; LIMIT_NAMES.len()],
     /// What state tracking refused or did, in [`TRACKING_NAMES`] order.
     pub tracking: [u64; TRACKING_NAMES.len()],
+    /// Reassembly, in [`FRAG_NAMES`] order.
+    pub fragments: [u64; FRAG_NAMES.len()],
 }
+
+/// Reassembly counters (`set reassemble yes`).
+pub const FRAG_NAMES: [&str; 8] = [
+    "held now",
+    "reassembled",
+    "overlapping (teardrop)",
+    "oversized",
+    "bad length",
+    "after a drop",
+    "timed out",
+    "flushed (limit frags)",
+];
 
 /// pfctl -si -v's limit counters that xpf keeps.
 pub const LIMIT_NAMES: [&str; 7] = [
@@ -52,6 +66,10 @@ impl Info {
                 std::array::from_fn(|i| x[i] + y[i])
             },
             tracking: [a.window_drops + b.window_drops, a.icmp_mismatch + b.icmp_mismatch, a.reused + b.reused],
+            fragments: w.frags.as_ref().map_or([0; FRAG_NAMES.len()], |f| {
+                let c = f.counters;
+                [c.held, c.reassembled, c.overlaps, c.oversized, c.bad, c.after_drop, c.timeouts, c.flushed]
+            }),
         }
     }
 
@@ -76,6 +94,9 @@ impl Info {
             *x += y;
         }
         for (x, y) in self.tracking.iter_mut().zip(o.tracking.iter()) {
+            *x += y;
+        }
+        for (x, y) in self.fragments.iter_mut().zip(o.fragments.iter()) {
             *x += y;
         }
     }
@@ -120,6 +141,10 @@ impl Info {
         }
         let _ = writeln!(o, "State Tracking");
         for (name, v) in TRACKING_NAMES.iter().zip(self.tracking) {
+            let _ = writeln!(o, "  {:<25} {:>14} {}", name, v, rate(v));
+        }
+        let _ = writeln!(o, "Fragments");
+        for (name, v) in FRAG_NAMES.iter().zip(self.fragments) {
             let _ = writeln!(o, "  {:<25} {:>14} {}", name, v, rate(v));
         }
         o

@@ -497,3 +497,193 @@ fn a_rule_timeout_overrides_the_global_one() {
     w.maintain(15, 100);
     assert_eq!(w.states(), 0, "gone after the rule's 5 s, not udp.first's 60");
 }
+
+/// A UDP datagram from 1.1.1.1:1000 to 2.2.2.2:`dport` with `data` bytes, cut into IPv4
+/// fragments at the data offsets `cuts` (multiples of 8 of the IP payload).
+fn frags4(id: u16, dport: u16, data: usize, cuts: &[usize]) -> Vec<Vec<u8>> {
+    let mut payload = vec![0u8; 8 + data];
+    udp::emit_header(&mut payload, 1000, dport, (8 + data) as u16);
+    for (i, b) in payload[8..].iter_mut().enumerate() {
+        *b = i as u8;
+    }
+    let mut bounds = vec![0];
+    bounds.extend_from_slice(cuts);
+    bounds.push(payload.len());
+    bounds
+        .windows(2)
+        .map(|w| {
+            let part = &payload[w[0]..w[1]];
+            let mut f = vec![0u8; 34 + part.len()];
+            f[12] = 0x08;
+            ipv4::emit_header(&mut f[14..], [1, 1, 1, 1], [2, 2, 2, 2], 17, (20 + part.len()) as u16, 64, id);
+            let more = if w[1] < payload.len() { 0x2000 } else { 0 };
+            f[20..22].copy_from_slice(&((w[0] / 8) as u16 | more).to_be_bytes());
+            f[24..26].copy_from_slice(&[0, 0]);
+            let c = xpf_wire::checksum::checksum(&f[14..34]);
+            f[24..26].copy_from_slice(&c.to_be_bytes());
+            f[34..].copy_from_slice(part);
+            f
+        })
+        .collect()
+}
+
+/// The same as IPv6 fragments (fragment header right after the fixed header).
+fn frags6(id: u32, dport: u16, data: usize, cuts: &[usize]) -> Vec<Vec<u8>> {
+    let mut payload = vec![0u8; 8 + data];
+    udp::emit_header(&mut payload, 1000, dport, (8 + data) as u16);
+    let mut bounds = vec![0];
+    bounds.extend_from_slice(cuts);
+    bounds.push(payload.len());
+    bounds
+        .windows(2)
+        .map(|w| {
+            let part = &payload[w[0]..w[1]];
+            let mut f = vec![0u8; 14 + 40 + 8 + part.len()];
+            f[12..14].copy_from_slice(&[0x86, 0xdd]);
+            let ip = &mut f[14..];
+            ip[0] = 0x60;
+            ip[4..6].copy_from_slice(&((8 + part.len()) as u16).to_be_bytes());
+            ip[6] = 44;
+            ip[7] = 64;
+            ip[8..24].copy_from_slice(&[0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+            ip[24..40].copy_from_slice(&[0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+            let more = u16::from(w[1] < payload.len());
+            ip[40] = 17;
+            ip[42..44].copy_from_slice(&(w[0] as u16 | more).to_be_bytes());
+            ip[44..48].copy_from_slice(&id.to_be_bytes());
+            ip[48..].copy_from_slice(part);
+            f
+        })
+        .collect()
+}
+
+fn reassembling<P: Policy>(p: P) -> Worker<P> {
+    let mut w = worker(p, 100);
+    w.set_reassemble(true, 100, 60);
+    w
+}
+
+/// Passes UDP to port 53 only.
+fn dns_only() -> impl Policy {
+    |pd: &PDesc, _: u16, _: Dir| {
+        if pd.dport == 53 && pd.flags & pdf::HAS_PORTS != 0 {
+            Decision::PASS
+        } else {
+            Decision::BLOCK
+        }
+    }
+}
+
+#[test]
+fn fragments_are_held_then_filtered_as_one_datagram_and_released_in_order() {
+    let mut w = reassembling(dns_only());
+    let f = frags4(7, 53, 3000, &[1480, 2960]);
+    // Out of order: the last, the first, then the middle one completes it.
+    let v = run(&mut w, &[f[2].clone(), f[0].clone(), f[1].clone()], Dir::In, 1);
+    assert_eq!(v, vec![Verdict::Held; 3]);
+    let rel: Vec<(u8, Vec<u8>)> = std::mem::take(&mut w.released);
+    assert_eq!(rel.len(), 3);
+    assert!(rel.iter().all(|r| r.0 == 2), "released with the frame that completed it");
+    assert_eq!(rel.iter().map(|r| r.1.clone()).collect::<Vec<_>>(), f, "unchanged, in datagram order");
+    assert_eq!(w.states(), 1, "a state by the datagram's ports");
+    assert_eq!((w.stats.packets, w.stats.passed, w.stats.dropped), (3, 3, 0));
+    let c = w.frags.as_ref().unwrap().counters;
+    assert_eq!((c.held, c.reassembled), (0, 1));
+    // The reply's fragments ride the state.
+    let out = w.filter_datagram(&f.iter().map(|x| &x[..]).collect::<Vec<_>>(), 2, Dir::Out, 1);
+    assert_eq!(out, Verdict::Pass);
+}
+
+#[test]
+fn a_datagram_the_rules_block_is_dropped_whole() {
+    let mut w = reassembling(dns_only());
+    let f = frags4(8, 54, 2000, &[1480]);
+    let v = run(&mut w, &f, Dir::In, 1);
+    assert_eq!(v, vec![Verdict::Held, Verdict::Drop(Reason::Match)]);
+    assert!(w.released.is_empty());
+    assert_eq!((w.stats.dropped, w.stats.reasons[Reason::Match as usize]), (2, 2));
+    // Without reassembly the later fragment has no ports: a port rule cannot pass it.
+    let mut plain = worker(dns_only(), 100);
+    let f = frags4(9, 53, 2000, &[1480]);
+    assert_eq!(run(&mut plain, &f, Dir::In, 1), vec![Verdict::Pass, Verdict::Drop(Reason::Match)]);
+}
+
+#[test]
+fn overlapping_fragments_drop_the_datagram_teardrop() {
+    let mut w = reassembling(PassAll);
+    let a = frags4(10, 53, 3000, &[1480, 2960]);
+    // A second fragment at offset 1472 overlaps the first (0..1480).
+    let b = frags4(10, 53, 3000, &[1472, 2960]);
+    let v = run(&mut w, &[a[0].clone(), b[1].clone(), a[1].clone(), a[2].clone()], Dir::In, 1);
+    assert_eq!(
+        v,
+        vec![
+            Verdict::Held,
+            Verdict::Drop(Reason::Fragment),
+            Verdict::Drop(Reason::Fragment),
+            Verdict::Drop(Reason::Fragment)
+        ]
+    );
+    let c = w.frags.as_ref().unwrap().counters;
+    assert_eq!((c.overlaps, c.after_drop, c.held, c.reassembled), (1, 2, 0, 0));
+    assert_eq!(w.stats.dropped, 4, "the held first fragment is counted too");
+    assert_eq!(w.states(), 0);
+}
+
+#[test]
+fn incomplete_datagrams_expire_and_the_limit_flushes_the_oldest() {
+    let mut w = worker(PassAll, 100);
+    w.set_reassemble(true, 3, 30);
+    run(&mut w, &[frags4(1, 53, 2000, &[1480])[0].clone()], Dir::In, 1);
+    w.maintain(30, 10);
+    assert_eq!(w.frags.as_ref().unwrap().counters.held, 1);
+    w.maintain(31, 10);
+    let c = w.frags.as_ref().unwrap().counters;
+    assert_eq!((c.held, c.timeouts), (0, 1));
+    assert_eq!(w.stats.reasons[Reason::Fragment as usize], 1);
+    // Limit 3: a fourth datagram flushes the oldest.
+    for id in 2..6 {
+        run(&mut w, &[frags4(id, 53, 2000, &[1480])[0].clone()], Dir::In, 40);
+    }
+    let c = w.frags.as_ref().unwrap().counters;
+    assert_eq!((c.held, c.flushed), (3, 1));
+    // The survivors still complete.
+    let v = run(&mut w, &[frags4(5, 53, 2000, &[1480])[1].clone()], Dir::In, 40);
+    assert_eq!(v, vec![Verdict::Held]);
+    assert_eq!(w.released.len(), 2);
+}
+
+#[test]
+fn bad_fragment_lengths_are_dropped() {
+    let mut w = reassembling(PassAll);
+    // A fragment with more to come must carry a multiple of 8 bytes.
+    let mut f = frags4(3, 53, 2000, &[1480])[0].clone();
+    f.truncate(f.len() - 3);
+    let tl = (f.len() - 14) as u16;
+    f[16..18].copy_from_slice(&tl.to_be_bytes());
+    f[24..26].copy_from_slice(&[0, 0]);
+    let c = xpf_wire::checksum::checksum(&f[14..34]);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+    assert_eq!(run(&mut w, &[f], Dir::In, 1), vec![Verdict::Drop(Reason::Fragment)]);
+    assert_eq!(w.frags.as_ref().unwrap().counters.bad, 1);
+    // Reassembled past 65,535 bytes (ping of death): the last fragment starts at 65,528.
+    let mut big = frags4(4, 53, 100, &[])[0].clone();
+    big[20..22].copy_from_slice(&(65528u16 / 8).to_be_bytes());
+    big[24..26].copy_from_slice(&[0, 0]);
+    let c = xpf_wire::checksum::checksum(&big[14..34]);
+    big[24..26].copy_from_slice(&c.to_be_bytes());
+    assert_eq!(run(&mut w, &[big], Dir::In, 1), vec![Verdict::Drop(Reason::Fragment)]);
+    assert_eq!(w.frags.as_ref().unwrap().counters.oversized, 1);
+}
+
+#[test]
+fn ipv6_fragments_reassemble_and_match_by_port() {
+    let mut w = reassembling(dns_only());
+    let f = frags6(0xabcd, 53, 2500, &[1232]);
+    let v = run(&mut w, &f, Dir::In, 1);
+    assert_eq!(v, vec![Verdict::Held, Verdict::Held]);
+    assert_eq!(w.released.len(), 2);
+    assert_eq!(w.t6.len(), 1);
+    let blocked = frags6(0xabce, 54, 2500, &[1232]);
+    assert_eq!(run(&mut w, &blocked, Dir::In, 1)[1], Verdict::Drop(Reason::Match));
+}

@@ -129,12 +129,20 @@ pub struct FragInfo {
     pub offset: u16,
     pub more: bool,
     pub ident: u32,
+    /// Where the fragment header starts, from the start of the payload (what reassembly
+    /// removes), and where the byte naming it is, from the start of the IPv6 header (6: the
+    /// fixed header's next-header field; else the first byte of the header before it).
+    pub hdr: u16,
+    pub named_at: u16,
+    /// The header after the fragment header.
+    pub next: u8,
 }
 
 /// Walks extension headers starting with `next` over `payload` (the bytes after the fixed header).
 pub fn walk(mut next: u8, payload: &[u8]) -> Result<ExtInfo, Error> {
     let mut info = ExtInfo::default();
     let mut off = 0usize;
+    let mut named_at = 6usize;
     loop {
         match next {
             NH_HOPOPTS | NH_ROUTING | NH_DSTOPTS | NH_AH => {
@@ -153,6 +161,7 @@ pub fn walk(mut next: u8, payload: &[u8]) -> Result<ExtInfo, Error> {
                     info.rh0 = true;
                 }
                 next = h[0];
+                named_at = HEADER_LEN + off;
                 off += len;
                 info.count += 1;
             }
@@ -169,6 +178,9 @@ pub fn walk(mut next: u8, payload: &[u8]) -> Result<ExtInfo, Error> {
                     offset: fo & 0xfff8,
                     more: fo & 1 != 0,
                     ident: u32::from_be_bytes([h[4], h[5], h[6], h[7]]),
+                    hdr: off as u16,
+                    named_at: named_at as u16,
+                    next: h[0],
                 };
                 info.fragment = Some(frag);
                 info.count += 1;
@@ -238,7 +250,9 @@ mod tests {
         assert_eq!(info.proto, 6);
         assert_eq!(info.offset, 24);
         assert_eq!(info.count, 3);
-        assert_eq!(info.fragment, Some(FragInfo { offset: 0, more: true, ident: 0xdeadbeef }));
+        // The fragment header is at 16 in the payload, named by the dstopts header at 40 + 8.
+        let f = FragInfo { offset: 0, more: true, ident: 0xdeadbeef, hdr: 16, named_at: 48, next: 6 };
+        assert_eq!(info.fragment, Some(f));
     }
 
     #[test]

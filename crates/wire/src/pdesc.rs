@@ -25,6 +25,8 @@ pub mod pdf {
     pub const ICMP_ERROR: u16 = 1 << 4;
     /// Transport ports (or the ICMP id) are valid.
     pub const HAS_PORTS: u16 = 1 << 5;
+    /// A fragment with more after it (IPv4 MF, IPv6 M): not the last one.
+    pub const MORE_FRAGS: u16 = 1 << 6;
 }
 
 /// An address: IPv4 in the first four bytes, the rest zero.
@@ -337,6 +339,9 @@ pub fn parse_ipv4(frame: &[u8], off: usize, pd: &mut PDesc) -> Result<(), Parse>
     pd.l4_off = (off + hl) as u16;
     if ip.is_fragment() {
         pd.flags |= pdf::FRAGMENT;
+        if ip.more_frags() {
+            pd.flags |= pdf::MORE_FRAGS;
+        }
         pd.frag_off = ip.frag_offset();
         pd.frag_id = ip.ident() as u32;
         if pd.frag_off != 0 {
@@ -345,7 +350,21 @@ pub fn parse_ipv4(frame: &[u8], off: usize, pd: &mut PDesc) -> Result<(), Parse>
         }
     }
     let l4 = ip.payload();
-    parse_l4(l4, pd, pd.flags & pdf::FRAGMENT != 0)
+    first_fragment_l4(parse_l4(l4, pd, pd.flags & pdf::FRAGMENT != 0), pd)
+}
+
+/// A first fragment too short for its transport header (the tiny-fragment trick, or just a
+/// small first fragment) is still a fragment: kept for reassembly, or, without it, filtered
+/// like a later fragment (no ports). A whole packet that is too short stays an error.
+#[inline]
+fn first_fragment_l4(r: Result<(), Parse>, pd: &mut PDesc) -> Result<(), Parse> {
+    match r {
+        Err(Parse::Drop(Reason::Short)) if pd.flags & pdf::FRAGMENT != 0 => {
+            pd.flags = (pd.flags | pdf::NOT_FIRST_FRAG) & !pdf::HAS_PORTS;
+            Ok(())
+        }
+        r => r,
+    }
 }
 
 /// Parses IPv6 at `frame[off..]`, walking extension headers with a bound.
@@ -375,6 +394,9 @@ pub fn parse_ipv6(frame: &[u8], off: usize, pd: &mut PDesc) -> Result<(), Parse>
         // An atomic fragment (offset 0, no M) is a whole packet (RFC 6946).
         if f.offset != 0 || f.more {
             pd.flags |= pdf::FRAGMENT;
+            if f.more {
+                pd.flags |= pdf::MORE_FRAGS;
+            }
             pd.frag_off = f.offset;
             pd.frag_id = f.ident;
             partial = true;
@@ -385,7 +407,7 @@ pub fn parse_ipv6(frame: &[u8], off: usize, pd: &mut PDesc) -> Result<(), Parse>
         }
     }
     let l4 = &ip.payload()[ext.offset..];
-    parse_l4(l4, pd, partial)
+    first_fragment_l4(parse_l4(l4, pd, partial), pd)
 }
 
 /// Transport header. `partial`: the packet is a first fragment, so the transport length may

@@ -68,6 +68,12 @@ impl Loaded {
         self.limit("states").max(1)
     }
 
+    /// Reassembly on or off (`set reassemble`, pf's default yes) and each of `workers`'
+    /// share of `set limit frags`.
+    pub fn frags(&self, workers: usize) -> (bool, u32) {
+        (self.parsed.reassemble != Some(false), (self.limit("frags") / workers.max(1) as u32).max(1))
+    }
+
     pub fn timeouts(&self) -> Timeouts {
         let mut t = Timeouts::default();
         for &(k, v) in &self.parsed.timeouts {
@@ -203,8 +209,9 @@ impl Daemon {
     fn install(&mut self, l: Loaded) -> Result<u64, Vec<String>> {
         let per = (l.state_limit() / self.workers.len() as u32).max(1);
         let t = l.timeouts();
-        let results =
-            ask(&self.workers, |done| Cmd::Limits { states: per, timeouts: t.clone(), done }).map_err(|e| vec![e])?;
+        let frags = l.frags(self.workers.len());
+        let results = ask(&self.workers, |done| Cmd::Limits { states: per, timeouts: t.clone(), frags, done })
+            .map_err(|e| vec![e])?;
         if let Some(Err(e)) = results.into_iter().find(|r| r.is_err()) {
             return Err(vec![format!("{}: {e}", self.file)]);
         }
@@ -518,6 +525,7 @@ impl Daemon {
                     "passed": info.stats.passed, "dropped": info.stats.dropped,
                     "counters": reasons,
                     "limit_counters": xpf_engine::info::LIMIT_NAMES.iter().zip(info.limits).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),
+                    "fragments": xpf_engine::info::FRAG_NAMES.iter().zip(info.fragments).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),
                     "tracking": xpf_engine::info::TRACKING_NAMES.iter().zip(info.tracking).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),
                     "forwarding": io,
                     "steering": steer.iter().map(|(n, c)| json!({"interface": n, "counters": c})).collect::<Vec<_>>(),

@@ -95,7 +95,14 @@ pub enum Cmd {
     States(Sender<Vec<StateRow>>),
     Kill(Select, Sender<u32>),
     Flush(Sender<u32>),
-    Limits { states: u32, timeouts: Timeouts, done: Sender<Result<(), String>> },
+    /// `set limit states` (this worker's share), the timeouts, and reassembly: (on, `set
+    /// limit frags` share).
+    Limits {
+        states: u32,
+        timeouts: Timeouts,
+        frags: (bool, u32),
+        done: Sender<Result<(), String>>,
+    },
 }
 
 pub struct Port {
@@ -304,6 +311,10 @@ impl Dataplane {
         let mut v_in = [Verdict::Pass; BATCH];
         let clock = Instant::now();
         self.worker.process(&frames[..n], inif as u16, Dir::In, now, &mut v_in);
+        if !self.worker.released.is_empty() {
+            let released = std::mem::take(&mut self.worker.released);
+            self.forward_datagrams(&released, &routes, now);
+        }
         let mut spent = clock.elapsed();
         // `out` on the egress interface, one engine batch per egress interface.
         let mut egress: [u32; BATCH] = [0; BATCH];
@@ -373,6 +384,48 @@ impl Dataplane {
         }
     }
 
+    /// Sends on the fragments of reassembled datagrams that passed `in`: each datagram is
+    /// filtered `out` as a whole on the egress its completing frame was routed to, and its
+    /// fragments leave unchanged but for the link header and TTL.
+    #[cold]
+    fn forward_datagrams(&mut self, released: &[(u8, Vec<u8>)], routes: &[Route], now: u32) {
+        let mut start = 0;
+        while start < released.len() {
+            let idx = released[start].0;
+            let end = start + released[start..].iter().take_while(|r| r.0 == idx).count();
+            let group: Vec<&[u8]> = released[start..end].iter().map(|r| &r.1[..]).collect();
+            start = end;
+            let (eg, dmac, smac) = match routes[idx as usize] {
+                Route::Forward { ifindex, dmac, smac } => (ifindex, dmac, smac),
+                Route::NoNeighbour { ifindex, family, nexthop } => {
+                    self.io.no_neighbour += group.len() as u64;
+                    self.resolve(ifindex, family, nexthop);
+                    continue;
+                }
+                Route::Invalid => {
+                    self.io.bad_meta += group.len() as u64;
+                    continue;
+                }
+            };
+            let Some(ep) = self.port_of(eg) else {
+                self.io.egress_not_filtered += group.len() as u64;
+                continue;
+            };
+            if self.worker.filter_datagram(&group, eg as u16, Dir::Out, now) != Verdict::Pass {
+                continue;
+            }
+            for f in group {
+                match self.ports[ep].io.tx_copy(f) {
+                    Some(out) => {
+                        rewrite(out, &dmac, &smac);
+                        self.io.forwarded += 1;
+                    }
+                    None => self.io.tx_full += 1,
+                }
+            }
+        }
+    }
+
     /// Asks the kernel to resolve a next hop, at most once a second per next hop.
     fn resolve(&mut self, ifindex: u32, family: u8, nexthop: [u8; 16]) {
         let t = Instant::now();
@@ -424,7 +477,8 @@ impl Dataplane {
                 }
                 let _ = tx.send(n);
             }
-            Cmd::Limits { states, timeouts, done } => {
+            Cmd::Limits { states, timeouts, frags, done } => {
+                self.worker.set_reassemble(frags.0, frags.1, timeouts.get(xpf_state::Timeout::Frag));
                 self.worker.t4.set_timeouts(timeouts.clone());
                 self.worker.t6.set_timeouts(timeouts);
                 let r = if states != self.worker.limit() {

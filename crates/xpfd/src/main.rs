@@ -258,6 +258,7 @@ fn run(a: Args) -> Result<(), String> {
         }
     };
     let workers = ports_of.len();
+    let frags = loaded.frags(workers);
     let cpus: Vec<usize> = a.cpus.clone().unwrap_or_else(|| (0..workers).map(|w| w % ncpu).collect());
     if a.fastpath > 0 && steers.is_empty() {
         eprintln!("xpfd: --fastpath needs XDP; packet mode forwards everything in xpfd");
@@ -291,6 +292,7 @@ fn run(a: Args) -> Result<(), String> {
             Worker::new(cfg, policy::Live::new(slot.clone())).map_err(|e| format!("state table: {e:?}"))?;
         worker.t4.set_timeouts(timeouts.clone());
         worker.t6.set_timeouts(timeouts.clone());
+        worker.set_reassemble(frags.0, frags.1, timeouts.get(xpf_state::Timeout::Frag));
         let cpu = cpus[w % cpus.len()];
         let (stop, busy) = (stop.clone(), a.busy);
         let fast = if fast_maps.is_empty() { None } else { Some(std::mem::take(&mut fast_maps[w])) };

@@ -73,6 +73,8 @@ pub struct Parsed {
     pub queues: Vec<Queue>,
     /// `set skip on` interfaces: not filtered at all.
     pub skip: Vec<String>,
+    /// `set reassemble yes|no` (None: pf's default, yes).
+    pub reassemble: Option<bool>,
 }
 
 /// A table as declared (`table <name> ...`) or made for a list.

@@ -69,6 +69,7 @@ pub(super) fn set_option(p: &mut P, out: &mut Parsed) -> R<()> {
             }
             let nodf = p.eat("no-df");
             out.header.push(format!("set reassemble {v} {}", if nodf { "no-df" } else { "" }));
+            out.reassemble = Some(v == "yes");
         }
         "state-policy" => {
             let v = p.string()?;
