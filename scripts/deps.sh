@@ -15,6 +15,8 @@ command -v ping >/dev/null 2>&1 || need+=(iputils-ping)         # demo and scena
 command -v curl >/dev/null 2>&1 || need+=(curl)                # demo and scenario tests
 command -v nft >/dev/null 2>&1 || need+=(nftables)              # the lab: the kernel firewall xpf is compared with
 command -v conntrack >/dev/null 2>&1 || need+=(conntrack)       # the lab: warming and counting the kernel's states
+command -v traceroute >/dev/null 2>&1 || need+=(traceroute)     # scenario tests (ICMP time exceeded through xpfd)
+/usr/bin/python3 -c 'import scapy' >/dev/null 2>&1 || need+=(python3-scapy)  # scenario tests (crafted TCP segments)
 
 if ! command -v cargo >/dev/null 2>&1; then
     echo "deps: cargo is not installed; xpf needs Rust 1.95 (rustup)" >&2

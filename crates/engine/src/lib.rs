@@ -641,10 +641,13 @@ fn hit_tcp<K: Key>(t: &mut StateTable<K>, id: u32, pd: &PDesc, dir: Dir, now: u3
         proto::Track::Pass(c) => {
             let e = t.touch(id, dir, pd.ip_len, now);
             e.set_class(c);
+            // A handshake completed (a RST moves both peers past ESTABLISHED too: a refused
+            // connection is not one).
             if e.timeout & xpf_state::table::TO_EXTRA != 0
                 && (before[0] < proto::tcps::ESTABLISHED || before[1] < proto::tcps::ESTABLISHED)
                 && next[0] >= proto::tcps::ESTABLISHED
                 && next[1] >= proto::tcps::ESTABLISHED
+                && pd.tcp_flags & tcp::RST == 0
             {
                 if let Some(v) = connection_limit(t, id, now) {
                     return Some(v);

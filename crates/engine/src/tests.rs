@@ -687,3 +687,20 @@ fn ipv6_fragments_reassemble_and_match_by_port() {
     let blocked = frags6(0xabce, 54, 2500, &[1232]);
     assert_eq!(run(&mut w, &blocked, Dir::In, 1)[1], Verdict::Drop(Reason::Match));
 }
+
+#[test]
+fn refused_connections_do_not_count_towards_max_src_conn() {
+    let o = xpf_state::Overload { table: "bruteforce".into(), flush: false, global: false };
+    let mut w =
+        limited(xpf_state::RuleLimits { max_src_conn: 1, track_src: true, overload: Some(o), ..Default::default() });
+    let src = [1, 1, 1, 1];
+    for sport in 1..=3 {
+        // SYN, then the server's RST|ACK (nothing listens).
+        assert_eq!(run(&mut w, &[tseg(src, sport, true, tcp::SYN, 100, 0)], Dir::In, 1), vec![Verdict::Pass]);
+        let rst = tseg(src, sport, false, tcp::RST | tcp::ACK, 0, 101);
+        assert_eq!(run(&mut w, &[rst], Dir::Out, 1), vec![Verdict::Pass]);
+    }
+    assert!(w.t4.track.overloads.is_empty(), "no connection was made");
+    assert_eq!(w.t4.track.counters.src_conn, 0);
+    assert_eq!(handshake(&mut w, src, 9), PASS3, "the first real connection is within max-src-conn 1");
+}
