@@ -190,6 +190,16 @@ kill $LISTEN 2>/dev/null; wait $LISTEN 2>/dev/null
 $CTL -t blocked -T flush >/dev/null
 check "-f back to the full ruleset (after the limits)" $CTL -f "$DIR/pf.conf"
 
+# modulate state: both initial sequence numbers replaced, every segment rewritten (SEQ, ACK,
+# SACK); a transfer that works and no segment out of the window show the two sides agree.
+sed 's/port { 80, 5201 }/port { 80, 5201 } modulate state/' "$DIR/pf.conf" > "$DIR/modulate.conf"
+check "-f a ruleset with modulate state" $CTL -f "$DIR/modulate.conf"
+m0=$(mm)
+check "modulate state: HTTP (curl)" c curl -sf -m 5 -o /dev/null http://10.0.2.2/
+check "modulate state: TCP bulk transfer, 2 s (iperf3)" c iperf3 -c 10.0.2.2 -t 2
+check "modulate state: no segment fell out of the window ($(( $(mm) - m0 )))" test $(( $(mm) - m0 )) -eq 0
+check "-f back to the full ruleset (after modulate)" $CTL -f "$DIR/pf.conf"
+
 check "-s rules -v shows evaluations" bash -c "$CTL -s rules -v | grep -q 'Evaluations:'"
 check "-s all --json is JSON" bash -c "$CTL -s all --json | python3 -m json.tool >/dev/null"
 check "-F states empties the table" bash -c "$CTL -F states && test \"\$($CTL -s info --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"states\"])')\" = 0"

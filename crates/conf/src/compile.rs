@@ -149,6 +149,7 @@ struct CRule {
     if_bound: bool,
     allow_opts: bool,
     sloppy: bool,
+    modulate: bool,
     pickup: bool,
     /// Index + 1 in `Ruleset::limits`, 0 for none.
     limits: u32,
@@ -331,6 +332,7 @@ impl Ruleset {
                 if_bound: r.state_opts.if_bound,
                 allow_opts: r.allow_opts,
                 sloppy: r.state_opts.sloppy,
+                modulate: r.state == StateKind::Modulate,
                 // A rule that does not ask for a bare SYN may pick a stream up in the middle.
                 pickup: match r.flags {
                     Some(Flags::Set { bits, mask }) => !(bits & 0x02 != 0 && mask & 0x10 != 0 && bits & 0x10 == 0),
@@ -536,6 +538,7 @@ impl Policy for Ruleset {
                     sloppy: r.sloppy,
                     pickup: r.pickup,
                     limits: r.limits,
+                    modulate: r.modulate,
                 }
             }
         }

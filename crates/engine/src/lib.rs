@@ -80,6 +80,10 @@ pub struct Worker<P: Policy> {
     /// route is theirs). The caller sends them on and empties this.
     pub released: Vec<(u8, Vec<u8>)>,
     frag_buf: Vec<u8>,
+    /// `modulate state`: frames of the last batch to rewrite before they leave (bit i: frame
+    /// i), with (added to SEQ, taken from ACK and SACK); [`proto::apply_modulation`] does it.
+    pub patched: u64,
+    pub patches: [(u32, u32); BATCH],
     limit: u32,
     any_if_bound: bool,
     pd: [PDesc; BATCH],
@@ -125,6 +129,8 @@ impl<P: Policy> Worker<P> {
             frags: None,
             released: Vec::new(),
             frag_buf: Vec::new(),
+            patched: 0,
+            patches: [(0, 0); BATCH],
             limit: cfg.limit,
             any_if_bound: false,
             pd: [PDesc::default(); BATCH],
@@ -162,6 +168,7 @@ impl<P: Policy> Worker<P> {
     pub fn process(&mut self, frames: &[&[u8]], ifidx: u16, dir: Dir, now: u32, verdicts: &mut [Verdict]) {
         let n = frames.len().min(BATCH);
         let (mut n4, mut n6) = (0usize, 0usize);
+        self.patched = 0;
         // Parse the whole batch first, then key it: reading a descriptor right after the parser
         // wrote it stalled on store forwarding (~30% of the worker's samples at 9,800 states).
         let mut parsed = 0u64;
@@ -183,6 +190,11 @@ impl<P: Policy> Worker<P> {
             if pd.flags & (pdf::FRAGMENT | pdf::ICMP_ERROR) != 0 {
                 let pd = *pd;
                 verdicts[i] = self.special(i, frames[i], &pd, ifidx, dir, now);
+                if pd.flags & pdf::FRAGMENT == 0 {
+                    self.take_patch(i);
+                }
+                self.t4.modulated = None;
+                self.t6.modulated = None;
             } else if pd.af == AF_INET {
                 self.k4[n4] = Key4::from_pdesc(pd, dir, 0);
                 self.i4[n4] = i as u8;
@@ -217,6 +229,9 @@ impl<P: Policy> Worker<P> {
                     };
                     miss(&mut self.t4, &self.policy, c, pd, self.k4[j], self.h4[j])
                 };
+                if self.t4.modulated.is_some() {
+                    self.take_patch(i);
+                }
             }
         }
         if n6 > 0 {
@@ -241,6 +256,9 @@ impl<P: Policy> Worker<P> {
                     };
                     miss(&mut self.t6, &self.policy, c, pd, self.k6[j], self.h6[j])
                 };
+                if self.t6.modulated.is_some() {
+                    self.take_patch(i);
+                }
             }
         }
         let st = &mut self.stats;
@@ -257,6 +275,15 @@ impl<P: Policy> Worker<P> {
                 // Counted when its datagram is passed or dropped.
                 Verdict::Held => {}
             }
+        }
+    }
+
+    /// Moves the sequence rewrite the tables computed for frame `i` into `patches`.
+    #[cold]
+    fn take_patch(&mut self, i: usize) {
+        if let Some(m) = self.t4.modulated.take().or_else(|| self.t6.modulated.take()) {
+            self.patches[i] = m;
+            self.patched |= 1 << i;
         }
     }
 
@@ -627,12 +654,20 @@ fn hit_tcp<K: Key>(t: &mut StateTable<K>, id: u32, pd: &PDesc, dir: Dir, now: u3
     }
     let before = *st;
     let mut next = *st;
+    let mut modulated = None;
     let track = match peers {
-        Some(p) => proto::tcp_track(p, &mut next, pd, from),
+        Some(p) => {
+            let tr = proto::tcp_track(p, &mut next, pd, from);
+            if p[0].seqdiff | p[1].seqdiff != 0 && tr != proto::Track::Bad {
+                modulated = Some(modulate(p, from, pd));
+            }
+            tr
+        }
         None => proto::Track::Pass(proto::on_packet(pd.proto, pd.tcp_flags, from, &mut next)),
     };
     *st = next;
     let (class, expire) = (s.class(), s.expire);
+    t.modulated = modulated;
     match track {
         proto::Track::Bad => {
             t.counters.window_drops += 1;
@@ -665,6 +700,17 @@ fn hit_tcp<K: Key>(t: &mut StateTable<K>, id: u32, pd: &PDesc, dir: Dir, now: u3
         return Some(Verdict::Drop(Reason::IpOption));
     }
     Some(Verdict::Pass)
+}
+
+/// `modulate state` on a segment from side `from`: the responder's first SYN gets its own
+/// random initial number too (as pf does); returns (added to SEQ, taken from ACK).
+#[cold]
+#[inline(never)]
+fn modulate(p: &mut [xpf_state::Peer; 2], from: usize, pd: &PDesc) -> (u32, u32) {
+    if p[from].seqdiff == 0 && pd.tcp_flags & tcp::SYN != 0 {
+        p[from].seqdiff = proto::new_seqdiff(pd.tcp_seq);
+    }
+    (p[from].seqdiff, p[1 - from].seqdiff)
 }
 
 /// State `id`, made by a rule with limits, completed its handshake (pf_src_connlimit): over
@@ -743,8 +789,15 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     } else {
         (key, h)
     };
-    let (timeout, src_state, dst_state, tcp) = proto::initial(pd);
-    let tcp = if d.sloppy { None } else { tcp };
+    let (timeout, src_state, dst_state, mut tcp) = proto::initial(pd);
+    if d.sloppy {
+        tcp = None;
+    }
+    let mut seqdiff = 0;
+    if let Some(p) = tcp.as_mut().filter(|_| d.modulate && pd.tcp_flags & (tcp::SYN | tcp::ACK) == tcp::SYN) {
+        seqdiff = proto::new_seqdiff(pd.tcp_seq);
+        p[0].seqdiff = seqdiff;
+    }
     let ns = NewState {
         key,
         stack: None,
@@ -762,6 +815,9 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         Ok(id) => {
             if let Some(l) = limits {
                 t.attach(id, l, pd.src, c.now);
+            }
+            if seqdiff != 0 {
+                t.modulated = Some((seqdiff, 0));
             }
             t.touch(id, c.dir, pd.ip_len, c.now);
             Verdict::Pass

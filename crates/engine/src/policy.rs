@@ -31,6 +31,8 @@ pub struct Decision {
     pub pickup: bool,
     /// The rule's limits ([`Policy::limits`]), 0 for none.
     pub limits: u32,
+    /// `modulate state`: the TCP initial sequence numbers are replaced by random ones.
+    pub modulate: bool,
 }
 
 impl Decision {
@@ -45,6 +47,7 @@ impl Decision {
         sloppy: false,
         pickup: false,
         limits: 0,
+        modulate: false,
     };
     /// `block` (drop).
     pub const BLOCK: Decision = Decision { action: Action::Block, keep_state: false, ..Decision::PASS };

@@ -6,7 +6,7 @@
 //! or a RST that does not hit the expected sequence number, is dropped and the state kept.
 
 use xpf_state::{Peer, Timeout};
-use xpf_wire::pdesc::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP};
+use xpf_wire::pdesc::{pdf, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP};
 use xpf_wire::{tcp, PDesc};
 
 /// pf's UDP / other peer states (PFUDPS_*, PFOTHERS_*).
@@ -190,7 +190,9 @@ pub fn tcp_track(p: &mut [Peer; 2], st: &mut [u8; 2], pd: &PDesc, from: usize) -
     };
     let orig_seq = pd.tcp_seq;
     let mut seq = orig_seq;
-    let mut ack = pd.tcp_ack;
+    // Under `modulate state` the other side's numbers on the wire are shifted by its seqdiff:
+    // its acknowledgements are tracked in the sender's own numbering.
+    let mut ack = pd.tcp_ack.wrapping_sub(p[di].seqdiff);
     let mut end;
     let mut data_end;
     if p[si].seqlo == 0 {
@@ -304,10 +306,79 @@ pub fn tcp_track(p: &mut [Peer; 2], st: &mut [u8; 2], pd: &PDesc, from: usize) -
 
 /// Whether sequence number `seq`, quoted by an ICMP error, lies in the window of side `from`
 /// (the quoted segment's sender): pf's check in pf_test_state_icmp.
+/// Under `modulate state` the quote may carry the number before or after the rewrite,
+/// depending on which side of the firewall answered.
 pub fn quoted_seq_ok(p: &[Peer; 2], from: usize, seq: u32) -> bool {
     let (s, d) = (&p[from], &p[1 - from]);
     let dws = if s.wscale != 0 && d.wscale != 0 { d.wscale & WSCALE_MASK } else { 0 };
-    seq_geq(s.seqhi, seq) && seq_geq(seq, s.seqlo.wrapping_sub((d.max_win as u32) << dws))
+    let ok = |seq: u32| seq_geq(s.seqhi, seq) && seq_geq(seq, s.seqlo.wrapping_sub((d.max_win as u32) << dws));
+    ok(seq) || (s.seqdiff != 0 && ok(seq.wrapping_sub(s.seqdiff)))
+}
+
+/// A random non-zero offset that turns `seq` into a random initial sequence number (pf's
+/// `arc4random() - seq`): SipHash with this process's random keys over a counter.
+pub fn new_seqdiff(seq: u32) -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    loop {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(N.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let d = (h.finish() as u32).wrapping_sub(seq);
+        if d != 0 {
+            return d;
+        }
+    }
+}
+
+/// Rewrites TCP segment `frame` (Ethernet) for `modulate state`: SEQ + `seq_add`, and, on an
+/// ACK, ACK and the SACK blocks - `ack_sub`, the checksum updated. False if it is not a
+/// TCP segment it can rewrite.
+pub fn apply_modulation(frame: &mut [u8], seq_add: u32, ack_sub: u32) -> bool {
+    let mut pd = PDesc::default();
+    if xpf_wire::parse_ether(frame, &mut pd).is_err() || pd.proto != IPPROTO_TCP || pd.flags & pdf::HAS_PORTS == 0 {
+        return false;
+    }
+    let t = pd.l4_off as usize;
+    let Some(h) = frame.get_mut(t..) else { return false };
+    let hl = ((h[12] >> 4) as usize * 4).min(h.len());
+    let mut ck = u16::from_be_bytes([h[16], h[17]]);
+    let mut shift = |h: &mut [u8], at: usize, by: u32, add: bool| {
+        let old = u32::from_be_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
+        let new = if add { old.wrapping_add(by) } else { old.wrapping_sub(by) };
+        h[at..at + 4].copy_from_slice(&new.to_be_bytes());
+        ck = xpf_wire::checksum::update32(ck, old, new);
+    };
+    if seq_add != 0 {
+        shift(h, 4, seq_add, true);
+    }
+    if ack_sub != 0 && pd.tcp_flags & tcp::ACK != 0 {
+        shift(h, 8, ack_sub, false);
+        // SACK blocks (kind 5) acknowledge in the same numbering (pf_modulate_sack).
+        let mut o = 20;
+        while o < hl {
+            match h[o] {
+                0 => break,
+                1 => o += 1,
+                kind => {
+                    let len = h.get(o + 1).copied().unwrap_or(0) as usize;
+                    if len < 2 || o + len > hl {
+                        break;
+                    }
+                    if kind == 5 {
+                        let mut b = o + 2;
+                        while b + 8 <= o + len {
+                            shift(h, b, ack_sub, false);
+                            shift(h, b + 4, ack_sub, false);
+                            b += 8;
+                        }
+                    }
+                    o += len;
+                }
+            }
+        }
+    }
+    h[16..18].copy_from_slice(&ck.to_be_bytes());
+    true
 }
 
 /// The window updates both of pf's accepting branches make.

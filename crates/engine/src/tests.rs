@@ -704,3 +704,86 @@ fn refused_connections_do_not_count_towards_max_src_conn() {
     assert_eq!(w.t4.track.counters.src_conn, 0);
     assert_eq!(handshake(&mut w, src, 9), PASS3, "the first real connection is within max-src-conn 1");
 }
+
+/// The TCP checksum of IPv4 frame `f`, computed whole.
+fn tcp_cksum(f: &[u8]) -> u16 {
+    let mut t = f[34..].to_vec();
+    t[16..18].copy_from_slice(&[0, 0]);
+    let src: [u8; 4] = f[26..30].try_into().unwrap();
+    let dst: [u8; 4] = f[30..34].try_into().unwrap();
+    let ps = xpf_wire::checksum::pseudo_v4(src, dst, 6, t.len() as u16);
+    !xpf_wire::checksum::fold(xpf_wire::checksum::sum(&t, ps))
+}
+
+/// `f` with a valid TCP checksum.
+fn ck(mut f: Vec<u8>) -> Vec<u8> {
+    let c = tcp_cksum(&f);
+    f[50..52].copy_from_slice(&c.to_be_bytes());
+    f
+}
+
+fn seq_ack(f: &[u8]) -> (u32, u32) {
+    (u32::from_be_bytes(f[38..42].try_into().unwrap()), u32::from_be_bytes(f[42..46].try_into().unwrap()))
+}
+
+#[test]
+fn modulate_state_replaces_both_initial_sequence_numbers() {
+    let d = Decision { modulate: true, ..Decision::PASS };
+    let mut w = worker(move |_: &PDesc, _: u16, _: Dir| d, 10);
+    // Each segment goes through the worker, then is rewritten as the I/O layer would.
+    let pass = |w: &mut Worker<_>, f: Vec<u8>, dir| {
+        let mut f = ck(f);
+        assert_eq!(run(w, std::slice::from_ref(&f), dir, 1), vec![Verdict::Pass]);
+        if w.patched & 1 != 0 {
+            let (a, s) = w.patches[0];
+            assert!(proto::apply_modulation(&mut f, a, s));
+        }
+        assert_eq!(u16::from_be_bytes([f[50], f[51]]), tcp_cksum(&f), "checksum kept valid");
+        f
+    };
+    let syn = pass(&mut w, seg(true, tcp::SYN, 1000, 0, 65535, 0, Some(7)), Dir::In);
+    let isn_c = seq_ack(&syn).0;
+    assert_ne!(isn_c, 1000, "the client's ISN is replaced");
+    let synack =
+        pass(&mut w, seg(false, tcp::SYN | tcp::ACK, 5000, isn_c.wrapping_add(1), 65535, 0, Some(7)), Dir::Out);
+    let (isn_s, ack) = seq_ack(&synack);
+    assert_ne!(isn_s, 5000, "the server's too");
+    assert_eq!(ack, 1001, "the client sees its own numbers acknowledged");
+    let a = pass(&mut w, seg(true, tcp::ACK, 1001, isn_s.wrapping_add(1), 512, 0, None), Dir::In);
+    assert_eq!(seq_ack(&a), (isn_c.wrapping_add(1), 5001), "the server sees its own numbers acknowledged");
+    let data = pass(&mut w, seg(true, tcp::ACK | tcp::PSH, 1001, isn_s.wrapping_add(1), 512, 100, None), Dir::In);
+    assert_eq!(seq_ack(&data).0, isn_c.wrapping_add(1));
+    assert_eq!(peer_states_of(&w), (proto::tcps::ESTABLISHED, proto::tcps::ESTABLISHED));
+    // A segment that acknowledges the client's real numbers (a blind spoofer on the server's
+    // side, who never saw the modulated ones) is out of the window.
+    let spoof = ck(seg(false, tcp::ACK, 5001, 1101, 512, 10, None));
+    assert_eq!(run(&mut w, &[spoof], Dir::Out, 1), vec![Verdict::Drop(Reason::StateMismatch)]);
+}
+
+fn peer_states_of<P: Policy>(w: &Worker<P>) -> (u8, u8) {
+    let s = w.t4.iter().next().unwrap().1;
+    (s.peer_state[0], s.peer_state[1])
+}
+
+#[test]
+fn modulation_rewrites_sack_blocks() {
+    // An ACK with a SACK block (NOP NOP kind 5 len 10 left right) shifted with the ACK.
+    let mut f = vec![0u8; 14 + 20 + 32];
+    f[12] = 0x08;
+    ipv4::emit_header(&mut f[14..], [1, 1, 1, 1], [2, 2, 2, 2], 6, 52, 64, 1);
+    let t = &mut f[34..];
+    t[0..2].copy_from_slice(&80u16.to_be_bytes());
+    t[2..4].copy_from_slice(&1000u16.to_be_bytes());
+    t[8..12].copy_from_slice(&5000u32.to_be_bytes());
+    t[12] = 8 << 4;
+    t[13] = tcp::ACK;
+    t[20..24].copy_from_slice(&[1, 1, 5, 10]);
+    t[24..28].copy_from_slice(&6000u32.to_be_bytes());
+    t[28..32].copy_from_slice(&7000u32.to_be_bytes());
+    let mut f = ck(f);
+    assert!(proto::apply_modulation(&mut f, 0, 100));
+    assert_eq!(seq_ack(&f).1, 4900);
+    assert_eq!(u32::from_be_bytes(f[58..62].try_into().unwrap()), 5900);
+    assert_eq!(u32::from_be_bytes(f[62..66].try_into().unwrap()), 6900);
+    assert_eq!(u16::from_be_bytes([f[50], f[51]]), tcp_cksum(&f));
+}

@@ -268,6 +268,9 @@ pub struct StateTable<K: Key> {
     pub counters: Counters,
     /// Limits and source nodes of the states made by limited rules.
     pub track: Tracking,
+    /// `modulate state`: the sequence rewrite (added to SEQ, taken from ACK) that the engine
+    /// computed for the packet it just tracked; it takes it at once.
+    pub modulated: Option<(u32, u32)>,
 }
 
 impl<K: Key> Drop for StateTable<K> {
@@ -316,6 +319,7 @@ impl<K: Key> StateTable<K> {
             now: cfg.now,
             counters: Counters::default(),
             track: Tracking::default(),
+            modulated: None,
         })
     }
 

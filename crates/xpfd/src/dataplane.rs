@@ -124,6 +124,9 @@ pub struct Dataplane {
     /// Sources over `max-src-conn(-rate)` to add to an `overload` table, for the control
     /// thread (tables change by recompiling the ruleset, which is not the worker's job).
     pub overload: Option<Sender<(String, std::net::IpAddr)>>,
+    /// Copies of frames that `modulate state` rewrote on the way in (the RX ring is not
+    /// written), reused from batch to batch.
+    mod_bufs: Vec<Vec<u8>>,
     last_resolve: Vec<(u32, [u8; 16], Instant)>,
 }
 
@@ -215,6 +218,7 @@ impl Dataplane {
             busy,
             fast: None,
             overload: None,
+            mod_bufs: Vec::new(),
             last_resolve: Vec::new(),
         }
     }
@@ -315,6 +319,26 @@ impl Dataplane {
             let released = std::mem::take(&mut self.worker.released);
             self.forward_datagrams(&released, &routes, now);
         }
+        // `modulate state` rewrote some on the way in: the `out` pass and the wire see the
+        // rewritten copies.
+        let mut bufs = std::mem::take(&mut self.mod_bufs);
+        if self.worker.patched != 0 {
+            bufs.resize_with(BATCH, Vec::new);
+            let mut m = self.worker.patched;
+            while m != 0 {
+                let i = m.trailing_zeros() as usize;
+                m &= m - 1;
+                bufs[i].clear();
+                bufs[i].extend_from_slice(frames[i]);
+                let (a, s) = self.worker.patches[i];
+                xpf_engine::proto::apply_modulation(&mut bufs[i], a, s);
+            }
+            for (i, b) in bufs.iter().enumerate() {
+                if self.worker.patched & (1 << i) != 0 {
+                    frames[i] = &b[..];
+                }
+            }
+        }
         let mut spent = clock.elapsed();
         // `out` on the egress interface, one engine batch per egress interface.
         let mut egress: [u32; BATCH] = [0; BATCH];
@@ -361,6 +385,10 @@ impl Dataplane {
                 match routes[sel[k]] {
                     Route::Forward { dmac, smac, .. } => match self.ports[ep].io.tx_copy(out_frames[k]) {
                         Some(f) => {
+                            if self.worker.patched & (1 << k) != 0 {
+                                let (a, s) = self.worker.patches[k];
+                                xpf_engine::proto::apply_modulation(f, a, s);
+                            }
                             rewrite(f, &dmac, &smac);
                             self.io.forwarded += 1;
                             if let Some(fp) = &mut self.fast {
@@ -377,6 +405,7 @@ impl Dataplane {
                 }
             }
         }
+        self.mod_bufs = bufs;
         self.io.filtered += n as u64;
         self.io.filter_ns += spent.as_nanos() as u64;
         if let Some(fp) = &mut self.fast {
