@@ -498,9 +498,9 @@ fn a_rule_timeout_overrides_the_global_one() {
     assert_eq!(w.states(), 0, "gone after the rule's 5 s, not udp.first's 60");
 }
 
-/// A UDP datagram from 1.1.1.1:1000 to 2.2.2.2:`dport` with `data` bytes, cut into IPv4
-/// fragments at the data offsets `cuts` (multiples of 8 of the IP payload).
-fn frags4(id: u16, dport: u16, data: usize, cuts: &[usize]) -> Vec<Vec<u8>> {
+/// The IP payload of a UDP datagram from port 1000 to `dport` with `data` bytes, cut at the
+/// offsets `cuts` (multiples of 8): (offset, part, more to come) for each fragment.
+fn udp_parts(dport: u16, data: usize, cuts: &[usize]) -> Vec<(usize, Vec<u8>, bool)> {
     let mut payload = vec![0u8; 8 + data];
     udp::emit_header(&mut payload, 1000, dport, (8 + data) as u16);
     for (i, b) in payload[8..].iter_mut().enumerate() {
@@ -509,19 +509,22 @@ fn frags4(id: u16, dport: u16, data: usize, cuts: &[usize]) -> Vec<Vec<u8>> {
     let mut bounds = vec![0];
     bounds.extend_from_slice(cuts);
     bounds.push(payload.len());
-    bounds
-        .windows(2)
-        .map(|w| {
-            let part = &payload[w[0]..w[1]];
+    bounds.windows(2).map(|w| (w[0], payload[w[0]..w[1]].to_vec(), w[1] < payload.len())).collect()
+}
+
+/// That datagram from 1.1.1.1 to 2.2.2.2 as IPv4 fragments.
+fn frags4(id: u16, dport: u16, data: usize, cuts: &[usize]) -> Vec<Vec<u8>> {
+    udp_parts(dport, data, cuts)
+        .into_iter()
+        .map(|(off, part, more)| {
             let mut f = vec![0u8; 34 + part.len()];
             f[12] = 0x08;
             ipv4::emit_header(&mut f[14..], [1, 1, 1, 1], [2, 2, 2, 2], 17, (20 + part.len()) as u16, 64, id);
-            let more = if w[1] < payload.len() { 0x2000 } else { 0 };
-            f[20..22].copy_from_slice(&((w[0] / 8) as u16 | more).to_be_bytes());
+            f[20..22].copy_from_slice(&((off / 8) as u16 | if more { 0x2000 } else { 0 }).to_be_bytes());
             f[24..26].copy_from_slice(&[0, 0]);
             let c = xpf_wire::checksum::checksum(&f[14..34]);
             f[24..26].copy_from_slice(&c.to_be_bytes());
-            f[34..].copy_from_slice(part);
+            f[34..].copy_from_slice(&part);
             f
         })
         .collect()
@@ -529,15 +532,9 @@ fn frags4(id: u16, dport: u16, data: usize, cuts: &[usize]) -> Vec<Vec<u8>> {
 
 /// The same as IPv6 fragments (fragment header right after the fixed header).
 fn frags6(id: u32, dport: u16, data: usize, cuts: &[usize]) -> Vec<Vec<u8>> {
-    let mut payload = vec![0u8; 8 + data];
-    udp::emit_header(&mut payload, 1000, dport, (8 + data) as u16);
-    let mut bounds = vec![0];
-    bounds.extend_from_slice(cuts);
-    bounds.push(payload.len());
-    bounds
-        .windows(2)
-        .map(|w| {
-            let part = &payload[w[0]..w[1]];
+    udp_parts(dport, data, cuts)
+        .into_iter()
+        .map(|(off, part, more)| {
             let mut f = vec![0u8; 14 + 40 + 8 + part.len()];
             f[12..14].copy_from_slice(&[0x86, 0xdd]);
             let ip = &mut f[14..];
@@ -547,11 +544,10 @@ fn frags6(id: u32, dport: u16, data: usize, cuts: &[usize]) -> Vec<Vec<u8>> {
             ip[7] = 64;
             ip[8..24].copy_from_slice(&[0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
             ip[24..40].copy_from_slice(&[0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
-            let more = u16::from(w[1] < payload.len());
             ip[40] = 17;
-            ip[42..44].copy_from_slice(&(w[0] as u16 | more).to_be_bytes());
+            ip[42..44].copy_from_slice(&(off as u16 | u16::from(more)).to_be_bytes());
             ip[44..48].copy_from_slice(&id.to_be_bytes());
-            ip[48..].copy_from_slice(part);
+            ip[48..].copy_from_slice(&part);
             f
         })
         .collect()
