@@ -271,11 +271,7 @@ impl Frags {
     /// The whole datagram of `pieces` (in datagram order, complete) as one frame: the first
     /// fragment's headers, without the fragment header (IPv6) or fragment fields (IPv4), its
     /// lengths and checksum set, and every fragment's data. None if the headers do not parse.
-    pub fn assemble(&self, pieces: &[Piece], buf: &mut Vec<u8>) -> bool {
-        Self::assemble_into(pieces, buf).is_some()
-    }
-
-    fn assemble_into(pieces: &[Piece], buf: &mut Vec<u8>) -> Option<()> {
+    pub fn assemble(pieces: &[Piece], buf: &mut Vec<u8>) -> Option<()> {
         let first = pieces.first()?;
         let l3 = first.l3 as usize;
         let f = &first.frame;

@@ -47,6 +47,12 @@ pub const LIMIT_NAMES: [&str; 7] = [
 /// xpf's detail behind pf's state-mismatch counter, and state reuse.
 pub const TRACKING_NAMES: [&str; 3] = ["tcp out of window", "icmp error mismatch", "tcp state reused"];
 
+fn add_all(a: &mut [u64], b: &[u64]) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x += y;
+    }
+}
+
 fn limit_values(c: &xpf_state::LimitCounters) -> [u64; LIMIT_NAMES.len()] {
     [c.states, c.src_states, c.src_nodes, c.src_conn, c.src_conn_rate, c.overload_table, c.overload_flush]
 }
@@ -87,18 +93,10 @@ impl Info {
         s.dropped += t.dropped;
         s.to_host += t.to_host;
         s.rule_passes += t.rule_passes;
-        for (x, y) in s.reasons.iter_mut().zip(t.reasons.iter()) {
-            *x += y;
-        }
-        for (x, y) in self.limits.iter_mut().zip(o.limits.iter()) {
-            *x += y;
-        }
-        for (x, y) in self.tracking.iter_mut().zip(o.tracking.iter()) {
-            *x += y;
-        }
-        for (x, y) in self.fragments.iter_mut().zip(o.fragments.iter()) {
-            *x += y;
-        }
+        add_all(&mut s.reasons, &t.reasons);
+        add_all(&mut self.limits, &o.limits);
+        add_all(&mut self.tracking, &o.tracking);
+        add_all(&mut self.fragments, &o.fragments);
     }
 
     /// pf's counter for `r`: `match` counts every packet a rule decided, passed or blocked.

@@ -345,7 +345,7 @@ impl<P: Policy> Worker<P> {
     fn filter_pieces(&mut self, pieces: &[frag::Piece], ifidx: u16, dir: Dir, now: u32) -> Verdict {
         let mut buf = std::mem::take(&mut self.frag_buf);
         let mut whole = PDesc::default();
-        let v = match self.frags.as_mut().and_then(|f| f.assemble(pieces, &mut buf).then_some(())) {
+        let v = match frag::Frags::assemble(pieces, &mut buf) {
             None => Verdict::Drop(Reason::Fragment),
             Some(()) => match parse_ether(&buf, &mut whole) {
                 Ok(()) => self.single(&buf, &whole, ifidx, dir, now),

@@ -224,6 +224,46 @@ pub fn resident_bytes() -> u64 {
     pages * page
 }
 
+/// Side records: an arena with a free list, in a reserved mapping like the slab, so that it
+/// grows by pages as records are used (a Vec's doubling would cost up to a record's size again
+/// per state).
+pub(crate) struct Side<T: Zeroable> {
+    v: Region<T>,
+    hwm: u32,
+    free: Vec<u32>,
+}
+
+impl<T: Zeroable> Side<T> {
+    pub(crate) fn new() -> Result<Self, MapError> {
+        Ok(Side { v: Region::new(crate::table::MAX_STATES as usize)?, hwm: 0, free: Vec::new() })
+    }
+    pub(crate) fn alloc(&mut self, x: T) -> u32 {
+        let i = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.hwm += 1;
+                self.hwm - 1
+            }
+        };
+        *self.v.get_mut(i as usize) = x;
+        i
+    }
+    pub(crate) fn release(&mut self, i: u32) {
+        self.free.push(i);
+    }
+    #[inline(always)]
+    pub(crate) fn get(&self, i: u32) -> &T {
+        self.v.get(i as usize)
+    }
+    #[inline(always)]
+    pub(crate) fn get_mut(&mut self, i: u32) -> &mut T {
+        self.v.get_mut(i as usize)
+    }
+    pub(crate) fn bytes(&self) -> usize {
+        self.hwm as usize * core::mem::size_of::<T>() + self.free.capacity() * 4
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

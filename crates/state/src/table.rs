@@ -8,7 +8,7 @@
 use crate::event::{Event, EventKind, EventQueue};
 use crate::index::{Index, Probe};
 use crate::key::{Dir, Key, Seed};
-use crate::region::{MapError, Region, Zeroable};
+use crate::region::{MapError, Region, Side, Zeroable};
 use crate::timeout::{Timeout, Timeouts};
 use crate::track::{RuleLimits, Tracking};
 use crate::wheel::Wheel;
@@ -180,46 +180,6 @@ pub struct Config {
     /// Start the index at this many rows and grow it (online, by 4x) whenever the load passes
     /// `ROW_LOAD` per row, up to what the limit calls for. None starts at the full size.
     pub grow_from: Option<u32>,
-}
-
-/// Side records: an arena with a free list, in a reserved mapping like the slab, so that it
-/// grows by pages as records are used (a Vec's doubling would cost up to a record's size again
-/// per state).
-struct Side<T: Zeroable> {
-    v: Region<T>,
-    hwm: u32,
-    free: Vec<u32>,
-}
-
-impl<T: Zeroable> Side<T> {
-    fn new() -> Result<Self, MapError> {
-        Ok(Side { v: Region::new(MAX_STATES as usize)?, hwm: 0, free: Vec::new() })
-    }
-    fn alloc(&mut self, x: T) -> u32 {
-        let i = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                self.hwm += 1;
-                self.hwm - 1
-            }
-        };
-        *self.v.get_mut(i as usize) = x;
-        i
-    }
-    fn release(&mut self, i: u32) {
-        self.free.push(i);
-    }
-    #[inline(always)]
-    fn get(&self, i: u32) -> &T {
-        self.v.get(i as usize)
-    }
-    #[inline(always)]
-    fn get_mut(&mut self, i: u32) -> &mut T {
-        self.v.get_mut(i as usize)
-    }
-    fn bytes(&self) -> usize {
-        self.hwm as usize * core::mem::size_of::<T>() + self.free.capacity() * 4
-    }
 }
 
 /// Memory the table holds, by part.
