@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN := target/release
 
-.PHONY: all deps build demo test lab bench bench-states bench-hashsize bench-insert bench-resize bench-rules bench-workers fuzz fmt clean
+.PHONY: all deps build demo test failover lab bench bench-states bench-hashsize bench-insert bench-resize bench-rules bench-workers fuzz fmt clean
 
 all: build
 
@@ -27,7 +27,12 @@ test: build
 	$(CARGO) test --release -p xpf-conf --test pfctl_regress -- --nocapture --exact pfctl_regress_tally 2>&1 | grep -E '^(pf|pfail|selfpf)[: ]'
 	scripts/test.sh
 	scripts/scenario.sh
+	scripts/failover.sh 8 14 --key
 	$(BIN)/xpf-bench lab --quick
+
+# The firewall pair: keepalived moves the addresses, the standby carries the flows (~25 s).
+failover: build
+	scripts/failover.sh 8 14 --key
 
 # The full experiments (several minutes each); figures go to bench-results/out/.
 bench: bench-states bench-hashsize bench-insert bench-resize bench-rules bench-workers

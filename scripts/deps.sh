@@ -16,6 +16,8 @@ command -v curl >/dev/null 2>&1 || need+=(curl)                # demo and scenar
 command -v nft >/dev/null 2>&1 || need+=(nftables)              # the lab: the kernel firewall xpf is compared with
 command -v conntrack >/dev/null 2>&1 || need+=(conntrack)       # the lab: warming and counting the kernel's states
 command -v traceroute >/dev/null 2>&1 || need+=(traceroute)     # scenario tests (ICMP time exceeded through xpfd)
+command -v keepalived >/dev/null 2>&1 || need+=(keepalived)     # the failover scenario (VRRP between two xpfd)
+command -v bc >/dev/null 2>&1 || need+=(bc)                     # the failover scenario (timing)
 /usr/bin/python3 -c 'import scapy' >/dev/null 2>&1 || need+=(python3-scapy)  # scenario tests (crafted TCP segments)
 
 if ! command -v cargo >/dev/null 2>&1; then
@@ -32,4 +34,6 @@ if ((${#need[@]})); then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    # The failover scenario runs its own keepalived in namespaces; the system's has no config.
+    if command -v systemctl >/dev/null 2>&1; then systemctl disable --now keepalived >/dev/null 2>&1 || true; fi
 fi

@@ -671,10 +671,26 @@ fn hit_tcp<K: Key>(t: &mut StateTable<K>, id: u32, pd: &PDesc, dir: Dir, now: u3
             e.set_class(class);
         }
     }
+    if t.sync_max != 0 {
+        sync_count(t, id);
+    }
     if pd.flags & pdf::IP_OPTIONS != 0 && !t.state(id).allow_opts() {
         return Some(Verdict::Drop(Reason::IpOption));
     }
     Some(Verdict::Pass)
+}
+
+/// Sync's `maxupdates`: one more segment tracked since the state's last update went out; at
+/// the limit the sync side sends what is queued at once (pf's pfsync_update_state).
+#[inline(never)]
+fn sync_count<K: Key>(t: &mut StateTable<K>, id: u32) {
+    let max = t.sync_max;
+    if let Some(p) = t.peers_mut(id) {
+        p[0].sync_upd = p[0].sync_upd.saturating_add(1);
+        if p[0].sync_upd >= max {
+            t.sync_push = true;
+        }
+    }
 }
 
 /// `modulate state` on a segment from side `from`: the responder's first SYN gets its own

@@ -26,6 +26,9 @@ pub trait Key: Copy + Eq + Default + core::fmt::Debug + Send + crate::region::Ze
     fn port(&self, i: usize) -> u16;
     fn kif(&self) -> u16;
     fn af(&self) -> u8;
+    /// A key from its parts (addresses as `Addr`, IPv4 in the first four bytes): for states
+    /// that arrive by sync.
+    fn from_parts(proto: u8, addr: [Addr; 2], port: [u16; 2], kif: u16) -> Self;
 }
 
 /// IPv4 key: 16 bytes, compared and hashed as two words.
@@ -154,6 +157,9 @@ impl Key for Key4 {
     fn af(&self) -> u8 {
         4
     }
+    fn from_parts(proto: u8, addr: [Addr; 2], port: [u16; 2], kif: u16) -> Self {
+        Key4 { addr: [addr[0].v4_bytes(), addr[1].v4_bytes()], port, proto, _pad: 0, kif }
+    }
 }
 
 impl Key for Key6 {
@@ -183,6 +189,9 @@ impl Key for Key6 {
     }
     fn af(&self) -> u8 {
         6
+    }
+    fn from_parts(proto: u8, addr: [Addr; 2], port: [u16; 2], kif: u16) -> Self {
+        Key6 { addr: [addr[0].0, addr[1].0], port, proto, _pad: 0, kif }
     }
 }
 

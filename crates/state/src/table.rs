@@ -112,6 +112,9 @@ pub struct Peer {
     pub mss: u16,
     pub wscale: u8,
     pub pflags: u8,
+    /// Sync: segments tracked since the state's last update went out (peer 0 only; pf's
+    /// `sync_updates`), so that a busy TCP state is pushed after `maxupdates`.
+    pub sync_upd: u8,
 }
 // SAFETY: integers only.
 unsafe impl Zeroable for Peer {}
@@ -231,6 +234,10 @@ pub struct StateTable<K: Key> {
     /// `modulate state`: the sequence rewrite (added to SEQ, taken from ACK) that the engine
     /// computed for the packet it just tracked; it takes it at once.
     pub modulated: Option<(u32, u32)>,
+    /// Sync's `maxupdates` (0: sync off): a TCP state tracked this many times since its last
+    /// update went out sets `sync_push`, and the sync side sends what is queued at once.
+    pub sync_max: u8,
+    pub sync_push: bool,
 }
 
 impl<K: Key> Drop for StateTable<K> {
@@ -280,6 +287,8 @@ impl<K: Key> StateTable<K> {
             counters: Counters::default(),
             track: Tracking::default(),
             modulated: None,
+            sync_max: 0,
+            sync_push: false,
         })
     }
 
@@ -314,6 +323,21 @@ impl<K: Key> StateTable<K> {
     }
     pub fn events_dropped(&self) -> u64 {
         self.events.dropped
+    }
+    /// Events queued for sync.
+    pub fn events_len(&self) -> usize {
+        self.events.len()
+    }
+    pub fn events_enabled(&self) -> bool {
+        self.events.enabled()
+    }
+    /// Slots ever used: live states have ids below this.
+    pub fn high_water(&self) -> u32 {
+        self.hwm
+    }
+    /// Turns sync events on (capacity > 0) or off, keeping the states.
+    pub fn set_events(&mut self, cap: usize) {
+        self.events = EventQueue::new(cap);
     }
 
     /// Changes the limit. Raising it grows the index online: a new index is made and rows move

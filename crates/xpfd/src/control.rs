@@ -96,6 +96,8 @@ pub struct Daemon {
     workers: Vec<Sender<Cmd>>,
     steers: Arc<Mutex<Vec<(String, Steer)>>>,
     start: Instant,
+    /// State sync's counters, when --sync-dev is on.
+    pub sync: Option<Arc<crate::sync::Shared>>,
 }
 
 fn ask<T>(workers: &[Sender<Cmd>], mk: impl Fn(Sender<T>) -> Cmd) -> Result<Vec<T>, String> {
@@ -187,7 +189,7 @@ impl Daemon {
         workers: Vec<Sender<Cmd>>,
         steers: Arc<Mutex<Vec<(String, Steer)>>>,
     ) -> Daemon {
-        Daemon { file, defines, loaded, slot, workers, steers, start: Instant::now() }
+        Daemon { file, defines, loaded, slot, workers, steers, start: Instant::now(), sync: None }
     }
 
     /// Loads the daemon's own file again (SIGHUP).
@@ -512,6 +514,10 @@ impl Daemon {
                         let _ = writeln!(text, "  {:<42} {:>14}", label, c[i]);
                     }
                 }
+                let sync = self.sync.as_ref().map(|s| crate::sync::render(s));
+                if let Some((t, _)) = &sync {
+                    text.push_str(t);
+                }
                 let rx_dropped: u64 = xs.iter().map(|x| x.rx_dropped + x.rx_ring_full + x.fill_empty).sum();
                 let kind = if pc.is_empty() { "AF_XDP" } else { "AF_PACKET" };
                 let _ = writeln!(text, "{kind} sockets: {} (kernel-side drops {rx_dropped})", xs.len());
@@ -528,6 +534,7 @@ impl Daemon {
                     "fragments": xpf_engine::info::FRAG_NAMES.iter().zip(info.fragments).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),
                     "tracking": xpf_engine::info::TRACKING_NAMES.iter().zip(info.tracking).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),
                     "forwarding": io,
+                    "sync": sync.map(|(_, v)| v),
                     "steering": steer.iter().map(|(n, c)| json!({"interface": n, "counters": c})).collect::<Vec<_>>(),
                     "packet_mode": pc.iter().map(|(i, c)| json!({"ifindex": i, "counters": c})).collect::<Vec<_>>(),
                     "sockets": xs.iter().map(|x| json!({"rx": x.rx, "tx": x.tx, "tx_full": x.tx_full, "kicks": x.kicks,

@@ -103,6 +103,10 @@ pub enum Cmd {
         frags: (bool, u32),
         done: Sender<Result<(), String>>,
     },
+    /// Records from the sync peer for states this worker owns.
+    Sync(Vec<xpf_sync::Msg>),
+    /// Send every state to the sync peer (a bulk update).
+    SyncBulk,
 }
 
 pub struct Port {
@@ -127,6 +131,8 @@ pub struct Dataplane {
     /// Copies of frames that `modulate state` rewrote on the way in (the RX ring is not
     /// written), reused from batch to batch.
     mod_bufs: Vec<Vec<u8>>,
+    /// State sync (--sync-dev): this worker's replica and sender.
+    pub sync: Option<crate::sync::WorkerSync>,
     last_resolve: Vec<(u32, [u8; 16], Instant)>,
 }
 
@@ -219,6 +225,7 @@ impl Dataplane {
             fast: None,
             overload: None,
             mod_bufs: Vec::new(),
+            sync: None,
             last_resolve: Vec::new(),
         }
     }
@@ -253,6 +260,9 @@ impl Dataplane {
             }
             for p in self.ports.iter_mut() {
                 p.io.flush();
+            }
+            if let Some(s) = &mut self.sync {
+                s.poll(&mut self.worker, now);
             }
             n_loops += 1;
             if got == 0 || n_loops.is_multiple_of(64) {
@@ -516,6 +526,16 @@ impl Dataplane {
                     Ok(())
                 };
                 let _ = done.send(r);
+            }
+            Cmd::Sync(msgs) => {
+                if let Some(s) = &mut self.sync {
+                    s.apply(&mut self.worker, &msgs, now);
+                }
+            }
+            Cmd::SyncBulk => {
+                if let Some(s) = &mut self.sync {
+                    s.rep.bulk_start();
+                }
             }
         }
     }

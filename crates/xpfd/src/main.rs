@@ -18,6 +18,7 @@ mod control;
 mod dataplane;
 mod fastpath;
 mod policy;
+mod sync;
 
 use control::{Daemon, Loaded};
 use dataplane::{Cmd, Dataplane, Port};
@@ -34,7 +35,8 @@ use xpf_xdp::{netlink, xsk::Xsk};
 pub const DEFAULT_SOCKET: &str = "/run/xpfd.sock";
 
 const USAGE: &str = "usage: xpfd -f FILE -i IF [-i IF ...] [--io xdp|packet|auto] [--workers N] [--cpus LIST] \
-                     [--socket PATH] [--busy-poll] [--fastpath [FLOWS]] [-D macro=value]";
+                     [--socket PATH] [--busy-poll] [--fastpath [FLOWS]] [-D macro=value] \
+                     [--sync-dev IF [--sync-peer ADDR] [--sync-key FILE] [--sync-maxupd N] [--sync-hostid ID]]";
 
 #[derive(Debug)]
 struct Args {
@@ -48,6 +50,7 @@ struct Args {
     /// Fast-path flows per interface (0: off).
     fastpath: u32,
     defines: Vec<(String, String)>,
+    sync: Option<sync::SyncArgs>,
 }
 
 fn parse_args(a: &[String]) -> Result<Args, String> {
@@ -61,7 +64,9 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
         busy: false,
         fastpath: 0,
         defines: Vec::new(),
+        sync: None,
     };
+    let mut sync = sync::SyncArgs { dev: String::new(), peer: None, key_file: None, maxupd: 128, hostid: None };
     let mut i = 0;
     while i < a.len() {
         let flag = a[i].clone();
@@ -99,6 +104,21 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
                 let (k, v) = d.split_once('=').ok_or_else(|| format!("-D {d}: expected macro=value"))?;
                 r.defines.push((k.into(), v.into()));
             }
+            "--sync-dev" => sync.dev = val()?,
+            "--sync-peer" => {
+                let v = val()?;
+                sync.peer = Some(v.parse().map_err(|_| format!("--sync-peer {v}: an IPv4 address"))?)
+            }
+            "--sync-key" => sync.key_file = Some(val()?),
+            "--sync-maxupd" => {
+                let v = val()?;
+                sync.maxupd = v.parse().ok().filter(|&n| n > 0).ok_or_else(|| format!("--sync-maxupd {v}: 1 to 255"))?
+            }
+            "--sync-hostid" => {
+                let v = val()?;
+                let x = u32::from_str_radix(v.trim_start_matches("0x"), 16).ok().filter(|&n| n != 0);
+                sync.hostid = Some(x.ok_or_else(|| format!("--sync-hostid {v}: a non-zero hex number"))?)
+            }
             "-h" | "--help" => return Err(USAGE.into()),
             x => return Err(format!("unknown argument '{x}'\n{USAGE}")),
         }
@@ -106,6 +126,11 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
     }
     if r.file.is_empty() || r.ifaces.is_empty() {
         return Err(format!("xpfd needs a ruleset (-f) and at least one interface (-i)\n{USAGE}"));
+    }
+    if !sync.dev.is_empty() {
+        r.sync = Some(sync);
+    } else if sync.peer.is_some() || sync.key_file.is_some() {
+        return Err("--sync-peer and --sync-key need --sync-dev".into());
     }
     if !matches!(r.io.as_str(), "xdp" | "auto" | "packet") {
         return Err(format!("--io {}: xdp, packet or auto", r.io));
@@ -284,12 +309,47 @@ fn run(a: Args) -> Result<(), String> {
     let mut handles = Vec::new();
     let seed = Seed::random();
     let (overload_tx, overload_rx) = mpsc::channel::<(String, std::net::IpAddr)>();
+    let sync_setup = match &a.sync {
+        Some(sa) => {
+            use md5::Digest;
+            let cksum: [u8; 16] = md5::Md5::digest(text.as_bytes()).into();
+            let cfg = sync::config(sa, cksum)?;
+            let tx = sync::Transport::open(&sa.dev, sa.peer)?;
+            let shared = Arc::new(sync::Shared {
+                workers: (0..workers).map(|_| Mutex::new(sync::WorkerReport::default())).collect(),
+                endpoint: Mutex::new(Default::default()),
+                bulk_left: Default::default(),
+                bulk_sent: Default::default(),
+                stop: AtomicBool::new(false),
+                dev: sa.dev.clone(),
+                peer: sa.peer.map(|p| p.to_string()).unwrap_or_else(|| "224.0.0.240".into()),
+                auth: cfg.key.is_some(),
+                creatorid: cfg.creatorid,
+            });
+            eprintln!(
+                "xpfd: sync on {} to {} (creator id {:08x}, frames up to {} bytes, authentication {})",
+                sa.dev,
+                shared.peer,
+                cfg.creatorid,
+                cfg.max_frame,
+                if cfg.key.is_some() { "on" } else { "off" }
+            );
+            Some((cfg, tx, shared, sa.maxupd))
+        }
+        None => None,
+    };
     for (w, ports) in ports_of.into_iter().enumerate() {
         let (tx, rx) = mpsc::channel::<Cmd>();
         txs.push(tx);
-        let cfg = WorkerConfig { limit: per_worker, rows: None, seed, events: 0, now: 1, prefault: true };
+        let events = if sync_setup.is_some() { 1 << 20 } else { 0 };
+        let cfg = WorkerConfig { limit: per_worker, rows: None, seed, events, now: 1, prefault: true };
         let mut worker =
             Worker::new(cfg, policy::Live::new(slot.clone())).map_err(|e| format!("state table: {e:?}"))?;
+        let wsync = sync_setup.as_ref().map(|(cfg, tx, shared, maxupd)| {
+            worker.t4.sync_max = *maxupd;
+            worker.t6.sync_max = *maxupd;
+            sync::WorkerSync::new(cfg, w, *tx, shared.clone())
+        });
         worker.t4.set_timeouts(timeouts.clone());
         worker.t6.set_timeouts(timeouts.clone());
         worker.set_reassemble(frags.0, frags.1, timeouts.get(xpf_state::Timeout::Frag));
@@ -304,6 +364,7 @@ fn run(a: Args) -> Result<(), String> {
                     pin(cpu);
                     let mut dp = Dataplane::new(worker, ports, rx, stop, busy);
                     dp.overload = Some(overload);
+                    dp.sync = wsync;
                     if let Some(maps) = fast {
                         dp.fast = Some(fastpath::FastPath::new(maps, w as u32));
                     }
@@ -320,7 +381,21 @@ fn run(a: Args) -> Result<(), String> {
             libc::signal(s, on_signal as *const () as libc::sighandler_t);
         }
     }
+    let mut sync_thread = None;
+    let mut sync_shared = None;
+    if let Some((cfg, tx, shared, _)) = sync_setup {
+        let ep = xpf_sync::Endpoint::new(cfg);
+        let (workers_tx, sh) = (txs.clone(), shared.clone());
+        sync_thread = Some(
+            std::thread::Builder::new()
+                .name("xpf-sync".into())
+                .spawn(move || sync::run(ep, tx, workers_tx, sh))
+                .map_err(|e| e.to_string())?,
+        );
+        sync_shared = Some(shared);
+    }
     let mut d = Daemon::new(a.file.clone(), a.defines.clone(), loaded, slot, txs, steers.clone());
+    d.sync = sync_shared.clone();
     let listener = control::listen(&a.socket).map_err(|e| format!("control socket {}: {e}", a.socket))?;
     eprintln!("xpfd: filtering {}; control socket {}", a.ifaces.join(", "), a.socket);
     let mut hups = 0;
@@ -349,6 +424,10 @@ fn run(a: Args) -> Result<(), String> {
     }
     eprintln!("xpfd: stopping");
     stop.store(true, Ordering::Relaxed);
+    if let (Some(h), Some(sh)) = (sync_thread, &sync_shared) {
+        sh.stop.store(true, Ordering::Relaxed);
+        let _ = h.join();
+    }
     for h in handles {
         let _ = h.join();
     }

@@ -1,0 +1,455 @@
+//! State sync's I/O: IP protocol 240 on the sync interface, to the peer (`--sync-peer`) or
+//! the group 224.0.0.240, TTL 255 both ways; the sync thread that receives, checks and routes
+//! records; and each worker's part, which sends its own tables' events (no lock between
+//! workers) and applies the records routed to it between batches.
+
+use crate::dataplane::Cmd;
+use crate::policy::Live;
+use serde::Serialize;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use xpf_engine::Worker;
+use xpf_sync::wire::{self, IFNAMSIZ};
+use xpf_sync::{replica, BulkIn, BulkOut, Config, Endpoint, Ifnames, Msg, Replica, Stats, Tables};
+
+/// `--sync-*`.
+#[derive(Debug, Clone)]
+pub struct SyncArgs {
+    pub dev: String,
+    pub peer: Option<Ipv4Addr>,
+    /// The shared key's file (`--sync-key FILE`).
+    pub key_file: Option<String>,
+    pub maxupd: u8,
+    pub hostid: Option<u32>,
+}
+
+/// Sockets of the sync link: one raw socket for protocol 240 bound to the sync interface.
+#[derive(Debug, Clone, Copy)]
+pub struct Transport {
+    fd: i32,
+    dst: libc::sockaddr_in,
+}
+
+fn setopt<T>(fd: i32, level: i32, name: i32, v: &T) -> std::io::Result<()> {
+    // SAFETY: v points to a live T of the size passed.
+    let r = unsafe { libc::setsockopt(fd, level, name, v as *const T as *const libc::c_void, size_of::<T>() as u32) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+impl Transport {
+    pub fn open(dev: &str, peer: Option<Ipv4Addr>) -> Result<Transport, String> {
+        let ifindex = xpf_xdp::netlink::ifindex(dev).map_err(|e| format!("--sync-dev {dev}: {e}"))?;
+        // SAFETY: plain socket(2).
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, wire::PROTO as i32) };
+        if fd < 0 {
+            return Err(format!("sync socket (raw, protocol 240): {}", std::io::Error::last_os_error()));
+        }
+        let e = |what: &str, r: std::io::Result<()>| r.map_err(|e| format!("sync socket {what}: {e}"));
+        let mut name = [0u8; IFNAMSIZ];
+        name[..dev.len().min(15)].copy_from_slice(&dev.as_bytes()[..dev.len().min(15)]);
+        e("SO_BINDTODEVICE", setopt(fd, libc::SOL_SOCKET, libc::SO_BINDTODEVICE, &name))?;
+        e("IP_TTL", setopt(fd, libc::IPPROTO_IP, libc::IP_TTL, &(wire::TTL as i32)))?;
+        e("IP_MULTICAST_TTL", setopt(fd, libc::IPPROTO_IP, libc::IP_MULTICAST_TTL, &(wire::TTL as i32)))?;
+        e("IP_MULTICAST_LOOP", setopt(fd, libc::IPPROTO_IP, libc::IP_MULTICAST_LOOP, &0i32))?;
+        // A bulk update arrives faster than one thread reads: 64 MB of buffer (as root).
+        let _ = setopt(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &(64i32 << 20));
+        let _ = setopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &(16i32 << 20));
+        let group = u32::from_ne_bytes(wire::GROUP);
+        let mreq = libc::ip_mreqn {
+            imr_multiaddr: libc::in_addr { s_addr: group },
+            imr_address: libc::in_addr { s_addr: 0 },
+            imr_ifindex: ifindex as i32,
+        };
+        e("IP_MULTICAST_IF", setopt(fd, libc::IPPROTO_IP, libc::IP_MULTICAST_IF, &mreq))?;
+        if peer.is_none() {
+            e("IP_ADD_MEMBERSHIP 224.0.0.240", setopt(fd, libc::IPPROTO_IP, libc::IP_ADD_MEMBERSHIP, &mreq))?;
+        }
+        let to = peer.map(|p| p.octets()).unwrap_or(wire::GROUP);
+        let dst = libc::sockaddr_in {
+            sin_family: libc::AF_INET as u16,
+            sin_port: 0,
+            sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(to) },
+            sin_zero: [0; 8],
+        };
+        Ok(Transport { fd, dst })
+    }
+
+    /// Sends one frame; false if the kernel refused it (counted by the caller).
+    pub fn send(&self, frame: &[u8]) -> bool {
+        loop {
+            // SAFETY: frame and dst are live for the call.
+            let r = unsafe {
+                libc::sendto(
+                    self.fd,
+                    frame.as_ptr() as *const libc::c_void,
+                    frame.len(),
+                    0,
+                    &self.dst as *const libc::sockaddr_in as *const libc::sockaddr,
+                    size_of::<libc::sockaddr_in>() as u32,
+                )
+            };
+            if r >= 0 {
+                return true;
+            }
+            // A full socket buffer during a bulk: wait for the link rather than lose states.
+            match std::io::Error::last_os_error().raw_os_error() {
+                Some(libc::ENOBUFS) | Some(libc::EAGAIN) => std::thread::sleep(Duration::from_micros(200)),
+                _ => return false,
+            }
+        }
+    }
+
+    /// Receives one datagram (IP header included) into `buf`; None when nothing is waiting.
+    fn recv(&self, buf: &mut [u8]) -> Option<usize> {
+        // SAFETY: buf is live and writable for its length.
+        let n = unsafe { libc::recv(self.fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), libc::MSG_DONTWAIT) };
+        (n > 0).then_some(n as usize)
+    }
+
+    fn wait(&self, ms: i32) {
+        let mut p = libc::pollfd { fd: self.fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one live pollfd.
+        unsafe { libc::poll(&mut p, 1, ms) };
+    }
+}
+
+/// The MTU of `dev` (1500 if it cannot be read).
+pub fn mtu(dev: &str) -> usize {
+    std::fs::read_to_string(format!("/sys/class/net/{dev}/mtu"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(1500)
+}
+
+/// Interface names by index, from the kernel, cached.
+#[derive(Default)]
+pub struct SysNames(RefCell<HashMap<u16, [u8; IFNAMSIZ]>>);
+
+impl Ifnames for SysNames {
+    fn name(&self, kif: u16) -> [u8; IFNAMSIZ] {
+        if kif == 0 {
+            return wire::ifname("all");
+        }
+        *self.0.borrow_mut().entry(kif).or_insert_with(|| {
+            wire::ifname(&xpf_xdp::netlink::ifname(kif as u32).unwrap_or_else(|| format!("if{kif}")))
+        })
+    }
+    fn index(&self, name: &[u8; IFNAMSIZ]) -> Option<u16> {
+        let n = wire::ifname_str(name)?;
+        if n == "all" {
+            return Some(0);
+        }
+        xpf_xdp::netlink::ifindex(n).ok().and_then(|i| u16::try_from(i).ok())
+    }
+}
+
+/// What every side reports, for `xpfctl -s info`.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct WorkerReport {
+    pub frames: u64,
+    pub bytes: u64,
+    pub send_errors: u64,
+    pub events_dropped: u64,
+    pub imported: u64,
+    pub bulk_sent: u64,
+    pub inserted: u64,
+    pub updated: u64,
+    pub deleted: u64,
+    pub stale: u64,
+    pub unknown: u64,
+    pub badstate: u64,
+    pub requests: u64,
+}
+
+pub struct Shared {
+    pub workers: Vec<Mutex<WorkerReport>>,
+    pub endpoint: Mutex<(Stats, String, String)>,
+    /// Workers still exporting the bulk update in progress.
+    pub bulk_left: AtomicUsize,
+    pub bulk_sent: AtomicU64,
+    pub stop: AtomicBool,
+    pub dev: String,
+    pub peer: String,
+    pub auth: bool,
+    pub creatorid: u32,
+}
+
+/// A worker's part.
+pub struct WorkerSync {
+    pub rep: Replica,
+    tx: Transport,
+    names: SysNames,
+    shared: Arc<Shared>,
+    index: usize,
+    start: Instant,
+    last_report: u64,
+    frames: u64,
+    bytes: u64,
+    errors: u64,
+}
+
+impl WorkerSync {
+    pub fn new(cfg: &Config, index: usize, tx: Transport, shared: Arc<Shared>) -> WorkerSync {
+        WorkerSync {
+            rep: Replica::new(cfg, index as u8),
+            tx,
+            names: SysNames::default(),
+            shared,
+            index,
+            start: Instant::now(),
+            last_report: 0,
+            frames: 0,
+            bytes: 0,
+            errors: 0,
+        }
+    }
+
+    /// Between batches: bulk export, events out, frames sent, counters published each second.
+    pub fn poll(&mut self, w: &mut Worker<Live>, now: u32) {
+        let ms = self.start.elapsed().as_millis() as u64;
+        let mut t = Tables { t4: &mut w.t4, t6: &mut w.t6 };
+        if self.rep.bulk_running() && self.rep.bulk_step(&mut t, now, 2048, &self.names) {
+            self.shared.bulk_sent.fetch_add(self.rep.bulk_sent, Ordering::Relaxed);
+            self.send_ready();
+            self.shared.bulk_left.fetch_sub(1, Ordering::Release);
+        }
+        self.rep.poll(&mut t, now, ms, &self.names);
+        self.send_ready();
+        if ms >= self.last_report + 1000 {
+            self.last_report = ms;
+            let s = self.rep.stats;
+            *self.shared.workers[self.index].lock().unwrap() = WorkerReport {
+                frames: self.frames,
+                bytes: self.bytes,
+                send_errors: self.errors,
+                events_dropped: w.t4.events_dropped() + w.t6.events_dropped(),
+                imported: self.rep.imported() as u64,
+                bulk_sent: self.rep.bulk_sent,
+                inserted: s.inserted,
+                updated: s.updated,
+                deleted: s.deleted,
+                stale: s.stale,
+                unknown: s.unknown,
+                badstate: s.badstate,
+                requests: s.requests,
+            };
+        }
+    }
+
+    fn send_ready(&mut self) {
+        for f in self.rep.ready.drain(..) {
+            if self.tx.send(&f) {
+                self.frames += 1;
+                self.bytes += f.len() as u64;
+            } else {
+                self.errors += 1;
+            }
+        }
+    }
+
+    pub fn apply(&mut self, w: &mut Worker<Live>, msgs: &[Msg], now: u32) {
+        let mut t = Tables { t4: &mut w.t4, t6: &mut w.t6 };
+        for m in msgs {
+            self.rep.apply(&mut t, m, now, &self.names);
+        }
+    }
+}
+
+fn bulk_text(b: &BulkIn) -> String {
+    match b {
+        BulkIn::Idle => "idle".into(),
+        BulkIn::Requested { tries, .. } => format!("requested (try {tries})"),
+        BulkIn::Receiving { states, started, last, .. } => {
+            format!("receiving: {states} states so far ({} ms)", last.saturating_sub(*started))
+        }
+        BulkIn::Done { states, ms, .. } => format!("done: {states} states in {:.1} s", *ms as f64 / 1000.0),
+        BulkIn::Failed => "failed (no answer)".into(),
+    }
+}
+
+fn bulk_out_text(b: &BulkOut, sent: u64) -> String {
+    match b {
+        BulkOut::Idle => "idle".into(),
+        BulkOut::Sending { .. } => format!("sending: {sent} states so far"),
+        BulkOut::Done { states, ms } => format!("done: {states} states in {:.1} s", *ms as f64 / 1000.0),
+    }
+}
+
+/// The sync thread: receives frames, checks them, routes records to their workers, runs the
+/// bulk state machines, and sends its own frames (update requests, bulk status).
+pub fn run(mut ep: Endpoint, tx: Transport, workers: Vec<Sender<Cmd>>, shared: Arc<Shared>) {
+    let start = Instant::now();
+    let mut buf = vec![0u8; 65536];
+    let mut msgs = Vec::new();
+    let mut per: Vec<Vec<Msg>> = vec![Vec::new(); workers.len()];
+    let mut last_log = 0u64;
+    ep.request_bulk(0);
+    eprintln!("xpfd: sync: asking the peer for a bulk update");
+    while !shared.stop.load(Ordering::Relaxed) {
+        tx.wait(10);
+        let ms = start.elapsed().as_millis() as u64;
+        let mut got = 0;
+        while let Some(n) = tx.recv(&mut buf) {
+            got += 1;
+            let p = &buf[..n];
+            let ihl = ((p[0] & 0x0f) as usize) * 4;
+            if n < ihl || p[0] >> 4 != 4 {
+                ep.stats.ipackets += 1;
+                ep.stats.hdrops += 1;
+                continue;
+            }
+            let ttl = p[8];
+            if ep.receive(ms, &p[ihl..], ttl, &mut msgs).is_err() {
+                continue;
+            }
+            for m in msgs.drain(..) {
+                match replica::sid_of(&m) {
+                    Some(sid) => per[replica::owner(&sid, ep.cfg.creatorid, workers.len())].push(m),
+                    // A clear concerns every worker.
+                    None => per.iter_mut().for_each(|v| v.push(m)),
+                }
+            }
+            if got >= 256 {
+                break;
+            }
+        }
+        for (w, v) in per.iter_mut().enumerate() {
+            if !v.is_empty() {
+                let _ = workers[w].send(Cmd::Sync(std::mem::take(v)));
+            }
+        }
+        ep.poll(ms);
+        if ep.bulk_wanted && shared.bulk_left.load(Ordering::Acquire) == 0 {
+            eprintln!("xpfd: sync: the peer asked for a bulk update; sending every state");
+            shared.bulk_sent.store(0, Ordering::Relaxed);
+            shared.bulk_left.store(workers.len(), Ordering::Release);
+            ep.bulk_started(ms);
+            for f in ep.transmit() {
+                tx.send(&f);
+            }
+            for w in &workers {
+                let _ = w.send(Cmd::SyncBulk);
+            }
+        }
+        if matches!(ep.bulk_out, BulkOut::Sending { .. }) && shared.bulk_left.load(Ordering::Acquire) == 0 {
+            let n = shared.bulk_sent.load(Ordering::Relaxed);
+            ep.bulk_done(ms, n);
+            eprintln!("xpfd: sync: bulk update sent: {}", bulk_out_text(&ep.bulk_out, n));
+        }
+        let before = ep.bulk_in;
+        for f in ep.transmit() {
+            tx.send(&f);
+        }
+        if ms >= last_log + 1000 || before != ep.bulk_in {
+            if let BulkIn::Receiving { .. } = ep.bulk_in {
+                if ms >= last_log + 1000 {
+                    eprintln!("xpfd: sync: bulk update {}", bulk_text(&ep.bulk_in));
+                }
+            }
+            last_log = ms;
+        }
+        let sent = shared.bulk_sent.load(Ordering::Relaxed);
+        *shared.endpoint.lock().unwrap() = (ep.stats, bulk_text(&ep.bulk_in), bulk_out_text(&ep.bulk_out, sent));
+        if let BulkIn::Done { .. } | BulkIn::Failed = ep.bulk_in {
+            if before != ep.bulk_in {
+                eprintln!("xpfd: sync: bulk update {}", bulk_text(&ep.bulk_in));
+            }
+        }
+    }
+}
+
+/// `xpfctl -s info`'s sync section, and its JSON.
+pub fn render(s: &Shared) -> (String, serde_json::Value) {
+    use std::fmt::Write;
+    let (st, bin, bout) = s.endpoint.lock().unwrap().clone();
+    let mut w = WorkerReport::default();
+    for r in &s.workers {
+        let r = r.lock().unwrap();
+        w.frames += r.frames;
+        w.bytes += r.bytes;
+        w.send_errors += r.send_errors;
+        w.events_dropped += r.events_dropped;
+        w.imported += r.imported;
+        w.inserted += r.inserted;
+        w.updated += r.updated;
+        w.deleted += r.deleted;
+        w.stale += r.stale;
+        w.unknown += r.unknown;
+        w.badstate += r.badstate;
+        w.requests += r.requests;
+    }
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "Sync (pfsync 1400) on {} to {}, creator id {:08x}, authentication {}",
+        s.dev,
+        s.peer,
+        s.creatorid,
+        if s.auth { "on" } else { "off" }
+    );
+    let rows: Vec<(&str, u64)> = vec![
+        ("frames sent", w.frames + st.opackets),
+        ("bytes sent", w.bytes + st.obytes),
+        ("send errors", w.send_errors),
+        ("events lost (queue full)", w.events_dropped),
+        ("frames received", st.ipackets),
+        ("bad: ttl not 255", st.badttl),
+        ("bad: short", st.hdrops),
+        ("bad: version", st.badver),
+        ("bad: action", st.badact),
+        ("bad: length", st.badlen),
+        ("bad: authentication", st.badauth),
+        ("bad: replayed", st.replayed),
+        ("records skipped", st.skipped),
+        ("states inserted", w.inserted),
+        ("states updated", w.updated),
+        ("states deleted", w.deleted),
+        ("stale updates", w.stale),
+        ("unknown (requested)", w.unknown),
+        ("refused records", w.badstate),
+        ("requests answered", w.requests),
+        ("states from peers", w.imported),
+    ];
+    for (k, v) in &rows {
+        let _ = writeln!(t, "  {:<25} {:>14}", k, v);
+    }
+    let _ = writeln!(t, "  {:<25} {}", "bulk update received", bin);
+    let _ = writeln!(t, "  {:<25} {}", "bulk update sent", bout);
+    let mut m: serde_json::Map<String, serde_json::Value> =
+        rows.iter().map(|(k, v)| (k.replace([' ', ':', '(', ')'], "_"), serde_json::json!(v))).collect();
+    m.insert("bulk_in".into(), serde_json::json!(bin));
+    m.insert("bulk_out".into(), serde_json::json!(bout));
+    (t, serde_json::Value::Object(m))
+}
+
+/// The endpoint's configuration from the flags: creator id, key, frame size.
+pub fn config(a: &SyncArgs, cksum: [u8; 16]) -> Result<Config, String> {
+    let creatorid = a.hostid.unwrap_or_else(|| loop {
+        let mut b = [0u8; 4];
+        // SAFETY: getrandom writes at most 4 bytes into b.
+        unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, 4, 0) };
+        let v = u32::from_ne_bytes(b);
+        if v != 0 {
+            break v;
+        }
+    });
+    let mut c = Config::new(creatorid);
+    c.cksum = cksum;
+    c.max_frame = mtu(&a.dev).saturating_sub(20).clamp(wire::HEADER_LEN + 400, 65000);
+    c.epoch =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(1);
+    if let Some(f) = &a.key_file {
+        let k = std::fs::read(f).map_err(|e| format!("--sync-key {f}: {e}"))?;
+        let k = String::from_utf8_lossy(&k).trim().as_bytes().to_vec();
+        c.key = Some(xpf_sync::auth::Key::new(&k).map_err(|e| format!("--sync-key {f}: {e}"))?);
+    }
+    Ok(c)
+}

@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# The failover scenario: a firewall pair in network namespaces, the virtual addresses moved by
+# keepalived (VRRP), states synced by xpfd in pfsync's format. Long TCP transfers run through
+# the primary; its xpfd is killed (kill -9); keepalived sees it gone and moves the addresses;
+# the standby, which already holds the states (sequence windows included), carries the flows.
+#
+#   client 10.0.1.2 --[lan bridge]-- fwa lan 10.0.1.11 / fwb lan 10.0.1.12, VIP 10.0.1.1
+#   server 10.0.2.2 --[wan bridge]-- fwa wan 10.0.2.11 / fwb wan 10.0.2.12, VIP 10.0.2.1
+#   fwa sync 10.0.9.1 ---- fwb sync 10.0.9.2   (pfsync: IP protocol 240, TTL 255)
+#
+# usage: failover.sh [FLOWS] [SECONDS] [--key]     prints flows carried over and lost
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FLOWS=${1:-8}; SECS=${2:-14}; KEY=${3:-}
+P=xf-
+BIN=$PWD/target/release
+DIR=$(mktemp -d /tmp/xpf-failover.XXXXXX)
+PY=/usr/bin/python3
+
+cleanup() {
+    for f in "$DIR"/*.pid; do [[ -f $f ]] && kill -9 "$(cat "$f")" 2>/dev/null || true; done
+    for n in client server lan wan fwa fwb; do ip netns del "${P}$n" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+cleanup
+
+for n in client server lan wan fwa fwb; do ip netns add "${P}$n"; ip -n "${P}$n" link set lo up; done
+for sw in lan wan; do
+    ip -n "${P}$sw" link add br0 type bridge
+    ip -n "${P}$sw" link set br0 up
+done
+# veth: $1 netns, $2 name in it, $3 switch, $4 port name on the switch
+plug() {
+    ip link add "${P}t$4" type veth peer name "${P}u$4"
+    ip link set "${P}t$4" netns "${P}$1" name "$2"
+    ip link set "${P}u$4" netns "${P}$3" name "$4"
+    ip -n "${P}$3" link set "$4" master br0 up
+    ip -n "${P}$1" link set "$2" up
+}
+plug client c0 lan p1
+plug fwa lan lan p2
+plug fwb lan lan p3
+plug server s0 wan p1
+plug fwa wan wan p2
+plug fwb wan wan p3
+ip link add "${P}ya" type veth peer name "${P}yb"
+ip link set "${P}ya" netns "${P}fwa" name sync
+ip link set "${P}yb" netns "${P}fwb" name sync
+ip -n "${P}fwa" link set sync up
+ip -n "${P}fwb" link set sync up
+ip -n "${P}client" addr add 10.0.1.2/24 dev c0
+ip -n "${P}server" addr add 10.0.2.2/24 dev s0
+ip -n "${P}fwa" addr add 10.0.1.11/24 dev lan
+ip -n "${P}fwa" addr add 10.0.2.11/24 dev wan
+ip -n "${P}fwa" addr add 10.0.9.1/24 dev sync
+ip -n "${P}fwb" addr add 10.0.1.12/24 dev lan
+ip -n "${P}fwb" addr add 10.0.2.12/24 dev wan
+ip -n "${P}fwb" addr add 10.0.9.2/24 dev sync
+ip -n "${P}client" route add default via 10.0.1.1
+ip -n "${P}server" route add default via 10.0.2.1
+for h in "client c0" "server s0"; do set -- $h; ip netns exec "${P}$1" ethtool -K "$2" tx off >/dev/null; done
+for f in fwa fwb; do ip netns exec "${P}$f" sysctl -qw net.ipv4.ip_forward=1; done
+
+cat >"$DIR/pf.conf" <<'EOF'
+set skip on lo
+block drop all
+pass in on lan proto tcp from 10.0.1.0/24 to 10.0.2.2 port 7000 flags S/SA keep state
+pass out on wan proto tcp to 10.0.2.2 port 7000 keep state
+pass proto icmp
+EOF
+KEYARG=()
+if [[ $KEY == --key ]]; then
+    head -c 32 /dev/urandom | base64 >"$DIR/sync.key"
+    KEYARG=(--sync-key "$DIR/sync.key")
+fi
+start_fw() { # $1 netns, $2 peer
+    ip netns exec "${P}$1" "$BIN/xpfd" -f "$DIR/pf.conf" -i lan -i wan --socket "$DIR/$1.sock" \
+        --sync-dev sync --sync-peer "$2" "${KEYARG[@]}" 2>"$DIR/$1.log" &
+    echo $! >"$DIR/$1-xpfd.pid"
+}
+wait_sock() {
+    for _ in $(seq 50); do [[ -S $DIR/$1.sock ]] && break; sleep 0.1; done
+    [[ -S $DIR/$1.sock ]] || { cat "$DIR/$1.log"; echo "failover: xpfd on $1 did not start"; exit 1; }
+}
+
+# keepalived: VRRPv3 every 200 ms, both addresses in one sync group, the firewall's xpfd
+# tracked (a firewall whose filter died must give the addresses up).
+keepalived_conf() { # $1 fw, $2 priority
+    local pid; pid=$(cat "$DIR/$1-xpfd.pid")
+    cat <<EOF
+global_defs {
+    router_id $1
+    enable_script_security
+    script_user root
+    vrrp_garp_master_refresh 1
+}
+vrrp_script xpfd {
+    script "/bin/kill -0 $pid"
+    interval 0.2
+    fall 1
+    rise 1
+}
+vrrp_sync_group pair {
+    group { lan wan }
+}
+vrrp_instance lan {
+    state BACKUP
+    interface lan
+    virtual_router_id 51
+    version 3
+    priority $2
+    advert_int 0.2
+    virtual_ipaddress { 10.0.1.1/24 }
+    track_script { xpfd }
+}
+vrrp_instance wan {
+    state BACKUP
+    interface wan
+    virtual_router_id 52
+    version 3
+    priority $2
+    advert_int 0.2
+    virtual_ipaddress { 10.0.2.1/24 }
+    track_script { xpfd }
+}
+EOF
+}
+start_keepalived() { # $1 fw, $2 priority
+    keepalived_conf "$1" "$2" >"$DIR/$1-keepalived.conf"
+    ip netns exec "${P}$1" keepalived --vrrp --dont-fork --log-console -f "$DIR/$1-keepalived.conf" \
+        -p "$DIR/$1-ka-main.pid" -r "$DIR/$1-ka-vrrp.pid" >"$DIR/$1-keepalived.log" 2>&1 &
+    echo $! >"$DIR/$1-keepalived.pid"
+}
+has_vip() { ip -n "${P}$1" -4 addr show dev lan | grep -q 10.0.1.1/ && ip -n "${P}$1" -4 addr show dev wan | grep -q 10.0.2.1/; }
+
+# The primary first, alone; the flows start through it.
+start_fw fwa 10.0.9.2
+wait_sock fwa
+start_keepalived fwa 150
+for _ in $(seq 100); do has_vip fwa && break; sleep 0.1; done
+has_vip fwa || { cat "$DIR/fwa-keepalived.log"; echo "failover: keepalived did not make fwa master"; exit 1; }
+ip netns exec "${P}server" $PY scripts/flows.py server 7000 1000000 &
+echo $! >"$DIR/server.pid"
+sleep 0.5
+ip netns exec "${P}client" $PY scripts/flows.py client 10.0.2.2 7000 "$FLOWS" "$SECS" >"$DIR/flows.out" 2>&1 &
+CLIENT=$!
+sleep 1.5
+# The standby joins while the flows run: it gets their states by a bulk update, then follows.
+start_fw fwb 10.0.9.1
+wait_sock fwb
+start_keepalived fwb 100
+echo "failover: fwa holds the virtual addresses; fwb joined as standby (sync on 10.0.9.0/24${KEY:+, authenticated})"
+sleep 4
+grep -E "bulk update" "$DIR/fwb.log" | sed 's/^/  fwb: /' || true
+echo "failover: before the kill, the standby holds:"
+XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s info | grep -E "Sync|states from peers|states inserted|states updated|bulk update|bad: authentication" || true
+fwb_states=$(XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s states | grep -c ':7000' || true)
+echo "failover: fwb has $fwb_states states for port 7000 ($FLOWS flows, two states each: in on lan, out on wan)"
+echo "failover: kill -9 xpfd on fwa (the primary)"
+t0=$(date +%s.%N)
+kill -9 "$(cat "$DIR/fwa-xpfd.pid")"
+for _ in $(seq 100); do has_vip fwb && break; sleep 0.05; done
+t1=$(date +%s.%N)
+has_vip fwb || { cat "$DIR/fwb-keepalived.log"; echo "failover: fwb never took the addresses"; exit 1; }
+printf 'failover: fwb took the virtual addresses %.2f s after the kill\n' "$(echo "$t1 - $t0" | bc -l 2>/dev/null || echo 0)"
+rc=0
+wait $CLIENT || rc=$?
+cat "$DIR/flows.out"
+echo "failover: the standby after the failover:"
+XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s info | grep -E "state-mismatch|states from peers|stale|unknown" || true
+if [[ $rc -ne 0 ]]; then
+    echo "failover: FAILED (flows lost); logs in $DIR"
+    tail -5 "$DIR/fwb.log"
+    trap - EXIT
+    cleanup
+    exit 1
+fi
+echo "failover: passed"
+rm -rf "$DIR"
