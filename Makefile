@@ -56,11 +56,11 @@ bench-workers: build
 	$(BIN)/xpf-bench states --workers 2 --points 9800,1M,10M --out bench-results/out/states-2w-shard
 	$(BIN)/xpf-bench states --workers 2 --mode shared --points 9800,1M,10M --no-baseline --out bench-results/out/states-2w-shared
 
-# libFuzzer on the packet path, the pcap reader and the pf.conf parser, FUZZ_SECONDS each (default 60).
+# libFuzzer on the packet path, the pcap reader, the pf.conf parser and received sync frames, FUZZ_SECONDS each (default 60).
 FUZZ_SECONDS ?= 60
 fuzz: deps
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
-	cd fuzz && for t in packet pcap pfconf; do RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; done
+	cd fuzz && for t in packet pcap pfconf sync; do RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; done
 
 fmt:
 	$(CARGO) fmt --all

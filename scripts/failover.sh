@@ -150,8 +150,16 @@ start_fw fwb 10.0.9.1
 wait_sock fwb
 start_keepalived fwb 100
 echo "failover: fwa holds the virtual addresses; fwb joined as standby (sync on 10.0.9.0/24${KEY:+, authenticated})"
-sleep 4
+# A capture of the sync link, decoded (tcpdump cannot): frames, none bad.
+ip netns exec "${P}fwb" timeout 2 tcpdump -q -U -i sync -w "$DIR/sync.pcap" ip proto 240 2>/dev/null || true
+sleep 2
 grep -E "bulk update" "$DIR/fwb.log" | sed 's/^/  fwb: /' || true
+"$BIN/xpfctl" sync-decode "$DIR/sync.pcap" >"$DIR/decode.txt"
+head -4 "$DIR/decode.txt" | cut -c1-160
+tail -1 "$DIR/decode.txt"
+if ! tail -1 "$DIR/decode.txt" | grep -qE '^[1-9][0-9]* pfsync frame\(s\), 0 bad'; then
+    echo "failover: FAILED: no pfsync frames decoded from the sync link"; exit 1
+fi
 echo "failover: before the kill, the standby holds:"
 XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s info | grep -E "Sync|states from peers|states inserted|states updated|bulk update|bad: authentication" || true
 fwb_states=$(XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s states | grep -c ':7000' || true)

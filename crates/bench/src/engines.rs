@@ -23,7 +23,11 @@ pub struct Xpf {
 
 impl Xpf {
     pub fn new(limit: u64, rows: Option<u32>) -> Xpf {
-        let cfg = WorkerConfig { limit: limit as u32, rows, seed: Seed::random(), events: 0, now: 1, prefault: true };
+        Xpf::with_events(limit, rows, 0)
+    }
+    /// With sync's event queues of `events` entries (0: off).
+    pub fn with_events(limit: u64, rows: Option<u32>, events: usize) -> Xpf {
+        let cfg = WorkerConfig { limit: limit as u32, rows, seed: Seed::random(), events, now: 1, prefault: true };
         Xpf { w: Worker::new(cfg, PassAll).expect("state table memory"), verdicts: [Verdict::Pass; BATCH] }
     }
 }

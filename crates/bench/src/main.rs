@@ -9,6 +9,7 @@ mod plot;
 mod runner;
 mod shared;
 mod stats;
+mod syncbench;
 mod sys;
 
 use std::path::PathBuf;
@@ -24,7 +25,11 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("--quick", "", "the CI-sized version: fewer points and runs, under a minute"),
     ("--big", "", "states: add 40M and 100M states"),
     ("--points", "N,N,..", "states: these numbers of states instead of the default list"),
-    ("--states", "N", "hashsize, insert, resize: the number of states (default 4M / 10M / 10M; 1M with --quick)"),
+    (
+        "--states",
+        "N",
+        "hashsize, insert, resize, sync (bulk): the number of states (default 4M / 10M / 10M / 10M; 1M with --quick)",
+    ),
     ("--rows", "R,R,..", "hashsize: these index sizes instead of the sweep"),
     ("--tcp", "", "states: TCP flows (SYN makes the state, ACKs are measured) instead of UDP"),
     ("--shuffle", "", "measure flows in a scattered order instead of pkt-gen's (states met out of creation order)"),
@@ -70,7 +75,7 @@ pub struct Opts {
 
 fn usage() -> String {
     let mut s = String::from(
-        "usage: xpf-bench states|hashsize|insert|resize|rules [options]\n       xpf-bench replay FILE.pcap...\n\noptions:\n",
+        "usage: xpf-bench states|hashsize|insert|resize|rules|lab|sync [options]\n       xpf-bench replay FILE.pcap...\n\noptions:\n",
     );
     for (f, v, h) in FLAGS {
         s.push_str(&format!("  {:<24} {h}\n", format!("{f} {v}")));
@@ -97,7 +102,7 @@ fn parse_num(flag: &str, v: &str) -> Result<u64, String> {
 
 fn parse(args: &[String]) -> Result<Opts, String> {
     let bench = args.first().ok_or_else(usage)?.clone();
-    if !["states", "hashsize", "insert", "resize", "rules", "replay", "lab"].contains(&bench.as_str()) {
+    if !["states", "hashsize", "insert", "resize", "rules", "replay", "lab", "sync"].contains(&bench.as_str()) {
         return Err(format!("unknown bench '{bench}'\n\n{}", usage()));
     }
     let mut o = Opts {
@@ -257,6 +262,7 @@ fn main() -> ExitCode {
         "resize" => experiments::resize(&o),
         "rules" => experiments::rules(&o),
         "lab" => lab(&o),
+        "sync" => syncbench::run(&o),
         _ => experiments::insert(&o),
     };
     match r {

@@ -7,4 +7,5 @@
 
 pub mod gen;
 pub mod pcap;
+pub mod rawip;
 pub mod replay;

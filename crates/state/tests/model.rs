@@ -3,6 +3,7 @@
 
 use proptest::prelude::*;
 use std::collections::HashMap;
+use xpf_state::table::SYNC_EVERY;
 use xpf_state::*;
 
 #[derive(Debug, Clone)]
@@ -191,12 +192,21 @@ fn updates_collapse_per_state() {
     let mut seen = Vec::new();
     t.drain_events(|e, _| seen.push(e.kind));
     assert_eq!(seen, vec![EventKind::Insert]);
+    // An active state is offered once every SYNC_EVERY seconds, in the second its id picks.
+    let phase = (0..SYNC_EVERY).find(|s| (s + id).is_multiple_of(SYNC_EVERY)).unwrap() + SYNC_EVERY;
+    t.touch(id, Dir::In, 60, phase - 1);
+    assert_eq!(t.events_len(), 0);
     for _ in 0..100 {
-        t.touch(id, Dir::In, 60, 1);
+        t.touch(id, Dir::In, 60, phase);
     }
     seen.clear();
     t.drain_events(|e, _| seen.push(e.kind));
     assert_eq!(seen, vec![EventKind::Update]);
+    // The engine offers a state at once when it must (a TCP state change, maxupdates).
+    t.queue_update(id);
+    t.queue_update(id);
+    assert_eq!(t.events_len(), 1);
+    t.drain_events(|_, _| {});
     // no-sync states produce no events
     let k2 = key(2);
     let ns2 = NewState { key: k2, nosync: true, ..ns };

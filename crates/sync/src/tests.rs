@@ -451,6 +451,7 @@ fn standby_gets_every_state_by_bulk_then_follows_updates_over_a_lossy_reordering
                 p[0].seqlo = p[0].seqlo.wrapping_add(1448 * round);
                 p[0].seqhi = p[0].seqhi.wrapping_add(1448 * round);
                 a.t4.touch(id, Dir::In, 1500, now);
+                a.t4.queue_update(id); // what the engine does for a TCP state due
             }
         }
         run(&mut a, &mut b, &mut ab, &mut ba, &mut t, 12);
@@ -459,6 +460,7 @@ fn standby_gets_every_state_by_bulk_then_follows_updates_over_a_lossy_reordering
     // Then quiet: the last touches cover every state once more over a clean link.
     for id in 0..500 {
         a.t4.touch(id, Dir::In, 100, (t / 1000) as u32 + 1);
+        a.t4.queue_update(id);
     }
     let (mut ab, mut ba) =
         (Link { rng: 1, loss: 0, reorder: 0, dropped: 0 }, Link { rng: 2, loss: 0, reorder: 0, dropped: 0 });
@@ -486,7 +488,7 @@ fn lost_inserts_are_recovered_by_update_requests() {
     let _ = a.push(1); // every insert lost: the standby was not there
     assert_eq!(b.t4.len(), 0);
     for id in 0..50 {
-        a.t4.touch(id, Dir::In, 100, 2);
+        a.t4.queue_update(id);
     }
     let (mut ab, mut ba) =
         (Link { rng: 3, loss: 0, reorder: 0, dropped: 0 }, Link { rng: 4, loss: 0, reorder: 0, dropped: 0 });
@@ -570,8 +572,9 @@ fn a_busy_tcp_state_is_pushed_after_maxupdates() {
     assert_eq!(a.transmit(1, 0).len(), 0);
     a.t4.sync_push = true; // what the engine sets on the 128th segment (engine tests cover that)
     assert_eq!(a.transmit(1, 10).len(), 1);
-    a.t4.touch(id, Dir::In, 100, 1);
-    assert_eq!(a.transmit(1, 20).len(), 0); // collapsed, waits for its second
+    a.t4.queue_update(id);
+    assert_eq!(a.transmit(1, 20).len(), 0); // waits for its second
+    a.t4.queue_update(id); // collapsed
     assert_eq!(a.transmit(1, 1030).len(), 1);
 }
 
@@ -586,7 +589,7 @@ fn a_stale_update_is_answered_with_the_newer_state() {
     // The standby is ahead (it saw newer packets): an old compressed update is stale.
     let r = b.t4.find(&a.t4.state(id).key, b.t4.hash(&a.t4.state(id).key)).unwrap();
     b.t4.peers_mut(r).unwrap()[0].seqlo += 10_000;
-    a.t4.touch(id, Dir::In, 100, 1);
+    a.t4.queue_update(id);
     let frames = a.push(1);
     for f in frames {
         b.receive(1, 2100, &f).unwrap();

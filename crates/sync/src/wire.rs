@@ -528,3 +528,70 @@ pub const HANDLERS: [Handler; act::MAX as usize] = [
 pub fn len_of(action: u8) -> usize {
     HANDLERS[action as usize].len
 }
+
+fn addr_text(a: &[u8; 16], af: u8) -> String {
+    if af == AF_INET6 {
+        std::net::Ipv6Addr::from(*a).to_string()
+    } else {
+        std::net::Ipv4Addr::new(a[0], a[1], a[2], a[3]).to_string()
+    }
+}
+
+/// One record as `xpfctl sync-decode` prints it (tcpdump's pfsync printer's style).
+pub fn describe(m: &Msg) -> String {
+    let peer =
+        |p: &PeerRec| format!("state {} seq {}:{} win {} ws {}", p.state, p.seqlo, p.seqhi, p.max_win, p.wscale & 0x0f);
+    match m {
+        Msg::Insert(r) | Msg::Update(r) => {
+            let k = &r.key[0];
+            format!(
+                "{} id {:016x} creator {:08x} {} proto {} {} {}:{} {} {}:{} [{}] [{}] age {} expires in {} timeout {} pkts {}:{} bytes {}:{} rule {}",
+                if matches!(m, Msg::Insert(_)) { "insert" } else { "update" },
+                r.id,
+                r.creatorid,
+                ifname_str(&r.ifname).unwrap_or("?"),
+                r.proto,
+                if r.direction == PF_OUT { "out" } else { "in" },
+                addr_text(&k.addr[1], r.af),
+                k.port[1],
+                if r.direction == PF_OUT { "->" } else { "<-" },
+                addr_text(&k.addr[0], r.af),
+                k.port[0],
+                peer(&r.src),
+                peer(&r.dst),
+                r.creation,
+                r.expire,
+                r.timeout,
+                r.packets[0],
+                r.packets[1],
+                r.bytes[0],
+                r.bytes[1],
+                r.rule as i32
+            )
+        }
+        Msg::UpdateC(u) => format!(
+            "update-compressed id {:016x} creator {:08x} [{}] [{}] expires in {} timeout {}",
+            u.id,
+            u.creatorid,
+            peer(&u.src),
+            peer(&u.dst),
+            u.expire,
+            u.timeout
+        ),
+        Msg::UpdateReq(s) if s.id == 0 && s.creatorid == 0 => "update-request: bulk (every state)".into(),
+        Msg::UpdateReq(s) => format!("update-request id {:016x} creator {:08x}", s.id, s.creatorid),
+        Msg::DeleteC(s) => format!("delete-compressed id {:016x} creator {:08x}", s.id, s.creatorid),
+        Msg::InsertAck(s) => format!("insert-ack id {:016x} creator {:08x}", s.id, s.creatorid),
+        Msg::Clear(c) => format!("clear creator {:08x} on {}", c.creatorid, ifname_str(&c.ifname).unwrap_or("?")),
+        Msg::Bus(b) => format!(
+            "bulk-status {} creator {:08x} endtime {}",
+            match b.status {
+                BUS_START => "start",
+                BUS_END => "end",
+                _ => "?",
+            },
+            b.creatorid,
+            b.endtime
+        ),
+    }
+}

@@ -114,8 +114,80 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
     Ok(o)
 }
 
+/// `xpfctl sync-decode FILE.pcap`: the pfsync frames of a capture (IP protocol 240), record by
+/// record, since tcpdump and tshark on Linux do not decode them.
+fn sync_decode(file: &str) -> ExitCode {
+    let buf = match std::fs::read(file) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("xpfctl: {file}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let recs = match xpf_io::pcap::read(&buf) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("xpfctl: {file}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (mut frames, mut bad) = (0, 0);
+    for (n, r) in recs.iter().enumerate() {
+        let ip = match r.linktype {
+            xpf_io::pcap::LINKTYPE_ETHERNET if r.data.len() >= 14 && r.data[12..14] == [8, 0] => &r.data[14..],
+            xpf_io::pcap::LINKTYPE_LINUX_SLL if r.data.len() >= 16 && r.data[14..16] == [8, 0] => &r.data[16..],
+            xpf_io::pcap::LINKTYPE_RAW | xpf_io::pcap::LINKTYPE_IPV4 => r.data,
+            _ => continue,
+        };
+        if ip.len() < 20 || ip[0] >> 4 != 4 || ip[9] != xpf_sync::wire::PROTO {
+            continue;
+        }
+        let ihl = ((ip[0] & 15) as usize) * 4;
+        let (src, dst) = (
+            std::net::Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]),
+            std::net::Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]),
+        );
+        frames += 1;
+        let mut lines = Vec::new();
+        match xpf_sync::frame::parse(ip.get(ihl..).unwrap_or(&[]), None, |m| lines.push(xpf_sync::wire::describe(&m))) {
+            Ok(info) => {
+                let h = info.header.unwrap();
+                let authed = ip.len() - ihl > h.len as usize;
+                println!(
+                    "{} {src} > {dst}: pfsync version {} len {} ttl {}{}, {} record(s){}",
+                    n + 1,
+                    h.version,
+                    h.len,
+                    ip[8],
+                    if ip[8] != xpf_sync::wire::TTL { " (not 255: a receiver drops it)" } else { "" },
+                    info.records,
+                    if authed { ", xpf authentication trailer" } else { "" }
+                );
+                for l in lines {
+                    println!("    {l}");
+                }
+            }
+            Err(e) => {
+                bad += 1;
+                println!("{} {src} > {dst}: pfsync, bad frame: {e}", n + 1);
+            }
+        }
+    }
+    println!("{frames} pfsync frame(s), {bad} bad");
+    ExitCode::SUCCESS
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("sync-decode") {
+        return match args.get(1) {
+            Some(f) => sync_decode(f),
+            None => {
+                eprintln!("usage: xpfctl sync-decode FILE.pcap");
+                ExitCode::from(2)
+            }
+        };
+    }
     let o = match parse_args(&args) {
         Ok(o) => o,
         Err(e) => {

@@ -314,7 +314,16 @@ fn run(a: Args) -> Result<(), String> {
             use md5::Digest;
             let cksum: [u8; 16] = md5::Md5::digest(text.as_bytes()).into();
             let cfg = sync::config(sa, cksum)?;
-            let tx = sync::Transport::open(&sa.dev, sa.peer)?;
+            let ifindex = netlink::ifindex(&sa.dev).map_err(|e| format!("--sync-dev {}: {e}", sa.dev))?;
+            let tx = sync::Transport::open(
+                &sa.dev,
+                ifindex,
+                xpf_sync::wire::PROTO,
+                sa.peer,
+                xpf_sync::wire::GROUP,
+                xpf_sync::wire::TTL,
+            )
+            .map_err(|e| format!("--sync-dev {}: {e}", sa.dev))?;
             let shared = Arc::new(sync::Shared {
                 workers: (0..workers).map(|_| Mutex::new(sync::WorkerReport::default())).collect(),
                 endpoint: Mutex::new(Default::default()),

@@ -12,8 +12,9 @@ use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use xpf_engine::Worker;
+pub use xpf_io::rawip::Transport;
 use xpf_sync::wire::{self, IFNAMSIZ};
 use xpf_sync::{replica, BulkIn, BulkOut, Config, Endpoint, Ifnames, Msg, Replica, Stats, Tables};
 
@@ -26,99 +27,6 @@ pub struct SyncArgs {
     pub key_file: Option<String>,
     pub maxupd: u8,
     pub hostid: Option<u32>,
-}
-
-/// Sockets of the sync link: one raw socket for protocol 240 bound to the sync interface.
-#[derive(Debug, Clone, Copy)]
-pub struct Transport {
-    fd: i32,
-    dst: libc::sockaddr_in,
-}
-
-fn setopt<T>(fd: i32, level: i32, name: i32, v: &T) -> std::io::Result<()> {
-    // SAFETY: v points to a live T of the size passed.
-    let r = unsafe { libc::setsockopt(fd, level, name, v as *const T as *const libc::c_void, size_of::<T>() as u32) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-impl Transport {
-    pub fn open(dev: &str, peer: Option<Ipv4Addr>) -> Result<Transport, String> {
-        let ifindex = xpf_xdp::netlink::ifindex(dev).map_err(|e| format!("--sync-dev {dev}: {e}"))?;
-        // SAFETY: plain socket(2).
-        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, wire::PROTO as i32) };
-        if fd < 0 {
-            return Err(format!("sync socket (raw, protocol 240): {}", std::io::Error::last_os_error()));
-        }
-        let e = |what: &str, r: std::io::Result<()>| r.map_err(|e| format!("sync socket {what}: {e}"));
-        let mut name = [0u8; IFNAMSIZ];
-        name[..dev.len().min(15)].copy_from_slice(&dev.as_bytes()[..dev.len().min(15)]);
-        e("SO_BINDTODEVICE", setopt(fd, libc::SOL_SOCKET, libc::SO_BINDTODEVICE, &name))?;
-        e("IP_TTL", setopt(fd, libc::IPPROTO_IP, libc::IP_TTL, &(wire::TTL as i32)))?;
-        e("IP_MULTICAST_TTL", setopt(fd, libc::IPPROTO_IP, libc::IP_MULTICAST_TTL, &(wire::TTL as i32)))?;
-        e("IP_MULTICAST_LOOP", setopt(fd, libc::IPPROTO_IP, libc::IP_MULTICAST_LOOP, &0i32))?;
-        // A bulk update arrives faster than one thread reads: 64 MB of buffer (as root).
-        let _ = setopt(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &(64i32 << 20));
-        let _ = setopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &(16i32 << 20));
-        let group = u32::from_ne_bytes(wire::GROUP);
-        let mreq = libc::ip_mreqn {
-            imr_multiaddr: libc::in_addr { s_addr: group },
-            imr_address: libc::in_addr { s_addr: 0 },
-            imr_ifindex: ifindex as i32,
-        };
-        e("IP_MULTICAST_IF", setopt(fd, libc::IPPROTO_IP, libc::IP_MULTICAST_IF, &mreq))?;
-        if peer.is_none() {
-            e("IP_ADD_MEMBERSHIP 224.0.0.240", setopt(fd, libc::IPPROTO_IP, libc::IP_ADD_MEMBERSHIP, &mreq))?;
-        }
-        let to = peer.map(|p| p.octets()).unwrap_or(wire::GROUP);
-        let dst = libc::sockaddr_in {
-            sin_family: libc::AF_INET as u16,
-            sin_port: 0,
-            sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(to) },
-            sin_zero: [0; 8],
-        };
-        Ok(Transport { fd, dst })
-    }
-
-    /// Sends one frame; false if the kernel refused it (counted by the caller).
-    pub fn send(&self, frame: &[u8]) -> bool {
-        loop {
-            // SAFETY: frame and dst are live for the call.
-            let r = unsafe {
-                libc::sendto(
-                    self.fd,
-                    frame.as_ptr() as *const libc::c_void,
-                    frame.len(),
-                    0,
-                    &self.dst as *const libc::sockaddr_in as *const libc::sockaddr,
-                    size_of::<libc::sockaddr_in>() as u32,
-                )
-            };
-            if r >= 0 {
-                return true;
-            }
-            // A full socket buffer during a bulk: wait for the link rather than lose states.
-            match std::io::Error::last_os_error().raw_os_error() {
-                Some(libc::ENOBUFS) | Some(libc::EAGAIN) => std::thread::sleep(Duration::from_micros(200)),
-                _ => return false,
-            }
-        }
-    }
-
-    /// Receives one datagram (IP header included) into `buf`; None when nothing is waiting.
-    fn recv(&self, buf: &mut [u8]) -> Option<usize> {
-        // SAFETY: buf is live and writable for its length.
-        let n = unsafe { libc::recv(self.fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), libc::MSG_DONTWAIT) };
-        (n > 0).then_some(n as usize)
-    }
-
-    fn wait(&self, ms: i32) {
-        let mut p = libc::pollfd { fd: self.fd, events: libc::POLLIN, revents: 0 };
-        // SAFETY: one live pollfd.
-        unsafe { libc::poll(&mut p, 1, ms) };
-    }
 }
 
 /// The MTU of `dev` (1500 if it cannot be read).
@@ -191,6 +99,7 @@ pub struct WorkerSync {
     index: usize,
     start: Instant,
     last_report: u64,
+    last_bulk_ms: u64,
     frames: u64,
     bytes: u64,
     errors: u64,
@@ -206,6 +115,7 @@ impl WorkerSync {
             index,
             start: Instant::now(),
             last_report: 0,
+            last_bulk_ms: 0,
             frames: 0,
             bytes: 0,
             errors: 0,
@@ -216,7 +126,11 @@ impl WorkerSync {
     pub fn poll(&mut self, w: &mut Worker<Live>, now: u32) {
         let ms = self.start.elapsed().as_millis() as u64;
         let mut t = Tables { t4: &mut w.t4, t6: &mut w.t6 };
-        if self.rep.bulk_running() && self.rep.bulk_step(&mut t, now, 2048, &self.names) {
+        // A bulk is paced (replica::BULK_PER_MS) so that the standby's socket buffer is not
+        // overrun.
+        let budget = (ms.saturating_sub(self.last_bulk_ms) * replica::BULK_PER_MS).min(4 * replica::BULK_PER_MS) as u32;
+        self.last_bulk_ms = ms;
+        if self.rep.bulk_running() && self.rep.bulk_step(&mut t, now, budget.max(1), &self.names) {
             self.shared.bulk_sent.fetch_add(self.rep.bulk_sent, Ordering::Relaxed);
             self.send_ready();
             self.shared.bulk_left.fetch_sub(1, Ordering::Release);
