@@ -642,15 +642,10 @@ impl<K: Key> StateTable<K> {
         let side = (((s.flags & sf::OUT) >> 2) ^ dir as u8) as usize;
         s.packets[side] = s.packets[side].wrapping_add(1);
         s.bytes[side] += bytes as u64;
-        // Sync: an active state is offered once every SYNC_EVERY seconds (on its first packet
-        // of the second its id's phase picks), which refreshes the peer's timer. TCP states
-        // are offered besides on a state change and after `maxupdates` segments (the engine
-        // calls `queue_update`). Offering on every packet made one message per packet with
-        // 1M round-robin flows (sync on at 0.26x of off, `xpf-bench sync`).
-        // TCP states are offered on every packet (collapsed while queued): a standby's sequence
-        // windows must stay within maxupdates segments (gating them too lost 6 of 8 flows in
-        // scripts/failover.sh).
-        let due = s.key.proto() == 6 || (s.expire != now && (now.wrapping_add(id)).is_multiple_of(SYNC_EVERY));
+        // Sync: offered on every packet, collapsed while queued. Gating non-TCP states to
+        // once every SYNC_EVERY seconds ran faster (xpf-bench sync) but left the failover
+        // scenario flaky (1 flow of 8 lost in CI): reverted until understood (docs/sync.md).
+        let due = true;
         s.expire = now;
         if due
             && self.events.enabled()
