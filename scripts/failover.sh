@@ -184,4 +184,6 @@ if [[ $rc -ne 0 ]]; then
     exit 1
 fi
 echo "failover: passed"
+trap - EXIT
+cleanup
 rm -rf "$DIR"
