@@ -672,7 +672,7 @@ fn hit_tcp<K: Key>(t: &mut StateTable<K>, id: u32, pd: &PDesc, dir: Dir, now: u3
         }
     }
     if t.sync_max != 0 {
-        sync_count(t, id, before != next);
+        sync_count(t, id);
     }
     if pd.flags & pdf::IP_OPTIONS != 0 && !t.state(id).allow_opts() {
         return Some(Verdict::Drop(Reason::IpOption));
@@ -681,21 +681,16 @@ fn hit_tcp<K: Key>(t: &mut StateTable<K>, id: u32, pd: &PDesc, dir: Dir, now: u3
 }
 
 /// Sync's `maxupdates`: one more segment tracked since the state's last update went out; at
-/// the limit the sync side sends what is queued at once (pf's pfsync_update_state).
-/// A TCP state change (handshake, close) is offered at once too.
+/// the limit the sync side sends what is queued at once (pf's pfsync_update_state). The state
+/// itself was offered by `touch`.
 #[inline(never)]
-fn sync_count<K: Key>(t: &mut StateTable<K>, id: u32, changed: bool) {
+fn sync_count<K: Key>(t: &mut StateTable<K>, id: u32) {
     let max = t.sync_max;
-    let mut due = changed;
     if let Some(p) = t.peers_mut(id) {
         p[0].sync_upd = p[0].sync_upd.saturating_add(1);
         if p[0].sync_upd >= max {
             t.sync_push = true;
-            due = true;
         }
-    }
-    if due {
-        t.queue_update(id);
     }
 }
 

@@ -13,8 +13,6 @@ use crate::timeout::{Timeout, Timeouts};
 use crate::track::{RuleLimits, Tracking};
 use crate::wheel::Wheel;
 
-/// Seconds between the sync updates of an active state whose protocol state did not change.
-pub const SYNC_EVERY: u32 = 4;
 /// No state.
 pub const NONE: u32 = u32::MAX;
 const CHAIN: u32 = u32::MAX - 1;
@@ -101,6 +99,17 @@ impl<K: Key> State<K> {
 }
 const _: () = assert!(core::mem::size_of::<State<crate::Key4>>() == 64);
 const _: () = assert!(core::mem::size_of::<State<crate::Key6>>() == 88);
+
+/// Queues an update event for state `s` (id `id`) unless one is queued or it is `no-sync`.
+#[inline(always)]
+fn offer<K: Key>(events: &mut EventQueue, s: &mut State<K>, id: u32) {
+    if events.enabled()
+        && s.flags & (sf::EVQ_INS | sf::EVQ_UPD | sf::NOSYNC) == 0
+        && events.push(Event { id, kind: EventKind::Update })
+    {
+        s.flags |= sf::EVQ_UPD;
+    }
+}
 
 /// pf's per-peer TCP tracking data (`pf_state_peer`); the tracking itself is in the engine.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -642,30 +651,15 @@ impl<K: Key> StateTable<K> {
         let side = (((s.flags & sf::OUT) >> 2) ^ dir as u8) as usize;
         s.packets[side] = s.packets[side].wrapping_add(1);
         s.bytes[side] += bytes as u64;
-        // Sync: offered on every packet, collapsed while queued. Gating non-TCP states to
-        // once every SYNC_EVERY seconds ran faster (xpf-bench sync) but left the failover
-        // scenario flaky (1 flow of 8 lost in CI): reverted until understood (docs/sync.md).
-        let due = true;
         s.expire = now;
-        if due
-            && self.events.enabled()
-            && s.flags & (sf::EVQ_INS | sf::EVQ_UPD | sf::NOSYNC) == 0
-            && self.events.push(Event { id, kind: EventKind::Update })
-        {
-            s.flags |= sf::EVQ_UPD;
-        }
+        // Sync: offered on every packet, collapsed while queued (docs/sync.md).
+        offer(&mut self.events, s, id);
         s
     }
 
     /// Offers state `id` to sync now (collapsed with an event already queued).
     pub fn queue_update(&mut self, id: u32) {
-        let s = self.slab.get_mut(id as usize);
-        if self.events.enabled()
-            && s.flags & (sf::EVQ_INS | sf::EVQ_UPD | sf::NOSYNC) == 0
-            && self.events.push(Event { id, kind: EventKind::Update })
-        {
-            s.flags |= sf::EVQ_UPD;
-        }
+        offer(&mut self.events, self.slab.get_mut(id as usize), id);
     }
 
     /// State `id` if it is live (in the index): for holders of an id that may be stale.
