@@ -160,6 +160,8 @@ tail -1 "$DIR/decode.txt"
 if ! tail -1 "$DIR/decode.txt" | grep -qE '^[1-9][0-9]* pfsync frame\(s\), 0 bad'; then
     echo "failover: FAILED: no pfsync frames decoded from the sync link"; exit 1
 fi
+echo "failover: the primary sent:"
+XPFD_SOCKET=$DIR/fwa.sock "$BIN/xpfctl" -s info | grep -E "frames sent|events lost|send errors|requests answered" || true
 echo "failover: before the kill, the standby holds:"
 XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s info | grep -E "Sync|states from peers|states inserted|states updated|bulk update|bad: authentication" || true
 fwb_states=$(XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s states | grep -c ':7000' || true)

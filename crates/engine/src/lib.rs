@@ -612,6 +612,7 @@ fn hit<K: Key>(t: &mut StateTable<K>, r: u32, pd: &PDesc, dir: Dir, now: u32) ->
 /// of the window is dropped (`state-mismatch`) without touching the state.
 #[inline(never)]
 fn hit_tcp<K: Key>(t: &mut StateTable<K>, id: u32, pd: &PDesc, dir: Dir, now: u32) -> Option<Verdict> {
+    let sync_max = t.sync_max;
     let (s, peers) = t.state_and_peers_mut(id);
     if s.flags & sf::DEAD != 0 {
         return None;
@@ -630,11 +631,15 @@ fn hit_tcp<K: Key>(t: &mut StateTable<K>, id: u32, pd: &PDesc, dir: Dir, now: u3
     let before = *st;
     let mut next = *st;
     let mut modulated = None;
+    let mut push = false;
     let track = match peers {
         Some(p) => {
             let tr = proto::tcp_track(p, &mut next, pd, from);
             if p[0].seqdiff | p[1].seqdiff != 0 && tr != proto::Track::Bad {
                 modulated = Some(modulate(p, from, pd));
+            }
+            if sync_max != 0 && tr != proto::Track::Bad {
+                push = sync_count(p, sync_max, pd.payload_len as u32);
             }
             tr
         }
@@ -671,8 +676,9 @@ fn hit_tcp<K: Key>(t: &mut StateTable<K>, id: u32, pd: &PDesc, dir: Dir, now: u3
             e.set_class(class);
         }
     }
-    if t.sync_max != 0 {
-        sync_count(t, id);
+    if sync_max != 0 && (push || before != next) {
+        t.queue_update(id);
+        t.sync_push |= push;
     }
     if pd.flags & pdf::IP_OPTIONS != 0 && !t.state(id).allow_opts() {
         return Some(Verdict::Drop(Reason::IpOption));
@@ -680,18 +686,24 @@ fn hit_tcp<K: Key>(t: &mut StateTable<K>, id: u32, pd: &PDesc, dir: Dir, now: u3
     Some(Verdict::Pass)
 }
 
-/// Sync's `maxupdates`: one more segment tracked since the state's last update went out; at
-/// the limit the sync side sends what is queued at once (pf's pfsync_update_state). The state
-/// itself was offered by `touch`.
-#[inline(never)]
-fn sync_count<K: Key>(t: &mut StateTable<K>, id: u32) {
-    let max = t.sync_max;
-    if let Some(p) = t.peers_mut(id) {
-        p[0].sync_upd = p[0].sync_upd.saturating_add(1);
-        if p[0].sync_upd >= max {
-            t.sync_push = true;
-        }
-    }
+/// Sync for a TCP state (only with sync on): true when it must be pushed (the sync side
+/// sends what is queued without waiting): after `maxupdates` counts since its last update went
+/// out (pf's pfsync_update_state), where a segment counts one and its payload one more per
+/// 256 bytes. A change of its peer states offers it without a push; otherwise `touch` offers
+/// it every few seconds, as any state.
+///
+/// Counting segments alone (pf) does not bound how stale the standby's windows get: 128 full
+/// segments are 185 KB of sequence space, and a standby whose copy of a peer's `seqlo` is
+/// more than MAXACKWINDOW (66 KB) behind drops that flow's next acknowledgements as
+/// state-mismatch after a failover (the flow dies: scripts/failover.sh lost 1-2 of 8 such
+/// flows). Counting the payload too, a state is pushed after 32 KB at the default 128, and
+/// after 64 KB at most (255). A `sloppy` state has no windows to keep fresh: only its changes
+/// are offered.
+#[inline(always)]
+fn sync_count(p: &mut [xpf_state::Peer; 2], max: u8, payload: u32) -> bool {
+    let c = p[0].sync_upd as u32 + 1 + (payload >> 8);
+    p[0].sync_upd = c.min(u8::MAX as u32) as u8;
+    c >= max as u32
 }
 
 /// `modulate state` on a segment from side `from`: the responder's first SYN gets its own

@@ -238,6 +238,13 @@ pub fn tcp_track(p: &mut [Peer; 2], st: &mut [u8; 2], pd: &PDesc, from: usize) -
             end = end.wrapping_add(1);
         }
     }
+    // Until the other side has sent anything, an acknowledgement says nothing about its
+    // window: pf slides it anyway (to the SYN's window above sequence 0 when a SYN is
+    // retransmitted), and the responder's SYN|ACK is then dropped as a mismatch whenever its
+    // sequence lies in the 1.5% of the space that `seqhi` no longer reaches - every time,
+    // as each retransmitted SYN does it again: a handshake that never completes (seen in
+    // scripts/failover.sh). xpf leaves the window unset (seqhi 1) until that first segment.
+    let ack_known = st[di] >= tcps::SYN_SENT;
     if flags & tcp::ACK == 0 {
         // Let it pass the ack skew check.
         ack = p[di].seqlo;
@@ -263,7 +270,7 @@ pub fn tcp_track(p: &mut [Peer; 2], st: &mut [u8; 2], pd: &PDesc, from: usize) -
         && ackskew <= MAXACKWINDOW << sws
         && rst_ok
     {
-        slide(p, si, di, win, sws, end, ack);
+        slide(p, si, di, win, sws, end, ack, ack_known);
         if flags & tcp::SYN != 0 && st[si] < tcps::SYN_SENT {
             st[si] = tcps::SYN_SENT;
         }
@@ -285,7 +292,7 @@ pub fn tcp_track(p: &mut [Peer; 2], st: &mut [u8; 2], pd: &PDesc, from: usize) -
         && seq_geq(p[si].seqhi.wrapping_add(MAXACKWINDOW as u32), data_end)
         && seq_geq(seq, p[si].seqlo.wrapping_sub(MAXACKWINDOW as u32))
     {
-        slide(p, si, di, win, sws, end, ack);
+        slide(p, si, di, win, sws, end, ack, ack_known);
         if flags & tcp::FIN != 0 && st[si] < tcps::CLOSING {
             st[si] = tcps::CLOSING;
         }
@@ -383,7 +390,8 @@ pub fn apply_modulation(frame: &mut [u8], seq_add: u32, ack_sub: u32) -> bool {
 
 /// The window updates both of pf's accepting branches make.
 #[inline(always)]
-fn slide(p: &mut [Peer; 2], si: usize, di: usize, win: u32, sws: u8, end: u32, ack: u32) {
+#[allow(clippy::too_many_arguments)]
+fn slide(p: &mut [Peer; 2], si: usize, di: usize, win: u32, sws: u8, end: u32, ack: u32, ack_known: bool) {
     if (p[si].max_win as u32) < win {
         p[si].max_win = win.min(u16::MAX as u32) as u16;
     }
@@ -391,7 +399,7 @@ fn slide(p: &mut [Peer; 2], si: usize, di: usize, win: u32, sws: u8, end: u32, a
         p[si].seqlo = end;
     }
     let w = win << sws;
-    if seq_geq(ack.wrapping_add(w), p[di].seqhi) {
+    if ack_known && seq_geq(ack.wrapping_add(w), p[di].seqhi) {
         p[di].seqhi = ack.wrapping_add(w.max(1));
     }
 }

@@ -256,6 +256,52 @@ fn tcp_segments_outside_the_window_are_dropped_and_the_state_kept() {
     assert_eq!(run(&mut w, &[seg(true, tcp::ACK, 1001, 6401, 512, 1000, None)], Dir::In, 3)[0], Verdict::Pass);
 }
 
+/// Sync's push of a busy TCP state: after `maxupdates` segments (pf's rule), a segment's
+/// payload counting one more per 256 bytes (so that a standby's windows are never a window
+/// behind: 32 KB at the default 128).
+#[test]
+fn a_busy_tcp_state_is_pushed_to_the_sync_peer_by_segments_or_by_payload() {
+    let mut w = established();
+    w.t4.sync_max = 128;
+    let (id, _) = w.t4.iter().next().unwrap();
+    // Server data: 1400 bytes a segment, 1 + 5 counts: the 22nd reaches 128 (30.8 KB).
+    let mut seq = 6401u32;
+    for i in 1..=22 {
+        let d = seg(false, tcp::ACK, seq, 2001, 512, 1400, None);
+        assert_eq!(run(&mut w, &[d], Dir::Out, 4)[0], Verdict::Pass);
+        seq += 1400;
+        assert_eq!(w.t4.sync_push, i == 22, "segment {i} of 1400 bytes");
+    }
+    // What the sync side does when it sends the state's update.
+    w.t4.sync_push = false;
+    w.t4.peers_mut(id).unwrap()[0].sync_upd = 0;
+    // Bare acknowledgements carry nothing: pushed after maxupdates of them.
+    for i in 1..=128 {
+        let a = seg(true, tcp::ACK, 2001, seq, 512, 0, None);
+        assert_eq!(run(&mut w, &[a], Dir::In, 5)[0], Verdict::Pass);
+        assert_eq!(w.t4.sync_push, i == 128, "acknowledgement {i}");
+    }
+}
+
+/// A retransmitted SYN must not give the responder a window before it has spoken: in pf it
+/// does (sequence 0 + the SYN's window), and a SYN|ACK whose sequence lies where that window
+/// no longer reaches is dropped, each time the SYN is retransmitted again.
+#[test]
+fn a_retransmitted_syn_does_not_spoil_the_responders_window() {
+    let mut w = worker(PassAll, 10);
+    let c = |w: &mut Worker<PassAll>, f: Vec<u8>, d| run(w, &[f], d, 1)[0];
+    let syn = || seg(true, tcp::SYN, 3_692_496_667, 0, 64240, 0, Some(10));
+    assert_eq!(c(&mut w, syn(), Dir::In), Verdict::Pass);
+    assert_eq!(c(&mut w, syn(), Dir::In), Verdict::Pass, "the SYN again (its SYN|ACK was lost)");
+    // 2^31 - 8.1M: inside the band 2^31 - 64240 << 10 .. 2^31 + 64240.
+    let isn = 2_139_345_092;
+    let synack = seg(false, tcp::SYN | tcp::ACK, isn, 3_692_496_668, 65160, 0, Some(10));
+    assert_eq!(c(&mut w, synack, Dir::Out), Verdict::Pass);
+    assert_eq!(c(&mut w, seg(true, tcp::ACK, 3_692_496_668, isn + 1, 63, 0, None), Dir::In), Verdict::Pass);
+    assert_eq!(peer_states(&w), (proto::tcps::ESTABLISHED, proto::tcps::ESTABLISHED));
+    assert_eq!(w.t4.counters.window_drops, 0);
+}
+
 #[test]
 fn a_spoofed_rst_does_not_kill_the_state() {
     let mut w = established();

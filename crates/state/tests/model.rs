@@ -191,13 +191,32 @@ fn updates_collapse_per_state() {
     let mut seen = Vec::new();
     t.drain_events(|e, _| seen.push(e.kind));
     assert_eq!(seen, vec![EventKind::Insert]);
-    // An active state's updates collapse into one queued event.
-    for _ in 0..100 {
-        t.touch(id, Dir::In, 60, 1);
+    // An active state is offered on its first packet of each SYNC_EVERY-second epoch (its
+    // phase depends on its id), collapsed while queued: ten packets a second for 3 epochs...
+    let e = table::SYNC_EVERY;
+    let mut updates = 0;
+    for now in 1..=3 * e {
+        for _ in 0..10 {
+            t.touch(id, Dir::In, 60, now);
+        }
+        t.drain_events(|e, _| {
+            assert_eq!(e.kind, EventKind::Update);
+            updates += 1
+        });
     }
-    seen.clear();
-    t.drain_events(|e, _| seen.push(e.kind));
-    assert_eq!(seen, vec![EventKind::Update]);
+    assert_eq!(updates, 3);
+    // ... and a packet every other second, whatever its phase, for 3 more.
+    for now in (3 * e + 2..=6 * e).step_by(2) {
+        t.touch(id, Dir::In, 60, now);
+    }
+    assert_eq!(t.events_len(), 1, "collapsed while queued");
+    t.drain_events(|_, _| {});
+    let mut updates = 0;
+    for now in (6 * e + 2..=9 * e).step_by(2) {
+        t.touch(id, Dir::In, 60, now);
+        updates += t.drain_events(|_, _| {});
+    }
+    assert_eq!(updates, 3);
     // The engine offers a state at once when it must (a TCP state change, maxupdates).
     t.queue_update(id);
     t.queue_update(id);

@@ -138,6 +138,8 @@ pub struct Replica {
     /// Frames ready to send.
     pub ready: Vec<Vec<u8>>,
     first_event_ms: Option<u64>,
+    /// When a push last drained the queues.
+    pushed_ms: u64,
     pub stats: ApplyStats,
     /// Bulk export in progress: (family, next slot).
     bulk: Option<(usize, u32)>,
@@ -158,6 +160,7 @@ impl Replica {
             out: cfg.builder(1 + worker as u16),
             ready: Vec::new(),
             first_event_ms: None,
+            pushed_ms: u64::MAX,
             stats: ApplyStats::default(),
             bulk: None,
             bulk_sent: 0,
@@ -281,7 +284,8 @@ impl Replica {
     }
 
     /// Sends what the tables queued when it is time (a frame's worth is waiting, a TCP state
-    /// reached `maxupdates`, or the oldest event has waited a second), and any answer.
+    /// must be pushed (the engine's `sync_count`), or the oldest event has waited a second),
+    /// and any answer.
     pub fn poll(&mut self, tables: &mut Tables, now: u32, now_ms: u64, names: &dyn Ifnames) {
         // Answers (update requests, newer states, bulk) do not wait.
         self.flush();
@@ -291,8 +295,14 @@ impl Replica {
             return;
         }
         let first = *self.first_event_ms.get_or_insert(now_ms);
-        let push = tables.t4.sync_push || tables.t6.sync_push;
+        // A push goes out at once, but once a millisecond at most: with many busy TCP flows a
+        // state reaches its limit after nearly every batch, and a frame per batch would cost
+        // a send each.
+        let push = (tables.t4.sync_push || tables.t6.sync_push) && now_ms != self.pushed_ms;
         if push || n >= FLUSH_EVENTS || now_ms.saturating_sub(first) >= 1000 {
+            if push {
+                self.pushed_ms = now_ms;
+            }
             self.drain(tables, now, names);
             self.flush();
         }
