@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The failover scenario: a firewall pair in network namespaces, the virtual addresses moved by
-# keepalived (VRRP), states synced by xpfd in pfsync's format. Long TCP transfers run through
+# keepalived (VRRP), states synced by xpfd in pfsync's format (defer mode on). Long TCP transfers run through
 # the primary; its xpfd is killed (kill -9); keepalived sees it gone and moves the addresses;
 # the standby, which already holds the states (sequence windows included), carries the flows.
 #
@@ -75,7 +75,7 @@ if [[ $KEY == --key ]]; then
 fi
 start_fw() { # $1 netns, $2 peer
     ip netns exec "${P}$1" "$BIN/xpfd" -f "$DIR/pf.conf" -i lan -i wan --socket "$DIR/$1.sock" \
-        --sync-dev sync --sync-peer "$2" "${KEYARG[@]}" 2>"$DIR/$1.log" &
+        --sync-dev sync --sync-peer "$2" --sync-defer "${KEYARG[@]}" 2>"$DIR/$1.log" &
     echo $! >"$DIR/$1-xpfd.pid"
 }
 wait_sock() {
@@ -160,8 +160,18 @@ tail -1 "$DIR/decode.txt"
 if ! tail -1 "$DIR/decode.txt" | grep -qE '^[1-9][0-9]* pfsync frame\(s\), 0 bad'; then
     echo "failover: FAILED: no pfsync frames decoded from the sync link"; exit 1
 fi
+# Defer mode: a new state's first packet (here a ping's) waits for the standby's insert ack.
+for _ in 1 2 3; do # three pings, three new states
+    ip netns exec "${P}client" ping -c 1 -W 1 10.0.2.2 >/dev/null || { echo "failover: FAILED: ping through fwa"; exit 1; }
+done
+sleep 1.2 # the counters are published once a second
 echo "failover: the primary sent:"
-XPFD_SOCKET=$DIR/fwa.sock "$BIN/xpfctl" -s info | grep -E "frames sent|events lost|send errors|requests answered" || true
+XPFD_SOCKET=$DIR/fwa.sock "$BIN/xpfctl" -s info | grep -E "frames sent|events lost|send errors|requests answered|insert acks|deferred" || true
+if ! XPFD_SOCKET=$DIR/fwa.sock "$BIN/xpfctl" -s info | grep -qE "released: [1-9][0-9]* acknowledged"; then
+    XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s info | sed -n '/^Sync/,$p'
+    XPFD_SOCKET=$DIR/fwa.sock "$BIN/xpfctl" -s states -v | grep -A2 -i icmp
+    echo "failover: FAILED: no packet was released by the standby's insert ack (defer mode)"; exit 1
+fi
 echo "failover: before the kill, the standby holds:"
 XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s info | grep -E "Sync|states from peers|states inserted|states updated|bulk update|bad: authentication" || true
 fwb_states=$(XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s states | grep -c ':7000' || true)

@@ -68,6 +68,9 @@ pub struct WorkerConfig {
     pub prefault: bool,
 }
 
+/// In [`Worker::created_ids`]: the slot is an IPv6 state's.
+pub const V6_SLOT: u32 = 1 << 31;
+
 pub struct Worker<P: Policy> {
     pub t4: StateTable<Key4>,
     pub t6: StateTable<Key6>,
@@ -84,6 +87,10 @@ pub struct Worker<P: Policy> {
     /// i), with (added to SEQ, taken from ACK and SACK); [`proto::apply_modulation`] does it.
     pub patched: u64,
     pub patches: [(u32, u32); BATCH],
+    /// Frames of the last batch that created a state (bit i: frame i), and which (slot, with
+    /// bit 31 set for IPv6): sync's defer mode holds them.
+    pub created: u64,
+    pub created_ids: [u32; BATCH],
     limit: u32,
     any_if_bound: bool,
     pd: [PDesc; BATCH],
@@ -130,6 +137,8 @@ impl<P: Policy> Worker<P> {
             released: Vec::new(),
             frag_buf: Vec::new(),
             patched: 0,
+            created: 0,
+            created_ids: [0; BATCH],
             patches: [(0, 0); BATCH],
             limit: cfg.limit,
             any_if_bound: false,
@@ -169,6 +178,7 @@ impl<P: Policy> Worker<P> {
         let n = frames.len().min(BATCH);
         let (mut n4, mut n6) = (0usize, 0usize);
         self.patched = 0;
+        self.created = 0;
         // Parse the whole batch first, then key it: reading a descriptor right after the parser
         // wrote it stalled on store forwarding (~30% of the worker's samples at 9,800 states).
         let mut parsed = 0u64;
@@ -195,6 +205,8 @@ impl<P: Policy> Worker<P> {
                 }
                 self.t4.modulated = None;
                 self.t6.modulated = None;
+                self.t4.created = None;
+                self.t6.created = None;
             } else if pd.af == AF_INET {
                 self.k4[n4] = Key4::from_pdesc(pd, dir, 0);
                 self.i4[n4] = i as u8;
@@ -217,7 +229,12 @@ impl<P: Policy> Worker<P> {
                     v
                 } else {
                     let c = ctx!(self, t6, ifidx, dir, now);
-                    miss(&mut self.t4, &self.policy, c, pd, self.k4[j], self.h4[j])
+                    let v = miss(&mut self.t4, &self.policy, c, pd, self.k4[j], self.h4[j]);
+                    if let Some(id) = self.t4.created.take() {
+                        self.created |= 1 << i;
+                        self.created_ids[i] = id;
+                    }
+                    v
                 };
                 if self.t4.modulated.is_some() {
                     self.take_patch(i);
@@ -234,7 +251,12 @@ impl<P: Policy> Worker<P> {
                     v
                 } else {
                     let c = ctx!(self, t4, ifidx, dir, now);
-                    miss(&mut self.t6, &self.policy, c, pd, self.k6[j], self.h6[j])
+                    let v = miss(&mut self.t6, &self.policy, c, pd, self.k6[j], self.h6[j]);
+                    if let Some(id) = self.t6.created.take() {
+                        self.created |= 1 << i;
+                        self.created_ids[i] = id | V6_SLOT;
+                    }
+                    v
                 };
                 if self.t6.modulated.is_some() {
                     self.take_patch(i);
@@ -831,6 +853,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
                 t.modulated = Some((seqdiff, 0));
             }
             t.touch(id, c.dir, pd.ip_len, c.now);
+            t.created = Some(id);
             Verdict::Pass
         }
         Err(xpf_state::InsertError::Exists(r)) => {

@@ -254,6 +254,8 @@ pub struct StateTable<K: Key> {
     /// `modulate state`: the sequence rewrite (added to SEQ, taken from ACK) that the engine
     /// computed for the packet it just tracked; it takes it at once.
     pub modulated: Option<(u32, u32)>,
+    /// The state the last packet created (set by the engine, taken by its batch loop).
+    pub created: Option<u32>,
     /// Sync's `maxupdates` (0: sync off): a TCP state tracked this many times since its last
     /// update went out sets `sync_push`, and the sync side sends what is queued at once.
     pub sync_max: u8,
@@ -307,6 +309,7 @@ impl<K: Key> StateTable<K> {
             counters: Counters::default(),
             track: Tracking::default(),
             modulated: None,
+            created: None,
             sync_max: 0,
             sync_push: false,
         })

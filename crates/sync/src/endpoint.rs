@@ -27,11 +27,23 @@ pub struct Config {
     pub epoch: u32,
     pub retry_ms: u64,
     pub tries: u32,
+    /// Defer mode: inserts ask the peer for an insert ack (PFSTATE_ACK); the first packet of
+    /// a new state is held until it comes (xpfd's `--sync-defer`).
+    pub defer: bool,
 }
 
 impl Config {
     pub fn new(creatorid: u32) -> Config {
-        Config { creatorid, cksum: [0; 16], max_frame: 1480, key: None, epoch: 0, retry_ms: 5000, tries: 12 }
+        Config {
+            creatorid,
+            cksum: [0; 16],
+            max_frame: 1480,
+            key: None,
+            epoch: 0,
+            retry_ms: 5000,
+            tries: 12,
+            defer: false,
+        }
     }
     /// A frame builder for stream `stream` (0 is the endpoint's own; workers take 1 on).
     pub fn builder(&self, stream: u16) -> FrameBuilder {

@@ -76,6 +76,9 @@ pub struct ApplyStats {
     pub badstate: u64,
     /// Update requests answered.
     pub requests: u64,
+    /// Insert acks: received for our states (defer mode), sent for the peer's.
+    pub acks_in: u64,
+    pub acks_out: u64,
 }
 
 impl ApplyStats {
@@ -88,6 +91,8 @@ impl ApplyStats {
         self.unknown += o.unknown;
         self.badstate += o.badstate;
         self.requests += o.requests;
+        self.acks_in += o.acks_in;
+        self.acks_out += o.acks_out;
     }
 }
 
@@ -145,6 +150,10 @@ pub struct Replica {
     bulk: Option<(usize, u32)>,
     pub bulk_sent: u64,
     evbuf: Vec<xpf_state::Event>,
+    defer: bool,
+    /// Defer mode: our states whose insert the peer acknowledged (slot references, family
+    /// bit 31) since the caller last emptied this.
+    pub acked: Vec<u32>,
 }
 
 const V6: u32 = 1 << 31;
@@ -165,6 +174,8 @@ impl Replica {
             bulk: None,
             bulk_sent: 0,
             evbuf: Vec::new(),
+            defer: cfg.defer,
+            acked: Vec::new(),
         }
     }
 
@@ -327,7 +338,11 @@ impl Replica {
                                 p[0].sync_upd = 0;
                             }
                             let m = if e.kind == xpf_state::EventKind::Insert {
-                                Msg::Insert(self.export(fam, t, e.id, now, names))
+                                let mut r = self.export(fam, t, e.id, now, names);
+                                if self.defer {
+                                    r.state_flags |= wire::PFSTATE_ACK;
+                                }
+                                Msg::Insert(r)
                             } else {
                                 Msg::UpdateC(self.export_c(fam, t, e.id, now))
                             };
@@ -391,7 +406,18 @@ impl Replica {
     /// Applies one record routed to this worker.
     pub fn apply(&mut self, tables: &mut Tables, m: &Msg, now: u32, names: &dyn Ifnames) {
         match m {
-            Msg::Insert(r) | Msg::Update(r) => self.apply_state(tables, r, now, names),
+            Msg::Insert(r) | Msg::Update(r) => {
+                self.apply_state(tables, r, now, names);
+                // Defer mode: the peer holds the state's first packet until we have it.
+                let sid = StateId { id: r.id, creatorid: r.creatorid };
+                if matches!(m, Msg::Insert(_))
+                    && r.state_flags & wire::PFSTATE_ACK != 0
+                    && self.find(tables, &sid).is_some()
+                {
+                    self.send(Msg::InsertAck(sid));
+                    self.stats.acks_out += 1;
+                }
+            }
             Msg::UpdateC(u) => {
                 let sid = StateId { id: u.id, creatorid: u.creatorid };
                 match self.find(tables, &sid) {
@@ -424,7 +450,13 @@ impl Replica {
                 None => self.stats.unknown += 1,
             },
             Msg::Clear(c) => self.clear(tables, c, names),
-            Msg::InsertAck(_) | Msg::Bus(_) => {}
+            Msg::InsertAck(sid) => {
+                if let Some(r) = self.find(tables, sid) {
+                    self.acked.push(r);
+                    self.stats.acks_in += 1;
+                }
+            }
+            Msg::Bus(_) => {}
         }
     }
 

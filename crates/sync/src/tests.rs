@@ -600,3 +600,45 @@ fn a_stale_update_is_answered_with_the_newer_state() {
     }
     assert_eq!(a.t4.peers(id).unwrap()[0].seqlo, 5000 + 10_000);
 }
+
+#[test]
+fn defer_mode_inserts_ask_for_an_ack_and_the_peer_answers_once_it_holds_the_state() {
+    let mut ca = cfg(0xa, Some(b"0123456789abcdef0123"));
+    ca.defer = true;
+    let mut a = Node::new(ca);
+    let mut b = Node::new(cfg(0xb, Some(b"0123456789abcdef0123")));
+    let id = add(&mut a.t4, tcp_state(1), 1);
+    let frames = a.push(1);
+    let mut msgs = Vec::new();
+    crate::frame::parse(&frames[0], None, |m| msgs.push(m)).unwrap();
+    match &msgs[0] {
+        Msg::Insert(r) => assert_ne!(r.state_flags & crate::wire::PFSTATE_ACK, 0, "defer asks for an ack"),
+        m => panic!("{m:?}"),
+    }
+    for f in frames {
+        b.receive(1, 10, &f).unwrap();
+    }
+    assert_eq!((b.rep.stats.inserted, b.rep.stats.acks_out), (1, 1));
+    // The ack goes out at once (answers do not wait for the second), names our state...
+    let back = b.transmit(1, 10);
+    assert_eq!(back.len(), 1);
+    for f in back {
+        a.receive(1, 10, &f).unwrap();
+    }
+    assert_eq!(a.rep.acked, vec![id]);
+    assert_eq!(a.rep.stats.acks_in, 1);
+    // ... and an update (not an insert) or a replayed insert for a state already held asks
+    // nothing more; without defer, inserts carry no ack request at all.
+    a.t4.queue_update(id);
+    for f in a.push(1) {
+        b.receive(1, 20, &f).unwrap();
+    }
+    assert_eq!(b.rep.stats.acks_out, 1);
+    let mut c = Node::new(cfg(0xc, None));
+    add(&mut c.t4, tcp_state(2), 1);
+    let mut d = Node::new(cfg(0xd, None));
+    for f in c.push(1) {
+        d.receive(1, 10, &f).unwrap();
+    }
+    assert_eq!((d.rep.stats.inserted, d.rep.stats.acks_out), (1, 0));
+}

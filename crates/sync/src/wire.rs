@@ -85,6 +85,9 @@ pub const PF_OUT: u8 = 2;
 pub const PFSTATE_ALLOWOPTS: u16 = 0x0001;
 pub const PFSTATE_SLOPPY: u16 = 0x0002;
 pub const PFSTATE_NOSYNC: u16 = 0x0008;
+/// On an insert: the sender holds the state's first packet until the receiver answers with
+/// an insert ack (defer mode).
+pub const PFSTATE_ACK: u16 = 0x0010;
 /// `pfsync_state_scrub.scrub_flag`: the scrub part is meaningful.
 pub const SCRUB_FLAG_VALID: u8 = 0x01;
 

@@ -118,6 +118,9 @@ pub struct Dataplane {
     pub worker: Worker<Live>,
     pub ports: Vec<Port>,
     pub cmds: Receiver<Cmd>,
+    /// Rung by the sync thread when it sends a command: an idle worker wakes at once (defer
+    /// mode's insert acks cannot wait for the 10-ms idle sleep).
+    pub wake: Option<Arc<Wake>>,
     pub stop: Arc<AtomicBool>,
     pub io: IoStats,
     pub start: Instant,
@@ -133,6 +136,9 @@ pub struct Dataplane {
     mod_bufs: Vec<Vec<u8>>,
     /// State sync (--sync-dev): this worker's replica and sender.
     pub sync: Option<crate::sync::WorkerSync>,
+    /// Defer mode: a buffer for released packets, and whether this batch held any.
+    held_out: crate::defer::Released,
+    held_now: bool,
     last_resolve: Vec<(u32, [u8; 16], Instant)>,
 }
 
@@ -226,6 +232,9 @@ impl Dataplane {
             overload: None,
             mod_bufs: Vec::new(),
             sync: None,
+            wake: None,
+            held_out: Vec::new(),
+            held_now: false,
             last_resolve: Vec::new(),
         }
     }
@@ -263,6 +272,11 @@ impl Dataplane {
             }
             if let Some(s) = &mut self.sync {
                 s.poll(&mut self.worker, now);
+                if let Some(d) = &mut s.defer {
+                    let mut out = std::mem::take(&mut self.held_out);
+                    d.expire(Instant::now(), &mut out);
+                    self.send_held(out);
+                }
             }
             n_loops += 1;
             if got == 0 || n_loops.is_multiple_of(64) {
@@ -278,7 +292,10 @@ impl Dataplane {
             if got == 0 {
                 idle_rounds += 1;
                 if !self.busy && idle_rounds > 16 {
-                    self.wait(Duration::from_millis(10));
+                    // Held packets (defer mode) time out 20 ms after they came: sleep less.
+                    let holding =
+                        self.sync.as_ref().and_then(|s| s.defer.as_ref()).is_some_and(|d| d.stats.waiting > 0);
+                    self.wait(Duration::from_millis(if holding { 1 } else { 10 }));
                 }
             } else {
                 idle_rounds = 0;
@@ -301,12 +318,18 @@ impl Dataplane {
         }
     }
 
-    /// Sleeps until a socket has something to read, or `d` passes.
+    /// Sleeps until a socket has something to read, a command is rung in, or `d` passes.
     fn wait(&self, d: Duration) {
         let mut fds: Vec<libc::pollfd> =
             self.ports.iter().map(|p| libc::pollfd { fd: p.io.fd(), events: libc::POLLIN, revents: 0 }).collect();
+        if let Some(w) = &self.wake {
+            fds.push(libc::pollfd { fd: w.0, events: libc::POLLIN, revents: 0 });
+        }
         // SAFETY: fds is a live array of pollfd of the length passed.
         unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, d.as_millis() as i32) };
+        if let Some(w) = &self.wake {
+            w.clear();
+        }
     }
 
     fn forward(&mut self, p: usize, descs: &[Desc], now: u32) {
@@ -325,6 +348,10 @@ impl Dataplane {
         let mut v_in = [Verdict::Pass; BATCH];
         let clock = Instant::now();
         self.worker.process(&frames[..n], inif as u16, Dir::In, now, &mut v_in);
+        // Defer mode: which frames made a state on the way in (the `out` pass may make more).
+        let defer = self.sync.as_ref().is_some_and(|s| s.defer.is_some());
+        let (created_in, ids_in) = if defer { (self.worker.created, self.worker.created_ids) } else { (0, [0; BATCH]) };
+        let mut held = Vec::new();
         if !self.worker.released.is_empty() {
             let released = std::mem::take(&mut self.worker.released);
             self.forward_datagrams(&released, &routes, now);
@@ -392,7 +419,19 @@ impl Dataplane {
                 if v_out[k] != Verdict::Pass {
                     continue;
                 }
+                let wait = |bits: u64, ids: &[u32; BATCH], i: usize| (bits & (1 << i) != 0).then(|| ids[i]);
+                let wait = [wait(created_in, &ids_in, sel[k]), wait(self.worker.created, &self.worker.created_ids, k)];
                 match routes[sel[k]] {
+                    Route::Forward { dmac, smac, .. } if defer && wait != [None, None] => {
+                        let d = self.sync.as_mut().and_then(|s| s.defer.as_mut()).expect("defer on");
+                        let f = d.hold(out_frames[k], ep, wait, Instant::now(), &mut held);
+                        if self.worker.patched & (1 << k) != 0 {
+                            let (a, s) = self.worker.patches[k];
+                            xpf_engine::proto::apply_modulation(f, a, s);
+                        }
+                        rewrite(f, &dmac, &smac);
+                        self.held_now = true;
+                    }
                     Route::Forward { dmac, smac, .. } => match self.ports[ep].io.tx_copy(out_frames[k]) {
                         Some(f) => {
                             if self.worker.patched & (1 << k) != 0 {
@@ -416,11 +455,39 @@ impl Dataplane {
             }
         }
         self.mod_bufs = bufs;
+        if std::mem::take(&mut self.held_now) {
+            // The held packets' inserts go to the peer now, not with the next second's flush.
+            if let Some(s) = &mut self.sync {
+                s.send_now(&mut self.worker, now);
+            }
+        }
+        self.send_held(held);
         self.io.filtered += n as u64;
         self.io.filter_ns += spent.as_nanos() as u64;
         if let Some(fp) = &mut self.fast {
             fp.install();
         }
+    }
+
+    /// Sends the packets defer mode released (already rewritten for the wire).
+    fn send_held(&mut self, mut out: crate::defer::Released) {
+        if out.is_empty() {
+            self.held_out = out;
+            return;
+        }
+        for (port, f) in out.drain(..) {
+            match self.ports[port].io.tx_copy(&f) {
+                Some(_) => self.io.forwarded += 1,
+                None => self.io.tx_full += 1,
+            }
+            if let Some(d) = self.sync.as_mut().and_then(|s| s.defer.as_mut()) {
+                d.recycle(f);
+            }
+        }
+        for p in self.ports.iter_mut() {
+            p.io.flush();
+        }
+        self.held_out = out;
     }
 
     /// Sends on the fragments of reassembled datagrams that passed `in`: each datagram is
@@ -529,7 +596,11 @@ impl Dataplane {
             }
             Cmd::Sync(msgs) => {
                 if let Some(s) = &mut self.sync {
-                    s.apply(&mut self.worker, &msgs, now);
+                    let mut out = std::mem::take(&mut self.held_out);
+                    s.apply(&mut self.worker, &msgs, now, &mut out);
+                    // Answers (insert acks, update requests) go now, not after the next sleep.
+                    s.answer();
+                    self.send_held(out);
                 }
             }
             Cmd::SyncBulk => {
@@ -538,6 +609,37 @@ impl Dataplane {
                 }
             }
         }
+    }
+}
+
+/// An eventfd that wakes a sleeping worker.
+pub struct Wake(i32);
+
+impl Wake {
+    pub fn new() -> std::io::Result<Wake> {
+        // SAFETY: plain syscall; the fd is owned by the Wake.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Wake(fd))
+    }
+    pub fn ring(&self) {
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a live u64.
+        unsafe { libc::write(self.0, &one as *const u64 as *const libc::c_void, 8) };
+    }
+    fn clear(&self) {
+        let mut v = 0u64;
+        // SAFETY: reads 8 bytes into a live u64 (non-blocking).
+        unsafe { libc::read(self.0, &mut v as *mut u64 as *mut libc::c_void, 8) };
+    }
+}
+
+impl Drop for Wake {
+    fn drop(&mut self) {
+        // SAFETY: the fd is ours.
+        unsafe { libc::close(self.0) };
     }
 }
 

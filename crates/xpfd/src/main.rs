@@ -16,6 +16,7 @@
 
 mod control;
 mod dataplane;
+mod defer;
 mod fastpath;
 mod policy;
 mod sync;
@@ -36,7 +37,7 @@ pub const DEFAULT_SOCKET: &str = "/run/xpfd.sock";
 
 const USAGE: &str = "usage: xpfd -f FILE -i IF [-i IF ...] [--io xdp|packet|auto] [--workers N] [--cpus LIST] \
                      [--socket PATH] [--busy-poll] [--fastpath [FLOWS]] [-D macro=value] \
-                     [--sync-dev IF [--sync-peer ADDR] [--sync-key FILE] [--sync-maxupd N] [--sync-hostid ID]]";
+                     [--sync-dev IF [--sync-peer ADDR] [--sync-key FILE] [--sync-maxupd N] [--sync-hostid ID] [--sync-defer]]";
 
 #[derive(Debug)]
 struct Args {
@@ -66,7 +67,8 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
         defines: Vec::new(),
         sync: None,
     };
-    let mut sync = sync::SyncArgs { dev: String::new(), peer: None, key_file: None, maxupd: 128, hostid: None };
+    let mut sync =
+        sync::SyncArgs { dev: String::new(), peer: None, key_file: None, maxupd: 128, hostid: None, defer: false };
     let mut i = 0;
     while i < a.len() {
         let flag = a[i].clone();
@@ -110,6 +112,7 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
                 sync.peer = Some(v.parse().map_err(|_| format!("--sync-peer {v}: an IPv4 address"))?)
             }
             "--sync-key" => sync.key_file = Some(val()?),
+            "--sync-defer" => sync.defer = true,
             "--sync-maxupd" => {
                 let v = val()?;
                 sync.maxupd = v.parse().ok().filter(|&n| n > 0).ok_or_else(|| format!("--sync-maxupd {v}: 1 to 255"))?
@@ -129,8 +132,8 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
     }
     if !sync.dev.is_empty() {
         r.sync = Some(sync);
-    } else if sync.peer.is_some() || sync.key_file.is_some() {
-        return Err("--sync-peer and --sync-key need --sync-dev".into());
+    } else if sync.peer.is_some() || sync.key_file.is_some() || sync.defer {
+        return Err("--sync-peer, --sync-key and --sync-defer need --sync-dev".into());
     }
     if !matches!(r.io.as_str(), "xdp" | "auto" | "packet") {
         return Err(format!("--io {}: xdp, packet or auto", r.io));
@@ -333,23 +336,28 @@ fn run(a: Args) -> Result<(), String> {
                 dev: sa.dev.clone(),
                 peer: sa.peer.map(|p| p.to_string()).unwrap_or_else(|| "224.0.0.240".into()),
                 auth: cfg.key.is_some(),
+                defer: cfg.defer,
                 creatorid: cfg.creatorid,
             });
             eprintln!(
-                "xpfd: sync on {} to {} (creator id {:08x}, frames up to {} bytes, authentication {})",
+                "xpfd: sync on {} to {} (creator id {:08x}, frames up to {} bytes, authentication {}{})",
                 sa.dev,
                 shared.peer,
                 cfg.creatorid,
                 cfg.max_frame,
-                if cfg.key.is_some() { "on" } else { "off" }
+                if cfg.key.is_some() { "on" } else { "off" },
+                if cfg.defer { ", defer" } else { "" }
             );
             Some((cfg, tx, shared, sa.maxupd))
         }
         None => None,
     };
+    let mut wakes = Vec::new();
     for (w, ports) in ports_of.into_iter().enumerate() {
         let (tx, rx) = mpsc::channel::<Cmd>();
         txs.push(tx);
+        let wake = Arc::new(dataplane::Wake::new().map_err(|e| format!("eventfd: {e}"))?);
+        wakes.push(wake.clone());
         let events = if sync_setup.is_some() { 1 << 20 } else { 0 };
         let cfg = WorkerConfig { limit: per_worker, rows: None, seed, events, now: 1, prefault: true };
         let mut worker =
@@ -374,6 +382,7 @@ fn run(a: Args) -> Result<(), String> {
                     let mut dp = Dataplane::new(worker, ports, rx, stop, busy);
                     dp.overload = Some(overload);
                     dp.sync = wsync;
+                    dp.wake = Some(wake);
                     if let Some(maps) = fast {
                         dp.fast = Some(fastpath::FastPath::new(maps, w as u32));
                     }
@@ -398,7 +407,7 @@ fn run(a: Args) -> Result<(), String> {
         sync_thread = Some(
             std::thread::Builder::new()
                 .name("xpf-sync".into())
-                .spawn(move || sync::run(ep, tx, workers_tx, sh))
+                .spawn(move || sync::run(ep, tx, workers_tx, wakes, sh))
                 .map_err(|e| e.to_string())?,
         );
         sync_shared = Some(shared);

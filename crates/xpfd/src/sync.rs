@@ -3,7 +3,8 @@
 //! records; and each worker's part, which sends its own tables' events (no lock between
 //! workers) and applies the records routed to it between batches.
 
-use crate::dataplane::Cmd;
+use crate::dataplane::{Cmd, Wake};
+use crate::defer::{Defer, DeferStats, Released};
 use crate::policy::Live;
 use serde::Serialize;
 use std::cell::RefCell;
@@ -27,6 +28,8 @@ pub struct SyncArgs {
     pub key_file: Option<String>,
     pub maxupd: u8,
     pub hostid: Option<u32>,
+    /// `--sync-defer`: hold a new state's first packet until the peer has the state.
+    pub defer: bool,
 }
 
 /// The MTU of `dev` (1500 if it cannot be read).
@@ -75,6 +78,9 @@ pub struct WorkerReport {
     pub unknown: u64,
     pub badstate: u64,
     pub requests: u64,
+    pub acks_in: u64,
+    pub acks_out: u64,
+    pub defer: DeferStats,
 }
 
 pub struct Shared {
@@ -87,12 +93,15 @@ pub struct Shared {
     pub dev: String,
     pub peer: String,
     pub auth: bool,
+    pub defer: bool,
     pub creatorid: u32,
 }
 
 /// A worker's part.
 pub struct WorkerSync {
     pub rep: Replica,
+    /// Defer mode's held packets (`--sync-defer`).
+    pub defer: Option<Defer>,
     tx: Transport,
     names: SysNames,
     shared: Arc<Shared>,
@@ -109,6 +118,7 @@ impl WorkerSync {
     pub fn new(cfg: &Config, index: usize, tx: Transport, shared: Arc<Shared>) -> WorkerSync {
         WorkerSync {
             rep: Replica::new(cfg, index as u8),
+            defer: cfg.defer.then(Defer::default),
             tx,
             names: SysNames::default(),
             shared,
@@ -154,6 +164,9 @@ impl WorkerSync {
                 unknown: s.unknown,
                 badstate: s.badstate,
                 requests: s.requests,
+                acks_in: s.acks_in,
+                acks_out: s.acks_out,
+                defer: self.defer.as_ref().map(|d| d.stats).unwrap_or_default(),
             };
         }
     }
@@ -169,11 +182,31 @@ impl WorkerSync {
         }
     }
 
-    pub fn apply(&mut self, w: &mut Worker<Live>, msgs: &[Msg], now: u32) {
+    /// Applies the records routed to this worker; packets held for the inserts they
+    /// acknowledge are added to `released`.
+    pub fn apply(&mut self, w: &mut Worker<Live>, msgs: &[Msg], now: u32, released: &mut Released) {
         let mut t = Tables { t4: &mut w.t4, t6: &mut w.t6 };
         for m in msgs {
             self.rep.apply(&mut t, m, now, &self.names);
         }
+        if let Some(d) = &mut self.defer {
+            d.acked(&self.rep.acked, Instant::now(), released);
+        }
+        self.rep.acked.clear();
+    }
+
+    /// Sends the answers the applied records called for.
+    pub fn answer(&mut self) {
+        self.rep.flush();
+        self.send_ready();
+    }
+
+    /// Sends what is queued now (defer mode: the inserts of the states whose packets wait).
+    pub fn send_now(&mut self, w: &mut Worker<Live>, now: u32) {
+        let mut t = Tables { t4: &mut w.t4, t6: &mut w.t6 };
+        self.rep.drain(&mut t, now, &self.names);
+        self.rep.flush();
+        self.send_ready();
     }
 }
 
@@ -199,7 +232,7 @@ fn bulk_out_text(b: &BulkOut, sent: u64) -> String {
 
 /// The sync thread: receives frames, checks them, routes records to their workers, runs the
 /// bulk state machines, and sends its own frames (update requests, bulk status).
-pub fn run(mut ep: Endpoint, tx: Transport, workers: Vec<Sender<Cmd>>, shared: Arc<Shared>) {
+pub fn run(mut ep: Endpoint, tx: Transport, workers: Vec<Sender<Cmd>>, wakes: Vec<Arc<Wake>>, shared: Arc<Shared>) {
     let start = Instant::now();
     let mut buf = vec![0u8; 65536];
     let mut msgs = Vec::new();
@@ -238,6 +271,7 @@ pub fn run(mut ep: Endpoint, tx: Transport, workers: Vec<Sender<Cmd>>, shared: A
         for (w, v) in per.iter_mut().enumerate() {
             if !v.is_empty() {
                 let _ = workers[w].send(Cmd::Sync(std::mem::take(v)));
+                wakes[w].ring();
             }
         }
         ep.poll(ms);
@@ -299,6 +333,9 @@ pub fn render(s: &Shared) -> (String, serde_json::Value) {
         w.unknown += r.unknown;
         w.badstate += r.badstate;
         w.requests += r.requests;
+        w.acks_in += r.acks_in;
+        w.acks_out += r.acks_out;
+        w.defer.add(&r.defer);
     }
     let mut t = String::new();
     let _ = writeln!(
@@ -331,14 +368,32 @@ pub fn render(s: &Shared) -> (String, serde_json::Value) {
         ("refused records", w.badstate),
         ("requests answered", w.requests),
         ("states from peers", w.imported),
+        ("insert acks received", w.acks_in),
+        ("insert acks sent", w.acks_out),
     ];
     for (k, v) in &rows {
         let _ = writeln!(t, "  {:<25} {:>14}", k, v);
+    }
+    if s.defer {
+        let d = &w.defer;
+        let _ = writeln!(
+            t,
+            "  {:<25} {:>14}   released: {} acknowledged (after {:.2} ms on average, {:.2} at most), {} timed out, {} queue full; {} held now",
+            "packets deferred",
+            d.held,
+            d.released_ack,
+            d.ack_us_sum as f64 / d.released_ack.max(1) as f64 / 1000.0,
+            d.ack_us_max as f64 / 1000.0,
+            d.released_timeout,
+            d.released_full,
+            d.waiting
+        );
     }
     let _ = writeln!(t, "  {:<25} {}", "bulk update received", bin);
     let _ = writeln!(t, "  {:<25} {}", "bulk update sent", bout);
     let mut m: serde_json::Map<String, serde_json::Value> =
         rows.iter().map(|(k, v)| (k.replace([' ', ':', '(', ')'], "_"), serde_json::json!(v))).collect();
+    m.insert("defer".into(), serde_json::json!({ "on": s.defer, "stats": w.defer }));
     m.insert("bulk_in".into(), serde_json::json!(bin));
     m.insert("bulk_out".into(), serde_json::json!(bout));
     (t, serde_json::Value::Object(m))
@@ -357,6 +412,7 @@ pub fn config(a: &SyncArgs, cksum: [u8; 16]) -> Result<Config, String> {
     });
     let mut c = Config::new(creatorid);
     c.cksum = cksum;
+    c.defer = a.defer;
     c.max_frame = mtu(&a.dev).saturating_sub(20).clamp(wire::HEADER_LEN + 400, 65000);
     c.epoch =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(1);
