@@ -174,6 +174,7 @@ pub fn run(o: &Opts) -> Result<(), String> {
     let n = if o.quick { 200_000 } else { 1_000_000 };
     let mut a = Side::new(0xa, n + 1024, 1 << 21);
     let mut b = Side::new(0xb, n + 1024, 0);
+    b.rep.reserve(n as usize + 1024);
     fill(&mut a.t4, n);
     // The standby learns every state (bulk), then takes rounds of compressed updates.
     a.rep.bulk_start();
@@ -290,6 +291,7 @@ fn bulk(n: u32) -> Result<(), String> {
         t0.elapsed().as_secs_f64()
     });
     let mut b = Side::new(0xb, n + 1024, 0);
+    b.rep.reserve(n as usize + 1024);
     let mut buf = vec![0u8; 65536];
     let mut msgs = Vec::new();
     let start = Instant::now();
@@ -331,7 +333,7 @@ fn bulk(n: u32) -> Result<(), String> {
     let total = start.elapsed().as_secs_f64();
     let held = b.t4.len();
     println!(
-        "bulk update over loopback: {n} states, 1480-byte frames, paced at {} states/ms: sender {secs:.1} s, standby {} in {total:.1} s; held {held}, lost {} (target <= 60 s, 0 lost); sent {}",
+        "bulk update over loopback: {n} states, 1480-byte frames, paced at {} states/ms: sender {secs:.1} s, standby {} (total {total:.1} s); held {held}, lost {} (target <= 60 s, 0 lost); sent {}",
         BULK_PER_MS,
         bulk_text(&b.ep.bulk_in),
         n - held,

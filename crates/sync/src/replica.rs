@@ -179,6 +179,17 @@ impl Replica {
         }
     }
 
+    /// Makes room for `states` peers' states (the table's limit) up front: growing the id map
+    /// by doubling rehashes every entry at once (at 8M, a stall of a second that overran the
+    /// socket buffer during a bulk update: 1.9-3.4% of 10M states lost). The memory is
+    /// reserved, not touched, until states arrive.
+    pub fn reserve(&mut self, states: usize) {
+        self.ids.reserve(states.saturating_sub(self.ids.len()));
+        for o in &mut self.origin {
+            o.reserve(states.saturating_sub(o.len()));
+        }
+    }
+
     /// States learned from peers and held now.
     pub fn imported(&self) -> usize {
         self.ids.len()

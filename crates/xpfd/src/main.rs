@@ -365,7 +365,9 @@ fn run(a: Args) -> Result<(), String> {
         let wsync = sync_setup.as_ref().map(|(cfg, tx, shared, maxupd)| {
             worker.t4.sync_max = *maxupd;
             worker.t6.sync_max = *maxupd;
-            sync::WorkerSync::new(cfg, w, *tx, shared.clone())
+            let mut ws = sync::WorkerSync::new(cfg, w, *tx, shared.clone());
+            ws.rep.reserve(per_worker as usize);
+            ws
         });
         worker.t4.set_timeouts(timeouts.clone());
         worker.t6.set_timeouts(timeouts.clone());
