@@ -256,8 +256,9 @@ pub struct StateTable<K: Key> {
     pub modulated: Option<(u32, u32)>,
     /// The state the last packet created (set by the engine, taken by its batch loop).
     pub created: Option<u32>,
-    /// Sync's `maxupdates` (0: sync off): a TCP state tracked this many times since its last
-    /// update went out sets `sync_push`, and the sync side sends what is queued at once.
+    /// Sync's `maxupdates` (0: sync off): a TCP state that counted this much since its last
+    /// update went out (segments and payload, the engine's `sync_count`) sets `sync_push`,
+    /// and the sync side sends what is queued at once.
     pub sync_max: u8,
     pub sync_push: bool,
 }

@@ -419,10 +419,14 @@ impl Dataplane {
                 if v_out[k] != Verdict::Pass {
                     continue;
                 }
-                let wait = |bits: u64, ids: &[u32; BATCH], i: usize| (bits & (1 << i) != 0).then(|| ids[i]);
-                let wait = [wait(created_in, &ids_in, sel[k]), wait(self.worker.created, &self.worker.created_ids, k)];
+                let made = |bits: u64, ids: &[u32; BATCH], i: usize| (bits & (1 << i) != 0).then(|| ids[i]);
+                let wait = if defer {
+                    [made(created_in, &ids_in, sel[k]), made(self.worker.created, &self.worker.created_ids, k)]
+                } else {
+                    [None, None]
+                };
                 match routes[sel[k]] {
-                    Route::Forward { dmac, smac, .. } if defer && wait != [None, None] => {
+                    Route::Forward { dmac, smac, .. } if wait != [None, None] => {
                         let d = self.sync.as_mut().and_then(|s| s.defer.as_mut()).expect("defer on");
                         let f = d.hold(out_frames[k], ep, wait, Instant::now(), &mut held);
                         if self.worker.patched & (1 << k) != 0 {
