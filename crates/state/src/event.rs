@@ -2,6 +2,8 @@
 //! per-worker queue. Repeated updates of one state collapse into the one already queued (a flag
 //! in the entry), so the queue holds at most one insert or update per state.
 
+use crate::table::{sf, State};
+use crate::Key;
 use std::collections::VecDeque;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,5 +54,25 @@ impl EventQueue {
     }
     pub fn is_empty(&self) -> bool {
         self.q.is_empty()
+    }
+}
+
+/// Seconds between the sync updates of an active state the engine has no other reason to
+/// offer (its protocol state did not change).
+pub const SYNC_EVERY: u32 = 4;
+
+#[inline(always)]
+pub(crate) fn sync_epoch(t: u32, id: u32) -> u32 {
+    t.wrapping_add(id) / SYNC_EVERY
+}
+
+/// Queues an update event for state `s` (id `id`) unless one is queued or it is `no-sync`.
+#[inline(always)]
+pub(crate) fn offer<K: Key>(events: &mut EventQueue, s: &mut State<K>, id: u32) {
+    if events.enabled()
+        && s.flags & (sf::EVQ_INS | sf::EVQ_UPD | sf::NOSYNC) == 0
+        && events.push(Event { id, kind: EventKind::Update })
+    {
+        s.flags |= sf::EVQ_UPD;
     }
 }

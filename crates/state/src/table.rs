@@ -5,7 +5,7 @@
 //! 31 set when the ref was made for the stack-side key. Removed states stay `DEAD` (unlinked,
 //! invisible) until the wheel frees their slot, so a queued delete event can still read them.
 
-use crate::event::{Event, EventKind, EventQueue};
+use crate::event::{offer, sync_epoch, Event, EventKind, EventQueue};
 use crate::index::{Index, Probe};
 use crate::key::{Dir, Key, Seed};
 use crate::region::{MapError, Region, Side, Zeroable};
@@ -99,26 +99,6 @@ impl<K: Key> State<K> {
 }
 const _: () = assert!(core::mem::size_of::<State<crate::Key4>>() == 64);
 const _: () = assert!(core::mem::size_of::<State<crate::Key6>>() == 88);
-
-/// Seconds between the sync updates of an active state the engine has no other reason to
-/// offer (its protocol state did not change).
-pub const SYNC_EVERY: u32 = 4;
-
-#[inline(always)]
-fn sync_epoch(t: u32, id: u32) -> u32 {
-    t.wrapping_add(id) / SYNC_EVERY
-}
-
-/// Queues an update event for state `s` (id `id`) unless one is queued or it is `no-sync`.
-#[inline(always)]
-fn offer<K: Key>(events: &mut EventQueue, s: &mut State<K>, id: u32) {
-    if events.enabled()
-        && s.flags & (sf::EVQ_INS | sf::EVQ_UPD | sf::NOSYNC) == 0
-        && events.push(Event { id, kind: EventKind::Update })
-    {
-        s.flags |= sf::EVQ_UPD;
-    }
-}
 
 /// pf's per-peer TCP tracking data (`pf_state_peer`); the tracking itself is in the engine.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -193,7 +193,7 @@ fn updates_collapse_per_state() {
     assert_eq!(seen, vec![EventKind::Insert]);
     // An active state is offered on its first packet of each SYNC_EVERY-second epoch (its
     // phase depends on its id), collapsed while queued: ten packets a second for 3 epochs...
-    let e = table::SYNC_EVERY;
+    let e = event::SYNC_EVERY;
     let mut updates = 0;
     for now in 1..=3 * e {
         for _ in 0..10 {
