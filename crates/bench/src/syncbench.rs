@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use xpf_io::gen::Gen;
 use xpf_io::rawip::Transport;
-use xpf_state::{Config as TConfig, Dir, Key4, Key6, NewState, Peer, Seed, StateTable, Timeout};
+use xpf_state::{Config as TConfig, Dir, Key4, Key6, Peer, Seed, StateTable};
 use xpf_sync::replica::{FloatingOnly, BULK_PER_MS, MAX_UPDATES};
 use xpf_sync::wire::{self, Msg};
 use xpf_sync::{BulkIn, Config, Endpoint, Replica, Tables};
@@ -88,19 +88,7 @@ fn fill(t: &mut StateTable<Key4>, n: u32) {
             kif: 0,
         };
         let p = Peer { seqlo: i, seqhi: i + 65535, max_win: 65535, mss: 1460, wscale: 0x87, ..Default::default() };
-        let s = NewState {
-            key,
-            stack: None,
-            dir: Dir::In,
-            rule: 1,
-            timeout: Timeout::TcpEstablished,
-            src_state: 4,
-            dst_state: 4,
-            tcp: Some([p, p]),
-            nosync: false,
-            allow_opts: false,
-            sloppy: false,
-        };
+        let s = xpf_state::fixtures::established_tcp(key, [p, p]);
         let h = t.hash(&key);
         t.insert(h, s, 1).expect("insert");
     }

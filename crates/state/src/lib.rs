@@ -12,6 +12,7 @@
 //! gives the measurements behind per-worker tables over one shared table.
 
 pub mod event;
+pub mod fixtures;
 pub mod index;
 pub mod key;
 pub mod region;

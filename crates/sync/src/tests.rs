@@ -354,19 +354,7 @@ fn tcp_state(i: u32) -> NewState<Key4> {
         kif: 0,
     };
     let p = Peer { seqlo: i * 1000, seqhi: i * 1000 + 65535, max_win: 65535, mss: 1460, ..Default::default() };
-    NewState {
-        key,
-        stack: None,
-        dir: Dir::In,
-        rule: 1,
-        timeout: Timeout::TcpEstablished,
-        src_state: 4,
-        dst_state: 4,
-        tcp: Some([p, Peer { seqlo: i * 7, seqhi: i * 7 + 65535, ..p }]),
-        nosync: false,
-        allow_opts: false,
-        sloppy: false,
-    }
+    xpf_state::fixtures::established_tcp(key, [p, Peer { seqlo: i * 7, seqhi: i * 7 + 65535, ..p }])
 }
 
 fn add<K: xpf_state::Key>(t: &mut StateTable<K>, s: NewState<K>, now: u32) -> u32 {

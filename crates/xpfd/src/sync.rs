@@ -6,7 +6,6 @@
 use crate::dataplane::{Cmd, Wake};
 use crate::defer::{Defer, DeferStats, Released};
 use crate::policy::Live;
-use serde::Serialize;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -16,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use xpf_engine::Worker;
 pub use xpf_io::rawip::Transport;
+use xpf_sync::replica::ApplyStats;
 use xpf_sync::wire::{self, IFNAMSIZ};
 use xpf_sync::{replica, BulkIn, BulkOut, Config, Endpoint, Ifnames, Msg, Replica, Stats, Tables};
 
@@ -63,23 +63,15 @@ impl Ifnames for SysNames {
 }
 
 /// What every side reports, for `xpfctl -s info`.
-#[derive(Debug, Default, Clone, Serialize)]
+#[derive(Debug, Default, Clone)]
 pub struct WorkerReport {
     pub frames: u64,
     pub bytes: u64,
     pub send_errors: u64,
     pub events_dropped: u64,
     pub imported: u64,
-    pub bulk_sent: u64,
-    pub inserted: u64,
-    pub updated: u64,
-    pub deleted: u64,
-    pub stale: u64,
-    pub unknown: u64,
-    pub badstate: u64,
-    pub requests: u64,
-    pub acks_in: u64,
-    pub acks_out: u64,
+    /// What the worker's replica applied (its own counters).
+    pub apply: ApplyStats,
     pub defer: DeferStats,
 }
 
@@ -156,16 +148,7 @@ impl WorkerSync {
                 send_errors: self.errors,
                 events_dropped: w.t4.events_dropped() + w.t6.events_dropped(),
                 imported: self.rep.imported() as u64,
-                bulk_sent: self.rep.bulk_sent,
-                inserted: s.inserted,
-                updated: s.updated,
-                deleted: s.deleted,
-                stale: s.stale,
-                unknown: s.unknown,
-                badstate: s.badstate,
-                requests: s.requests,
-                acks_in: s.acks_in,
-                acks_out: s.acks_out,
+                apply: s,
                 defer: self.defer.as_ref().map(|d| d.stats).unwrap_or_default(),
             };
         }
@@ -326,15 +309,7 @@ pub fn render(s: &Shared) -> (String, serde_json::Value) {
         w.send_errors += r.send_errors;
         w.events_dropped += r.events_dropped;
         w.imported += r.imported;
-        w.inserted += r.inserted;
-        w.updated += r.updated;
-        w.deleted += r.deleted;
-        w.stale += r.stale;
-        w.unknown += r.unknown;
-        w.badstate += r.badstate;
-        w.requests += r.requests;
-        w.acks_in += r.acks_in;
-        w.acks_out += r.acks_out;
+        w.apply.add(&r.apply);
         w.defer.add(&r.defer);
     }
     let mut t = String::new();
@@ -360,16 +335,16 @@ pub fn render(s: &Shared) -> (String, serde_json::Value) {
         ("bad: authentication", st.badauth),
         ("bad: replayed", st.replayed),
         ("records skipped", st.skipped),
-        ("states inserted", w.inserted),
-        ("states updated", w.updated),
-        ("states deleted", w.deleted),
-        ("stale updates", w.stale),
-        ("unknown (requested)", w.unknown),
-        ("refused records", w.badstate),
-        ("requests answered", w.requests),
+        ("states inserted", w.apply.inserted),
+        ("states updated", w.apply.updated),
+        ("states deleted", w.apply.deleted),
+        ("stale updates", w.apply.stale),
+        ("unknown (requested)", w.apply.unknown),
+        ("refused records", w.apply.badstate),
+        ("requests answered", w.apply.requests),
         ("states from peers", w.imported),
-        ("insert acks received", w.acks_in),
-        ("insert acks sent", w.acks_out),
+        ("insert acks received", w.apply.acks_in),
+        ("insert acks sent", w.apply.acks_out),
     ];
     for (k, v) in &rows {
         let _ = writeln!(t, "  {:<25} {:>14}", k, v);
