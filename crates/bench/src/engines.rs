@@ -27,7 +27,15 @@ impl Xpf {
     }
     /// With sync's event queues of `events` entries (0: off).
     pub fn with_events(limit: u64, rows: Option<u32>, events: usize) -> Xpf {
-        let cfg = WorkerConfig { limit: limit as u32, rows, seed: Seed::random(), events, now: 1, prefault: true };
+        let cfg = WorkerConfig {
+            limit: limit as u32,
+            rows,
+            seed: Seed::random(),
+            events,
+            now: 1,
+            prefault: true,
+            secret: xpf_state::os_random(),
+        };
         Xpf { w: Worker::new(cfg, PassAll).expect("state table memory"), verdicts: [Verdict::Pass; BATCH] }
     }
 }

@@ -40,7 +40,15 @@ pub fn replay_file<P: Policy>(path: &Path, policy: P, reassemble: bool) -> Resul
     let buf = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let recs = pcap::read(&buf).map_err(|e| format!("{}: {e}", path.display()))?;
     let t0 = recs.first().map_or(0, |r| r.ts_ns);
-    let cfg = WorkerConfig { limit: 100_000, rows: None, seed: Seed::random(), events: 0, now: 0, prefault: false };
+    let cfg = WorkerConfig {
+        limit: 100_000,
+        rows: None,
+        seed: Seed::random(),
+        events: 0,
+        now: 0,
+        prefault: false,
+        secret: xpf_state::os_random(),
+    };
     let mut w = Worker::new(cfg, policy).map_err(|e| e.to_string())?;
     w.set_reassemble(reassemble, 65_536, xpf_state::Timeout::Frag.default_secs());
     let mut rep = Report { records: recs.len() as u64, ..Default::default() };

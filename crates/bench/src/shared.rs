@@ -130,6 +130,7 @@ impl Shared {
                         nosync: false,
                         allow_opts: false,
                         sloppy: false,
+                        tag: 0,
                     };
                     match t.insert(hs[i], ns, now) {
                         Ok(id) => {

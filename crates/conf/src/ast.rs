@@ -180,6 +180,8 @@ pub struct Rule {
     pub anchor: Option<String>,
     /// The line of pf.conf it came from.
     pub line: u32,
+    /// The file it came from (the main file or an included one).
+    pub file: std::sync::Arc<str>,
 }
 
 /// A translation target (`nat-to`, `rdr-to`, `binat-to`) and its pool options.
@@ -257,6 +259,7 @@ pub struct Queue {
     pub qlimit: Option<u32>,
     pub default: bool,
     pub line: u32,
+    pub file: std::sync::Arc<str>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

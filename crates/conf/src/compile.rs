@@ -99,6 +99,34 @@ impl Table {
     }
 }
 
+/// The entries of a table file as pfctl reads one: addresses and networks (`a.b.c.d[/n]`,
+/// IPv6, `!` to negate) separated by white space, `#` comments to the end of the line. Host
+/// names are an error (xpf resolves no names). Each entry or (line, what is wrong).
+pub fn table_file_entries(text: &str) -> impl Iterator<Item = Result<(IpAddr, u8, bool), (usize, String)>> + '_ {
+    text.lines().enumerate().flat_map(|(n, line)| {
+        let line = line.split('#').next().unwrap_or("");
+        line.split_whitespace().map(move |w| {
+            parse_entry(w).ok_or((n + 1, format!("'{w}' is not an address or network (host names are not resolved)")))
+        })
+    })
+}
+
+/// One table entry: `[!]address[/prefix]`, the host bits cleared by the table itself.
+pub fn parse_entry(w: &str) -> Option<(IpAddr, u8, bool)> {
+    let (neg, w) = match w.strip_prefix('!') {
+        Some(r) => (true, r),
+        None => (false, w),
+    };
+    let (a, l) = match w.split_once('/') {
+        Some((a, l)) => (a, Some(l.parse::<u8>().ok()?)),
+        None => (w, None),
+    };
+    let a: IpAddr = a.parse().ok()?;
+    let max = if a.is_ipv4() { 32 } else { 128 };
+    let l = l.unwrap_or(max);
+    (l <= max).then_some((a, l, neg))
+}
+
 fn mask4(l: u8) -> u32 {
     if l == 0 {
         0
@@ -180,6 +208,8 @@ pub struct Ruleset {
     pub evaluations: Vec<AtomicU64>,
     /// The state limits of the rules that have some.
     pub limits: Vec<RuleLimits>,
+    /// `set skip on`: interfaces (indexes) whose packets pf does not look at.
+    skip_ifs: Vec<u16>,
 }
 
 /// A limited rule's limiter id: a hash of the rule as written (its line aside) and of how many
@@ -264,10 +294,27 @@ impl Ruleset {
         for t in &p.tables {
             let mut tb = Table::default();
             for part in &t.parts {
-                if let TablePart::Hosts(hs) = part {
-                    for h in hs {
-                        if let HostKind::Net(a, l) = h.kind {
-                            tb.insert(a, l, h.neg);
+                match part {
+                    TablePart::Hosts(hs) => {
+                        for h in hs {
+                            if let HostKind::Net(a, l) = h.kind {
+                                tb.insert(a, l, h.neg);
+                            }
+                        }
+                    }
+                    // Read at every compile: a reload picks up the file as it is then, and a
+                    // file that cannot be read fails the load (the ruleset in force stays).
+                    TablePart::File(f) => {
+                        let text = std::fs::read_to_string(f).map_err(|e| CompileError {
+                            line: t.line,
+                            msg: format!("table <{}>: cannot load \"{f}\": {e}", t.name),
+                        })?;
+                        for e in table_file_entries(&text) {
+                            let (a, l, neg) = e.map_err(|(n, w)| CompileError {
+                                line: t.line,
+                                msg: format!("table <{}>: {f}:{n}: {w}", t.name),
+                            })?;
+                            tb.insert(a, l, neg);
                         }
                     }
                 }
@@ -329,7 +376,8 @@ impl Ruleset {
                 icmp: r.icmp,
                 keep_state: r.state != StateKind::No,
                 nosync: r.state_opts.no_sync,
-                if_bound: r.state_opts.if_bound,
+                // `set state-policy if-bound` binds every state a rule does not make floating.
+                if_bound: r.state_opts.if_bound || (p.if_bound && !r.state_opts.floating),
                 allow_opts: r.allow_opts,
                 sloppy: r.state_opts.sloppy,
                 modulate: r.state == StateKind::Modulate,
@@ -353,7 +401,10 @@ impl Ruleset {
         }
         let skip = skip_steps(&rules);
         let evaluations = (0..rules.len()).map(|_| AtomicU64::new(0)).collect();
-        Ok(Ruleset { rules, skip, tables, tags, evaluations, limits })
+        // An interface `set skip on` names that the machine lacks is skipped when it appears
+        // (pf's groups and absent interfaces), so it is not an error; a reload picks it up.
+        let skip_ifs = p.skip.iter().filter_map(|n| ifindex(n)).collect();
+        Ok(Ruleset { rules, skip, tables, tags, evaluations, limits, skip_ifs })
     }
 
     pub fn len(&self) -> usize {
@@ -442,7 +493,12 @@ impl Ruleset {
     /// does not match is passed over with its body; `anchor quick` stops after its body if a
     /// rule in it matched.
     pub fn eval(&self, pd: &PDesc, ifidx: u16, dir: SDir) -> (Option<usize>, u16) {
-        let mut tag = 0u16;
+        self.eval_tagged(pd, ifidx, dir, 0)
+    }
+
+    /// [`Ruleset::eval`] for a packet that carries `tag` from an earlier pass.
+    pub fn eval_tagged(&self, pd: &PDesc, ifidx: u16, dir: SDir, tag: u16) -> (Option<usize>, u16) {
+        let mut tag = tag;
         let mut last = None;
         let mut i = 0;
         // Quick anchors entered: (end of body, last match when entered).
@@ -487,8 +543,8 @@ impl Ruleset {
     }
 
     /// The same evaluation without skip steps (the property test's model).
-    pub fn eval_naive(&self, pd: &PDesc, ifidx: u16, dir: SDir) -> (Option<usize>, u16) {
-        let mut tag = 0u16;
+    pub fn eval_naive(&self, pd: &PDesc, ifidx: u16, dir: SDir, tag: u16) -> (Option<usize>, u16) {
+        let mut tag = tag;
         let mut last = None;
         let mut skip_to = 0usize;
         for (i, r) in self.rules.iter().enumerate() {
@@ -523,9 +579,19 @@ impl Policy for Ruleset {
         self.limits.get((i as usize).wrapping_sub(1))
     }
 
+    #[inline]
+    fn skip(&self, ifidx: u16) -> bool {
+        !self.skip_ifs.is_empty() && self.skip_ifs.contains(&ifidx)
+    }
+
     fn evaluate(&self, pd: &PDesc, ifidx: u16, dir: SDir) -> Decision {
-        match self.eval(pd, ifidx, dir).0 {
-            None => Decision { keep_state: false, ..Decision::PASS },
+        self.evaluate_tagged(pd, ifidx, dir, 0)
+    }
+
+    fn evaluate_tagged(&self, pd: &PDesc, ifidx: u16, dir: SDir, tag: u16) -> Decision {
+        let (last, tag) = self.eval_tagged(pd, ifidx, dir, tag);
+        match last {
+            None => Decision { keep_state: false, tag, ..Decision::PASS },
             Some(i) => {
                 let r = &self.rules[i];
                 Decision {
@@ -539,6 +605,7 @@ impl Policy for Ruleset {
                     pickup: r.pickup,
                     limits: r.limits,
                     modulate: r.modulate,
+                    tag,
                 }
             }
         }

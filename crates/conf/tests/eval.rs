@@ -114,7 +114,15 @@ fn a_ruleset_drives_the_engine() {
     // Default block, outbound keep state: replies pass by state, unsolicited traffic does not.
     let r = rs("block all\npass out proto udp\n");
     let mut w = Worker::new(
-        WorkerConfig { limit: 100, rows: None, seed: Seed::fixed(1), events: 0, now: 0, prefault: false },
+        WorkerConfig {
+            limit: 100,
+            rows: None,
+            seed: Seed::fixed(1),
+            events: 0,
+            now: 0,
+            prefault: false,
+            secret: [1; 32],
+        },
         r,
     )
     .unwrap();
@@ -155,18 +163,19 @@ proptest! {
     #[test]
     fn skip_steps_agree_with_naive_evaluation(
         lines in proptest::collection::vec(rule_line(), 1..40),
-        pkts in proptest::collection::vec((any::<bool>(), 0u8..3, any::<u8>(), any::<u8>(), 90u16..210, any::<bool>(), 1u16..3), 1..30),
+        pkts in proptest::collection::vec((any::<bool>(), 0u8..3, any::<u8>(), any::<u8>(), 90u16..210, any::<bool>(), 1u16..3, 0u16..3), 1..30),
     ) {
         let src = format!("table <t> {{ 10.2/16 !10.2.3/24 }}\n{}", lines.concat());
         let p = parse(&src, "t", &[]);
         prop_assume!(p.errors.is_empty());
         let r = Ruleset::compile(&p, &ifindex).unwrap();
-        for (tcp_, net, b, c, port, out, ifi) in pkts {
+        // The packet may carry a tag from an earlier pass (1: A, the only tag; 2: an unknown one).
+        for (tcp_, net, b, c, port, out, ifi, tg) in pkts {
             let s = [[10, 2, b, c], [10, 1, b, c], [11, 0, b, c]][net as usize];
             let d = [20, 0, 0, c];
             let pd = pkt(if tcp_ { IPPROTO_TCP } else { IPPROTO_UDP }, s, d, port, port, tcp::SYN);
             let dir = if out { Dir::Out } else { Dir::In };
-            prop_assert_eq!(r.eval(&pd, ifi, dir), r.eval_naive(&pd, ifi, dir));
+            prop_assert_eq!(r.eval_tagged(&pd, ifi, dir, tg), r.eval_naive(&pd, ifi, dir, tg));
         }
     }
 }
@@ -187,7 +196,7 @@ fn anchors_are_evaluated_in_place() {
     let q = rs("block all\nanchor quick {\n  pass proto tcp\n}\nblock proto tcp\n");
     assert_eq!(action(&q, &ssh, 1, Dir::In), Action::Pass);
     for (p, ifi) in [(&ssh, 1), (&dns, 2), (&ntp, 1)] {
-        assert_eq!(r.eval(p, ifi, Dir::In), r.eval_naive(p, ifi, Dir::In));
+        assert_eq!(r.eval(p, ifi, Dir::In), r.eval_naive(p, ifi, Dir::In, 0));
     }
 }
 
@@ -220,4 +229,56 @@ fn state_options_reach_the_engine_and_limiters_survive_a_recompile() {
     assert_eq!(again.limits[0].limiter, l.limiter);
     let changed = rs(&text.replace("max 3", "max 4"));
     assert_ne!(changed.limits[0].limiter, l.limiter);
+}
+
+/// pf's tags cross passes: the `in` pass tags, the `out` pass on another interface filters on
+/// `tagged`; later packets take the tag from their `in` state, so an `out` state that went
+/// (killed, expired) is made again under the same tag.
+#[test]
+fn tag_set_in_is_seen_by_tagged_out_and_kept_in_the_state() {
+    let r = rs("block all\npass in on em0 proto udp to port 53 tag DNS\npass in on em0 proto udp to port 54\n\
+                pass out on em1 tagged DNS\n");
+    let mut w = Worker::new(
+        WorkerConfig {
+            limit: 100,
+            rows: None,
+            seed: Seed::fixed(1),
+            events: 0,
+            now: 0,
+            prefault: false,
+            secret: [1; 32],
+        },
+        r,
+    )
+    .unwrap();
+    let frame = |dp: u16| {
+        let mut f = vec![0u8; 60];
+        f[12] = 8;
+        xpf_wire::ipv4::emit_header(&mut f[14..], [10, 0, 0, 1], [8, 8, 8, 8], 17, 46, 64, 1);
+        xpf_wire::udp::emit_header(&mut f[34..], 5000, dp, 26);
+        f
+    };
+    let (dns, other) = (frame(53), frame(54));
+    let mut v = [Verdict::Pass; 2];
+    let mut tags = [0u16; 2];
+    w.process_tagged(&[&dns, &other], 1, Dir::In, 0, &mut v, &mut tags);
+    assert_eq!(v, [Verdict::Pass, Verdict::Pass]);
+    assert!(tags[0] != 0 && tags[1] == 0, "the DNS rule tagged, the other did not: {tags:?}");
+    w.process_tagged(&[&dns, &other], 2, Dir::Out, 0, &mut v, &mut tags);
+    assert_eq!(v, [Verdict::Pass, Verdict::Drop(xpf_wire::Reason::Match)], "only the tagged packet goes out");
+    assert_eq!(w.states(), 3);
+    // The `out` state goes; the next packet takes its tag from the `in` state.
+    let out_id = w.t4.iter().find(|(_, s)| s.flags & xpf_state::sf::OUT != 0).map(|(i, _)| i).unwrap();
+    w.t4.remove(out_id);
+    let mut tags = [0u16; 1];
+    w.process_tagged(&[&dns], 1, Dir::In, 1, &mut v[..1], &mut tags);
+    assert_ne!(tags[0], 0, "the in state carries the tag");
+    w.process_tagged(&[&dns], 2, Dir::Out, 1, &mut v[..1], &mut tags);
+    assert_eq!(v[0], Verdict::Pass);
+    // Without the tag (as before tags crossed passes) the out pass blocks it.
+    let mut none = [0u16; 1];
+    let out_id = w.t4.iter().find(|(_, s)| s.flags & xpf_state::sf::OUT != 0).map(|(i, _)| i).unwrap();
+    w.t4.remove(out_id);
+    w.process_tagged(&[&dns], 2, Dir::Out, 1, &mut v[..1], &mut none);
+    assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Match));
 }

@@ -14,6 +14,8 @@ pub mod proto;
 
 pub use policy::{Action, BlockAll, Decision, PassAll, Policy};
 
+use rand_chacha::ChaCha20Rng;
+use rand_core::SeedableRng;
 use xpf_state::{sf, Config, Dir, Key, Key4, Key6, NewState, Refusal, Seed, StateTable, ID_MASK, NONE};
 use xpf_wire::pdesc::{pdf, AF_INET, IPPROTO_TCP};
 use xpf_wire::tcp;
@@ -66,6 +68,9 @@ pub struct WorkerConfig {
     pub now: u32,
     /// Commit the memory of `limit` IPv4 entries at creation (see `xpf_state::Config`).
     pub prefault: bool,
+    /// The key of the worker's random numbers (`modulate state`'s initial sequence numbers):
+    /// the daemon passes 32 bytes from getrandom ([`xpf_state::os_random`]); tests a fixed one.
+    pub secret: [u8; 32],
 }
 
 /// In [`Worker::created_ids`]: the slot is an IPv6 state's.
@@ -91,6 +96,8 @@ pub struct Worker<P: Policy> {
     /// bit 31 set for IPv6): sync's defer mode holds them.
     pub created: u64,
     pub created_ids: [u32; BATCH],
+    /// ChaCha20 keyed by [`WorkerConfig::secret`]: unpredictable without the key.
+    rng: ChaCha20Rng,
     limit: u32,
     any_if_bound: bool,
     pd: [PDesc; BATCH],
@@ -140,6 +147,7 @@ impl<P: Policy> Worker<P> {
             created: 0,
             created_ids: [0; BATCH],
             patches: [(0, 0); BATCH],
+            rng: ChaCha20Rng::from_seed(cfg.secret),
             limit: cfg.limit,
             any_if_bound: false,
             pd: [PDesc::default(); BATCH],
@@ -175,10 +183,29 @@ impl<P: Policy> Worker<P> {
     // PERF: 9.7 ns/pkt at 9,800 states and 17.9 ns/pkt at 10M (one core, established UDP,
     // xpf-bench states; docs/bench-results.md).
     pub fn process(&mut self, frames: &[&[u8]], ifidx: u16, dir: Dir, now: u32, verdicts: &mut [Verdict]) {
+        let mut tags = [0u16; BATCH];
+        self.process_tagged(frames, ifidx, dir, now, verdicts, &mut tags);
+    }
+
+    /// [`Worker::process`] with pf's packet tags: `tags[i]` is the tag frame `i` carries in
+    /// (0: none; from its `in` pass when this is its `out` pass), and on return the tag it
+    /// carries on: set by a `tag` rule of this pass, or by the state it matched.
+    pub fn process_tagged(
+        &mut self,
+        frames: &[&[u8]],
+        ifidx: u16,
+        dir: Dir,
+        now: u32,
+        verdicts: &mut [Verdict],
+        tags: &mut [u16],
+    ) {
         let n = frames.len().min(BATCH);
         let (mut n4, mut n6) = (0usize, 0usize);
         self.patched = 0;
         self.created = 0;
+        if self.policy.skip(ifidx) {
+            return self.skipped(&frames[..n], verdicts);
+        }
         // Parse the whole batch first, then key it: reading a descriptor right after the parser
         // wrote it stalled on store forwarding (~30% of the worker's samples at 9,800 states).
         let mut parsed = 0u64;
@@ -224,11 +251,18 @@ impl<P: Policy> Worker<P> {
             for j in 0..n4 {
                 let i = self.i4[j] as usize;
                 let pd = &self.pd[i];
-                let v = if self.r4[j] != NONE { hit(&mut self.t4, self.r4[j], pd, dir, now) } else { None };
+                let v = if self.r4[j] != NONE {
+                    hit(&mut self.t4, self.r4[j], pd, dir, now, &mut self.rng).map(|v| {
+                        state_tag(&self.t4, self.r4[j], &mut tags[i]);
+                        v
+                    })
+                } else {
+                    None
+                };
                 verdicts[i] = if let Some(v) = v {
                     v
                 } else {
-                    let c = ctx!(self, t6, ifidx, dir, now);
+                    let c = ctx!(self, t6, ifidx, dir, now, &mut tags[i]);
                     let v = miss(&mut self.t4, &self.policy, c, pd, self.k4[j], self.h4[j]);
                     if let Some(id) = self.t4.created.take() {
                         self.created |= 1 << i;
@@ -246,11 +280,18 @@ impl<P: Policy> Worker<P> {
             for j in 0..n6 {
                 let i = self.i6[j] as usize;
                 let pd = &self.pd[i];
-                let v = if self.r6[j] != NONE { hit(&mut self.t6, self.r6[j], pd, dir, now) } else { None };
+                let v = if self.r6[j] != NONE {
+                    hit(&mut self.t6, self.r6[j], pd, dir, now, &mut self.rng).map(|v| {
+                        state_tag(&self.t6, self.r6[j], &mut tags[i]);
+                        v
+                    })
+                } else {
+                    None
+                };
                 verdicts[i] = if let Some(v) = v {
                     v
                 } else {
-                    let c = ctx!(self, t4, ifidx, dir, now);
+                    let c = ctx!(self, t4, ifidx, dir, now, &mut tags[i]);
                     let v = miss(&mut self.t6, &self.policy, c, pd, self.k6[j], self.h6[j]);
                     if let Some(id) = self.t6.created.take() {
                         self.created |= 1 << i;
@@ -276,6 +317,25 @@ impl<P: Policy> Worker<P> {
                 }
                 // Counted when its datagram is passed or dropped.
                 Verdict::Held => {}
+            }
+        }
+    }
+
+    /// `set skip on` this interface: IP passes unfiltered and without state, the rest goes to
+    /// the host as always.
+    #[cold]
+    fn skipped(&mut self, frames: &[&[u8]], verdicts: &mut [Verdict]) {
+        let mut pd = PDesc::default();
+        for (f, v) in frames.iter().zip(verdicts.iter_mut()) {
+            *v = match parse_ether(f, &mut pd) {
+                Err(Parse::NotIp(_)) => Verdict::Host,
+                _ => Verdict::Pass,
+            };
+            self.stats.packets += 1;
+            self.stats.bytes += f.len() as u64;
+            match v {
+                Verdict::Host => self.stats.to_host += 1,
+                _ => self.stats.passed += 1,
             }
         }
     }
@@ -418,11 +478,13 @@ impl<P: Policy> Worker<P> {
             };
             return v.unwrap_or_else(|| stateless(&self.policy, pd, ifidx, dir, &mut self.stats.rule_passes));
         }
+        // Tags of fragmented datagrams and ICMP errors are not carried to the `out` pass.
+        let mut tag = 0;
         if pd.af == AF_INET {
-            let c = ctx!(self, t6, ifidx, dir, now);
+            let c = ctx!(self, t6, ifidx, dir, now, &mut tag);
             miss_whole(&mut self.t4, &self.policy, c, pd)
         } else {
-            let c = ctx!(self, t4, ifidx, dir, now);
+            let c = ctx!(self, t4, ifidx, dir, now, &mut tag);
             miss_whole(&mut self.t6, &self.policy, c, pd)
         }
     }
@@ -525,8 +587,10 @@ fn account_pair<K: Key>(
 
 /// The context of a miss in one family's table, `$other` being the other family's.
 macro_rules! ctx {
-    ($w:ident, $other:ident, $ifidx:expr, $dir:expr, $now:expr) => {
+    ($w:ident, $other:ident, $ifidx:expr, $dir:expr, $now:expr, $tag:expr) => {
         Ctx {
+            rng: &mut $w.rng,
+            tag: $tag,
             limit: $w.limit,
             other: $w.$other.len(),
             elsewhere: &$w.$other.track,
@@ -541,6 +605,9 @@ macro_rules! ctx {
 use ctx;
 
 struct Ctx<'a> {
+    rng: &'a mut ChaCha20Rng,
+    /// The packet's tag: in from an earlier pass, out as the rules or the state leave it.
+    tag: &'a mut u16,
     limit: u32,
     other: u32,
     /// The other family's limits (a rule's `max` counts its states in both).
@@ -616,9 +683,16 @@ fn icmp_error<K: Key>(
 /// closed for reuse (a new SYN on a closed TCP connection): the packet is then filtered as
 /// if no state matched.
 #[inline(always)]
-fn hit<K: Key>(t: &mut StateTable<K>, r: u32, pd: &PDesc, dir: Dir, now: u32) -> Option<Verdict> {
+fn hit<K: Key>(
+    t: &mut StateTable<K>,
+    r: u32,
+    pd: &PDesc,
+    dir: Dir,
+    now: u32,
+    rng: &mut ChaCha20Rng,
+) -> Option<Verdict> {
     if pd.proto == IPPROTO_TCP {
-        return hit_tcp(t, r & ID_MASK, pd, dir, now);
+        return hit_tcp(t, r & ID_MASK, pd, dir, now, rng);
     }
     let s = t.touch(r & ID_MASK, dir, pd.ip_len, now);
     let from = (((s.flags & sf::OUT) >> 2) ^ dir as u8) as usize;
@@ -633,7 +707,14 @@ fn hit<K: Key>(t: &mut StateTable<K>, r: u32, pd: &PDesc, dir: Dir, now: u32) ->
 /// A TCP segment of state `id`: pf's window tracking ([`proto::tcp_track`]). A segment out
 /// of the window is dropped (`state-mismatch`) without touching the state.
 #[inline(never)]
-fn hit_tcp<K: Key>(t: &mut StateTable<K>, id: u32, pd: &PDesc, dir: Dir, now: u32) -> Option<Verdict> {
+fn hit_tcp<K: Key>(
+    t: &mut StateTable<K>,
+    id: u32,
+    pd: &PDesc,
+    dir: Dir,
+    now: u32,
+    rng: &mut ChaCha20Rng,
+) -> Option<Verdict> {
     let sync_max = t.sync_max;
     let (s, peers) = t.state_and_peers_mut(id);
     if s.flags & sf::DEAD != 0 {
@@ -658,7 +739,7 @@ fn hit_tcp<K: Key>(t: &mut StateTable<K>, id: u32, pd: &PDesc, dir: Dir, now: u3
         Some(p) => {
             let tr = proto::tcp_track(p, &mut next, pd, from);
             if p[0].seqdiff | p[1].seqdiff != 0 && tr != proto::Track::Bad {
-                modulated = Some(modulate(p, from, pd));
+                modulated = Some(modulate(p, from, pd, rng));
             }
             if sync_max != 0 && tr != proto::Track::Bad {
                 push = sync_count(p, sync_max, pd.payload_len as u32);
@@ -732,9 +813,9 @@ fn sync_count(p: &mut [xpf_state::Peer; 2], max: u8, payload: u32) -> bool {
 /// random initial number too (as pf does); returns (added to SEQ, taken from ACK).
 #[cold]
 #[inline(never)]
-fn modulate(p: &mut [xpf_state::Peer; 2], from: usize, pd: &PDesc) -> (u32, u32) {
+fn modulate(p: &mut [xpf_state::Peer; 2], from: usize, pd: &PDesc, rng: &mut ChaCha20Rng) -> (u32, u32) {
     if p[from].seqdiff == 0 && pd.tcp_flags & tcp::SYN != 0 {
-        p[from].seqdiff = proto::new_seqdiff(pd.tcp_seq);
+        p[from].seqdiff = proto::new_seqdiff(rng, pd.tcp_seq);
     }
     (p[from].seqdiff, p[1 - from].seqdiff)
 }
@@ -768,6 +849,17 @@ fn connection_limit<K: Key>(t: &mut StateTable<K>, id: u32, now: u32) -> Option<
     Some(Verdict::Drop(Reason::SrcLimit))
 }
 
+/// The tag a packet takes from its state `r`, if the state has one (only states of rules
+/// with `tag` do: the map is empty, and this one test, without them).
+#[inline(always)]
+fn state_tag<K: Key>(t: &StateTable<K>, r: u32, tag: &mut u16) {
+    if !t.tags.is_empty() {
+        if let Some(&g) = t.tags.get(&(r & ID_MASK)) {
+            *tag = g;
+        }
+    }
+}
+
 /// [`miss`] for a packet not keyed in a batch.
 fn miss_whole<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc) -> Verdict {
     let k = K::from_pdesc(pd, c.dir, 0);
@@ -780,19 +872,22 @@ fn miss_whole<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDes
 fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key: K, h: u64) -> Verdict {
     // Created by an earlier packet of this batch, or if-bound to this interface.
     if let Some(r) = t.find(&key, h) {
-        if let Some(v) = hit(t, r, pd, c.dir, c.now) {
+        if let Some(v) = hit(t, r, pd, c.dir, c.now, c.rng) {
+            state_tag(t, r, c.tag);
             return v;
         }
     }
     if *c.any_if_bound {
         let kb = K::from_pdesc(pd, c.dir, c.ifidx);
         if let Some(r) = t.find(&kb, t.hash(&kb)) {
-            if let Some(v) = hit(t, r, pd, c.dir, c.now) {
+            if let Some(v) = hit(t, r, pd, c.dir, c.now, c.rng) {
+                state_tag(t, r, c.tag);
                 return v;
             }
         }
     }
-    let d = p.evaluate(pd, c.ifidx, c.dir);
+    let d = p.evaluate_tagged(pd, c.ifidx, c.dir, *c.tag);
+    *c.tag = d.tag;
     if d.action == Action::Block {
         return Verdict::Drop(Reason::Match);
     }
@@ -828,7 +923,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     }
     let mut seqdiff = 0;
     if let Some(p) = tcp.as_mut().filter(|_| d.modulate && pd.tcp_flags & (tcp::SYN | tcp::ACK) == tcp::SYN) {
-        seqdiff = proto::new_seqdiff(pd.tcp_seq);
+        seqdiff = proto::new_seqdiff(c.rng, pd.tcp_seq);
         p[0].seqdiff = seqdiff;
     }
     let ns = NewState {
@@ -843,6 +938,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         nosync: d.nosync,
         allow_opts: d.allow_opts,
         sloppy: d.sloppy,
+        tag: d.tag,
     };
     match t.insert(h, ns, c.now) {
         Ok(id) => {
@@ -857,7 +953,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
             Verdict::Pass
         }
         Err(xpf_state::InsertError::Exists(r)) => {
-            hit(t, r, pd, c.dir, c.now).unwrap_or(Verdict::Drop(Reason::StateInsert))
+            hit(t, r, pd, c.dir, c.now, c.rng).unwrap_or(Verdict::Drop(Reason::StateInsert))
         }
         Err(xpf_state::InsertError::Limit) => Verdict::Drop(Reason::StateLimit),
         Err(xpf_state::InsertError::Memory) => Verdict::Drop(Reason::Memory),

@@ -33,6 +33,9 @@ pub struct Decision {
     pub limits: u32,
     /// `modulate state`: the TCP initial sequence numbers are replaced by random ones.
     pub modulate: bool,
+    /// The tag the packet carries after the ruleset (the last `tag` of a matching rule, else
+    /// the one it came in with), kept in the state it makes.
+    pub tag: u16,
 }
 
 impl Decision {
@@ -48,6 +51,7 @@ impl Decision {
         pickup: false,
         limits: 0,
         modulate: false,
+        tag: 0,
     };
     /// `block` (drop).
     pub const BLOCK: Decision = Decision { action: Action::Block, keep_state: false, ..Decision::PASS };
@@ -55,9 +59,18 @@ impl Decision {
 
 pub trait Policy {
     fn evaluate(&self, pd: &PDesc, ifidx: u16, dir: Dir) -> Decision;
+    /// [`Policy::evaluate`] for a packet that carries `tag` from an earlier pass (pf's mbuf
+    /// tag: `tagged` rules see it, `tag` rules replace it). A policy without tags keeps it.
+    fn evaluate_tagged(&self, pd: &PDesc, ifidx: u16, dir: Dir, tag: u16) -> Decision {
+        Decision { tag, ..self.evaluate(pd, ifidx, dir) }
+    }
     /// The limits a decision names (`Decision::limits` != 0).
     fn limits(&self, _i: u32) -> Option<&RuleLimits> {
         None
+    }
+    /// `set skip on`: the filter does not look at packets on this interface.
+    fn skip(&self, _ifidx: u16) -> bool {
+        false
     }
 }
 

@@ -323,14 +323,11 @@ pub fn quoted_seq_ok(p: &[Peer; 2], from: usize, seq: u32) -> bool {
 }
 
 /// A random non-zero offset that turns `seq` into a random initial sequence number (pf's
-/// `arc4random() - seq`): SipHash with this process's random keys over a counter.
-pub fn new_seqdiff(seq: u32) -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// `arc4random() - seq`), from the worker's ChaCha20 keyed with getrandom's bytes.
+pub fn new_seqdiff(rng: &mut rand_chacha::ChaCha20Rng, seq: u32) -> u32 {
+    use rand_core::Rng;
     loop {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u64(N.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-        let d = (h.finish() as u32).wrapping_sub(seq);
+        let d = rng.next_u32().wrapping_sub(seq);
         if d != 0 {
             return d;
         }

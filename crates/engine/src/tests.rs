@@ -25,8 +25,11 @@ fn tcp4(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, flags: u8) -> Vec<u8
 }
 
 fn worker<P: Policy>(p: P, limit: u32) -> Worker<P> {
-    Worker::new(WorkerConfig { limit, rows: None, seed: Seed::fixed(9), events: 0, now: 0, prefault: false }, p)
-        .unwrap()
+    Worker::new(
+        WorkerConfig { limit, rows: None, seed: Seed::fixed(9), events: 0, now: 0, prefault: false, secret: [7; 32] },
+        p,
+    )
+    .unwrap()
 }
 
 fn run<P: Policy>(w: &mut Worker<P>, frames: &[Vec<u8>], dir: Dir, now: u32) -> Vec<Verdict> {

@@ -17,5 +17,6 @@ pub fn established_tcp<K: Key>(key: K, peers: [Peer; 2]) -> NewState<K> {
         nosync: false,
         allow_opts: false,
         sloppy: false,
+        tag: 0,
     }
 }

@@ -64,18 +64,31 @@ unsafe impl crate::region::Zeroable for Key6 {}
 #[derive(Debug, Clone, Copy)]
 pub struct Seed(pub [u64; 4]);
 
+/// `N` bytes from the kernel's random source (getrandom(2), blocking until it is seeded).
+/// Secrets (hash seeds, `modulate state`'s and syncookies' keys) come from here; there is no
+/// weaker fallback: a machine that cannot give them stops the daemon with this message.
+pub fn os_random<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
+    let mut got = 0;
+    while got < N {
+        // SAFETY: getrandom writes at most N - got bytes into the rest of b.
+        let n = unsafe { libc::getrandom(b[got..].as_mut_ptr() as *mut libc::c_void, N - got, 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            panic!("getrandom(2) failed: {e}; xpf takes its secrets from the kernel only");
+        }
+        got += n as usize;
+    }
+    b
+}
+
 impl Seed {
     /// A seed from the kernel's random source.
     pub fn random() -> Seed {
-        let mut b = [0u8; 32];
-        // SAFETY: getrandom writes at most b.len() bytes into b.
-        let n = unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, b.len(), 0) };
-        if n != b.len() as isize {
-            // getrandom cannot fail for 32 bytes after boot; keep a time-based seed if it does.
-            let t =
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-            b[..16].copy_from_slice(&t.to_le_bytes());
-        }
+        let b: [u8; 32] = os_random();
         let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
         Seed([w(0) | 1, w(1), w(2), w(3)])
     }

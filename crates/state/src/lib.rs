@@ -22,7 +22,7 @@ pub mod track;
 pub mod wheel;
 
 pub use event::{Event, EventKind};
-pub use key::{Dir, Key, Key4, Key6, Seed};
+pub use key::{os_random, Dir, Key, Key4, Key6, Seed};
 pub use table::{
     auto_rows, sf, Config, Counters, InsertError, Memory, NewState, Peer, State, StateTable, ID_MASK, NONE, STACK,
 };

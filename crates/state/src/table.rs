@@ -137,6 +137,8 @@ pub struct NewState<K: Key> {
     pub allow_opts: bool,
     /// The rule's `sloppy` (TCP: `tcp` is None then).
     pub sloppy: bool,
+    /// pf's tag (`tag NAME`, an id; 0: none): the state's packets carry it to later passes.
+    pub tag: u16,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,6 +243,8 @@ pub struct StateTable<K: Key> {
     /// and the sync side sends what is queued at once.
     pub sync_max: u8,
     pub sync_push: bool,
+    /// Tags of the states that have one (few: only rules with `tag` make them), by id.
+    pub tags: std::collections::HashMap<u32, u16>,
 }
 
 impl<K: Key> Drop for StateTable<K> {
@@ -293,6 +297,7 @@ impl<K: Key> StateTable<K> {
             created: None,
             sync_max: 0,
             sync_push: false,
+            tags: Default::default(),
         })
     }
 
@@ -596,6 +601,9 @@ impl<K: Key> StateTable<K> {
             bytes: [0; 2],
         };
         self.index.insert(h, id);
+        if s.tag != 0 {
+            self.tags.insert(id, s.tag);
+        }
         if let Some(hs) = hs {
             self.index.insert(hs, id | STACK);
         }
@@ -706,6 +714,9 @@ impl<K: Key> StateTable<K> {
         }
         if s.timeout & TO_EXTRA != 0 {
             self.track.detach(id, self.now, self.timeouts.get(Timeout::SrcTrack));
+        }
+        if !self.tags.is_empty() {
+            self.tags.remove(&id);
         }
         let mut flags = (s.flags & !(sf::LIVE | sf::NAT)) | sf::DEAD;
         if self.events.enabled() && s.flags & sf::NOSYNC == 0 && self.events.push(Event { id, kind: EventKind::Delete })

@@ -247,6 +247,17 @@ fn main() -> ExitCode {
     } else if o.verbose > 0 {
         print!("{}", xpf_conf::print::parsed(&p));
     }
+    // What xpf does not enforce is refused, after -v printed what was parsed (pfctl's view).
+    let (refused, warnings) = xpf_conf::support::refusals(&p);
+    for w in &warnings {
+        eprintln!("{name}: warning: {w}");
+    }
+    if !refused.is_empty() {
+        for e in &refused {
+            eprintln!("{e}");
+        }
+        return ExitCode::FAILURE;
+    }
     if !o.noaction {
         if file == "-" {
             eprintln!("xpfctl: loading from stdin into xpfd: write the ruleset to a file and give its path");
@@ -324,7 +335,31 @@ fn daemon(o: &Opts) -> ExitCode {
             eprintln!("xpfctl: -T {cmd}: add, delete, replace, show, test, flush or zero");
             return ExitCode::from(2);
         };
-        rc = request(o, json!({"op": "table", "name": t, "cmd": cmd, "addrs": o.rest, "verbose": o.verbose}));
+        // -T add|delete|replace|test -f FILE: the file's entries, as pfctl reads a table file.
+        let mut addrs = o.rest.clone();
+        if let Some(f) = &o.file {
+            let text = match std::fs::read_to_string(f) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("xpfctl: {f}: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            for e in xpf_conf::compile::table_file_entries(&text) {
+                match e {
+                    Ok((a, l, false)) => addrs.push(format!("{a}/{l}")),
+                    Ok((a, l, true)) => {
+                        eprintln!("xpfctl: {f}: !{a}/{l}: negated entries cannot be given with -T {cmd}");
+                        return ExitCode::FAILURE;
+                    }
+                    Err((n, w)) => {
+                        eprintln!("xpfctl: {f}:{n}: {w}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            }
+        }
+        rc = request(o, json!({"op": "table", "name": t, "cmd": cmd, "addrs": addrs, "verbose": o.verbose}));
     }
     if let Some(what) = &o.show {
         // pfctl accepts any unambiguous prefix: -s i, -s st, -s r ...

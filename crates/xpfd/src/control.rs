@@ -34,6 +34,8 @@ const LIMITS: [(&str, u32); 5] =
 pub struct Loaded {
     pub parsed: Parsed,
     ruleset: Option<Ruleset>,
+    /// What loads with a caveat (xpf_conf::support), said on every load.
+    pub warnings: Vec<String>,
 }
 
 fn ifindex_of(name: &str) -> Option<u16> {
@@ -48,7 +50,14 @@ impl Loaded {
         if !parsed.errors.is_empty() {
             return Err(parsed.errors.iter().map(|e| e.to_string()).collect());
         }
-        Self::compile(parsed, file)
+        // A line that loads is enforced: what xpf cannot enforce is refused here.
+        let (refused, warnings) = xpf_conf::support::refusals(&parsed);
+        if !refused.is_empty() {
+            return Err(refused.iter().map(|e| e.to_string()).collect());
+        }
+        let mut l = Self::compile(parsed, file)?;
+        l.warnings = warnings.iter().map(|w| format!("{file}: warning: {w}")).collect();
+        Ok(l)
     }
 
     fn compile(parsed: Parsed, file: &str) -> Result<Loaded, Vec<String>> {
@@ -56,7 +65,7 @@ impl Loaded {
         if let Some((n, _)) = parsed.limits.iter().find(|(n, _)| !LIMITS.iter().any(|l| l.0 == n)) {
             return Err(vec![format!("{file}: set limit {n}: not a limit xpf knows")]);
         }
-        Ok(Loaded { parsed, ruleset: Some(r) })
+        Ok(Loaded { parsed, ruleset: Some(r), warnings: Vec::new() })
     }
 
     pub fn limit(&self, name: &str) -> u32 {
@@ -202,6 +211,9 @@ impl Daemon {
     pub fn load(&mut self, file: &str, noaction: bool) -> Result<u64, Vec<String>> {
         let text = std::fs::read_to_string(file).map_err(|e| vec![format!("{file}: {e}")])?;
         let l = Loaded::build(&text, file, &self.defines)?;
+        for w in &l.warnings {
+            eprintln!("xpfd: {w}");
+        }
         if noaction {
             return Ok(self.slot.generation());
         }
@@ -413,6 +425,11 @@ impl Daemon {
                     return Err(text.trim_end().to_string());
                 }
                 Ok((text, json!({"matched": hits, "tested": addrs.len()})))
+            }
+            "add" | "delete" | "replace" | "flush" | "zero"
+                if self.loaded.parsed.tables.iter().any(|t| t.name == name && t.konst) && cmd != "zero" =>
+            {
+                Err(format!("-T {cmd}: table <{name}> is const"))
             }
             "add" | "delete" | "replace" | "flush" | "zero" => {
                 let mut set: Vec<(IpAddr, u8, bool)> = entries.iter().map(|e| (e.0, e.1, e.2)).collect();

@@ -346,8 +346,10 @@ impl Dataplane {
             frames[i] = all.get(META_LEN..).unwrap_or(&[]);
         }
         let mut v_in = [Verdict::Pass; BATCH];
+        // pf's packet tags: what the `in` pass tagged, the `out` pass sees (`tagged`).
+        let mut tags = [0u16; BATCH];
         let clock = Instant::now();
-        self.worker.process(&frames[..n], inif as u16, Dir::In, now, &mut v_in);
+        self.worker.process_tagged(&frames[..n], inif as u16, Dir::In, now, &mut v_in, &mut tags);
         // Defer mode: which frames made a state on the way in (the `out` pass may make more).
         let defer = self.sync.as_ref().is_some_and(|s| s.defer.is_some());
         let (created_in, ids_in) = if defer { (self.worker.created, self.worker.created_ids) } else { (0, [0; BATCH]) };
@@ -393,6 +395,7 @@ impl Dataplane {
         }
         let mut sel: [usize; BATCH] = [0; BATCH];
         let mut out_frames: [&[u8]; BATCH] = [&[]; BATCH];
+        let mut out_tags = [0u16; BATCH];
         let mut v_out = [Verdict::Pass; BATCH];
         while todo != 0 {
             let eg = egress[todo.trailing_zeros() as usize];
@@ -405,6 +408,7 @@ impl Dataplane {
                     todo &= !(1 << j);
                     sel[m] = j;
                     out_frames[m] = frames[j];
+                    out_tags[m] = tags[j];
                     m += 1;
                 }
             }
@@ -413,7 +417,7 @@ impl Dataplane {
                 continue;
             };
             let clock = Instant::now();
-            self.worker.process(&out_frames[..m], eg as u16, Dir::Out, now, &mut v_out[..m]);
+            self.worker.process_tagged(&out_frames[..m], eg as u16, Dir::Out, now, &mut v_out[..m], &mut out_tags[..m]);
             spent += clock.elapsed();
             for k in 0..m {
                 if v_out[k] != Verdict::Pass {

@@ -230,6 +230,9 @@ fn run(a: Args) -> Result<(), String> {
     let text = std::fs::read_to_string(&a.file).map_err(|e| format!("{}: {e}", a.file))?;
     let loaded = Loaded::build(&text, &a.file, &a.defines).map_err(|e| e.join("\n"))?;
     eprintln!("xpfd: {}: {} rules, {} tables", a.file, loaded.parsed.rules.len(), loaded.parsed.tables.len());
+    for w in &loaded.warnings {
+        eprintln!("xpfd: {w}");
+    }
     let limit = loaded.state_limit();
     let timeouts = loaded.timeouts();
     let (ruleset, loaded) = loaded.take_ruleset();
@@ -359,7 +362,15 @@ fn run(a: Args) -> Result<(), String> {
         let wake = Arc::new(dataplane::Wake::new().map_err(|e| format!("eventfd: {e}"))?);
         wakes.push(wake.clone());
         let events = if sync_setup.is_some() { 1 << 20 } else { 0 };
-        let cfg = WorkerConfig { limit: per_worker, rows: None, seed, events, now: 1, prefault: true };
+        let cfg = WorkerConfig {
+            limit: per_worker,
+            rows: None,
+            seed,
+            events,
+            now: 1,
+            prefault: true,
+            secret: xpf_state::os_random(),
+        };
         let mut worker =
             Worker::new(cfg, policy::Live::new(slot.clone())).map_err(|e| format!("state table: {e:?}"))?;
         let wsync = sync_setup.as_ref().map(|(cfg, tx, shared, maxupd)| {

@@ -35,7 +35,17 @@ impl Policy for Live {
     }
 
     #[inline]
+    fn skip(&self, ifidx: u16) -> bool {
+        self.rules.skip(ifidx)
+    }
+
+    #[inline]
     fn evaluate(&self, pd: &PDesc, ifidx: u16, dir: Dir) -> Decision {
         self.rules.evaluate(pd, ifidx, dir)
+    }
+
+    #[inline]
+    fn evaluate_tagged(&self, pd: &PDesc, ifidx: u16, dir: Dir, tag: u16) -> Decision {
+        self.rules.evaluate_tagged(pd, ifidx, dir, tag)
     }
 }

@@ -23,6 +23,8 @@ pub(super) fn resolve_pools(r: &mut Rule, out: &mut Parsed) -> R<()> {
                     persist: false,
                     counters: false,
                     parts: vec![TablePart::Hosts(l)],
+                    line: 0,
+                    file: "".into(),
                 };
                 out.header.push(crate::print::table(&tb));
                 out.tables.push(tb);

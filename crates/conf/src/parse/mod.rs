@@ -75,6 +75,12 @@ pub struct Parsed {
     pub skip: Vec<String>,
     /// `set reassemble yes|no` (None: pf's default, yes).
     pub reassemble: Option<bool>,
+    /// `set reassemble ... no-df`.
+    pub reassemble_no_df: bool,
+    /// `set state-policy if-bound` (pf's default is floating).
+    pub if_bound: bool,
+    /// Every `set` statement as pfctl -nv prints it, with the file and line it came from.
+    pub settings: Vec<(String, std::sync::Arc<str>, u32)>,
 }
 
 /// A table as declared (`table <name> ...`) or made for a list.
@@ -86,6 +92,9 @@ pub struct Table {
     pub counters: bool,
     /// In order: address lists (merged when adjacent) and files.
     pub parts: Vec<TablePart>,
+    /// Where it was declared (0 for the tables pfctl makes for address lists).
+    pub line: u32,
+    pub file: std::sync::Arc<str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -328,15 +337,23 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
             }
             Some("set") => {
                 p.next();
+                let before = out.header.len();
                 match set_option(&mut p, out) {
-                    Ok(()) => Ok(Vec::new()),
+                    Ok(()) => {
+                        let f: std::sync::Arc<str> = file.into();
+                        for h in &out.header[before..] {
+                            out.settings.push((h.trim_end().to_string(), f.clone(), last_line));
+                        }
+                        Ok(Vec::new())
+                    }
                     Err(e) => Err(e),
                 }
             }
             Some("queue") => {
                 p.next();
                 match queue(&mut p, last_line) {
-                    Ok(q) => {
+                    Ok(mut q) => {
+                        q.file = file.into();
                         out.queues.push(q);
                         Ok(Vec::new())
                     }
@@ -346,7 +363,9 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
             Some("table") => {
                 p.next();
                 match table(&mut p) {
-                    Ok(t) => {
+                    Ok(mut t) => {
+                        t.line = last_line;
+                        t.file = file.into();
                         out.header.push(crate::print::table(&t));
                         out.tables.push(t);
                         Ok(Vec::new())
@@ -377,8 +396,10 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
                             match bad.filter(|_| rules.is_empty()) {
                                 Some(e) => out.errors.extend(to_errors(file, last_line, &e)),
                                 None => {
+                                    let f: std::sync::Arc<str> = file.into();
                                     for mut r in rules {
                                         r.depth = depth;
+                                        r.file = f.clone();
                                         let opens = r.opens;
                                         out.rules.push(r);
                                         if opens {

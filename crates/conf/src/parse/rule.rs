@@ -282,6 +282,7 @@ pub(super) fn rule_shell(action: Action, line: u32) -> Rule {
         depth: 0,
         opens: false,
         line,
+        file: "".into(),
     }
 }
 

@@ -70,6 +70,7 @@ pub(super) fn set_option(p: &mut P, out: &mut Parsed) -> R<()> {
             let nodf = p.eat("no-df");
             out.header.push(format!("set reassemble {v} {}", if nodf { "no-df" } else { "" }));
             out.reassemble = Some(v == "yes");
+            out.reassemble_no_df = nodf;
         }
         "state-policy" => {
             let v = p.string()?;
@@ -77,6 +78,7 @@ pub(super) fn set_option(p: &mut P, out: &mut Parsed) -> R<()> {
                 return Err("syntax error".into());
             }
             out.header.push(format!("set state-policy {v}"));
+            out.if_bound = v == "if-bound";
         }
         "debug" => {
             let v = p.string()?;
@@ -217,7 +219,8 @@ pub(super) fn table(p: &mut P) -> R<Table> {
     if name.len() > 31 {
         return Err("table name too long, max 31 chars".to_string());
     }
-    let mut t = Table { name, konst: false, persist: false, counters: false, parts: Vec::new() };
+    let mut t =
+        Table { name, konst: false, persist: false, counters: false, parts: Vec::new(), line: 0, file: "".into() };
     while !p.done() {
         if p.eat("const") {
             t.konst = true;
