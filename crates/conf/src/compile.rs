@@ -11,7 +11,7 @@ use crate::parse::{Parsed, TablePart};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use xpf_engine::{Action as EAction, Decision, Policy};
+use xpf_engine::{Action as EAction, Decision, Policy, Return as EReturn};
 use xpf_state::Dir as SDir;
 use xpf_state::{Overload, RuleLimits};
 use xpf_wire::pdesc::{pdf, AF_INET, AF_INET6, IPPROTO_TCP};
@@ -173,6 +173,10 @@ struct CRule {
     flags: Option<(u8, u8)>,
     icmp: Option<(u8, Option<u8>)>,
     keep_state: bool,
+    /// A block rule's answer.
+    ret: EReturn,
+    /// `tos`: the TOS byte (its ECN bits aside) must equal it.
+    tos: Option<u8>,
     nosync: bool,
     if_bound: bool,
     allow_opts: bool,
@@ -228,6 +232,17 @@ fn limiter_id(r: &Rule, seen: &mut HashMap<u64, u32>) -> u32 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (base, *n).hash(&mut h);
     (h.finish() as u32).max(1)
+}
+
+/// pfctl's return codes: `return` is a RST for TCP and port unreachable otherwise,
+/// `return-icmp`/`return-icmp6` default to port unreachable (ICMP code 3, ICMPv6 code 4).
+fn engine_return(r: &Return) -> EReturn {
+    match r {
+        Return::Drop => EReturn::DROP,
+        Return::Return => EReturn { rst: true, ttl: 0, icmp4: Some(3), icmp6: Some(4) },
+        Return::Rst { ttl } => EReturn { rst: true, ttl: ttl.unwrap_or(0), icmp4: None, icmp6: None },
+        Return::Icmp { v4, v6 } => EReturn { rst: false, ttl: 0, icmp4: Some(v4.unwrap_or(3)), icmp6: Some(v6.unwrap_or(4)) },
+    }
 }
 
 /// A rule's `keep state (...)` limits and timeouts, None when it has none.
@@ -375,6 +390,8 @@ impl Ruleset {
                 },
                 icmp: r.icmp,
                 keep_state: r.state != StateKind::No,
+                ret: engine_return(&r.ret),
+                tos: r.tos,
                 nosync: r.state_opts.no_sync,
                 // `set state-policy if-bound` binds every state a rule does not make floating.
                 if_bound: r.state_opts.if_bound || (p.if_bound && !r.state_opts.floating),
@@ -463,6 +480,11 @@ impl Ruleset {
         }
         if let Some((t, code)) = r.icmp {
             if pd.icmp_type != t || code.is_some_and(|c| c != pd.icmp_code) {
+                return Some(usize::MAX);
+            }
+        }
+        if let Some(t) = r.tos {
+            if pd.tos & !0x03 != t {
                 return Some(usize::MAX);
             }
         }
@@ -605,6 +627,7 @@ impl Policy for Ruleset {
                     pickup: r.pickup,
                     limits: r.limits,
                     modulate: r.modulate,
+                    ret: r.ret,
                     tag,
                 }
             }

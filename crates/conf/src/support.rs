@@ -87,10 +87,8 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
             line: _,
             file: _,
         } = r;
-        match ret {
-            Return::Drop => {}
-            Return::Return | Return::Rst { .. } | Return::Icmp { .. } => refuse("block return"),
-        }
+        // Enforced: every return variant (the engine's reply.rs).
+        let _ = ret;
         if log.is_some() {
             logged = true;
         }
@@ -103,9 +101,8 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
                 HostKind::Dynamic { .. } => refuse("(interface) addresses"),
             }
         }
-        if tos.is_some() {
-            refuse("tos");
-        }
+        // Enforced: `tos` matches the TOS byte without its ECN bits (pf_setup_pdesc).
+        let _ = tos;
         match state {
             StateKind::No | StateKind::Keep | StateKind::Modulate => {}
             StateKind::Synproxy => refuse("synproxy state"),

@@ -93,6 +93,8 @@ impl Info {
         s.dropped += t.dropped;
         s.to_host += t.to_host;
         s.rule_passes += t.rule_passes;
+        s.returned += t.returned;
+        s.return_limited += t.return_limited;
         add_all(&mut s.reasons, &t.reasons);
         add_all(&mut self.limits, &o.limits);
         add_all(&mut self.tracking, &o.tracking);
@@ -132,6 +134,10 @@ impl Info {
         for r in Reason::ALL {
             let v = self.counter(*r);
             let _ = writeln!(o, "  {:<25} {:>14} {}", r.name(), v, rate(v));
+        }
+        let _ = writeln!(o, "Block Return");
+        for (name, v) in [("answers sent", self.stats.returned), ("rate-limited", self.stats.return_limited)] {
+            let _ = writeln!(o, "  {:<25} {:>14} {}", name, v, rate(v));
         }
         let _ = writeln!(o, "Limit Counters");
         for (name, v) in LIMIT_NAMES.iter().zip(self.limits) {

@@ -11,8 +11,9 @@ pub mod frag;
 pub mod info;
 pub mod policy;
 pub mod proto;
+pub mod reply;
 
-pub use policy::{Action, BlockAll, Decision, PassAll, Policy};
+pub use policy::{Action, BlockAll, Decision, PassAll, Policy, Return};
 
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
@@ -49,11 +50,25 @@ pub struct Stats {
     pub rule_passes: u64,
     /// Drops per `Reason` (`match`: blocked by a rule).
     pub reasons: [u64; Reason::COUNT],
+    /// `block return`: answers sent (RST, ICMP unreachable), and answers not sent because
+    /// more than [`RETURN_PER_SECOND`] were due in one second.
+    pub returned: u64,
+    pub return_limited: u64,
 }
 
 impl Default for Stats {
     fn default() -> Self {
-        Stats { packets: 0, bytes: 0, passed: 0, dropped: 0, to_host: 0, rule_passes: 0, reasons: [0; Reason::COUNT] }
+        Stats {
+            packets: 0,
+            bytes: 0,
+            passed: 0,
+            dropped: 0,
+            to_host: 0,
+            rule_passes: 0,
+            reasons: [0; Reason::COUNT],
+            returned: 0,
+            return_limited: 0,
+        }
     }
 }
 
@@ -72,6 +87,10 @@ pub struct WorkerConfig {
     /// the daemon passes 32 bytes from getrandom ([`xpf_state::os_random`]); tests a fixed one.
     pub secret: [u8; 32],
 }
+
+/// Answers to blocked packets (`block return`) a worker sends per second at most: a flood of
+/// blocked packets must not become a flood of answers (the kernel's icmp_ratelimit is 1,000).
+pub const RETURN_PER_SECOND: u32 = 1000;
 
 /// In [`Worker::created_ids`]: the slot is an IPv6 state's.
 pub const V6_SLOT: u32 = 1 << 31;
@@ -98,6 +117,16 @@ pub struct Worker<P: Policy> {
     pub created_ids: [u32; BATCH],
     /// ChaCha20 keyed by [`WorkerConfig::secret`]: unpredictable without the key.
     rng: ChaCha20Rng,
+    /// `block return`: the answers the last batch gave, each with the index of the blocked
+    /// frame in that batch; the caller sends them out of the interface that frame came in on
+    /// (taken with [`Worker::take_returns`]).
+    returns: Vec<(u8, Vec<u8>)>,
+    spare: Vec<Vec<u8>>,
+    /// What blocked frames of the batch are to get (set by a miss, answered after the batch).
+    ret: [Return; BATCH],
+    ret_mask: u64,
+    /// The answers left for the current second, and that second.
+    return_budget: (u32, u32),
     limit: u32,
     any_if_bound: bool,
     pd: [PDesc; BATCH],
@@ -148,6 +177,11 @@ impl<P: Policy> Worker<P> {
             created_ids: [0; BATCH],
             patches: [(0, 0); BATCH],
             rng: ChaCha20Rng::from_seed(cfg.secret),
+            returns: Vec::new(),
+            spare: Vec::new(),
+            ret: [Return::DROP; BATCH],
+            ret_mask: 0,
+            return_budget: (RETURN_PER_SECOND, cfg.now),
             limit: cfg.limit,
             any_if_bound: false,
             pd: [PDesc::default(); BATCH],
@@ -203,6 +237,7 @@ impl<P: Policy> Worker<P> {
         let (mut n4, mut n6) = (0usize, 0usize);
         self.patched = 0;
         self.created = 0;
+        self.ret_mask = 0;
         if self.policy.skip(ifidx) {
             return self.skipped(&frames[..n], verdicts);
         }
@@ -262,7 +297,7 @@ impl<P: Policy> Worker<P> {
                 verdicts[i] = if let Some(v) = v {
                     v
                 } else {
-                    let c = ctx!(self, t6, ifidx, dir, now, &mut tags[i]);
+                    let c = ctx!(self, t6, ifidx, dir, now, &mut tags[i], i);
                     let v = miss(&mut self.t4, &self.policy, c, pd, self.k4[j], self.h4[j]);
                     if let Some(id) = self.t4.created.take() {
                         self.created |= 1 << i;
@@ -291,7 +326,7 @@ impl<P: Policy> Worker<P> {
                 verdicts[i] = if let Some(v) = v {
                     v
                 } else {
-                    let c = ctx!(self, t4, ifidx, dir, now, &mut tags[i]);
+                    let c = ctx!(self, t4, ifidx, dir, now, &mut tags[i], i);
                     let v = miss(&mut self.t6, &self.policy, c, pd, self.k6[j], self.h6[j]);
                     if let Some(id) = self.t6.created.take() {
                         self.created |= 1 << i;
@@ -303,6 +338,9 @@ impl<P: Policy> Worker<P> {
                     self.take_patch(i);
                 }
             }
+        }
+        if self.ret_mask != 0 {
+            self.answer(frames, now);
         }
         let st = &mut self.stats;
         st.packets += n as u64;
@@ -337,6 +375,46 @@ impl<P: Policy> Worker<P> {
                 Verdict::Host => self.stats.to_host += 1,
                 _ => self.stats.passed += 1,
             }
+        }
+    }
+
+    /// Builds the answers blocked frames of the batch are due (`block return`), within the
+    /// per-second budget.
+    #[cold]
+    #[inline(never)]
+    fn answer(&mut self, frames: &[&[u8]], now: u32) {
+        if self.return_budget.1 != now {
+            self.return_budget = (RETURN_PER_SECOND, now);
+        }
+        let mut m = self.ret_mask;
+        while m != 0 {
+            let i = m.trailing_zeros() as usize;
+            m &= m - 1;
+            if self.return_budget.0 == 0 {
+                self.stats.return_limited += 1;
+                continue;
+            }
+            let mut buf = self.spare.pop().unwrap_or_default();
+            if reply::build(frames[i], &self.pd[i], &self.ret[i], &mut buf) {
+                self.return_budget.0 -= 1;
+                self.stats.returned += 1;
+                self.returns.push((i as u8, buf));
+            } else {
+                self.spare.push(buf);
+            }
+        }
+    }
+
+    /// The answers to blocked frames of the last batch (`block return`), each with the index
+    /// of its blocked frame; give the buffers back with [`Worker::recycle`].
+    pub fn take_returns(&mut self) -> std::vec::Drain<'_, (u8, Vec<u8>)> {
+        self.returns.drain(..)
+    }
+
+    /// Hands a buffer of [`Worker::take_returns`] back for reuse.
+    pub fn recycle(&mut self, b: Vec<u8>) {
+        if self.spare.len() < BATCH {
+            self.spare.push(b);
         }
     }
 
@@ -481,10 +559,10 @@ impl<P: Policy> Worker<P> {
         // Tags of fragmented datagrams and ICMP errors are not carried to the `out` pass.
         let mut tag = 0;
         if pd.af == AF_INET {
-            let c = ctx!(self, t6, ifidx, dir, now, &mut tag);
+            let c = ctx!(self, t6, ifidx, dir, now, &mut tag, BATCH);
             miss_whole(&mut self.t4, &self.policy, c, pd)
         } else {
-            let c = ctx!(self, t4, ifidx, dir, now, &mut tag);
+            let c = ctx!(self, t4, ifidx, dir, now, &mut tag, BATCH);
             miss_whole(&mut self.t6, &self.policy, c, pd)
         }
     }
@@ -587,10 +665,11 @@ fn account_pair<K: Key>(
 
 /// The context of a miss in one family's table, `$other` being the other family's.
 macro_rules! ctx {
-    ($w:ident, $other:ident, $ifidx:expr, $dir:expr, $now:expr, $tag:expr) => {
+    ($w:ident, $other:ident, $ifidx:expr, $dir:expr, $now:expr, $tag:expr, $i:expr) => {
         Ctx {
             rng: &mut $w.rng,
             tag: $tag,
+            ret: if $i < BATCH { Some((&mut $w.ret, &mut $w.ret_mask, $i)) } else { None },
             limit: $w.limit,
             other: $w.$other.len(),
             elsewhere: &$w.$other.track,
@@ -608,6 +687,9 @@ struct Ctx<'a> {
     rng: &'a mut ChaCha20Rng,
     /// The packet's tag: in from an earlier pass, out as the rules or the state leave it.
     tag: &'a mut u16,
+    /// Where a `block return` decision for frame i of the batch is noted (None: a packet
+    /// outside the batch, e.g. a reassembled datagram, which gets no answer).
+    ret: Option<(&'a mut [Return; BATCH], &'a mut u64, usize)>,
     limit: u32,
     other: u32,
     /// The other family's limits (a rule's `max` counts its states in both).
@@ -889,6 +971,12 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     let d = p.evaluate_tagged(pd, c.ifidx, c.dir, *c.tag);
     *c.tag = d.tag;
     if d.action == Action::Block {
+        if !d.ret.is_drop() {
+            if let Some((ret, mask, i)) = c.ret {
+                ret[i] = d.ret;
+                *mask |= 1 << i;
+            }
+        }
         return Verdict::Drop(Reason::Match);
     }
     if pd.flags & pdf::IP_OPTIONS != 0 && !d.allow_opts {

@@ -33,6 +33,8 @@ pub struct Decision {
     pub limits: u32,
     /// `modulate state`: the TCP initial sequence numbers are replaced by random ones.
     pub modulate: bool,
+    /// For a block: what is sent back (`block return`, `return-rst`, `return-icmp`).
+    pub ret: Return,
     /// The tag the packet carries after the ruleset (the last `tag` of a matching rule, else
     /// the one it came in with), kept in the state it makes.
     pub tag: u16,
@@ -51,10 +53,32 @@ impl Decision {
         pickup: false,
         limits: 0,
         modulate: false,
+        ret: Return::DROP,
         tag: 0,
     };
     /// `block` (drop).
     pub const BLOCK: Decision = Decision { action: Action::Block, keep_state: false, ..Decision::PASS };
+}
+
+/// pf's return options of a block rule (`return_icmp`, `return_icmp6`, `return_ttl`, and the
+/// RST flag): what [`crate::reply::build`] sends back for a blocked packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Return {
+    /// TCP gets a RST.
+    pub rst: bool,
+    /// The RST's TTL (0: pf's default, 64).
+    pub ttl: u8,
+    /// ICMP unreachable code for IPv4 (non-TCP, or TCP without `rst`); None: nothing.
+    pub icmp4: Option<u8>,
+    /// ICMPv6 destination unreachable code.
+    pub icmp6: Option<u8>,
+}
+
+impl Return {
+    pub const DROP: Return = Return { rst: false, ttl: 0, icmp4: None, icmp6: None };
+    pub fn is_drop(&self) -> bool {
+        *self == Return::DROP
+    }
 }
 
 pub trait Policy {

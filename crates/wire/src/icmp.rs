@@ -107,6 +107,15 @@ pub fn kind_v6(t: u8) -> Kind {
     }
 }
 
+/// Writes an 8-byte ICMP/ICMPv6 header (`rest`: the word after the checksum, 0 for
+/// destination unreachable), checksum 0, into `buf[..8]`.
+pub fn emit_header(buf: &mut [u8], msg_type: u8, code: u8, rest: u32) {
+    buf[0] = msg_type;
+    buf[1] = code;
+    buf[2..4].fill(0);
+    buf[4..8].copy_from_slice(&rest.to_be_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -199,6 +199,16 @@ pub fn walk(mut next: u8, payload: &[u8]) -> Result<ExtInfo, Error> {
     Ok(info)
 }
 
+/// Writes a 40-byte IPv6 header (traffic class and flow label 0) into `buf[..40]`.
+pub fn emit_header(buf: &mut [u8], src: &[u8; 16], dst: &[u8; 16], next: u8, payload_len: u16, hop_limit: u8) {
+    buf[0..4].copy_from_slice(&[0x60, 0, 0, 0]);
+    buf[4..6].copy_from_slice(&payload_len.to_be_bytes());
+    buf[6] = next;
+    buf[7] = hop_limit;
+    buf[8..24].copy_from_slice(src);
+    buf[24..40].copy_from_slice(dst);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

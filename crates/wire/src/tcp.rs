@@ -165,6 +165,19 @@ impl Options {
     }
 }
 
+/// Writes a 20-byte TCP header without options into `buf[..20]`, checksum 0 (the caller sums
+/// it over the pseudo-header: [`crate::checksum::pseudo_v4`]/[`crate::checksum::pseudo_v6`]).
+pub fn emit_header(buf: &mut [u8], sport: u16, dport: u16, seq: u32, ack: u32, flags: u8, window: u16) {
+    buf[0..2].copy_from_slice(&sport.to_be_bytes());
+    buf[2..4].copy_from_slice(&dport.to_be_bytes());
+    buf[4..8].copy_from_slice(&seq.to_be_bytes());
+    buf[8..12].copy_from_slice(&ack.to_be_bytes());
+    buf[12] = 5 << 4;
+    buf[13] = flags;
+    buf[14..16].copy_from_slice(&window.to_be_bytes());
+    buf[16..20].fill(0);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

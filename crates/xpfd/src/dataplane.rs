@@ -379,6 +379,7 @@ impl Dataplane {
             }
         }
         let mut spent = clock.elapsed();
+        self.send_returns(p);
         // `out` on the egress interface, one engine batch per egress interface.
         let mut egress: [u32; BATCH] = [0; BATCH];
         let mut todo = 0u64;
@@ -419,6 +420,8 @@ impl Dataplane {
             let clock = Instant::now();
             self.worker.process_tagged(&out_frames[..m], eg as u16, Dir::Out, now, &mut v_out[..m], &mut out_tags[..m]);
             spent += clock.elapsed();
+            // A block out with return answers the sender, back where the packet came in.
+            self.send_returns(p);
             for k in 0..m {
                 if v_out[k] != Verdict::Pass {
                     continue;
@@ -474,6 +477,18 @@ impl Dataplane {
         self.io.filter_ns += spent.as_nanos() as u64;
         if let Some(fp) = &mut self.fast {
             fp.install();
+        }
+    }
+
+    /// Sends the answers to blocked packets (`block return`) out of port `p`, where the
+    /// packets came in.
+    fn send_returns(&mut self, p: usize) {
+        let answers: Vec<(u8, Vec<u8>)> = self.worker.take_returns().collect();
+        for (_, f) in answers {
+            if self.ports[p].io.tx_copy(&f).is_none() {
+                self.io.tx_full += 1;
+            }
+            self.worker.recycle(f);
         }
     }
 
