@@ -18,6 +18,7 @@ command -v conntrack >/dev/null 2>&1 || need+=(conntrack)       # the lab: warmi
 command -v traceroute >/dev/null 2>&1 || need+=(traceroute)     # scenario tests (ICMP time exceeded through xpfd)
 command -v keepalived >/dev/null 2>&1 || need+=(keepalived)     # the failover scenario (VRRP between two xpfd)
 command -v bc >/dev/null 2>&1 || need+=(bc)                     # the failover scenario (timing)
+command -v iptables >/dev/null 2>&1 || need+=(iptables)         # xpfd: queues the host's own traffic to the filter (NFQUEUE)
 command -v tcpdump >/dev/null 2>&1 || need+=(tcpdump)           # the failover scenario (captures the sync link)
 /usr/bin/python3 -c 'import scapy' >/dev/null 2>&1 || need+=(python3-scapy)  # scenario tests (crafted TCP segments)
 

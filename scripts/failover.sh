@@ -67,6 +67,8 @@ block drop all
 pass in on lan proto tcp from 10.0.1.0/24 to 10.0.2.2 port 7000 flags S/SA keep state
 pass out on wan proto tcp to 10.0.2.2 port 7000 keep state
 pass proto icmp
+# VRRP between the firewalls: their own traffic goes through the rules too (pf's `pass proto carp`).
+pass proto 112
 EOF
 KEYARG=()
 if [[ $KEY == --key ]]; then

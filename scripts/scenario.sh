@@ -203,10 +203,85 @@ check "-f back to the full ruleset (after modulate)" $CTL -f "$DIR/pf.conf"
 check "-s rules -v shows evaluations" bash -c "$CTL -s rules -v | grep -q 'Evaluations:'"
 check "-s all --json is JSON" bash -c "$CTL -s all --json | python3 -m json.tool >/dev/null"
 check "-F states empties the table" bash -c "$CTL -F states && test \"\$($CTL -s info --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"states\"])')\" = 0"
+# The firewall itself: its own addresses and its own traffic go through the rules, as in pf.
+cat > "$DIR/host.conf" <<'CONF'
+ext_if = "fc"
+int_if = "fs"
+block all
+pass out
+pass in on $int_if
+pass in on $ext_if inet proto icmp to ! self icmp-type echoreq
+pass in on $ext_if inet proto tcp to self port 2226
+block return in on $ext_if inet proto tcp to self port 2227
+block return in on $ext_if inet proto udp to self port 2229
+CONF
+for port in 2226 2227 2228; do ip netns exec ${P}fw nc -lk 10.0.1.1 $port >/dev/null 2>&1 & done
+check "-f a ruleset for the firewall's own addresses (self)" $CTL -f "$DIR/host.conf"
+check "host: the iptables chains queue the firewall's own traffic to xpfd" bash -c "ip netns exec ${P}fw iptables -S | grep -q 'xpfd-in -i fc -j NFQUEUE'"
+check "host: block all closes a port listening on the firewall (nc)" refused c nc -z -w 2 10.0.1.1 2228
+check "host: block all answers no ping to the firewall" refused c ping -c 2 -i 0.2 -W 1 10.0.1.1
+check "host: ping through the firewall still passes (to ! self)" c ping -c 2 -i 0.2 -W 1 10.0.2.2
+check "host: 'pass in ... to self port 2226' opens that port (nc)" c nc -z -w 2 10.0.1.1 2226
+check "host: the connection to the firewall has a state" bash -c "$CTL -s states | grep -q '10.0.1.1:2226'"
+check "host: block return: TCP refused at once by xpfd's RST (a listener is there)" bash -c "$(declare -f c); P=$P; t0=\$(date +%s%N); ! c nc -z -w 3 10.0.1.1 2227 && test \$(( (\$(date +%s%N) - t0) / 1000000 )) -lt 1000"
+check "host: block return: UDP gets ICMP port unreachable (connection refused)" ip netns exec ${P}client python3 -c "
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2); s.connect(('10.0.1.1', 2229)); s.send(b'x')
+try:
+    s.recv(10); raise SystemExit('an answer')
+except ConnectionRefusedError:
+    pass"
+check "host: -s info counts the answers" test "$(info 'd["block_return"]["answers_sent"]')" -ge 2
+check "host: the firewall's own traffic out passes (pass out): ping and HTTP to the server" bash -c "ip netns exec ${P}fw ping -c 1 -W 1 10.0.2.2 >/dev/null && ip netns exec ${P}fw curl -sf -m 5 -o /dev/null http://10.0.2.2/"
+printf 'block all\npass in on fc\n' > "$DIR/host-in-only.conf"
+check "-f a ruleset without 'pass out'" $CTL -f "$DIR/host-in-only.conf"
+check "host: without 'pass out' the firewall's own ping out is blocked" refused ip netns exec ${P}fw ping -c 1 -W 1 10.0.2.2
+
+# block return on forwarded traffic: the client hears the RST at once.
+cat "$DIR/pf.conf" - > "$DIR/return.conf" <<'CONF'
+block return in on $ext_if inet proto tcp to 10.0.2.2 port 2222
+CONF
+check "-f a ruleset with block return" $CTL -f "$DIR/return.conf"
+check "block return: a forwarded connection is refused at once (RST from xpfd)" bash -c "$(declare -f c); P=$P; t0=\$(date +%s%N); ! c nc -z -w 3 10.0.2.2 2222 2>$DIR/e && test \$(( (\$(date +%s%N) - t0) / 1000000 )) -lt 1000"
+
+# Tags cross passes: tagged on the way in, passed out on `tagged` (and blocked without it).
+cat > "$DIR/tag.conf" <<'CONF'
+block all
+pass in on fc inet proto icmp to 10.0.2.2 icmp-type echoreq tag PING
+pass out on fs tagged PING
+CONF
+sed 's/ tag PING//' "$DIR/tag.conf" > "$DIR/notag.conf"
+check "-f a ruleset where only tagged packets leave" $CTL -f "$DIR/tag.conf"
+check "tag/tagged: a ping tagged on fc passes out on fs" c ping -c 2 -i 0.2 -W 1 10.0.2.2
+check "-f the same ruleset without the tag" $CTL -f "$DIR/notag.conf"
+$CTL -F states >/dev/null
+check "tag/tagged: untagged, the same ping is blocked out on fs" refused c ping -c 2 -i 0.2 -W 1 10.0.2.2
+
+# A table loaded from a file at load, replaced at run time from another file.
+echo "10.0.1.2   # the client" > "$DIR/bad-hosts.txt"
+echo "192.0.2.1" > "$DIR/other-hosts.txt"
+sed 's/^table <blocked> persist$/table <blocked> persist file "BAD"/' "$DIR/pf.conf" | sed "s|BAD|$DIR/bad-hosts.txt|" > "$DIR/file.conf"
+check "-f a ruleset whose table is read from a file" $CTL -f "$DIR/file.conf"
+$CTL -F states >/dev/null
+check "table file: the host in the file is blocked" refused c ping -c 2 -i 0.2 -W 1 10.0.2.2
+check "-t blocked -T replace -f FILE" $CTL -t blocked -T replace -f "$DIR/other-hosts.txt"
+check "table file: replaced, the host passes again" c ping -c 2 -i 0.2 -W 1 10.0.2.2
+sed "s|$DIR/bad-hosts.txt|$DIR/missing.txt|" "$DIR/file.conf" > "$DIR/file-missing.conf"
+check "a ruleset whose table file cannot be read is refused" refused $CTL -f "$DIR/file-missing.conf"
+
+# What xpf does not enforce is refused at load with FILE:LINE, and the ruleset in force stays.
+printf 'pass all\npass out on fs from any to 10.9.9.9 route-to 10.0.2.2\n' > "$DIR/unsupported.conf"
+check "xpfctl -nf refuses route-to with FILE:LINE" bash -c "! $BIN/xpfctl -nf $DIR/unsupported.conf 2>$DIR/e && grep -q \"unsupported.conf:2: xpf does not support 'route-to' yet\" $DIR/e"
+check "xpfctl -f refuses it too" bash -c "! $CTL -f $DIR/unsupported.conf 2>$DIR/e && grep -q \"xpf does not support 'route-to' yet\" $DIR/e"
+check "xpfctl -nvf still prints what it parsed" bash -c "$BIN/xpfctl -nvf $DIR/unsupported.conf 2>/dev/null | grep -q 'route-to 10.0.2.2'"
+check "-f back to the full ruleset (after the host checks)" $CTL -f "$DIR/pf.conf"
+check "after all that, the table file ruleset is gone: the client passes" c ping -c 1 -W 1 10.0.2.2
+
 check "xpfctl without xpfd fails and says what to do" bash -c "! $BIN/xpfctl --socket /nonexistent -s info 2>$DIR/e && grep -q 'is xpfd running' $DIR/e"
 
 kill "$XPFD"; wait "$XPFD" 2>/dev/null; XPFD=
 check "xpfd stops cleanly and removes its XDP programs" bash -c "! ip -n ${P}fw link show fc | grep -q xdp"
+check "xpfd stops cleanly and removes its iptables chains" bash -c "! ip netns exec ${P}fw iptables -S | grep -q xpfd"
 
 # The kernel fast path (--fastpath): established UDP flows forwarded by the steering program.
 # A veth takes XDP frames only when its peer has NAPI on (GRO here).
@@ -252,7 +327,7 @@ f1=$(info 'd["forwarding"]["forwarded"]')
 k1=$(fwd)
 check "--io packet: xpfd forwarded the traffic ($((f1 - f0)) packets)" test $((f1 - f0)) -gt 1000
 check "--io packet: the kernel forwarded none of it ($((k1 - k0)) packets)" test $((k1 - k0)) -eq 0
-check "--io packet: the firewall itself still answers ping (left to the kernel)" c ping -c 2 -i 0.2 -W 1 10.0.1.1
+check "--io packet: the firewall itself answers ping (its rules pass echoreq)" c ping -c 2 -i 0.2 -W 1 10.0.1.1
 check "--io packet: -s info shows the AF_PACKET counters" bash -c "$CTL -s info | grep -q 'Interface fc (AF_PACKET)'"
 kill "$XPFD"; wait "$XPFD" 2>/dev/null; XPFD=
 check "--io packet: a clean stop removes the guard table" refused ip netns exec ${P}fw nft list table netdev xpfd

@@ -241,7 +241,9 @@ fn engine_return(r: &Return) -> EReturn {
         Return::Drop => EReturn::DROP,
         Return::Return => EReturn { rst: true, ttl: 0, icmp4: Some(3), icmp6: Some(4) },
         Return::Rst { ttl } => EReturn { rst: true, ttl: ttl.unwrap_or(0), icmp4: None, icmp6: None },
-        Return::Icmp { v4, v6 } => EReturn { rst: false, ttl: 0, icmp4: Some(v4.unwrap_or(3)), icmp6: Some(v6.unwrap_or(4)) },
+        Return::Icmp { v4, v6 } => {
+            EReturn { rst: false, ttl: 0, icmp4: Some(v4.unwrap_or(3)), icmp6: Some(v6.unwrap_or(4)) }
+        }
     }
 }
 
@@ -288,6 +290,32 @@ fn addr_test(h: &Host, tables: &mut Vec<(String, Table)>) -> (bool, AddrTest) {
         HostKind::Net(IpAddr::V6(a), l) => AddrTest::V6(u128::from(*a) & mask6(*l), mask6(*l)),
         HostKind::Range(IpAddr::V4(a), IpAddr::V4(b)) => AddrTest::Range4(u32::from(*a), u32::from(*b)),
         HostKind::Range(IpAddr::V6(a), IpAddr::V6(b)) => AddrTest::Range6(u128::from(*a), u128::from(*b)),
+        // `self` and `(if)` are the addresses the interfaces have at compile time, in a table
+        // of their own; xpfd compiles again when they change (pf follows them the same way).
+        HostKind::SelfAddr | HostKind::Dynamic { .. } => {
+            let (name, addrs) = match &h.kind {
+                HostKind::Dynamic { ifname, modifier, prefix } => (
+                    format!(
+                        "__dynamic_{ifname}{}{}",
+                        modifier.as_deref().map_or(String::new(), |m| format!(":{m}")),
+                        prefix.map_or(String::new(), |p| format!("/{p}"))
+                    ),
+                    crate::ifaddr::dynamic(ifname, modifier.as_deref(), *prefix),
+                ),
+                _ => ("__self".to_string(), crate::ifaddr::dynamic("self", None, None)),
+            };
+            match tables.iter().position(|t| t.0 == name) {
+                Some(i) => AddrTest::Table(i),
+                None => {
+                    let mut tb = Table::default();
+                    for (a, l) in addrs {
+                        tb.insert(a, l, false);
+                    }
+                    tables.push((name, tb));
+                    AddrTest::Table(tables.len() - 1)
+                }
+            }
+        }
         HostKind::Table(name) => match tables.iter().position(|t| &t.0 == name) {
             Some(i) => AddrTest::Table(i),
             None => {
@@ -296,7 +324,10 @@ fn addr_test(h: &Host, tables: &mut Vec<(String, Table)>) -> (bool, AddrTest) {
                 AddrTest::Table(tables.len() - 1)
             }
         },
-        _ => AddrTest::Never,
+        // no-route and urpf-failed are refused at load (support.rs).
+        HostKind::NoRoute | HostKind::UrpfFailed => AddrTest::Never,
+        // A range of two families (the parser refuses one).
+        HostKind::Range(..) => AddrTest::Never,
     };
     (h.neg, t)
 }

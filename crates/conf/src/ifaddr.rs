@@ -55,7 +55,7 @@ pub fn addresses(name: &str) -> Option<Vec<IfAddr>> {
         // SAFETY: p walks the list getifaddrs returned.
         let ifa = unsafe { &*p };
         let n = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy();
-        if n == name {
+        if name.is_empty() || n == name {
             found = true;
             if let Some(addr) = sockaddr_ip(ifa.ifa_addr) {
                 let p2p = ifa.ifa_flags & libc::IFF_POINTOPOINT as u32 != 0;
@@ -87,6 +87,39 @@ pub fn addresses(name: &str) -> Option<Vec<IfAddr>> {
     Some(v6)
 }
 
+/// The addresses of every interface (pf's `self`), IPv6 first.
+pub fn all() -> Vec<IfAddr> {
+    addresses("").unwrap_or_default()
+}
+
+/// The addresses `(ifname[:modifier])[/prefix]` stands for now, as networks (address, prefix
+/// length): the interface's addresses, or with `network` their networks, `broadcast` their
+/// broadcast addresses, `peer` the far ends of a point-to-point link, `0` the first address of
+/// each family (no aliases). Empty when the interface has none (or does not exist): pf's
+/// dynamic address then matches nothing until one appears.
+pub fn dynamic(ifname: &str, modifier: Option<&str>, prefix: Option<u8>) -> Vec<(IpAddr, u8)> {
+    let addrs = if ifname == "self" { all() } else { addresses(ifname).unwrap_or_default() };
+    let host = |a: &IpAddr| if a.is_ipv4() { 32 } else { 128 };
+    let mut out = Vec::new();
+    let mut seen_family = [false, false];
+    for a in &addrs {
+        let fam = a.addr.is_ipv6() as usize;
+        let e = match modifier {
+            Some("network") => Some((a.addr, a.prefix)),
+            Some("broadcast") => a.dst.filter(|_| !a.point_to_point && a.addr.is_ipv4()).map(|d| (d, host(&d))),
+            Some("peer") => a.dst.filter(|_| a.point_to_point).map(|d| (d, host(&d))),
+            Some("0") if seen_family[fam] => None,
+            _ => Some((a.addr, host(&a.addr))),
+        };
+        seen_family[fam] = true;
+        if let Some((addr, l)) = e {
+            let l = prefix.map_or(l, |p| p.min(host(&addr)));
+            out.push((addr, l));
+        }
+    }
+    out
+}
+
 /// Whether interface `name` is a loopback interface (None: no such interface).
 pub fn is_loopback(name: &str) -> Option<bool> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
@@ -108,4 +141,32 @@ pub fn is_loopback(name: &str) -> Option<bool> {
     // SAFETY: head came from getifaddrs.
     unsafe { libc::freeifaddrs(head) };
     found
+}
+
+/// A hash of every interface's name, addresses and prefixes: it changes when an address that
+/// `self` or `(if)` may stand for comes, goes or moves (xpfd compiles the ruleset again then).
+pub fn fingerprint() -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills head with a list we free below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return 0;
+    }
+    let mut rows = Vec::new();
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: p walks the list getifaddrs returned.
+        let ifa = unsafe { &*p };
+        if let Some(a) = sockaddr_ip(ifa.ifa_addr) {
+            let n = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
+            rows.push((n, a, prefix_of(sockaddr_ip(ifa.ifa_netmask)), sockaddr_ip(ifa.ifa_ifu)));
+        }
+        p = ifa.ifa_next;
+    }
+    // SAFETY: head came from getifaddrs.
+    unsafe { libc::freeifaddrs(head) };
+    rows.sort();
+    rows.hash(&mut h);
+    h.finish()
 }

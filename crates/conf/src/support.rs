@@ -97,8 +97,8 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
                 HostKind::Any | HostKind::Net(..) | HostKind::Range(..) | HostKind::Table(_) => {}
                 HostKind::NoRoute => refuse("no-route"),
                 HostKind::UrpfFailed => refuse("urpf-failed"),
-                HostKind::SelfAddr => refuse("self"),
-                HostKind::Dynamic { .. } => refuse("(interface) addresses"),
+                // Enforced: the interfaces' addresses at compile time, followed by xpfd.
+                HostKind::SelfAddr | HostKind::Dynamic { .. } => {}
             }
         }
         // Enforced: `tos` matches the TOS byte without its ECN bits (pf_setup_pdesc).
@@ -181,4 +181,133 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
     }
     errs.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
     (errs, warn)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where the evidence lives: the evaluation tests and the scenario checks.
+    const EVIDENCE: &[&str] = &[
+        include_str!("../tests/eval.rs"),
+        include_str!("../../engine/src/tests.rs"),
+        include_str!("../../engine/src/reply.rs"),
+        include_str!("../../engine/src/frag.rs"),
+        include_str!("../../../scripts/scenario.sh"),
+        include_str!("../../../scripts/failover.sh"),
+    ];
+
+    enum Expect {
+        /// Refused by this name.
+        No(&'static str),
+        /// Enforced, and this test (or scenario check) shows it.
+        Yes(&'static str),
+    }
+    use Expect::*;
+
+    /// Every construct the parser takes, one pf.conf line each (the rule AST's every option).
+    const CONSTRUCTS: &[(&str, Expect)] = &[
+        ("pass in quick on lo inet proto tcp from 10/8 port 1 to ! 20/8 port 2:3 flags S/SA", Yes("negation_ports_flags_and_interfaces")),
+        ("match in tag A", Yes("match_rules_tag_and_go_on")),
+        ("pass out tagged A", Yes("tag_set_in_is_seen_by_tagged_out_and_kept_in_the_state")),
+        ("block drop in all", Yes("last_match_wins_and_quick_stops")),
+        ("block return in proto tcp", Yes("block_return_answers_tcp_with_a_rst_and_udp_with_port_unreachable")),
+        ("block return-rst (ttl 9) in proto tcp", Yes("a_blocked_syn_gets_pfs_rst")),
+        ("block return-icmp (net-unr) in proto udp", Yes("block_return_answers_tcp_with_a_rst_and_udp_with_port_unreachable")),
+        ("block return-icmp6 in inet6 proto udp", Yes("udp_gets_port_unreachable_quoting_it")),
+        ("pass in log proto udp", Yes("rules with 'log' load")),
+        ("pass in proto icmp icmp-type echoreq code 0", Yes("an_icmp_error_quoting_no_state_is_left_to_the_rules")),
+        ("pass in tos 0x10", Yes("tos_matches_the_tos_byte_without_its_ecn_bits")),
+        ("pass in proto tcp keep state (max 3, max-src-conn 2, overload <b> flush global, tcp.established 5)", Yes("state_options_reach_the_engine_and_limiters_survive_a_recompile")),
+        ("pass in proto tcp keep state (max-src-states 3, max-src-nodes 2, max-src-conn-rate 3/5, source-track rule)", Yes("max_src_conn_rate_counts_connections_over_time")),
+        ("pass in proto tcp keep state (if-bound)", Yes("state_policy_if_bound_binds_states_a_rule_does_not_float")),
+        ("pass in proto tcp keep state (floating)", Yes("state_policy_if_bound_binds_states_a_rule_does_not_float")),
+        ("pass in proto tcp keep state (no-sync)", Yes("--sync-dev")),
+        ("pass in proto tcp flags any keep state (sloppy)", Yes("a_sloppy_state_tracks_flags_only")),
+        ("pass in proto tcp modulate state", Yes("modulate_state_replaces_both_initial_sequence_numbers")),
+        ("pass in proto tcp no state", Yes("no_match_passes_without_state")),
+        ("pass in allow-opts", Yes("ip_options_need_allow_opts_on_rule_and_state")),
+        ("pass in label \"web\"", Yes("-k label")),
+        ("pass in to self", Yes("self_stands_for_the_interfaces_addresses")),
+        ("pass in to (lo)", Yes("self_stands_for_the_interfaces_addresses")),
+        ("pass in from <t> to 10.0.0.1 - 10.0.0.9", Yes("tables_are_longest_prefix_with_negation_and_counters")),
+        ("anchor \"a\" {\n pass\n}", Yes("anchors_are_evaluated_in_place")),
+        ("pass in proto tcp synproxy state", No("synproxy state")),
+        ("pass in proto tcp keep state (pflow)", No("pflow")),
+        ("pass in to no-route", No("no-route")),
+        ("pass in from urpf-failed", No("urpf-failed")),
+        ("pass in proto tcp user 0", No("user")),
+        ("pass in proto tcp group 0", No("group")),
+        ("match out on lo nat-to 192.0.2.1", No("nat-to")),
+        ("match in on lo rdr-to 192.0.2.1", No("rdr-to")),
+        ("match on lo binat-to 192.0.2.1", No("nat-to")),
+        ("match in scrub (max-mss 1400)", No("scrub")),
+        ("pass in proto tcp divert-to 127.0.0.1 port 8080", No("divert-to")),
+        ("pass out proto tcp divert-reply", No("divert-reply")),
+        ("pass in divert-packet port 700", No("divert-packet")),
+        ("pass in rtable 1", No("rtable")),
+        ("pass in af-to inet6 from 2001:db8::1", No("af-to")),
+        ("pass out on lo route-to 127.0.0.2", No("route-to")),
+        ("pass in on lo reply-to 127.0.0.2", No("reply-to")),
+        ("pass out on lo dup-to 127.0.0.2", No("dup-to")),
+        ("pass in set prio 3", No("set prio")),
+        ("pass in set queue q", No("set queue")),
+        ("pass in set tos 0x10", No("set tos")),
+        ("pass in probability 50%", No("probability")),
+        ("queue q on lo bandwidth 10M default", No("queue")),
+        ("set skip on lo", Yes("set_skip_on_leaves_an_interface_unfiltered")),
+        ("set state-policy if-bound", Yes("state_policy_if_bound_binds_states_a_rule_does_not_float")),
+        ("set block-policy return", Yes("block_return_answers_tcp_with_a_rst_and_udp_with_port_unreachable")),
+        ("set timeout tcp.established 60", Yes("a_rule_timeout_overrides_the_global_one")),
+        ("set limit states 1000", Yes("state_limit_drops_are_counted_and_keep_existing_states")),
+        ("set reassemble yes", Yes("fragments_are_held_then_filtered_as_one_datagram_and_released_in_order")),
+        ("set reassemble yes no-df", No("set reassemble no-df")),
+        ("set optimization normal", Yes("ruleset-optimization")),
+        ("set optimization aggressive", No("set optimization aggressive")),
+        ("set ruleset-optimization basic", Yes("ruleset-optimization")),
+        ("set loginterface lo", No("set loginterface")),
+        ("set hostid 1", No("set hostid")),
+        ("set debug crit", No("set debug")),
+    ];
+
+    #[test]
+    fn every_rule_option_is_refused_or_evaluated() {
+        let evidence = EVIDENCE.concat() + include_str!("support.rs");
+        for (line, expect) in CONSTRUCTS {
+            let src = format!("table <t> {{ 10.0.0.1 }}\ntable <b> persist\nqueue root on lo bandwidth 10M\n{line}\n");
+            let src = if line.starts_with("queue") {
+                format!("{line}\n")
+            } else {
+                src.replace("queue root on lo bandwidth 10M\n", "")
+            };
+            let p = crate::parse::parse(&src, "t.conf", &[]);
+            assert!(p.errors.is_empty(), "{line}: {:?}", p.errors);
+            let (errs, _) = refusals(&p);
+            match expect {
+                No(what) => {
+                    let want = format!("xpf does not support '{what}' yet");
+                    assert!(
+                        errs.iter().any(|e| e.msg == want && e.file == "t.conf"),
+                        "{line}: want {want}, got {errs:?}"
+                    );
+                }
+                Yes(test) => {
+                    assert!(errs.is_empty(), "{line}: enforced, but refused: {errs:?}");
+                    assert!(evidence.contains(test), "{line}: the evidence '{test}' names no test or check");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn refusals_name_the_included_file_and_its_line() {
+        let d = std::env::temp_dir().join(format!("xpf-sup-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("inner.conf"), "pass\npass in probability 10%\n").unwrap();
+        let p = crate::parse::parse_in("pass\ninclude \"inner.conf\"\n", "outer.conf", &[], Some(&d));
+        let (errs, _) = refusals(&p);
+        let e: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+        assert_eq!(e, vec!["inner.conf:2: xpf does not support 'probability' yet"]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 }

@@ -282,3 +282,128 @@ fn tag_set_in_is_seen_by_tagged_out_and_kept_in_the_state() {
     w.process_tagged(&[&dns], 2, Dir::Out, 1, &mut v[..1], &mut none);
     assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Match));
 }
+
+#[test]
+fn tos_matches_the_tos_byte_without_its_ecn_bits() {
+    let r = rs("block all\npass in tos 0x10\n");
+    let mut p = pkt(IPPROTO_UDP, [1, 1, 1, 1], [2, 2, 2, 2], 1, 2, 0);
+    p.tos = 0x11; // lowdelay, ECT(1)
+    assert_eq!(action(&r, &p, 1, Dir::In), Action::Pass);
+    p.tos = 0x08;
+    assert_eq!(action(&r, &p, 1, Dir::In), Action::Block);
+}
+
+fn worker(r: Ruleset) -> Worker<Ruleset> {
+    Worker::new(
+        WorkerConfig {
+            limit: 100,
+            rows: None,
+            seed: Seed::fixed(1),
+            events: 0,
+            now: 0,
+            prefault: false,
+            secret: [1; 32],
+        },
+        r,
+    )
+    .unwrap()
+}
+
+fn udp_frame(dst: [u8; 4]) -> Vec<u8> {
+    let mut f = vec![0u8; 60];
+    f[12] = 8;
+    xpf_wire::ipv4::emit_header(&mut f[14..], [10, 0, 0, 1], dst, 17, 46, 64, 1);
+    xpf_wire::udp::emit_header(&mut f[34..], 5000, 53, 26);
+    f
+}
+
+#[test]
+fn set_skip_on_leaves_an_interface_unfiltered() {
+    let mut w = worker(rs("set skip on em1\nblock all\n"));
+    let f = udp_frame([8, 8, 8, 8]);
+    let mut v = [Verdict::Pass];
+    w.process(&[&f], 1, Dir::In, 0, &mut v);
+    assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Match), "em0 is filtered");
+    w.process(&[&f], 2, Dir::In, 0, &mut v);
+    assert_eq!(v[0], Verdict::Pass, "em1 is skipped");
+    assert_eq!(w.states(), 0);
+}
+
+#[test]
+fn state_policy_if_bound_binds_states_a_rule_does_not_float() {
+    let r = rs(
+        "set state-policy if-bound\npass in proto udp to port 53\npass in proto udp to port 54 keep state (floating)\n",
+    );
+    let d = |port| r.evaluate(&pkt(IPPROTO_UDP, [1, 1, 1, 1], [2, 2, 2, 2], 1, port, 0), 1, Dir::In).if_bound;
+    assert!(d(53) && !d(54));
+}
+
+#[test]
+fn self_stands_for_the_interfaces_addresses() {
+    // Every network namespace has 127.0.0.1 on lo.
+    let r = rs("block all\npass in to self\n");
+    assert_eq!(action(&r, &pkt(IPPROTO_UDP, [1, 1, 1, 1], [127, 0, 0, 1], 1, 2, 0), 1, Dir::In), Action::Pass);
+    assert_eq!(action(&r, &pkt(IPPROTO_UDP, [1, 1, 1, 1], [192, 0, 2, 1], 1, 2, 0), 1, Dir::In), Action::Block);
+    let r = rs("block all\npass in to ! self\n");
+    assert_eq!(action(&r, &pkt(IPPROTO_UDP, [1, 1, 1, 1], [127, 0, 0, 1], 1, 2, 0), 1, Dir::In), Action::Block);
+    assert_eq!(action(&r, &pkt(IPPROTO_UDP, [1, 1, 1, 1], [192, 0, 2, 1], 1, 2, 0), 1, Dir::In), Action::Pass);
+}
+
+#[test]
+fn a_table_file_is_read_at_every_compile_and_an_unreadable_one_fails() {
+    let dir = std::env::temp_dir().join(format!("xpf-tf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("t.txt");
+    std::fs::write(&f, "# blocked\n10.0.0.0/8 !10.1.0.0/16\n192.0.2.7\n").unwrap();
+    let text = format!("table <t> file \"{}\"\nblock in from <t>\n", f.display());
+    let r = rs(&text);
+    let a = |r: &Ruleset, src| action(r, &pkt(IPPROTO_UDP, src, [2, 2, 2, 2], 1, 2, 0), 1, Dir::In);
+    assert_eq!(
+        (a(&r, [10, 2, 0, 1]), a(&r, [10, 1, 0, 1]), a(&r, [192, 0, 2, 7])),
+        (Action::Block, Action::Pass, Action::Block)
+    );
+    std::fs::write(&f, "192.0.2.8\n").unwrap();
+    let r = rs(&text);
+    assert_eq!((a(&r, [10, 2, 0, 1]), a(&r, [192, 0, 2, 8])), (Action::Pass, Action::Block), "read again");
+    std::fs::write(&f, "10.0.0.1\nnot-an-address\n").unwrap();
+    let e = Ruleset::compile(&parse(&text, "test", &[]), &ifindex).unwrap_err();
+    assert!(e.msg.contains("t.txt:2: 'not-an-address'"), "{}", e.msg);
+    std::fs::remove_dir_all(&dir).unwrap();
+    // A file gone since: the parser refuses it, as pfctl does (and a load stops there).
+    let p = parse(&text, "test", &[]);
+    assert!(p.errors[0].msg.contains("cannot load"), "{:?}", p.errors);
+}
+
+#[test]
+fn block_return_answers_tcp_with_a_rst_and_udp_with_port_unreachable() {
+    let mut w = worker(rs("block return in proto { tcp, udp }\nblock return-icmp (net-unr) in proto udp to port 54\n"));
+    let mut syn = vec![0u8; 54];
+    syn[12] = 8;
+    xpf_wire::ipv4::emit_header(&mut syn[14..], [10, 0, 0, 1], [8, 8, 8, 8], 6, 40, 64, 1);
+    xpf_wire::tcp::emit_header(&mut syn[34..], 40000, 23, 77, 0, tcp::SYN, 1024);
+    let c = !xpf_wire::checksum::fold(xpf_wire::checksum::sum(
+        &syn[34..],
+        xpf_wire::checksum::pseudo_v4([10, 0, 0, 1], [8, 8, 8, 8], 6, 20),
+    ));
+    syn[50..52].copy_from_slice(&c.to_be_bytes());
+    let dns = udp_frame([8, 8, 8, 8]);
+    let mut other = udp_frame([8, 8, 8, 8]);
+    other[37] = 54; // to port 54
+    other[40..42].fill(0);
+    let mut v = [Verdict::Pass; 3];
+    w.process(&[&syn, &dns, &other], 1, Dir::In, 0, &mut v);
+    assert!(v.iter().all(|v| *v == Verdict::Drop(xpf_wire::Reason::Match)));
+    let answers: Vec<(u8, Vec<u8>)> = w.take_returns().collect();
+    assert_eq!(answers.len(), 3);
+    let pd = |f: &[u8]| {
+        let mut p = PDesc::default();
+        xpf_wire::parse_ether(f, &mut p).unwrap();
+        p
+    };
+    let rst = pd(&answers[0].1);
+    assert_eq!((answers[0].0, rst.tcp_flags, rst.tcp_ack, rst.sport), (0, tcp::RST | tcp::ACK, 78, 23));
+    let (u, n) = (pd(&answers[1].1), pd(&answers[2].1));
+    assert_eq!((u.proto, u.icmp_type, u.icmp_code), (1, 3, 3), "port unreachable");
+    assert_eq!((n.icmp_type, n.icmp_code), (3, 0), "return-icmp (net-unr)");
+    assert_eq!(w.stats.returned, 3);
+}

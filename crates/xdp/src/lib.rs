@@ -6,6 +6,7 @@
 
 pub mod bpf;
 pub mod netlink;
+pub mod nfqueue;
 pub mod packet;
 pub mod port;
 pub mod steer;

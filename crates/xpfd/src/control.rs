@@ -201,6 +201,24 @@ impl Daemon {
         Daemon { file, defines, loaded, slot, workers, steers, start: Instant::now(), sync: None }
     }
 
+    /// Whether the ruleset in force names `self` or `(if)` addresses, which follow the
+    /// interfaces' addresses.
+    pub fn follows_addresses(&self) -> bool {
+        use xpf_conf::ast::HostKind::{Dynamic, SelfAddr};
+        self.loaded
+            .parsed
+            .rules
+            .iter()
+            .any(|r| [&r.src, &r.dst].iter().any(|h| matches!(h.kind, SelfAddr | Dynamic { .. })))
+    }
+
+    /// Compiles the ruleset in force again (its tables as they are now) for the interfaces'
+    /// current addresses.
+    pub fn recompile(&mut self) -> Result<u64, Vec<String>> {
+        let l = Loaded::compile(self.loaded.parsed.clone(), &self.file)?;
+        self.install(l)
+    }
+
     /// Loads the daemon's own file again (SIGHUP).
     pub fn reload_file(&mut self) -> Result<u64, Vec<String>> {
         let f = self.file.clone();
@@ -514,6 +532,17 @@ impl Daemon {
                 for (k, v) in rows {
                     let _ = writeln!(text, "  {:<25} {:>14}", k, v);
                 }
+                let h = &io.host;
+                let _ = writeln!(text, "Host traffic (the firewall's own)");
+                for (k, v) in [
+                    ("to the host", h.to_host),
+                    ("from the host", h.from_host),
+                    ("dropped", h.dropped),
+                    ("answers sent", h.answers),
+                    ("answers not sent", h.answer_errors),
+                ] {
+                    let _ = writeln!(text, "  {:<25} {:>14}", k, v);
+                }
                 if io.filtered > 0 {
                     let per = io.filter_ns as f64 / io.filtered as f64;
                     let _ = writeln!(text, "  {:<25} {:>11.0} ns", "filter time per packet", per);
@@ -546,6 +575,7 @@ impl Daemon {
                     "searches": info.searches, "inserts": info.inserts, "removals": info.removals,
                     "packets": info.stats.packets, "bytes": info.stats.bytes,
                     "passed": info.stats.passed, "dropped": info.stats.dropped,
+                    "block_return": {"answers_sent": info.stats.returned, "rate_limited": info.stats.return_limited},
                     "counters": reasons,
                     "limit_counters": xpf_engine::info::LIMIT_NAMES.iter().zip(info.limits).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),
                     "fragments": xpf_engine::info::FRAG_NAMES.iter().zip(info.fragments).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),

@@ -42,6 +42,8 @@ pub struct IoStats {
     pub filter_ns: u64,
     /// The kernel fast path (--fastpath): flows in it, packets it forwarded.
     pub fast: crate::fastpath::FastStats,
+    /// The host's own traffic (worker 0).
+    pub host: crate::host::HostStats,
 }
 
 impl IoStats {
@@ -56,6 +58,7 @@ impl IoStats {
         self.filtered += o.filtered;
         self.filter_ns += o.filter_ns;
         self.fast.add(&o.fast);
+        self.host.add(&o.host);
     }
 }
 
@@ -128,6 +131,8 @@ pub struct Dataplane {
     pub busy: bool,
     /// The kernel fast path for established UDP flows (--fastpath).
     pub fast: Option<crate::fastpath::FastPath>,
+    /// The host's own traffic, queued by the kernel (worker 0 only).
+    pub host: Option<crate::host::HostPath>,
     /// Sources over `max-src-conn(-rate)` to add to an `overload` table, for the control
     /// thread (tables change by recompiling the ruleset, which is not the worker's job).
     pub overload: Option<Sender<(String, std::net::IpAddr)>>,
@@ -229,6 +234,7 @@ impl Dataplane {
             start: Instant::now(),
             busy,
             fast: None,
+            host: None,
             overload: None,
             mod_bufs: Vec::new(),
             sync: None,
@@ -250,6 +256,7 @@ impl Dataplane {
     /// The loop: runs until `stop` is set.
     pub fn run(&mut self) {
         let mut descs = [Desc::default(); BATCH];
+        let mut host_seen = 0usize;
         let mut idle_rounds = 0u32;
         let mut n_loops = 0u64;
         while !self.stop.load(Ordering::Relaxed) {
@@ -269,6 +276,13 @@ impl Dataplane {
             }
             for p in self.ports.iter_mut() {
                 p.io.flush();
+            }
+            // The host's own traffic: looked at every round while it comes, every 4th otherwise.
+            if let Some(h) = &mut self.host {
+                if host_seen > 0 || got == 0 || n_loops.is_multiple_of(4) {
+                    host_seen = h.poll(&mut self.worker, now);
+                    got += host_seen;
+                }
             }
             if let Some(s) = &mut self.sync {
                 s.poll(&mut self.worker, now);
@@ -324,6 +338,9 @@ impl Dataplane {
             self.ports.iter().map(|p| libc::pollfd { fd: p.io.fd(), events: libc::POLLIN, revents: 0 }).collect();
         if let Some(w) = &self.wake {
             fds.push(libc::pollfd { fd: w.0, events: libc::POLLIN, revents: 0 });
+        }
+        if let Some(h) = &self.host {
+            fds.push(libc::pollfd { fd: h.fd(), events: libc::POLLIN, revents: 0 });
         }
         // SAFETY: fds is a live array of pollfd of the length passed.
         unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, d.as_millis() as i32) };
@@ -578,6 +595,9 @@ impl Dataplane {
                 let mut io = self.io;
                 if let Some(f) = &self.fast {
                     io.fast = f.stats;
+                }
+                if let Some(h) = &self.host {
+                    io.host = h.stats;
                 }
                 let _ = tx.send((Info::of(&self.worker), io, x, c));
             }

@@ -18,6 +18,7 @@ mod control;
 mod dataplane;
 mod defer;
 mod fastpath;
+mod host;
 mod policy;
 mod sync;
 
@@ -387,6 +388,13 @@ fn run(a: Args) -> Result<(), String> {
         let (stop, busy) = (stop.clone(), a.busy);
         let fast = if fast_maps.is_empty() { None } else { Some(std::mem::take(&mut fast_maps[w])) };
         let overload = overload_tx.clone();
+        // Worker 0 filters the host's own traffic too: the queue is bound before the rules
+        // that fill it are installed (below), so nothing is queued with no reader.
+        let host = if w == 0 {
+            Some(host::HostPath::open().map_err(|e| format!("the host's own traffic (NFQUEUE {}): {e}", host::QUEUE))?)
+        } else {
+            None
+        };
         handles.push(
             std::thread::Builder::new()
                 .name(format!("xpf-worker{w}"))
@@ -394,6 +402,7 @@ fn run(a: Args) -> Result<(), String> {
                     pin(cpu);
                     let mut dp = Dataplane::new(worker, ports, rx, stop, busy);
                     dp.overload = Some(overload);
+                    dp.host = host;
                     dp.sync = wsync;
                     dp.wake = Some(wake);
                     if let Some(maps) = fast {
@@ -405,6 +414,14 @@ fn run(a: Args) -> Result<(), String> {
         );
         eprintln!("xpfd: worker {w} on CPU {cpu}, state limit {per_worker}");
     }
+
+    let mut host_rules = xpf_xdp::nfqueue::HostRules::install(&a.ifaces, host::QUEUE)
+        .map_err(|e| format!("the host's own traffic: {e}"))?;
+    eprintln!(
+        "xpfd: the host's own traffic on {} is filtered too (iptables chains xpfd-in, xpfd-out -> NFQUEUE {})",
+        a.ifaces.join(", "),
+        host::QUEUE
+    );
 
     // SAFETY: installing async-signal-safe handlers that only store to atomics.
     unsafe {
@@ -430,7 +447,19 @@ fn run(a: Args) -> Result<(), String> {
     let listener = control::listen(&a.socket).map_err(|e| format!("control socket {}: {e}", a.socket))?;
     eprintln!("xpfd: filtering {}; control socket {}", a.ifaces.join(", "), a.socket);
     let mut hups = 0;
+    let mut addrs = (xpf_conf::ifaddr::fingerprint(), std::time::Instant::now());
     while !STOP.load(Ordering::Relaxed) {
+        // `self` and `(if)` follow the interfaces' addresses: looked at once a second.
+        if addrs.1.elapsed() >= std::time::Duration::from_secs(1) {
+            let f = xpf_conf::ifaddr::fingerprint();
+            if f != addrs.0 && d.follows_addresses() {
+                match d.recompile() {
+                    Ok(g) => eprintln!("xpfd: interface addresses changed: ruleset compiled again (generation {g})"),
+                    Err(e) => eprintln!("xpfd: interface addresses changed, compiling again failed:\n{}", e.join("\n")),
+                }
+            }
+            addrs = (f, std::time::Instant::now());
+        }
         let h = HUP.load(Ordering::Relaxed);
         if h != hups {
             hups = h;
@@ -465,6 +494,7 @@ fn run(a: Args) -> Result<(), String> {
     for (_, s) in steers.lock().unwrap().iter_mut() {
         s.detach_all();
     }
+    host_rules.remove();
     if let Some(mut g) = guard {
         g.remove();
     }

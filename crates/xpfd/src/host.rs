@@ -1,0 +1,190 @@
+//! The firewall's own traffic through the rules, as pf filters it: packets addressed to the
+//! host on a filtered interface are filtered `in` on it, and the host's own packets `out` on
+//! the interface they leave by, with state, by worker 0's engine (the same tables, so
+//! `-s states`, `-k` and sync see them). The kernel queues them to xpfd through NFQUEUE (the
+//! iptables chains `xpfd-in`/`xpfd-out`, xpf_xdp::nfqueue) and waits for the verdict; passed
+//! packets go on in the kernel untouched, or rewritten when `modulate state` changed them.
+//! Answers to blocked ones (`block return`) are sent through raw sockets carrying the mark
+//! the `xpfd-out` chain lets by, as pf marks what it generates.
+
+use serde::Serialize;
+use xpf_engine::{Policy, Verdict, Worker};
+use xpf_state::Dir;
+use xpf_xdp::nfqueue::{HostRules, NfQueue, HOOK_INPUT, HOOK_OUTPUT};
+
+/// The NFQUEUE number xpfd reads (queue numbers are per network namespace).
+pub const QUEUE: u16 = 7870;
+
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct HostStats {
+    /// Packets to the host, and from it, that the rules saw.
+    pub to_host: u64,
+    pub from_host: u64,
+    /// Of those, dropped (by a rule, a state mismatch, a limit...).
+    pub dropped: u64,
+    /// Answers sent for blocked host traffic (`block return`).
+    pub answers: u64,
+    /// Answers that could not be sent.
+    pub answer_errors: u64,
+}
+
+impl HostStats {
+    pub fn add(&mut self, o: &HostStats) {
+        self.to_host += o.to_host;
+        self.from_host += o.from_host;
+        self.dropped += o.dropped;
+        self.answers += o.answers;
+        self.answer_errors += o.answer_errors;
+    }
+}
+
+pub struct HostPath {
+    q: NfQueue,
+    /// Raw IPv4 and IPv6 sockets (header included) marked with HostRules::MARK.
+    raw: [i32; 2],
+    frame: Vec<u8>,
+    verdicts: Vec<(u32, bool, Option<Vec<u8>>)>,
+    pub stats: HostStats,
+}
+
+fn raw_socket(family: i32) -> std::io::Result<i32> {
+    // SAFETY: plain socket(2) and setsockopt on it; the fd is owned by the HostPath.
+    unsafe {
+        let fd = libc::socket(family, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::IPPROTO_RAW);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mark = HostRules::MARK;
+        if libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_MARK, &mark as *const u32 as *const libc::c_void, 4) < 0 {
+            let e = std::io::Error::last_os_error();
+            libc::close(fd);
+            return Err(e);
+        }
+        Ok(fd)
+    }
+}
+
+impl HostPath {
+    pub fn open() -> std::io::Result<HostPath> {
+        let q = NfQueue::open(QUEUE)?;
+        let raw = [raw_socket(libc::AF_INET)?, raw_socket(libc::AF_INET6)?];
+        Ok(HostPath {
+            q,
+            raw,
+            frame: Vec::with_capacity(0x10000 + 14),
+            verdicts: Vec::new(),
+            stats: HostStats::default(),
+        })
+    }
+
+    pub fn fd(&self) -> i32 {
+        self.q.fd()
+    }
+
+    /// Filters what the kernel queued since the last call and gives it the verdicts.
+    /// Returns the packets handled.
+    pub fn poll<P: Policy>(&mut self, w: &mut Worker<P>, now: u32) -> usize {
+        let HostPath { q, frame, verdicts, stats, .. } = self;
+        let r = q.recv(|p| {
+            let (dir, ifidx) = match p.hook {
+                HOOK_INPUT => (Dir::In, p.indev),
+                HOOK_OUTPUT => (Dir::Out, p.outdev),
+                _ => (Dir::In, p.indev),
+            };
+            if dir == Dir::In {
+                stats.to_host += 1;
+            } else {
+                stats.from_host += 1;
+            }
+            // The engine reads Ethernet frames: a blank link header in front of the packet.
+            let ethertype: u16 = if p.packet.first().is_some_and(|b| b >> 4 == 6) { 0x86dd } else { 0x0800 };
+            frame.clear();
+            frame.extend_from_slice(&[0; 12]);
+            frame.extend_from_slice(&ethertype.to_be_bytes());
+            frame.extend_from_slice(p.packet);
+            let mut v = [Verdict::Pass];
+            w.process(&[&frame[..]], ifidx as u16, dir, now, &mut v);
+            let accept = match v[0] {
+                Verdict::Pass | Verdict::Host => true,
+                // The kernel reassembles before the INPUT hook and fragments after OUTPUT: a
+                // fragment here is an IPv6 one the kernel did not reassemble; it is dropped.
+                Verdict::Drop(_) | Verdict::Held => false,
+            };
+            let rewritten = (accept && w.patched & 1 != 0).then(|| {
+                let (a, s) = w.patches[0];
+                xpf_engine::proto::apply_modulation(frame, a, s);
+                frame[14..].to_vec()
+            });
+            if !accept {
+                stats.dropped += 1;
+            }
+            verdicts.push((p.id, accept, rewritten));
+        });
+        // Datagrams reassembled from host traffic are not sent anywhere (see above).
+        w.released.clear();
+        let n = verdicts.len();
+        for (id, accept, payload) in verdicts.drain(..) {
+            q.verdict(id, accept, payload.as_deref());
+        }
+        if let Err(e) = q.flush().and(r.map(|_| ())) {
+            eprintln!("xpfd: host traffic queue: {e}");
+        }
+        let answers: Vec<(u8, Vec<u8>)> = w.take_returns().collect();
+        for (_, f) in answers {
+            self.answer(&f[14..]);
+            w.recycle(f);
+        }
+        n
+    }
+
+    /// Sends an answer (an IP packet) into the kernel, which routes it to its destination.
+    fn answer(&mut self, ip: &[u8]) {
+        let sent = if ip.first().is_some_and(|b| b >> 4 == 4) && ip.len() >= 20 {
+            let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+            sa.sin_family = libc::AF_INET as u16;
+            sa.sin_addr.s_addr = u32::from_ne_bytes(ip[16..20].try_into().unwrap());
+            // SAFETY: sends ip to the address in sa, of its size.
+            unsafe {
+                libc::sendto(
+                    self.raw[0],
+                    ip.as_ptr() as *const libc::c_void,
+                    ip.len(),
+                    0,
+                    &sa as *const _ as *const libc::sockaddr,
+                    std::mem::size_of_val(&sa) as u32,
+                )
+            }
+        } else if ip.len() >= 40 {
+            let mut sa: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+            sa.sin6_family = libc::AF_INET6 as u16;
+            sa.sin6_addr.s6_addr.copy_from_slice(&ip[24..40]);
+            // SAFETY: as above.
+            unsafe {
+                libc::sendto(
+                    self.raw[1],
+                    ip.as_ptr() as *const libc::c_void,
+                    ip.len(),
+                    0,
+                    &sa as *const _ as *const libc::sockaddr,
+                    std::mem::size_of_val(&sa) as u32,
+                )
+            }
+        } else {
+            -1
+        };
+        if sent < 0 {
+            self.stats.answer_errors += 1;
+        } else {
+            self.stats.answers += 1;
+        }
+    }
+}
+
+impl Drop for HostPath {
+    fn drop(&mut self) {
+        for fd in self.raw {
+            // SAFETY: the fds are ours.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
