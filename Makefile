@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN := target/release
 
-.PHONY: all deps build demo test failover lab bench bench-states bench-hashsize bench-insert bench-resize bench-rules bench-workers fuzz fmt clean
+.PHONY: all deps build demo test failover lab bench bench-states bench-hashsize bench-insert bench-resize bench-rules bench-workers fuzz fuzz-long fmt clean
 
 all: build
 
@@ -62,6 +62,13 @@ FUZZ_SECONDS ?= 60
 fuzz: deps
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
 	cd fuzz && for t in packet pcap pfconf sync; do RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; done
+
+# The campaign: each target FUZZ_RUNS executions (default 10M) from its corpus in fuzz/corpus/,
+# which is kept in the repository and minimized after the run (scripts/fuzz-long.sh).
+FUZZ_RUNS ?= 10000000
+fuzz-long: deps
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
+	scripts/fuzz-long.sh $(FUZZ_RUNS) packet pcap pfconf sync
 
 fmt:
 	$(CARGO) fmt --all

@@ -269,6 +269,27 @@ check "table file: replaced, the host passes again" c ping -c 2 -i 0.2 -W 1 10.0
 sed "s|$DIR/bad-hosts.txt|$DIR/missing.txt|" "$DIR/file.conf" > "$DIR/file-missing.conf"
 check "a ruleset whose table file cannot be read is refused" refused $CTL -f "$DIR/file-missing.conf"
 
+# antispoof: a packet from the client's network arriving on the server side is blocked, one
+# from the server's own address passes (the negative control: the path works).
+printf 'pass all\nantispoof for fc inet\n' > "$DIR/antispoof.conf"
+check "-f a ruleset with antispoof for fc" $CTL -f "$DIR/antispoof.conf"
+c python3 -c "
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('10.0.1.2', 4444)); s.settimeout(3); got = []
+try:
+    while True: got.append(s.recvfrom(100)[1][0])
+except socket.timeout: pass
+print(' '.join(got))" > "$DIR/spoof.out" &
+RECV=$!
+sleep 0.5
+ip netns exec ${P}server /usr/bin/python3 -c "import logging; logging.getLogger('scapy').setLevel(logging.ERROR)
+from scapy.all import *
+send(IP(src='10.0.1.5', dst='10.0.1.2')/UDP(sport=4444, dport=4444)/b'spoofed', verbose=0)
+send(IP(src='10.0.2.2', dst='10.0.1.2')/UDP(sport=4444, dport=4444)/b'genuine', verbose=0)" >/dev/null 2>&1
+wait $RECV
+check "antispoof: the genuine datagram from the server arrives" grep -q 10.0.2.2 "$DIR/spoof.out"
+check "antispoof: the one spoofing the client's network (on fs) is blocked" refused grep -q 10.0.1.5 "$DIR/spoof.out"
+
 # What xpf does not enforce is refused at load with FILE:LINE, and the ruleset in force stays.
 printf 'pass all\npass out on fs from any to 10.9.9.9 route-to 10.0.2.2\n' > "$DIR/unsupported.conf"
 check "xpfctl -nf refuses route-to with FILE:LINE" bash -c "! $BIN/xpfctl -nf $DIR/unsupported.conf 2>$DIR/e && grep -q \"unsupported.conf:2: xpf does not support 'route-to' yet\" $DIR/e"

@@ -1,16 +1,30 @@
 //! Arbitrary bytes as a frame, through the descriptor parser (both paths must agree) and the
-//! whole worker path, in both directions. One worker lives across inputs, so states made by
+//! whole worker path, in both directions, under a ruleset that tags, answers blocked packets
+//! (`block return`) and modulates TCP. One worker lives across inputs, so states made by
 //! earlier inputs meet later ones.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use std::cell::RefCell;
-use xpf_engine::{PassAll, Verdict, Worker, WorkerConfig};
+use xpf_conf::Ruleset;
+use xpf_engine::{Verdict, Worker, WorkerConfig};
 use xpf_state::{Dir, Seed};
 use xpf_wire::{pdesc, PDesc};
 
+const RULES: &str = "block return in proto { tcp, udp, icmp } to port 7\n\
+    block return-icmp6 in inet6 proto udp to port 9\n\
+    match in tos 0x10 tag LOW\n\
+    pass in proto { tcp, udp, icmp, ipv6-icmp } tag T\n\
+    pass out tagged T\n\
+    pass out proto tcp modulate state\n";
+
+fn ruleset() -> Ruleset {
+    let p = xpf_conf::parse(RULES, "fuzz", &[]);
+    Ruleset::compile(&p, &|_| Some(1)).unwrap()
+}
+
 thread_local! {
-    static W: RefCell<(Worker<PassAll>, u32)> = RefCell::new((
-        Worker::new(WorkerConfig { limit: 256, rows: None, seed: Seed::fixed(1), events: 16, now: 0, prefault: false }, PassAll).unwrap(),
+    static W: RefCell<(Worker<Ruleset>, u32)> = RefCell::new((
+        Worker::new(WorkerConfig { limit: 256, rows: None, seed: Seed::fixed(1), events: 16, now: 0, prefault: false, secret: [3; 32] }, ruleset()).unwrap(),
         0,
     ));
 }
@@ -29,8 +43,17 @@ fuzz_target!(|data: &[u8]| {
         let (w, now) = &mut *w.borrow_mut();
         *now += 1;
         let mut v = [Verdict::Pass; 2];
-        w.process(&[data, data], 1, Dir::In, *now, &mut v);
-        w.process(&[data], 2, Dir::Out, *now, &mut v);
+        let mut tags = [0u16; 2];
+        w.process_tagged(&[data, data], 1, Dir::In, *now, &mut v, &mut tags);
+        let answers: Vec<(u8, Vec<u8>)> = w.take_returns().collect();
+        for (i, a) in answers {
+            // An answer is a well-formed frame the parser takes.
+            assert!(i < 2);
+            let mut pd = PDesc::default();
+            assert_eq!(xpf_wire::parse_ether(&a, &mut pd), Ok(()), "answer {a:?}");
+            w.recycle(a);
+        }
+        w.process_tagged(&[data], 2, Dir::Out, *now, &mut v[..1], &mut tags[..1]);
         w.maintain(*now, 64);
         w.t4.drain_events(|_, _| {});
         w.t6.drain_events(|_, _| {});

@@ -7,6 +7,9 @@ fuzz_target!(|data: &[u8]| {
     let src = String::from_utf8_lossy(data);
     let p = xpf_conf::parse(&src, "fuzz", &[]);
     if p.errors.is_empty() {
+        // Refusing and compiling what parsed never panics either.
+        let _ = xpf_conf::support::refusals(&p);
+        let _ = xpf_conf::Ruleset::compile(&p, &|_| Some(1));
         let once = xpf_conf::print::ruleset(&p.rules);
         let q = xpf_conf::parse(&once, "printed", &[]);
         assert!(q.errors.is_empty(), "printed form refused: {:?}\n{once}", q.errors);

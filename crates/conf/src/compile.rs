@@ -177,6 +177,9 @@ struct CRule {
     ret: EReturn,
     /// `tos`: the TOS byte (its ECN bits aside) must equal it.
     tos: Option<u8>,
+    /// `probability`: matches when the packet's draw for this rule is at most this (pf's
+    /// `r->prob`, the share of u32::MAX); 0: no probability.
+    prob: u32,
     nosync: bool,
     if_bound: bool,
     allow_opts: bool,
@@ -214,6 +217,8 @@ pub struct Ruleset {
     pub limits: Vec<RuleLimits>,
     /// `set skip on`: interfaces (indexes) whose packets pf does not look at.
     skip_ifs: Vec<u16>,
+    /// A rule has `probability`: evaluation takes a random number.
+    random: bool,
 }
 
 /// A limited rule's limiter id: a hash of the rule as written (its line aside) and of how many
@@ -423,6 +428,10 @@ impl Ruleset {
                 keep_state: r.state != StateKind::No,
                 ret: engine_return(&r.ret),
                 tos: r.tos,
+                prob: r
+                    .probability
+                    .map_or(0, |p| ((p / 100.0).clamp(0.0, 1.0) * u32::MAX as f64) as u32)
+                    .max(r.probability.map_or(0, |_| 1)),
                 nosync: r.state_opts.no_sync,
                 // `set state-policy if-bound` binds every state a rule does not make floating.
                 if_bound: r.state_opts.if_bound || (p.if_bound && !r.state_opts.floating),
@@ -452,7 +461,8 @@ impl Ruleset {
         // An interface `set skip on` names that the machine lacks is skipped when it appears
         // (pf's groups and absent interfaces), so it is not an error; a reload picks it up.
         let skip_ifs = p.skip.iter().filter_map(|n| ifindex(n)).collect();
-        Ok(Ruleset { rules, skip, tables, tags, evaluations, limits, skip_ifs })
+        let random = rules.iter().any(|r| r.prob != 0);
+        Ok(Ruleset { rules, skip, tables, tags, evaluations, limits, skip_ifs, random })
     }
 
     pub fn len(&self) -> usize {
@@ -469,7 +479,7 @@ impl Ruleset {
 
     /// The index of the first field of rule `r` the packet fails, or None when it matches.
     #[inline]
-    fn first_mismatch(&self, r: &CRule, pd: &PDesc, ifidx: u16, dir: SDir, tag: u16) -> Option<usize> {
+    fn first_mismatch(&self, r: &CRule, pd: &PDesc, ifidx: u16, dir: SDir, tag: u16, rnd: u32) -> Option<usize> {
         if let Some((neg, i)) = r.on {
             if (i == ifidx) == neg {
                 return Some(SKIP_IF);
@@ -519,6 +529,9 @@ impl Ruleset {
                 return Some(usize::MAX);
             }
         }
+        if r.prob != 0 && draw(rnd, r.nr) > r.prob {
+            return Some(usize::MAX);
+        }
         if let Some((neg, t)) = r.tagged {
             if (tag == t) == neg {
                 return Some(usize::MAX);
@@ -551,6 +564,16 @@ impl Ruleset {
 
     /// [`Ruleset::eval`] for a packet that carries `tag` from an earlier pass.
     pub fn eval_tagged(&self, pd: &PDesc, ifidx: u16, dir: SDir, tag: u16) -> (Option<usize>, u16) {
+        self.eval_with(pd, ifidx, dir, tag, 0)
+    }
+
+    /// Whether evaluation takes a random number (a rule has `probability`).
+    pub fn wants_random(&self) -> bool {
+        self.random
+    }
+
+    /// [`Ruleset::eval_tagged`] with the packet's random number `rnd` (`probability`).
+    pub fn eval_with(&self, pd: &PDesc, ifidx: u16, dir: SDir, tag: u16, rnd: u32) -> (Option<usize>, u16) {
         let mut tag = tag;
         let mut last = None;
         let mut i = 0;
@@ -568,7 +591,7 @@ impl Ruleset {
             }
             let r = &self.rules[i];
             self.evaluations[i].fetch_add(1, Ordering::Relaxed);
-            let miss = self.first_mismatch(r, pd, ifidx, dir, tag);
+            let miss = self.first_mismatch(r, pd, ifidx, dir, tag, rnd);
             if r.anchor_end != 0 {
                 match miss {
                     Some(_) => i = r.anchor_end as usize,
@@ -596,7 +619,7 @@ impl Ruleset {
     }
 
     /// The same evaluation without skip steps (the property test's model).
-    pub fn eval_naive(&self, pd: &PDesc, ifidx: u16, dir: SDir, tag: u16) -> (Option<usize>, u16) {
+    pub fn eval_naive(&self, pd: &PDesc, ifidx: u16, dir: SDir, tag: u16, rnd: u32) -> (Option<usize>, u16) {
         let mut tag = tag;
         let mut last = None;
         let mut skip_to = 0usize;
@@ -605,12 +628,12 @@ impl Ruleset {
                 continue;
             }
             if r.anchor_end != 0 {
-                if self.first_mismatch(r, pd, ifidx, dir, tag).is_some() {
+                if self.first_mismatch(r, pd, ifidx, dir, tag, rnd).is_some() {
                     skip_to = r.anchor_end as usize;
                 }
                 continue;
             }
-            if self.first_mismatch(r, pd, ifidx, dir, tag).is_none() && matched(r, i, &mut tag, &mut last) {
+            if self.first_mismatch(r, pd, ifidx, dir, tag, rnd).is_none() && matched(r, i, &mut tag, &mut last) {
                 break;
             }
         }
@@ -638,11 +661,15 @@ impl Policy for Ruleset {
     }
 
     fn evaluate(&self, pd: &PDesc, ifidx: u16, dir: SDir) -> Decision {
-        self.evaluate_tagged(pd, ifidx, dir, 0)
+        self.evaluate_tagged(pd, ifidx, dir, 0, 0)
     }
 
-    fn evaluate_tagged(&self, pd: &PDesc, ifidx: u16, dir: SDir, tag: u16) -> Decision {
-        let (last, tag) = self.eval_tagged(pd, ifidx, dir, tag);
+    fn wants_random(&self) -> bool {
+        self.random
+    }
+
+    fn evaluate_tagged(&self, pd: &PDesc, ifidx: u16, dir: SDir, tag: u16, rnd: u32) -> Decision {
+        let (last, tag) = self.eval_with(pd, ifidx, dir, tag, rnd);
         match last {
             None => Decision { keep_state: false, tag, ..Decision::PASS },
             Some(i) => {
@@ -677,6 +704,17 @@ fn matched(r: &CRule, i: usize, tag: &mut u16, last: &mut Option<usize>) -> bool
         *last = Some(i);
     }
     r.quick
+}
+
+/// A packet's draw for rule `nr` from its random number: each rule gets its own (a packet
+/// meeting two `probability` rules draws twice, as in pf), and the same one whichever rules
+/// skip steps passed over.
+#[inline]
+fn draw(rnd: u32, nr: u32) -> u32 {
+    let mut z = ((rnd as u64) << 32 | nr as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) as u32
 }
 
 #[inline]

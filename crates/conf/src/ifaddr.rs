@@ -44,6 +44,11 @@ fn prefix_of(m: Option<IpAddr>) -> u8 {
 
 /// Addresses of interface `name`, IPv6 first; None if there is no such interface.
 pub fn addresses(name: &str) -> Option<Vec<IfAddr>> {
+    collect(Some(name))
+}
+
+/// The addresses of interface `name`, or of every interface (None).
+fn collect(name: Option<&str>) -> Option<Vec<IfAddr>> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills head with a list we free below.
     if unsafe { libc::getifaddrs(&mut head) } != 0 {
@@ -55,7 +60,7 @@ pub fn addresses(name: &str) -> Option<Vec<IfAddr>> {
         // SAFETY: p walks the list getifaddrs returned.
         let ifa = unsafe { &*p };
         let n = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy();
-        if name.is_empty() || n == name {
+        if name.is_none_or(|name| n == name) {
             found = true;
             if let Some(addr) = sockaddr_ip(ifa.ifa_addr) {
                 let p2p = ifa.ifa_flags & libc::IFF_POINTOPOINT as u32 != 0;
@@ -89,7 +94,7 @@ pub fn addresses(name: &str) -> Option<Vec<IfAddr>> {
 
 /// The addresses of every interface (pf's `self`), IPv6 first.
 pub fn all() -> Vec<IfAddr> {
-    addresses("").unwrap_or_default()
+    collect(None).unwrap_or_default()
 }
 
 /// The addresses `(ifname[:modifier])[/prefix]` stands for now, as networks (address, prefix

@@ -172,9 +172,8 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
         if set_tos.is_some() {
             refuse("set tos");
         }
-        if probability.is_some() {
-            refuse("probability");
-        }
+        // Enforced: a draw per packet from the worker's random numbers.
+        let _ = probability;
     }
     if logged {
         warn.push("rules with 'log' load, but xpf writes no pflog yet: nothing is logged".into());
@@ -253,7 +252,7 @@ mod tests {
         ("pass in set prio 3", No("set prio")),
         ("pass in set queue q", No("set queue")),
         ("pass in set tos 0x10", No("set tos")),
-        ("pass in probability 50%", No("probability")),
+        ("pass in probability 50%", Yes("probability_passes_about_its_share")),
         ("queue q on lo bandwidth 10M default", No("queue")),
         ("set skip on lo", Yes("set_skip_on_leaves_an_interface_unfiltered")),
         ("set state-policy if-bound", Yes("state_policy_if_bound_binds_states_a_rule_does_not_float")),
@@ -303,11 +302,11 @@ mod tests {
     fn refusals_name_the_included_file_and_its_line() {
         let d = std::env::temp_dir().join(format!("xpf-sup-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(d.join("inner.conf"), "pass\npass in probability 10%\n").unwrap();
+        std::fs::write(d.join("inner.conf"), "pass\npass in rtable 1\n").unwrap();
         let p = crate::parse::parse_in("pass\ninclude \"inner.conf\"\n", "outer.conf", &[], Some(&d));
         let (errs, _) = refusals(&p);
         let e: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
-        assert_eq!(e, vec!["inner.conf:2: xpf does not support 'probability' yet"]);
+        assert_eq!(e, vec!["inner.conf:2: xpf does not support 'rtable' yet"]);
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -151,7 +151,7 @@ fn rule_line() -> impl Strategy<Value = String> {
     let proto = prop_oneof![Just(""), Just(" proto tcp"), Just(" proto udp")];
     let src = prop_oneof![Just(" from any"), Just(" from 10/8"), Just(" from ! 10.1/16"), Just(" from <t>")];
     let dst = prop_oneof![Just(" to any"), Just(" to 20/8"), Just(" to ! 20.0.0.1")];
-    let tag = prop_oneof![3 => Just(""), 1 => Just(" tag A"), 1 => Just(" tagged A")];
+    let tag = prop_oneof![6 => Just(""), 2 => Just(" tag A"), 2 => Just(" tagged A"), 1 => Just(" probability 50%")];
     (action, dir, quick, on, proto, src, dst, tag).prop_map(|(a, d, q, o, p, s, t, g)| {
         let ports = if p.is_empty() { "" } else { " port 100:200" };
         format!("{a}{d}{q}{o}{p}{s}{t}{ports}{g}\n")
@@ -163,19 +163,19 @@ proptest! {
     #[test]
     fn skip_steps_agree_with_naive_evaluation(
         lines in proptest::collection::vec(rule_line(), 1..40),
-        pkts in proptest::collection::vec((any::<bool>(), 0u8..3, any::<u8>(), any::<u8>(), 90u16..210, any::<bool>(), 1u16..3, 0u16..3), 1..30),
+        pkts in proptest::collection::vec((any::<bool>(), 0u8..3, any::<u8>(), any::<u8>(), 90u16..210, any::<bool>(), 1u16..3, 0u16..3, any::<u32>()), 1..30),
     ) {
         let src = format!("table <t> {{ 10.2/16 !10.2.3/24 }}\n{}", lines.concat());
         let p = parse(&src, "t", &[]);
         prop_assume!(p.errors.is_empty());
         let r = Ruleset::compile(&p, &ifindex).unwrap();
         // The packet may carry a tag from an earlier pass (1: A, the only tag; 2: an unknown one).
-        for (tcp_, net, b, c, port, out, ifi, tg) in pkts {
+        for (tcp_, net, b, c, port, out, ifi, tg, rnd) in pkts {
             let s = [[10, 2, b, c], [10, 1, b, c], [11, 0, b, c]][net as usize];
             let d = [20, 0, 0, c];
             let pd = pkt(if tcp_ { IPPROTO_TCP } else { IPPROTO_UDP }, s, d, port, port, tcp::SYN);
             let dir = if out { Dir::Out } else { Dir::In };
-            prop_assert_eq!(r.eval_tagged(&pd, ifi, dir, tg), r.eval_naive(&pd, ifi, dir, tg));
+            prop_assert_eq!(r.eval_with(&pd, ifi, dir, tg, rnd), r.eval_naive(&pd, ifi, dir, tg, rnd));
         }
     }
 }
@@ -196,7 +196,7 @@ fn anchors_are_evaluated_in_place() {
     let q = rs("block all\nanchor quick {\n  pass proto tcp\n}\nblock proto tcp\n");
     assert_eq!(action(&q, &ssh, 1, Dir::In), Action::Pass);
     for (p, ifi) in [(&ssh, 1), (&dns, 2), (&ntp, 1)] {
-        assert_eq!(r.eval(p, ifi, Dir::In), r.eval_naive(p, ifi, Dir::In, 0));
+        assert_eq!(r.eval(p, ifi, Dir::In), r.eval_naive(p, ifi, Dir::In, 0, 0));
     }
 }
 
@@ -406,4 +406,27 @@ fn block_return_answers_tcp_with_a_rst_and_udp_with_port_unreachable() {
     assert_eq!((u.proto, u.icmp_type, u.icmp_code), (1, 3, 3), "port unreachable");
     assert_eq!((n.icmp_type, n.icmp_code), (3, 0), "return-icmp (net-unr)");
     assert_eq!(w.stats.returned, 3);
+}
+
+#[test]
+fn probability_passes_about_its_share() {
+    use rand_core_for_tests::next;
+    let r = rs("block all\npass in proto udp probability 25%\n");
+    assert!(r.wants_random());
+    let p = pkt(IPPROTO_UDP, [1, 1, 1, 1], [2, 2, 2, 2], 1, 2, 0);
+    let mut x = 0x1234_5678u32;
+    let passed =
+        (0..20_000).filter(|_| r.evaluate_tagged(&p, 1, Dir::In, 0, next(&mut x)).action == Action::Pass).count();
+    assert!((4_500..5_500).contains(&passed), "25% of 20,000: {passed}");
+    assert!(!rs("pass all\n").wants_random());
+}
+
+mod rand_core_for_tests {
+    /// xorshift32: the test's stand-in for the worker's ChaCha20 draws.
+    pub fn next(x: &mut u32) -> u32 {
+        *x ^= *x << 13;
+        *x ^= *x >> 17;
+        *x ^= *x << 5;
+        *x
+    }
 }

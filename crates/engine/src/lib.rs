@@ -968,7 +968,8 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
             }
         }
     }
-    let d = p.evaluate_tagged(pd, c.ifidx, c.dir, *c.tag);
+    let rnd = if p.wants_random() { rand_core::Rng::next_u32(c.rng) } else { 0 };
+    let d = p.evaluate_tagged(pd, c.ifidx, c.dir, *c.tag, rnd);
     *c.tag = d.tag;
     if d.action == Action::Block {
         if !d.ret.is_drop() {

@@ -85,8 +85,15 @@ pub trait Policy {
     fn evaluate(&self, pd: &PDesc, ifidx: u16, dir: Dir) -> Decision;
     /// [`Policy::evaluate`] for a packet that carries `tag` from an earlier pass (pf's mbuf
     /// tag: `tagged` rules see it, `tag` rules replace it). A policy without tags keeps it.
-    fn evaluate_tagged(&self, pd: &PDesc, ifidx: u16, dir: Dir, tag: u16) -> Decision {
+    /// `rnd` is a random number the worker drew for this packet when [`Policy::wants_random`]
+    /// says the ruleset needs one (`probability`), else 0.
+    fn evaluate_tagged(&self, pd: &PDesc, ifidx: u16, dir: Dir, tag: u16, rnd: u32) -> Decision {
+        let _ = rnd;
         Decision { tag, ..self.evaluate(pd, ifidx, dir) }
+    }
+    /// Whether evaluation takes a random number (a rule with `probability`).
+    fn wants_random(&self) -> bool {
+        false
     }
     /// The limits a decision names (`Decision::limits` != 0).
     fn limits(&self, _i: u32) -> Option<&RuleLimits> {

@@ -45,7 +45,12 @@ impl Policy for Live {
     }
 
     #[inline]
-    fn evaluate_tagged(&self, pd: &PDesc, ifidx: u16, dir: Dir, tag: u16) -> Decision {
-        self.rules.evaluate_tagged(pd, ifidx, dir, tag)
+    fn evaluate_tagged(&self, pd: &PDesc, ifidx: u16, dir: Dir, tag: u16, rnd: u32) -> Decision {
+        self.rules.evaluate_tagged(pd, ifidx, dir, tag, rnd)
+    }
+
+    #[inline]
+    fn wants_random(&self) -> bool {
+        self.rules.wants_random()
     }
 }
