@@ -272,7 +272,8 @@ check "a ruleset whose table file cannot be read is refused" refused $CTL -f "$D
 # antispoof: a packet from the client's network arriving on the server side is blocked, one
 # from the server's own address passes (the negative control: the path works).
 printf 'pass all\nantispoof for fc inet\n' > "$DIR/antispoof.conf"
-check "-f a ruleset with antispoof for fc" $CTL -f "$DIR/antispoof.conf"
+# xpfctl reads the file first, and the interface it names is in the firewall's namespace.
+check "-f a ruleset with antispoof for fc" ip netns exec ${P}fw $CTL -f "$DIR/antispoof.conf"
 c python3 -c "
 import socket
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('10.0.1.2', 4444)); s.settimeout(3); got = []
@@ -289,6 +290,28 @@ send(IP(src='10.0.2.2', dst='10.0.1.2')/UDP(sport=4444, dport=4444)/b'genuine', 
 wait $RECV
 check "antispoof: the genuine datagram from the server arrives" grep -q 10.0.2.2 "$DIR/spoof.out"
 check "antispoof: the one spoofing the client's network (on fs) is blocked" refused grep -q 10.0.1.5 "$DIR/spoof.out"
+
+# scrub (max-mss): the server sees the clamped MSS (its socket's TCP_MAXSEG); without the rule
+# it sees the client's own (the negative control).
+mss_seen() { # prints the MSS the server's accepted socket has from the client's SYN
+    ip netns exec ${P}server python3 -c "
+import socket
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); l.bind(('10.0.2.2', 2230)); l.listen(1); l.settimeout(5)
+s, _ = l.accept(); print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG))" > "$DIR/mss" &
+    local srv=$!
+    sleep 0.4
+    c python3 -c "import socket; socket.create_connection(('10.0.2.2', 2230), timeout=3).close()"
+    wait $srv
+    cat "$DIR/mss"
+}
+cat "$DIR/pf.conf" - > "$DIR/scrub.conf" <<'CONF'
+pass in on $ext_if inet proto tcp to 10.0.2.2 port 2230
+CONF
+check "-f a ruleset passing port 2230 (no scrub)" $CTL -f "$DIR/scrub.conf"
+check "scrub: without max-mss the server sees the client's MSS (> 1400)" bash -c "$(declare -f mss_seen c); P=$P DIR=$DIR; test \$(mss_seen) -gt 1400"
+printf 'match in on $ext_if scrub (max-mss 1200)\n' >> "$DIR/scrub.conf"
+check "-f the same with 'match in on fc scrub (max-mss 1200)'" $CTL -f "$DIR/scrub.conf"
+check "scrub: with max-mss 1200 the server sees at most 1200" bash -c "$(declare -f mss_seen c); P=$P DIR=$DIR; m=\$(mss_seen); echo mss \$m; test \$m -le 1200"
 
 # What xpf does not enforce is refused at load with FILE:LINE, and the ruleset in force stays.
 printf 'pass all\npass out on fs from any to 10.9.9.9 route-to 10.0.2.2\n' > "$DIR/unsupported.conf"

@@ -131,6 +131,7 @@ impl Shared {
                         allow_opts: false,
                         sloppy: false,
                         tag: 0,
+                        scrub: 0,
                     };
                     match t.insert(hs[i], ns, now) {
                         Ok(id) => {

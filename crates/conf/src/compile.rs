@@ -11,7 +11,7 @@ use crate::parse::{Parsed, TablePart};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use xpf_engine::{Action as EAction, Decision, Policy, Return as EReturn};
+use xpf_engine::{Action as EAction, Decision, Policy, Return as EReturn, Scrub as EScrub};
 use xpf_state::Dir as SDir;
 use xpf_state::{Overload, RuleLimits};
 use xpf_wire::pdesc::{pdf, AF_INET, AF_INET6, IPPROTO_TCP};
@@ -177,6 +177,8 @@ struct CRule {
     ret: EReturn,
     /// `tos`: the TOS byte (its ECN bits aside) must equal it.
     tos: Option<u8>,
+    /// `scrub (...)`: actions for the state's packets.
+    scrub: EScrub,
     /// `probability`: matches when the packet's draw for this rule is at most this (pf's
     /// `r->prob`, the share of u32::MAX); 0: no probability.
     prob: u32,
@@ -427,6 +429,14 @@ impl Ruleset {
                 icmp: r.icmp,
                 keep_state: r.state != StateKind::No,
                 ret: engine_return(&r.ret),
+                scrub: r.scrub.as_ref().map_or(EScrub::NONE, |s| EScrub {
+                    no_df: s.no_df,
+                    random_id: s.random_id,
+                    min_ttl: s.min_ttl.unwrap_or(0),
+                    set_tos: s.set_tos,
+                    max_mss: s.max_mss.unwrap_or(0),
+                    id: 0,
+                }),
                 tos: r.tos,
                 prob: r
                     .probability
@@ -574,6 +584,11 @@ impl Ruleset {
 
     /// [`Ruleset::eval_tagged`] with the packet's random number `rnd` (`probability`).
     pub fn eval_with(&self, pd: &PDesc, ifidx: u16, dir: SDir, tag: u16, rnd: u32) -> (Option<usize>, u16) {
+        self.walk(pd, ifidx, dir, tag, rnd, &mut EScrub::default())
+    }
+
+    /// The walk itself; `acc` gathers the scrub actions of the match rules that matched.
+    fn walk(&self, pd: &PDesc, ifidx: u16, dir: SDir, tag: u16, rnd: u32, acc: &mut EScrub) -> (Option<usize>, u16) {
         let mut tag = tag;
         let mut last = None;
         let mut i = 0;
@@ -608,7 +623,7 @@ impl Ruleset {
                 Some(f) if f < 8 => i = self.skip[i][f] as usize,
                 Some(_) => i += 1,
                 None => {
-                    if matched(r, i, &mut tag, &mut last) {
+                    if matched(r, i, &mut tag, &mut last, acc) {
                         break;
                     }
                     i += 1;
@@ -633,7 +648,9 @@ impl Ruleset {
                 }
                 continue;
             }
-            if self.first_mismatch(r, pd, ifidx, dir, tag, rnd).is_none() && matched(r, i, &mut tag, &mut last) {
+            if self.first_mismatch(r, pd, ifidx, dir, tag, rnd).is_none()
+                && matched(r, i, &mut tag, &mut last, &mut EScrub::default())
+            {
                 break;
             }
         }
@@ -669,9 +686,11 @@ impl Policy for Ruleset {
     }
 
     fn evaluate_tagged(&self, pd: &PDesc, ifidx: u16, dir: SDir, tag: u16, rnd: u32) -> Decision {
-        let (last, tag) = self.eval_with(pd, ifidx, dir, tag, rnd);
+        // pf_rule_to_actions: the match rules' actions as they matched, then the deciding rule's.
+        let mut scrub = EScrub::NONE;
+        let (last, tag) = self.walk(pd, ifidx, dir, tag, rnd, &mut scrub);
         match last {
-            None => Decision { keep_state: false, tag, ..Decision::PASS },
+            None => Decision { keep_state: false, tag, scrub, ..Decision::PASS },
             Some(i) => {
                 let r = &self.rules[i];
                 Decision {
@@ -686,6 +705,10 @@ impl Policy for Ruleset {
                     limits: r.limits,
                     modulate: r.modulate,
                     ret: r.ret,
+                    scrub: {
+                        scrub.merge(&r.scrub);
+                        scrub
+                    },
                     tag,
                 }
             }
@@ -696,12 +719,14 @@ impl Policy for Ruleset {
 /// What a matching rule does: set its tag, become the deciding rule unless it is a `match`
 /// rule; true when it is `quick` (evaluation stops).
 #[inline(always)]
-fn matched(r: &CRule, i: usize, tag: &mut u16, last: &mut Option<usize>) -> bool {
+fn matched(r: &CRule, i: usize, tag: &mut u16, last: &mut Option<usize>, acc: &mut EScrub) -> bool {
     if let Some(t) = r.tag {
         *tag = t;
     }
     if r.action != Action::Match {
         *last = Some(i);
+    } else {
+        acc.merge(&r.scrub);
     }
     r.quick
 }

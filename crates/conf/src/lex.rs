@@ -41,6 +41,13 @@ fn is_word_char(c: char) -> bool {
 /// not seen here: the parser lexes line by line and defines macros between lines).
 /// Returns true if a comment started: the rest of the logical line, continued lines too, is
 /// comment.
+/// pf.conf's quoting cannot hold a string that ends in a backslash (`"\\"` is an escaped
+/// quote): such a word would load but never print back as a ruleset that loads, so it is
+/// refused where it is read.
+fn unquotable(w: &str, line: u32) -> LexError {
+    LexError { line, msg: format!("{w:?} ends in a backslash, which pf.conf cannot quote") }
+}
+
 pub fn lex_line(
     src: &str,
     line: u32,
@@ -95,6 +102,9 @@ fn lex_into(
             if s.len() >= 8096 {
                 return Err(LexError { line, msg: "string too long\nsyntax error".into() });
             }
+            if s.ends_with('\\') {
+                return Err(unquotable(&s, line));
+            }
             out.push(Token { tok: Tok::Str(s), line });
             continue;
         }
@@ -134,6 +144,9 @@ fn lex_into(
         let w: String = cs[start..i].iter().collect();
         if w.is_empty() {
             return Err(LexError { line, msg: format!("unexpected character '{c}'") });
+        }
+        if w.ends_with('\\') {
+            return Err(unquotable(&w, line));
         }
         out.push(Token { tok: Tok::Word(w), line });
     }

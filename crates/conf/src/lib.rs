@@ -42,6 +42,16 @@ mod tests {
         assert_eq!(roundtrip("pass label \"say \\\"hi\\\"\"\n"), "pass all flags S/SA label \"say \\\"hi\\\"\"\n");
     }
 
+    /// Found by the pfconf fuzz target: `anchor \` loaded and printed as `anchor "\"`,
+    /// which no pf.conf lexer reads back.
+    #[test]
+    fn a_name_ending_in_a_backslash_is_refused() {
+        for src in ["anchor a\\ all\n", "pass tag t\\ all\n"] {
+            let p = parse(src, "t", &[]);
+            assert!(p.errors.iter().any(|e| e.msg.contains("ends in a backslash")), "{src}: {:?}", p.errors);
+        }
+    }
+
     #[test]
     fn errors_name_file_and_line() {
         let p = parse("pass\npass in from any to $nope\nblock in proto nonesuch\n", "pf.conf", &[]);

@@ -142,8 +142,11 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
                 refuse("rdr-to");
             }
         }
-        if scrub.is_some() {
-            refuse("scrub");
+        if let Some(s) = scrub {
+            // Enforced: no-df, random-id, min-ttl, max-mss, set-tos (proto::apply_scrub).
+            if s.reassemble_tcp {
+                refuse("scrub (reassemble tcp)");
+            }
         }
         match divert {
             None => {}
@@ -240,7 +243,8 @@ mod tests {
         ("match out on lo nat-to 192.0.2.1", No("nat-to")),
         ("match in on lo rdr-to 192.0.2.1", No("rdr-to")),
         ("match on lo binat-to 192.0.2.1", No("nat-to")),
-        ("match in scrub (max-mss 1400)", No("scrub")),
+        ("match in scrub (max-mss 1400, no-df, random-id, min-ttl 9, set-tos 0x10)", Yes("scrub_rewrites_as_pf_scrub_does")),
+        ("match in scrub (reassemble tcp)", No("scrub (reassemble tcp)")),
         ("pass in proto tcp divert-to 127.0.0.1 port 8080", No("divert-to")),
         ("pass out proto tcp divert-reply", No("divert-reply")),
         ("pass in divert-packet port 700", No("divert-packet")),

@@ -430,3 +430,54 @@ mod rand_core_for_tests {
         *x
     }
 }
+
+/// A SYN with DF, TTL 3, MSS 1460 (and a TCP checksum that verifies).
+fn syn_with_mss(flags: u8) -> Vec<u8> {
+    let mut f = vec![0u8; 14 + 20 + 24];
+    f[12] = 8;
+    xpf_wire::ipv4::emit_header(&mut f[14..], [10, 0, 0, 1], [8, 8, 8, 8], 6, 44, 3, 7);
+    f[20] = 0x40; // DF
+    f[24..26].fill(0);
+    let c = xpf_wire::checksum::checksum(&f[14..34]);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+    xpf_wire::tcp::emit_header(&mut f[34..], 40000, 80, 1000, if flags & tcp::ACK != 0 { 1 } else { 0 }, flags, 1024);
+    f[46] = 6 << 4; // 24-byte header: MSS option
+    f[54..58].copy_from_slice(&[2, 4, 0x05, 0xb4]);
+    let ck = !xpf_wire::checksum::fold(xpf_wire::checksum::sum(
+        &f[34..],
+        xpf_wire::checksum::pseudo_v4([10, 0, 0, 1], [8, 8, 8, 8], 6, 24),
+    ));
+    f[50..52].copy_from_slice(&ck.to_be_bytes());
+    f
+}
+
+#[test]
+fn scrub_rewrites_as_pf_scrub_does() {
+    let mut w =
+        worker(rs("match in scrub (max-mss 1300, no-df, min-ttl 100)\npass in proto tcp scrub (set-tos 0x10)\n"));
+    let syn = syn_with_mss(tcp::SYN);
+    let mut v = [Verdict::Pass];
+    w.process(&[&syn], 1, Dir::In, 0, &mut v);
+    assert_eq!((v[0], w.scrubbed), (Verdict::Pass, 1), "the rules' actions for the first packet");
+    let mut f = syn.clone();
+    assert!(xpf_engine::proto::apply_scrub(&mut f, &w.scrubs[0]));
+    let mut pd = PDesc::default();
+    xpf_wire::parse_ether(&f, &mut pd).unwrap();
+    assert_eq!((pd.ttl, pd.tos, f[20] & 0x40), (100, 0x10, 0), "min-ttl, set-tos (match and pass add up), no-df");
+    assert_eq!(&f[54..58], &[2, 4, 0x05, 0x14], "MSS 1460 lowered to 1300");
+    assert_eq!(xpf_wire::checksum::checksum(&f[14..34]), 0, "IP checksum");
+    let tcp_sum = xpf_wire::checksum::fold(xpf_wire::checksum::sum(
+        &f[34..],
+        xpf_wire::checksum::pseudo_v4([10, 0, 0, 1], [8, 8, 8, 8], 6, 24),
+    ));
+    assert_eq!(tcp_sum, 0xffff, "TCP checksum");
+    // A later packet of the state gets the same actions from the state.
+    let ack = syn_with_mss(tcp::ACK);
+    w.process(&[&ack], 1, Dir::In, 1, &mut v);
+    assert_eq!(w.scrubbed, 1);
+    assert_eq!((w.scrubs[0].min_ttl, w.scrubs[0].max_mss, w.scrubs[0].set_tos), (100, 1300, Some(0x10)));
+    // Without scrub rules nothing is marked.
+    let mut plain = worker(rs("pass in proto tcp\n"));
+    plain.process(&[&syn], 1, Dir::In, 0, &mut v);
+    assert_eq!(plain.scrubbed, 0);
+}

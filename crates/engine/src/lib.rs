@@ -13,7 +13,7 @@ pub mod policy;
 pub mod proto;
 pub mod reply;
 
-pub use policy::{Action, BlockAll, Decision, PassAll, Policy, Return};
+pub use policy::{Action, BlockAll, Decision, PassAll, Policy, Return, Scrub};
 
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
@@ -115,6 +115,11 @@ pub struct Worker<P: Policy> {
     /// bit 31 set for IPv6): sync's defer mode holds them.
     pub created: u64,
     pub created_ids: [u32; BATCH],
+    /// `scrub (...)`: frames of the last batch to rewrite before they leave (bit i: frame i),
+    /// with what to do ([`proto::apply_scrub`]): the rules' actions on a miss, the state's on
+    /// a hit.
+    pub scrubbed: u64,
+    pub scrubs: [Scrub; BATCH],
     /// ChaCha20 keyed by [`WorkerConfig::secret`]: unpredictable without the key.
     rng: ChaCha20Rng,
     /// `block return`: the answers the last batch gave, each with the index of the blocked
@@ -176,6 +181,8 @@ impl<P: Policy> Worker<P> {
             created: 0,
             created_ids: [0; BATCH],
             patches: [(0, 0); BATCH],
+            scrubbed: 0,
+            scrubs: [Scrub::NONE; BATCH],
             rng: ChaCha20Rng::from_seed(cfg.secret),
             returns: Vec::new(),
             spare: Vec::new(),
@@ -238,6 +245,7 @@ impl<P: Policy> Worker<P> {
         self.patched = 0;
         self.created = 0;
         self.ret_mask = 0;
+        self.scrubbed = 0;
         if self.policy.skip(ifidx) {
             return self.skipped(&frames[..n], verdicts);
         }
@@ -288,7 +296,11 @@ impl<P: Policy> Worker<P> {
                 let pd = &self.pd[i];
                 let v = if self.r4[j] != NONE {
                     hit(&mut self.t4, self.r4[j], pd, dir, now, &mut self.rng).map(|v| {
-                        state_tag(&self.t4, self.r4[j], &mut tags[i]);
+                        let a = state_actions(&self.t4, self.r4[j], &mut tags[i]);
+                        if a != 0 {
+                            self.scrubs[i] = Scrub::unpack(a);
+                            self.scrubbed |= 1 << i;
+                        }
                         v
                     })
                 } else {
@@ -317,7 +329,11 @@ impl<P: Policy> Worker<P> {
                 let pd = &self.pd[i];
                 let v = if self.r6[j] != NONE {
                     hit(&mut self.t6, self.r6[j], pd, dir, now, &mut self.rng).map(|v| {
-                        state_tag(&self.t6, self.r6[j], &mut tags[i]);
+                        let a = state_actions(&self.t6, self.r6[j], &mut tags[i]);
+                        if a != 0 {
+                            self.scrubs[i] = Scrub::unpack(a);
+                            self.scrubbed |= 1 << i;
+                        }
                         v
                     })
                 } else {
@@ -341,6 +357,9 @@ impl<P: Policy> Worker<P> {
         }
         if self.ret_mask != 0 {
             self.answer(frames, now);
+        }
+        if self.scrubbed != 0 {
+            self.scrub_ids();
         }
         let st = &mut self.stats;
         st.packets += n as u64;
@@ -401,6 +420,19 @@ impl<P: Policy> Worker<P> {
                 self.returns.push((i as u8, buf));
             } else {
                 self.spare.push(buf);
+            }
+        }
+    }
+
+    /// Draws the random identifications `scrub (random-id)` frames of the batch get.
+    #[cold]
+    fn scrub_ids(&mut self) {
+        let mut m = self.scrubbed;
+        while m != 0 {
+            let i = m.trailing_zeros() as usize;
+            m &= m - 1;
+            if self.scrubs[i].random_id {
+                self.scrubs[i].id = rand_core::Rng::next_u32(&mut self.rng) as u16;
             }
         }
     }
@@ -670,6 +702,7 @@ macro_rules! ctx {
             rng: &mut $w.rng,
             tag: $tag,
             ret: if $i < BATCH { Some((&mut $w.ret, &mut $w.ret_mask, $i)) } else { None },
+            scrub: if $i < BATCH { Some((&mut $w.scrubs, &mut $w.scrubbed, $i)) } else { None },
             limit: $w.limit,
             other: $w.$other.len(),
             elsewhere: &$w.$other.track,
@@ -690,6 +723,8 @@ struct Ctx<'a> {
     /// Where a `block return` decision for frame i of the batch is noted (None: a packet
     /// outside the batch, e.g. a reassembled datagram, which gets no answer).
     ret: Option<(&'a mut [Return; BATCH], &'a mut u64, usize)>,
+    /// Where the scrub actions for frame i of the batch are noted.
+    scrub: Option<(&'a mut [Scrub; BATCH], &'a mut u64, usize)>,
     limit: u32,
     other: u32,
     /// The other family's limits (a rule's `max` counts its states in both).
@@ -931,14 +966,31 @@ fn connection_limit<K: Key>(t: &mut StateTable<K>, id: u32, now: u32) -> Option<
     Some(Verdict::Drop(Reason::SrcLimit))
 }
 
-/// The tag a packet takes from its state `r`, if the state has one (only states of rules
-/// with `tag` do: the map is empty, and this one test, without them).
+/// The tag a packet takes from its state `r`, and the state's packed scrub actions (0:
+/// none); only states of rules with `tag` or `scrub` have them: without such states the map
+/// is empty, and this is one test.
 #[inline(always)]
-fn state_tag<K: Key>(t: &StateTable<K>, r: u32, tag: &mut u16) {
-    if !t.tags.is_empty() {
-        if let Some(&g) = t.tags.get(&(r & ID_MASK)) {
-            *tag = g;
+fn state_actions<K: Key>(t: &StateTable<K>, r: u32, tag: &mut u16) -> u64 {
+    if t.actions.is_empty() {
+        return 0;
+    }
+    match t.actions.get(&(r & ID_MASK)) {
+        Some(a) => {
+            if a.tag != 0 {
+                *tag = a.tag;
+            }
+            a.scrub
         }
+        None => 0,
+    }
+}
+
+/// Notes scrub actions `s` for the frame a miss handles.
+#[inline]
+fn note_scrub(at: Option<(&mut [Scrub; BATCH], &mut u64, usize)>, s: Scrub) {
+    if let Some((scrubs, mask, i)) = at.filter(|_| !s.is_none()) {
+        scrubs[i] = s;
+        *mask |= 1 << i;
     }
 }
 
@@ -955,7 +1007,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     // Created by an earlier packet of this batch, or if-bound to this interface.
     if let Some(r) = t.find(&key, h) {
         if let Some(v) = hit(t, r, pd, c.dir, c.now, c.rng) {
-            state_tag(t, r, c.tag);
+            note_scrub(c.scrub, Scrub::unpack(state_actions(t, r, c.tag)));
             return v;
         }
     }
@@ -963,7 +1015,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         let kb = K::from_pdesc(pd, c.dir, c.ifidx);
         if let Some(r) = t.find(&kb, t.hash(&kb)) {
             if let Some(v) = hit(t, r, pd, c.dir, c.now, c.rng) {
-                state_tag(t, r, c.tag);
+                note_scrub(c.scrub, Scrub::unpack(state_actions(t, r, c.tag)));
                 return v;
             }
         }
@@ -984,6 +1036,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         return Verdict::Drop(Reason::IpOption);
     }
     *c.rule_passes += 1;
+    note_scrub(c.scrub, d.scrub);
     if !d.keep_state || !proto::may_create(pd, d.pickup) {
         return Verdict::Pass;
     }
@@ -1028,6 +1081,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         allow_opts: d.allow_opts,
         sloppy: d.sloppy,
         tag: d.tag,
+        scrub: d.scrub.pack(),
     };
     match t.insert(h, ns, c.now) {
         Ok(id) => {

@@ -385,6 +385,80 @@ pub fn apply_modulation(frame: &mut [u8], seq_add: u32, ack_sub: u32) -> bool {
     true
 }
 
+/// Applies scrub actions `s` to `frame` (Ethernet), as pf_scrub and pf_normalize_mss do:
+/// IPv4 don't-fragment cleared, a random identification on an unfragmented packet, the TTL
+/// (hop limit) raised to `min_ttl`, the TOS (traffic class) set with its ECN bits kept, and a
+/// TCP SYN's MSS option lowered to `max_mss`; checksums updated incrementally (RFC 1624).
+pub fn apply_scrub(frame: &mut [u8], s: &crate::Scrub) -> bool {
+    use xpf_wire::checksum::update16;
+    let mut pd = PDesc::default();
+    if xpf_wire::parse_ether(frame, &mut pd).is_err() {
+        return false;
+    }
+    let l3 = pd.l3_off as usize;
+    let word = |f: &[u8], at: usize| u16::from_be_bytes([f[at], f[at + 1]]);
+    if pd.af == xpf_wire::pdesc::AF_INET {
+        let mut ck = word(frame, l3 + 10);
+        let mut set = |f: &mut [u8], at: usize, new: u16| {
+            let old = word(f, at);
+            f[at..at + 2].copy_from_slice(&new.to_be_bytes());
+            ck = update16(ck, old, new);
+        };
+        let off = word(frame, l3 + 6);
+        if s.no_df && off & 0x4000 != 0 {
+            set(frame, l3 + 6, off & !0x4000);
+        }
+        if s.random_id && word(frame, l3 + 6) & !0x4000 == 0 {
+            set(frame, l3 + 4, s.id);
+        }
+        let (ttl, tos) = (frame[l3 + 8], frame[l3 + 1]);
+        if s.min_ttl != 0 && ttl < s.min_ttl {
+            set(frame, l3 + 8, u16::from_be_bytes([s.min_ttl, frame[l3 + 9]]));
+        }
+        if let Some(t) = s.set_tos {
+            set(frame, l3, u16::from_be_bytes([frame[l3], (t & !0x03) | (tos & 0x03)]));
+        }
+        frame[l3 + 10..l3 + 12].copy_from_slice(&ck.to_be_bytes());
+    } else {
+        if s.min_ttl != 0 && frame[l3 + 7] < s.min_ttl {
+            frame[l3 + 7] = s.min_ttl;
+        }
+        if let Some(t) = s.set_tos {
+            // Traffic class: the low 4 bits of byte 0 and the high 4 of byte 1.
+            let tc = (t & !0x03) | (((frame[l3] & 0x0f) << 4 | frame[l3 + 1] >> 4) & 0x03);
+            frame[l3] = (frame[l3] & 0xf0) | tc >> 4;
+            frame[l3 + 1] = (frame[l3 + 1] & 0x0f) | tc << 4;
+        }
+    }
+    if s.max_mss != 0 && pd.proto == IPPROTO_TCP && pd.tcp_flags & tcp::SYN != 0 && pd.flags & pdf::HAS_PORTS != 0 {
+        let t = pd.l4_off as usize;
+        let hl = ((frame[t + 12] >> 4) as usize * 4).min(frame.len() - t);
+        let mut o = 20;
+        while o < hl {
+            match frame[t + o] {
+                0 => break,
+                1 => o += 1,
+                kind => {
+                    let len = frame.get(t + o + 1).copied().unwrap_or(0) as usize;
+                    if len < 2 || o + len > hl {
+                        break;
+                    }
+                    if kind == 2 && len == 4 {
+                        let mss = word(frame, t + o + 2);
+                        if mss > s.max_mss {
+                            frame[t + o + 2..t + o + 4].copy_from_slice(&s.max_mss.to_be_bytes());
+                            let ck = update16(word(frame, t + 16), mss, s.max_mss);
+                            frame[t + 16..t + 18].copy_from_slice(&ck.to_be_bytes());
+                        }
+                    }
+                    o += len;
+                }
+            }
+        }
+    }
+    true
+}
+
 /// The window updates both of pf's accepting branches make.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]

@@ -18,5 +18,6 @@ pub fn established_tcp<K: Key>(key: K, peers: [Peer; 2]) -> NewState<K> {
         allow_opts: false,
         sloppy: false,
         tag: 0,
+        scrub: 0,
     }
 }

@@ -139,6 +139,17 @@ pub struct NewState<K: Key> {
     pub sloppy: bool,
     /// pf's tag (`tag NAME`, an id; 0: none): the state's packets carry it to later passes.
     pub tag: u16,
+    /// The rules' `scrub (...)` actions, packed by the engine (0: none): applied to every
+    /// packet of the state.
+    pub scrub: u64,
+}
+
+/// What a state keeps of the rules that made it besides its key and counters (pf's tag and
+/// scrub actions): in a side map, since few states have any.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Actions {
+    pub tag: u16,
+    pub scrub: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -243,8 +254,9 @@ pub struct StateTable<K: Key> {
     /// and the sync side sends what is queued at once.
     pub sync_max: u8,
     pub sync_push: bool,
-    /// Tags of the states that have one (few: only rules with `tag` make them), by id.
-    pub tags: std::collections::HashMap<u32, u16>,
+    /// The actions of the states that have some (few: only rules with `tag` or `scrub` make
+    /// them), by id.
+    pub actions: std::collections::HashMap<u32, Actions>,
 }
 
 impl<K: Key> Drop for StateTable<K> {
@@ -297,7 +309,7 @@ impl<K: Key> StateTable<K> {
             created: None,
             sync_max: 0,
             sync_push: false,
-            tags: Default::default(),
+            actions: Default::default(),
         })
     }
 
@@ -601,8 +613,8 @@ impl<K: Key> StateTable<K> {
             bytes: [0; 2],
         };
         self.index.insert(h, id);
-        if s.tag != 0 {
-            self.tags.insert(id, s.tag);
+        if s.tag != 0 || s.scrub != 0 {
+            self.actions.insert(id, Actions { tag: s.tag, scrub: s.scrub });
         }
         if let Some(hs) = hs {
             self.index.insert(hs, id | STACK);
@@ -715,8 +727,8 @@ impl<K: Key> StateTable<K> {
         if s.timeout & TO_EXTRA != 0 {
             self.track.detach(id, self.now, self.timeouts.get(Timeout::SrcTrack));
         }
-        if !self.tags.is_empty() {
-            self.tags.remove(&id);
+        if !self.actions.is_empty() {
+            self.actions.remove(&id);
         }
         let mut flags = (s.flags & !(sf::LIVE | sf::NAT)) | sf::DEAD;
         if self.events.enabled() && s.flags & sf::NOSYNC == 0 && self.events.push(Event { id, kind: EventKind::Delete })

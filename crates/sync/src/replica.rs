@@ -665,6 +665,7 @@ fn import<K: Key>(t: &mut StateTable<K>, r: &StateRec, kif: u16, class: Timeout,
         allow_opts: r.state_flags & wire::PFSTATE_ALLOWOPTS != 0,
         sloppy,
         tag: 0,
+        scrub: 0,
     };
     let h = t.hash(&key);
     let slot = t.insert(h, ns, now).ok()?;

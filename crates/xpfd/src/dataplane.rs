@@ -370,6 +370,8 @@ impl Dataplane {
         // Defer mode: which frames made a state on the way in (the `out` pass may make more).
         let defer = self.sync.as_ref().is_some_and(|s| s.defer.is_some());
         let (created_in, ids_in) = if defer { (self.worker.created, self.worker.created_ids) } else { (0, [0; BATCH]) };
+        // `scrub (...)` of the `in` pass, applied with the `out` pass's when the frame leaves.
+        let scrub_in = (self.worker.scrubbed != 0).then(|| (self.worker.scrubbed, self.worker.scrubs));
         let mut held = Vec::new();
         if !self.worker.released.is_empty() {
             let released = std::mem::take(&mut self.worker.released);
@@ -457,6 +459,7 @@ impl Dataplane {
                             let (a, s) = self.worker.patches[k];
                             xpf_engine::proto::apply_modulation(f, a, s);
                         }
+                        scrub(f, &scrub_in, sel[k], &self.worker, k);
                         rewrite(f, &dmac, &smac);
                         self.held_now = true;
                     }
@@ -466,6 +469,7 @@ impl Dataplane {
                                 let (a, s) = self.worker.patches[k];
                                 xpf_engine::proto::apply_modulation(f, a, s);
                             }
+                            scrub(f, &scrub_in, sel[k], &self.worker, k);
                             rewrite(f, &dmac, &smac);
                             self.io.forwarded += 1;
                             if let Some(fp) = &mut self.fast {
@@ -683,6 +687,31 @@ impl Drop for Wake {
     fn drop(&mut self) {
         // SAFETY: the fd is ours.
         unsafe { libc::close(self.0) };
+    }
+}
+
+/// Applies the scrub actions of frame `i`'s `in` pass (`scrub_in`) and of its `out` pass
+/// (frame `k` of the worker's last batch), the later adding to the earlier as pf's do.
+#[inline]
+fn scrub(f: &mut [u8], scrub_in: &Option<(u64, [xpf_engine::Scrub; BATCH])>, i: usize, w: &Worker<Live>, k: usize) {
+    let mut s = match scrub_in {
+        Some((m, v)) if m & (1 << i) != 0 => Some(v[i]),
+        _ => None,
+    };
+    if w.scrubbed & (1 << k) != 0 {
+        let o = w.scrubs[k];
+        match &mut s {
+            Some(s) => {
+                s.merge(&o);
+                if o.random_id {
+                    s.id = o.id;
+                }
+            }
+            None => s = Some(o),
+        }
+    }
+    if let Some(s) = s {
+        xpf_engine::proto::apply_scrub(f, &s);
     }
 }
 

@@ -110,9 +110,14 @@ impl HostPath {
                 // fragment here is an IPv6 one the kernel did not reassemble; it is dropped.
                 Verdict::Drop(_) | Verdict::Held => false,
             };
-            let rewritten = (accept && w.patched & 1 != 0).then(|| {
-                let (a, s) = w.patches[0];
-                xpf_engine::proto::apply_modulation(frame, a, s);
+            let rewritten = (accept && (w.patched | w.scrubbed) & 1 != 0).then(|| {
+                if w.patched & 1 != 0 {
+                    let (a, s) = w.patches[0];
+                    xpf_engine::proto::apply_modulation(frame, a, s);
+                }
+                if w.scrubbed & 1 != 0 {
+                    xpf_engine::proto::apply_scrub(frame, &w.scrubs[0]);
+                }
                 frame[14..].to_vec()
             });
             if !accept {
