@@ -40,6 +40,31 @@ fn action(r: &Ruleset, p: &PDesc, ifidx: u16, dir: Dir) -> Action {
     r.evaluate(p, ifidx, dir).action
 }
 
+fn worker(r: Ruleset) -> Worker<Ruleset> {
+    Worker::new(
+        WorkerConfig {
+            limit: 100,
+            rows: None,
+            seed: Seed::fixed(1),
+            events: 0,
+            now: 0,
+            prefault: false,
+            secret: [1; 32],
+        },
+        r,
+    )
+    .unwrap()
+}
+
+/// A 60-byte Ethernet frame of a UDP datagram.
+fn udp(src: [u8; 4], dst: [u8; 4], sp: u16, dp: u16) -> Vec<u8> {
+    let mut f = vec![0u8; 60];
+    f[12] = 8;
+    xpf_wire::ipv4::emit_header(&mut f[14..], src, dst, 17, 46, 64, 1);
+    xpf_wire::udp::emit_header(&mut f[34..], sp, dp, 26);
+    f
+}
+
 #[test]
 fn last_match_wins_and_quick_stops() {
     let r = rs("block all\npass in proto tcp to port 22\n");
@@ -113,26 +138,8 @@ fn no_match_passes_without_state() {
 fn a_ruleset_drives_the_engine() {
     // Default block, outbound keep state: replies pass by state, unsolicited traffic does not.
     let r = rs("block all\npass out proto udp\n");
-    let mut w = Worker::new(
-        WorkerConfig {
-            limit: 100,
-            rows: None,
-            seed: Seed::fixed(1),
-            events: 0,
-            now: 0,
-            prefault: false,
-            secret: [1; 32],
-        },
-        r,
-    )
-    .unwrap();
-    let frame = |src: [u8; 4], dst: [u8; 4], sp: u16, dp: u16| {
-        let mut f = vec![0u8; 60];
-        f[12] = 8;
-        xpf_wire::ipv4::emit_header(&mut f[14..], src, dst, 17, 46, 64, 1);
-        xpf_wire::udp::emit_header(&mut f[34..], sp, dp, 26);
-        f
-    };
+    let mut w = worker(r);
+    let frame = udp;
     let mut v = [Verdict::Pass; 2];
     w.process(&[&frame([10, 0, 0, 1], [8, 8, 8, 8], 5000, 53)], 1, Dir::Out, 0, &mut v);
     assert_eq!(v[0], Verdict::Pass);
@@ -238,26 +245,8 @@ fn state_options_reach_the_engine_and_limiters_survive_a_recompile() {
 fn tag_set_in_is_seen_by_tagged_out_and_kept_in_the_state() {
     let r = rs("block all\npass in on em0 proto udp to port 53 tag DNS\npass in on em0 proto udp to port 54\n\
                 pass out on em1 tagged DNS\n");
-    let mut w = Worker::new(
-        WorkerConfig {
-            limit: 100,
-            rows: None,
-            seed: Seed::fixed(1),
-            events: 0,
-            now: 0,
-            prefault: false,
-            secret: [1; 32],
-        },
-        r,
-    )
-    .unwrap();
-    let frame = |dp: u16| {
-        let mut f = vec![0u8; 60];
-        f[12] = 8;
-        xpf_wire::ipv4::emit_header(&mut f[14..], [10, 0, 0, 1], [8, 8, 8, 8], 17, 46, 64, 1);
-        xpf_wire::udp::emit_header(&mut f[34..], 5000, dp, 26);
-        f
-    };
+    let mut w = worker(r);
+    let frame = |dp: u16| udp([10, 0, 0, 1], [8, 8, 8, 8], 5000, dp);
     let (dns, other) = (frame(53), frame(54));
     let mut v = [Verdict::Pass; 2];
     let mut tags = [0u16; 2];
@@ -293,28 +282,8 @@ fn tos_matches_the_tos_byte_without_its_ecn_bits() {
     assert_eq!(action(&r, &p, 1, Dir::In), Action::Block);
 }
 
-fn worker(r: Ruleset) -> Worker<Ruleset> {
-    Worker::new(
-        WorkerConfig {
-            limit: 100,
-            rows: None,
-            seed: Seed::fixed(1),
-            events: 0,
-            now: 0,
-            prefault: false,
-            secret: [1; 32],
-        },
-        r,
-    )
-    .unwrap()
-}
-
 fn udp_frame(dst: [u8; 4]) -> Vec<u8> {
-    let mut f = vec![0u8; 60];
-    f[12] = 8;
-    xpf_wire::ipv4::emit_header(&mut f[14..], [10, 0, 0, 1], dst, 17, 46, 64, 1);
-    xpf_wire::udp::emit_header(&mut f[34..], 5000, 53, 26);
-    f
+    udp([10, 0, 0, 1], dst, 5000, 53)
 }
 
 #[test]

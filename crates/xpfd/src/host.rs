@@ -144,44 +144,42 @@ impl HostPath {
 
     /// Sends an answer (an IP packet) into the kernel, which routes it to its destination.
     fn answer(&mut self, ip: &[u8]) {
-        let sent = if ip.first().is_some_and(|b| b >> 4 == 4) && ip.len() >= 20 {
-            let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-            sa.sin_family = libc::AF_INET as u16;
-            sa.sin_addr.s_addr = u32::from_ne_bytes(ip[16..20].try_into().unwrap());
-            // SAFETY: sends ip to the address in sa, of its size.
-            unsafe {
-                libc::sendto(
-                    self.raw[0],
-                    ip.as_ptr() as *const libc::c_void,
-                    ip.len(),
-                    0,
-                    &sa as *const _ as *const libc::sockaddr,
-                    std::mem::size_of_val(&sa) as u32,
-                )
+        // SAFETY (both arms): zeroed sockaddrs with family and address set, of their size.
+        let sent = match ip.first().map(|b| b >> 4) {
+            Some(4) if ip.len() >= 20 => {
+                let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+                sa.sin_family = libc::AF_INET as u16;
+                sa.sin_addr.s_addr = u32::from_ne_bytes(ip[16..20].try_into().unwrap());
+                send_to(self.raw[0], ip, &sa)
             }
-        } else if ip.len() >= 40 {
-            let mut sa: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
-            sa.sin6_family = libc::AF_INET6 as u16;
-            sa.sin6_addr.s6_addr.copy_from_slice(&ip[24..40]);
-            // SAFETY: as above.
-            unsafe {
-                libc::sendto(
-                    self.raw[1],
-                    ip.as_ptr() as *const libc::c_void,
-                    ip.len(),
-                    0,
-                    &sa as *const _ as *const libc::sockaddr,
-                    std::mem::size_of_val(&sa) as u32,
-                )
+            Some(6) if ip.len() >= 40 => {
+                let mut sa: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+                sa.sin6_family = libc::AF_INET6 as u16;
+                sa.sin6_addr.s6_addr.copy_from_slice(&ip[24..40]);
+                send_to(self.raw[1], ip, &sa)
             }
-        } else {
-            -1
+            _ => false,
         };
-        if sent < 0 {
-            self.stats.answer_errors += 1;
-        } else {
+        if sent {
             self.stats.answers += 1;
+        } else {
+            self.stats.answer_errors += 1;
         }
+    }
+}
+
+/// sendto(2) of `data` on `fd` to socket address `sa`.
+fn send_to<T>(fd: i32, data: &[u8], sa: &T) -> bool {
+    // SAFETY: data and sa are live for the call, with the lengths passed.
+    unsafe {
+        libc::sendto(
+            fd,
+            data.as_ptr() as *const libc::c_void,
+            data.len(),
+            0,
+            sa as *const T as *const libc::sockaddr,
+            std::mem::size_of::<T>() as u32,
+        ) >= 0
     }
 }
 
