@@ -28,7 +28,8 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
             // Enforced: block-policy (the rules carry it), timeout, limit, reassemble,
             // state-policy, skip; ruleset-optimization changes no verdict (pfctl's optimizer
             // only reorders and merges rules that decide alike).
-            "block-policy" | "timeout" | "limit" | "state-policy" | "skip" | "ruleset-optimization" => {}
+            // `hostid` is sync's creator id (xpfd --sync-hostid wins).
+            "block-policy" | "timeout" | "limit" | "state-policy" | "skip" | "ruleset-optimization" | "hostid" => {}
             "reassemble" if !text.contains("no-df") => {}
             "reassemble" => no(file, *line, "set reassemble no-df"),
             "optimization" if matches!(words.get(2).copied(), Some("normal" | "default")) => {}
@@ -269,7 +270,7 @@ mod tests {
         ("set optimization aggressive", No("set optimization aggressive")),
         ("set ruleset-optimization basic", Yes("ruleset-optimization")),
         ("set loginterface lo", No("set loginterface")),
-        ("set hostid 1", No("set hostid")),
+        ("set hostid 1", Yes("hostid_names_the_sync_creator")),
         ("set debug crit", No("set debug")),
     ];
 

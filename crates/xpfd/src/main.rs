@@ -320,7 +320,7 @@ fn run(a: Args) -> Result<(), String> {
         Some(sa) => {
             use md5::Digest;
             let cksum: [u8; 16] = md5::Md5::digest(text.as_bytes()).into();
-            let cfg = sync::config(sa, cksum)?;
+            let cfg = sync::config(sa, loaded.parsed.hostid, cksum)?;
             let ifindex = netlink::ifindex(&sa.dev).map_err(|e| format!("--sync-dev {}: {e}", sa.dev))?;
             let tx = sync::Transport::open(
                 &sa.dev,

@@ -375,8 +375,9 @@ pub fn render(s: &Shared) -> (String, serde_json::Value) {
 }
 
 /// The endpoint's configuration from the flags: creator id, key, frame size.
-pub fn config(a: &SyncArgs, cksum: [u8; 16]) -> Result<Config, String> {
-    let creatorid = a.hostid.unwrap_or_else(|| loop {
+/// The creator id is --sync-hostid, else pf.conf's `set hostid` (`conf`), else random.
+pub fn config(a: &SyncArgs, conf: Option<u32>, cksum: [u8; 16]) -> Result<Config, String> {
+    let creatorid = a.hostid.or(conf).unwrap_or_else(|| loop {
         let mut b = [0u8; 4];
         // SAFETY: getrandom writes at most 4 bytes into b.
         unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, 4, 0) };
@@ -397,4 +398,17 @@ pub fn config(a: &SyncArgs, cksum: [u8; 16]) -> Result<Config, String> {
         c.key = Some(xpf_sync::auth::Key::new(&k).map_err(|e| format!("--sync-key {f}: {e}"))?);
     }
     Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostid_names_the_sync_creator() {
+        let a = SyncArgs { dev: "s".into(), peer: None, key_file: None, maxupd: 128, hostid: None, defer: false };
+        assert_eq!(config(&a, Some(0x1234), [0; 16]).unwrap().creatorid, 0x1234, "set hostid");
+        let flag = SyncArgs { hostid: Some(7), ..a };
+        assert_eq!(config(&flag, Some(0x1234), [0; 16]).unwrap().creatorid, 7, "--sync-hostid wins");
+    }
 }

@@ -79,6 +79,8 @@ pub struct Parsed {
     pub reassemble_no_df: bool,
     /// `set state-policy if-bound` (pf's default is floating).
     pub if_bound: bool,
+    /// `set hostid`: the creator id this firewall's states carry to its sync peer.
+    pub hostid: Option<u32>,
     /// Every `set` statement as pfctl -nv prints it, with the file and line it came from.
     pub settings: Vec<(String, std::sync::Arc<str>, u32)>,
 }

@@ -61,6 +61,7 @@ pub(super) fn set_option(p: &mut P, out: &mut Parsed) -> R<()> {
                 return Err("hostid must be non-zero".into());
             }
             out.header.push(format!("set hostid 0x{v:08x}"));
+            out.hostid = Some(v);
         }
         "reassemble" => {
             let v = p.string()?;
