@@ -52,6 +52,13 @@ mod tests {
         }
     }
 
+    /// Found by the pfconf fuzz target: `block on ""` printed as `block drop on  all`, which
+    /// reads back as an interface named `all`.
+    #[test]
+    fn an_empty_interface_name_is_refused() {
+        assert!(!parse("block on \"\"\n", "t", &[]).errors.is_empty());
+    }
+
     #[test]
     fn errors_name_file_and_line() {
         let p = parse("pass\npass in from any to $nope\nblock in proto nonesuch\n", "pf.conf", &[]);

@@ -69,7 +69,11 @@ pub(super) fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>>
     if p.eat("on") {
         t.ifs = p.list(|p| {
             let neg = p.eat_punct("!");
-            Ok(Iface { neg, name: p.string()? })
+            // An empty name (`on ""`) names no interface and prints as `on all`.
+            match p.string()? {
+                n if n.is_empty() => Err("syntax error".into()),
+                name => Ok(Iface { neg, name }),
+            }
         })?;
     }
     if p.eat("inet") {
