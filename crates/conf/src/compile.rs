@@ -187,6 +187,7 @@ struct CRule {
     allow_opts: bool,
     sloppy: bool,
     modulate: bool,
+    synproxy: bool,
     pickup: bool,
     /// Index + 1 in `Ruleset::limits`, 0 for none.
     limits: u32,
@@ -448,6 +449,7 @@ impl Ruleset {
                 allow_opts: r.allow_opts,
                 sloppy: r.state_opts.sloppy,
                 modulate: r.state == StateKind::Modulate,
+                synproxy: r.state == StateKind::Synproxy,
                 // A rule that does not ask for a bare SYN may pick a stream up in the middle.
                 pickup: match r.flags {
                     Some(Flags::Set { bits, mask }) => !(bits & 0x02 != 0 && mask & 0x10 != 0 && bits & 0x10 == 0),
@@ -704,6 +706,7 @@ impl Policy for Ruleset {
                     pickup: r.pickup,
                     limits: r.limits,
                     modulate: r.modulate,
+                    synproxy: r.synproxy,
                     ret: r.ret,
                     scrub: {
                         scrub.merge(&r.scrub);

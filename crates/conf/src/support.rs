@@ -106,7 +106,16 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
         let _ = tos;
         match state {
             StateKind::No | StateKind::Keep | StateKind::Modulate => {}
-            StateKind::Synproxy => refuse("synproxy state"),
+            // Enforced (the engine's synproxy.rs), but not with options that need the
+            // handshake's tracking it replaces.
+            StateKind::Synproxy => {
+                if state_opts.sloppy {
+                    refuse("synproxy state (sloppy)");
+                }
+                if state_opts.max_src_conn.is_some() || state_opts.max_src_conn_rate.is_some() {
+                    refuse("synproxy state with max-src-conn");
+                }
+            }
         }
         let StateOpts {
             max: _,
@@ -235,7 +244,8 @@ mod tests {
         ("pass in to (lo)", Yes("self_stands_for_the_interfaces_addresses")),
         ("pass in from <t> to 10.0.0.1 - 10.0.0.9", Yes("tables_are_longest_prefix_with_negation_and_counters")),
         ("anchor \"a\" {\n pass\n}", Yes("anchors_are_evaluated_in_place")),
-        ("pass in proto tcp synproxy state", No("synproxy state")),
+        ("pass in proto tcp synproxy state", Yes("synproxy_completes_the_handshake_then_splices_the_sequence_spaces")),
+        ("pass in proto tcp synproxy state (max-src-conn 5)", No("synproxy state with max-src-conn")),
         ("pass in proto tcp keep state (pflow)", No("pflow")),
         ("pass in to no-route", No("no-route")),
         ("pass in from urpf-failed", No("urpf-failed")),

@@ -450,3 +450,113 @@ fn scrub_rewrites_as_pf_scrub_does() {
     plain.process(&[&syn], 1, Dir::In, 0, &mut v);
     assert_eq!(plain.scrubbed, 0);
 }
+
+/// A TCP segment with a valid checksum (an MSS option when given, `len` bytes of payload).
+#[allow(clippy::too_many_arguments)]
+fn tcp_frame(
+    src: [u8; 4],
+    dst: [u8; 4],
+    sp: u16,
+    dp: u16,
+    seq: u32,
+    ack: u32,
+    flags: u8,
+    len: usize,
+    mss: Option<u16>,
+) -> Vec<u8> {
+    let th = if mss.is_some() { 24 } else { 20 };
+    let mut f = vec![0u8; 14 + 20 + th + len];
+    f[12] = 8;
+    xpf_wire::ipv4::emit_header(&mut f[14..], src, dst, 6, (20 + th + len) as u16, 64, 1);
+    xpf_wire::tcp::emit_header(&mut f[34..], sp, dp, seq, ack, flags, 8192);
+    if let Some(m) = mss {
+        f[46] = 6 << 4;
+        f[54..58].copy_from_slice(&[2, 4, (m >> 8) as u8, m as u8]);
+    }
+    let c = !xpf_wire::checksum::fold(xpf_wire::checksum::sum(
+        &f[34..],
+        xpf_wire::checksum::pseudo_v4(src, dst, 6, (th + len) as u16),
+    ));
+    f[50..52].copy_from_slice(&c.to_be_bytes());
+    f
+}
+
+fn desc(f: &[u8]) -> PDesc {
+    let mut p = PDesc::default();
+    xpf_wire::parse_ether(f, &mut p).unwrap();
+    p
+}
+
+#[test]
+fn synproxy_completes_the_handshake_then_splices_the_sequence_spaces() {
+    let (cl, sv) = ([10, 0, 1, 2], [10, 0, 2, 2]);
+    let mut w =
+        worker(rs("block all\npass in on em0 proto tcp to port 80 synproxy state\npass out on em1 proto tcp\n"));
+    let mut v = [Verdict::Pass];
+    // 1. The client's SYN: answered by the filter, dropped.
+    w.process(&[&tcp_frame(cl, sv, 4000, 80, 1000, 0, tcp::SYN, 0, Some(1460))], 1, Dir::In, 0, &mut v);
+    assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Synproxy));
+    let synack: Vec<_> = w.take_returns().collect();
+    let sa = desc(&synack[0].1);
+    assert_eq!((sa.src.v4_bytes(), sa.sport, sa.tcp_flags, sa.tcp_ack), (sv, 80, tcp::SYN | tcp::ACK, 1001));
+    assert_eq!(xpf_engine::reply::tcp_mss(&synack[0].1, &sa), Some(1460));
+    let isn_fw = sa.tcp_seq;
+    assert_eq!(w.take_substitutes().count(), 0, "nothing reaches the server yet");
+    // A flood's SYN makes a state that goes nowhere; a bogus ACK is dropped.
+    w.process(&[&tcp_frame([6, 6, 6, 6], sv, 1, 80, 77, 0, tcp::SYN, 0, None)], 1, Dir::In, 0, &mut v);
+    assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Synproxy));
+    w.take_returns().for_each(drop);
+    w.process(&[&tcp_frame(cl, sv, 4000, 80, 1001, isn_fw.wrapping_add(9), tcp::ACK, 0, None)], 1, Dir::In, 0, &mut v);
+    assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Synproxy), "an ACK of another number");
+    // 2. The client's ACK goes on as the SYN to the server, through the out rules.
+    w.process(&[&tcp_frame(cl, sv, 4000, 80, 1001, isn_fw.wrapping_add(1), tcp::ACK, 0, None)], 1, Dir::In, 1, &mut v);
+    assert_eq!(v[0], Verdict::Pass);
+    let syn: Vec<_> = w.take_substitutes().collect();
+    let s = desc(&syn[0].1);
+    assert_eq!((s.src.v4_bytes(), s.dst.v4_bytes(), s.dport, s.tcp_flags), (cl, sv, 80, tcp::SYN));
+    assert_eq!(xpf_engine::reply::tcp_mss(&syn[0].1, &s), Some(1460));
+    let isn_to_server = s.tcp_seq;
+    w.process(&[&syn[0].1], 2, Dir::Out, 1, &mut v);
+    assert_eq!(v[0], Verdict::Pass, "the SYN passes out and makes the out state");
+    // 3. The server's SYN|ACK: an ACK back to the server, the client gets an ACK.
+    let srv_synack =
+        tcp_frame(sv, cl, 80, 4000, 5000, isn_to_server.wrapping_add(1), tcp::SYN | tcp::ACK, 0, Some(1400));
+    w.process(&[&srv_synack], 2, Dir::In, 1, &mut v);
+    assert_eq!(v[0], Verdict::Pass, "by the out state");
+    w.process(&[&srv_synack], 1, Dir::Out, 1, &mut v);
+    assert_eq!(v[0], Verdict::Pass);
+    let to_server: Vec<_> = w.take_returns().collect();
+    let a = desc(&to_server[0].1);
+    assert_eq!(
+        (a.src.v4_bytes(), a.dst.v4_bytes(), a.tcp_flags, a.tcp_seq, a.tcp_ack),
+        (cl, sv, tcp::ACK, isn_to_server.wrapping_add(1), 5001)
+    );
+    let to_client: Vec<_> = w.take_substitutes().collect();
+    let c = desc(&to_client[0].1);
+    assert_eq!(
+        (c.src.v4_bytes(), c.dst.v4_bytes(), c.tcp_flags, c.tcp_seq, c.tcp_ack),
+        (sv, cl, tcp::ACK, isn_fw.wrapping_add(1), 1001)
+    );
+    // 4. Data both ways, each side's numbers translated into the other's.
+    let data = tcp_frame(cl, sv, 4000, 80, 1001, isn_fw.wrapping_add(1), tcp::ACK | tcp::PSH, 10, None);
+    w.process(&[&data], 1, Dir::In, 2, &mut v);
+    assert_eq!((v[0], w.patched), (Verdict::Pass, 1));
+    let mut d = data.clone();
+    let (add, subtract) = w.patches[0];
+    xpf_engine::proto::apply_modulation(&mut d, add, subtract);
+    let dp = desc(&d);
+    assert_eq!((dp.tcp_seq, dp.tcp_ack), (isn_to_server.wrapping_add(1), 5001), "in the server's numbering");
+    w.process(&[&d], 2, Dir::Out, 2, &mut v);
+    assert_eq!(v[0], Verdict::Pass);
+    let reply = tcp_frame(sv, cl, 80, 4000, 5001, isn_to_server.wrapping_add(11), tcp::ACK | tcp::PSH, 5, None);
+    w.process(&[&reply], 2, Dir::In, 2, &mut v);
+    assert_eq!(v[0], Verdict::Pass);
+    w.process(&[&reply], 1, Dir::Out, 2, &mut v);
+    assert_eq!((v[0], w.patched), (Verdict::Pass, 1));
+    let mut r = reply.clone();
+    let (add, subtract) = w.patches[0];
+    xpf_engine::proto::apply_modulation(&mut r, add, subtract);
+    let rp = desc(&r);
+    assert_eq!((rp.tcp_seq, rp.tcp_ack), (isn_fw.wrapping_add(1), 1011), "in the client's numbering");
+    assert!(w.stats.proxied >= 5);
+}

@@ -95,6 +95,7 @@ impl Info {
         s.rule_passes += t.rule_passes;
         s.returned += t.returned;
         s.return_limited += t.return_limited;
+        s.proxied += t.proxied;
         add_all(&mut s.reasons, &t.reasons);
         add_all(&mut self.limits, &o.limits);
         add_all(&mut self.tracking, &o.tracking);
@@ -135,8 +136,12 @@ impl Info {
             let v = self.counter(*r);
             let _ = writeln!(o, "  {:<25} {:>14} {}", r.name(), v, rate(v));
         }
-        let _ = writeln!(o, "Block Return");
-        for (name, v) in [("answers sent", self.stats.returned), ("rate-limited", self.stats.return_limited)] {
+        let _ = writeln!(o, "Sent by the filter");
+        for (name, v) in [
+            ("block return answers", self.stats.returned),
+            ("block return rate-limited", self.stats.return_limited),
+            ("synproxy segments sent", self.stats.proxied),
+        ] {
             let _ = writeln!(o, "  {:<25} {:>14} {}", name, v, rate(v));
         }
         let _ = writeln!(o, "Limit Counters");

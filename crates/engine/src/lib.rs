@@ -12,6 +12,7 @@ pub mod info;
 pub mod policy;
 pub mod proto;
 pub mod reply;
+pub mod synproxy;
 
 pub use policy::{Action, BlockAll, Decision, PassAll, Policy, Return, Scrub};
 
@@ -54,6 +55,8 @@ pub struct Stats {
     /// more than [`RETURN_PER_SECOND`] were due in one second.
     pub returned: u64,
     pub return_limited: u64,
+    /// Segments `synproxy state` sent (SYN|ACKs, SYNs, ACKs).
+    pub proxied: u64,
 }
 
 impl Default for Stats {
@@ -68,6 +71,7 @@ impl Default for Stats {
             reasons: [0; Reason::COUNT],
             returned: 0,
             return_limited: 0,
+            proxied: 0,
         }
     }
 }
@@ -120,8 +124,14 @@ pub struct Worker<P: Policy> {
     /// a hit.
     pub scrubbed: u64,
     pub scrubs: [Scrub; BATCH],
-    /// ChaCha20 keyed by [`WorkerConfig::secret`]: unpredictable without the key.
-    rng: ChaCha20Rng,
+    /// Random numbers, and the synproxy action of the packet just handled.
+    aux: Aux,
+    /// `synproxy state`: what the batch's packets make the filter send (frame, state slot with
+    /// V6_SLOT for IPv6, action), built after the batch ([`synproxy::emit`]).
+    proxies: Vec<(u8, u32, synproxy::Proxy)>,
+    /// Frames of the last batch that go on as another segment (synproxy), by frame index;
+    /// taken with [`Worker::take_substitutes`].
+    substitutes: Vec<(u8, Vec<u8>)>,
     /// `block return`: the answers the last batch gave, each with the index of the blocked
     /// frame in that batch; the caller sends them out of the interface that frame came in on
     /// (taken with [`Worker::take_returns`]).
@@ -183,7 +193,9 @@ impl<P: Policy> Worker<P> {
             patches: [(0, 0); BATCH],
             scrubbed: 0,
             scrubs: [Scrub::NONE; BATCH],
-            rng: ChaCha20Rng::from_seed(cfg.secret),
+            aux: Aux { rng: ChaCha20Rng::from_seed(cfg.secret), proxy: None },
+            proxies: Vec::new(),
+            substitutes: Vec::new(),
             returns: Vec::new(),
             spare: Vec::new(),
             ret: [Return::DROP; BATCH],
@@ -270,6 +282,9 @@ impl<P: Policy> Worker<P> {
             if pd.flags & (pdf::FRAGMENT | pdf::ICMP_ERROR) != 0 {
                 let pd = *pd;
                 verdicts[i] = self.special(i, frames[i], &pd, ifidx, dir, now);
+                if let Some((id, a)) = self.aux.proxy.take() {
+                    self.proxies.push((i as u8, if pd.af == AF_INET { id } else { id | V6_SLOT }, a));
+                }
                 if pd.flags & pdf::FRAGMENT == 0 {
                     self.take_patch(i);
                 }
@@ -295,7 +310,7 @@ impl<P: Policy> Worker<P> {
                 let i = self.i4[j] as usize;
                 let pd = &self.pd[i];
                 let v = if self.r4[j] != NONE {
-                    hit(&mut self.t4, self.r4[j], pd, dir, now, &mut self.rng).map(|v| {
+                    hit(&mut self.t4, self.r4[j], pd, dir, now, &mut self.aux).map(|v| {
                         let a = state_actions(&self.t4, self.r4[j], &mut tags[i]);
                         if a != 0 {
                             self.scrubs[i] = Scrub::unpack(a);
@@ -320,6 +335,9 @@ impl<P: Policy> Worker<P> {
                 if self.t4.modulated.is_some() {
                     self.take_patch(i);
                 }
+                if let Some((id, a)) = self.aux.proxy.take() {
+                    self.proxies.push((i as u8, id, a));
+                }
             }
         }
         if n6 > 0 {
@@ -328,7 +346,7 @@ impl<P: Policy> Worker<P> {
                 let i = self.i6[j] as usize;
                 let pd = &self.pd[i];
                 let v = if self.r6[j] != NONE {
-                    hit(&mut self.t6, self.r6[j], pd, dir, now, &mut self.rng).map(|v| {
+                    hit(&mut self.t6, self.r6[j], pd, dir, now, &mut self.aux).map(|v| {
                         let a = state_actions(&self.t6, self.r6[j], &mut tags[i]);
                         if a != 0 {
                             self.scrubs[i] = Scrub::unpack(a);
@@ -353,6 +371,9 @@ impl<P: Policy> Worker<P> {
                 if self.t6.modulated.is_some() {
                     self.take_patch(i);
                 }
+                if let Some((id, a)) = self.aux.proxy.take() {
+                    self.proxies.push((i as u8, id | V6_SLOT, a));
+                }
             }
         }
         if self.ret_mask != 0 {
@@ -360,6 +381,9 @@ impl<P: Policy> Worker<P> {
         }
         if self.scrubbed != 0 {
             self.scrub_ids();
+        }
+        if !self.proxies.is_empty() {
+            self.proxy_out(frames);
         }
         let st = &mut self.stats;
         st.packets += n as u64;
@@ -432,9 +456,46 @@ impl<P: Policy> Worker<P> {
             let i = m.trailing_zeros() as usize;
             m &= m - 1;
             if self.scrubs[i].random_id {
-                self.scrubs[i].id = rand_core::Rng::next_u32(&mut self.rng) as u16;
+                self.scrubs[i].id = rand_core::Rng::next_u32(&mut self.aux.rng) as u16;
             }
         }
+    }
+
+    /// Builds the segments `synproxy state` sends for the batch: answers (out of the ingress
+    /// interface, with the `block return` answers) and substitutes. A new proxied state takes
+    /// its MSS from the client's SYN here, where the frame is at hand.
+    #[cold]
+    #[inline(never)]
+    fn proxy_out(&mut self, frames: &[&[u8]]) {
+        for (i, id, mut a) in std::mem::take(&mut self.proxies) {
+            let (i, pd) = (i as usize, self.pd[i as usize]);
+            if let synproxy::Proxy::SynAck { mss: mss @ 0, .. } = &mut a {
+                *mss = synproxy::offered_mss(frames[i], &pd);
+                let peers = if id & V6_SLOT != 0 { self.t6.peers_mut(id & !V6_SLOT) } else { self.t4.peers_mut(id) };
+                if let Some(p) = peers {
+                    p[0].mss = *mss;
+                }
+            }
+            let mut answer = self.spare.pop().unwrap_or_default();
+            let mut instead = Vec::new();
+            let (sent, goes_on) = synproxy::emit(frames[i], &pd, &a, &mut answer, &mut instead);
+            if sent {
+                self.stats.proxied += 1;
+                self.returns.push((i as u8, answer));
+            } else {
+                self.spare.push(answer);
+            }
+            if goes_on {
+                self.stats.proxied += 1;
+                self.substitutes.push((i as u8, instead));
+            }
+        }
+    }
+
+    /// Frames of the last batch that go on as another segment (`synproxy state`), each with
+    /// its frame index: the caller filters and sends these bytes in the frame's place.
+    pub fn take_substitutes(&mut self) -> std::vec::Drain<'_, (u8, Vec<u8>)> {
+        self.substitutes.drain(..)
     }
 
     /// The answers to blocked frames of the last batch (`block return`), each with the index
@@ -699,7 +760,7 @@ fn account_pair<K: Key>(
 macro_rules! ctx {
     ($w:ident, $other:ident, $ifidx:expr, $dir:expr, $now:expr, $tag:expr, $i:expr) => {
         Ctx {
-            rng: &mut $w.rng,
+            aux: &mut $w.aux,
             tag: $tag,
             ret: if $i < BATCH { Some((&mut $w.ret, &mut $w.ret_mask, $i)) } else { None },
             scrub: if $i < BATCH { Some((&mut $w.scrubs, &mut $w.scrubbed, $i)) } else { None },
@@ -716,8 +777,15 @@ macro_rules! ctx {
 }
 use ctx;
 
+/// The worker's random numbers and the synproxy action of the packet at hand (the lane
+/// loop takes it after each packet).
+struct Aux {
+    rng: ChaCha20Rng,
+    proxy: Option<(u32, synproxy::Proxy)>,
+}
+
 struct Ctx<'a> {
-    rng: &'a mut ChaCha20Rng,
+    aux: &'a mut Aux,
     /// The packet's tag: in from an earlier pass, out as the rules or the state leave it.
     tag: &'a mut u16,
     /// Where a `block return` decision for frame i of the batch is noted (None: a packet
@@ -800,16 +868,9 @@ fn icmp_error<K: Key>(
 /// closed for reuse (a new SYN on a closed TCP connection): the packet is then filtered as
 /// if no state matched.
 #[inline(always)]
-fn hit<K: Key>(
-    t: &mut StateTable<K>,
-    r: u32,
-    pd: &PDesc,
-    dir: Dir,
-    now: u32,
-    rng: &mut ChaCha20Rng,
-) -> Option<Verdict> {
+fn hit<K: Key>(t: &mut StateTable<K>, r: u32, pd: &PDesc, dir: Dir, now: u32, aux: &mut Aux) -> Option<Verdict> {
     if pd.proto == IPPROTO_TCP {
-        return hit_tcp(t, r & ID_MASK, pd, dir, now, rng);
+        return hit_tcp(t, r & ID_MASK, pd, dir, now, aux);
     }
     let s = t.touch(r & ID_MASK, dir, pd.ip_len, now);
     let from = (((s.flags & sf::OUT) >> 2) ^ dir as u8) as usize;
@@ -824,20 +885,16 @@ fn hit<K: Key>(
 /// A TCP segment of state `id`: pf's window tracking ([`proto::tcp_track`]). A segment out
 /// of the window is dropped (`state-mismatch`) without touching the state.
 #[inline(never)]
-fn hit_tcp<K: Key>(
-    t: &mut StateTable<K>,
-    id: u32,
-    pd: &PDesc,
-    dir: Dir,
-    now: u32,
-    rng: &mut ChaCha20Rng,
-) -> Option<Verdict> {
+fn hit_tcp<K: Key>(t: &mut StateTable<K>, id: u32, pd: &PDesc, dir: Dir, now: u32, aux: &mut Aux) -> Option<Verdict> {
     let sync_max = t.sync_max;
     let (s, peers) = t.state_and_peers_mut(id);
     if s.flags & sf::DEAD != 0 {
         return None;
     }
     let from = (((s.flags & sf::OUT) >> 2) ^ dir as u8) as usize;
+    if s.peer_state[0] >= synproxy::PROXY_SRC {
+        return Some(proxy_step(t, id, pd, dir, from, now, aux));
+    }
     let st = &mut s.peer_state;
     if pd.tcp_flags & (tcp::SYN | tcp::ACK) == tcp::SYN
         && st[0] >= proto::tcps::FIN_WAIT_2
@@ -856,7 +913,7 @@ fn hit_tcp<K: Key>(
         Some(p) => {
             let tr = proto::tcp_track(p, &mut next, pd, from);
             if p[0].seqdiff | p[1].seqdiff != 0 && tr != proto::Track::Bad {
-                modulated = Some(modulate(p, from, pd, rng));
+                modulated = Some(modulate(p, from, pd, &mut aux.rng));
             }
             if sync_max != 0 && tr != proto::Track::Bad {
                 push = sync_count(p, sync_max, pd.payload_len as u32);
@@ -924,6 +981,37 @@ fn sync_count(p: &mut [xpf_state::Peer; 2], max: u8, payload: u32) -> bool {
     let c = p[0].sync_upd as u32 + 1 + (payload >> 8);
     p[0].sync_upd = c.min(u8::MAX as u32) as u8;
     c >= max as u32
+}
+
+/// A segment of a handshake `synproxy state` holds (the cold path out of [`hit_tcp`]).
+#[cold]
+#[inline(never)]
+fn proxy_step<K: Key>(
+    t: &mut StateTable<K>,
+    id: u32,
+    pd: &PDesc,
+    dir: Dir,
+    from: usize,
+    now: u32,
+    aux: &mut Aux,
+) -> Verdict {
+    let (s, peers) = t.state_and_peers_mut(id);
+    let Some(p) = peers else { return Verdict::Drop(Reason::Synproxy) };
+    let (v, a) = synproxy::step(p, &mut s.peer_state, pd, from, &mut aux.rng);
+    let established = s.peer_state[0] == proto::tcps::ESTABLISHED;
+    if let Some(a) = a {
+        aux.proxy = Some((id, a));
+    }
+    if v == Verdict::Pass {
+        let e = t.touch(id, dir, pd.ip_len, now);
+        if established {
+            e.set_class(xpf_state::Timeout::TcpEstablished);
+        }
+        if t.sync_max != 0 {
+            t.queue_update(id);
+        }
+    }
+    v
 }
 
 /// `modulate state` on a segment from side `from`: the responder's first SYN gets its own
@@ -1006,7 +1094,7 @@ fn miss_whole<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDes
 fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key: K, h: u64) -> Verdict {
     // Created by an earlier packet of this batch, or if-bound to this interface.
     if let Some(r) = t.find(&key, h) {
-        if let Some(v) = hit(t, r, pd, c.dir, c.now, c.rng) {
+        if let Some(v) = hit(t, r, pd, c.dir, c.now, c.aux) {
             note_scrub(c.scrub, Scrub::unpack(state_actions(t, r, c.tag)));
             return v;
         }
@@ -1014,13 +1102,13 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     if *c.any_if_bound {
         let kb = K::from_pdesc(pd, c.dir, c.ifidx);
         if let Some(r) = t.find(&kb, t.hash(&kb)) {
-            if let Some(v) = hit(t, r, pd, c.dir, c.now, c.rng) {
+            if let Some(v) = hit(t, r, pd, c.dir, c.now, c.aux) {
                 note_scrub(c.scrub, Scrub::unpack(state_actions(t, r, c.tag)));
                 return v;
             }
         }
     }
-    let rnd = if p.wants_random() { rand_core::Rng::next_u32(c.rng) } else { 0 };
+    let rnd = if p.wants_random() { rand_core::Rng::next_u32(&mut c.aux.rng) } else { 0 };
     let d = p.evaluate_tagged(pd, c.ifidx, c.dir, *c.tag, rnd);
     *c.tag = d.tag;
     if d.action == Action::Block {
@@ -1065,7 +1153,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     }
     let mut seqdiff = 0;
     if let Some(p) = tcp.as_mut().filter(|_| d.modulate && pd.tcp_flags & (tcp::SYN | tcp::ACK) == tcp::SYN) {
-        seqdiff = proto::new_seqdiff(c.rng, pd.tcp_seq);
+        seqdiff = proto::new_seqdiff(&mut c.aux.rng, pd.tcp_seq);
         p[0].seqdiff = seqdiff;
     }
     let ns = NewState {
@@ -1093,10 +1181,18 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
             }
             t.touch(id, c.dir, pd.ip_len, c.now);
             t.created = Some(id);
+            if d.synproxy {
+                // The client's SYN is answered by the filter and goes no further.
+                if let (s, Some(p)) = t.state_and_peers_mut(id) {
+                    let a = synproxy::start(p, &mut s.peer_state, pd, 0, &mut c.aux.rng);
+                    c.aux.proxy = Some((id, a));
+                    return Verdict::Drop(Reason::Synproxy);
+                }
+            }
             Verdict::Pass
         }
         Err(xpf_state::InsertError::Exists(r)) => {
-            hit(t, r, pd, c.dir, c.now, c.rng).unwrap_or(Verdict::Drop(Reason::StateInsert))
+            hit(t, r, pd, c.dir, c.now, c.aux).unwrap_or(Verdict::Drop(Reason::StateInsert))
         }
         Err(xpf_state::InsertError::Limit) => Verdict::Drop(Reason::StateLimit),
         Err(xpf_state::InsertError::Memory) => Verdict::Drop(Reason::Memory),

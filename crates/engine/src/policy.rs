@@ -33,6 +33,8 @@ pub struct Decision {
     pub limits: u32,
     /// `modulate state`: the TCP initial sequence numbers are replaced by random ones.
     pub modulate: bool,
+    /// `synproxy state`: the filter completes the client's handshake first.
+    pub synproxy: bool,
     /// For a block: what is sent back (`block return`, `return-rst`, `return-icmp`).
     pub ret: Return,
     /// The `scrub (...)` actions of the matching match rules and the deciding rule.
@@ -55,6 +57,7 @@ impl Decision {
         pickup: false,
         limits: 0,
         modulate: false,
+        synproxy: false,
         ret: Return::DROP,
         scrub: Scrub::NONE,
         tag: 0,

@@ -27,7 +27,7 @@ pub mod tcps {
     pub const LAST_ACK: u8 = 8;
     pub const FIN_WAIT_2: u8 = 9;
     pub const TIME_WAIT: u8 = 10;
-    pub const NAMES: [&str; 11] = [
+    pub const NAMES: [&str; 13] = [
         "CLOSED",
         "LISTEN",
         "SYN_SENT",
@@ -39,6 +39,8 @@ pub mod tcps {
         "LAST_ACK",
         "FIN_WAIT_2",
         "TIME_WAIT",
+        "PROXY:SRC",
+        "PROXY:DST",
     ];
 }
 

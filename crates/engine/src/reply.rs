@@ -52,28 +52,8 @@ pub fn build(frame: &[u8], pd: &PDesc, r: &Return, out: &mut Vec<u8>) -> bool {
         if pd.tcp_flags & tcp::FIN != 0 {
             ack = ack.wrapping_add(1);
         }
-        let seg = |o: &mut Vec<u8>| {
-            let at = o.len();
-            o.resize(at + 20, 0);
-            tcp::emit_header(&mut o[at..], pd.dport, pd.sport, pd.tcp_ack, ack, tcp::RST | tcp::ACK, 0);
-            at
-        };
-        if pd.af == AF_INET {
-            let ip = out.len();
-            out.resize(ip + 20, 0);
-            ipv4::emit_header(&mut out[ip..], pd.dst.v4_bytes(), pd.src.v4_bytes(), IPPROTO_TCP, 40, ttl, 0);
-            let t = seg(out);
-            let c = !fold(sum(&out[t..], pseudo_v4(pd.dst.v4_bytes(), pd.src.v4_bytes(), IPPROTO_TCP, 20)));
-            out[t + 16..t + 18].copy_from_slice(&c.to_be_bytes());
-        } else {
-            let ip = out.len();
-            out.resize(ip + 40, 0);
-            ipv6::emit_header(&mut out[ip..], &pd.dst.0, &pd.src.0, IPPROTO_TCP, 20, ttl);
-            let t = seg(out);
-            let c = !fold(sum(&out[t..], pseudo_v6(&pd.dst.0, &pd.src.0, IPPROTO_TCP, 20)));
-            out[t + 16..t + 18].copy_from_slice(&c.to_be_bytes());
-        }
-        return true;
+        let seg = Segment { back: true, ttl, seq: pd.tcp_ack, ack, flags: tcp::RST | tcp::ACK, win: 0, mss: None };
+        return segment(frame, pd, &seg, out);
     }
     let quoted = &frame[l3..end];
     if pd.af == AF_INET {
@@ -107,6 +87,68 @@ pub fn build(frame: &[u8], pd: &PDesc, r: &Return, out: &mut Vec<u8>) -> bool {
         out[ip + 42..ip + 44].copy_from_slice(&c.to_be_bytes());
     }
     true
+}
+
+/// A TCP segment the filter sends itself (pf_send_tcp): towards the packet's sender
+/// (`back`) or on towards its destination, with its addresses and ports.
+pub struct Segment {
+    pub back: bool,
+    pub ttl: u8,
+    pub seq: u32,
+    pub ack: u32,
+    pub flags: u8,
+    pub win: u16,
+    /// An MSS option.
+    pub mss: Option<u16>,
+}
+
+/// Writes into `out` segment `s` for the flow of TCP packet `frame` (descriptor `pd`): the
+/// frame's link header (turned around when `back`), an IPv4 or IPv6 header and a TCP header
+/// with the checksums.
+pub fn segment(frame: &[u8], pd: &PDesc, s: &Segment, out: &mut Vec<u8>) -> bool {
+    let l3 = pd.l3_off as usize;
+    if l3 < 14 || frame.len() < l3 || pd.proto != IPPROTO_TCP {
+        return false;
+    }
+    out.clear();
+    out.extend_from_slice(&frame[..l3]);
+    let (src, dst, sport, dport) =
+        if s.back { (pd.dst, pd.src, pd.dport, pd.sport) } else { (pd.src, pd.dst, pd.sport, pd.dport) };
+    if s.back {
+        out[0..6].copy_from_slice(&frame[6..12]);
+        out[6..12].copy_from_slice(&frame[0..6]);
+    }
+    let tlen = if s.mss.is_some() { 24 } else { 20 };
+    let ip = out.len();
+    let t = if pd.af == AF_INET {
+        out.resize(ip + 20 + tlen, 0);
+        ipv4::emit_header(&mut out[ip..], src.v4_bytes(), dst.v4_bytes(), IPPROTO_TCP, (20 + tlen) as u16, s.ttl, 0);
+        ip + 20
+    } else {
+        out.resize(ip + 40 + tlen, 0);
+        ipv6::emit_header(&mut out[ip..], &src.0, &dst.0, IPPROTO_TCP, tlen as u16, s.ttl);
+        ip + 40
+    };
+    tcp::emit_header(&mut out[t..], sport, dport, s.seq, s.ack, s.flags, s.win);
+    if let Some(m) = s.mss {
+        out[t + 12] = 6 << 4;
+        out[t + 20..t + 24].copy_from_slice(&[2, 4, (m >> 8) as u8, m as u8]);
+    }
+    let ph = if pd.af == AF_INET {
+        pseudo_v4(src.v4_bytes(), dst.v4_bytes(), IPPROTO_TCP, tlen as u16)
+    } else {
+        pseudo_v6(&src.0, &dst.0, IPPROTO_TCP, tlen as u32)
+    };
+    let c = !fold(sum(&out[t..], ph));
+    out[t + 16..t + 18].copy_from_slice(&c.to_be_bytes());
+    true
+}
+
+/// The MSS option of TCP segment `frame`, if it has one.
+pub fn tcp_mss(frame: &[u8], pd: &PDesc) -> Option<u16> {
+    let t = pd.l4_off as usize;
+    let hl = (*frame.get(t + 12)? >> 4) as usize * 4;
+    tcp::Options::parse(frame.get(t + 20..t + hl)?).ok()?.mss
 }
 
 /// Whether the blocked segment's TCP checksum verifies (pf checks before it answers).

@@ -162,8 +162,15 @@ pub fn state_text(r: &StateRow, verbose: u8) -> String {
             ["NO_TRAFFIC", "SINGLE", "MULTIPLE"].get(x as usize).copied().unwrap_or("?")
         }
     };
-    let peers =
-        if r.proto == 1 || r.proto == 58 { format!("{}:{}", a, b) } else { format!("{}:{}", names(a), names(b)) };
+    let proxy = r.proto == 6 && r.src_state.max(r.dst_state) >= xpf_engine::synproxy::PROXY_SRC;
+    let peers = if r.proto == 1 || r.proto == 58 {
+        format!("{}:{}", a, b)
+    } else if proxy {
+        // A handshake synproxy holds: pfctl names the stage alone.
+        names(r.src_state.max(r.dst_state)).to_string()
+    } else {
+        format!("{}:{}", names(a), names(b))
+    };
     let mut s = format!(
         "{} {} {} {} {}       {}",
         r.ifname,
@@ -576,6 +583,7 @@ impl Daemon {
                     "packets": info.stats.packets, "bytes": info.stats.bytes,
                     "passed": info.stats.passed, "dropped": info.stats.dropped,
                     "block_return": {"answers_sent": info.stats.returned, "rate_limited": info.stats.return_limited},
+                    "synproxy": {"segments_sent": info.stats.proxied},
                     "counters": reasons,
                     "limit_counters": xpf_engine::info::LIMIT_NAMES.iter().zip(info.limits).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),
                     "fragments": xpf_engine::info::FRAG_NAMES.iter().zip(info.fragments).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),

@@ -380,7 +380,14 @@ impl Dataplane {
         // `modulate state` rewrote some on the way in: the `out` pass and the wire see the
         // rewritten copies.
         let mut bufs = std::mem::take(&mut self.mod_bufs);
-        if self.worker.patched != 0 {
+        // `synproxy state`: frames that go on as another segment (the SYN to the server).
+        let mut swapped = 0u64;
+        for (i, b) in self.worker.take_substitutes() {
+            bufs.resize_with(BATCH, Vec::new);
+            bufs[i as usize] = b;
+            swapped |= 1 << i;
+        }
+        if self.worker.patched | swapped != 0 {
             bufs.resize_with(BATCH, Vec::new);
             let mut m = self.worker.patched;
             while m != 0 {
@@ -392,7 +399,7 @@ impl Dataplane {
                 xpf_engine::proto::apply_modulation(&mut bufs[i], a, s);
             }
             for (i, b) in bufs.iter().enumerate() {
-                if self.worker.patched & (1 << i) != 0 {
+                if (self.worker.patched | swapped) & (1 << i) != 0 {
                     frames[i] = &b[..];
                 }
             }
@@ -441,10 +448,13 @@ impl Dataplane {
             spent += clock.elapsed();
             // A block out with return answers the sender, back where the packet came in.
             self.send_returns(p);
+            // Frames that leave as another segment (synproxy's ACK to the client).
+            let swapped: Vec<(u8, Vec<u8>)> = self.worker.take_substitutes().collect();
             for k in 0..m {
                 if v_out[k] != Verdict::Pass {
                     continue;
                 }
+                let frame_k = swapped.iter().find(|(j, _)| *j as usize == k).map_or(out_frames[k], |(_, b)| &b[..]);
                 let made = |bits: u64, ids: &[u32; BATCH], i: usize| (bits & (1 << i) != 0).then(|| ids[i]);
                 let wait = if defer {
                     [made(created_in, &ids_in, sel[k]), made(self.worker.created, &self.worker.created_ids, k)]
@@ -454,7 +464,7 @@ impl Dataplane {
                 match routes[sel[k]] {
                     Route::Forward { dmac, smac, .. } if wait != [None, None] => {
                         let d = self.sync.as_mut().and_then(|s| s.defer.as_mut()).expect("defer on");
-                        let f = d.hold(out_frames[k], ep, wait, Instant::now(), &mut held);
+                        let f = d.hold(frame_k, ep, wait, Instant::now(), &mut held);
                         if self.worker.patched & (1 << k) != 0 {
                             let (a, s) = self.worker.patches[k];
                             xpf_engine::proto::apply_modulation(f, a, s);
@@ -463,7 +473,7 @@ impl Dataplane {
                         rewrite(f, &dmac, &smac);
                         self.held_now = true;
                     }
-                    Route::Forward { dmac, smac, .. } => match self.ports[ep].io.tx_copy(out_frames[k]) {
+                    Route::Forward { dmac, smac, .. } => match self.ports[ep].io.tx_copy(frame_k) {
                         Some(f) => {
                             if self.worker.patched & (1 << k) != 0 {
                                 let (a, s) = self.worker.patches[k];
@@ -473,7 +483,7 @@ impl Dataplane {
                             rewrite(f, &dmac, &smac);
                             self.io.forwarded += 1;
                             if let Some(fp) = &mut self.fast {
-                                fp.offer(&mut self.worker, out_frames[k], inif, eg);
+                                fp.offer(&mut self.worker, frame_k, inif, eg);
                             }
                         }
                         None => self.io.tx_full += 1,

@@ -123,6 +123,12 @@ impl HostPath {
             if !accept {
                 stats.dropped += 1;
             }
+            // synproxy: the packet goes on as another segment (the SYN to the local server,
+            // the ACK to the client).
+            let rewritten = match w.take_substitutes().next() {
+                Some((_, b)) => Some(b[14..].to_vec()),
+                None => rewritten,
+            };
             verdicts.push((p.id, accept, rewritten));
         });
         // Datagrams reassembled from host traffic are not sent anywhere (see above).
