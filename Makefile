@@ -57,18 +57,18 @@ bench-workers: build
 	$(BIN)/xpf-bench states --workers 2 --points 9800,1M,10M --out bench-results/out/states-2w-shard
 	$(BIN)/xpf-bench states --workers 2 --mode shared --points 9800,1M,10M --no-baseline --out bench-results/out/states-2w-shared
 
-# libFuzzer on the packet path, the pcap reader, the pf.conf parser and received sync frames, FUZZ_SECONDS each (default 60).
+# libFuzzer on the packet path, synproxy handshakes, the pcap reader, the pf.conf parser and received sync frames, FUZZ_SECONDS each (default 60).
 FUZZ_SECONDS ?= 60
 fuzz: deps
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
-	cd fuzz && for t in packet pcap pfconf sync; do RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; done
+	cd fuzz && for t in packet synproxy pcap pfconf sync; do RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; done
 
 # The campaign: each target FUZZ_RUNS executions (default 10M) from its corpus in fuzz/corpus/,
 # which is kept in the repository and minimized after the run (scripts/fuzz-long.sh).
 FUZZ_RUNS ?= 10000000
 fuzz-long: deps
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
-	scripts/fuzz-long.sh $(FUZZ_RUNS) packet pcap pfconf sync
+	scripts/fuzz-long.sh $(FUZZ_RUNS) packet synproxy pcap pfconf sync
 
 fmt:
 	$(CARGO) fmt --all
