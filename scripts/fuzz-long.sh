@@ -3,7 +3,7 @@
 # fuzz/corpus/TARGET (kept in the repository), then the corpus minimized (-merge=1) so that
 # only inputs adding coverage stay. Prints per target: executions, coverage (edges), features,
 # corpus size, and whether it crashed (the artifact is in fuzz/artifacts/TARGET).
-# usage: fuzz-long.sh RUNS TARGET...
+# usage: fuzz-long.sh RUNS TARGET...   (FUZZ_MAX_SECONDS=N also stops each target after N s)
 set -uo pipefail
 cd "$(dirname "$0")/../fuzz"
 runs=${1:?runs}; shift
@@ -11,7 +11,7 @@ rc=0
 for t in "$@"; do
     mkdir -p "corpus/$t"
     log=$(mktemp)
-    RUSTC_BOOTSTRAP=1 cargo fuzz run "$t" "corpus/$t" -- -runs="$runs" -print_final_stats=1 >"$log" 2>&1
+    RUSTC_BOOTSTRAP=1 cargo fuzz run "$t" "corpus/$t" -- -runs="$runs" ${FUZZ_MAX_SECONDS:+-max_total_time=$FUZZ_MAX_SECONDS} -print_final_stats=1 >"$log" 2>&1
     r=$?
     execs=$(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}')
     cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | awk '{print $2}')

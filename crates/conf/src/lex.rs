@@ -33,6 +33,11 @@ pub struct LexError {
 const PUNCT2: [&str; 5] = ["!=", "<=", ">=", "<>", "><"];
 const PUNCT1: [&str; 10] = ["(", ")", "{", "}", "<", ">", "!", "=", "/", ","];
 
+/// Whether `s` reads back as one word (an interface name printed bare must).
+pub fn is_word(s: &str) -> bool {
+    !s.is_empty() && s.chars().all(|c| is_word_char(c) && c != '$')
+}
+
 fn is_word_char(c: char) -> bool {
     !(c.is_whitespace() || "(){}<>!=/#,\"".contains(c))
 }

@@ -57,6 +57,9 @@ mod tests {
     #[test]
     fn an_empty_interface_name_is_refused() {
         assert!(!parse("block on \"\"\n", "t", &[]).errors.is_empty());
+        // And one that would not print back as itself: `( . )` printed as `(.)`.
+        assert!(!parse("block to (\" . \")\n", "t", &[]).errors.is_empty());
+        assert!(!parse("block on \"a b\"\n", "t", &[]).errors.is_empty());
     }
 
     #[test]

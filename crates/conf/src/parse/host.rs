@@ -107,7 +107,9 @@ pub(super) fn host(p: &mut P) -> R<Host> {
     } else if p.eat_punct("(") {
         let s = p.string()?;
         p.expect_punct(")")?;
-        if s.starts_with(|c: char| c.is_ascii_digit()) || s.contains("::") {
+        // A name printed bare must read back as itself (found by the pfconf fuzz target:
+        // `( . )` printed as `(.)`).
+        if s.starts_with(|c: char| c.is_ascii_digit()) || s.contains("::") || !crate::lex::is_word(&s) {
             return Err(format!("invalid interface name '{s}'"));
         }
         let (ifname, modifier) = match s.split_once(':') {

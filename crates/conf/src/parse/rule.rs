@@ -71,7 +71,7 @@ pub(super) fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>>
             let neg = p.eat_punct("!");
             // An empty name (`on ""`) names no interface and prints as `on all`.
             match p.string()? {
-                n if n.is_empty() => Err("syntax error".into()),
+                n if !crate::lex::is_word(&n) => Err("syntax error".into()),
                 name => Ok(Iface { neg, name }),
             }
         })?;
