@@ -439,10 +439,7 @@ impl Ruleset {
                     id: 0,
                 }),
                 tos: r.tos,
-                prob: r
-                    .probability
-                    .map_or(0, |p| ((p / 100.0).clamp(0.0, 1.0) * u32::MAX as f64) as u32)
-                    .max(r.probability.map_or(0, |_| 1)),
+                prob: r.probability.map_or(0, prob_threshold),
                 nosync: r.state_opts.no_sync,
                 // `set state-policy if-bound` binds every state a rule does not make floating.
                 if_bound: r.state_opts.if_bound || (p.if_bound && !r.state_opts.floating),
@@ -732,6 +729,12 @@ fn matched(r: &CRule, i: usize, tag: &mut u16, last: &mut Option<usize>, acc: &m
         acc.merge(&r.scrub);
     }
     r.quick
+}
+
+/// pf's `r->prob` for `probability P%`: the share of u32::MAX a draw may not exceed; never 0,
+/// which means "no probability" (a 0% rule still takes a draw, and matches one in 2^32).
+fn prob_threshold(percent: f64) -> u32 {
+    (((percent / 100.0).clamp(0.0, 1.0) * u32::MAX as f64) as u32).max(1)
 }
 
 /// A packet's draw for rule `nr` from its random number: each rule gets its own (a packet

@@ -35,11 +35,6 @@ pub fn build(frame: &[u8], pd: &PDesc, r: &Return, out: &mut Vec<u8>) -> bool {
     if l3 < 14 || frame.len() < end || pd.flags & pdf::NOT_FIRST_FRAG != 0 {
         return false;
     }
-    out.clear();
-    // The link header turned around (VLAN tags kept).
-    out.extend_from_slice(&frame[..l3]);
-    out[0..6].copy_from_slice(&frame[6..12]);
-    out[6..12].copy_from_slice(&frame[0..6]);
     let ttl = if r.ttl != 0 { r.ttl } else { DEFAULT_TTL };
     if pd.proto == IPPROTO_TCP && r.rst && pd.flags & pdf::HAS_PORTS != 0 {
         if pd.tcp_flags & tcp::RST != 0 || !tcp_checksum_ok(frame, pd) {
@@ -55,6 +50,11 @@ pub fn build(frame: &[u8], pd: &PDesc, r: &Return, out: &mut Vec<u8>) -> bool {
         let seg = Segment { back: true, ttl, seq: pd.tcp_ack, ack, flags: tcp::RST | tcp::ACK, win: 0, mss: None };
         return segment(frame, pd, &seg, out);
     }
+    out.clear();
+    // The link header turned around (VLAN tags kept).
+    out.extend_from_slice(&frame[..l3]);
+    out[0..6].copy_from_slice(&frame[6..12]);
+    out[6..12].copy_from_slice(&frame[0..6]);
     let quoted = &frame[l3..end];
     if pd.af == AF_INET {
         let Some(code) = r.icmp4 else { return false };
