@@ -117,6 +117,13 @@ check "a blocked host gets nothing" refused c ping -c 2 -i 0.2 -W 1 10.0.2.2
 check "-t blocked -T test 10.0.1.2" $CTL -t blocked -T test 10.0.1.2
 check "-t blocked -T delete 10.0.1.2" $CTL -t blocked -T delete 10.0.1.2
 check "unblocked, ping passes again" c ping -c 2 -i 0.2 -W 1 10.0.2.2
+check "-t blocked -T add 10.0.1.2, to expire" $CTL -t blocked -T add 10.0.1.2
+check "-T show -v says when the entry's counters were cleared" bash -c "$CTL -t blocked -T show -v | grep -q 'Cleared:'"
+check "-T expire 3600 keeps an entry added just now" bash -c "$CTL -t blocked -T expire 3600 | grep -q '^0/1 addresses expired'"
+check "not expired, the host is still blocked" refused c ping -c 1 -W 1 10.0.2.2
+sleep 2
+check "-T expire 1 removes it two seconds later" bash -c "$CTL -t blocked -T expire 1 | grep -q '^1/1 addresses expired'"
+check "expired, ping passes again" c ping -c 2 -i 0.2 -W 1 10.0.2.2
 
 # TCP tracking on a live transfer: spoofed RSTs with the connection's addresses and ports but
 # a guessed sequence number are dropped (state-mismatch) and the transfer goes on.

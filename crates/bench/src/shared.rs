@@ -132,6 +132,7 @@ impl Shared {
                         sloppy: false,
                         tag: 0,
                         scrub: 0,
+                        rate: 0,
                     };
                     match t.insert(hs[i], ns, now) {
                         Ok(id) => {

@@ -176,6 +176,14 @@ pub struct Rule {
     pub set_tos: Option<u8>,
     /// `probability`, in percent.
     pub probability: Option<f64>,
+    /// `[!] received-on IFACE`: the interface the packet came in on (an `out` pass of
+    /// forwarded traffic included).
+    pub received_on: Option<Iface>,
+    /// `once`: the rule expires at its first match.
+    pub once: bool,
+    /// `max-pkt-rate N/S`: the rule (and its states, in their first direction) stops
+    /// matching above N packets in S seconds.
+    pub max_pkt_rate: Option<(u32, u32)>,
     /// `anchor "name"` rules: the name (empty for an unnamed inline anchor).
     pub anchor: Option<String>,
     /// The line of pf.conf it came from.

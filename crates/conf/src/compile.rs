@@ -10,15 +10,19 @@ use crate::ast::*;
 use crate::parse::{Parsed, TablePart};
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use xpf_engine::{Action as EAction, Decision, Policy, Return as EReturn, Scrub as EScrub};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use xpf_engine::{Action as EAction, Context, Decision, Policy, Return as EReturn, Scrub as EScrub};
+use xpf_state::track::Threshold;
 use xpf_state::Dir as SDir;
 use xpf_state::{Overload, RuleLimits};
 use xpf_wire::pdesc::{pdf, AF_INET, AF_INET6, IPPROTO_TCP};
 use xpf_wire::{Addr, PDesc};
 
 /// A table: longest-prefix match over the entries, a negated entry excluding what it covers.
-/// Lookup walks only the prefix lengths present, longest first.
+/// Lookup walks only the prefix lengths present, longest first. A table in force is not
+/// changed in place: `xpfctl -T` builds the changed copy ([`Table::clone`] carries each
+/// entry's counters) and installs it ([`Ruleset::with_table`]).
 #[derive(Debug, Default)]
 pub struct Table {
     v4: HashMap<(u8, u32), Entry>,
@@ -32,40 +36,140 @@ pub struct Entry {
     pub neg: bool,
     /// Packets that matched this entry (pfctl -t T -T show -v's counters).
     pub matches: AtomicU64,
+    /// When its counters were last cleared, in seconds since the epoch: when it was added,
+    /// or zeroed (pfctl's "Cleared"; `-T expire` goes by it).
+    pub cleared: u64,
+}
+
+impl Clone for Table {
+    fn clone(&self) -> Table {
+        let e = |x: &Entry| Entry {
+            neg: x.neg,
+            matches: AtomicU64::new(x.matches.load(Ordering::Relaxed)),
+            cleared: x.cleared,
+        };
+        Table {
+            v4: self.v4.iter().map(|(k, x)| (*k, e(x))).collect(),
+            v6: self.v6.iter().map(|(k, x)| (*k, e(x))).collect(),
+            lens4: self.lens4.clone(),
+            lens6: self.lens6.clone(),
+        }
+    }
+}
+
+/// A table entry's key: the address masked to its prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum EntryKey {
+    V4(u8, u32),
+    V6(u8, u128),
+}
+
+fn entry_key(a: IpAddr, len: u8) -> EntryKey {
+    match a {
+        IpAddr::V4(v) => EntryKey::V4(len, u32::from(v) & mask4(len)),
+        IpAddr::V6(v) => EntryKey::V6(len, u128::from(v) & mask6(len)),
+    }
+}
+
+/// The seconds since the epoch (table entries' clear time).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 impl Table {
+    /// Sets entry `a/len` (a new entry, or an existing one with its counters cleared).
     pub fn insert(&mut self, a: IpAddr, len: u8, neg: bool) {
-        match a {
-            IpAddr::V4(v) => {
-                let k = (len, u32::from(v) & mask4(len));
-                self.v4.insert(k, Entry { neg, matches: AtomicU64::new(0) });
-                if !self.lens4.contains(&len) {
-                    self.lens4.push(len);
-                    self.lens4.sort_by(|a, b| b.cmp(a));
-                }
-            }
-            IpAddr::V6(v) => {
-                let k = (len, u128::from(v) & mask6(len));
-                self.v6.insert(k, Entry { neg, matches: AtomicU64::new(0) });
-                if !self.lens6.contains(&len) {
-                    self.lens6.push(len);
-                    self.lens6.sort_by(|a, b| b.cmp(a));
-                }
-            }
+        self.put(a, len, Entry { neg, matches: AtomicU64::new(0), cleared: 0 });
+    }
+
+    fn put(&mut self, a: IpAddr, len: u8, e: Entry) {
+        let (lens, new) = match entry_key(a, len) {
+            EntryKey::V4(l, x) => (&mut self.lens4, self.v4.insert((l, x), e).is_none()),
+            EntryKey::V6(l, x) => (&mut self.lens6, self.v6.insert((l, x), e).is_none()),
+        };
+        if new && !lens.contains(&len) {
+            lens.push(len);
+            lens.sort_by(|a, b| b.cmp(a));
         }
     }
 
-    /// The entries: address, prefix length, negated, packets matched (pfctl -T show -v).
-    pub fn entries(&self) -> Vec<(IpAddr, u8, bool, u64)> {
+    /// `-T add`: adds `a/len` cleared at `now` unless it is there; true if it was added.
+    pub fn add(&mut self, a: IpAddr, len: u8, now: u64) -> bool {
+        let there = match entry_key(a, len) {
+            EntryKey::V4(l, x) => self.v4.contains_key(&(l, x)),
+            EntryKey::V6(l, x) => self.v6.contains_key(&(l, x)),
+        };
+        if !there {
+            self.put(a, len, Entry { neg: false, matches: AtomicU64::new(0), cleared: now });
+        }
+        !there
+    }
+
+    /// `-T delete`: true if `a/len` was there.
+    pub fn remove(&mut self, a: IpAddr, len: u8) -> bool {
+        let gone = match entry_key(a, len) {
+            EntryKey::V4(l, x) => self.v4.remove(&(l, x)).is_some(),
+            EntryKey::V6(l, x) => self.v6.remove(&(l, x)).is_some(),
+        };
+        self.prune_lens();
+        gone
+    }
+
+    /// `-T replace`: exactly `set`, cleared at `now`, but for the entries that stay, which
+    /// keep their counters.
+    pub fn replaced(&self, set: &[(IpAddr, u8)], now: u64) -> Table {
+        let mut t = Table::default();
+        for &(a, len) in set {
+            let old = match entry_key(a, len) {
+                EntryKey::V4(l, x) => self.v4.get(&(l, x)),
+                EntryKey::V6(l, x) => self.v6.get(&(l, x)),
+            };
+            let e = match old {
+                Some(o) if !o.neg => {
+                    Entry { neg: false, matches: AtomicU64::new(o.matches.load(Ordering::Relaxed)), cleared: o.cleared }
+                }
+                _ => Entry { neg: false, matches: AtomicU64::new(0), cleared: now },
+            };
+            t.put(a, len, e);
+        }
+        t
+    }
+
+    /// `-T zero`: every entry's counters cleared at `now`.
+    pub fn zero(&mut self, now: u64) {
+        for e in self.v4.values_mut().chain(self.v6.values_mut()) {
+            e.matches = AtomicU64::new(0);
+            e.cleared = now;
+        }
+    }
+
+    /// `-T expire`: removes the entries cleared before `before`; how many.
+    pub fn expire(&mut self, before: u64) -> usize {
+        let n = self.len();
+        self.v4.retain(|_, e| e.cleared >= before);
+        self.v6.retain(|_, e| e.cleared >= before);
+        self.prune_lens();
+        n - self.len()
+    }
+
+    /// Drops the prefix lengths no entry has any more (lookups walk only those present).
+    fn prune_lens(&mut self) {
+        let (v4, v6) = (&self.v4, &self.v6);
+        self.lens4.retain(|&l| v4.keys().any(|k| k.0 == l));
+        self.lens6.retain(|&l| v6.keys().any(|k| k.0 == l));
+    }
+
+    /// The entries: address, prefix length, negated, packets matched, when cleared
+    /// (pfctl -T show -v).
+    pub fn entries(&self) -> Vec<(IpAddr, u8, bool, u64, u64)> {
         let mut v: Vec<_> = self
             .v4
             .iter()
             .map(|(&(l, a), e)| {
-                (IpAddr::from(std::net::Ipv4Addr::from(a)), l, e.neg, e.matches.load(Ordering::Relaxed))
+                (IpAddr::from(std::net::Ipv4Addr::from(a)), l, e.neg, e.matches.load(Ordering::Relaxed), e.cleared)
             })
             .chain(self.v6.iter().map(|(&(l, a), e)| {
-                (IpAddr::from(std::net::Ipv6Addr::from(a)), l, e.neg, e.matches.load(Ordering::Relaxed))
+                (IpAddr::from(std::net::Ipv6Addr::from(a)), l, e.neg, e.matches.load(Ordering::Relaxed), e.cleared)
             }))
             .collect();
         v.sort();
@@ -193,6 +297,9 @@ struct CRule {
     limits: u32,
     tag: Option<u16>,
     tagged: Option<(bool, u16)>,
+    /// Index + 1 in `Ruleset::rare` of the tests few rules have (`received-on`, `once`,
+    /// `max-pkt-rate`), 0 for none: one test on the walk for the rules without.
+    rare: u32,
     depth: u8,
     /// For an anchor rule: the index after its body (0: not an anchor).
     anchor_end: u32,
@@ -207,21 +314,62 @@ const SKIP_SPORT: usize = 5;
 const SKIP_DST: usize = 6;
 const SKIP_DPORT: usize = 7;
 
-/// The compiled ruleset; it is the engine's `Policy`.
+/// What a rule with `once` or `max-pkt-rate` keeps while it is in force: whether it fired,
+/// and its packet-rate meter (pf's `pf_threshold`, shared by every worker). A recompile of
+/// the same rules (a table or an address changed) keeps the marks ([`Ruleset::keep_marks`]);
+/// a reload starts afresh, as pf's new rules do.
 #[derive(Debug)]
+pub struct Mark {
+    /// The rule's identity ([`limiter_id`]); a state made by it names it.
+    id: u32,
+    once: bool,
+    expired: AtomicBool,
+    /// `max-pkt-rate`: None without.
+    meter: Option<Mutex<Threshold>>,
+}
+
+impl Mark {
+    /// One more packet at `now`; true when the rate is now over the limit (pf_add_threshold,
+    /// then pf_check_threshold).
+    fn over(&self, now: u32) -> bool {
+        match &self.meter {
+            None => false,
+            Some(m) => {
+                let mut t = m.lock().unwrap_or_else(|e| e.into_inner());
+                t.add(now);
+                t.exceeded()
+            }
+        }
+    }
+}
+
+/// A rule's tests that few rules have, kept out of the rule walk's way.
+#[derive(Debug, Clone)]
+struct Rare {
+    /// `[!] received-on`: (negated, interface index).
+    rcv: Option<(bool, u16)>,
+    /// `once` or `max-pkt-rate`: the rule's run-time mark.
+    mark: Option<Arc<Mark>>,
+}
+
+/// The compiled ruleset; it is the engine's `Policy`.
+#[derive(Debug, Clone)]
 pub struct Ruleset {
-    rules: Vec<CRule>,
-    skip: Vec<[u32; 8]>,
-    pub tables: Vec<(String, Table)>,
+    rules: Arc<Vec<CRule>>,
+    skip: Arc<Vec<[u32; 8]>>,
+    pub tables: Vec<(String, Arc<Table>)>,
     tags: Vec<String>,
     /// Evaluations (pfctl -s rules -v), per rule.
-    pub evaluations: Vec<AtomicU64>,
+    pub evaluations: Arc<Vec<AtomicU64>>,
     /// The state limits of the rules that have some.
     pub limits: Vec<RuleLimits>,
     /// `set skip on`: interfaces (indexes) whose packets pf does not look at.
     skip_ifs: Vec<u16>,
     /// A rule has `probability`: evaluation takes a random number.
     random: bool,
+    /// The marks of the rules with `once` or `max-pkt-rate`, by identity.
+    marks: HashMap<u32, Arc<Mark>>,
+    rare: Vec<Rare>,
 }
 
 /// A limited rule's limiter id: a hash of the rule as written (its line aside) and of how many
@@ -388,6 +536,9 @@ impl Ruleset {
         let mut rules = Vec::new();
         let mut limits = Vec::new();
         let mut seen = HashMap::new();
+        let mut seen_marks = HashMap::new();
+        let mut marks = HashMap::new();
+        let mut rare = Vec::new();
         for (nr, r) in p.rules.iter().enumerate() {
             // An anchor's body is the rules after it one level deeper; one loaded from elsewhere
             // has none here yet, and is empty.
@@ -407,6 +558,24 @@ impl Ruleset {
                 )),
                 None => None,
             };
+            let rcv = match &r.received_on {
+                Some(i) => Some((
+                    i.neg,
+                    ifindex(&i.name)
+                        .ok_or_else(|| CompileError { line: r.line, msg: format!("no such interface: {}", i.name) })?,
+                )),
+                None => None,
+            };
+            let mark = (r.once || r.max_pkt_rate.is_some()).then(|| {
+                let m = Arc::new(Mark {
+                    id: limiter_id(r, &mut seen_marks),
+                    once: r.once,
+                    expired: AtomicBool::new(false),
+                    meter: r.max_pkt_rate.map(|(n, secs)| Mutex::new(Threshold::new(n, secs))),
+                });
+                marks.insert(m.id, m.clone());
+                m
+            });
             rules.push(CRule {
                 nr: nr as u32,
                 action: r.action,
@@ -461,17 +630,75 @@ impl Ruleset {
                 },
                 tag: r.tag.as_deref().map(&mut tag_id),
                 tagged: r.tagged.as_ref().map(|(n, t)| (*n, tag_id(t))),
+                rare: if rcv.is_some() || mark.is_some() {
+                    rare.push(Rare { rcv, mark });
+                    rare.len() as u32
+                } else {
+                    0
+                },
                 depth: r.depth,
                 anchor_end,
             });
         }
-        let skip = skip_steps(&rules);
-        let evaluations = (0..rules.len()).map(|_| AtomicU64::new(0)).collect();
+        let skip = Arc::new(skip_steps(&rules));
+        let evaluations = Arc::new((0..rules.len()).map(|_| AtomicU64::new(0)).collect());
+        let now = unix_now();
+        let tables = tables
+            .into_iter()
+            .map(|(n, mut t)| {
+                t.zero(now);
+                (n, Arc::new(t))
+            })
+            .collect();
         // An interface `set skip on` names that the machine lacks is skipped when it appears
         // (pf's groups and absent interfaces), so it is not an error; a reload picks it up.
         let skip_ifs = p.skip.iter().filter_map(|n| ifindex(n)).collect();
         let random = rules.iter().any(|r| r.prob != 0);
-        Ok(Ruleset { rules, skip, tables, tags, evaluations, limits, skip_ifs, random })
+        Ok(Ruleset { rules: Arc::new(rules), skip, tables, tags, evaluations, limits, skip_ifs, random, marks, rare })
+    }
+
+    /// Takes over `old`'s marks for the rules both have (`once` rules that fired stay
+    /// expired, packet-rate meters keep counting): for a recompile of the same rules.
+    pub fn keep_marks(&mut self, old: &Ruleset) {
+        for r in &mut self.rare {
+            if let Some(m) = r.mark.as_mut() {
+                if let Some(o) = old.marks.get(&m.id) {
+                    *m = o.clone();
+                    self.marks.insert(o.id, o.clone());
+                }
+            }
+        }
+    }
+
+    /// The tables as they are in force in `old` (changed by `-T` since the load) for the
+    /// tables of the same name, and `old`'s marks ([`Ruleset::keep_marks`]): for a recompile
+    /// of the same rules.
+    pub fn keep_runtime(&mut self, old: &Ruleset) {
+        self.keep_marks(old);
+        for (n, t) in &mut self.tables {
+            if let Some((_, o)) = old.tables.iter().find(|(m, _)| m == n) {
+                *t = o.clone();
+            }
+        }
+    }
+
+    /// This ruleset with table `name` replaced by `t`: everything else (rules, counters,
+    /// marks) shared. The workers take it as a new generation at their next batch.
+    pub fn with_table(&self, name: &str, t: Table) -> Option<Ruleset> {
+        let i = self.tables.iter().position(|(n, _)| n == name)?;
+        let mut r = self.clone();
+        r.tables[i].1 = Arc::new(t);
+        Some(r)
+    }
+
+    /// Whether rule `i` is a `once` rule that has fired (pfctl -s rules leaves it out).
+    pub fn expired(&self, i: usize) -> bool {
+        self.mark(&self.rules[i]).is_some_and(|m| m.expired.load(Ordering::Relaxed))
+    }
+
+    #[inline]
+    fn mark(&self, r: &CRule) -> Option<&Arc<Mark>> {
+        self.rare.get((r.rare as usize).wrapping_sub(1)).and_then(|x| x.mark.as_ref())
     }
 
     pub fn len(&self) -> usize {
@@ -483,12 +710,13 @@ impl Ruleset {
     }
 
     pub fn table(&self, name: &str) -> Option<&Table> {
-        self.tables.iter().find(|t| t.0 == name).map(|t| &t.1)
+        self.tables.iter().find(|t| t.0 == name).map(|t| &*t.1)
     }
 
     /// The index of the first field of rule `r` the packet fails, or None when it matches.
-    #[inline]
-    fn first_mismatch(&self, r: &CRule, pd: &PDesc, ifidx: u16, dir: SDir, tag: u16, rnd: u32) -> Option<usize> {
+    #[inline(always)]
+    fn first_mismatch(&self, r: &CRule, pd: &PDesc, at: &Context, tag: u16) -> Option<usize> {
+        let (ifidx, dir) = (at.ifidx, at.dir);
         if let Some((neg, i)) = r.on {
             if (i == ifidx) == neg {
                 return Some(SKIP_IF);
@@ -538,7 +766,7 @@ impl Ruleset {
                 return Some(usize::MAX);
             }
         }
-        if r.prob != 0 && draw(rnd, r.nr) > r.prob {
+        if r.prob != 0 && draw(at.rnd, r.nr) > r.prob {
             return Some(usize::MAX);
         }
         if let Some((neg, t)) = r.tagged {
@@ -546,7 +774,27 @@ impl Ruleset {
                 return Some(usize::MAX);
             }
         }
+        if r.rare != 0 && !self.rare_match(r.rare, at) {
+            return Some(usize::MAX);
+        }
         None
+    }
+
+    /// The tests few rules have (`Ruleset::rare`), out of line.
+    #[inline(never)]
+    fn rare_match(&self, rare: u32, at: &Context) -> bool {
+        let x = &self.rare[rare as usize - 1];
+        if let Some((neg, i)) = x.rcv {
+            if (at.rcvif == i) == neg {
+                return false;
+            }
+        }
+        match &x.mark {
+            // A fired `once` rule is gone; the packet meter comes last, as in pf: only a
+            // packet that matches all else counts.
+            Some(m) => !(m.once && m.expired.load(Ordering::Relaxed) || m.over(at.now)),
+            None => true,
+        }
     }
 
     #[inline]
@@ -568,12 +816,12 @@ impl Ruleset {
     /// does not match is passed over with its body; `anchor quick` stops after its body if a
     /// rule in it matched.
     pub fn eval(&self, pd: &PDesc, ifidx: u16, dir: SDir) -> (Option<usize>, u16) {
-        self.eval_tagged(pd, ifidx, dir, 0)
+        self.eval_with(pd, &Context::new(ifidx, dir))
     }
 
     /// [`Ruleset::eval`] for a packet that carries `tag` from an earlier pass.
     pub fn eval_tagged(&self, pd: &PDesc, ifidx: u16, dir: SDir, tag: u16) -> (Option<usize>, u16) {
-        self.eval_with(pd, ifidx, dir, tag, 0)
+        self.eval_with(pd, &Context { tag, ..Context::new(ifidx, dir) })
     }
 
     /// Whether evaluation takes a random number (a rule has `probability`).
@@ -581,19 +829,22 @@ impl Ruleset {
         self.random
     }
 
-    /// [`Ruleset::eval_tagged`] with the packet's random number `rnd` (`probability`).
-    pub fn eval_with(&self, pd: &PDesc, ifidx: u16, dir: SDir, tag: u16, rnd: u32) -> (Option<usize>, u16) {
-        self.walk(pd, ifidx, dir, tag, rnd, &mut EScrub::default())
+    /// [`Ruleset::eval`] in the packet's full [`Context`].
+    pub fn eval_with(&self, pd: &PDesc, at: &Context) -> (Option<usize>, u16) {
+        self.walk(pd, at, &mut EScrub::default())
     }
 
     /// The walk itself; `acc` gathers the scrub actions of the match rules that matched.
-    fn walk(&self, pd: &PDesc, ifidx: u16, dir: SDir, tag: u16, rnd: u32, acc: &mut EScrub) -> (Option<usize>, u16) {
-        let mut tag = tag;
+    fn walk(&self, pd: &PDesc, at: &Context, acc: &mut EScrub) -> (Option<usize>, u16) {
+        let mut tag = at.tag;
         let mut last = None;
         let mut i = 0;
         // Quick anchors entered: (end of body, last match when entered).
         let mut quick: Vec<(usize, Option<usize>)> = Vec::new();
-        while i < self.rules.len() {
+        // Plain slices: through the Arcs, every rule would reload the pointers (the counter's
+        // atomic add stands between them).
+        let (rules, skip, evaluations) = (&self.rules[..], &self.skip[..], &self.evaluations[..]);
+        while i < rules.len() {
             if let Some(&(end, before)) = quick.last() {
                 if i >= end {
                     quick.pop();
@@ -603,9 +854,9 @@ impl Ruleset {
                     continue;
                 }
             }
-            let r = &self.rules[i];
-            self.evaluations[i].fetch_add(1, Ordering::Relaxed);
-            let miss = self.first_mismatch(r, pd, ifidx, dir, tag, rnd);
+            let r = &rules[i];
+            evaluations[i].fetch_add(1, Ordering::Relaxed);
+            let miss = self.first_mismatch(r, pd, at, tag);
             if r.anchor_end != 0 {
                 match miss {
                     Some(_) => i = r.anchor_end as usize,
@@ -619,10 +870,10 @@ impl Ruleset {
                 continue;
             }
             match miss {
-                Some(f) if f < 8 => i = self.skip[i][f] as usize,
+                Some(f) if f < 8 => i = skip[i][f] as usize,
                 Some(_) => i += 1,
                 None => {
-                    if matched(r, i, &mut tag, &mut last, acc) {
+                    if matched(r, self.mark(r), i, &mut tag, &mut last, acc) {
                         break;
                     }
                     i += 1;
@@ -633,8 +884,8 @@ impl Ruleset {
     }
 
     /// The same evaluation without skip steps (the property test's model).
-    pub fn eval_naive(&self, pd: &PDesc, ifidx: u16, dir: SDir, tag: u16, rnd: u32) -> (Option<usize>, u16) {
-        let mut tag = tag;
+    pub fn eval_naive(&self, pd: &PDesc, at: &Context) -> (Option<usize>, u16) {
+        let mut tag = at.tag;
         let mut last = None;
         let mut skip_to = 0usize;
         for (i, r) in self.rules.iter().enumerate() {
@@ -642,13 +893,13 @@ impl Ruleset {
                 continue;
             }
             if r.anchor_end != 0 {
-                if self.first_mismatch(r, pd, ifidx, dir, tag, rnd).is_some() {
+                if self.first_mismatch(r, pd, at, tag).is_some() {
                     skip_to = r.anchor_end as usize;
                 }
                 continue;
             }
-            if self.first_mismatch(r, pd, ifidx, dir, tag, rnd).is_none()
-                && matched(r, i, &mut tag, &mut last, &mut EScrub::default())
+            if self.first_mismatch(r, pd, at, tag).is_none()
+                && matched(r, self.mark(r), i, &mut tag, &mut last, &mut EScrub::default())
             {
                 break;
             }
@@ -677,21 +928,36 @@ impl Policy for Ruleset {
     }
 
     fn evaluate(&self, pd: &PDesc, ifidx: u16, dir: SDir) -> Decision {
-        self.evaluate_tagged(pd, ifidx, dir, 0, 0)
+        self.evaluate_in(pd, &Context::new(ifidx, dir))
+    }
+
+    fn rate_exceeded(&self, meter: u32, now: u32) -> bool {
+        self.marks.get(&meter).is_some_and(|m| m.over(now))
     }
 
     fn wants_random(&self) -> bool {
         self.random
     }
 
-    fn evaluate_tagged(&self, pd: &PDesc, ifidx: u16, dir: SDir, tag: u16, rnd: u32) -> Decision {
+    fn evaluate_in(&self, pd: &PDesc, at: &Context) -> Decision {
         // pf_rule_to_actions: the match rules' actions as they matched, then the deciding rule's.
         let mut scrub = EScrub::NONE;
-        let (last, tag) = self.walk(pd, ifidx, dir, tag, rnd, &mut scrub);
+        let (last, tag) = self.walk(pd, at, &mut scrub);
         match last {
             None => Decision { keep_state: false, tag, scrub, ..Decision::PASS },
             Some(i) => {
                 let r = &self.rules[i];
+                let mut rate = 0;
+                if let Some(m) = self.mark(r) {
+                    // The deciding `once` rule expires (one winner if workers race, as
+                    // pf's atomic_cas).
+                    if m.once {
+                        m.expired.store(true, Ordering::Relaxed);
+                    }
+                    if m.meter.is_some() {
+                        rate = m.id;
+                    }
+                }
                 Decision {
                     action: if r.action == Action::Block { EAction::Block } else { EAction::Pass },
                     keep_state: r.keep_state && r.action == Action::Pass,
@@ -710,6 +976,7 @@ impl Policy for Ruleset {
                         scrub
                     },
                     tag,
+                    rate,
                 }
             }
         }
@@ -719,7 +986,14 @@ impl Policy for Ruleset {
 /// What a matching rule does: set its tag, become the deciding rule unless it is a `match`
 /// rule; true when it is `quick` (evaluation stops).
 #[inline(always)]
-fn matched(r: &CRule, i: usize, tag: &mut u16, last: &mut Option<usize>, acc: &mut EScrub) -> bool {
+fn matched(
+    r: &CRule,
+    mark: Option<&Arc<Mark>>,
+    i: usize,
+    tag: &mut u16,
+    last: &mut Option<usize>,
+    acc: &mut EScrub,
+) -> bool {
     if let Some(t) = r.tag {
         *tag = t;
     }
@@ -727,6 +1001,9 @@ fn matched(r: &CRule, i: usize, tag: &mut u16, last: &mut Option<usize>, acc: &m
         *last = Some(i);
     } else {
         acc.merge(&r.scrub);
+        if let Some(m) = mark.filter(|m| m.once) {
+            m.expired.store(true, Ordering::Relaxed);
+        }
     }
     r.quick
 }

@@ -192,6 +192,9 @@ pub fn rule(r: &Rule) -> String {
             s.push_str(&port(p));
         }
     }
+    if let Some(i) = &r.received_on {
+        let _ = write!(s, " {}received-on {}", if i.neg { "!" } else { "" }, i.name);
+    }
     for (name, u) in [("user", r.user), ("group", r.group)] {
         if let Some(op) = u {
             s.push_str(&port(op).replacen(" port", &format!(" {name}"), 1));
@@ -223,6 +226,9 @@ pub fn rule(r: &Rule) -> String {
     }
     if let Some(t) = r.tos {
         let _ = write!(s, " tos 0x{t:02x}");
+    }
+    if let Some((n, secs)) = r.max_pkt_rate {
+        let _ = write!(s, " max-pkt-rate {n}/{secs}");
     }
     if r.set_prio.is_some() || r.set_queue.is_some() || r.set_tos.is_some() {
         let mut v: Vec<String> = Vec::new();
@@ -340,6 +346,9 @@ pub fn rule(r: &Rule) -> String {
         if !l.is_empty() {
             let _ = write!(s, " label {}", quoted(l));
         }
+    }
+    if r.once {
+        s.push_str(" once");
     }
     if let Some(t) = &r.tag {
         let _ = write!(s, " tag {}", word(t));

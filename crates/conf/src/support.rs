@@ -84,10 +84,16 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
             set_queue,
             set_tos,
             probability,
+            received_on,
+            once,
+            max_pkt_rate,
             anchor: _,
             line: _,
             file: _,
         } = r;
+        // Enforced: `received-on` against the pass's receiving interface, `once` expires the
+        // rule at its first match, `max-pkt-rate` meters the rule and its states.
+        let _ = (received_on, once, max_pkt_rate);
         // Enforced: every return variant (the engine's reply.rs).
         let _ = ret;
         if log.is_some() {
@@ -268,6 +274,10 @@ mod tests {
         ("pass in set queue q", No("set queue")),
         ("pass in set tos 0x10", No("set tos")),
         ("pass in probability 50%", Yes("probability_passes_about_its_share")),
+        ("pass out on lo received-on lo", Yes("received_on_matches_the_interface_the_packet_came_in_on")),
+        ("pass out on lo !received-on lo", Yes("received_on_matches_the_interface_the_packet_came_in_on")),
+        ("pass in proto tcp once", Yes("a_once_rule_expires_at_its_first_match")),
+        ("pass in proto icmp max-pkt-rate 100/10", Yes("max_pkt_rate_stops_the_rule_and_its_states_over_the_rate")),
         ("queue q on lo bandwidth 10M default", No("queue")),
         ("set skip on lo", Yes("set_skip_on_leaves_an_interface_unfiltered")),
         ("set state-policy if-bound", Yes("state_policy_if_bound_binds_states_a_rule_does_not_float")),

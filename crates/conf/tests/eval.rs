@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 use xpf_conf::{parse, Ruleset};
-use xpf_engine::{Action, Policy, Verdict, Worker, WorkerConfig};
+use xpf_engine::{Action, Context, Policy, Verdict, Worker, WorkerConfig};
 use xpf_state::{Dir, Seed};
 use xpf_wire::pdesc::{pdf, AF_INET, IPPROTO_TCP, IPPROTO_UDP};
 use xpf_wire::{tcp, Addr, PDesc};
@@ -182,7 +182,8 @@ proptest! {
             let d = [20, 0, 0, c];
             let pd = pkt(if tcp_ { IPPROTO_TCP } else { IPPROTO_UDP }, s, d, port, port, tcp::SYN);
             let dir = if out { Dir::Out } else { Dir::In };
-            prop_assert_eq!(r.eval_with(&pd, ifi, dir, tg, rnd), r.eval_naive(&pd, ifi, dir, tg, rnd));
+            let at = Context { tag: tg, rnd, ..Context::new(ifi, dir) };
+            prop_assert_eq!(r.eval_with(&pd, &at), r.eval_naive(&pd, &at));
         }
     }
 }
@@ -203,7 +204,7 @@ fn anchors_are_evaluated_in_place() {
     let q = rs("block all\nanchor quick {\n  pass proto tcp\n}\nblock proto tcp\n");
     assert_eq!(action(&q, &ssh, 1, Dir::In), Action::Pass);
     for (p, ifi) in [(&ssh, 1), (&dns, 2), (&ntp, 1)] {
-        assert_eq!(r.eval(p, ifi, Dir::In), r.eval_naive(p, ifi, Dir::In, 0, 0));
+        assert_eq!(r.eval(p, ifi, Dir::In), r.eval_naive(p, &Context::new(ifi, Dir::In)));
     }
 }
 
@@ -250,25 +251,25 @@ fn tag_set_in_is_seen_by_tagged_out_and_kept_in_the_state() {
     let (dns, other) = (frame(53), frame(54));
     let mut v = [Verdict::Pass; 2];
     let mut tags = [0u16; 2];
-    w.process_tagged(&[&dns, &other], 1, Dir::In, 0, &mut v, &mut tags);
+    w.process_tagged(&[&dns, &other], 1, Dir::In, 1, 0, &mut v, &mut tags);
     assert_eq!(v, [Verdict::Pass, Verdict::Pass]);
     assert!(tags[0] != 0 && tags[1] == 0, "the DNS rule tagged, the other did not: {tags:?}");
-    w.process_tagged(&[&dns, &other], 2, Dir::Out, 0, &mut v, &mut tags);
+    w.process_tagged(&[&dns, &other], 2, Dir::Out, 1, 0, &mut v, &mut tags);
     assert_eq!(v, [Verdict::Pass, Verdict::Drop(xpf_wire::Reason::Match)], "only the tagged packet goes out");
     assert_eq!(w.states(), 3);
     // The `out` state goes; the next packet takes its tag from the `in` state.
     let out_id = w.t4.iter().find(|(_, s)| s.flags & xpf_state::sf::OUT != 0).map(|(i, _)| i).unwrap();
     w.t4.remove(out_id);
     let mut tags = [0u16; 1];
-    w.process_tagged(&[&dns], 1, Dir::In, 1, &mut v[..1], &mut tags);
+    w.process_tagged(&[&dns], 1, Dir::In, 1, 1, &mut v[..1], &mut tags);
     assert_ne!(tags[0], 0, "the in state carries the tag");
-    w.process_tagged(&[&dns], 2, Dir::Out, 1, &mut v[..1], &mut tags);
+    w.process_tagged(&[&dns], 2, Dir::Out, 1, 1, &mut v[..1], &mut tags);
     assert_eq!(v[0], Verdict::Pass);
     // Without the tag (as before tags crossed passes) the out pass blocks it.
     let mut none = [0u16; 1];
     let out_id = w.t4.iter().find(|(_, s)| s.flags & xpf_state::sf::OUT != 0).map(|(i, _)| i).unwrap();
     w.t4.remove(out_id);
-    w.process_tagged(&[&dns], 2, Dir::Out, 1, &mut v[..1], &mut none);
+    w.process_tagged(&[&dns], 2, Dir::Out, 1, 1, &mut v[..1], &mut none);
     assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Match));
 }
 
@@ -384,8 +385,11 @@ fn probability_passes_about_its_share() {
     assert!(r.wants_random());
     let p = pkt(IPPROTO_UDP, [1, 1, 1, 1], [2, 2, 2, 2], 1, 2, 0);
     let mut x = 0x1234_5678u32;
-    let passed =
-        (0..20_000).filter(|_| r.evaluate_tagged(&p, 1, Dir::In, 0, next(&mut x)).action == Action::Pass).count();
+    let passed = (0..20_000)
+        .filter(|_| {
+            r.evaluate_in(&p, &Context { rnd: next(&mut x), ..Context::new(1, Dir::In) }).action == Action::Pass
+        })
+        .count();
     assert!((4_500..5_500).contains(&passed), "25% of 20,000: {passed}");
     assert!(!rs("pass all\n").wants_random());
 }
@@ -559,4 +563,95 @@ fn synproxy_completes_the_handshake_then_splices_the_sequence_spaces() {
     let rp = desc(&r);
     assert_eq!((rp.tcp_seq, rp.tcp_ack), (isn_fw.wrapping_add(1), 1011), "in the client's numbering");
     assert!(w.stats.proxied >= 5);
+}
+
+/// `received-on` tests the interface the packet came in on, in either pass: a forwarded
+/// packet's `out` pass sees its `in` interface; the host's own packets came in on none.
+#[test]
+fn received_on_matches_the_interface_the_packet_came_in_on() {
+    let r = rs("block all\npass out on em1 received-on em0\n");
+    let p = pkt(IPPROTO_UDP, [1, 1, 1, 1], [2, 2, 2, 2], 1, 2, 0);
+    let out = |rcvif| r.evaluate_in(&p, &Context { rcvif, ..Context::new(2, Dir::Out) }).action;
+    assert_eq!(out(1), Action::Pass, "came in on em0");
+    assert_eq!(out(2), Action::Block, "came in on em1");
+    assert_eq!(out(0), Action::Block, "the host's own");
+    let n = rs("block all\npass out on em1 !received-on em0\n");
+    let out = |rcvif| n.evaluate_in(&p, &Context { rcvif, ..Context::new(2, Dir::Out) }).action;
+    assert_eq!((out(1), out(2), out(0)), (Action::Block, Action::Pass, Action::Pass));
+    // Through the worker: the `in` pass on em0 hands its interface to the `out` pass.
+    let mut w = worker(rs("pass in all\nblock out all\npass out on em1 received-on em0\n"));
+    let f = udp([10, 0, 0, 1], [8, 8, 8, 8], 5000, 53);
+    let mut v = [Verdict::Pass; 1];
+    let mut tags = [0u16; 1];
+    w.process_tagged(&[&f], 2, Dir::Out, 1, 1, &mut v, &mut tags);
+    assert_eq!(v[0], Verdict::Pass);
+    let g = udp([10, 0, 0, 2], [8, 8, 8, 8], 5000, 53);
+    w.process_tagged(&[&g], 2, Dir::Out, 2, 1, &mut v, &mut tags);
+    assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Match), "received on em1");
+    assert!(rs("pass out received-on em0\n").len() == 1);
+    let bad = parse("pass out received-on nosuch0\n", "t", &[]);
+    assert!(Ruleset::compile(&bad, &ifindex).is_err(), "an unknown interface is a load error");
+}
+
+/// `once`: the rule decides one packet, then is gone; the state it made lives on. A
+/// recompile of the same rules (a table changed) keeps it gone; a reload brings it back.
+#[test]
+fn a_once_rule_expires_at_its_first_match() {
+    let text = "table <t> persist\nblock all\npass in proto udp to port 53 once\n";
+    let r = rs(text);
+    let a = pkt(IPPROTO_UDP, [1, 1, 1, 1], [2, 2, 2, 2], 1000, 53, 0);
+    let b = pkt(IPPROTO_UDP, [1, 1, 1, 1], [2, 2, 2, 2], 1001, 53, 0);
+    assert!(!r.expired(1));
+    assert_eq!(action(&r, &a, 1, Dir::In), Action::Pass);
+    assert!(r.expired(1));
+    assert_eq!(action(&r, &b, 1, Dir::In), Action::Block, "expired");
+    let mut again = rs(text);
+    again.keep_marks(&r);
+    assert_eq!(action(&again, &b, 1, Dir::In), Action::Block, "a recompile keeps it expired");
+    assert_eq!(action(&rs(text), &b, 1, Dir::In), Action::Pass, "a reload re-arms it");
+    // The state made by the one match carries its flow on.
+    let mut w = worker(rs(text));
+    let f = udp([10, 0, 0, 1], [8, 8, 8, 8], 5000, 53);
+    let g = udp([10, 0, 0, 1], [8, 8, 8, 8], 5001, 53);
+    let mut v = [Verdict::Pass; 1];
+    for _ in 0..3 {
+        w.process(&[&f], 1, Dir::In, 1, &mut v);
+        assert_eq!(v[0], Verdict::Pass);
+    }
+    w.process(&[&g], 1, Dir::In, 1, &mut v);
+    assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Match), "a second flow finds the rule gone");
+    // A `match` rule with `once` expires at its first match too.
+    let m = rs("match in proto udp tag X once\npass in tagged X\nblock in proto udp to port 99\n");
+    assert_eq!(action(&m, &a, 1, Dir::In), Action::Pass);
+    assert_eq!(action(&m, &b, 1, Dir::In), Action::Pass, "pass all: untagged, no rule");
+    assert!(m.expired(0));
+}
+
+/// `max-pkt-rate N/S`: past N packets in S seconds the rule stops matching (the next rule
+/// or the default decides), and its states drop packets in their first direction (replies
+/// are not counted), until the rate decays.
+#[test]
+fn max_pkt_rate_stops_the_rule_and_its_states_over_the_rate() {
+    let r = rs("block all\npass in proto icmp max-pkt-rate 3/10 no state\n");
+    let p = PDesc { proto: 1, flags: 0, ..pkt(1, [1, 1, 1, 1], [2, 2, 2, 2], 0, 0, 0) };
+    let at = |now| Context { now, ..Context::new(1, Dir::In) };
+    let passed = (0..5).filter(|_| r.evaluate_in(&p, &at(100)).action == Action::Pass).count();
+    assert_eq!(passed, 3, "three in ten seconds");
+    assert_eq!(r.evaluate_in(&p, &at(111)).action, Action::Pass, "decayed");
+    // A state of the rule: its first direction counts, replies do not.
+    let mut w = worker(rs("block all\npass in on em0 proto udp max-pkt-rate 3/10\n"));
+    let f = udp([10, 0, 0, 1], [8, 8, 8, 8], 5000, 53);
+    let reply = udp([8, 8, 8, 8], [10, 0, 0, 1], 53, 5000);
+    let mut v = [Verdict::Pass; 1];
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        w.process(&[&f], 1, Dir::In, 50, &mut v);
+        got.push(v[0]);
+        w.process(&[&reply], 1, Dir::Out, 50, &mut v);
+        assert_eq!(v[0], Verdict::Pass, "replies are not metered");
+    }
+    let rate = Verdict::Drop(xpf_wire::Reason::PktRate);
+    assert_eq!(got, vec![Verdict::Pass, Verdict::Pass, Verdict::Pass, rate, rate]);
+    w.process(&[&f], 1, Dir::In, 61, &mut v);
+    assert_eq!(v[0], Verdict::Pass, "the rate decayed");
 }

@@ -14,7 +14,7 @@ pub mod proto;
 pub mod reply;
 pub mod synproxy;
 
-pub use policy::{Action, BlockAll, Decision, PassAll, Policy, Return, Scrub};
+pub use policy::{Action, BlockAll, Context, Decision, PassAll, Policy, Return, Scrub};
 
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
@@ -144,6 +144,8 @@ pub struct Worker<P: Policy> {
     return_budget: (u32, u32),
     limit: u32,
     any_if_bound: bool,
+    /// The interface the batch at hand came in on (set by each call that filters).
+    rcvif: u16,
     pd: [PDesc; BATCH],
     k4: [Key4; BATCH],
     h4: [u64; BATCH],
@@ -203,6 +205,7 @@ impl<P: Policy> Worker<P> {
             return_budget: (RETURN_PER_SECOND, cfg.now),
             limit: cfg.limit,
             any_if_bound: false,
+            rcvif: 0,
             pd: [PDesc::default(); BATCH],
             k4: [Key4::default(); BATCH],
             h4: [0; BATCH],
@@ -237,21 +240,27 @@ impl<P: Policy> Worker<P> {
     // xpf-bench states; docs/bench-results.md).
     pub fn process(&mut self, frames: &[&[u8]], ifidx: u16, dir: Dir, now: u32, verdicts: &mut [Verdict]) {
         let mut tags = [0u16; BATCH];
-        self.process_tagged(frames, ifidx, dir, now, verdicts, &mut tags);
+        let rcvif = if dir == Dir::In { ifidx } else { 0 };
+        self.process_tagged(frames, ifidx, dir, rcvif, now, verdicts, &mut tags);
     }
 
-    /// [`Worker::process`] with pf's packet tags: `tags[i]` is the tag frame `i` carries in
-    /// (0: none; from its `in` pass when this is its `out` pass), and on return the tag it
-    /// carries on: set by a `tag` rule of this pass, or by the state it matched.
+    /// [`Worker::process`] for frames received on `rcvif` (for an `out` pass, the interface
+    /// of their `in` pass; 0 for the host's own), with pf's packet tags: `tags[i]` is the tag
+    /// frame `i` carries in (0: none; from its `in` pass when this is its `out` pass), and on
+    /// return the tag it carries on: set by a `tag` rule of this pass, or by the state it
+    /// matched.
+    #[allow(clippy::too_many_arguments)]
     pub fn process_tagged(
         &mut self,
         frames: &[&[u8]],
         ifidx: u16,
         dir: Dir,
+        rcvif: u16,
         now: u32,
         verdicts: &mut [Verdict],
         tags: &mut [u16],
     ) {
+        self.rcvif = rcvif;
         let n = frames.len().min(BATCH);
         let (mut n4, mut n6) = (0usize, 0usize);
         self.patched = 0;
@@ -311,12 +320,15 @@ impl<P: Policy> Worker<P> {
                 let pd = &self.pd[i];
                 let v = if self.r4[j] != NONE {
                     hit(&mut self.t4, self.r4[j], pd, dir, now, &mut self.aux).map(|v| {
-                        let a = state_actions(&self.t4, self.r4[j], &mut tags[i]);
-                        if a != 0 {
-                            self.scrubs[i] = Scrub::unpack(a);
-                            self.scrubbed |= 1 << i;
+                        match state_actions(&self.t4, &self.policy, self.r4[j], dir, now, &mut tags[i]) {
+                            Ok(0) => v,
+                            Ok(a) => {
+                                self.scrubs[i] = Scrub::unpack(a);
+                                self.scrubbed |= 1 << i;
+                                v
+                            }
+                            Err(why) => Verdict::Drop(why),
                         }
-                        v
                     })
                 } else {
                     None
@@ -347,12 +359,15 @@ impl<P: Policy> Worker<P> {
                 let pd = &self.pd[i];
                 let v = if self.r6[j] != NONE {
                     hit(&mut self.t6, self.r6[j], pd, dir, now, &mut self.aux).map(|v| {
-                        let a = state_actions(&self.t6, self.r6[j], &mut tags[i]);
-                        if a != 0 {
-                            self.scrubs[i] = Scrub::unpack(a);
-                            self.scrubbed |= 1 << i;
+                        match state_actions(&self.t6, &self.policy, self.r6[j], dir, now, &mut tags[i]) {
+                            Ok(0) => v,
+                            Ok(a) => {
+                                self.scrubs[i] = Scrub::unpack(a);
+                                self.scrubbed |= 1 << i;
+                                v
+                            }
+                            Err(why) => Verdict::Drop(why),
                         }
-                        v
                     })
                 } else {
                     None
@@ -623,8 +638,9 @@ impl<P: Policy> Worker<P> {
 
     /// Filters the fragments of one datagram, complete and in datagram order, as a whole, on
     /// `ifidx` in direction `dir`, without holding them: the `out` pass of a datagram that
-    /// [`Worker::released`] gave after its `in` pass. Counted as that many packets.
-    pub fn filter_datagram(&mut self, frames: &[&[u8]], ifidx: u16, dir: Dir, now: u32) -> Verdict {
+    /// [`Worker::released`] gave after its `in` pass on `rcvif`. Counted as that many packets.
+    pub fn filter_datagram(&mut self, frames: &[&[u8]], ifidx: u16, dir: Dir, rcvif: u16, now: u32) -> Verdict {
+        self.rcvif = rcvif;
         let mut pieces = Vec::with_capacity(frames.len());
         for f in frames {
             let mut pd = PDesc::default();
@@ -780,6 +796,7 @@ macro_rules! ctx {
             elsewhere: &$w.$other.track,
             ifidx: $ifidx,
             dir: $dir,
+            rcvif: $w.rcvif,
             now: $now,
             any_if_bound: &mut $w.any_if_bound,
             rule_passes: &mut $w.stats.rule_passes,
@@ -810,6 +827,8 @@ struct Ctx<'a> {
     elsewhere: &'a xpf_state::Tracking,
     ifidx: u16,
     dir: Dir,
+    /// The interface the packet came in on (`received-on`).
+    rcvif: u16,
     now: u32,
     any_if_bound: &'a mut bool,
     rule_passes: &'a mut u64,
@@ -1065,23 +1084,41 @@ fn connection_limit<K: Key>(t: &mut StateTable<K>, id: u32, now: u32) -> Option<
     Some(Verdict::Drop(Reason::SrcLimit))
 }
 
-/// The tag a packet takes from its state `r`, and the state's packed scrub actions (0:
-/// none); only states of rules with `tag` or `scrub` have them: without such states the map
-/// is empty, and this is one test.
+/// What state `r`'s rules left it besides its verdict: the tag a packet takes from it, and
+/// the state's packed scrub actions (Ok(0): none); Err when the packet goes over its rule's
+/// `max-pkt-rate` (counted only in the state's first direction, as pf_find_state does). Only
+/// states of rules with `tag`, `scrub` or `max-pkt-rate` have any: without such states the
+/// map is empty, and this is one test.
 #[inline(always)]
-fn state_actions<K: Key>(t: &StateTable<K>, r: u32, tag: &mut u16) -> u64 {
+fn state_actions<K: Key, P: Policy>(
+    t: &StateTable<K>,
+    p: &P,
+    r: u32,
+    dir: Dir,
+    now: u32,
+    tag: &mut u16,
+) -> Result<u64, Reason> {
     if t.actions.is_empty() {
-        return 0;
+        return Ok(0);
     }
     match t.actions.get(&(r & ID_MASK)) {
         Some(a) => {
             if a.tag != 0 {
                 *tag = a.tag;
             }
-            a.scrub
+            if a.rate != 0 && first_direction(t.state(r & ID_MASK).flags, dir) && p.rate_exceeded(a.rate, now) {
+                return Err(Reason::PktRate);
+            }
+            Ok(a.scrub)
         }
-        None => 0,
+        None => Ok(0),
     }
+}
+
+/// Whether a packet in direction `dir` goes the way its state's first packet went.
+#[inline(always)]
+fn first_direction(state_flags: u8, dir: Dir) -> bool {
+    ((state_flags & sf::OUT) >> 2) ^ dir as u8 == 0
 }
 
 /// Notes scrub actions `s` for the frame a miss handles.
@@ -1090,6 +1127,19 @@ fn note_scrub(at: Option<(&mut [Scrub; BATCH], &mut u64, usize)>, s: Scrub) {
     if let Some((scrubs, mask, i)) = at.filter(|_| !s.is_none()) {
         scrubs[i] = s;
         *mask |= 1 << i;
+    }
+}
+
+/// A miss that found its state after all (made earlier in the batch, or if-bound): the
+/// hit's verdict `v` with the state's actions.
+#[inline]
+fn with_actions<K: Key, P: Policy>(t: &StateTable<K>, p: &P, r: u32, c: Ctx, v: Verdict) -> Verdict {
+    match state_actions(t, p, r, c.dir, c.now, c.tag) {
+        Ok(a) => {
+            note_scrub(c.scrub, Scrub::unpack(a));
+            v
+        }
+        Err(why) => Verdict::Drop(why),
     }
 }
 
@@ -1106,21 +1156,20 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     // Created by an earlier packet of this batch, or if-bound to this interface.
     if let Some(r) = t.find(&key, h) {
         if let Some(v) = hit(t, r, pd, c.dir, c.now, c.aux) {
-            note_scrub(c.scrub, Scrub::unpack(state_actions(t, r, c.tag)));
-            return v;
+            return with_actions(t, p, r, c, v);
         }
     }
     if *c.any_if_bound {
         let kb = K::from_pdesc(pd, c.dir, c.ifidx);
         if let Some(r) = t.find(&kb, t.hash(&kb)) {
             if let Some(v) = hit(t, r, pd, c.dir, c.now, c.aux) {
-                note_scrub(c.scrub, Scrub::unpack(state_actions(t, r, c.tag)));
-                return v;
+                return with_actions(t, p, r, c, v);
             }
         }
     }
     let rnd = if p.wants_random() { rand_core::Rng::next_u32(&mut c.aux.rng) } else { 0 };
-    let d = p.evaluate_tagged(pd, c.ifidx, c.dir, *c.tag, rnd);
+    let at = Context { ifidx: c.ifidx, dir: c.dir, rcvif: c.rcvif, tag: *c.tag, rnd, now: c.now };
+    let d = p.evaluate_in(pd, &at);
     *c.tag = d.tag;
     if d.action == Action::Block {
         if !d.ret.is_drop() {
@@ -1181,6 +1230,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         sloppy: d.sloppy,
         tag: d.tag,
         scrub: d.scrub.pack(),
+        rate: d.rate,
     };
     match t.insert(h, ns, c.now) {
         Ok(id) => {

@@ -42,6 +42,9 @@ pub struct Decision {
     /// The tag the packet carries after the ruleset (the last `tag` of a matching rule, else
     /// the one it came in with), kept in the state it makes.
     pub tag: u16,
+    /// The deciding rule's `max-pkt-rate` meter ([`Policy::rate_exceeded`]), 0 for none;
+    /// kept in the state it makes.
+    pub rate: u32,
 }
 
 impl Decision {
@@ -61,6 +64,7 @@ impl Decision {
         ret: Return::DROP,
         scrub: Scrub::NONE,
         tag: 0,
+        rate: 0,
     };
     /// `block` (drop).
     pub const BLOCK: Decision = Decision { action: Action::Block, keep_state: false, ..Decision::PASS };
@@ -156,15 +160,44 @@ impl Scrub {
     }
 }
 
+/// Where and when a packet is judged: what rules test besides its headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Context {
+    /// The interface of this pass.
+    pub ifidx: u16,
+    pub dir: Dir,
+    /// The interface the packet came in on (`received-on`): this pass's for `in`, the `in`
+    /// pass's for a forwarded packet's `out`, 0 for the host's own packets.
+    pub rcvif: u16,
+    /// The tag the packet carries from an earlier pass (pf's mbuf tag: `tagged` rules see
+    /// it, `tag` rules replace it).
+    pub tag: u16,
+    /// A random number the worker drew for this packet when [`Policy::wants_random`] says
+    /// the ruleset needs one (`probability`), else 0.
+    pub rnd: u32,
+    /// The worker's clock, in seconds (`max-pkt-rate`).
+    pub now: u32,
+}
+
+impl Context {
+    /// A packet with no tag, no draw, at time 0; received on `ifidx` when it comes in.
+    pub fn new(ifidx: u16, dir: Dir) -> Context {
+        Context { ifidx, dir, rcvif: if dir == Dir::In { ifidx } else { 0 }, tag: 0, rnd: 0, now: 0 }
+    }
+}
+
 pub trait Policy {
     fn evaluate(&self, pd: &PDesc, ifidx: u16, dir: Dir) -> Decision;
-    /// [`Policy::evaluate`] for a packet that carries `tag` from an earlier pass (pf's mbuf
-    /// tag: `tagged` rules see it, `tag` rules replace it). A policy without tags keeps it.
-    /// `rnd` is a random number the worker drew for this packet when [`Policy::wants_random`]
-    /// says the ruleset needs one (`probability`), else 0.
-    fn evaluate_tagged(&self, pd: &PDesc, ifidx: u16, dir: Dir, tag: u16, rnd: u32) -> Decision {
-        let _ = rnd;
-        Decision { tag, ..self.evaluate(pd, ifidx, dir) }
+    /// [`Policy::evaluate`] with the packet's [`Context`]. A policy without tags keeps the
+    /// packet's.
+    fn evaluate_in(&self, pd: &PDesc, at: &Context) -> Decision {
+        Decision { tag: at.tag, ..self.evaluate(pd, at.ifidx, at.dir) }
+    }
+    /// A packet of a state made by a rule with `max-pkt-rate`, in the state's first
+    /// direction, counted at `now` against the rule's meter `meter` (`Decision::rate`); true
+    /// when the rate is over the limit (the packet is dropped, as pf_find_state does).
+    fn rate_exceeded(&self, _meter: u32, _now: u32) -> bool {
+        false
     }
     /// Whether evaluation takes a random number (a rule with `probability`).
     fn wants_random(&self) -> bool {

@@ -635,7 +635,7 @@ fn fragments_are_held_then_filtered_as_one_datagram_and_released_in_order() {
     let c = w.frags.as_ref().unwrap().counters;
     assert_eq!((c.held, c.reassembled), (0, 1));
     // The reply's fragments ride the state.
-    let out = w.filter_datagram(&f.iter().map(|x| &x[..]).collect::<Vec<_>>(), 2, Dir::Out, 1);
+    let out = w.filter_datagram(&f.iter().map(|x| &x[..]).collect::<Vec<_>>(), 2, Dir::Out, 1, 1);
     assert_eq!(out, Verdict::Pass);
 }
 

@@ -19,5 +19,6 @@ pub fn established_tcp<K: Key>(key: K, peers: [Peer; 2]) -> NewState<K> {
         sloppy: false,
         tag: 0,
         scrub: 0,
+        rate: 0,
     }
 }

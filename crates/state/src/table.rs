@@ -142,14 +142,18 @@ pub struct NewState<K: Key> {
     /// The rules' `scrub (...)` actions, packed by the engine (0: none): applied to every
     /// packet of the state.
     pub scrub: u64,
+    /// The rule's `max-pkt-rate` meter (the policy's; 0: none): the state's packets in its
+    /// first direction count against it.
+    pub rate: u32,
 }
 
-/// What a state keeps of the rules that made it besides its key and counters (pf's tag and
-/// scrub actions): in a side map, since few states have any.
+/// What a state keeps of the rules that made it besides its key and counters (pf's tag,
+/// scrub actions and packet-rate meter): in a side map, since few states have any.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Actions {
     pub tag: u16,
     pub scrub: u64,
+    pub rate: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -613,8 +617,8 @@ impl<K: Key> StateTable<K> {
             bytes: [0; 2],
         };
         self.index.insert(h, id);
-        if s.tag != 0 || s.scrub != 0 {
-            self.actions.insert(id, Actions { tag: s.tag, scrub: s.scrub });
+        if s.tag != 0 || s.scrub != 0 || s.rate != 0 {
+            self.actions.insert(id, Actions { tag: s.tag, scrub: s.scrub, rate: s.rate });
         }
         if let Some(hs) = hs {
             self.index.insert(hs, id | STACK);

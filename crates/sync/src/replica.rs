@@ -666,6 +666,7 @@ fn import<K: Key>(t: &mut StateTable<K>, r: &StateRec, kif: u16, class: Timeout,
         sloppy,
         tag: 0,
         scrub: 0,
+        rate: 0,
     };
     let h = t.hash(&key);
     let slot = t.insert(h, ns, now).ok()?;

@@ -84,6 +84,7 @@ reasons! {
     BadL4Header = "bad-l4-header",
     V6HeaderChain = "ip6-header-chain",
     V6RoutingType0 = "ip6-rh0",
+    PktRate = "pkt-rate",
 }
 
 #[cfg(test)]

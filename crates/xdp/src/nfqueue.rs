@@ -63,7 +63,7 @@ fn nlattr(b: &mut Vec<u8>, ty: u16, data: &[u8]) {
     b.extend_from_slice(&(len as u16).to_ne_bytes());
     b.extend_from_slice(&ty.to_ne_bytes());
     b.extend_from_slice(data);
-    while b.len() % 4 != 0 {
+    while !b.len().is_multiple_of(4) {
         b.push(0);
     }
 }

@@ -18,8 +18,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use xpf_conf::ast::{Host, HostKind};
-use xpf_conf::parse::{Parsed, TablePart};
+use xpf_conf::parse::Parsed;
 use xpf_conf::reload::Slot;
 use xpf_conf::Ruleset;
 use xpf_engine::info::Info;
@@ -140,6 +139,21 @@ fn hms(s: u32) -> String {
     format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
 }
 
+/// A time in seconds since the epoch as pfctl prints one (ctime's form, local time).
+fn clock_time(secs: u64) -> String {
+    let t = secs as libc::time_t;
+    // SAFETY: localtime_r fills the tm we own; strftime writes at most buf.len() bytes.
+    unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&t, &mut tm).is_null() {
+            return secs.to_string();
+        }
+        let mut buf = [0u8; 64];
+        let n = libc::strftime(buf.as_mut_ptr().cast(), buf.len(), c"%a %b %e %H:%M:%S %Y".as_ptr(), &tm);
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+}
+
 fn proto_name(p: u8) -> String {
     match p {
         1 => "icmp".into(),
@@ -222,7 +236,10 @@ impl Daemon {
     /// Compiles the ruleset in force again (its tables as they are now) for the interfaces'
     /// current addresses.
     pub fn recompile(&mut self) -> Result<u64, Vec<String>> {
-        let l = Loaded::compile(self.loaded.parsed.clone(), &self.file)?;
+        let mut l = Loaded::compile(self.loaded.parsed.clone(), &self.file)?;
+        if let Some(r) = l.ruleset.as_mut() {
+            r.keep_runtime(&self.slot.current().1);
+        }
         self.install(l)
     }
 
@@ -409,7 +426,6 @@ impl Daemon {
         let Some((_, t)) = cur.tables.iter().find(|t| t.0 == name) else {
             return Err(format!("table <{name}> does not exist (declare it in pf.conf)"));
         };
-        let entries = t.entries();
         let norm = |(a, l): (IpAddr, u8)| (crate::dataplane::masked(a, l), l);
         let fmt = |a: IpAddr, l: u8, neg: bool| {
             let full = if a.is_ipv4() { 32 } else { 128 };
@@ -417,17 +433,21 @@ impl Daemon {
         };
         match cmd {
             "show" => {
+                let entries = t.entries();
                 let verbose = req["verbose"].as_u64().unwrap_or(0) > 0;
                 let mut text = String::new();
-                for &(a, l, neg, m) in &entries {
+                for &(a, l, neg, m, cleared) in &entries {
                     let _ = writeln!(text, "   {}", fmt(a, l, neg));
                     if verbose {
+                        let _ = writeln!(text, "\tCleared:     {}", clock_time(cleared));
                         let _ = writeln!(text, "\tMatches: {m}");
                     }
                 }
                 let data: Vec<Value> = entries
                     .iter()
-                    .map(|&(a, l, neg, m)| json!({"addr": a.to_string(), "prefix": l, "negated": neg, "matches": m}))
+                    .map(|&(a, l, neg, m, cleared)| {
+                        json!({"addr": a.to_string(), "prefix": l, "negated": neg, "matches": m, "cleared": cleared})
+                    })
                     .collect();
                 Ok((text, json!({"table": name, "entries": data})))
             }
@@ -451,61 +471,55 @@ impl Daemon {
                 }
                 Ok((text, json!({"matched": hits, "tested": addrs.len()})))
             }
-            "add" | "delete" | "replace" | "flush" | "zero"
+            "add" | "delete" | "replace" | "flush" | "zero" | "expire"
                 if self.loaded.parsed.tables.iter().any(|t| t.name == name && t.konst) && cmd != "zero" =>
             {
                 Err(format!("-T {cmd}: table <{name}> is const"))
             }
-            "add" | "delete" | "replace" | "flush" | "zero" => {
-                let mut set: Vec<(IpAddr, u8, bool)> = entries.iter().map(|e| (e.0, e.1, e.2)).collect();
-                let before = set.len();
-                let mut changed = 0;
-                match cmd {
+            _ if !self.loaded.parsed.tables.iter().any(|t| t.name == name) => {
+                Err(format!("table <{name}> was made by a rule; declare it in pf.conf to change it"))
+            }
+            "add" | "delete" | "replace" | "flush" | "zero" | "expire" => {
+                // The changed copy replaces the table in force; rules, counters and states
+                // stay, and the workers take it at their next batch (no recompile).
+                let now = xpf_conf::compile::unix_now();
+                let before = t.len();
+                let (tb, verb, changed) = match cmd {
                     "add" => {
-                        for a in addrs.iter().map(|&a| norm(a)) {
-                            if !set.iter().any(|e| (e.0, e.1) == a) {
-                                set.push((a.0, a.1, false));
-                                changed += 1;
-                            }
-                        }
+                        let mut tb = (**t).clone();
+                        let n = addrs.iter().map(|&a| norm(a)).filter(|&(a, l)| tb.add(a, l, now)).count();
+                        (tb, format!("{n}/{} addresses added.", addrs.len()), n)
                     }
                     "delete" => {
-                        for a in addrs.iter().map(|&a| norm(a)) {
-                            let n = set.len();
-                            set.retain(|e| (e.0, e.1) != a);
-                            changed += n - set.len();
-                        }
+                        let mut tb = (**t).clone();
+                        let n = addrs.iter().map(|&a| norm(a)).filter(|&(a, l)| tb.remove(a, l)).count();
+                        (tb, format!("{n}/{} addresses deleted.", addrs.len()), n)
                     }
                     "replace" => {
-                        set = addrs.iter().map(|&a| norm(a)).map(|a| (a.0, a.1, false)).collect();
-                        changed = set.len().max(before);
+                        let set: Vec<(IpAddr, u8)> = addrs.iter().map(|&a| norm(a)).collect();
+                        let tb = t.replaced(&set, now);
+                        let n = tb.len();
+                        (tb, format!("{n} addresses replaced ({before} before)."), n.max(before))
                     }
-                    "flush" => {
-                        changed = set.len();
-                        set.clear();
+                    "flush" => (Default::default(), format!("{before} addresses deleted."), before),
+                    "zero" => {
+                        let mut tb = (**t).clone();
+                        tb.zero(now);
+                        (tb, format!("{before} addresses zeroed."), before)
                     }
-                    _ => changed = set.len(), // zero: the counters restart with the new table
-                }
-                let verb = match cmd {
-                    "add" => format!("{changed}/{} addresses added.", addrs.len()),
-                    "delete" => format!("{changed}/{} addresses deleted.", addrs.len()),
-                    "replace" => format!("{} addresses replaced ({before} before).", set.len()),
-                    "flush" => format!("{changed} addresses deleted."),
-                    _ => format!("{changed} addresses zeroed."),
+                    _ => {
+                        let secs = req["seconds"].as_u64().ok_or("-T expire: no number of seconds")?;
+                        let mut tb = (**t).clone();
+                        let n = tb.expire(now.saturating_sub(secs));
+                        (tb, format!("{n}/{before} addresses expired."), n)
+                    }
                 };
-                let mut p = self.loaded.parsed.clone();
-                let hosts = set.iter().map(|&(a, l, neg)| Host { neg, kind: HostKind::Net(a, l) }).collect();
-                match p.tables.iter_mut().find(|t| t.name == name) {
-                    Some(t) => t.parts = vec![TablePart::Hosts(hosts)],
-                    None => {
-                        return Err(format!("table <{name}> was made by a rule; declare it in pf.conf to change it"))
-                    }
-                }
-                let l = Loaded::compile(p, &self.file).map_err(|e| e.join("\n"))?;
-                self.install(l).map_err(|e| e.join("\n"))?;
-                Ok((format!("{verb}\n"), json!({"changed": changed, "entries": set.len()})))
+                let entries = tb.len();
+                let r = cur.with_table(&name, tb).ok_or_else(|| format!("table <{name}> does not exist"))?;
+                self.slot.install(r);
+                Ok((format!("{verb}\n"), json!({"changed": changed, "entries": entries})))
             }
-            _ => Err(format!("-T {cmd}: add, delete, replace, show, test, flush or zero")),
+            _ => Err(format!("-T {cmd}: add, delete, replace, show, test, flush, zero or expire")),
         }
     }
 
@@ -640,7 +654,15 @@ impl Daemon {
                 let mut text = String::new();
                 let mut data = Vec::new();
                 for (i, r) in self.loaded.parsed.rules.iter().enumerate() {
-                    let line = xpf_conf::print::rule(r);
+                    let mut line = xpf_conf::print::rule(r);
+                    // A `once` rule that fired is gone, as pfctl shows it: only with -vv.
+                    let expired = i < cur.len() && cur.expired(i);
+                    if expired && verbose < 2 {
+                        continue;
+                    }
+                    if expired {
+                        line.push_str(" # expired");
+                    }
                     if verbose > 1 {
                         let _ = writeln!(text, "@{i} {line}");
                     } else {
@@ -659,7 +681,7 @@ impl Daemon {
                         );
                     }
                     data.push(json!({"nr": i, "rule": line, "evaluations": evals, "states": states,
-                        "state_packets": pk, "state_bytes": by}));
+                        "state_packets": pk, "state_bytes": by, "expired": expired}));
                 }
                 Ok((text, json!(data)))
             }
@@ -758,6 +780,8 @@ pub fn serve_once(l: &UnixListener, d: &mut Daemon, ms: i32) {
             Err(e) => json!({"ok": false, "error": format!("reading the request: {e}")}),
         }
     };
-    let mut w = &s;
-    let _ = writeln!(w, "{reply}");
+    // One write: Display would hand the socket the JSON in pieces, a syscall each.
+    let mut out = reply.to_string();
+    out.push('\n');
+    let _ = (&s).write_all(out.as_bytes());
 }

@@ -366,16 +366,16 @@ impl Dataplane {
         // pf's packet tags: what the `in` pass tagged, the `out` pass sees (`tagged`).
         let mut tags = [0u16; BATCH];
         let clock = Instant::now();
-        self.worker.process_tagged(&frames[..n], inif as u16, Dir::In, now, &mut v_in, &mut tags);
+        self.worker.process_tagged(&frames[..n], inif as u16, Dir::In, inif as u16, now, &mut v_in, &mut tags);
         // Defer mode: which frames made a state on the way in (the `out` pass may make more).
         let defer = self.sync.as_ref().is_some_and(|s| s.defer.is_some());
         let (created_in, ids_in) = if defer { (self.worker.created, self.worker.created_ids) } else { (0, [0; BATCH]) };
         // `scrub (...)` of the `in` pass, applied with the `out` pass's when the frame leaves.
-        let scrub_in = (self.worker.scrubbed != 0).then(|| (self.worker.scrubbed, self.worker.scrubs));
+        let scrub_in = (self.worker.scrubbed != 0).then_some((self.worker.scrubbed, self.worker.scrubs));
         let mut held = Vec::new();
         if !self.worker.released.is_empty() {
             let released = std::mem::take(&mut self.worker.released);
-            self.forward_datagrams(&released, &routes, now);
+            self.forward_datagrams(&released, &routes, inif as u16, now);
         }
         // `modulate state` rewrote some on the way in: the `out` pass and the wire see the
         // rewritten copies.
@@ -444,7 +444,15 @@ impl Dataplane {
                 continue;
             };
             let clock = Instant::now();
-            self.worker.process_tagged(&out_frames[..m], eg as u16, Dir::Out, now, &mut v_out[..m], &mut out_tags[..m]);
+            self.worker.process_tagged(
+                &out_frames[..m],
+                eg as u16,
+                Dir::Out,
+                inif as u16,
+                now,
+                &mut v_out[..m],
+                &mut out_tags[..m],
+            );
             spent += clock.elapsed();
             // A block out with return answers the sender, back where the packet came in.
             self.send_returns(p);
@@ -548,7 +556,7 @@ impl Dataplane {
     /// filtered `out` as a whole on the egress its completing frame was routed to, and its
     /// fragments leave unchanged but for the link header and TTL.
     #[cold]
-    fn forward_datagrams(&mut self, released: &[(u8, Vec<u8>)], routes: &[Route], now: u32) {
+    fn forward_datagrams(&mut self, released: &[(u8, Vec<u8>)], routes: &[Route], inif: u16, now: u32) {
         let mut start = 0;
         while start < released.len() {
             let idx = released[start].0;
@@ -571,7 +579,7 @@ impl Dataplane {
                 self.io.egress_not_filtered += group.len() as u64;
                 continue;
             };
-            if self.worker.filter_datagram(&group, eg as u16, Dir::Out, now) != Verdict::Pass {
+            if self.worker.filter_datagram(&group, eg as u16, Dir::Out, inif, now) != Verdict::Pass {
                 continue;
             }
             for f in group {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use xpf_conf::reload::Slot;
 use xpf_conf::Ruleset;
-use xpf_engine::{Decision, Policy};
+use xpf_engine::{Context, Decision, Policy};
 use xpf_state::Dir;
 use xpf_wire::PDesc;
 
@@ -45,8 +45,13 @@ impl Policy for Live {
     }
 
     #[inline]
-    fn evaluate_tagged(&self, pd: &PDesc, ifidx: u16, dir: Dir, tag: u16, rnd: u32) -> Decision {
-        self.rules.evaluate_tagged(pd, ifidx, dir, tag, rnd)
+    fn evaluate_in(&self, pd: &PDesc, at: &Context) -> Decision {
+        self.rules.evaluate_in(pd, at)
+    }
+
+    #[inline]
+    fn rate_exceeded(&self, meter: u32, now: u32) -> bool {
+        self.rules.rate_exceeded(meter, now)
     }
 
     #[inline]

@@ -520,5 +520,4 @@ const UNSUPPORTED_STATEMENTS: &[&str] = &[
 ];
 
 /// Rule options pfctl knows that xpf does not implement yet.
-const UNSUPPORTED_OPTIONS: &[&str] =
-    &["os", "received-on", "once", "max-pkt-rate", "prio", "queue", "fragment", "no-df", "rdomain", "pflow", "delay"];
+const UNSUPPORTED_OPTIONS: &[&str] = &["os", "prio", "queue", "fragment", "no-df", "rdomain", "pflow", "delay"];

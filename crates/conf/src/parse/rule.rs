@@ -275,6 +275,9 @@ pub(super) fn rule_shell(action: Action, line: u32) -> Rule {
         binat: None,
         scrub: None,
         probability: None,
+        received_on: None,
+        once: false,
+        max_pkt_rate: None,
         anchor: None,
         set_prio: None,
         set_queue: None,
@@ -531,7 +534,24 @@ pub(super) fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
             t.r.tag = Some(p.name()?);
         } else if p.eat("tagged") {
             t.r.tagged = Some((false, p.name()?));
+        } else if p.eat("once") {
+            t.r.once = true;
+        } else if p.eat("received-on") {
+            t.r.received_on = Some(received_on(p, false)?);
+        } else if p.eat("max-pkt-rate") {
+            let n = |p: &mut P| -> R<u32> { p.string()?.parse().map_err(|_| "syntax error".to_string()) };
+            let a = n(p)?;
+            p.expect_punct("/")?;
+            let b = n(p)?;
+            if a == 0 || b == 0 {
+                return Err(format!("invalid max-pkt-rate {a}/{b}"));
+            }
+            t.r.max_pkt_rate = Some((a, b));
         } else if p.eat_punct("!") {
+            if p.eat("received-on") {
+                t.r.received_on = Some(received_on(p, true)?);
+                continue;
+            }
             if !p.eat("tagged") {
                 return Err("syntax error".into());
             }
@@ -543,6 +563,14 @@ pub(super) fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
         }
     }
     Ok(())
+}
+
+/// `received-on`'s interface: one name (pfctl takes no list or `any` there).
+fn received_on(p: &mut P, neg: bool) -> R<Iface> {
+    match p.string()? {
+        n if !crate::lex::is_word(&n) || n.is_empty() => Err("syntax error".into()),
+        name => Ok(Iface { neg, name }),
+    }
 }
 
 pub(super) fn state_opts(p: &mut P, o: &mut StateOpts) -> R<()> {
