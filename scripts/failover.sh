@@ -58,7 +58,6 @@ ip -n "${P}fwb" addr add 10.0.2.12/24 dev wan
 ip -n "${P}fwb" addr add 10.0.9.2/24 dev sync
 ip -n "${P}client" route add default via 10.0.1.1
 ip -n "${P}server" route add default via 10.0.2.1
-for h in "client c0" "server s0"; do set -- $h; ip netns exec "${P}$1" ethtool -K "$2" tx off >/dev/null; done
 for f in fwa fwb; do ip netns exec "${P}$f" sysctl -qw net.ipv4.ip_forward=1; done
 
 cat >"$DIR/pf.conf" <<'EOF'

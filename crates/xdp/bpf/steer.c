@@ -6,6 +6,10 @@
  * the frame to xpfd's AF_XDP socket on this queue. xpfd filters it `in` on this interface and
  * `out` on the egress one, and transmits it itself.
  *
+ * A unicast frame addressed to another host's MAC (flooded by a switch, or seen by a backup
+ * firewall before it is master) is not forwarded: it goes up the stack, which drops it as
+ * PACKET_OTHERHOST, counted here. xpfd writes each interface's MAC in map `ifmacs`.
+ *
  * Everything the kernel must see goes up the stack (XDP_PASS): non-IP (ARP, LLDP...), IPv6
  * neighbour discovery, traffic to the box itself, TTL/hop limit about to expire (so the kernel
  * sends the ICMP time exceeded a traceroute needs), too big for the egress MTU (the kernel
@@ -16,8 +20,10 @@
  * map `fast` by xpfd; their packets are forwarded here, in the kernel (MACs from the FIB,
  * TTL/hop limit decremented, XDP_REDIRECT to the egress interface), counted per flow for
  * xpfd to carry into its states, and never reach userspace. Only while the FIB still routes
- * them out of the interface the `out` state was made on; IPv4 options and fragments, and
- * every other protocol (TCP: pf's window tracking sees each segment) go to xpfd as before. */
+ * them out of the interface the `out` state was made on; IPv4 options and fragments, UDP
+ * whose checksum its sender left to offload (a redirected frame would reach the receiver
+ * unfinished; xpfd finishes it), and every other protocol (TCP: pf's window tracking sees
+ * each segment) go to xpfd as before. */
 #include "xpf.h"
 #include <linux/ip.h>
 #include <linux/ipv6.h>
@@ -47,10 +53,38 @@ struct xpf_map fast SEC("maps") = { BPF_MAP_TYPE_HASH, sizeof(struct fast_key), 
 /* steer_cfg[0] = 1: forward everything routable here, unfiltered (the lab's measure of the
  * fast path's I/O ceiling; set only through xpfctl --steer bare). */
 struct xpf_map steer_cfg SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 4, 1, 0 };
-struct xpf_map steer_stats SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 9, 0 };
+struct xpf_map steer_stats SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 10, 0 };
+/* ifindex -> the interface's MAC in the low six bytes (as they are in the frame). */
+struct xpf_map ifmacs SEC("maps") = { BPF_MAP_TYPE_HASH, 4, 8, 256, 0 };
 
 /* steer_stats slots (src/steer.rs names them). */
-enum { S_NOT_IP, S_LOCAL, S_TTL, S_NO_ROUTE, S_MTU, S_TO_XSK, S_NO_SOCKET, S_ND, S_FAST };
+enum { S_NOT_IP, S_LOCAL, S_TTL, S_NO_ROUTE, S_MTU, S_TO_XSK, S_NO_SOCKET, S_ND, S_FAST, S_OTHERHOST };
+
+/* Whether a unicast frame is addressed to another host (not this interface's MAC). */
+INLINE int other_host(struct xdp_md *ctx, struct ethhdr *eth) {
+    if (eth->h_dest[0] & 1)
+        return 0; /* broadcast, multicast */
+    __u32 i = ctx->ingress_ifindex;
+    __u64 *mac = bpf_map_lookup_elem(&ifmacs, &i);
+    if (!mac)
+        return 1;
+    __u64 d = 0;
+    __builtin_memcpy(&d, eth->h_dest, 6);
+    return d != *mac;
+}
+
+/* Folds a ones'-complement sum to 16 bits. Sums of raw (network-order) words fold to the
+ * raw field value: the sum is the same in either byte order. */
+INLINE __u16 fold(__u32 s) {
+    s = (s & 0xffff) + (s >> 16);
+    s = (s & 0xffff) + (s >> 16);
+    return (__u16)s;
+}
+
+/* Whether a UDP checksum holds only the pseudo-header sum (left to offload by its sender). */
+INLINE int udp_partial(__u32 pseudo, __u16 check) {
+    return check != 0 && check == fold(pseudo);
+}
 
 /* What xpfd finds in front of each frame (src/steer.rs: Meta). */
 struct meta {
@@ -162,6 +196,10 @@ int xpf_steer(struct xdp_md *ctx) {
     struct ethhdr *eth = data;
     if ((void *)(eth + 1) > end)
         return XDP_PASS;
+    if (other_host(ctx, eth)) {
+        count(&steer_stats, S_OTHERHOST);
+        return XDP_PASS;
+    }
     __u16 proto = eth->h_proto;
     struct bpf_fib_lookup p = {};
     p.ifindex = ctx->ingress_ifindex;
@@ -180,10 +218,13 @@ int xpf_steer(struct xdp_md *ctx) {
         p.ipv4_src = ip->saddr;
         p.ipv4_dst = ip->daddr;
         struct fast_key k = {};
-        /* UDP without options or fragments is a fast-path candidate (proto set). */
+        /* UDP without options or fragments, with a finished checksum, is a fast-path
+         * candidate (proto set). */
         if (ip->protocol == IPPROTO_UDP && ip->ihl == 5 && !(ip->frag_off & htons(0x3fff))) {
             __be16 *ports = (void *)(ip + 1);
-            if ((void *)(ports + 2) <= end) {
+            __u32 ph = (ip->saddr >> 16) + (ip->saddr & 0xffff) + (ip->daddr >> 16) + (ip->daddr & 0xffff) +
+                       htons(IPPROTO_UDP);
+            if ((void *)(ports + 4) <= end && !udp_partial(ph + ports[2], ports[3])) {
                 k.family = AF_INET;
                 k.proto = IPPROTO_UDP;
                 k.sport = ports[0];
@@ -222,7 +263,11 @@ int xpf_steer(struct xdp_md *ctx) {
         struct fast_key k = {};
         if (ip6->nexthdr == IPPROTO_UDP) {
             __be16 *ports = (void *)(ip6 + 1);
-            if ((void *)(ports + 2) <= end) {
+            __u32 ph = htons(IPPROTO_UDP);
+            __u16 *a = (__u16 *)&ip6->saddr;
+            for (int w = 0; w < 16; w++)
+                ph += a[w];
+            if ((void *)(ports + 4) <= end && !udp_partial(ph + ports[2], ports[3])) {
                 k.family = AF_INET6;
                 k.proto = IPPROTO_UDP;
                 k.sport = ports[0];

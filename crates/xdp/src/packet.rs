@@ -33,6 +33,27 @@ const TX_DATA: usize = 48;
 /// Headroom asked of the RX ring in front of each frame, for the routing metadata.
 const RESERVE: u32 = 64;
 const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
+/// `struct virtio_net_hdr` (PACKET_VNET_HDR): in front of each received frame, and of each
+/// one sent. It says what the sender left to offload (a checksum, a segmentation), so that
+/// xpfd can leave the same to the kernel on the way out.
+const VNET: usize = 10;
+const VNET_NEEDS_CSUM: u8 = 1;
+const PACKET_VNET_HDR: i32 = 15;
+
+/// What a received frame's `Desc::options` carries in packet mode: its sender left the
+/// TCP/UDP checksum to offload (bit 0), and it is a GSO packet to be segmented on the way out
+/// (gso_type in bits 8-15, the segment size in bits 16-31).
+pub mod offload {
+    pub const NEEDS_CSUM: u32 = 1;
+    #[inline]
+    pub fn gso_type(options: u32) -> u8 {
+        (options >> 8) as u8
+    }
+    #[inline]
+    pub fn gso_size(options: u32) -> u16 {
+        (options >> 16) as u16
+    }
+}
 
 /// Why a received frame was not handed to the filter (slots of [`PACKET_COUNTERS`]).
 pub const PACKET_COUNTERS: [&str; 8] = [
@@ -60,6 +81,12 @@ pub struct PacketPort {
     release: bool,
     tx_head: usize,
     tx_pending: Vec<usize>,
+    /// The frame queued last (its ring index), for a checksum request.
+    tx_last: usize,
+    /// A second socket on the interface, without rings, for GSO packets (a socket with a TX
+    /// ring sends only from the ring); opened at the first one.
+    gso: Option<OwnedFd>,
+    ifindex: u32,
     stats: XskStats,
     pub counters: [u64; 8],
     router: Router,
@@ -84,6 +111,10 @@ impl PacketPort {
         setopt(raw, libc::SOL_PACKET, libc::PACKET_RESERVE, &RESERVE)?;
         // Our own transmissions (and the host's) are not received back.
         setopt(raw, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &1i32)?;
+        // A virtio_net_hdr with each frame: senders on veth and tun/tap leave checksums and
+        // segmentation (TSO: 64 KB segments) to offload, and the kernel finishes both when
+        // xpfd sends the frame on with the same header.
+        setopt(raw, libc::SOL_PACKET, PACKET_VNET_HDR, &1i32)?;
         let rx = libc::tpacket_req3 {
             tp_block_size: BLOCK as u32,
             tp_block_nr: RX_BLOCKS as u32,
@@ -131,6 +162,9 @@ impl PacketPort {
             release: false,
             tx_head: 0,
             tx_pending: Vec::with_capacity(64),
+            tx_last: 0,
+            gso: None,
+            ifindex,
             stats: XskStats::default(),
             counters: [0; 8],
             router: Router::default(),
@@ -209,6 +243,13 @@ impl PacketPort {
                 self.stats.rx += 1;
                 // SAFETY: the frame lies at tp_mac within the block, snaplen long.
                 let frame = unsafe { std::slice::from_raw_parts(h.add(mac), snaplen as usize) };
+                // SAFETY: the kernel wrote the virtio_net_hdr right in front of the frame
+                // (tp_mac leaves RESERVE >= VNET bytes there).
+                let v = unsafe { std::slice::from_raw_parts(h.add(mac - VNET), VNET) };
+                let gso = v[1];
+                let options = (v[0] & VNET_NEEDS_CSUM) as u32
+                    | (gso as u32) << 8
+                    | (u16::from_ne_bytes([v[4], v[5]]) as u32) << 16;
                 let slot = if pkttype == libc::PACKET_OTHERHOST || pkttype == libc::PACKET_OUTGOING {
                     Some(6)
                 } else if status & TP_STATUS_VLAN_VALID != 0 {
@@ -220,7 +261,7 @@ impl PacketPort {
                 };
                 let (slot, route) = match slot {
                     Some(s) => (s, Route::Invalid),
-                    None => self.router.classify(frame, now),
+                    None => self.router.classify(frame, now, gso != 0),
                 };
                 self.counters[slot] += 1;
                 if slot != 5 || mac < META_LEN {
@@ -230,7 +271,7 @@ impl PacketPort {
                 let meta = unsafe { std::slice::from_raw_parts_mut(h.add(mac - META_LEN), META_LEN) };
                 route.write(meta);
                 let addr = (h as usize - self.map as usize + mac - META_LEN) as u64;
-                out[n] = Desc { addr, len: META_LEN as u32 + snaplen, options: 0 };
+                out[n] = Desc { addr, len: META_LEN as u32 + snaplen, options };
                 n += 1;
             }
             if self.left > 0 {
@@ -269,7 +310,7 @@ impl PacketPort {
 
     /// Copies `bytes` into a free TX frame; returns it for in-place edits before `flush`.
     pub fn tx_copy(&mut self, bytes: &[u8]) -> Option<&mut [u8]> {
-        if bytes.len() > TX_FRAME - TX_DATA || self.tx_pending.len() >= TX_FRAMES {
+        if bytes.len() > TX_FRAME - TX_DATA - VNET || self.tx_pending.len() >= TX_FRAMES {
             self.stats.tx_full += 1;
             return None;
         }
@@ -285,14 +326,72 @@ impl PacketPort {
         self.tx_head = (i + 1) % TX_FRAMES;
         // SAFETY: header fields and data area of a frame the kernel is not using.
         unsafe {
+            let n = (VNET + bytes.len()) as u32;
             std::ptr::write_unaligned(f.cast::<u32>(), 0); // tp_next_offset
-            std::ptr::write_unaligned(f.add(16).cast::<u32>(), bytes.len() as u32); // tp_len
-            std::ptr::write_unaligned(f.add(12).cast::<u32>(), bytes.len() as u32); // tp_snaplen
-            let d = std::slice::from_raw_parts_mut(f.add(TX_DATA), bytes.len());
+            std::ptr::write_unaligned(f.add(16).cast::<u32>(), n); // tp_len
+            std::ptr::write_unaligned(f.add(12).cast::<u32>(), n); // tp_snaplen
+                                                                   // No offload asked unless tx_checksum says otherwise.
+            std::slice::from_raw_parts_mut(f.add(TX_DATA), VNET).fill(0);
+            let d = std::slice::from_raw_parts_mut(f.add(TX_DATA + VNET), bytes.len());
             d.copy_from_slice(bytes);
             self.tx_pending.push(i);
+            self.tx_last = i;
             Some(d)
         }
+    }
+
+    /// Asks the kernel to finish the TCP/UDP checksum of the frame queued last (the field
+    /// holds the pseudo-header sum): NEEDS_CSUM in its virtio_net_hdr.
+    pub fn tx_checksum(&mut self, start: u16, offset: u16) -> bool {
+        if self.tx_pending.is_empty() {
+            return false;
+        }
+        // SAFETY: the virtio_net_hdr of a frame queued by tx_copy, not yet handed over.
+        let v = unsafe {
+            std::slice::from_raw_parts_mut(self.map.add(BLOCK * RX_BLOCKS + self.tx_last * TX_FRAME + TX_DATA), VNET)
+        };
+        vnet_csum(v, start, offset);
+        true
+    }
+
+    /// Sends `frame`, a GSO packet (larger than a ring frame), at once with a virtio_net_hdr
+    /// that has the kernel cut it into `gso_size` segments and finish their checksums (the
+    /// field holds the pseudo-header sum). False (counted) when the kernel refuses it.
+    pub fn tx_gso(&mut self, frame: &[u8], gso_type: u8, gso_size: u16, start: u16, offset: u16, hdr_len: u16) -> bool {
+        // What the ring holds goes first: the stream keeps its order.
+        self.flush();
+        let mut v = [0u8; VNET];
+        vnet_csum(&mut v, start, offset);
+        v[1] = gso_type;
+        v[2..4].copy_from_slice(&hdr_len.to_ne_bytes());
+        v[4..6].copy_from_slice(&gso_size.to_ne_bytes());
+        let iov = [
+            libc::iovec { iov_base: v.as_mut_ptr().cast(), iov_len: VNET },
+            libc::iovec { iov_base: frame.as_ptr() as *mut _, iov_len: frame.len() },
+        ];
+        if self.gso.is_none() {
+            match gso_socket(self.ifindex) {
+                Ok(fd) => self.gso = Some(fd),
+                Err(_) => {
+                    self.stats.tx_full += 1;
+                    return false;
+                }
+            }
+        }
+        let fd = self.gso.as_ref().map_or(-1, |f| f.as_raw_fd());
+        // SAFETY: a msghdr over two live buffers; the socket is bound to the interface.
+        let r = unsafe {
+            let mut m: libc::msghdr = std::mem::zeroed();
+            m.msg_iov = iov.as_ptr() as *mut _;
+            m.msg_iovlen = 2;
+            libc::sendmsg(fd, &m, libc::MSG_DONTWAIT)
+        };
+        if r < 0 {
+            self.stats.tx_full += 1;
+            return false;
+        }
+        self.stats.tx += 1;
+        true
     }
 
     /// Hands the queued frames to the kernel and has it send them.
@@ -341,6 +440,38 @@ impl Drop for PacketPort {
     }
 }
 
+/// A send-only packet socket on `ifindex` taking a virtio_net_hdr with each frame (protocol
+/// 0: it receives nothing).
+fn gso_socket(ifindex: u32) -> io::Result<OwnedFd> {
+    // SAFETY: plain socket call; the descriptor is owned at once.
+    let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: raw is a fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    setopt(raw, libc::SOL_PACKET, PACKET_VNET_HDR, &1i32)?;
+    // SAFETY: a zeroed sockaddr_ll filled in for bind.
+    unsafe {
+        let mut sa: libc::sockaddr_ll = std::mem::zeroed();
+        sa.sll_family = libc::AF_PACKET as u16;
+        sa.sll_ifindex = ifindex as i32;
+        if libc::bind(raw, (&sa as *const libc::sockaddr_ll).cast(), std::mem::size_of::<libc::sockaddr_ll>() as u32)
+            < 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(fd)
+}
+
+/// A virtio_net_hdr asking for the checksum from `start`, stored at `start + offset`.
+fn vnet_csum(v: &mut [u8], start: u16, offset: u16) {
+    v[0] = VNET_NEEDS_CSUM;
+    v[6..8].copy_from_slice(&start.to_ne_bytes());
+    v[8..10].copy_from_slice(&offset.to_ne_bytes());
+}
+
 /// The FIB and neighbour answers of the last second, by destination.
 /// When asked, the FIB's answer, and the next hop's link address if the kernel had one.
 type Answer = (Instant, Option<FibRoute>, Option<[u8; 6]>);
@@ -359,7 +490,8 @@ const MAX_ROUTES: usize = 1 << 16;
 impl Router {
     /// The steering program's decision for `frame`: a slot of [`PACKET_COUNTERS`], and the
     /// route when the slot is 5 (to the filter).
-    fn classify(&mut self, f: &[u8], t: Instant) -> (usize, Route) {
+    /// A GSO packet (`gso`) is over the MTU until the kernel segments it on the way out.
+    fn classify(&mut self, f: &[u8], t: Instant, gso: bool) -> (usize, Route) {
         if f.len() < 14 {
             return (0, Route::Invalid);
         }
@@ -411,7 +543,7 @@ impl Router {
             _ => return (3, Route::Invalid),
         }
         let Some((smac, mtu)) = self.link(r.oif, t) else { return (3, Route::Invalid) };
-        if f.len() - 14 > mtu as usize {
+        if f.len() - 14 > mtu as usize && !gso {
             return (4, Route::Invalid);
         }
         match dmac {
@@ -508,13 +640,13 @@ mod tests {
     #[test]
     fn classification_mirrors_the_steering_program() {
         let mut r = Router::default();
-        assert_eq!(r.classify(&[0u8; 10], Instant::now()).0, 0, "runt");
+        assert_eq!(r.classify(&[0u8; 10], Instant::now(), false).0, 0, "runt");
         let mut arp = vec![0u8; 60];
         arp[12..14].copy_from_slice(&[0x08, 0x06]);
-        assert_eq!(r.classify(&arp, Instant::now()).0, 0, "ARP to the kernel");
-        assert_eq!(r.classify(&v4(1, [192, 0, 2, 1]), Instant::now()).0, 2, "TTL 1 to the kernel");
-        assert_eq!(r.classify(&v4(64, [224, 0, 0, 5]), Instant::now()).0, 1, "multicast to the kernel");
-        assert_eq!(r.classify(&v4(64, [127, 0, 0, 1]), Instant::now()).0, 1, "local to the kernel");
+        assert_eq!(r.classify(&arp, Instant::now(), false).0, 0, "ARP to the kernel");
+        assert_eq!(r.classify(&v4(1, [192, 0, 2, 1]), Instant::now(), false).0, 2, "TTL 1 to the kernel");
+        assert_eq!(r.classify(&v4(64, [224, 0, 0, 5]), Instant::now(), false).0, 1, "multicast to the kernel");
+        assert_eq!(r.classify(&v4(64, [127, 0, 0, 1]), Instant::now(), false).0, 1, "local to the kernel");
         let mut ns = vec![0u8; 78];
         ns[12..14].copy_from_slice(&[0x86, 0xdd]);
         ns[14] = 0x60;
@@ -522,7 +654,7 @@ mod tests {
         ns[21] = 255;
         ns[38] = 0xfe;
         ns[54] = 135;
-        assert_eq!(r.classify(&ns, Instant::now()).0, 7, "neighbour solicitation to the kernel");
+        assert_eq!(r.classify(&ns, Instant::now(), false).0, 7, "neighbour solicitation to the kernel");
     }
 
     #[test]

@@ -48,6 +48,34 @@ impl PortIo {
         }
     }
 
+    /// Whether [`PortIo::tx_checksum`] can be asked.
+    #[inline]
+    pub fn can_tx_checksum(&self) -> bool {
+        match self {
+            PortIo::Xdp(x) => x.can_tx_checksum(),
+            PortIo::Packet(_) => true,
+        }
+    }
+
+    /// Asks the transmit path to finish the TCP/UDP checksum of the frame queued last (see
+    /// [`Xsk::tx_checksum`]); false when it cannot, and the caller finishes it.
+    #[inline]
+    pub fn tx_checksum(&mut self, start: u16, offset: u16) -> bool {
+        match self {
+            PortIo::Xdp(x) => x.tx_checksum(start, offset),
+            PortIo::Packet(p) => p.tx_checksum(start, offset),
+        }
+    }
+
+    /// Sends a GSO packet (packet mode receives them from senders that leave segmentation to
+    /// offload) for the kernel to segment; false when this port cannot.
+    pub fn tx_gso(&mut self, frame: &[u8], gso_type: u8, gso_size: u16, start: u16, offset: u16, hdr_len: u16) -> bool {
+        match self {
+            PortIo::Xdp(_) => false,
+            PortIo::Packet(p) => p.tx_gso(frame, gso_type, gso_size, start, offset, hdr_len),
+        }
+    }
+
     #[inline]
     pub fn flush(&mut self) {
         match self {

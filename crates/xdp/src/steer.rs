@@ -55,7 +55,7 @@ impl Route {
 }
 
 /// Names of the program's counters, by slot (the enum in bpf/steer.c).
-pub const COUNTERS: [&str; 9] = [
+pub const COUNTERS: [&str; 10] = [
     "not IP, to the kernel",
     "for this host, to the kernel",
     "TTL/hop limit expiring, to the kernel",
@@ -65,6 +65,7 @@ pub const COUNTERS: [&str; 9] = [
     "no xpfd socket, dropped",
     "neighbour discovery, to the kernel",
     "forwarded in the kernel (fast path)",
+    "for another host's MAC, to the kernel",
 ];
 
 /// The steering program loaded once and attached to each filtered interface.
@@ -83,8 +84,11 @@ impl Steer {
     }
 
     /// Attaches to `ifindex`, native mode first, then generic (skb) mode; returns the mode.
+    /// The interface's MAC goes to the program first: unicast frames for other MACs are left
+    /// to the kernel, which drops them.
     pub fn attach(&mut self, ifindex: u32) -> io::Result<&'static str> {
         use std::os::fd::AsRawFd;
+        self.set_mac(ifindex)?;
         let fd = self.prog.fd.as_raw_fd();
         match netlink::xdp_attach(ifindex, fd, netlink::XDP_FLAGS_DRV_MODE) {
             Ok(()) => {
@@ -99,12 +103,22 @@ impl Steer {
         }
     }
 
+    /// Writes `ifindex`'s current MAC into the program's map (again after a change).
+    pub fn set_mac(&self, ifindex: u32) -> io::Result<()> {
+        let name = netlink::ifname(ifindex)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no interface {ifindex}")))?;
+        let mac = netlink::mac(&name)?;
+        let mut v = [0u8; 8];
+        v[..6].copy_from_slice(&mac);
+        self.prog.map("ifmacs").update(&ifindex.to_ne_bytes(), &v)
+    }
+
     /// Puts socket `fd` in the map for receive queue `queue`.
     pub fn register(&self, queue: u32, fd: i32) -> io::Result<()> {
         self.prog.map("xsks").update(&queue.to_ne_bytes(), &fd.to_ne_bytes())
     }
 
-    pub fn counters(&self) -> [u64; 9] {
+    pub fn counters(&self) -> [u64; 10] {
         let m = self.prog.map("steer_stats");
         std::array::from_fn(|i| m.percpu_sum(i as u32).unwrap_or(0))
     }

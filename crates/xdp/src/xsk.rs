@@ -12,6 +12,12 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 pub const FRAME: u32 = 2048;
+/// Bytes in front of each transmitted frame: room for its `xsk_tx_metadata` (a checksum
+/// request), kept 64 so frames stay cache-line aligned.
+const TX_HEADROOM: u32 = 64;
+/// The kernel's `struct xsk_tx_metadata` (Linux 6.14+: flags u64, then csum_start u16,
+/// csum_offset u16, launch_time u64; older kernels read only the first 12 bytes).
+const TX_META: u32 = 24;
 const FRAMES: u32 = 4096;
 const RING: u32 = 2048;
 const XDP_USE_NEED_WAKEUP: u16 = 1 << 3;
@@ -150,6 +156,10 @@ pub struct Xsk {
     comp: Ring<u64>,
     tx_free: Vec<u64>,
     tx_pending: u32,
+    /// The UMEM takes transmit metadata (a checksum request per frame).
+    tx_md: bool,
+    /// Where the frame queued last lies.
+    last_tx: u64,
     pub ifindex: u32,
     pub queue: u32,
     pub zero_copy: bool,
@@ -206,7 +216,20 @@ impl Xsk {
         reg.addr = umem as u64;
         reg.len = umem_len as u64;
         reg.chunk_size = FRAME;
-        setopt(raw, libc::SOL_XDP, libc::XDP_UMEM_REG, &reg).map_err(free_umem)?;
+        // Transmit metadata (Linux 6.8+): a frame can ask the kernel to finish its TCP/UDP
+        // checksum (the sender left it to offload). Without it, xpfd finishes them itself.
+        // (6.11+ reads the length only with XDP_UMEM_TX_METADATA_LEN set.)
+        reg.tx_metadata_len = TX_META;
+        reg.flags = libc::XDP_UMEM_TX_METADATA_LEN;
+        let tx_md = match setopt(raw, libc::SOL_XDP, libc::XDP_UMEM_REG, &reg) {
+            Ok(()) => true,
+            Err(_) => {
+                reg.tx_metadata_len = 0;
+                reg.flags = 0;
+                setopt(raw, libc::SOL_XDP, libc::XDP_UMEM_REG, &reg).map_err(free_umem)?;
+                false
+            }
+        };
         for (opt, n) in [
             (libc::XDP_UMEM_FILL_RING, RING),
             (libc::XDP_UMEM_COMPLETION_RING, RING),
@@ -239,6 +262,8 @@ impl Xsk {
             comp,
             tx_free: (FRAMES / 2..FRAMES).map(|i| (i * FRAME) as u64).collect(),
             tx_pending: 0,
+            tx_md,
+            last_tx: 0,
             ifindex,
             queue,
             zero_copy: false,
@@ -269,6 +294,9 @@ impl Xsk {
             };
             if r == 0 {
                 x.zero_copy = mode == XDP_ZEROCOPY;
+                // A zero-copy driver without transmit-metadata support ignores the request
+                // silently; only copy mode (the kernel builds the skb) is sure to honour it.
+                x.tx_md &= !x.zero_copy;
                 last = None;
                 break;
             }
@@ -335,19 +363,49 @@ impl Xsk {
         if self.tx_free.is_empty() {
             self.reap();
         }
-        if bytes.len() > FRAME as usize || self.tx.free() == 0 {
+        if bytes.len() > (FRAME - TX_HEADROOM) as usize || self.tx.free() == 0 {
             self.stats.tx_full += 1;
             return None;
         }
-        let Some(addr) = self.tx_free.pop() else {
+        let Some(chunk) = self.tx_free.pop() else {
             self.stats.tx_full += 1;
             return None;
         };
+        let addr = chunk + TX_HEADROOM as u64;
         let len = bytes.len() as u32;
         self.frame_mut(addr, len).copy_from_slice(bytes);
         self.tx.write(self.tx_pending, Desc { addr, len, options: 0 });
+        self.last_tx = addr;
         self.tx_pending += 1;
         Some(self.frame_mut(addr, len))
+    }
+
+    /// Whether frames can carry a checksum request ([`Xsk::tx_checksum`]).
+    #[inline]
+    pub fn can_tx_checksum(&self) -> bool {
+        self.tx_md
+    }
+
+    /// Asks the kernel to finish the TCP/UDP checksum of the frame [`Xsk::tx_copy`] queued
+    /// last: computed from `start` (the transport header's offset), stored at `start +
+    /// offset`, over a field that holds the pseudo-header sum (`offload::prepare`). On veth
+    /// the frame goes on as the kernel's own CHECKSUM_PARTIAL packets do (nothing summed); a
+    /// device without offload has the kernel sum it. False when this socket cannot (the
+    /// caller finishes it).
+    #[inline]
+    pub fn tx_checksum(&mut self, start: u16, offset: u16) -> bool {
+        if !self.tx_md || self.tx_pending == 0 {
+            return false;
+        }
+        let meta = self.frame_mut(self.last_tx - TX_META as u64, TX_META);
+        meta.fill(0);
+        meta[0..8].copy_from_slice(&(libc::XDP_TXMD_FLAGS_CHECKSUM as u64).to_ne_bytes());
+        meta[8..10].copy_from_slice(&start.to_ne_bytes());
+        meta[10..12].copy_from_slice(&offset.to_ne_bytes());
+        let i = self.tx_pending - 1;
+        let d = self.tx.read(i);
+        self.tx.write(i, Desc { options: d.options | libc::XDP_TX_METADATA, ..d });
+        true
     }
 
     /// Publishes queued frames and wakes the kernel to send them.
@@ -369,7 +427,7 @@ impl Xsk {
     fn reap(&mut self) {
         let n = self.comp.ready();
         for i in 0..n {
-            self.tx_free.push(self.comp.read(i));
+            self.tx_free.push(self.comp.read(i) & !(FRAME as u64 - 1));
         }
         self.comp.release(n);
     }

@@ -529,12 +529,14 @@ impl Daemon {
             "info" => {
                 let (info, io, xs, pc) = self.snapshot()?;
                 let mut text = info.render(uptime);
-                let steer: Vec<(String, [u64; 9])> =
+                let steer: Vec<(String, [u64; 10])> =
                     self.steers.lock().unwrap().iter().map(|(n, s)| (n.clone(), s.counters())).collect();
                 let _ = writeln!(text, "Forwarding");
                 let f = &io.fast;
                 let mut rows = vec![
                     ("forwarded", io.forwarded),
+                    ("checksum offload asked", io.csum_offloaded),
+                    ("checksum finished here", io.csum_finished),
                     ("no-neighbour", io.no_neighbour),
                     ("egress-not-filtered", io.egress_not_filtered),
                     ("tx-ring-full", io.tx_full),

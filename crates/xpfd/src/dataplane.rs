@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use xpf_engine::{info::Info, Verdict, Worker, BATCH};
 use xpf_state::{Dir, Key, Timeouts};
+use xpf_xdp::packet::offload::{gso_size, gso_type};
 use xpf_xdp::port::PortIo;
 use xpf_xdp::steer::{Route, META_LEN};
 use xpf_xdp::xsk::{Desc, XskStats};
@@ -35,6 +36,10 @@ pub struct IoStats {
     /// Non-IP frames that reached the socket (the steering program passes them up instead).
     pub not_ip: u64,
     pub forwarded: u64,
+    /// Forwarded frames whose TCP/UDP checksum their sender left to offload (veth, tun/tap):
+    /// finished by the transmit path on request, or by xpfd.
+    pub csum_offloaded: u64,
+    pub csum_finished: u64,
     pub rx_batches: u64,
     /// Packets through the engine (a forwarded packet counts once: `in` and `out` together)
     /// and the worker's time inside it: the filter's cost per packet, clocked per batch.
@@ -54,6 +59,8 @@ impl IoStats {
         self.bad_meta += o.bad_meta;
         self.not_ip += o.not_ip;
         self.forwarded += o.forwarded;
+        self.csum_offloaded += o.csum_offloaded;
+        self.csum_finished += o.csum_finished;
         self.rx_batches += o.rx_batches;
         self.filtered += o.filtered;
         self.filter_ns += o.filter_ns;
@@ -377,6 +384,14 @@ impl Dataplane {
             let released = std::mem::take(&mut self.worker.released);
             self.forward_datagrams(&released, &routes, inif as u16, now);
         }
+        // TCP/UDP checksums their senders left to offload, seen on the frames as they came
+        // (the rewrites below update the field as if it were complete); finished on the way out.
+        let mut partial = [None; BATCH];
+        for i in 0..n {
+            if v_in[i] == Verdict::Pass {
+                partial[i] = xpf_wire::offload::partial(frames[i]);
+            }
+        }
         // `modulate state` rewrote some on the way in: the `out` pass and the wire see the
         // rewritten copies.
         let mut bufs = std::mem::take(&mut self.mod_bufs);
@@ -469,6 +484,7 @@ impl Dataplane {
                 } else {
                     [None, None]
                 };
+                let partial = partial[sel[k]];
                 match routes[sel[k]] {
                     Route::Forward { dmac, smac, .. } if wait != [None, None] => {
                         let d = self.sync.as_mut().and_then(|s| s.defer.as_mut()).expect("defer on");
@@ -479,23 +495,69 @@ impl Dataplane {
                         }
                         scrub(f, &scrub_in, sel[k], &self.worker, k);
                         rewrite(f, &dmac, &smac);
+                        // Held frames leave later by plain copy: finished here.
+                        if partial.is_some() {
+                            xpf_wire::offload::finish(f);
+                            self.io.csum_finished += 1;
+                        }
                         self.held_now = true;
                     }
-                    Route::Forward { dmac, smac, .. } => match self.ports[ep].io.tx_copy(frame_k) {
-                        Some(f) => {
-                            if self.worker.patched & (1 << k) != 0 {
-                                let (a, s) = self.worker.patches[k];
-                                xpf_engine::proto::apply_modulation(f, a, s);
-                            }
-                            scrub(f, &scrub_in, sel[k], &self.worker, k);
-                            rewrite(f, &dmac, &smac);
-                            self.io.forwarded += 1;
-                            if let Some(fp) = &mut self.fast {
-                                fp.offer(&mut self.worker, frame_k, inif, eg);
-                            }
+                    // Packet mode: a GSO packet (its sender left segmentation to offload)
+                    // goes out whole, for the kernel to segment and checksum.
+                    Route::Forward { dmac, smac, .. } if gso_type(descs[sel[k]].options) != 0 => {
+                        let mut f = frame_k.to_vec();
+                        if self.worker.patched & (1 << k) != 0 {
+                            let (a, s) = self.worker.patches[k];
+                            xpf_engine::proto::apply_modulation(&mut f, a, s);
                         }
-                        None => self.io.tx_full += 1,
-                    },
+                        scrub(&mut f, &scrub_in, sel[k], &self.worker, k);
+                        rewrite(&mut f, &dmac, &smac);
+                        xpf_wire::offload::prepare(&mut f);
+                        let o = descs[sel[k]].options;
+                        let sent = partial.and_then(|pc| {
+                            let l4 = f.get(pc.start as usize..)?;
+                            let hl = if pc.offset == 16 { (*l4.get(12)? >> 4) as u16 * 4 } else { 8 };
+                            let io = &mut self.ports[ep].io;
+                            Some(io.tx_gso(&f, gso_type(o), gso_size(o), pc.start, pc.offset, pc.start + hl))
+                        });
+                        if sent == Some(true) {
+                            self.io.forwarded += 1;
+                            self.io.csum_offloaded += 1;
+                        } else {
+                            self.io.tx_full += 1;
+                        }
+                    }
+                    Route::Forward { dmac, smac, .. } => {
+                        let io = &mut self.ports[ep].io;
+                        let offload = partial.is_some() && io.can_tx_checksum();
+                        match io.tx_copy(frame_k) {
+                            Some(f) => {
+                                if self.worker.patched & (1 << k) != 0 {
+                                    let (a, s) = self.worker.patches[k];
+                                    xpf_engine::proto::apply_modulation(f, a, s);
+                                }
+                                scrub(f, &scrub_in, sel[k], &self.worker, k);
+                                rewrite(f, &dmac, &smac);
+                                match partial {
+                                    Some(_) if offload => xpf_wire::offload::prepare(f),
+                                    Some(_) => xpf_wire::offload::finish(f),
+                                    None => {}
+                                }
+                                if let Some(pc) = partial {
+                                    if offload && io.tx_checksum(pc.start, pc.offset) {
+                                        self.io.csum_offloaded += 1;
+                                    } else {
+                                        self.io.csum_finished += 1;
+                                    }
+                                }
+                                self.io.forwarded += 1;
+                                if let Some(fp) = &mut self.fast {
+                                    fp.offer(&mut self.worker, frame_k, inif, eg);
+                                }
+                            }
+                            None => self.io.tx_full += 1,
+                        }
+                    }
                     Route::NoNeighbour { ifindex, family, nexthop } => {
                         self.io.no_neighbour += 1;
                         self.resolve(ifindex, family, nexthop);

@@ -168,7 +168,16 @@ type Ports = (Vec<Vec<Port>>, Vec<(String, Steer)>);
 /// served by worker q mod workers; the programs attached last, when every socket is in place.
 fn xdp_ports(a: &Args, ifs: &[(String, u32, u32)]) -> Result<Ports, String> {
     let queues = ifs.iter().map(|i| i.2).min().unwrap_or(1);
-    let workers = a.workers.unwrap_or(queues).clamp(1, queues);
+    // One worker unless told: it serves every queue, so both directions of each flow meet its
+    // state. Several workers split the queues, and the NIC's (or veth's) queue choice is not
+    // symmetric: a reply on another worker's queue misses its state.
+    let workers = a.workers.unwrap_or(1).clamp(1, queues);
+    if workers > 1 {
+        eprintln!(
+            "xpfd: warning: {workers} workers on {queues} queues: replies that arrive on another worker's queue \
+             miss their state (no symmetric steering yet); TCP through xpfd may fail"
+        );
+    }
     let mut steers = Vec::new();
     let mut ports_of: Vec<Vec<Port>> = (0..workers).map(|_| Vec::new()).collect();
     for (name, idx, nq) in ifs {

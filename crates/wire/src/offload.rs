@@ -1,0 +1,196 @@
+//! Transport checksums left to offload. A host sending through a virtual interface (veth,
+//! tun/tap) or to a NIC with checksum offload hands the frame on with the TCP/UDP checksum
+//! field holding only the pseudo-header sum (the kernel's CHECKSUM_PARTIAL): the device was
+//! to finish it. A firewall that forwards the frame as bytes must finish it, or ask its own
+//! transmit path to, or the receiver drops the segment.
+//!
+//! [`partial`] recognises such a frame by its field: equal to the folded pseudo-header sum.
+//! A complete checksum has that value one time in 65,536; finishing such a frame writes the
+//! same value again when its bytes are intact, so nothing is lost by the ambiguity.
+
+use crate::{checksum, ethernet, ipv4, ipv6, tcp, udp};
+
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+
+/// Where a frame's transport checksum lies, when it was left to offload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Partial {
+    /// Offset of the TCP/UDP header in the frame.
+    pub start: u16,
+    /// Offset of the checksum field from `start` (16 for TCP, 6 for UDP).
+    pub offset: u16,
+}
+
+/// The transport segment of a frame: its range, protocol and pseudo-header sum (for the
+/// addresses and length the frame holds now). Ethernet with at most one 802.1Q tag; IPv4
+/// not fragmented, or IPv6 with TCP or UDP right after its header.
+struct Segment {
+    start: usize,
+    end: usize,
+    proto: u8,
+    pseudo: u32,
+    v4: bool,
+}
+
+fn segment(frame: &[u8]) -> Option<Segment> {
+    let eth = ethernet::Frame::new_checked(frame).ok()?;
+    let (mut et, mut off) = (eth.ethertype(), ethernet::HEADER_LEN);
+    if et == 0x8100 {
+        let tag = frame.get(off..off + 4)?;
+        et = u16::from_be_bytes([tag[2], tag[3]]);
+        off += 4;
+    }
+    match et {
+        0x0800 => {
+            let ip = ipv4::Packet::new_checked(&frame[off..]).ok()?;
+            let proto = ip.protocol();
+            if ip.is_fragment() || (proto != IPPROTO_TCP && proto != IPPROTO_UDP) {
+                return None;
+            }
+            let (start, end) = (off + ip.header_len(), off + ip.total_len());
+            let pseudo = checksum::pseudo_v4(ip.src(), ip.dst(), proto, (end - start) as u16);
+            Some(Segment { start, end, proto, pseudo, v4: true })
+        }
+        0x86dd => {
+            let ip = ipv6::Packet::new_checked(&frame[off..]).ok()?;
+            let proto = ip.next_header();
+            if proto != IPPROTO_TCP && proto != IPPROTO_UDP {
+                return None;
+            }
+            let start = off + ipv6::HEADER_LEN;
+            let end = start + ip.payload_len();
+            let pseudo = checksum::pseudo_v6(&ip.src(), &ip.dst(), proto, (end - start) as u32);
+            Some(Segment { start, end, proto, pseudo, v4: false })
+        }
+        _ => None,
+    }
+}
+
+/// The segment's checksum field, through its view (None when the header does not fit).
+fn field(frame: &[u8], s: &Segment) -> Option<u16> {
+    let b = &frame[s.start..s.end];
+    if s.proto == IPPROTO_TCP {
+        tcp::Packet::new_checked(b).ok().map(|t| t.checksum())
+    } else {
+        udp::Packet::new_checked(b).ok().map(|u| u.checksum())
+    }
+}
+
+fn set_field(frame: &mut [u8], s: &Segment, c: u16) {
+    let b = &mut frame[s.start..s.end];
+    if s.proto == IPPROTO_TCP {
+        if let Ok(mut t) = tcp::Packet::new_checked(b) {
+            t.set_checksum(c);
+        }
+    } else if let Ok(mut u) = udp::Packet::new_checked(b) {
+        u.set_checksum(c);
+    }
+}
+
+/// Whether `frame`'s TCP/UDP checksum was left to offload, and where it is.
+#[inline]
+pub fn partial(frame: &[u8]) -> Option<Partial> {
+    let s = segment(frame)?;
+    let c = field(frame, &s)?;
+    // UDP over IPv4 with no checksum at all (0) is complete as it is.
+    if s.v4 && s.proto == IPPROTO_UDP && c == 0 {
+        return None;
+    }
+    (c == checksum::fold(s.pseudo))
+        .then_some(Partial { start: s.start as u16, offset: if s.proto == IPPROTO_TCP { 16 } else { 6 } })
+}
+
+/// Finishes, in software, the checksum of a frame [`partial`] recognised (before it was
+/// rewritten): over the pseudo-header of the addresses it holds now and the whole segment.
+pub fn finish(frame: &mut [u8]) {
+    let Some(s) = segment(frame) else { return };
+    set_field(frame, &s, 0);
+    let mut c = !checksum::fold(checksum::sum(&frame[s.start..s.end], s.pseudo));
+    if s.proto == IPPROTO_UDP && c == 0 {
+        c = 0xffff;
+    }
+    set_field(frame, &s, c);
+}
+
+/// Sets the field back to the pseudo-header sum of the frame as it is now, for a transmit
+/// path that finishes the checksum (an AF_XDP checksum request, the device's offload): the
+/// rewrites since [`partial`] (ports, sequence numbers, addresses) updated it as if complete.
+pub fn prepare(frame: &mut [u8]) {
+    if let Some(s) = segment(frame) {
+        set_field(frame, &s, checksum::fold(s.pseudo));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An Ethernet frame of IPv4 TCP (20-byte header, `payload` after it), checksum complete.
+    fn tcp4(payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![0u8; 14 + 20 + 20 + payload.len()];
+        f[12] = 8;
+        ipv4::emit_header(&mut f[14..], [10, 0, 1, 2], [10, 0, 2, 2], 6, (40 + payload.len()) as u16, 64, 1);
+        f[34..36].copy_from_slice(&40000u16.to_be_bytes());
+        f[36..38].copy_from_slice(&80u16.to_be_bytes());
+        f[46] = 5 << 4;
+        f[47] = 0x18;
+        f[54..].copy_from_slice(payload);
+        finish(&mut f);
+        f
+    }
+
+    fn valid(f: &[u8]) -> bool {
+        let s = segment(f).unwrap();
+        checksum::fold(checksum::sum(&f[s.start..s.end], s.pseudo)) == 0xffff
+    }
+
+    #[test]
+    fn a_partial_checksum_is_recognised_and_finished() {
+        let mut f = tcp4(b"hello, world");
+        assert!(valid(&f));
+        assert_eq!(partial(&f), None, "complete");
+        // What the sending kernel leaves for the device: the pseudo-header sum.
+        prepare(&mut f);
+        assert!(!valid(&f));
+        assert_eq!(partial(&f), Some(Partial { start: 34, offset: 16 }));
+        // A rewrite in between (a port, updated as if complete) does not matter.
+        f[36..38].copy_from_slice(&8080u16.to_be_bytes());
+        finish(&mut f);
+        assert!(valid(&f));
+        assert_eq!(partial(&f), None);
+    }
+
+    #[test]
+    fn udp_ipv6_and_ipv4_without_checksum() {
+        let mut f = vec![0u8; 14 + 40 + 8 + 5];
+        f[12] = 0x86;
+        f[13] = 0xdd;
+        let (a, b) =
+            ([0xfd, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2], [0xfd, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+        ipv6::emit_header(&mut f[14..], &a, &b, 17, 13, 64);
+        udp::emit_header(&mut f[54..], 5000, 53, 13);
+        f[62..].copy_from_slice(b"query");
+        prepare(&mut f);
+        assert_eq!(partial(&f), Some(Partial { start: 54, offset: 6 }));
+        finish(&mut f);
+        assert!(valid(&f));
+        // IPv4 UDP with checksum 0 (none) is left alone.
+        let mut g = vec![0u8; 14 + 20 + 8];
+        g[12] = 8;
+        ipv4::emit_header(&mut g[14..], [1, 1, 1, 1], [2, 2, 2, 2], 17, 28, 64, 1);
+        udp::emit_header(&mut g[34..], 1, 2, 8);
+        assert_eq!(partial(&g), None);
+    }
+
+    #[test]
+    fn malformed_frames_are_not_partial() {
+        let f = tcp4(b"x");
+        for n in 0..f.len() {
+            let _ = partial(&f[..n]);
+            let mut g = f[..n].to_vec();
+            finish(&mut g);
+            prepare(&mut g);
+        }
+    }
+}
