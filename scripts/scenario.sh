@@ -390,15 +390,15 @@ CONF
 check "--fastpath: xpfd starts with the fast path on" grep -q "fast path on" "$LOG.fast"
 check "--fastpath: -f a ruleset passing UDP" $CTL -f "$DIR/fast.conf"
 c ping -c 1 -W 1 10.0.2.2 >/dev/null 2>&1
-asked0=$(info 'd["forwarding"]["csum_offloaded"]')
+# iperf3's datagrams leave their checksums to offload (veth): the steering program finishes
+# them as it forwards them.
 check "--fastpath: UDP 3 s at 50 Mbit/s, no loss (iperf3)" bash -c \
     "ip netns exec ${P}client iperf3 -u -b 50M -c 10.0.2.2 -t 3 --json > $DIR/udp.json && python3 -c \"import json; d=json.load(open('$DIR/udp.json')); s=d['end']['sum']; print(s); assert s['lost_packets'] == 0 and s['packets'] > 10000\""
-# iperf3's datagrams leave their checksums to offload (veth): the steering program hands them
-# to xpfd, which has the kernel finish them on the way out.
-asked=$(( $(info 'd["forwarding"]["csum_offloaded"]') - asked0 ))
-check "--fastpath: checksums left to offload went through xpfd, finished ($asked)" test "$asked" -gt 10000
+$CTL -s states >/dev/null
+kern0=$($CTL -s info | awk -F'  +' '/forwarded in the kernel/ {s += $NF} END {print s+0}')
+check "--fastpath: the steering program forwarded most of it in the kernel ($kern0 packets)" test "$kern0" -gt 10000
 # A sender that finishes its own checksums (a raw socket; a host behind a NIC without offload)
-# is forwarded by the steering program itself: 20,000 datagrams, all must arrive.
+# takes the same path: 20,000 datagrams, all must arrive.
 ip netns exec ${P}server python3 -c "
 import socket
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.setsockopt(socket.SOL_SOCKET, 33, 8 << 20)  # SO_RCVBUFFORCE
@@ -430,7 +430,7 @@ wait $rx
 check "--fastpath: 20,000 datagrams with finished checksums all arrive ($(cat $DIR/fast.count))" test "$(cat $DIR/fast.count)" -eq 20000
 $CTL -s states >/dev/null   # -s states carries the kernel's counts into the states first
 kern=$($CTL -s info | awk -F'  +' '/forwarded in the kernel/ {s += $NF} END {print s+0}')
-check "--fastpath: the steering program forwarded most of it in the kernel ($kern packets)" test "$kern" -gt 10000
+check "--fastpath: the steering program forwarded those too ($((kern - kern0)) packets)" test $((kern - kern0)) -gt 19000
 fastjson() { $CTL -s info --json | python3 -c "import json,sys; print(json.load(sys.stdin)['forwarding']['fast']['$1'])"; }
 check "--fastpath: the kernel's counts were carried into the states ($(fastjson packets) packets)" test "$(fastjson packets)" -gt 10000
 check "--fastpath: the flows are in the kernel's map before -k ($(fastjson flows))" test "$(fastjson flows)" -gt 0

@@ -20,10 +20,11 @@
  * map `fast` by xpfd; their packets are forwarded here, in the kernel (MACs from the FIB,
  * TTL/hop limit decremented, XDP_REDIRECT to the egress interface), counted per flow for
  * xpfd to carry into its states, and never reach userspace. Only while the FIB still routes
- * them out of the interface the `out` state was made on; IPv4 options and fragments, UDP
- * whose checksum its sender left to offload (a redirected frame would reach the receiver
- * unfinished; xpfd finishes it), and every other protocol (TCP: pf's window tracking sees
- * each segment) go to xpfd as before. */
+ * them out of the interface the `out` state was made on. A UDP checksum its sender left to
+ * offload (veth, tun/tap: the field holds the pseudo-header sum) is finished here, since a
+ * redirected frame reaches the receiver as it is (datagrams up to 1,504 bytes; longer ones go
+ * to xpfd). IPv4 options and fragments, and every other protocol (TCP: pf's window tracking
+ * sees each segment) go to xpfd as before. */
 #include "xpf.h"
 #include <linux/ip.h>
 #include <linux/ipv6.h>
@@ -86,6 +87,54 @@ INLINE int udp_partial(__u32 pseudo, __u16 check) {
     return check != 0 && check == fold(pseudo);
 }
 
+#define UDP_FINISH_MAX 1504
+
+/* Finishes such a checksum: with the pseudo-header sum in the field, the sum of the datagram
+ * as it is (field included) is the whole sum. 32-bit loads, summed in 64 bits and folded: the
+ * result is in memory order, as the field is. 0 done, -1 when it cannot (too long, short). */
+INLINE int udp_finish(__u8 *udp, void *end) {
+    if ((void *)(udp + 8) > end)
+        return -1;
+    __u16 ulen = bswap16(*(__u16 *)(udp + 4));
+    if (ulen < 8 || ulen > UDP_FINISH_MAX)
+        return -1;
+    __u64 s = 0;
+    __u8 *q = udp;
+    __u32 words = ulen / 4;
+    for (__u32 i = 0; i < UDP_FINISH_MAX / 4; i++) {
+        if (i >= words)
+            break;
+        /* Opaque to clang: it would merge the bound checks, and the verifier needs each. */
+        asm volatile("" : "+r"(q));
+        if ((void *)(q + 4) > end)
+            return -1;
+        s += *(__u32 *)q;
+        q += 4;
+    }
+    __u32 rest = ulen & 3, w = 0;
+    if (rest) {
+        if ((void *)(q + 1) > end)
+            return -1;
+        w = q[0];
+        if (rest > 1) {
+            if ((void *)(q + 2) > end)
+                return -1;
+            w |= (__u32)q[1] << 8;
+        }
+        if (rest > 2) {
+            if ((void *)(q + 3) > end)
+                return -1;
+            w |= (__u32)q[2] << 16;
+        }
+    }
+    s += w;
+    s = (s & 0xffffffff) + (s >> 32);
+    s = (s & 0xffffffff) + (s >> 32);
+    __u16 c = ~fold((__u32)s);
+    *(__u16 *)(udp + 6) = c ? c : 0xffff;
+    return 0;
+}
+
 /* What xpfd finds in front of each frame (src/steer.rs: Meta). */
 struct meta {
     __u8 kind;          /* 1: forward (MACs valid), 2: neighbour not resolved yet */
@@ -123,7 +172,8 @@ INLINE int to_xsk(struct xdp_md *ctx, struct bpf_fib_lookup *p, int rc, __u8 fam
 
 /* Forwards the packet in the kernel if it belongs to a fast-path flow (or the program is in
  * bare mode); -1 when it does not. `k` has the flow's addresses and ports when it is UDP. */
-INLINE int fast_path(struct xdp_md *ctx, struct bpf_fib_lookup *p, struct fast_key *k, __u8 family, __u32 len) {
+INLINE int fast_path(struct xdp_md *ctx, struct bpf_fib_lookup *p, struct fast_key *k, __u8 family, __u32 len,
+                     int partial) {
     __u32 zero = 0;
     __u32 *bare = bpf_map_lookup_elem(&steer_cfg, &zero);
     struct fast_val *v = 0;
@@ -139,6 +189,11 @@ INLINE int fast_path(struct xdp_md *ctx, struct bpf_fib_lookup *p, struct fast_k
     struct ethhdr *eth = data;
     if ((void *)(eth + 1) > end)
         return -1;
+    if (partial) {
+        __u8 *udp = family == AF_INET ? (__u8 *)(eth + 1) + 20 : (__u8 *)(eth + 1) + 40;
+        if (udp_finish(udp, end) < 0)
+            return -1;
+    }
     if (family == AF_INET) {
         struct iphdr *ip = (void *)(eth + 1);
         if ((void *)(ip + 1) > end)
@@ -166,11 +221,11 @@ INLINE int fast_path(struct xdp_md *ctx, struct bpf_fib_lookup *p, struct fast_k
 }
 
 INLINE int verdict(struct xdp_md *ctx, struct bpf_fib_lookup *p, long rc, __u8 family, struct fast_key *k,
-                   __u32 len) {
+                   __u32 len, int partial) {
     switch (rc) {
     case BPF_FIB_LKUP_RET_SUCCESS:
         {
-            int r = fast_path(ctx, p, k, family, len);
+            int r = fast_path(ctx, p, k, family, len, partial);
             if (r >= 0)
                 return r;
         }
@@ -218,13 +273,14 @@ int xpf_steer(struct xdp_md *ctx) {
         p.ipv4_src = ip->saddr;
         p.ipv4_dst = ip->daddr;
         struct fast_key k = {};
-        /* UDP without options or fragments, with a finished checksum, is a fast-path
-         * candidate (proto set). */
+        int partial = 0;
+        /* UDP without options or fragments is a fast-path candidate (proto set). */
         if (ip->protocol == IPPROTO_UDP && ip->ihl == 5 && !(ip->frag_off & htons(0x3fff))) {
             __be16 *ports = (void *)(ip + 1);
             __u32 ph = (ip->saddr >> 16) + (ip->saddr & 0xffff) + (ip->daddr >> 16) + (ip->daddr & 0xffff) +
                        htons(IPPROTO_UDP);
-            if ((void *)(ports + 4) <= end && !udp_partial(ph + ports[2], ports[3])) {
+            if ((void *)(ports + 4) <= end) {
+                partial = udp_partial(ph + ports[2], ports[3]);
                 k.family = AF_INET;
                 k.proto = IPPROTO_UDP;
                 k.sport = ports[0];
@@ -234,7 +290,7 @@ int xpf_steer(struct xdp_md *ctx) {
             }
         }
         __u32 len = p.tot_len; /* the lookup reuses tot_len's bytes for the MTU */
-        return verdict(ctx, &p, bpf_fib_lookup(ctx, &p, sizeof(p), 0), AF_INET, &k, len);
+        return verdict(ctx, &p, bpf_fib_lookup(ctx, &p, sizeof(p), 0), AF_INET, &k, len, partial);
     }
     if (proto == htons(ETH_P_IPV6)) {
         struct ipv6hdr *ip6 = (void *)(eth + 1);
@@ -261,13 +317,15 @@ int xpf_steer(struct xdp_md *ctx) {
         __builtin_memcpy(p.ipv6_src, &ip6->saddr, 16);
         __builtin_memcpy(p.ipv6_dst, &ip6->daddr, 16);
         struct fast_key k = {};
+        int partial = 0;
         if (ip6->nexthdr == IPPROTO_UDP) {
             __be16 *ports = (void *)(ip6 + 1);
             __u32 ph = htons(IPPROTO_UDP);
             __u16 *a = (__u16 *)&ip6->saddr;
             for (int w = 0; w < 16; w++)
                 ph += a[w];
-            if ((void *)(ports + 4) <= end && !udp_partial(ph + ports[2], ports[3])) {
+            if ((void *)(ports + 4) <= end) {
+                partial = udp_partial(ph + ports[2], ports[3]);
                 k.family = AF_INET6;
                 k.proto = IPPROTO_UDP;
                 k.sport = ports[0];
@@ -277,7 +335,7 @@ int xpf_steer(struct xdp_md *ctx) {
             }
         }
         __u32 len = p.tot_len;
-        return verdict(ctx, &p, bpf_fib_lookup(ctx, &p, sizeof(p), 0), AF_INET6, &k, len);
+        return verdict(ctx, &p, bpf_fib_lookup(ctx, &p, sizeof(p), 0), AF_INET6, &k, len, partial);
     }
     count(&steer_stats, S_NOT_IP);
     return XDP_PASS;
