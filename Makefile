@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN := target/release
 
-.PHONY: all deps build demo test failover lab bench bench-states bench-hashsize bench-insert bench-resize bench-rules bench-workers fuzz fuzz-long fmt clean
+.PHONY: all deps build demo test failover lab bench-real bench bench-states bench-hashsize bench-insert bench-resize bench-rules bench-workers fuzz fuzz-long fmt clean
 
 all: build
 
@@ -79,3 +79,8 @@ clean:
 # xpfd against the kernel (nftables + conntrack) in network namespaces, point by point.
 lab: build
 	$(BIN)/xpf-bench lab
+
+# Real clients (iperf3, ping under load) through xpfd and through nftables + conntrack, the
+# same policy, alternated, on the hosts' default settings (scripts/real.sh ROUNDS SECONDS).
+bench-real: build
+	scripts/real.sh 3 5

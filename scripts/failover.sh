@@ -16,6 +16,10 @@ P=xf-
 BIN=$PWD/target/release
 DIR=$(mktemp -d /tmp/xpf-failover.XXXXXX)
 PY=/usr/bin/python3
+# Every tool this calls (scripts/deps.sh installs them): missing one fails here, by name.
+for t in ip keepalived tcpdump bc; do
+    command -v $t >/dev/null || { echo "failover: '$t' is missing (scripts/deps.sh installs it)"; exit 1; }
+done
 
 cleanup() {
     for f in "$DIR"/*.pid; do [[ -f $f ]] && kill -9 "$(cat "$f")" 2>/dev/null || true; done

@@ -12,6 +12,11 @@ LOG=$(mktemp /tmp/xpf-scenario-xpfd.XXXX.log)
 DIR=$(mktemp -d /tmp/xpf-scenario.XXXX)
 pass=0; fail=0
 [[ $(id -u) -eq 0 ]] || { echo "scenario: needs root (network namespaces, XDP)"; exit 1; }
+# Every tool the checks call (scripts/deps.sh installs them): missing one fails here, by name.
+for t in ip iperf3 curl nc tcpdump traceroute iptables nft ethtool nstat python3; do
+    command -v $t >/dev/null || { echo "scenario: '$t' is missing (scripts/deps.sh installs it)"; exit 1; }
+done
+/usr/bin/python3 -c 'import scapy' 2>/dev/null || { echo "scenario: python3-scapy is missing (scripts/deps.sh installs it)"; exit 1; }
 
 cleanup() {
     [[ -n ${XPFD:-} ]] && kill "$XPFD" 2>/dev/null && wait "$XPFD" 2>/dev/null
@@ -67,6 +72,9 @@ ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --socket $SOCK 2>"$
 XPFD=$!
 for _ in $(seq 100); do $CTL -s memory >/dev/null 2>&1 && break; sleep 0.1; done
 check "xpfd starts and answers on its control socket" $CTL -s memory
+# XDP mode, not the fallback: a steering program the verifier refused would leave xpfd on
+# AF_PACKET (--io auto) and most checks would still pass.
+check "the steering program is attached (XDP mode)" bash -c "! grep -q 'XDP is not available' $LOG && grep -q 'steering program attached' $LOG"
 check "control socket is mode 0600" test "$(stat -c %a $SOCK)" = 600
 sleep 0.3
 
