@@ -62,6 +62,17 @@ mod tests {
         assert!(!parse("block on \"a b\"\n", "t", &[]).errors.is_empty());
     }
 
+    /// Found by the pfconf fuzz target (2.3M executions): `block to <"">` printed as
+    /// `block drop from any to <>`, which does not parse.
+    #[test]
+    fn a_table_name_that_would_not_print_back_is_refused() {
+        for src in ["block to <\"\">\n", "block to <\"a b\">\n", "table <\"\"> persist\n"] {
+            let p = parse(src, "t", &[]);
+            assert!(p.errors.iter().any(|e| e.msg.contains("invalid table name")), "{src}: {:?}", p.errors);
+        }
+        assert!(parse("table <a> persist\nblock to <a>\n", "t", &[]).errors.is_empty());
+    }
+
     #[test]
     fn errors_name_file_and_line() {
         let p = parse("pass\npass in from any to $nope\nblock in proto nonesuch\n", "pf.conf", &[]);

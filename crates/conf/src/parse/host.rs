@@ -101,7 +101,7 @@ pub(super) fn host(p: &mut P) -> R<Host> {
     }
     let neg = p.eat_punct("!");
     let kind = if p.eat_punct("<") {
-        let n = p.string()?;
+        let n = super::stmt::table_name(p.string()?)?;
         p.expect_punct(">")?;
         HostKind::Table(n)
     } else if p.eat_punct("(") {

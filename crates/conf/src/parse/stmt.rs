@@ -213,13 +213,23 @@ pub(super) fn check_queues(out: &mut Parsed, file: &str) {
     out.errors.extend(msgs.into_iter().take(1).map(|m| ConfError { file: file.into(), line: 0, msg: m, bare: true }));
 }
 
-pub(super) fn table(p: &mut P) -> R<Table> {
-    p.expect_punct("<")?;
-    let name = p.string()?;
-    p.expect_punct(">")?;
+/// A table's name as written in `<...>`: at most 31 bytes, and one word, so that it prints
+/// back as a name that reads again (an empty or spaced name was found by the pfconf fuzz
+/// target: `<"">` printed as `<>`).
+pub(super) fn table_name(name: String) -> R<String> {
     if name.len() > 31 {
         return Err("table name too long, max 31 chars".to_string());
     }
+    if name.is_empty() || !crate::lex::is_word(&name) {
+        return Err(format!("invalid table name '{name}'"));
+    }
+    Ok(name)
+}
+
+pub(super) fn table(p: &mut P) -> R<Table> {
+    p.expect_punct("<")?;
+    let name = table_name(p.string()?)?;
+    p.expect_punct(">")?;
     let mut t =
         Table { name, konst: false, persist: false, counters: false, parts: Vec::new(), line: 0, file: "".into() };
     while !p.done() {
