@@ -511,7 +511,10 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
         println!("{}", stats::row("kern-bare", &p.kernel_ceiling));
         let engine = match (&p.xpf_filter_ns, &p.xpf_rules_ns) {
             (Some(f), Some(r)) => {
-                format!("\n  xpf's engine alone (the worker's clock, in + out): {:.0} ns, rules alone {:.0} ns", f.median, r.median)
+                format!(
+                    "\n  xpf's engine alone (the worker's clock, in + out): {:.0} ns, rules alone {:.0} ns",
+                    f.median, r.median
+                )
             }
             (Some(f), None) => format!("\n  xpf's engine alone (the worker's clock, in + out): {:.0} ns", f.median),
             _ => String::new(),

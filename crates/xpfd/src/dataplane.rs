@@ -489,12 +489,7 @@ impl Dataplane {
                     Route::Forward { dmac, smac, .. } if wait != [None, None] => {
                         let d = self.sync.as_mut().and_then(|s| s.defer.as_mut()).expect("defer on");
                         let f = d.hold(frame_k, ep, wait, Instant::now(), &mut held);
-                        if self.worker.patched & (1 << k) != 0 {
-                            let (a, s) = self.worker.patches[k];
-                            xpf_engine::proto::apply_modulation(f, a, s);
-                        }
-                        scrub(f, &scrub_in, sel[k], &self.worker, k);
-                        rewrite(f, &dmac, &smac);
+                        outgoing(f, &self.worker, k, sel[k], &scrub_in, &dmac, &smac);
                         // Held frames leave later by plain copy: finished here.
                         if partial.is_some() {
                             xpf_wire::offload::finish(f);
@@ -506,12 +501,7 @@ impl Dataplane {
                     // goes out whole, for the kernel to segment and checksum.
                     Route::Forward { dmac, smac, .. } if gso_type(descs[sel[k]].options) != 0 => {
                         let mut f = frame_k.to_vec();
-                        if self.worker.patched & (1 << k) != 0 {
-                            let (a, s) = self.worker.patches[k];
-                            xpf_engine::proto::apply_modulation(&mut f, a, s);
-                        }
-                        scrub(&mut f, &scrub_in, sel[k], &self.worker, k);
-                        rewrite(&mut f, &dmac, &smac);
+                        outgoing(&mut f, &self.worker, k, sel[k], &scrub_in, &dmac, &smac);
                         xpf_wire::offload::prepare(&mut f);
                         let o = descs[sel[k]].options;
                         let sent = partial.and_then(|pc| {
@@ -532,12 +522,7 @@ impl Dataplane {
                         let offload = partial.is_some() && io.can_tx_checksum();
                         match io.tx_copy(frame_k) {
                             Some(f) => {
-                                if self.worker.patched & (1 << k) != 0 {
-                                    let (a, s) = self.worker.patches[k];
-                                    xpf_engine::proto::apply_modulation(f, a, s);
-                                }
-                                scrub(f, &scrub_in, sel[k], &self.worker, k);
-                                rewrite(f, &dmac, &smac);
+                                outgoing(f, &self.worker, k, sel[k], &scrub_in, &dmac, &smac);
                                 match partial {
                                     Some(_) if offload => xpf_wire::offload::prepare(f),
                                     Some(_) => xpf_wire::offload::finish(f),
@@ -773,6 +758,27 @@ impl Drop for Wake {
 /// Applies the scrub actions of frame `i`'s `in` pass (`scrub_in`) and of its `out` pass
 /// (frame `k` of the worker's last batch), the later adding to the earlier as pf's do.
 #[inline]
+/// What a forwarded frame's copy gets before it leaves: the `out` pass's modulation (frame k
+/// of the `out` batch), the scrub actions of both passes (frame i of the `in` batch), new
+/// link addresses and TTL.
+#[allow(clippy::too_many_arguments)]
+fn outgoing(
+    f: &mut [u8],
+    w: &Worker<Live>,
+    k: usize,
+    i: usize,
+    scrub_in: &Option<(u64, [xpf_engine::Scrub; BATCH])>,
+    dmac: &[u8; 6],
+    smac: &[u8; 6],
+) {
+    if w.patched & (1 << k) != 0 {
+        let (a, s) = w.patches[k];
+        xpf_engine::proto::apply_modulation(f, a, s);
+    }
+    scrub(f, scrub_in, i, w, k);
+    rewrite(f, dmac, smac);
+}
+
 fn scrub(f: &mut [u8], scrub_in: &Option<(u64, [xpf_engine::Scrub; BATCH])>, i: usize, w: &Worker<Live>, k: usize) {
     let mut s = match scrub_in {
         Some((m, v)) if m & (1 << i) != 0 => Some(v[i]),
