@@ -26,6 +26,8 @@ pub struct Partial {
 /// addresses and length the frame holds now). Ethernet with at most one 802.1Q tag; IPv4
 /// not fragmented, or IPv6 with TCP or UDP right after its header.
 struct Segment {
+    /// Where the IP header starts.
+    l3: usize,
     start: usize,
     end: usize,
     proto: u8,
@@ -50,7 +52,7 @@ fn segment(frame: &[u8]) -> Option<Segment> {
             }
             let (start, end) = (off + ip.header_len(), off + ip.total_len());
             let pseudo = checksum::pseudo_v4(ip.src(), ip.dst(), proto, (end - start) as u16);
-            Some(Segment { start, end, proto, pseudo, v4: true })
+            Some(Segment { l3: off, start, end, proto, pseudo, v4: true })
         }
         0x86dd => {
             let ip = ipv6::Packet::new_checked(&frame[off..]).ok()?;
@@ -61,7 +63,7 @@ fn segment(frame: &[u8]) -> Option<Segment> {
             let start = off + ipv6::HEADER_LEN;
             let end = start + ip.payload_len();
             let pseudo = checksum::pseudo_v6(&ip.src(), &ip.dst(), proto, (end - start) as u32);
-            Some(Segment { start, end, proto, pseudo, v4: false })
+            Some(Segment { l3: off, start, end, proto, pseudo, v4: false })
         }
         _ => None,
     }
@@ -86,6 +88,18 @@ fn set_field(frame: &mut [u8], s: &Segment, c: u16) {
     } else if let Ok(mut u) = udp::Packet::new_checked(b) {
         u.set_checksum(c);
     }
+}
+
+/// The bytes of IP and TCP/UDP header in `frame` (what every segment of a GSO packet
+/// repeats); None when it is not TCP or UDP over IP.
+pub fn headers_len(frame: &[u8]) -> Option<usize> {
+    let s = segment(frame)?;
+    let l4 = if s.proto == IPPROTO_TCP {
+        tcp::Packet::new_checked(&frame[s.start..s.end]).ok()?.header_len()
+    } else {
+        udp::HEADER_LEN
+    };
+    Some(s.start - s.l3 + l4)
 }
 
 /// Whether `frame`'s TCP/UDP checksum was left to offload, and where it is.
@@ -181,6 +195,12 @@ mod tests {
         ipv4::emit_header(&mut g[14..], [1, 1, 1, 1], [2, 2, 2, 2], 17, 28, 64, 1);
         udp::emit_header(&mut g[34..], 1, 2, 8);
         assert_eq!(partial(&g), None);
+    }
+
+    #[test]
+    fn headers_of_a_tcp_frame() {
+        assert_eq!(headers_len(&tcp4(b"abc")), Some(40));
+        assert_eq!(headers_len(&[0u8; 20]), None);
     }
 
     #[test]

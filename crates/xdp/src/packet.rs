@@ -261,7 +261,7 @@ impl PacketPort {
                 };
                 let (slot, route) = match slot {
                     Some(s) => (s, Route::Invalid),
-                    None => self.router.classify(frame, now, gso != 0),
+                    None => self.router.classify(frame, now, if gso != 0 { offload::gso_size(options) } else { 0 }),
                 };
                 self.counters[slot] += 1;
                 if slot != 5 || mac < META_LEN {
@@ -465,6 +465,12 @@ fn gso_socket(ifindex: u32) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// The IP length of one segment of GSO packet `f` cut at `gso_size` bytes of payload: its IP
+/// and TCP/UDP headers and the payload (usize::MAX when the headers cannot be read).
+fn gso_segment_len(f: &[u8], gso_size: u16) -> usize {
+    xpf_wire::offload::headers_len(f).map_or(usize::MAX, |h| h + gso_size as usize)
+}
+
 /// A virtio_net_hdr asking for the checksum from `start`, stored at `start + offset`.
 fn vnet_csum(v: &mut [u8], start: u16, offset: u16) {
     v[0] = VNET_NEEDS_CSUM;
@@ -490,8 +496,9 @@ const MAX_ROUTES: usize = 1 << 16;
 impl Router {
     /// The steering program's decision for `frame`: a slot of [`PACKET_COUNTERS`], and the
     /// route when the slot is 5 (to the filter).
-    /// A GSO packet (`gso`) is over the MTU until the kernel segments it on the way out.
-    fn classify(&mut self, f: &[u8], t: Instant, gso: bool) -> (usize, Route) {
+    /// A GSO packet (`gso`: its segment size, 0 for none) is over the MTU until the kernel
+    /// segments it on the way out: its segments must fit.
+    fn classify(&mut self, f: &[u8], t: Instant, gso: u16) -> (usize, Route) {
         if f.len() < 14 {
             return (0, Route::Invalid);
         }
@@ -543,7 +550,7 @@ impl Router {
             _ => return (3, Route::Invalid),
         }
         let Some((smac, mtu)) = self.link(r.oif, t) else { return (3, Route::Invalid) };
-        if f.len() - 14 > mtu as usize && !gso {
+        if gso == 0 && f.len() - 14 > mtu as usize || gso != 0 && gso_segment_len(f, gso) > mtu as usize {
             return (4, Route::Invalid);
         }
         match dmac {
@@ -640,13 +647,13 @@ mod tests {
     #[test]
     fn classification_mirrors_the_steering_program() {
         let mut r = Router::default();
-        assert_eq!(r.classify(&[0u8; 10], Instant::now(), false).0, 0, "runt");
+        assert_eq!(r.classify(&[0u8; 10], Instant::now(), 0).0, 0, "runt");
         let mut arp = vec![0u8; 60];
         arp[12..14].copy_from_slice(&[0x08, 0x06]);
-        assert_eq!(r.classify(&arp, Instant::now(), false).0, 0, "ARP to the kernel");
-        assert_eq!(r.classify(&v4(1, [192, 0, 2, 1]), Instant::now(), false).0, 2, "TTL 1 to the kernel");
-        assert_eq!(r.classify(&v4(64, [224, 0, 0, 5]), Instant::now(), false).0, 1, "multicast to the kernel");
-        assert_eq!(r.classify(&v4(64, [127, 0, 0, 1]), Instant::now(), false).0, 1, "local to the kernel");
+        assert_eq!(r.classify(&arp, Instant::now(), 0).0, 0, "ARP to the kernel");
+        assert_eq!(r.classify(&v4(1, [192, 0, 2, 1]), Instant::now(), 0).0, 2, "TTL 1 to the kernel");
+        assert_eq!(r.classify(&v4(64, [224, 0, 0, 5]), Instant::now(), 0).0, 1, "multicast to the kernel");
+        assert_eq!(r.classify(&v4(64, [127, 0, 0, 1]), Instant::now(), 0).0, 1, "local to the kernel");
         let mut ns = vec![0u8; 78];
         ns[12..14].copy_from_slice(&[0x86, 0xdd]);
         ns[14] = 0x60;
@@ -654,7 +661,7 @@ mod tests {
         ns[21] = 255;
         ns[38] = 0xfe;
         ns[54] = 135;
-        assert_eq!(r.classify(&ns, Instant::now(), false).0, 7, "neighbour solicitation to the kernel");
+        assert_eq!(r.classify(&ns, Instant::now(), 0).0, 7, "neighbour solicitation to the kernel");
     }
 
     #[test]
