@@ -95,6 +95,18 @@ check "frames for another host's MAC are not forwarded ($(echoes 02:11:22:33:44:
 other1=$($CTL -s info --json | python3 -c "import json,sys; print(sum(s['counters'][9] for s in json.load(sys.stdin)['steering']))")
 check "-s info counts them ($((other1 - other0)))" test $((other1 - other0)) -eq 3
 check "the same frames to the firewall's MAC arrive ($(echoes $fcmac 4243) of 3)" test "$(cat $DIR/echoes)" -eq 3
+# A new MAC on fc is followed within a second; else frames to it would go up the stack and be
+# forwarded by the kernel, unfiltered.
+kfwd() { ip netns exec ${P}fw nstat -az IpForwDatagrams | awk '/IpForwDatagrams/ {print $2}'; }
+ip -n ${P}fw link set fc address 02:aa:bb:cc:dd:01
+sleep 1.5
+ip -n ${P}client neigh flush dev c0
+x0=$(info 'd["forwarding"]["forwarded"]'); k0=$(kfwd)
+check "after fc's MAC changed, ping through the firewall passes" c ping -c 3 -i 0.2 -W 1 10.0.2.2
+check "... forwarded by xpfd ($(( $(info 'd["forwarding"]["forwarded"]') - x0 ))), not by the kernel ($(( $(kfwd) - k0 )))" \
+    test $(( $(info 'd["forwarding"]["forwarded"]') - x0 )) -ge 6 -a $(( $(kfwd) - k0 )) -eq 0
+check "xpfd said it follows the new MAC" grep -q "fc: MAC changed, the steering program follows" "$LOG"
+ip -n ${P}fw link set fc address "$fcmac"; sleep 1.5; ip -n ${P}client neigh flush dev c0
 check "HTTP to the published server (curl)" c curl -sf -m 5 -o /dev/null http://10.0.2.2/
 check "TCP bulk transfer, 3 s (iperf3)" c iperf3 -c 10.0.2.2 -t 3
 check "unsolicited inbound to an unpublished port is blocked (nc)" refused c nc -z -w 2 10.0.2.2 2222

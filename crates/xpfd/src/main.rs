@@ -457,9 +457,24 @@ fn run(a: Args) -> Result<(), String> {
     eprintln!("xpfd: filtering {}; control socket {}", a.ifaces.join(", "), a.socket);
     let mut hups = 0;
     let mut addrs = (xpf_conf::ifaddr::fingerprint(), std::time::Instant::now());
+    // The interfaces' MACs as the steering program has them (it leaves frames for any other
+    // unicast MAC to the kernel): followed once a second, as the addresses are.
+    let mut macs: Vec<Option<[u8; 6]>> =
+        steers.lock().unwrap().iter().map(|(n, _)| xpf_xdp::netlink::mac(n).ok()).collect();
     while !STOP.load(Ordering::Relaxed) {
         // `self` and `(if)` follow the interfaces' addresses: looked at once a second.
         if addrs.1.elapsed() >= std::time::Duration::from_secs(1) {
+            for ((name, steer), known) in steers.lock().unwrap().iter().zip(macs.iter_mut()) {
+                let now = xpf_xdp::netlink::mac(name).ok();
+                if now.is_some() && now != *known {
+                    let r = xpf_xdp::netlink::ifindex(name).and_then(|i| steer.set_mac(i));
+                    match r {
+                        Ok(()) => eprintln!("xpfd: {name}: MAC changed, the steering program follows"),
+                        Err(e) => eprintln!("xpfd: {name}: MAC changed, the steering program could not follow: {e}"),
+                    }
+                    *known = now;
+                }
+            }
             let f = xpf_conf::ifaddr::fingerprint();
             if f != addrs.0 && d.follows_addresses() {
                 match d.recompile() {
