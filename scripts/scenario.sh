@@ -107,6 +107,20 @@ check "... forwarded by xpfd ($(( $(info 'd["forwarding"]["forwarded"]') - x0 ))
     test $(( $(info 'd["forwarding"]["forwarded"]') - x0 )) -ge 6 -a $(( $(kfwd) - k0 )) -eq 0
 check "xpfd said it follows the new MAC" grep -q "fc: MAC changed, the steering program follows" "$LOG"
 ip -n ${P}fw link set fc address "$fcmac"; sleep 1.5; ip -n ${P}client neigh flush dev c0
+# Over the egress MTU: the steering program leaves the packet to the kernel for its ICMP
+# error. Without DF the kernel would fragment and forward it past the rules: xpfd's FORWARD
+# chain drops it. With DF the client hears "frag needed" (the path is there).
+ip -n ${P}fw link set fs mtu 1400
+ip netns exec ${P}client ip route flush cache 2>/dev/null
+ip netns exec ${P}server timeout 3 tcpdump -nli s0 "icmp[icmptype] == 8" 2>/dev/null | grep -c "echo request" > "$DIR/big" &
+t=$!; sleep 1
+c ping -c 3 -i 0.2 -W 1 -M dont -s 1450 10.0.2.2 >/dev/null 2>&1
+wait $t
+check "over the egress MTU without DF: nothing reaches the server past xpfd ($(cat $DIR/big))" test "$(cat $DIR/big)" -eq 0
+check "over the egress MTU with DF: the kernel's 'frag needed' reaches the client" \
+    bash -c "ip netns exec ${P}client ping -c 1 -W 1 -M do -s 1450 10.0.2.2 2>&1 | grep -qi 'frag needed\|message too long\|mtu = 1400'"
+ip -n ${P}fw link set fs mtu 1500
+ip netns exec ${P}client ip route flush cache 2>/dev/null
 check "HTTP to the published server (curl)" c curl -sf -m 5 -o /dev/null http://10.0.2.2/
 check "TCP bulk transfer, 3 s (iperf3)" c iperf3 -c 10.0.2.2 -t 3
 check "unsolicited inbound to an unpublished port is blocked (nc)" refused c nc -z -w 2 10.0.2.2 2222

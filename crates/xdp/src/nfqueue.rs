@@ -273,7 +273,8 @@ impl HostRules {
         for tool in ["iptables", "ip6tables"] {
             let _ = Self::run(tool, &["-D", "INPUT", "-j", "xpfd-in"]);
             let _ = Self::run(tool, &["-D", "OUTPUT", "-j", "xpfd-out"]);
-            for c in ["xpfd-in", "xpfd-out"] {
+            let _ = Self::run(tool, &["-D", "FORWARD", "-j", "xpfd-fwd"]);
+            for c in ["xpfd-in", "xpfd-out", "xpfd-fwd"] {
                 let _ = Self::run(tool, &["-F", c]);
                 let _ = Self::run(tool, &["-X", c]);
             }
@@ -289,13 +290,21 @@ impl HostRules {
             for tool in ["iptables", "ip6tables"] {
                 Self::run(tool, &["-N", "xpfd-in"])?;
                 Self::run(tool, &["-N", "xpfd-out"])?;
+                Self::run(tool, &["-N", "xpfd-fwd"])?;
                 Self::run(tool, &["-A", "xpfd-out", "-m", "mark", "--mark", &mark, "-j", "RETURN"])?;
                 for i in ifaces {
                     Self::run(tool, &["-A", "xpfd-in", "-i", i, "-j", "NFQUEUE", "--queue-num", &q])?;
                     Self::run(tool, &["-A", "xpfd-out", "-o", i, "-j", "NFQUEUE", "--queue-num", &q])?;
+                    // What the kernel would forward to or from a filtered interface past xpfd
+                    // (an IPv4 packet over the egress MTU without DF, which the steering
+                    // program leaves to the kernel for its ICMP error) is dropped: the kernel's
+                    // ICMP errors (need-frag, time exceeded) come before this hook.
+                    Self::run(tool, &["-A", "xpfd-fwd", "-i", i, "-j", "DROP"])?;
+                    Self::run(tool, &["-A", "xpfd-fwd", "-o", i, "-j", "DROP"])?;
                 }
                 Self::run(tool, &["-I", "INPUT", "1", "-j", "xpfd-in"])?;
                 Self::run(tool, &["-I", "OUTPUT", "1", "-j", "xpfd-out"])?;
+                Self::run(tool, &["-I", "FORWARD", "1", "-j", "xpfd-fwd"])?;
             }
             Ok(())
         })();

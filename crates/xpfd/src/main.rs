@@ -427,7 +427,8 @@ fn run(a: Args) -> Result<(), String> {
     let mut host_rules = xpf_xdp::nfqueue::HostRules::install(&a.ifaces, host::QUEUE)
         .map_err(|e| format!("the host's own traffic: {e}"))?;
     eprintln!(
-        "xpfd: the host's own traffic on {} is filtered too (iptables chains xpfd-in, xpfd-out -> NFQUEUE {})",
+        "xpfd: the host's own traffic on {} is filtered too (iptables chains xpfd-in, xpfd-out -> NFQUEUE {}); \
+         the kernel forwards nothing to or from them past xpfd (chain xpfd-fwd)",
         a.ifaces.join(", "),
         host::QUEUE
     );
