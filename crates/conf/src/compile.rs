@@ -105,14 +105,18 @@ impl Table {
         !there
     }
 
-    /// `-T delete`: true if `a/len` was there.
-    pub fn remove(&mut self, a: IpAddr, len: u8) -> bool {
-        let gone = match entry_key(a, len) {
-            EntryKey::V4(l, x) => self.v4.remove(&(l, x)).is_some(),
-            EntryKey::V6(l, x) => self.v6.remove(&(l, x)).is_some(),
-        };
+    /// `-T delete`: removes the entries of `set` that are there; how many. The prefix lengths
+    /// are pruned once, after all of them.
+    pub fn remove(&mut self, set: impl IntoIterator<Item = (IpAddr, u8)>) -> usize {
+        let mut n = 0;
+        for (a, len) in set {
+            n += match entry_key(a, len) {
+                EntryKey::V4(l, x) => self.v4.remove(&(l, x)).is_some(),
+                EntryKey::V6(l, x) => self.v6.remove(&(l, x)).is_some(),
+            } as usize;
+        }
         self.prune_lens();
-        gone
+        n
     }
 
     /// `-T replace`: exactly `set`, cleared at `now`, but for the entries that stay, which
@@ -153,10 +157,13 @@ impl Table {
     }
 
     /// Drops the prefix lengths no entry has any more (lookups walk only those present).
+    /// One pass over the entries.
     fn prune_lens(&mut self) {
-        let (v4, v6) = (&self.v4, &self.v6);
-        self.lens4.retain(|&l| v4.keys().any(|k| k.0 == l));
-        self.lens6.retain(|&l| v6.keys().any(|k| k.0 == l));
+        let (mut in4, mut in6) = ([false; 33], [false; 129]);
+        self.v4.keys().for_each(|k| in4[k.0.min(32) as usize] = true);
+        self.v6.keys().for_each(|k| in6[k.0.min(128) as usize] = true);
+        self.lens4.retain(|&l| in4[l.min(32) as usize]);
+        self.lens6.retain(|&l| in6[l.min(128) as usize]);
     }
 
     /// The entries: address, prefix length, negated, packets matched, when cleared

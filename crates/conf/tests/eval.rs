@@ -655,3 +655,23 @@ fn max_pkt_rate_stops_the_rule_and_its_states_over_the_rate() {
     w.process(&[&f], 1, Dir::In, 61, &mut v);
     assert_eq!(v[0], Verdict::Pass, "the rate decayed");
 }
+
+/// `-T delete` of many entries removes them all and prunes the prefix lengths once.
+#[test]
+fn table_delete_removes_entries_and_their_prefix_lengths() {
+    use std::net::IpAddr;
+    let mut t = xpf_conf::compile::Table::default();
+    let a = |s: &str| s.parse::<IpAddr>().unwrap();
+    t.insert(a("10.1.0.0"), 16, false);
+    for i in 0..100u8 {
+        t.insert(a(&format!("10.2.0.{i}")), 32, false);
+    }
+    let inside = Addr::v4([10, 1, 2, 3]);
+    assert!(t.contains(&inside, AF_INET));
+    let set = vec![(a("10.1.0.0"), 16), (a("10.2.0.5"), 32), (a("10.9.9.9"), 32)];
+    assert_eq!(t.remove(set), 2, "the absent one is not counted");
+    assert!(!t.contains(&inside, AF_INET));
+    assert!(!t.contains(&Addr::v4([10, 2, 0, 5]), AF_INET));
+    assert!(t.contains(&Addr::v4([10, 2, 0, 6]), AF_INET));
+    assert_eq!(t.len(), 99);
+}

@@ -492,7 +492,7 @@ impl Daemon {
                     }
                     "delete" => {
                         let mut tb = (**t).clone();
-                        let n = addrs.iter().map(|&a| norm(a)).filter(|&(a, l)| tb.remove(a, l)).count();
+                        let n = tb.remove(addrs.iter().map(|&a| norm(a)));
                         (tb, format!("{n}/{} addresses deleted.", addrs.len()), n)
                     }
                     "replace" => {
