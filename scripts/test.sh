@@ -12,6 +12,14 @@ echo "tests: $passed passed, $failed failed"
 if [[ $rc -ne 0 ]]; then
     exit "$rc"
 fi
+# The fuzz targets live outside the workspace (cargo-fuzz builds them with sanitizers): they
+# must still compile against the crates as they are now, or `make fuzz` breaks unseen.
+if ! (cd "$(dirname "$0")/../fuzz" && cargo check --quiet --bins); then
+    echo "the fuzz targets do not compile against the current crates" >&2
+    exit 1
+fi
+echo "fuzz targets: compile"
+
 if [[ $passed -eq 0 ]]; then
     echo "no test ran" >&2
     exit 1

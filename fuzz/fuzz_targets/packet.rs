@@ -44,7 +44,7 @@ fuzz_target!(|data: &[u8]| {
         *now += 1;
         let mut v = [Verdict::Pass; 2];
         let mut tags = [0u16; 2];
-        w.process_tagged(&[data, data], 1, Dir::In, *now, &mut v, &mut tags);
+        w.process_tagged(&[data, data], 1, Dir::In, 1, *now, &mut v, &mut tags);
         let answers: Vec<(u8, Vec<u8>)> = w.take_returns().collect();
         for (i, a) in answers {
             // An answer is a well-formed frame the parser takes.
@@ -53,7 +53,7 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(xpf_wire::parse_ether(&a, &mut pd), Ok(()), "answer {a:?}");
             w.recycle(a);
         }
-        w.process_tagged(&[data], 2, Dir::Out, *now, &mut v[..1], &mut tags[..1]);
+        w.process_tagged(&[data], 2, Dir::Out, 1, *now, &mut v[..1], &mut tags[..1]);
         w.maintain(*now, 64);
         w.t4.drain_events(|_, _| {});
         w.t6.drain_events(|_, _| {});

@@ -28,8 +28,16 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
             // Enforced: block-policy (the rules carry it), timeout, limit, reassemble,
             // state-policy, skip; ruleset-optimization changes no verdict (pfctl's optimizer
             // only reorders and merges rules that decide alike).
-            // `hostid` is sync's creator id (xpfd --sync-hostid wins).
-            "block-policy" | "timeout" | "limit" | "state-policy" | "skip" | "ruleset-optimization" | "hostid" => {}
+            // `hostid` is sync's creator id (xpfd --sync-hostid wins); syncookies, the engine's
+            // (the host's own ports too: their SYNs pass through the same worker).
+            "block-policy"
+            | "timeout"
+            | "limit"
+            | "state-policy"
+            | "skip"
+            | "ruleset-optimization"
+            | "hostid"
+            | "syncookies" => {}
             "reassemble" if !text.contains("no-df") => {}
             "reassemble" => no(file, *line, "set reassemble no-df"),
             "optimization" if matches!(words.get(2).copied(), Some("normal" | "default")) => {}
@@ -291,6 +299,9 @@ mod tests {
         ("set ruleset-optimization basic", Yes("ruleset-optimization")),
         ("set loginterface lo", No("set loginterface")),
         ("set hostid 1", Yes("hostid_names_the_sync_creator")),
+        ("set syncookies always", Yes("syncookies_answer_a_syn_without_state_and_the_ack_makes_it")),
+        ("set syncookies adaptive (start 25%, end 12%)", Yes("syncookies_adaptive_turn_on_at_the_half_open_watermark")),
+        ("set syncookies never", Yes("syncookies_answer_a_syn_without_state_and_the_ack_makes_it")),
         ("set debug crit", No("set debug")),
     ];
 

@@ -565,6 +565,118 @@ fn synproxy_completes_the_handshake_then_splices_the_sequence_spaces() {
     assert!(w.stats.proxied >= 5);
 }
 
+/// `set syncookies always`: a SYN the rules pass makes no state; the filter answers it with
+/// a cookie. A flood fills nothing; a blocked port gets no answer; a forged ACK makes
+/// nothing; the client's genuine ACK makes the state and goes on as the SYN to the server,
+/// and the handshake ends as synproxy's does. `never` keeps states as always.
+#[test]
+fn syncookies_answer_a_syn_without_state_and_the_ack_makes_it() {
+    let text = "set syncookies always\nblock all\npass in on em0 proto tcp to port 80\npass out on em1 proto tcp\n";
+    let p = parse(text, "t", &[]);
+    assert_eq!(p.syncookies, Some(xpf_engine::syncookie::Mode::Always));
+    let mut w = worker(Ruleset::compile(&p, &ifindex).unwrap());
+    w.set_syncookies(p.syncookies.unwrap(), Some([9; 32]));
+    let (cl, sv) = ([10, 0, 1, 2], [10, 0, 2, 2]);
+    let mut v = [Verdict::Pass];
+    w.process(&[&tcp_frame(cl, sv, 4000, 80, 1000, 0, tcp::SYN, 0, Some(1400))], 1, Dir::In, 100, &mut v);
+    assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Synproxy));
+    assert_eq!(w.states(), 0, "no state for a SYN");
+    let synack: Vec<_> = w.take_returns().collect();
+    let sa = desc(&synack[0].1);
+    assert_eq!((sa.src.v4_bytes(), sa.dst.v4_bytes(), sa.tcp_flags, sa.tcp_ack), (sv, cl, tcp::SYN | tcp::ACK, 1001));
+    assert_eq!(xpf_engine::reply::tcp_mss(&synack[0].1, &sa), Some(1400));
+    let cookie = sa.tcp_seq;
+    // A flood of SYNs from 200 sources (the limit is 100): no state, each answered.
+    for i in 0..200u32 {
+        let src = [172, 16, (i >> 8) as u8, i as u8];
+        w.process(&[&tcp_frame(src, sv, 1024, 80, i, 0, tcp::SYN, 0, None)], 1, Dir::In, 100, &mut v);
+        assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Synproxy));
+    }
+    assert_eq!((w.states(), w.take_returns().count()), (0, 200));
+    // A port the rules block: no answer.
+    w.process(&[&tcp_frame(cl, sv, 4001, 22, 1, 0, tcp::SYN, 0, None)], 1, Dir::In, 100, &mut v);
+    assert_eq!((v[0], w.take_returns().count()), (Verdict::Drop(xpf_wire::Reason::Match), 0));
+    // Forged ACKs: another number, another port. Nothing made, nothing sent on.
+    for f in [
+        tcp_frame(cl, sv, 4000, 80, 1001, cookie.wrapping_add(2), tcp::ACK, 0, None),
+        tcp_frame(cl, sv, 4002, 80, 1001, cookie.wrapping_add(1), tcp::ACK, 0, None),
+    ] {
+        w.process(&[&f], 1, Dir::In, 101, &mut v);
+        assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Match));
+    }
+    assert_eq!((w.states(), w.take_substitutes().count()), (0, 0));
+    // The genuine ACK, an epoch later: the state, and the SYN to the server in its place.
+    let now = 100 + xpf_engine::syncookie::EPOCH;
+    w.process(
+        &[&tcp_frame(cl, sv, 4000, 80, 1001, cookie.wrapping_add(1), tcp::ACK, 0, None)],
+        1,
+        Dir::In,
+        now,
+        &mut v,
+    );
+    assert_eq!(v[0], Verdict::Pass);
+    assert_eq!((w.states(), w.halfopen()), (1, 1));
+    let syn: Vec<_> = w.take_substitutes().collect();
+    let s = desc(&syn[0].1);
+    assert_eq!((s.src.v4_bytes(), s.dst.v4_bytes(), s.dport, s.tcp_flags), (cl, sv, 80, tcp::SYN));
+    assert_eq!(xpf_engine::reply::tcp_mss(&syn[0].1, &s), Some(1400));
+    w.process(&[&syn[0].1], 2, Dir::Out, now, &mut v);
+    assert_eq!(v[0], Verdict::Pass);
+    // The server's SYN|ACK: an ACK to the server, and the client's view completed.
+    let srv = tcp_frame(sv, cl, 80, 4000, 5000, s.tcp_seq.wrapping_add(1), tcp::SYN | tcp::ACK, 0, Some(1460));
+    w.process(&[&srv], 2, Dir::In, now, &mut v);
+    w.process(&[&srv], 1, Dir::Out, now, &mut v);
+    assert_eq!(v[0], Verdict::Pass);
+    assert_eq!(w.take_returns().count(), 1);
+    let c = desc(&w.take_substitutes().next().unwrap().1);
+    assert_eq!((c.tcp_flags, c.tcp_seq, c.tcp_ack), (tcp::ACK, cookie.wrapping_add(1), 1001));
+    // Data from the client establishes the out state too: nothing half-open is left.
+    let data = tcp_frame(cl, sv, 4000, 80, 1001, cookie.wrapping_add(1), tcp::ACK | tcp::PSH, 10, None);
+    w.process(&[&data], 1, Dir::In, now, &mut v);
+    assert_eq!(v[0], Verdict::Pass);
+    let mut d = data.clone();
+    xpf_engine::proto::apply_modulation(&mut d, w.patches[0].0, w.patches[0].1);
+    w.process(&[&d], 2, Dir::Out, now, &mut v);
+    assert_eq!((v[0], w.states(), w.halfopen()), (Verdict::Pass, 2, 0));
+    let (_, on, n) = w.syncookies();
+    assert!(on);
+    assert_eq!((n.sent, n.valid, n.invalid), (201, 1, 2));
+    // `never`: the SYN makes its state.
+    w.set_syncookies(xpf_engine::syncookie::Mode::Never, None);
+    w.process(&[&tcp_frame(cl, sv, 4005, 80, 1, 0, tcp::SYN, 0, None)], 1, Dir::In, now, &mut v);
+    assert_eq!((v[0], w.states(), w.halfopen()), (Verdict::Pass, 3, 1));
+}
+
+/// `set syncookies adaptive (start 10%, end 5%)` with a limit of 100 states: SYNs make
+/// states until 10 are half-open, then get cookies; once fewer than 5 are half-open, states
+/// again.
+#[test]
+fn syncookies_adaptive_turn_on_at_the_half_open_watermark() {
+    let p = parse("set syncookies adaptive (start 10%, end 5%)\npass in on em0 proto tcp\n", "t", &[]);
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    let mut w = worker(Ruleset::compile(&p, &ifindex).unwrap());
+    w.set_syncookies(p.syncookies.unwrap(), None);
+    let mut v = [Verdict::Pass];
+    let syn = |i: u32| tcp_frame([172, 16, 0, i as u8], [10, 0, 2, 2], 1024, 80, i, 0, tcp::SYN, 0, None);
+    for i in 0..10 {
+        w.process(&[&syn(i)], 1, Dir::In, 1, &mut v);
+        assert_eq!(v[0], Verdict::Pass, "SYN {i}");
+    }
+    assert_eq!((w.states(), w.halfopen(), w.syncookies().1), (10, 10, false));
+    w.process(&[&syn(10)], 1, Dir::In, 1, &mut v);
+    assert_eq!((v[0], w.states(), w.syncookies().1), (Verdict::Drop(xpf_wire::Reason::Synproxy), 10, true));
+    assert_eq!(w.take_returns().count(), 1);
+    // Six of the half-open states go (expired, killed): 4 left, below the end mark.
+    let ids: Vec<u32> = w.t4.iter().map(|(i, _)| i).take(6).collect();
+    for id in ids {
+        w.t4.remove(id);
+    }
+    assert_eq!(w.halfopen(), 4);
+    w.process(&[&syn(11)], 1, Dir::In, 1, &mut v);
+    assert_eq!((v[0], w.states(), w.syncookies().1), (Verdict::Pass, 5, false));
+    assert_eq!(w.syncookies().2.floods, 1);
+}
+
 /// `received-on` tests the interface the packet came in on, in either pass: a forwarded
 /// packet's `out` pass sees its `in` interface; the host's own packets came in on none.
 #[test]

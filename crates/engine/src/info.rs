@@ -19,7 +19,15 @@ pub struct Info {
     pub tracking: [u64; TRACKING_NAMES.len()],
     /// Reassembly, in [`FRAG_NAMES`] order.
     pub fragments: [u64; FRAG_NAMES.len()],
+    /// `set syncookies`: the mode, whether on (in any worker), the half-open TCP states, and
+    /// the counters in [`COOKIE_NAMES`] order.
+    pub syncookies: (crate::syncookie::Mode, bool, u64, [u64; COOKIE_NAMES.len()]),
 }
+
+/// Syncookie counters (pfctl -si's "synfloods detected", "syncookies sent", "syncookies
+/// validated", and the ACKs that failed).
+pub const COOKIE_NAMES: [&str; 4] =
+    ["synfloods detected", "syncookies sent", "syncookies validated", "syncookies invalid"];
 
 /// Reassembly counters (`set reassemble yes`).
 pub const FRAG_NAMES: [&str; 8] = [
@@ -72,6 +80,10 @@ impl Info {
                 std::array::from_fn(|i| x[i] + y[i])
             },
             tracking: [a.window_drops + b.window_drops, a.icmp_mismatch + b.icmp_mismatch, a.reused + b.reused],
+            syncookies: {
+                let (mode, on, c) = w.syncookies();
+                (mode, on, w.halfopen() as u64, [c.floods, c.sent, c.valid, c.invalid])
+            },
             fragments: w.frags.as_ref().map_or([0; FRAG_NAMES.len()], |f| {
                 let c = f.counters;
                 [c.held, c.reassembled, c.overlaps, c.oversized, c.bad, c.after_drop, c.timeouts, c.flushed]
@@ -100,6 +112,10 @@ impl Info {
         add_all(&mut self.limits, &o.limits);
         add_all(&mut self.tracking, &o.tracking);
         add_all(&mut self.fragments, &o.fragments);
+        self.syncookies.0 = o.syncookies.0;
+        self.syncookies.1 |= o.syncookies.1;
+        self.syncookies.2 += o.syncookies.2;
+        add_all(&mut self.syncookies.3, &o.syncookies.3);
     }
 
     /// pf's counter for `r`: `match` counts every packet a rule decided, passed or blocked.
@@ -151,6 +167,14 @@ impl Info {
         let _ = writeln!(o, "State Tracking");
         for (name, v) in TRACKING_NAMES.iter().zip(self.tracking) {
             let _ = writeln!(o, "  {:<25} {:>14} {}", name, v, rate(v));
+        }
+        let (mode, on, halfopen, c) = &self.syncookies;
+        let _ = writeln!(o, "Syncookies");
+        let _ = writeln!(o, "  {:<25} {:>14}", "mode", mode.name());
+        let _ = writeln!(o, "  {:<25} {:>14}", "active", if *on { "active" } else { "inactive" });
+        let _ = writeln!(o, "  {:<25} {:>14}", "half-open states", halfopen);
+        for (name, v) in COOKIE_NAMES.iter().zip(c) {
+            let _ = writeln!(o, "  {:<25} {:>14} {}", name, v, rate(*v));
         }
         let _ = writeln!(o, "Fragments");
         for (name, v) in FRAG_NAMES.iter().zip(self.fragments) {

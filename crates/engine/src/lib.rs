@@ -12,6 +12,7 @@ pub mod info;
 pub mod policy;
 pub mod proto;
 pub mod reply;
+pub mod syncookie;
 pub mod synproxy;
 
 pub use policy::{Action, BlockAll, Context, Decision, PassAll, Policy, Return, Scrub};
@@ -195,7 +196,12 @@ impl<P: Policy> Worker<P> {
             patches: [(0, 0); BATCH],
             scrubbed: 0,
             scrubs: [Scrub::NONE; BATCH],
-            aux: Aux { rng: ChaCha20Rng::from_seed(cfg.secret), proxy: None },
+            aux: {
+                let mut rng = ChaCha20Rng::from_seed(cfg.secret);
+                let mut key = [0u8; 32];
+                rand_core::Rng::fill_bytes(&mut rng, &mut key);
+                Aux { rng, proxy: None, cookies: Box::new(syncookie::Cookies::new(key)) }
+            },
             proxies: Vec::new(),
             substitutes: Vec::new(),
             returns: Vec::new(),
@@ -221,6 +227,29 @@ impl<P: Policy> Worker<P> {
     /// States in both tables.
     pub fn states(&self) -> u32 {
         self.t4.len() + self.t6.len()
+    }
+
+    /// TCP states of both tables whose handshake has not completed.
+    pub fn halfopen(&self) -> u32 {
+        self.t4.halfopen() + self.t6.halfopen()
+    }
+
+    /// `set syncookies`; `secret` keys the cookies (one secret for all the workers of a
+    /// firewall, from getrandom, so that any of them proves a cookie another sent; None
+    /// keeps the worker's own).
+    pub fn set_syncookies(&mut self, mode: syncookie::Mode, secret: Option<[u8; 32]>) {
+        if let Some(k) = secret {
+            *self.aux.cookies = syncookie::Cookies::new(k);
+        }
+        self.aux.cookies.set_mode(mode);
+        let h = self.halfopen();
+        self.aux.cookies.watch(h, self.limit);
+    }
+
+    /// The cookies' mode, whether they are on, and their counters.
+    pub fn syncookies(&self) -> (syncookie::Mode, bool, syncookie::Counters) {
+        let c = &self.aux.cookies;
+        (c.mode(), c.active(), c.counters)
     }
 
     pub fn limit(&self) -> u32 {
@@ -398,7 +427,7 @@ impl<P: Policy> Worker<P> {
             self.scrub_ids();
         }
         if !self.proxies.is_empty() {
-            self.proxy_out(frames);
+            self.proxy_out(frames, now);
         }
         let st = &mut self.stats;
         st.packets += n as u64;
@@ -481,9 +510,13 @@ impl<P: Policy> Worker<P> {
     /// its MSS from the client's SYN here, where the frame is at hand.
     #[cold]
     #[inline(never)]
-    fn proxy_out(&mut self, frames: &[&[u8]]) {
+    fn proxy_out(&mut self, frames: &[&[u8]], now: u32) {
         for (i, id, mut a) in std::mem::take(&mut self.proxies) {
             let (i, pd) = (i as usize, self.pd[i as usize]);
+            if a == synproxy::Proxy::Cookie {
+                let (seq, mss) = self.aux.cookies.make(&pd, reply::tcp_mss(frames[i], &pd), now);
+                a = synproxy::Proxy::SynAck { seq, ack: pd.tcp_seq.wrapping_add(1), mss };
+            }
             if let synproxy::Proxy::SynAck { mss: mss @ 0, .. } = &mut a {
                 *mss = synproxy::offered_mss(frames[i], &pd);
                 let peers = if id & V6_SLOT != 0 { self.t6.peers_mut(id & !V6_SLOT) } else { self.t4.peers_mut(id) };
@@ -793,6 +826,7 @@ macro_rules! ctx {
             scrub: if $i < BATCH { Some((&mut $w.scrubs, &mut $w.scrubbed, $i)) } else { None },
             limit: $w.limit,
             other: $w.$other.len(),
+            halfopen: $w.t4.halfopen() + $w.t6.halfopen(),
             elsewhere: &$w.$other.track,
             ifidx: $ifidx,
             dir: $dir,
@@ -810,6 +844,8 @@ use ctx;
 struct Aux {
     rng: ChaCha20Rng,
     proxy: Option<(u32, synproxy::Proxy)>,
+    /// `set syncookies` (boxed: the lanes' hot fields stay together).
+    cookies: Box<syncookie::Cookies>,
 }
 
 struct Ctx<'a> {
@@ -823,6 +859,8 @@ struct Ctx<'a> {
     scrub: Option<(&'a mut [Scrub; BATCH], &'a mut u64, usize)>,
     limit: u32,
     other: u32,
+    /// Half-open TCP states in both tables (`set syncookies adaptive`).
+    halfopen: u32,
     /// The other family's limits (a rule's `max` counts its states in both).
     elsewhere: &'a xpf_state::Tracking,
     ifidx: u16,
@@ -955,6 +993,9 @@ fn hit_tcp<K: Key>(t: &mut StateTable<K>, id: u32, pd: &PDesc, dir: Dir, now: u3
     *st = next;
     let (class, expire) = (s.class(), s.expire);
     t.modulated = modulated;
+    if xpf_state::half_open(before) {
+        settle(t, before, next);
+    }
     match track {
         proto::Track::Bad => {
             t.counters.window_drops += 1;
@@ -993,6 +1034,14 @@ fn hit_tcp<K: Key>(t: &mut StateTable<K>, id: u32, pd: &PDesc, dir: Dir, now: u3
     Some(Verdict::Pass)
 }
 
+/// A segment of a handshake not yet completed moved its state's peers: the half-open count
+/// follows (out of line: an established connection only tests its peers).
+#[cold]
+#[inline(never)]
+fn settle<K: Key>(t: &mut StateTable<K>, before: [u8; 2], next: [u8; 2]) {
+    t.protostate_changed(before, next);
+}
+
 /// Sync for a TCP state (only with sync on): true when it must be pushed (the sync side
 /// sends what is queued without waiting): after `maxupdates` counts since its last update went
 /// out (pf's pfsync_update_state), where a segment counts one and its payload one more per
@@ -1027,8 +1076,11 @@ fn proxy_step<K: Key>(
 ) -> Verdict {
     let (s, peers) = t.state_and_peers_mut(id);
     let Some(p) = peers else { return Verdict::Drop(Reason::Synproxy) };
+    let before = s.peer_state;
     let (v, a) = synproxy::step(p, &mut s.peer_state, pd, from, &mut aux.rng);
-    let established = s.peer_state[0] == proto::tcps::ESTABLISHED;
+    let after = s.peer_state;
+    let established = after[0] == proto::tcps::ESTABLISHED;
+    t.protostate_changed(before, after);
     if let Some(a) = a {
         aux.proxy = Some((id, a));
     }
@@ -1167,6 +1219,26 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
             }
         }
     }
+    // `set syncookies`: an ACK that proves a cookie is filtered as the SYN it answers.
+    let recreated: PDesc;
+    let ack = pd;
+    let mut cookie_mss = None;
+    let pd = if pd.proto == IPPROTO_TCP
+        && c.dir == Dir::In
+        && pd.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST | tcp::FIN) == tcp::ACK
+        && c.aux.cookies.maybe(c.now)
+    {
+        match c.aux.cookies.check(pd, c.now) {
+            Some(mss) => {
+                cookie_mss = Some(mss);
+                recreated = syncookie::recreate(pd);
+                &recreated
+            }
+            None => pd,
+        }
+    } else {
+        pd
+    };
     let rnd = if p.wants_random() { rand_core::Rng::next_u32(&mut c.aux.rng) } else { 0 };
     let at = Context { ifidx: c.ifidx, dir: c.dir, rcvif: c.rcvif, tag: *c.tag, rnd, now: c.now };
     let d = p.evaluate_in(pd, &at);
@@ -1186,7 +1258,21 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     *c.rule_passes += 1;
     note_scrub(c.scrub, d.scrub);
     if !d.keep_state || !proto::may_create(pd, d.pickup) {
-        return Verdict::Pass;
+        // pf: a proven cookie makes a state or nothing (the rule keeps no state).
+        return if cookie_mss.is_some() { Verdict::Drop(Reason::Synproxy) } else { Verdict::Pass };
+    }
+    if c.dir == Dir::In
+        && cookie_mss.is_none()
+        && pd.proto == IPPROTO_TCP
+        && pd.tcp_flags & (tcp::SYN | tcp::ACK) == tcp::SYN
+    {
+        c.aux.cookies.watch(c.halfopen, c.limit);
+        if c.aux.cookies.active() {
+            // No state: the SYN|ACK carries it (built after the batch, where the SYN's MSS
+            // option is at hand).
+            c.aux.proxy = Some((NONE, synproxy::Proxy::Cookie));
+            return Verdict::Drop(Reason::Synproxy);
+        }
     }
     if t.len() + c.other >= c.limit {
         t.counters.limit_drops += 1;
@@ -1212,7 +1298,9 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         tcp = None;
     }
     let mut seqdiff = 0;
-    if let Some(p) = tcp.as_mut().filter(|_| d.modulate && pd.tcp_flags & (tcp::SYN | tcp::ACK) == tcp::SYN) {
+    if let Some(p) =
+        tcp.as_mut().filter(|_| d.modulate && cookie_mss.is_none() && pd.tcp_flags & (tcp::SYN | tcp::ACK) == tcp::SYN)
+    {
         seqdiff = proto::new_seqdiff(&mut c.aux.rng, pd.tcp_seq);
         p[0].seqdiff = seqdiff;
     }
@@ -1242,6 +1330,18 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
             }
             t.touch(id, c.dir, pd.ip_len, c.now);
             t.created = Some(id);
+            if let Some(mss) = cookie_mss {
+                // The handshake with the client is done (the cookie proved it); the one with
+                // the server goes as synproxy's: this ACK goes on as the SYN to the server.
+                let (s, peers) = t.state_and_peers_mut(id);
+                let Some(p) = peers else { return Verdict::Drop(Reason::Synproxy) };
+                synproxy::proven(p, &mut s.peer_state, ack, mss);
+                let (v, a) = synproxy::step(p, &mut s.peer_state, ack, 0, &mut c.aux.rng);
+                if let Some(a) = a {
+                    c.aux.proxy = Some((id, a));
+                }
+                return v;
+            }
             if d.synproxy {
                 // The client's SYN is answered by the filter and goes no further.
                 if let (s, Some(p)) = t.state_and_peers_mut(id) {

@@ -40,6 +40,10 @@ pub enum Proxy {
     Syn { seq: u32, mss: u16 },
     /// Step 3: the ACK back to the server, and the frame goes on as the client's ACK.
     Done { server: (u32, u32, u16), client: (u32, u32, u16) },
+    /// `set syncookies`: a SYN|ACK to the client whose number is a cookie, for a SYN that
+    /// made no state (the cookie is computed where the SYN's options are at hand, and this
+    /// becomes a `SynAck`).
+    Cookie,
 }
 
 /// The MSS the firewall announces for a client that offered `mss` (RFC 9293 3.7.1's default
@@ -55,6 +59,17 @@ pub fn start(p: &mut [Peer; 2], st: &mut [u8; 2], pd: &PDesc, mss: u16, rng: &mu
     p[0].seqhi = rng.next_u32();
     p[0].mss = mss;
     Proxy::SynAck { seq: p[0].seqhi, ack: pd.tcp_seq.wrapping_add(1), mss }
+}
+
+/// A state made by the ACK `ack` that proved a syncookie announcing `mss`: the handshake
+/// with the client is done (the filter's number was the cookie, `ack - 1`), the one with the
+/// server is next (PROXY_DST; [`step`] with `ack` sends the SYN).
+pub fn proven(p: &mut [Peer; 2], st: &mut [u8; 2], ack: &PDesc, mss: u16) {
+    st[0] = PROXY_DST;
+    p[0].seqhi = ack.tcp_ack.wrapping_sub(1);
+    p[0].seqlo = ack.tcp_seq.wrapping_sub(1);
+    p[0].mss = mss;
+    p[0].wscale = 0;
 }
 
 /// A segment of a state still in PROXY_SRC or PROXY_DST (`st[0]`), from side `from` (0: the
@@ -150,6 +165,7 @@ pub fn emit(frame: &[u8], pd: &PDesc, a: &Proxy, answers: &mut Vec<u8>, instead:
             };
             (segment(frame, pd, &to_server, answers), segment(frame, pd, &to_client, instead))
         }
+        Proxy::Cookie => (false, false),
     }
 }
 

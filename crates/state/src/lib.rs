@@ -24,8 +24,8 @@ pub mod wheel;
 pub use event::{Event, EventKind};
 pub use key::{os_random, Dir, Key, Key4, Key6, Seed};
 pub use table::{
-    auto_rows, sf, Actions, Config, Counters, InsertError, Memory, NewState, Peer, State, StateTable, ID_MASK, NONE,
-    STACK,
+    auto_rows, half_open, sf, Actions, Config, Counters, InsertError, Memory, NewState, Peer, State, StateTable,
+    ID_MASK, NONE, STACK,
 };
 pub use timeout::{Timeout, Timeouts};
 pub use track::{LimitCounters, Overload, Refusal, RuleLimits, Tracking};

@@ -241,6 +241,9 @@ pub struct StateTable<K: Key> {
     rows_fixed: bool,
     grow: bool,
     len: u32,
+    /// TCP states whose handshake has not completed (pf's `states_halfopen`), kept by
+    /// [`StateTable::insert`], removal and [`StateTable::protostate_changed`].
+    halfopen: u32,
     seq: u32,
     /// The latest time the table was told (insert, maintain): removals outside those stamp
     /// source nodes with it.
@@ -270,6 +273,14 @@ impl<K: Key> Drop for StateTable<K> {
             let _ = h.join();
         }
     }
+}
+
+/// Whether TCP peer states `st` are those of a handshake not completed: a peer below
+/// ESTABLISHED (4 in pf's numbering; synproxy's states are above TIME_WAIT on the client's
+/// side, and the server's side is below ESTABLISHED until the splice).
+#[inline(always)]
+pub fn half_open(st: [u8; 2]) -> bool {
+    st[0].min(st[1]) < 4
 }
 
 pub fn auto_rows(limit: u32) -> u32 {
@@ -305,6 +316,7 @@ impl<K: Key> StateTable<K> {
             rows_fixed: cfg.rows.is_some(),
             grow: cfg.grow_from.is_some(),
             len: 0,
+            halfopen: 0,
             seq: 0,
             now: cfg.now,
             counters: Counters::default(),
@@ -321,6 +333,23 @@ impl<K: Key> StateTable<K> {
     #[inline]
     pub fn len(&self) -> u32 {
         self.len
+    }
+
+    /// TCP states whose handshake has not completed: `set syncookies adaptive` turns the
+    /// cookies on and off by this count.
+    pub fn halfopen(&self) -> u32 {
+        self.halfopen
+    }
+
+    /// The peer states of TCP state `id`'s peers went from `before` to `after` (the engine's
+    /// tracking, a sync update): keeps the half-open count.
+    #[inline(always)]
+    pub fn protostate_changed(&mut self, before: [u8; 2], after: [u8; 2]) {
+        match (half_open(before), half_open(after)) {
+            (true, false) => self.halfopen = self.halfopen.saturating_sub(1),
+            (false, true) => self.halfopen += 1,
+            _ => {}
+        }
     }
     pub fn is_empty(&self) -> bool {
         self.len == 0
@@ -626,6 +655,9 @@ impl<K: Key> StateTable<K> {
         self.wheel.file(id, now.saturating_add(self.timeouts.get(s.timeout)));
         self.now = self.now.max(now);
         self.len += 1;
+        if s.key.proto() == xpf_wire::pdesc::IPPROTO_TCP && half_open([s.src_state, s.dst_state]) {
+            self.halfopen += 1;
+        }
         self.counters.inserts += 1;
         Ok(id)
     }
@@ -744,6 +776,9 @@ impl<K: Key> StateTable<K> {
         e.ext = NONE;
         e.timeout &= !TO_EXTRA;
         self.len -= 1;
+        if s.key.proto() == xpf_wire::pdesc::IPPROTO_TCP && half_open(s.peer_state) {
+            self.halfopen = self.halfopen.saturating_sub(1);
+        }
         self.counters.removals += 1;
     }
 

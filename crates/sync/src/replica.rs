@@ -630,6 +630,11 @@ fn merge<K: Key>(
     if take[1] {
         s.peer_state[1] = dst.state;
     }
+    let after = s.peer_state;
+    if tcp {
+        t.protostate_changed(st, after);
+    }
+    let s = t.state_mut(slot);
     if stale < 2 {
         if let Some(c) = from_pftm(timeout) {
             s.set_class(c);

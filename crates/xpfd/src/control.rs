@@ -266,7 +266,8 @@ impl Daemon {
         let per = (l.state_limit() / self.workers.len() as u32).max(1);
         let t = l.timeouts();
         let frags = l.frags(self.workers.len());
-        let results = ask(&self.workers, |done| Cmd::Limits { states: per, timeouts: t.clone(), frags, done })
+        let cookies = l.parsed.syncookies.unwrap_or_default();
+        let results = ask(&self.workers, |done| Cmd::Limits { states: per, timeouts: t.clone(), frags, cookies, done })
             .map_err(|e| vec![e])?;
         if let Some(Err(e)) = results.into_iter().find(|r| r.is_err()) {
             return Err(vec![format!("{}: {e}", self.file)]);
@@ -600,6 +601,9 @@ impl Daemon {
                     "passed": info.stats.passed, "dropped": info.stats.dropped,
                     "block_return": {"answers_sent": info.stats.returned, "rate_limited": info.stats.return_limited},
                     "synproxy": {"segments_sent": info.stats.proxied},
+                    "syncookies": {"mode": info.syncookies.0.name(), "active": info.syncookies.1,
+                        "halfopen_states": info.syncookies.2,
+                        "counters": xpf_engine::info::COOKIE_NAMES.iter().zip(info.syncookies.3).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>()},
                     "counters": reasons,
                     "limit_counters": xpf_engine::info::LIMIT_NAMES.iter().zip(info.limits).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),
                     "fragments": xpf_engine::info::FRAG_NAMES.iter().zip(info.fragments).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),

@@ -111,6 +111,8 @@ pub enum Cmd {
         states: u32,
         timeouts: Timeouts,
         frags: (bool, u32),
+        /// `set syncookies`.
+        cookies: xpf_engine::syncookie::Mode,
         done: Sender<Result<(), String>>,
     },
     /// Records from the sync peer for states this worker owns.
@@ -695,7 +697,10 @@ impl Dataplane {
                 }
                 let _ = tx.send(n);
             }
-            Cmd::Limits { states, timeouts, frags, done } => {
+            Cmd::Limits { states, timeouts, frags, cookies, done } => {
+                if self.worker.syncookies().0 != cookies {
+                    self.worker.set_syncookies(cookies, None);
+                }
                 self.worker.set_reassemble(frags.0, frags.1, timeouts.get(xpf_state::Timeout::Frag));
                 self.worker.t4.set_timeouts(timeouts.clone());
                 self.worker.t6.set_timeouts(timeouts);

@@ -300,6 +300,8 @@ fn run(a: Args) -> Result<(), String> {
     };
     let workers = ports_of.len();
     let frags = loaded.frags(workers);
+    // One key for every worker's syncookies: an ACK proves a cookie whichever worker sent it.
+    let (cookies, cookie_key) = (loaded.parsed.syncookies.unwrap_or_default(), xpf_state::os_random());
     let cpus: Vec<usize> = a.cpus.clone().unwrap_or_else(|| (0..workers).map(|w| w % ncpu).collect());
     if a.fastpath > 0 && steers.is_empty() {
         eprintln!("xpfd: --fastpath needs XDP; packet mode forwards everything in xpfd");
@@ -393,6 +395,7 @@ fn run(a: Args) -> Result<(), String> {
         worker.t4.set_timeouts(timeouts.clone());
         worker.t6.set_timeouts(timeouts.clone());
         worker.set_reassemble(frags.0, frags.1, timeouts.get(xpf_state::Timeout::Frag));
+        worker.set_syncookies(cookies, Some(cookie_key));
         let cpu = cpus[w % cpus.len()];
         let (stop, busy) = (stop.clone(), a.busy);
         let fast = if fast_maps.is_empty() { None } else { Some(std::mem::take(&mut fast_maps[w])) };

@@ -81,6 +81,8 @@ pub struct Parsed {
     pub if_bound: bool,
     /// `set hostid`: the creator id this firewall's states carry to its sync peer.
     pub hostid: Option<u32>,
+    /// `set syncookies` (None: pf's default, never).
+    pub syncookies: Option<xpf_engine::syncookie::Mode>,
     /// Every `set` statement as pfctl -nv prints it, with the file and line it came from.
     pub settings: Vec<(String, std::sync::Arc<str>, u32)>,
 }

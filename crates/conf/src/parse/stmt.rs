@@ -102,7 +102,59 @@ pub(super) fn set_option(p: &mut P, out: &mut Parsed) -> R<()> {
             }
             out.header.push(format!("set ruleset-optimization {v}"));
         }
-        w @ ("syncookies" | "fingerprints" | "require-order" | "state-defaults" | "prio") => {
+        "syncookies" => {
+            use xpf_engine::syncookie::Mode;
+            let v = p.string()?;
+            let mut mode = match v.as_str() {
+                "never" => Mode::Never,
+                "always" => Mode::Always,
+                "adaptive" => Mode::Adaptive { start: 25, end: 12 },
+                _ => return Err("illegal value for syncookies".into()),
+            };
+            let mut text = format!("set syncookies {v}");
+            if p.eat_punct("(") {
+                // pfctl: `start N%`, `end M%` (a percentage of the state limit, 0 < x <= 100;
+                // end defaults to half of start); only for adaptive.
+                let (mut hi, mut lo) = (0u32, 0u32);
+                loop {
+                    let which = p.string()?;
+                    let val = p.string()?;
+                    let pct = val
+                        .strip_suffix('%')
+                        .and_then(|x| x.parse::<f64>().ok())
+                        .ok_or_else(|| "syntax error".to_string())?;
+                    if !(pct > 0.0 && pct <= 100.0) {
+                        return Err("illegal percentage value".into());
+                    }
+                    match which.as_str() {
+                        "start" => hi = pct as u32,
+                        "end" => lo = pct as u32,
+                        _ => return Err("illegal syncookie option".into()),
+                    }
+                    if p.eat_punct(")") {
+                        break;
+                    }
+                    p.eat_punct(",");
+                }
+                if !matches!(mode, Mode::Adaptive { .. }) {
+                    return Err("error setting syncookies: start/end only apply to adaptive".into());
+                }
+                if hi == 0 {
+                    hi = 25;
+                }
+                if lo == 0 {
+                    lo = hi / 2;
+                }
+                if lo >= hi {
+                    return Err("error setting syncookies: start must be higher than end".into());
+                }
+                mode = Mode::Adaptive { start: hi as u8, end: lo as u8 };
+                text = format!("set syncookies adaptive (start {hi}%, end {lo}%)");
+            }
+            out.header.push(text);
+            out.syncookies = Some(mode);
+        }
+        w @ ("fingerprints" | "require-order" | "state-defaults" | "prio") => {
             return Err(unsupported(&format!("set {w}")))
         }
         _ => return Err("syntax error".into()),
