@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN := target/release
 
-.PHONY: all deps build demo test failover lab bench-real bench bench-states bench-hashsize bench-insert bench-resize bench-rules bench-workers fuzz fuzz-long fmt clean
+.PHONY: all deps build demo test failover lab bench-real bench-synflood bench bench-states bench-hashsize bench-insert bench-resize bench-rules bench-workers fuzz fuzz-long fmt clean
 
 all: build
 
@@ -34,6 +34,11 @@ test: build
 # also run by `make test`).
 failover: build
 	scripts/failover.sh 8 14 --key
+
+# A spoofed SYN flood at the generator's full rate while 100 TCP flows run: xpfd (synproxy,
+# syncookies adaptive) against the kernel (conntrack, nftables synproxy), in one run (~3 min).
+bench-synflood: build
+	scripts/synflood.sh
 
 # The full experiments (several minutes each); figures go to bench-results/out/.
 bench: bench-states bench-hashsize bench-insert bench-resize bench-rules bench-workers

@@ -75,7 +75,7 @@ pub struct Opts {
 
 fn usage() -> String {
     let mut s = String::from(
-        "usage: xpf-bench states|hashsize|insert|resize|rules|lab|sync [options]\n       xpf-bench replay FILE.pcap...\n\noptions:\n",
+        "usage: xpf-bench states|hashsize|insert|resize|rules|lab|sync [options]\n       xpf-bench replay FILE.pcap...\n       xpf-bench flood [--seconds S] NETNS DEV NEXTHOP-MAC DST PORT   (a SYN flood, every packet a new source)\n\noptions:\n",
     );
     for (f, v, h) in FLAGS {
         s.push_str(&format!("  {:<24} {h}\n", format!("{f} {v}")));
@@ -102,7 +102,8 @@ fn parse_num(flag: &str, v: &str) -> Result<u64, String> {
 
 fn parse(args: &[String]) -> Result<Opts, String> {
     let bench = args.first().ok_or_else(usage)?.clone();
-    if !["states", "hashsize", "insert", "resize", "rules", "replay", "lab", "sync"].contains(&bench.as_str()) {
+    if !["states", "hashsize", "insert", "resize", "rules", "replay", "lab", "sync", "flood"].contains(&bench.as_str())
+    {
         return Err(format!("unknown bench '{bench}'\n\n{}", usage()));
     }
     let mut o = Opts {
@@ -130,7 +131,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
     };
     let mut it = args[1..].iter();
     while let Some(a) = it.next() {
-        if o.bench == "replay" && !a.starts_with("--") {
+        if (o.bench == "replay" || o.bench == "flood") && !a.starts_with("--") {
             o.files.push(PathBuf::from(a));
             continue;
         }
@@ -246,6 +247,21 @@ fn lab(o: &Opts) -> Result<(), String> {
     })
 }
 
+/// `xpf-bench flood`: SYNs at the generator's full rate out of DEV in NETNS, to DST:PORT by
+/// way of NEXTHOP-MAC, each from a new source in 198.18.0.0/15; prints what was sent.
+fn flood(o: &Opts) -> Result<(), String> {
+    let a: Vec<String> = o.files.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    let [netns, dev, mac, dst, port] = &a[..] else {
+        return Err(format!("needs NETNS DEV NEXTHOP-MAC DST PORT\n\n{}", usage()));
+    };
+    let mac = lab::parse_mac(mac).ok_or_else(|| format!("'{mac}' is not a MAC address"))?;
+    let dst: std::net::Ipv4Addr = dst.parse().map_err(|_| format!("'{dst}' is not an IPv4 address"))?;
+    let port: u16 = port.parse().map_err(|_| format!("'{port}' is not a port"))?;
+    let (sent, secs) = lab::syn_flood(netns, dev, mac, dst, port, o.seconds)?;
+    println!("flood: {sent} SYNs in {secs:.2} s ({:.0}/s)", sent as f64 / secs);
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let o = match parse(&args) {
@@ -262,6 +278,7 @@ fn main() -> ExitCode {
         "resize" => experiments::resize(&o),
         "rules" => experiments::rules(&o),
         "lab" => lab(&o),
+        "flood" => flood(&o),
         "sync" => syncbench::run(&o),
         _ => experiments::insert(&o),
     };

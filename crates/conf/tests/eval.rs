@@ -506,12 +506,15 @@ fn synproxy_completes_the_handshake_then_splices_the_sequence_spaces() {
     assert_eq!(xpf_engine::reply::tcp_mss(&synack[0].1, &sa), Some(1460));
     let isn_fw = sa.tcp_seq;
     assert_eq!(w.take_substitutes().count(), 0, "nothing reaches the server yet");
-    // A flood's SYN makes a state that goes nowhere; a bogus ACK is dropped.
+    // The SYNs made no state (the SYN|ACK's number is a cookie): a flood fills nothing. A
+    // bogus ACK is dropped (no state, and no rule passes a lone ACK).
     w.process(&[&tcp_frame([6, 6, 6, 6], sv, 1, 80, 77, 0, tcp::SYN, 0, None)], 1, Dir::In, 0, &mut v);
     assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Synproxy));
+    assert_eq!(w.states(), 0);
     w.take_returns().for_each(drop);
     w.process(&[&tcp_frame(cl, sv, 4000, 80, 1001, isn_fw.wrapping_add(9), tcp::ACK, 0, None)], 1, Dir::In, 0, &mut v);
-    assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Synproxy), "an ACK of another number");
+    assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Match), "an ACK of another number");
+    assert_eq!(w.states(), 0);
     // 2. The client's ACK goes on as the SYN to the server, through the out rules.
     w.process(&[&tcp_frame(cl, sv, 4000, 80, 1001, isn_fw.wrapping_add(1), tcp::ACK, 0, None)], 1, Dir::In, 1, &mut v);
     assert_eq!(v[0], Verdict::Pass);

@@ -1267,9 +1267,10 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         && pd.tcp_flags & (tcp::SYN | tcp::ACK) == tcp::SYN
     {
         c.aux.cookies.watch(c.halfopen, c.limit);
-        if c.aux.cookies.active() {
+        if c.aux.cookies.active() || d.synproxy {
             // No state: the SYN|ACK carries it (built after the batch, where the SYN's MSS
-            // option is at hand).
+            // option is at hand). `synproxy state` answers so always: its first step needs
+            // no state, and a flood then fills no table (pf's fills it with PROXY:SRC states).
             c.aux.proxy = Some((NONE, synproxy::Proxy::Cookie));
             return Verdict::Drop(Reason::Synproxy);
         }

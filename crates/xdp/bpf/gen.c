@@ -6,10 +6,16 @@
  * destination, then the source. Fields are written absolutely, never incrementally, because a
  * recycled page keeps what the previous run wrote -- and what the receiver wrote: a frame the
  * kernel forwarded comes back with the next hop's MACs and a lower TTL, so the Ethernet and
- * IP headers are rewritten whole for every packet. */
+ * IP headers are rewritten whole for every packet.
+ *
+ * With proto 6 it is a SYN flood instead: every packet a TCP SYN (40-byte datagram, valid
+ * checksums) to dst0:dport from a new source: the source varies fastest (srcs of them), and
+ * the source port steps once per pass over the sources, so (source, port) repeats only after
+ * srcs * 60,000 packets; the sequence number is the packet's count. */
 #include "xpf.h"
 #include <linux/ip.h>
 #include <linux/udp.h>
+#include <linux/tcp.h>
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -18,10 +24,70 @@ struct gen_cfg {
     __u32 srcs, dsts, ports;
     __u32 sport0;
     __u8 dmac[6], smac[6];
+    __u32 proto;            /* 17: UDP flows; 6: SYN flood */
+    __u32 dport;
 };
 
 struct xpf_map gen_cfg SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct gen_cfg), 1, 0 };
 struct xpf_map gen_count SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 1, 0 };
+
+static __always_inline __u32 fold(__u32 sum) {
+    sum = (sum & 0xffff) + (sum >> 16);
+    return (sum & 0xffff) + (sum >> 16);
+}
+
+static __always_inline void ether_ip(struct ethhdr *eth, struct iphdr *ip, struct gen_cfg *cfg,
+                                     __u16 len, __u8 proto, __u32 src, __u32 dst) {
+    __builtin_memcpy(eth->h_dest, cfg->dmac, 6);
+    __builtin_memcpy(eth->h_source, cfg->smac, 6);
+    eth->h_proto = bswap16(0x0800);
+    ip->version = 4;
+    ip->ihl = 5;
+    ip->tos = 0;
+    ip->tot_len = bswap16(len);
+    ip->id = 0;
+    ip->frag_off = 0;
+    ip->ttl = 64;
+    ip->protocol = proto;
+    ip->saddr = __builtin_bswap32(src);
+    ip->daddr = __builtin_bswap32(dst);
+    ip->check = 0;
+    __u32 sum = 0;
+    __u16 *w = (__u16 *)ip;
+#pragma unroll
+    for (int i = 0; i < 10; i++)
+        sum += w[i];
+    ip->check = ~fold(sum);
+}
+
+static __always_inline int syn(struct xdp_md *ctx, struct gen_cfg *cfg, __u64 c) {
+    void *data = (void *)(long)ctx->data;
+    void *end = (void *)(long)ctx->data_end;
+    struct ethhdr *eth = data;
+    struct iphdr *ip = (void *)(eth + 1);
+    struct tcphdr *th = (void *)(ip + 1);
+    if ((void *)(th + 1) > end)
+        return XDP_DROP;
+    __u32 src = cfg->src0 + (__u32)(c % cfg->srcs);
+    __u16 sport = (__u16)(1024 + (c / cfg->srcs) % 60000);
+    ether_ip(eth, ip, cfg, 40, 6, src, cfg->dst0);
+    __builtin_memset(th, 0, sizeof(*th));
+    th->source = bswap16(sport);
+    th->dest = bswap16((__u16)cfg->dport);
+    th->seq = __builtin_bswap32((__u32)c);
+    th->doff = 5;
+    th->syn = 1;
+    th->window = bswap16(64240);
+    /* Pseudo-header (addresses, protocol, length 20) and the header itself. */
+    __u32 sum = (src >> 16) + (src & 0xffff) + (cfg->dst0 >> 16) + (cfg->dst0 & 0xffff) + 6 + 20;
+    sum = bswap16(fold(sum));
+    __u16 *w = (__u16 *)th;
+#pragma unroll
+    for (int i = 0; i < 10; i++)
+        sum += w[i];
+    th->check = ~fold(sum);
+    return XDP_TX;
+}
 
 SEC("xdp")
 int xpf_gen(struct xdp_md *ctx) {
@@ -39,37 +105,18 @@ int xpf_gen(struct xdp_md *ctx) {
         return XDP_DROP;
     __u64 c = *ctr;
     *ctr = c + 1;
+    if (cfg->proto == 6)
+        return syn(ctx, cfg, c);
     __u32 n = cfg->srcs * cfg->dsts * cfg->ports;
     __u32 f = c % n;
     __u32 port = f % cfg->ports;
     f /= cfg->ports;
     __u32 dst = cfg->dst0 + f % cfg->dsts;
     __u32 src = cfg->src0 + f / cfg->dsts;
-    __builtin_memcpy(eth->h_dest, cfg->dmac, 6);
-    __builtin_memcpy(eth->h_source, cfg->smac, 6);
-    eth->h_proto = bswap16(0x0800);
-    ip->version = 4;
-    ip->ihl = 5;
-    ip->tos = 0;
-    ip->tot_len = bswap16(46);
-    ip->id = 0;
-    ip->frag_off = 0;
-    ip->ttl = 64;
-    ip->protocol = 17;
-    ip->saddr = __builtin_bswap32(src);
-    ip->daddr = __builtin_bswap32(dst);
+    ether_ip(eth, ip, cfg, 46, 17, src, dst);
     udp->source = bswap16((__u16)(cfg->sport0 + port));
     udp->dest = bswap16(2000);
     udp->len = bswap16(26);
     udp->check = 0;
-    ip->check = 0;
-    __u32 sum = 0;
-    __u16 *w = (__u16 *)ip;
-#pragma unroll
-    for (int i = 0; i < 10; i++)
-        sum += w[i];
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
-    ip->check = ~sum;
     return XDP_TX;
 }

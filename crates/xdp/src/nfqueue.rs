@@ -315,6 +315,19 @@ impl HostRules {
         Ok(h)
     }
 
+    /// `xpfctl --steer off` (maintenance, the lab's kernel runs): the kernel forwards by its
+    /// own rules, so the guard that drops what it would forward past xpfd comes off; `on`
+    /// puts it back.
+    pub fn forward_guard(on: bool) -> io::Result<()> {
+        for tool in ["iptables", "ip6tables"] {
+            let _ = Self::run(tool, &["-D", "FORWARD", "-j", "xpfd-fwd"]);
+            if on {
+                Self::run(tool, &["-I", "FORWARD", "1", "-j", "xpfd-fwd"])?;
+            }
+        }
+        Ok(())
+    }
+
     pub fn remove(&mut self) {
         if std::mem::take(&mut self.installed) {
             Self::remove_stale();

@@ -18,8 +18,8 @@ const TX_HEADROOM: u32 = 64;
 /// The kernel's `struct xsk_tx_metadata` (Linux 6.14+: flags u64, then csum_start u16,
 /// csum_offset u16, launch_time u64; older kernels read only the first 12 bytes).
 const TX_META: u32 = 24;
-const FRAMES: u32 = 4096;
-const RING: u32 = 2048;
+const FRAMES: u32 = 16384;
+const RING: u32 = 8192;
 const XDP_USE_NEED_WAKEUP: u16 = 1 << 3;
 const XDP_COPY: u16 = 1 << 1;
 const XDP_ZEROCOPY: u16 = 1 << 2;

@@ -394,6 +394,7 @@ impl Daemon {
                         s.detach_all();
                     }
                 }
+                xpf_xdp::nfqueue::HostRules::forward_guard(on).map_err(|e| format!("steer: {e}"))?;
                 eprintln!(
                     "xpfd: steering {}",
                     match (on, bare) {
