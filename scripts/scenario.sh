@@ -278,6 +278,13 @@ check "host: block all answers no ping to the firewall" refused c ping -c 2 -i 0
 check "host: ping through the firewall still passes (to ! self)" c ping -c 2 -i 0.2 -W 1 10.0.2.2
 check "host: 'pass in ... to self port 2226' opens that port (nc)" c nc -z -w 2 10.0.1.1 2226
 check "host: the connection to the firewall has a state" bash -c "$CTL -s states | grep -q '10.0.1.1:2226'"
+# `self` follows the addresses: one added to fc is the firewall's within seconds.
+ip -n ${P}fw addr add 10.0.1.9/24 dev fc
+for port in 2226 2228; do ip netns exec ${P}fw nc -lk 10.0.1.9 $port >/dev/null 2>&1 & done
+sleep 2.5
+check "host: an address added to fc is 'self' within seconds: port 2226 on it opens (nc)" c nc -z -w 2 10.0.1.9 2226
+check "host: and port 2228 on it stays closed by block all (nc)" refused c nc -z -w 2 10.0.1.9 2228
+ip -n ${P}fw addr del 10.0.1.9/24 dev fc
 check "host: block return: TCP refused at once by xpfd's RST (a listener is there)" bash -c "$(declare -f c); P=$P; t0=\$(date +%s%N); ! c nc -z -w 3 10.0.1.1 2227 && test \$(( (\$(date +%s%N) - t0) / 1000000 )) -lt 1000"
 check "host: block return: UDP gets ICMP port unreachable (connection refused)" ip netns exec ${P}client python3 -c "
 import socket
@@ -345,6 +352,44 @@ send(IP(src='10.0.2.2', dst='10.0.1.2')/UDP(sport=4444, dport=4444)/b'genuine', 
 wait $RECV
 check "antispoof: the genuine datagram from the server arrives" grep -q 10.0.2.2 "$DIR/spoof.out"
 check "antispoof: the one spoofing the client's network (on fs) is blocked" refused grep -q 10.0.1.5 "$DIR/spoof.out"
+
+# no-route and urpf-failed, against the firewall's routes: datagrams from the server side with
+# the server's own source (routed back out of fs: passes), the client's network's (routed back
+# out of fc: fails uRPF on fs) and 198.51.100.7 (no route at all). Each rule blocks only what it
+# names; `pass all` alone lets all three through (the negative control), and a route added for
+# 198.51.100.0/24 is followed within seconds.
+from_server() { # from_server SRC...: sends one datagram from each SRC (on the server side) to the client; prints what arrived
+    $CTL -F states >/dev/null # the earlier runs' states would pass them without the rules
+    c python3 -c "
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('10.0.1.2', 4445)); s.settimeout(2); got = []
+try:
+    while True: got.append(s.recvfrom(100)[1][0])
+except socket.timeout: pass
+print(' '.join(sorted(got)))" > "$DIR/routes.out" &
+    local r=$!
+    sleep 0.5
+    ip netns exec ${P}server /usr/bin/python3 -c "import logging; logging.getLogger('scapy').setLevel(logging.ERROR)
+from scapy.all import *
+for a in '$*'.split(): send(IP(src=a, dst='10.0.1.2')/UDP(sport=4445, dport=4445)/b'x', verbose=0)" >/dev/null 2>&1
+    wait $r
+    cat "$DIR/routes.out"
+}
+printf 'pass all\n' > "$DIR/routes-none.conf"
+printf 'pass all\nblock in quick on fs from no-route\n' > "$DIR/routes-noroute.conf"
+printf 'pass all\nblock in quick from urpf-failed\n' > "$DIR/routes-urpf.conf"
+SRCS="10.0.2.2 10.0.1.5 198.51.100.7"
+check "-f pass all (no route tests)" ip netns exec ${P}fw $CTL -f "$DIR/routes-none.conf"
+check "routes: under pass all all three sources arrive" test "$(from_server $SRCS)" = "10.0.1.5 10.0.2.2 198.51.100.7"
+check "-f 'block in quick on fs from no-route'" ip netns exec ${P}fw $CTL -f "$DIR/routes-noroute.conf"
+check "no-route: 198.51.100.7 (no route on the firewall) is blocked, the others arrive" test "$(from_server $SRCS)" = "10.0.1.5 10.0.2.2"
+ip -n ${P}fw route add 198.51.100.0/24 via 10.0.2.2
+sleep 2.5
+check "no-route: a route added for 198.51.100.0/24 is followed (xpfd compiled again)" test "$(from_server $SRCS)" = "10.0.1.5 10.0.2.2 198.51.100.7"
+ip -n ${P}fw route del 198.51.100.0/24 via 10.0.2.2
+check "-f 'block in quick from urpf-failed'" ip netns exec ${P}fw $CTL -f "$DIR/routes-urpf.conf"
+check "urpf-failed: only the server's own source (routed back out of fs) arrives" test "$(from_server $SRCS)" = "10.0.2.2"
+check "urpf-failed: the client still reaches the server (its source routes back out of fc)" c ping -c 1 -W 1 10.0.2.2
 
 # scrub (max-mss): the server sees the clamped MSS (its socket's TCP_MAXSEG); without the rule
 # it sees the client's own (the negative control).

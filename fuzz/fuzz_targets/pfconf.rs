@@ -9,7 +9,15 @@ fuzz_target!(|data: &[u8]| {
     if p.errors.is_empty() {
         // Refusing and compiling what parsed never panics either.
         let _ = xpf_conf::support::refusals(&p);
-        let _ = xpf_conf::Ruleset::compile(&p, &|_| Some(1));
+        // Against a fixed set of routes (no rtnetlink dump per input): a default route out of
+        // interface 1 and a blackhole.
+        let fib = xpf_conf::routes::Fib {
+            routes: vec![
+                xpf_conf::routes::Route { addr: [0u8; 4].into(), len: 0, reject: false, oifs: vec![1] },
+                xpf_conf::routes::Route { addr: [192, 0, 2, 0].into(), len: 24, reject: true, oifs: vec![] },
+            ],
+        };
+        let _ = xpf_conf::Ruleset::compile_at(&p, &|_| Some(1), &fib);
         let once = xpf_conf::print::ruleset(&p.rules);
         let q = xpf_conf::parse(&once, "printed", &[]);
         assert!(q.errors.is_empty(), "printed form refused: {:?}\n{once}", q.errors);

@@ -14,6 +14,7 @@ pub mod names;
 pub mod parse;
 pub mod print;
 pub mod reload;
+pub mod routes;
 pub mod support;
 
 pub use compile::Ruleset;

@@ -110,10 +110,9 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
         for h in [src, dst] {
             match &h.kind {
                 HostKind::Any | HostKind::Net(..) | HostKind::Range(..) | HostKind::Table(_) => {}
-                HostKind::NoRoute => refuse("no-route"),
-                HostKind::UrpfFailed => refuse("urpf-failed"),
-                // Enforced: the interfaces' addresses at compile time, followed by xpfd.
-                HostKind::SelfAddr | HostKind::Dynamic { .. } => {}
+                // Enforced: the interfaces' addresses and the kernel's routes at compile time,
+                // followed by xpfd.
+                HostKind::SelfAddr | HostKind::Dynamic { .. } | HostKind::NoRoute | HostKind::UrpfFailed => {}
             }
         }
         // Enforced: `tos` matches the TOS byte without its ECN bits (pf_setup_pdesc).
@@ -261,8 +260,8 @@ mod tests {
         ("pass in proto tcp synproxy state", Yes("synproxy_completes_the_handshake_then_splices_the_sequence_spaces")),
         ("pass in proto tcp synproxy state (max-src-conn 5)", No("synproxy state with max-src-conn")),
         ("pass in proto tcp keep state (pflow)", No("pflow")),
-        ("pass in to no-route", No("no-route")),
-        ("pass in from urpf-failed", No("urpf-failed")),
+        ("pass in to no-route", Yes("no_route_and_urpf_failed_follow_the_routes")),
+        ("pass in from urpf-failed", Yes("no_route_and_urpf_failed_follow_the_routes")),
         ("pass in proto tcp user 0", No("user")),
         ("pass in proto tcp group 0", No("group")),
         ("match out on lo nat-to 192.0.2.1", No("nat-to")),

@@ -680,6 +680,52 @@ fn syncookies_adaptive_turn_on_at_the_half_open_watermark() {
     assert_eq!(w.syncookies().2.floods, 1);
 }
 
+/// `no-route` and `urpf-failed` as pf_routable, against a snapshot of routes: em0 (1) leads
+/// to 10.0.1.0/24, em1 (2) to 10.0.2.0/24, 192.0.2.0/24 is a blackhole; then a default route
+/// out of em1 is added.
+#[test]
+fn no_route_and_urpf_failed_follow_the_routes() {
+    use xpf_conf::routes::{Fib, Route};
+    let r = |a: [u8; 4], len, reject, oifs: Vec<u32>| Route { addr: a.into(), len, reject, oifs };
+    let fib = Fib {
+        routes: vec![
+            r([10, 0, 1, 0], 24, false, vec![1]),
+            r([10, 0, 2, 0], 24, false, vec![2]),
+            r([192, 0, 2, 0], 24, true, vec![]),
+        ],
+    };
+    let p = parse("block in quick from urpf-failed\nblock in quick to no-route\npass in all\n", "t", &[]);
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    assert!(Ruleset::uses_routes(&p));
+    let rs = Ruleset::compile_at(&p, &ifindex, &fib).unwrap();
+    let v = |rs: &Ruleset, src, dst, ifidx| {
+        rs.evaluate_in(&pkt(IPPROTO_UDP, src, dst, 1, 2, 0), &Context::new(ifidx, Dir::In)).action
+    };
+    assert_eq!(v(&rs, [10, 0, 1, 5], [10, 0, 2, 2], 1), Action::Pass, "route back out of em0, destination routable");
+    assert_eq!(v(&rs, [10, 0, 1, 5], [10, 0, 2, 2], 2), Action::Block, "em0's network arriving on em1");
+    assert_eq!(v(&rs, [10, 0, 1, 5], [8, 8, 8, 8], 1), Action::Block, "no route to 8.8.8.8");
+    assert_eq!(v(&rs, [10, 0, 1, 5], [192, 0, 2, 1], 1), Action::Block, "a blackhole is no route");
+    assert_eq!(v(&rs, [8, 8, 8, 8], [10, 0, 2, 2], 1), Action::Block, "no route back at all");
+    // A default route out of em1: everything is routable, and sources from anywhere pass
+    // uRPF on em1, not on em0.
+    let mut with_default = fib.clone();
+    with_default.routes.push(r([0, 0, 0, 0], 0, false, vec![2]));
+    let rs = Ruleset::compile_at(&p, &ifindex, &with_default).unwrap();
+    assert_eq!(v(&rs, [10, 0, 1, 5], [8, 8, 8, 8], 1), Action::Pass);
+    assert_eq!(v(&rs, [8, 8, 8, 8], [10, 0, 2, 2], 2), Action::Pass);
+    assert_eq!(v(&rs, [8, 8, 8, 8], [10, 0, 2, 2], 1), Action::Block);
+    assert_eq!(v(&rs, [10, 0, 1, 5], [192, 0, 2, 1], 1), Action::Block, "the blackhole is longer than the default");
+    // Negated: `to ! no-route` is what has a route.
+    let n = parse("block in all\npass in to ! no-route\n", "t", &[]);
+    let rs = Ruleset::compile_at(&n, &ifindex, &fib).unwrap();
+    assert_eq!(
+        (v(&rs, [1, 1, 1, 1], [10, 0, 2, 9], 1), v(&rs, [1, 1, 1, 1], [8, 8, 8, 8], 1)),
+        (Action::Pass, Action::Block)
+    );
+    // A ruleset without them reads no routes.
+    assert!(!Ruleset::uses_routes(&parse("pass in from self\n", "t", &[])));
+}
+
 /// `received-on` tests the interface the packet came in on, in either pass: a forwarded
 /// packet's `out` pass sees its `in` interface; the host's own packets came in on none.
 #[test]

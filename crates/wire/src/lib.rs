@@ -13,6 +13,7 @@ pub mod ethernet;
 pub mod icmp;
 pub mod ipv4;
 pub mod ipv6;
+pub mod nlattr;
 pub mod offload;
 pub mod pdesc;
 pub mod tcp;

@@ -4,6 +4,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use xpf_wire::nlattr::attrs;
 
 const IFLA_XDP: u16 = 43;
 const IFLA_XDP_FD: u16 = 1;
@@ -156,23 +157,6 @@ pub struct FibRoute {
     pub oif: u32,
     /// The next hop: the gateway, or the destination itself when it is on link.
     pub nexthop: [u8; 16],
-}
-
-/// Iterates the rtattrs of `b`: (type, payload).
-fn attrs(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if b.len() < 4 {
-            return None;
-        }
-        let len = u16::from_ne_bytes([b[0], b[1]]) as usize;
-        let ty = u16::from_ne_bytes([b[2], b[3]]) & 0x3fff;
-        if len < 4 || len > b.len() {
-            return None;
-        }
-        let v = &b[4..len];
-        b = &b[len.next_multiple_of(4).min(b.len())..];
-        Some((ty, v))
-    })
 }
 
 /// Asks the FIB for the route to `dst` (4 or 16 bytes), as `ip route get` does.

@@ -233,6 +233,11 @@ impl Daemon {
             .any(|r| [&r.src, &r.dst].iter().any(|h| matches!(h.kind, SelfAddr | Dynamic { .. })))
     }
 
+    /// Whether the ruleset in force tests routes (`no-route`, `urpf-failed`).
+    pub fn follows_routes(&self) -> bool {
+        Ruleset::uses_routes(&self.loaded.parsed)
+    }
+
     /// Compiles the ruleset in force again (its tables as they are now) for the interfaces'
     /// current addresses.
     pub fn recompile(&mut self) -> Result<u64, Vec<String>> {
@@ -697,7 +702,8 @@ impl Daemon {
                 let mut text = String::new();
                 let mut data = Vec::new();
                 for (n, t) in &cur.tables {
-                    if n.starts_with("__automatic") {
+                    // pfctl's address-list tables and xpf's own (`self`, `(if)`, routes).
+                    if n.starts_with("__") {
                         continue;
                     }
                     let _ = writeln!(text, "{n}");

@@ -461,6 +461,9 @@ fn run(a: Args) -> Result<(), String> {
     eprintln!("xpfd: filtering {}; control socket {}", a.ifaces.join(", "), a.socket);
     let mut hups = 0;
     let mut addrs = (xpf_conf::ifaddr::fingerprint(), std::time::Instant::now());
+    // `no-route` and `urpf-failed` follow the kernel's routes the same way.
+    let routes_now = || xpf_conf::routes::Fib::kernel().map(|f| f.fingerprint()).unwrap_or(0);
+    let mut routes = routes_now();
     // The interfaces' MACs as the steering program has them (it leaves frames for any other
     // unicast MAC to the kernel): followed once a second, as the addresses are.
     let mut macs: Vec<Option<[u8; 6]>> =
@@ -484,6 +487,16 @@ fn run(a: Args) -> Result<(), String> {
                 match d.recompile() {
                     Ok(g) => eprintln!("xpfd: interface addresses changed: ruleset compiled again (generation {g})"),
                     Err(e) => eprintln!("xpfd: interface addresses changed, compiling again failed:\n{}", e.join("\n")),
+                }
+            }
+            if d.follows_routes() {
+                let r = routes_now();
+                if r != routes {
+                    match d.recompile() {
+                        Ok(g) => eprintln!("xpfd: routes changed: ruleset compiled again (generation {g})"),
+                        Err(e) => eprintln!("xpfd: routes changed, compiling again failed:\n{}", e.join("\n")),
+                    }
+                    routes = r;
                 }
             }
             addrs = (f, std::time::Instant::now());
