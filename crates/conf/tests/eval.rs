@@ -650,6 +650,43 @@ fn syncookies_answer_a_syn_without_state_and_the_ack_makes_it() {
     assert_eq!((v[0], w.states(), w.halfopen()), (Verdict::Pass, 3, 1));
 }
 
+/// A TCP segment over IPv6 with a valid checksum (no options, no payload).
+fn tcp6_frame(src: [u8; 16], dst: [u8; 16], sp: u16, dp: u16, seq: u32, ack: u32, flags: u8) -> Vec<u8> {
+    let mut f = vec![0u8; 14 + 40 + 20];
+    f[12..14].copy_from_slice(&[0x86, 0xdd]);
+    xpf_wire::ipv6::emit_header(&mut f[14..], &src, &dst, 6, 20, 64);
+    xpf_wire::tcp::emit_header(&mut f[54..], sp, dp, seq, ack, flags, 8192);
+    let c =
+        !xpf_wire::checksum::fold(xpf_wire::checksum::sum(&f[54..], xpf_wire::checksum::pseudo_v6(&src, &dst, 6, 20)));
+    f[70..72].copy_from_slice(&c.to_be_bytes());
+    f
+}
+
+/// Syncookies over IPv6: the SYN|ACK is an IPv6 segment back to the client, and the ACK that
+/// proves its cookie makes the state and goes on as the SYN to the server.
+#[test]
+fn syncookies_work_over_ipv6() {
+    let p = parse("set syncookies always\nblock all\npass in on em0 inet6 proto tcp to port 443\n", "t", &[]);
+    let mut w = worker(Ruleset::compile(&p, &ifindex).unwrap());
+    w.set_syncookies(p.syncookies.unwrap(), None);
+    let (cl, sv) =
+        ([0xfd, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2], [0xfd, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+    let mut v = [Verdict::Pass];
+    w.process(&[&tcp6_frame(cl, sv, 5000, 443, 7, 0, tcp::SYN)], 1, Dir::In, 10, &mut v);
+    assert_eq!((v[0], w.states()), (Verdict::Drop(xpf_wire::Reason::Synproxy), 0));
+    let sa: Vec<_> = w.take_returns().collect();
+    let d = desc(&sa[0].1);
+    assert_eq!(
+        (d.af, d.src.0, d.dst.0, d.tcp_flags, d.tcp_ack),
+        (xpf_wire::pdesc::AF_INET6, sv, cl, tcp::SYN | tcp::ACK, 8)
+    );
+    assert_eq!(xpf_engine::reply::tcp_mss(&sa[0].1, &d), Some(1200), "none offered: the largest under IPv6's 1,220");
+    w.process(&[&tcp6_frame(cl, sv, 5000, 443, 8, d.tcp_seq.wrapping_add(1), tcp::ACK)], 1, Dir::In, 11, &mut v);
+    assert_eq!((v[0], w.states()), (Verdict::Pass, 1));
+    let syn = desc(&w.take_substitutes().next().unwrap().1);
+    assert_eq!((syn.af, syn.dst.0, syn.tcp_flags), (xpf_wire::pdesc::AF_INET6, sv, tcp::SYN));
+}
+
 /// `set syncookies adaptive (start 10%, end 5%)` with a limit of 100 states: SYNs make
 /// states until 10 are half-open, then get cookies; once fewer than 5 are half-open, states
 /// again.

@@ -154,9 +154,10 @@ impl Cookies {
     }
 
     /// The cookie for the SYN `pd` (the client's initial number `pd.tcp_seq`) offering
-    /// `mss` (None: none offered), at `now`; with the MSS it announces.
+    /// `mss` (None: none offered, RFC 9293's default for the family: 536, or 1,220 for IPv6),
+    /// at `now`; with the MSS it announces.
     pub fn make(&mut self, pd: &PDesc, offered: Option<u16>, now: u32) -> (u32, u16) {
-        let want = offered.unwrap_or(536);
+        let want = offered.unwrap_or(if pd.af == xpf_wire::pdesc::AF_INET6 { 1220 } else { 536 });
         let idx = MSS.iter().rposition(|&m| m <= want).unwrap_or(0) as u32;
         let epoch = now / EPOCH;
         let low = idx | (epoch & 1) << 3;
