@@ -74,6 +74,17 @@ scripts/topo.sh up $P
 # The flood's replies (the server's or the firewall's SYN|ACKs) go back towards the client
 # side, where nobody owns 198.18.0.0/15: both firewalls send them, neither gets an answer.
 ip -n ${P}fw route add 198.18.0.0/15 via 10.0.1.2
+# The client's kernel drops them at ingress: on veth the firewall's transmit runs the receiver's
+# stack in its own context, and a route lookup and an ICMP error per SYN|ACK there (nobody owns
+# 198.18/15) would be charged to the firewall (a real NIC's transmit is DMA). Same for both.
+ip netns exec ${P}client nft -f - <<'NFT'
+table netdev floodsink {
+    chain in {
+        type filter hook ingress device "c0" priority 0; policy accept;
+        ip daddr 198.18.0.0/15 drop
+    }
+}
+NFT
 ip netns exec ${P}server iptables -w -A INPUT -p tcp --syn --dport 80 -s 198.18.0.0/15
 ip netns exec ${P}server iperf3 -s -D --bind 10.0.2.2 >/dev/null
 ip netns exec ${P}server python3 -m http.server 80 --bind 10.0.2.2 >/dev/null 2>&1 &
