@@ -29,3 +29,74 @@ pub use table::{
 };
 pub use timeout::{Timeout, Timeouts};
 pub use track::{LimitCounters, Overload, Refusal, RuleLimits, Tracking};
+
+/// pf's scrub actions on match and pass rules (`scrub (no-df random-id min-ttl N max-mss N
+/// set-tos T)`), kept in the state and applied to every packet of it, as pf_scrub and
+/// pf_normalize_mss apply them (the engine's `proto::apply_scrub`); the state table keeps
+/// them packed ([`Scrub::pack`]), and sync carries them (pfsync's min_ttl, set_tos, max_mss
+/// and state_flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Scrub {
+    /// Clear IPv4's don't-fragment bit.
+    pub no_df: bool,
+    /// A random IPv4 identification on unfragmented packets ([`Scrub::id`] is the number).
+    pub random_id: bool,
+    /// Raise the TTL / hop limit to at least this (0: no).
+    pub min_ttl: u8,
+    /// Set the TOS / traffic class (ECN bits kept).
+    pub set_tos: Option<u8>,
+    /// Lower a TCP SYN's MSS option to at most this (0: no).
+    pub max_mss: u16,
+    /// The random identification for this packet (drawn by the worker).
+    pub id: u16,
+}
+
+impl Scrub {
+    pub const NONE: Scrub = Scrub { no_df: false, random_id: false, min_ttl: 0, set_tos: None, max_mss: 0, id: 0 };
+
+    pub fn is_none(&self) -> bool {
+        Scrub { id: 0, ..*self } == Scrub::NONE
+    }
+
+    /// What a later matching rule adds (pf_rule_to_actions: flags add up, values replace).
+    pub fn merge(&mut self, o: &Scrub) {
+        self.no_df |= o.no_df;
+        self.random_id |= o.random_id;
+        if o.min_ttl != 0 {
+            self.min_ttl = o.min_ttl;
+        }
+        if o.set_tos.is_some() {
+            self.set_tos = o.set_tos;
+        }
+        if o.max_mss != 0 {
+            self.max_mss = o.max_mss;
+        }
+    }
+
+    /// Packed for the state's side record (0: none).
+    pub fn pack(&self) -> u64 {
+        if self.is_none() {
+            return 0;
+        }
+        1 | (self.no_df as u64) << 1
+            | (self.random_id as u64) << 2
+            | (self.set_tos.is_some() as u64) << 3
+            | (self.min_ttl as u64) << 8
+            | (self.set_tos.unwrap_or(0) as u64) << 16
+            | (self.max_mss as u64) << 24
+    }
+
+    pub fn unpack(v: u64) -> Scrub {
+        if v == 0 {
+            return Scrub::NONE;
+        }
+        Scrub {
+            no_df: v & 2 != 0,
+            random_id: v & 4 != 0,
+            min_ttl: (v >> 8) as u8,
+            set_tos: (v & 8 != 0).then_some((v >> 16) as u8),
+            max_mss: (v >> 24) as u16,
+            id: 0,
+        }
+    }
+}

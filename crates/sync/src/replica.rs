@@ -13,7 +13,7 @@ use crate::frame::FrameBuilder;
 use crate::wire::{self, Clr, KeyRec, Msg, PeerRec, StateId, StateRec, UpdC};
 use hashbrown::HashMap;
 use xpf_state::table::{sf, TO_ALLOWOPTS, TO_SLOPPY};
-use xpf_state::{Dir, Key, Key4, Key6, NewState, Peer, StateTable, Timeout};
+use xpf_state::{Dir, Key, Key4, Key6, NewState, Peer, Scrub, StateTable, Timeout};
 use xpf_wire::Addr;
 
 const TCP: u8 = 6;
@@ -266,6 +266,11 @@ impl Replica {
         let (src, dst) = peers_out(t.peers(id), s.peer_state);
         let sid = self.sid(fam, t, id);
         let deadline = s.expire.saturating_add(t.timeout_of(id));
+        let scrub = if t.actions.is_empty() {
+            Scrub::NONE
+        } else {
+            t.actions.get(&id).map_or(Scrub::NONE, |a| Scrub::unpack(a.scrub))
+        };
         StateRec {
             id: sid.id,
             ifname: names.name(k.kif()),
@@ -284,7 +289,13 @@ impl Replica {
             proto: k.proto(),
             direction: if s.flags & sf::OUT != 0 { wire::PF_OUT } else { wire::PF_IN },
             state_flags: if s.timeout & TO_ALLOWOPTS != 0 { wire::PFSTATE_ALLOWOPTS } else { 0 }
-                | if s.timeout & TO_SLOPPY != 0 { wire::PFSTATE_SLOPPY } else { 0 },
+                | if s.timeout & TO_SLOPPY != 0 { wire::PFSTATE_SLOPPY } else { 0 }
+                | if scrub.no_df { wire::PFSTATE_NODF } else { 0 }
+                | if scrub.random_id { wire::PFSTATE_RANDOMID } else { 0 }
+                | if scrub.set_tos.is_some() { wire::PFSTATE_SETTOS } else { 0 },
+            min_ttl: scrub.min_ttl,
+            set_tos: scrub.set_tos.unwrap_or(0),
+            max_mss: scrub.max_mss,
             timeout: pftm(s.class()),
             rtableid: -1,
             ..Default::default()
@@ -669,8 +680,17 @@ fn import<K: Key>(t: &mut StateTable<K>, r: &StateRec, kif: u16, class: Timeout,
         nosync: true,
         allow_opts: r.state_flags & wire::PFSTATE_ALLOWOPTS != 0,
         sloppy,
+        // pfsync carries no tag and no packet rate; the scrub actions it does.
         tag: 0,
-        scrub: 0,
+        scrub: Scrub {
+            no_df: r.state_flags & wire::PFSTATE_NODF != 0,
+            random_id: r.state_flags & wire::PFSTATE_RANDOMID != 0,
+            min_ttl: r.min_ttl,
+            set_tos: (r.state_flags & wire::PFSTATE_SETTOS != 0).then_some(r.set_tos),
+            max_mss: r.max_mss,
+            id: 0,
+        }
+        .pack(),
         rate: 0,
     };
     let h = t.hash(&key);

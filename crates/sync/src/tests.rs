@@ -395,6 +395,9 @@ fn same_tables(a: &Node, b: &Node) -> usize {
     n
 }
 
+const SCRUB: xpf_state::Scrub =
+    xpf_state::Scrub { no_df: true, random_id: true, min_ttl: 64, set_tos: Some(0x10), max_mss: 1300, id: 0 };
+
 #[test]
 fn standby_gets_every_state_by_bulk_then_follows_updates_over_a_lossy_reordering_link() {
     let mut a = Node::new(cfg(0xa, None));
@@ -416,7 +419,7 @@ fn standby_gets_every_state_by_bulk_then_follows_updates_over_a_lossy_reordering
         allow_opts: false,
         sloppy: false,
         tag: 0,
-        scrub: 0,
+        scrub: SCRUB.pack(),
         rate: 0,
     };
     add(&mut a.t6, u6, 1);
@@ -430,6 +433,9 @@ fn standby_gets_every_state_by_bulk_then_follows_updates_over_a_lossy_reordering
     assert!(matches!(b.ep.bulk_in, BulkIn::Done { states: 501, .. }), "{:?}", b.ep.bulk_in);
     assert_eq!(same_tables(&a, &b), 500);
     assert_eq!(b.t6.len(), 1);
+    // The scrub actions came with the state (pfsync's state_flags, min_ttl, set_tos, max_mss).
+    let (id6, _) = b.t6.iter().next().unwrap();
+    assert_eq!(b.t6.actions.get(&id6).map(|x| xpf_state::Scrub::unpack(x.scrub)), Some(SCRUB));
 
     // Traffic moves the windows; one frame in 5 is lost, one pair in 4 swapped.
     let (mut ab, mut ba) =

@@ -88,6 +88,10 @@ pub const PFSTATE_NOSYNC: u16 = 0x0008;
 /// On an insert: the sender holds the state's first packet until the receiver answers with
 /// an insert ack (defer mode).
 pub const PFSTATE_ACK: u16 = 0x0010;
+/// Scrub actions the state applies (with `min_ttl`, `set_tos`, `max_mss`).
+pub const PFSTATE_NODF: u16 = 0x0020;
+pub const PFSTATE_SETTOS: u16 = 0x0040;
+pub const PFSTATE_RANDOMID: u16 = 0x0080;
 /// `pfsync_state_scrub.scrub_flag`: the scrub part is meaningful.
 pub const SCRUB_FLAG_VALID: u8 = 0x01;
 
