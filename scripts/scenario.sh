@@ -299,6 +299,30 @@ printf 'block all\npass in on fc\n' > "$DIR/host-in-only.conf"
 check "-f a ruleset without 'pass out'" $CTL -f "$DIR/host-in-only.conf"
 check "host: without 'pass out' the firewall's own ping out is blocked" refused ip netns exec ${P}fw ping -c 1 -W 1 10.0.2.2
 
+# IPv6 reaches the firewall's INPUT in fragments (the kernel reassembles IPv4 before it): the
+# verdicts wait for the datagram, filtered whole. A 3,000-byte datagram in three fragments to
+# an open port arrives; one to a port block all closes does not.
+frag6_to_fw() { # frag6_to_fw PORT: the bytes a listener on the firewall got, or "none"
+    ip netns exec ${P}fw python3 -c "
+import socket
+s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM); s.bind(('fd00:1::1', $1)); s.settimeout(3)
+try: print(len(s.recvfrom(5000)[0]))
+except socket.timeout: print('none')" > "$DIR/frag6.out" &
+    local r=$!
+    sleep 0.5
+    ip netns exec ${P}client /usr/bin/python3 -c "import logging; logging.getLogger('scapy').setLevel(logging.ERROR)
+from scapy.all import *
+p = IPv6(src='fd00:1::2', dst='fd00:1::1')/IPv6ExtHdrFragment()/UDP(sport=4000, dport=$1)/(b'x' * 3000)
+send(fragment6(p, 1280), verbose=0)" >/dev/null 2>&1
+    wait $r
+    cat "$DIR/frag6.out"
+}
+# (Neighbour discovery is host traffic too, under the rules as in pf.)
+printf 'block all\npass out\npass in on fc inet6 proto icmp6 icmp6-type { neighbrsol, neighbradv }\npass in on fc inet6 proto udp to self port 5555\n' > "$DIR/host-frag6.conf"
+check "-f a ruleset opening UDP port 5555 on the firewall over IPv6" $CTL -f "$DIR/host-frag6.conf"
+check "host: a fragmented IPv6 datagram to that port arrives whole (3000 bytes)" test "$(frag6_to_fw 5555)" = 3000
+check "host: one to a port block all closes does not" test "$(frag6_to_fw 5556)" = none
+
 # block return on forwarded traffic: the client hears the RST at once.
 cat "$DIR/pf.conf" - > "$DIR/return.conf" <<'CONF'
 block return in on $ext_if inet proto tcp to 10.0.2.2 port 2222

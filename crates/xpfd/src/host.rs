@@ -6,6 +6,13 @@
 //! packets go on in the kernel untouched, or rewritten when `modulate state` changed them.
 //! Answers to blocked ones (`block return`) are sent through raw sockets carrying the mark
 //! the `xpfd-out` chain lets by, as pf marks what it generates.
+//!
+//! Fragments: the kernel reassembles IPv4 before the INPUT hook and fragments after OUTPUT,
+//! but IPv6 reaches INPUT in fragments (its reassembly comes after the hook, unless conntrack
+//! defragments, which xpfd's chains do not ask for). The engine reassembles them and filters
+//! the datagram whole; the verdict on each fragment waits (NFQUEUE lets it) until the
+//! datagram is complete, then every fragment gets the datagram's verdict. Fragments waiting
+//! longer than the `frag` timeout, or beyond PENDING_MAX, are dropped.
 
 use serde::Serialize;
 use xpf_engine::{Policy, Verdict, Worker};
@@ -38,8 +45,18 @@ impl HostStats {
     }
 }
 
+/// Fragments waiting for their datagram's verdict, at most (NFQUEUE's own queue holds 1,024
+/// packets by default).
+const PENDING_MAX: usize = 512;
+
+/// A datagram's fragments: source, destination, identification.
+type FragKey = ([u8; 16], [u8; 16], u32);
+
 pub struct HostPath {
     q: NfQueue,
+    /// Queued fragments whose datagram is not complete: (packet id, when it came), by datagram.
+    pending: std::collections::HashMap<FragKey, Vec<(u32, u32)>>,
+    pending_n: usize,
     /// Raw IPv4 and IPv6 sockets (header included) marked with HostRules::MARK.
     raw: [i32; 2],
     frame: Vec<u8>,
@@ -70,6 +87,8 @@ impl HostPath {
         let raw = [raw_socket(libc::AF_INET)?, raw_socket(libc::AF_INET6)?];
         Ok(HostPath {
             q,
+            pending: Default::default(),
+            pending_n: 0,
             raw,
             frame: Vec::with_capacity(0x10000 + 14),
             verdicts: Vec::new(),
@@ -84,7 +103,7 @@ impl HostPath {
     /// Filters what the kernel queued since the last call and gives it the verdicts.
     /// Returns the packets handled.
     pub fn poll<P: Policy>(&mut self, w: &mut Worker<P>, now: u32) -> usize {
-        let HostPath { q, frame, verdicts, stats, .. } = self;
+        let HostPath { q, frame, verdicts, stats, pending, pending_n, .. } = self;
         let r = q.recv(|p| {
             let (dir, ifidx) = match p.hook {
                 HOOK_INPUT => (Dir::In, p.indev),
@@ -104,12 +123,37 @@ impl HostPath {
             frame.extend_from_slice(p.packet);
             let mut v = [Verdict::Pass];
             w.process(&[&frame[..]], ifidx as u16, dir, now, &mut v);
+            // A fragment (IPv6 at INPUT: see the module's note): its verdict waits for its
+            // datagram's, which every fragment then gets.
+            let mut pd = xpf_wire::PDesc::default();
+            let frag = (xpf_wire::parse_ether(frame, &mut pd).is_ok()
+                && pd.flags & xpf_wire::pdesc::pdf::FRAGMENT != 0)
+                .then_some((pd.src.0, pd.dst.0, pd.frag_id));
+            let complete = !w.released.is_empty();
+            w.released.clear();
+            if let (Some(k), Verdict::Held, false) = (frag, v[0], complete) {
+                if *pending_n < PENDING_MAX {
+                    pending.entry(k).or_default().push((p.id, now));
+                    *pending_n += 1;
+                } else {
+                    stats.dropped += 1;
+                    verdicts.push((p.id, false, None));
+                }
+                return;
+            }
             let accept = match v[0] {
                 Verdict::Pass | Verdict::Host => true,
-                // The kernel reassembles before the INPUT hook and fragments after OUTPUT: a
-                // fragment here is an IPv6 one the kernel did not reassemble; it is dropped.
-                Verdict::Drop(_) | Verdict::Held => false,
+                // The last fragment of a datagram that passed.
+                Verdict::Held => complete,
+                Verdict::Drop(_) => false,
             };
+            if let Some(held) = frag.and_then(|k| pending.remove(&k)) {
+                *pending_n -= held.len();
+                if !accept {
+                    stats.dropped += held.len() as u64;
+                }
+                verdicts.extend(held.into_iter().map(|(id, _)| (id, accept, None)));
+            }
             let rewritten = (accept && (w.patched | w.scrubbed) & 1 != 0).then(|| {
                 if w.patched & 1 != 0 {
                     let (a, s) = w.patches[0];
@@ -131,8 +175,26 @@ impl HostPath {
             };
             verdicts.push((p.id, accept, rewritten));
         });
-        // Datagrams reassembled from host traffic are not sent anywhere (see above).
-        w.released.clear();
+        // Fragments whose datagram did not come whole in time: dropped, as the engine drops
+        // what it held of them.
+        let timeout = w.frags.as_ref().map_or(0, |f| f.timeout);
+        if !self.pending.is_empty() {
+            let stats = &mut self.stats;
+            let verdicts = &mut self.verdicts;
+            let mut gone = 0;
+            self.pending.retain(|_, ids| {
+                if ids.first().is_some_and(|&(_, t)| now.saturating_sub(t) > timeout) {
+                    gone += ids.len();
+                    stats.dropped += ids.len() as u64;
+                    verdicts.extend(ids.drain(..).map(|(id, _)| (id, false, None)));
+                    false
+                } else {
+                    true
+                }
+            });
+            self.pending_n -= gone;
+        }
+        let HostPath { q, verdicts, .. } = self;
         let n = verdicts.len();
         for (id, accept, payload) in verdicts.drain(..) {
             q.verdict(id, accept, payload.as_deref());
