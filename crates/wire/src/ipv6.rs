@@ -121,6 +121,8 @@ pub struct ExtInfo {
     pub rh0: bool,
     /// Hop-by-hop options appeared somewhere other than first (RFC 8200 section 4.1).
     pub misplaced_hbh: bool,
+    /// A routing header (of any type) was present.
+    pub routing: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,8 +159,9 @@ pub fn walk(mut next: u8, payload: &[u8]) -> Result<ExtInfo, Error> {
                 if off + len > payload.len() {
                     return Err(Error::Truncated);
                 }
-                if next == NH_ROUTING && payload[off + 2] == 0 {
-                    info.rh0 = true;
+                if next == NH_ROUTING {
+                    info.routing = true;
+                    info.rh0 |= payload[off + 2] == 0;
                 }
                 next = h[0];
                 named_at = HEADER_LEN + off;

@@ -24,7 +24,9 @@ pub struct Partial {
 
 /// The transport segment of a frame: its range, protocol and pseudo-header sum (for the
 /// addresses and length the frame holds now). Ethernet with at most one 802.1Q tag; IPv4
-/// not fragmented, or IPv6 with TCP or UDP right after its header.
+/// not fragmented, or IPv6 not fragmented, its TCP or UDP after the fixed header and any
+/// hop-by-hop or destination options (a routing header would put the final destination in
+/// the pseudo-header: such frames are not taken as partial).
 struct Segment {
     /// Where the IP header starts.
     l3: usize,
@@ -56,12 +58,14 @@ fn segment(frame: &[u8]) -> Option<Segment> {
         }
         0x86dd => {
             let ip = ipv6::Packet::new_checked(&frame[off..]).ok()?;
-            let proto = ip.next_header();
-            if proto != IPPROTO_TCP && proto != IPPROTO_UDP {
+            let payload = off + ipv6::HEADER_LEN;
+            let end = payload + ip.payload_len();
+            let ext = ipv6::walk(ip.next_header(), frame.get(payload..end)?).ok()?;
+            let proto = ext.proto;
+            if ext.fragment.is_some() || ext.routing || (proto != IPPROTO_TCP && proto != IPPROTO_UDP) {
                 return None;
             }
-            let start = off + ipv6::HEADER_LEN;
-            let end = start + ip.payload_len();
+            let start = payload + ext.offset;
             let pseudo = checksum::pseudo_v6(&ip.src(), &ip.dst(), proto, (end - start) as u32);
             Some(Segment { l3: off, start, end, proto, pseudo, v4: false })
         }
@@ -189,6 +193,22 @@ mod tests {
         assert_eq!(partial(&f), Some(Partial { start: 54, offset: 6 }));
         finish(&mut f);
         assert!(valid(&f));
+        // The same behind a hop-by-hop header (8 bytes: next UDP, length 0, PadN).
+        let mut h = vec![0u8; 14 + 40 + 8 + 8 + 5];
+        h[12] = 0x86;
+        h[13] = 0xdd;
+        ipv6::emit_header(&mut h[14..], &a, &b, 0, 21, 64);
+        h[54..62].copy_from_slice(&[17, 0, 1, 4, 0, 0, 0, 0]);
+        udp::emit_header(&mut h[62..], 5000, 53, 13);
+        h[70..].copy_from_slice(b"query");
+        prepare(&mut h);
+        assert_eq!(partial(&h), Some(Partial { start: 62, offset: 6 }));
+        finish(&mut h);
+        assert!(valid(&h));
+        // Behind a routing header: not taken (its final destination is not in the header).
+        h[20] = 43;
+        h[54..62].copy_from_slice(&[17, 0, 4, 0, 0, 0, 0, 0]);
+        assert_eq!(partial(&h), None);
         // IPv4 UDP with checksum 0 (none) is left alone.
         let mut g = vec![0u8; 14 + 20 + 8];
         g[12] = 8;
