@@ -126,7 +126,11 @@ impl HostPath {
             // A fragment (IPv6 at INPUT: see the module's note): its verdict waits for its
             // datagram's, which every fragment then gets.
             let mut pd = xpf_wire::PDesc::default();
-            let frag = (xpf_wire::parse_ether(frame, &mut pd).is_ok()
+            // Only a held fragment, or a packet while fragments wait, needs its datagram's key:
+            // other host packets are not parsed a second time.
+            let maybe_frag = matches!(v[0], Verdict::Held) || !pending.is_empty();
+            let frag = (maybe_frag
+                && xpf_wire::parse_ether(frame, &mut pd).is_ok()
                 && pd.flags & xpf_wire::pdesc::pdf::FRAGMENT != 0)
                 .then_some((pd.src.0, pd.dst.0, pd.frag_id));
             let complete = !w.released.is_empty();
