@@ -266,7 +266,7 @@ mod tests {
         ("pass in proto tcp group 0", No("group")),
         ("match out on lo nat-to 192.0.2.1", No("nat-to")),
         ("match in on lo rdr-to 192.0.2.1", No("rdr-to")),
-        ("match on lo binat-to 192.0.2.1", No("nat-to")),
+        ("match on lo from 10.0.0.1 to any binat-to 192.0.2.1", No("nat-to")),
         ("match in scrub (max-mss 1400, no-df, random-id, min-ttl 9, set-tos 0x10)", Yes("scrub_rewrites_as_pf_scrub_does")),
         ("match in scrub (reassemble tcp)", No("scrub (reassemble tcp)")),
         ("pass in proto tcp divert-to 127.0.0.1 port 8080", No("divert-to")),

@@ -15,20 +15,7 @@ pub(super) fn resolve_pools(r: &mut Rule, out: &mut Parsed) -> R<()> {
             0 => return Err("no translation address with matching address family found.".into()),
             1 => pl.host = l[0].clone(),
             _ => {
-                let name = format!("__automatic_{}", out.auto_tables);
-                out.auto_tables += 1;
-                let tb = Table {
-                    name: name.clone(),
-                    konst: true,
-                    persist: false,
-                    counters: false,
-                    parts: vec![TablePart::Hosts(l)],
-                    line: 0,
-                    file: "".into(),
-                };
-                out.header.push(crate::print::table(&tb));
-                out.tables.push(tb);
-                pl.host = Host { neg: false, kind: HostKind::Table(name) };
+                pl.host = auto_table(l, out);
                 if pl.kind == PoolKind::None {
                     pl.kind = PoolKind::RoundRobin;
                 }
@@ -36,6 +23,65 @@ pub(super) fn resolve_pools(r: &mut Rule, out: &mut Parsed) -> R<()> {
         }
     }
     Ok(())
+}
+
+/// A pool of several addresses becomes a const table `__automatic_N`, printed with the header.
+fn auto_table(hosts: Vec<Host>, out: &mut Parsed) -> Host {
+    let name = format!("__automatic_{}", out.auto_tables);
+    out.auto_tables += 1;
+    let tb = Table {
+        name: name.clone(),
+        konst: true,
+        persist: false,
+        counters: false,
+        parts: vec![TablePart::Hosts(hosts)],
+        line: 0,
+        file: "".into(),
+    };
+    out.header.push(crate::print::table(&tb));
+    out.tables.push(tb);
+    Host { neg: false, kind: HostKind::Table(name) }
+}
+
+/// pfctl's checks of one binat-to combination: a source that is one network (not a table or an
+/// interface), a target that is one network of the same mask. `pool` None: no target address
+/// of the family was left (already reported).
+fn binat_checks(src: &Host, pool: Option<&Host>, af: Af) -> Vec<String> {
+    let mut e = Vec::new();
+    // An interface stands for one address only as `(if:0)`.
+    let first_only =
+        |h: &Host| matches!(&h.kind, HostKind::Dynamic { modifier, .. } if modifier.as_deref() == Some("0"));
+    match &src.kind {
+        HostKind::Table(n) => e.push(format!("invalid use of table <{n}> as the source address of a binat-to rule")),
+        HostKind::Dynamic { ifname, .. } if !first_only(src) => {
+            e.push(format!("invalid use of interface ({ifname}) as the source address of a binat-to rule"));
+            e.push("dynamic interfaces must be used with :0 in a binat-to rule".into());
+        }
+        _ => {
+            let bits = if af == Af::Inet6 { 128 } else { 32 };
+            // The mask as pf holds it: a network's prefix, an interface's first address whole,
+            // nothing for the other kinds.
+            let mask = |h: Option<&Host>| match h.map(|h| &h.kind) {
+                Some(HostKind::Net(_, l)) => (*l).min(bits),
+                Some(HostKind::Dynamic { prefix, .. }) if h.is_some_and(first_only) => prefix.unwrap_or(bits).min(bits),
+                _ => 0,
+            };
+            let network = |h: Option<&Host>| match h {
+                None => true,
+                Some(h) => matches!(h.kind, HostKind::Net(..)) || first_only(h),
+            };
+            if !network(Some(src)) || !network(pool) || mask(Some(src)) == 0 {
+                e.push("binat-to requires a specified source and redirect address".into());
+            }
+            if mask(Some(src)) != 0 && mask(Some(src)) != mask(pool) {
+                e.push("source and redir addresess must have a matching network mask in binat-rule".into());
+            }
+            if matches!(pool.map(|h| &h.kind), Some(HostKind::Table(_))) {
+                e.push("tables cannot be used as the redirect address of a binat-to rule".into());
+            }
+        }
+    }
+    e
 }
 
 pub(super) fn one_or_none<T: Clone>(v: &[T]) -> Vec<Option<T>> {
@@ -48,7 +94,7 @@ pub(super) fn one_or_none<T: Clone>(v: &[T]) -> Vec<Option<T>> {
 
 /// pfctl's expand_rule: every combination of interface, protocol, source and destination
 /// (and their ports, and ICMP types), each one a rule if its address families agree.
-pub(super) fn expand(t: &Template, nr: &mut u32) -> Result<Vec<Rule>, Vec<String>> {
+pub(super) fn expand(t: &Template, nr: &mut u32, parsed: &mut Parsed) -> Result<Vec<Rule>, Vec<String>> {
     let mut out = Vec::new();
     let mut errs = Vec::new();
     let srcs = if t.src.is_empty() { vec![Host::ANY] } else { t.src.clone() };
@@ -102,6 +148,36 @@ pub(super) fn expand(t: &Template, nr: &mut u32) -> Result<Vec<Rule>, Vec<String
                                                 continue;
                                             }
                                         }
+                                        // binat-to: its target's addresses of the rule's family
+                                        // (None: none left, the pool stays empty).
+                                        let mut binat_errs = Vec::new();
+                                        let binat_pool = t.binat.as_ref().map(|b| {
+                                            let fam = [r.af, s.af(), d.af()]
+                                                .into_iter()
+                                                .find(|a| *a != Af::Any)
+                                                .unwrap_or(Af::Any);
+                                            let all = b.list.clone().unwrap_or_else(|| vec![b.host.clone()]);
+                                            let kept: Vec<Host> = all
+                                                .into_iter()
+                                                .filter(|h| fam == Af::Any || h.af() == Af::Any || h.af() == fam)
+                                                .collect();
+                                            match kept.len() {
+                                                0 => {
+                                                    binat_errs.push("af mismatch in translation spec".to_string());
+                                                    None
+                                                }
+                                                1 => Some(kept[0].clone()),
+                                                _ => Some(auto_table(kept, parsed)),
+                                            }
+                                        });
+                                        if let (Some(pool), Some(b)) = (&binat_pool, &t.binat) {
+                                            r.nat = pool.as_ref().map(|h| Pool {
+                                                host: h.clone(),
+                                                static_port: true,
+                                                list: None,
+                                                ..b.clone()
+                                            });
+                                        }
                                         let pool_af = [r.nat.as_ref(), r.rdr.as_ref(), r.route.as_ref().map(|x| &x.1)]
                                             .into_iter()
                                             .flatten()
@@ -119,7 +195,16 @@ pub(super) fn expand(t: &Template, nr: &mut u32) -> Result<Vec<Rule>, Vec<String
                                             }
                                         }
                                         if !ok {
+                                            errs.extend(binat_errs);
                                             continue;
+                                        }
+                                        if let Some(pool) = binat_pool {
+                                            binat_errs.extend(binat_checks(s, pool.as_ref(), af));
+                                            if !binat_errs.is_empty() {
+                                                errs.extend(binat_errs);
+                                                errs.push(SKIPPING.into());
+                                                continue;
+                                            }
                                         }
                                         if (sp.is_some() || dp.is_some()) && !matches!(proto, Some(6) | Some(17)) {
                                             errs.push("port only applies to tcp/udp".to_string());

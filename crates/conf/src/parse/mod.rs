@@ -120,6 +120,9 @@ struct Template {
     icmp: Vec<(u8, Option<u8>)>,
     users: Vec<PortOp>,
     groups: Vec<PortOp>,
+    /// The out half of a `binat-to` line: its target as written, checked per combination the
+    /// way pfctl checks it; when the line fails, its in half is not expanded.
+    binat: Option<Pool>,
 }
 
 impl Template {
@@ -136,6 +139,7 @@ impl Template {
             icmp: vec![],
             users: vec![],
             groups: vec![],
+            binat: None,
         }
     }
 }
@@ -383,7 +387,8 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
         match res {
             Ok(tmpls) => {
                 for t in tmpls {
-                    match expand(&t, &mut nr) {
+                    let binat = t.binat.is_some();
+                    match expand(&t, &mut nr, out) {
                         Ok(rules) => {
                             // A combination whose translation pool has no address of its family
                             // is left out, as pfctl leaves it; if none is left, the rule fails.
@@ -416,6 +421,9 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
                         Err(msgs) => {
                             for m in msgs {
                                 out.errors.extend(to_errors(file, last_line, &m));
+                            }
+                            if binat {
+                                break;
                             }
                         }
                     }

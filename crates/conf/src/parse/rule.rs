@@ -143,28 +143,21 @@ pub(super) fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>>
             o.timeouts.push((xpf_state::Timeout::AdaptiveEnd, m / 10 * 12));
         }
     }
-    // binat-to is two rules: out with nat-to (static-port), in with rdr-to back. A target with
-    // several addresses (an interface) keeps those of the rule's family.
-    if let Some(mut b) = t.r.binat.take() {
-        if matches!(b.host.kind, HostKind::Table(_)) || t.src.iter().any(|h| matches!(h.kind, HostKind::Table(_))) {
-            return Err("binat-to requires a specified source and redirect address".into());
-        }
-        if let Some(list) = b.list.take() {
-            let fam = t.src.iter().chain(t.dst.iter()).map(Host::af).find(|a| *a != Af::Any).unwrap_or(t.r.af);
-            let l: Vec<Host> = list.into_iter().filter(|h| fam == Af::Any || h.af() == fam).collect();
-            match l.len() {
-                1 => b.host = l[0].clone(),
-                _ => return Err("binat-to requires a specified source and redirect address".into()),
-            }
-        }
-        let mut out = t.clone();
-        out.r.dir = Dir::Out;
-        out.r.nat = Some(Pool { static_port: true, ..b.clone() });
+    // binat-to is two rules: out with nat-to (static-port), in with rdr-to back. The target is
+    // checked per combination in the expansion (pfctl's messages, once per line).
+    if let Some(b) = t.r.binat.take() {
         let mut inb = t.clone();
+        let mut out = t;
+        out.r.dir = Dir::Out;
+        out.binat = Some(b.clone());
+        out.r.nat = Some(Pool { static_port: true, list: None, ..b.clone() });
         inb.r.dir = Dir::In;
-        inb.src = t.dst.clone();
-        inb.dst = vec![b.host.clone()];
-        let orig = t.src.first().cloned().unwrap_or(Host::ANY);
+        inb.src = out.dst.clone();
+        // The address the in half answers on: the target of the source's family.
+        let fam = out.src.iter().chain(out.dst.iter()).map(Host::af).find(|a| *a != Af::Any).unwrap_or(out.r.af);
+        let back = b.list.iter().flatten().find(|h| fam == Af::Any || h.af() == fam).unwrap_or(&b.host);
+        inb.dst = vec![back.clone()];
+        let orig = out.src.first().cloned().unwrap_or(Host::ANY);
         inb.r.rdr =
             Some(Pool { host: orig, port: None, kind: PoolKind::None, sticky: false, static_port: false, list: None });
         return Ok(vec![out, inb]);
@@ -645,6 +638,11 @@ pub(super) fn pool(p: &mut P, nat: bool) -> R<Pool> {
     let hosts: Vec<Host> = p.list(hosts)?.into_iter().flatten().collect();
     if hosts.is_empty() {
         return Err("could not parse host specification".into());
+    }
+    // A target is an address, a network, an interface or a table: never negated, never
+    // `no-route` or `urpf-failed` (pfctl's grammar has no place for them).
+    if hosts.iter().any(|h| h.neg || matches!(h.kind, HostKind::NoRoute | HostKind::UrpfFailed)) {
+        return Err("syntax error".into());
     }
     let mut pl = Pool {
         host: hosts[0].clone(),
