@@ -12,8 +12,10 @@
 #   netns ${P}far    [f0] 10.0.3.2/24
 #
 # usage: topo.sh up PREFIX | down PREFIX
+# QUEUES=N gives each veth N queues a side (veth's default is one), as a multi-queue NIC has.
 set -euo pipefail
 cmd=${1:?up or down}; P=${2:?prefix}
+Q=${QUEUES:-1}
 
 down() {
     for n in client fw server far; do ip netns del "${P}$n" 2>/dev/null || true; done
@@ -25,10 +27,10 @@ up() {
         ip netns add "${P}$n"
         ip -n "${P}$n" link set lo up
     done
-    ip link add "${P}c0" type veth peer name "${P}fc"
+    ip link add "${P}c0" numtxqueues $Q numrxqueues $Q type veth peer name "${P}fc" numtxqueues $Q numrxqueues $Q
     ip link set "${P}c0" netns "${P}client" name c0
     ip link set "${P}fc" netns "${P}fw" name fc
-    ip link add "${P}s0" type veth peer name "${P}fs"
+    ip link add "${P}s0" numtxqueues $Q numrxqueues $Q type veth peer name "${P}fs" numtxqueues $Q numrxqueues $Q
     ip link set "${P}s0" netns "${P}server" name s0
     ip link set "${P}fs" netns "${P}fw" name fs
     ip link add "${P}f0" type veth peer name "${P}s1"

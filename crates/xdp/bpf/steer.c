@@ -24,7 +24,12 @@
  * offload (veth, tun/tap: the field holds the pseudo-header sum) is finished here, since a
  * redirected frame reaches the receiver as it is (datagrams up to 1,504 bytes; longer ones go
  * to xpfd). IPv4 options and fragments, and every other protocol (TCP: pf's window tracking
- * sees each segment) go to xpfd as before. */
+ * sees each segment) go to xpfd as before.
+ *
+ * New connections queue apart: a TCP SYN (without ACK) goes to xpfd's second socket on the
+ * queue (map `xsks` at 64 + queue, sharing the first's frames) when xpfd opened one. xpfd
+ * serves that socket after the first, so a SYN flood fills and overflows only its own ring
+ * (the kernel counts the drops) while the segments of established connections keep theirs. */
 #include "xpf.h"
 #include <linux/ip.h>
 #include <linux/ipv6.h>
@@ -32,7 +37,9 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-struct xpf_map xsks SEC("maps") = { BPF_MAP_TYPE_XSKMAP, 4, 4, 64, 0 };
+/* Queue q: xpfd's socket at q, its socket for new connections at SYN_LANE + q. */
+#define SYN_LANE 64
+struct xpf_map xsks SEC("maps") = { BPF_MAP_TYPE_XSKMAP, 4, 4, 2 * SYN_LANE, 0 };
 
 struct fast_key {
     __u8 family, proto;
@@ -54,12 +61,12 @@ struct xpf_map fast SEC("maps") = { BPF_MAP_TYPE_HASH, sizeof(struct fast_key), 
 /* steer_cfg[0] = 1: forward everything routable here, unfiltered (the lab's measure of the
  * fast path's I/O ceiling; set only through xpfctl --steer bare). */
 struct xpf_map steer_cfg SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 4, 1, 0 };
-struct xpf_map steer_stats SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 10, 0 };
+struct xpf_map steer_stats SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 11, 0 };
 /* ifindex -> the interface's MAC in the low six bytes (as they are in the frame). */
 struct xpf_map ifmacs SEC("maps") = { BPF_MAP_TYPE_HASH, 4, 8, 256, 0 };
 
 /* steer_stats slots (src/steer.rs names them). */
-enum { S_NOT_IP, S_LOCAL, S_TTL, S_NO_ROUTE, S_MTU, S_TO_XSK, S_NO_SOCKET, S_ND, S_FAST, S_OTHERHOST };
+enum { S_NOT_IP, S_LOCAL, S_TTL, S_NO_ROUTE, S_MTU, S_TO_XSK, S_NO_SOCKET, S_ND, S_FAST, S_OTHERHOST, S_SYN_LANE };
 
 /* Whether a unicast frame is addressed to another host (not this interface's MAC). */
 INLINE int other_host(struct xdp_md *ctx, struct ethhdr *eth) {
@@ -148,7 +155,16 @@ struct meta {
 
 #define META_LEN 36
 
-INLINE int to_xsk(struct xdp_md *ctx, struct bpf_fib_lookup *p, int rc, __u8 family) {
+/* Whether the packet is a TCP SYN without ACK (a new connection): `l4` is where its
+ * transport header starts. */
+INLINE int tcp_syn(__u8 proto, void *l4, void *end) {
+    if (proto != IPPROTO_TCP || l4 + 14 > end)
+        return 0;
+    __u8 flags = ((__u8 *)l4)[13];
+    return (flags & 0x12) == 0x02;
+}
+
+INLINE int to_xsk(struct xdp_md *ctx, struct bpf_fib_lookup *p, int rc, __u8 family, int syn) {
     if (bpf_xdp_adjust_head(ctx, -META_LEN))
         return XDP_PASS;
     void *data = (void *)(long)ctx->data;
@@ -164,6 +180,13 @@ INLINE int to_xsk(struct xdp_md *ctx, struct bpf_fib_lookup *p, int rc, __u8 fam
     __builtin_memcpy(m->smac, p->smac, 6);
     __builtin_memcpy(m->nexthop, p->ipv6_dst, 16);
     count(&steer_stats, S_TO_XSK);
+    if (syn) {
+        long l = bpf_redirect_map(&xsks, SYN_LANE + ctx->rx_queue_index, 0);
+        if (l == XDP_REDIRECT) {
+            count(&steer_stats, S_SYN_LANE);
+            return XDP_REDIRECT;
+        }
+    }
     long r = bpf_redirect_map(&xsks, ctx->rx_queue_index, 0);
     if (r != XDP_REDIRECT)
         count(&steer_stats, S_NO_SOCKET);
@@ -221,7 +244,7 @@ INLINE int fast_path(struct xdp_md *ctx, struct bpf_fib_lookup *p, struct fast_k
 }
 
 INLINE int verdict(struct xdp_md *ctx, struct bpf_fib_lookup *p, long rc, __u8 family, struct fast_key *k,
-                   __u32 len, int partial) {
+                   __u32 len, int partial, int syn) {
     switch (rc) {
     case BPF_FIB_LKUP_RET_SUCCESS:
         {
@@ -229,9 +252,9 @@ INLINE int verdict(struct xdp_md *ctx, struct bpf_fib_lookup *p, long rc, __u8 f
             if (r >= 0)
                 return r;
         }
-        return to_xsk(ctx, p, rc, family);
+        return to_xsk(ctx, p, rc, family, syn);
     case BPF_FIB_LKUP_RET_NO_NEIGH:
-        return to_xsk(ctx, p, rc, family);
+        return to_xsk(ctx, p, rc, family, syn);
     case BPF_FIB_LKUP_RET_FRAG_NEEDED:
         count(&steer_stats, S_MTU);
         return XDP_PASS;
@@ -289,8 +312,13 @@ int xpf_steer(struct xdp_md *ctx) {
                 __builtin_memcpy(k.dst, &ip->daddr, 4);
             }
         }
+        int syn = 0;
+        if (!(ip->frag_off & htons(0x1fff))) {
+            __u32 hl = (ip->ihl & 0xf) * 4;
+            syn = hl >= 20 && tcp_syn(ip->protocol, (void *)ip + hl, end);
+        }
         __u32 len = p.tot_len; /* the lookup reuses tot_len's bytes for the MTU */
-        return verdict(ctx, &p, bpf_fib_lookup(ctx, &p, sizeof(p), 0), AF_INET, &k, len, partial);
+        return verdict(ctx, &p, bpf_fib_lookup(ctx, &p, sizeof(p), 0), AF_INET, &k, len, partial, syn);
     }
     if (proto == htons(ETH_P_IPV6)) {
         struct ipv6hdr *ip6 = (void *)(eth + 1);
@@ -334,8 +362,9 @@ int xpf_steer(struct xdp_md *ctx) {
                 __builtin_memcpy(k.dst, &ip6->daddr, 16);
             }
         }
+        int syn = tcp_syn(ip6->nexthdr, ip6 + 1, end);
         __u32 len = p.tot_len;
-        return verdict(ctx, &p, bpf_fib_lookup(ctx, &p, sizeof(p), 0), AF_INET6, &k, len, partial);
+        return verdict(ctx, &p, bpf_fib_lookup(ctx, &p, sizeof(p), 0), AF_INET6, &k, len, partial, syn);
     }
     count(&steer_stats, S_NOT_IP);
     return XDP_PASS;

@@ -309,6 +309,16 @@ impl PacketPort {
     }
 
     /// Copies `bytes` into a free TX frame; returns it for in-place edits before `flush`.
+    /// Whether a quarter of the TX ring is free (see `Xsk::room_for_answers`).
+    pub fn room_for_answers(&self) -> bool {
+        // The ring fills in order from the head: free a quarter ahead means free up to there.
+        let i = (self.tx_head + TX_FRAMES / 4) % TX_FRAMES;
+        // SAFETY: frame i of the TX ring, inside the mapping; tp_status at 20 of its header.
+        let st =
+            Self::status(unsafe { self.map.add(BLOCK * RX_BLOCKS + i * TX_FRAME).add(20) }).load(Ordering::Acquire);
+        st & (libc::TP_STATUS_SEND_REQUEST | libc::TP_STATUS_SENDING) == 0
+    }
+
     pub fn tx_copy(&mut self, bytes: &[u8]) -> Option<&mut [u8]> {
         if bytes.len() > TX_FRAME - TX_DATA - VNET || self.tx_pending.len() >= TX_FRAMES {
             self.stats.tx_full += 1;
@@ -429,6 +439,7 @@ impl PacketPort {
                 self.stats.rx_ring_full += s.tp_drops as u64;
             }
         }
+        self.stats.ifindex = self.ifindex;
         self.stats
     }
 }

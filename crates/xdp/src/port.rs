@@ -48,6 +48,16 @@ impl PortIo {
         }
     }
 
+    /// Whether answers the firewall makes itself may take a transmit slot (a quarter of the
+    /// ring stays for forwarded traffic).
+    #[inline]
+    pub fn room_for_answers(&mut self) -> bool {
+        match self {
+            PortIo::Xdp(x) => x.room_for_answers(),
+            PortIo::Packet(p) => p.room_for_answers(),
+        }
+    }
+
     /// Whether [`PortIo::tx_checksum`] can be asked.
     #[inline]
     pub fn can_tx_checksum(&self) -> bool {

@@ -55,7 +55,10 @@ impl Route {
 }
 
 /// Names of the program's counters, by slot (the enum in bpf/steer.c).
-pub const COUNTERS: [&str; 10] = [
+/// Where a queue's socket for new connections sits in map `xsks` (steer.c: SYN_LANE).
+const SYN_LANE: u32 = 64;
+
+pub const COUNTERS: [&str; 11] = [
     "not IP, to the kernel",
     "for this host, to the kernel",
     "TTL/hop limit expiring, to the kernel",
@@ -66,6 +69,7 @@ pub const COUNTERS: [&str; 10] = [
     "neighbour discovery, to the kernel",
     "forwarded in the kernel (fast path)",
     "for another host's MAC, to the kernel",
+    "new TCP connections, to xpfd's SYN queue",
 ];
 
 /// The steering program loaded once and attached to each filtered interface.
@@ -118,7 +122,12 @@ impl Steer {
         self.prog.map("xsks").update(&queue.to_ne_bytes(), &fd.to_ne_bytes())
     }
 
-    pub fn counters(&self) -> [u64; 10] {
+    /// Puts socket `fd` in the map as the queue's socket for new connections (TCP SYNs).
+    pub fn register_syn_lane(&self, queue: u32, fd: i32) -> io::Result<()> {
+        self.prog.map("xsks").update(&(SYN_LANE + queue).to_ne_bytes(), &fd.to_ne_bytes())
+    }
+
+    pub fn counters(&self) -> [u64; 11] {
         let m = self.prog.map("steer_stats");
         std::array::from_fn(|i| m.percpu_sum(i as u32).unwrap_or(0))
     }

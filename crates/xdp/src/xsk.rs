@@ -1,5 +1,10 @@
 //! An AF_XDP socket on one queue of one interface, with its own UMEM.
 //!
+//! A second socket on the same queue, sharing the UMEM and its fill ring, receives the new
+//! connections (TCP SYNs, which the steering program sends there): `rx_burst` reads the first
+//! socket's ring before it, keeping an eighth of each batch for it, so a SYN flood overflows
+//! only its own ring and established traffic keeps its place.
+//!
 //! The UMEM's first half of frames feeds the receive path (fill ring -> RX ring -> back to the
 //! fill ring once the worker is done with the frame); the second half is a free list for
 //! transmission (TX ring -> completion ring -> free list). Forwarding from one socket to
@@ -20,6 +25,9 @@ const TX_HEADROOM: u32 = 64;
 const TX_META: u32 = 24;
 const FRAMES: u32 = 16384;
 const RING: u32 = 8192;
+/// The new-connection socket's ring: a flood's backlog the worker can clear in a few ms.
+const SYN_RING: u32 = 2048;
+const XDP_SHARED_UMEM: u16 = 1 << 0;
 const XDP_USE_NEED_WAKEUP: u16 = 1 << 3;
 const XDP_COPY: u16 = 1 << 1;
 const XDP_ZEROCOPY: u16 = 1 << 2;
@@ -133,6 +141,9 @@ impl<T> Drop for Ring<T> {
 /// Statistics of one socket.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct XskStats {
+    /// The interface and queue of the socket.
+    pub ifindex: u32,
+    pub queue: u32,
     pub rx: u64,
     pub tx: u64,
     /// Frames dropped because the TX ring or the free list was full.
@@ -144,6 +155,17 @@ pub struct XskStats {
     pub rx_invalid: u64,
     pub rx_ring_full: u64,
     pub fill_empty: u64,
+    /// New connections (TCP SYNs) received on the second socket, and dropped by the kernel
+    /// because its ring was full.
+    pub syn_rx: u64,
+    pub syn_dropped: u64,
+}
+
+/// The queue's second socket: its receive ring only (frames, fill and completion rings are
+/// the first socket's).
+struct SynLane {
+    fd: OwnedFd,
+    rx: Ring<Desc>,
 }
 
 pub struct Xsk {
@@ -151,6 +173,7 @@ pub struct Xsk {
     umem: *mut u8,
     umem_len: usize,
     rx: Ring<Desc>,
+    syn: Option<SynLane>,
     tx: Ring<Desc>,
     fill: Ring<u64>,
     comp: Ring<u64>,
@@ -257,6 +280,7 @@ impl Xsk {
             umem: umem.cast(),
             umem_len,
             rx,
+            syn: None,
             tx,
             fill,
             comp,
@@ -317,16 +341,71 @@ impl Xsk {
         self.fd.as_raw_fd()
     }
 
+    /// Opens the queue's second socket, for new connections, on this socket's UMEM; returns
+    /// its descriptor for the steering program's map.
+    pub fn open_syn_lane(&mut self) -> io::Result<i32> {
+        // SAFETY: plain socket call.
+        let fd = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fresh descriptor.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let raw = fd.as_raw_fd();
+        setopt(raw, libc::SOL_XDP, libc::XDP_RX_RING, &SYN_RING)?;
+        // SAFETY: all-zero is valid; getsockopt fills it.
+        let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
+        let mut ol = std::mem::size_of::<libc::xdp_mmap_offsets>() as u32;
+        // SAFETY: off has the size passed in ol.
+        if unsafe {
+            libc::getsockopt(raw, libc::SOL_XDP, libc::XDP_MMAP_OFFSETS, &mut off as *mut _ as *mut _, &mut ol)
+        } < 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        let rx = Ring::map(raw, &off.rx, SYN_RING, PGOFF_RX)?;
+        // SAFETY: all-zero is a valid sockaddr_xdp.
+        let mut sa: libc::sockaddr_xdp = unsafe { std::mem::zeroed() };
+        sa.sxdp_family = libc::AF_XDP as u16;
+        sa.sxdp_ifindex = self.ifindex;
+        sa.sxdp_queue_id = self.queue;
+        // A socket sharing a UMEM takes the first's mode: no mode flags of its own.
+        sa.sxdp_flags = XDP_SHARED_UMEM;
+        sa.sxdp_shared_umem_fd = self.fd.as_raw_fd() as u32;
+        // SAFETY: sa is a sockaddr_xdp of the size passed.
+        let r = unsafe {
+            libc::bind(raw, (&sa as *const libc::sockaddr_xdp).cast(), std::mem::size_of::<libc::sockaddr_xdp>() as u32)
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.syn = Some(SynLane { fd, rx });
+        Ok(raw)
+    }
+
     /// Up to `out.len()` received descriptors; they stay owned by the caller until
-    /// `rx_done` returns them to the fill ring.
+    /// `rx_done` returns them to the fill ring. The first socket's frames come first; the
+    /// new-connection socket gets what is left of the batch, and at least an eighth of it
+    /// while it has frames waiting.
     pub fn rx_burst(&mut self, out: &mut [Desc]) -> usize {
-        let n = self.rx.ready().min(out.len() as u32);
+        let cap = out.len() as u32;
+        let syn_ready = self.syn.as_ref().map_or(0, |l| l.rx.ready());
+        let n = self.rx.ready().min(cap - syn_ready.min(cap / 8));
         for i in 0..n {
             out[i as usize] = self.rx.read(i);
         }
         self.rx.release(n);
         self.stats.rx += n as u64;
-        n as usize
+        let mut m = 0;
+        if let Some(l) = &mut self.syn {
+            m = syn_ready.min(cap - n);
+            for i in 0..m {
+                out[(n + i) as usize] = l.rx.read(i);
+            }
+            l.rx.release(m);
+            self.stats.syn_rx += m as u64;
+        }
+        (n + m) as usize
     }
 
     /// A received frame with a lifetime not tied to the socket, so that it can be read while
@@ -378,6 +457,16 @@ impl Xsk {
         self.last_tx = addr;
         self.tx_pending += 1;
         Some(self.frame_mut(addr, len))
+    }
+
+    /// Whether a quarter of the transmit ring and its frames is still free: answers the
+    /// firewall makes itself (SYN cookies, `block return`) leave that room to forwarded
+    /// traffic, so a flood's answers cannot crowd out established connections.
+    pub fn room_for_answers(&mut self) -> bool {
+        if (self.tx_free.len() as u32) < RING / 4 {
+            self.reap();
+        }
+        self.tx.free().saturating_sub(self.tx_pending) >= RING / 4 && self.tx_free.len() as u32 >= RING / 4
     }
 
     /// Whether frames can carry a checksum request ([`Xsk::tx_checksum`]).
@@ -447,6 +536,20 @@ impl Xsk {
             self.stats.rx_invalid = s[1];
             self.stats.rx_ring_full = s[3];
             self.stats.fill_empty = s[4];
+        }
+        self.stats.ifindex = self.ifindex;
+        self.stats.queue = self.queue;
+        if let Some(l) = &self.syn {
+            let mut s = [0u64; 6];
+            let mut len = std::mem::size_of_val(&s) as u32;
+            // SAFETY: s has the size passed in len.
+            let r = unsafe {
+                libc::getsockopt(l.fd.as_raw_fd(), libc::SOL_XDP, libc::XDP_STATISTICS, s.as_mut_ptr().cast(), &mut len)
+            };
+            if r == 0 {
+                // A full ring counts in both rx_dropped and rx_ring_full: the drops once.
+                self.stats.syn_dropped = s[0].max(s[3]);
+            }
         }
         self.stats
     }

@@ -536,7 +536,7 @@ impl Daemon {
             "info" => {
                 let (info, io, xs, pc) = self.snapshot()?;
                 let mut text = info.render(uptime);
-                let steer: Vec<(String, [u64; 10])> =
+                let steer: Vec<(String, [u64; 11])> =
                     self.steers.lock().unwrap().iter().map(|(n, s)| (n.clone(), s.counters())).collect();
                 let _ = writeln!(text, "Forwarding");
                 let f = &io.fast;
@@ -547,6 +547,7 @@ impl Daemon {
                     ("no-neighbour", io.no_neighbour),
                     ("egress-not-filtered", io.egress_not_filtered),
                     ("tx-ring-full", io.tx_full),
+                    ("answers shed (tx ring busy)", io.answers_shed),
                     ("bad-metadata", io.bad_meta),
                 ];
                 if f.installed > 0 {
@@ -595,8 +596,30 @@ impl Daemon {
                     text.push_str(t);
                 }
                 let rx_dropped: u64 = xs.iter().map(|x| x.rx_dropped + x.rx_ring_full + x.fill_empty).sum();
+                let syn_rx: u64 = xs.iter().map(|x| x.syn_rx).sum();
+                let syn_dropped: u64 = xs.iter().map(|x| x.syn_dropped).sum();
                 let kind = if pc.is_empty() { "AF_XDP" } else { "AF_PACKET" };
                 let _ = writeln!(text, "{kind} sockets: {} (kernel-side drops {rx_dropped})", xs.len());
+                let _ = writeln!(
+                    text,
+                    "  {:<12} {:>5} {:>12} {:>12} {:>10} {:>10} {:>12} {:>12}",
+                    "interface", "queue", "received", "sent", "tx full", "rx drops", "SYN queue", "SYN drops"
+                );
+                for x in &xs {
+                    let name = xpf_xdp::netlink::ifname(x.ifindex).unwrap_or_else(|| format!("if{}", x.ifindex));
+                    let _ = writeln!(
+                        text,
+                        "  {:<12} {:>5} {:>12} {:>12} {:>10} {:>10} {:>12} {:>12}",
+                        name,
+                        x.queue,
+                        x.rx,
+                        x.tx,
+                        x.tx_full,
+                        x.rx_dropped.max(x.rx_ring_full) + x.fill_empty,
+                        x.syn_rx,
+                        x.syn_dropped
+                    );
+                }
                 let reasons: serde_json::Map<String, Value> =
                     xpf_wire::Reason::ALL.iter().map(|&r| (r.name().to_string(), json!(info.counter(r)))).collect();
                 let data = json!({
@@ -615,6 +638,10 @@ impl Daemon {
                     "fragments": xpf_engine::info::FRAG_NAMES.iter().zip(info.fragments).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),
                     "tracking": xpf_engine::info::TRACKING_NAMES.iter().zip(info.tracking).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),
                     "forwarding": io,
+                    "syn_queue": {"received": syn_rx, "dropped": syn_dropped},
+                    "sockets": xs.iter().map(|x| json!({"ifindex": x.ifindex, "queue": x.queue, "received": x.rx,
+                        "sent": x.tx, "tx_full": x.tx_full, "rx_drops": x.rx_dropped.max(x.rx_ring_full) + x.fill_empty,
+                        "syn_received": x.syn_rx, "syn_dropped": x.syn_dropped})).collect::<Vec<_>>(),
                     "sync": sync.map(|(_, v)| v),
                     "steering": steer.iter().map(|(n, c)| json!({"interface": n, "counters": c})).collect::<Vec<_>>(),
                     "packet_mode": pc.iter().map(|(i, c)| json!({"ifindex": i, "counters": c})).collect::<Vec<_>>(),

@@ -31,6 +31,9 @@ pub struct IoStats {
     pub egress_not_filtered: u64,
     /// The egress TX ring or its free frames were full.
     pub tx_full: u64,
+    /// Answers the firewall made (SYN cookies, synproxy, `block return`) not sent: the last
+    /// quarter of the transmit ring is kept for forwarded traffic.
+    pub answers_shed: u64,
     /// Frames without the steering program's metadata.
     pub bad_meta: u64,
     /// Non-IP frames that reached the socket (the steering program passes them up instead).
@@ -56,6 +59,7 @@ impl IoStats {
         self.no_neighbour += o.no_neighbour;
         self.egress_not_filtered += o.egress_not_filtered;
         self.tx_full += o.tx_full;
+        self.answers_shed += o.answers_shed;
         self.bad_meta += o.bad_meta;
         self.not_ip += o.not_ip;
         self.forwarded += o.forwarded;
@@ -573,7 +577,9 @@ impl Dataplane {
     fn send_returns(&mut self, p: usize) {
         let answers: Vec<(u8, Vec<u8>)> = self.worker.take_returns().collect();
         for (_, f) in answers {
-            if self.ports[p].io.tx_copy(&f).is_none() {
+            if !self.ports[p].io.room_for_answers() {
+                self.io.answers_shed += 1;
+            } else if self.ports[p].io.tx_copy(&f).is_none() {
                 self.io.tx_full += 1;
             }
             self.worker.recycle(f);

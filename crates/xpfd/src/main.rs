@@ -184,8 +184,16 @@ fn xdp_ports(a: &Args, ifs: &[(String, u32, u32)]) -> Result<Ports, String> {
         let steer = Steer::load(a.fastpath).map_err(|e| e.to_string())?;
         for q in 0..*nq {
             let w = (q % workers) as usize;
-            let x = Xsk::open(*idx, q, if a.busy { 20 } else { 0 }).map_err(|e| format!("-i {name}: {e}"))?;
+            let mut x = Xsk::open(*idx, q, if a.busy { 20 } else { 0 }).map_err(|e| format!("-i {name}: {e}"))?;
             steer.register(q, x.fd()).map_err(|e| format!("-i {name} queue {q}: {e}"))?;
+            // New connections queue apart (a SYN flood then overflows only their ring).
+            match x.open_syn_lane() {
+                Ok(fd) => steer.register_syn_lane(q, fd).map_err(|e| format!("-i {name} queue {q}: {e}"))?,
+                Err(e) => eprintln!(
+                    "xpfd: {name} queue {q}: no separate queue for new connections ({e}): a SYN flood shares \
+                     the ring of established traffic"
+                ),
+            }
             eprintln!(
                 "xpfd: {name} queue {q}: AF_XDP {} mode, worker {w}",
                 if x.zero_copy { "zero-copy" } else { "copy" }
