@@ -717,6 +717,30 @@ fn syncookies_adaptive_turn_on_at_the_half_open_watermark() {
     assert_eq!(w.syncookies().2.floods, 1);
 }
 
+/// A batch of SYNs is counted as pf counts them one packet at a time (each `in` state gets
+/// its `out` state before the next SYN): the cookies come on at the mark, not past it.
+#[test]
+fn syncookies_adaptive_count_a_batch_as_pf_counts_each_packet() {
+    let src = "set syncookies adaptive (start 10%, end 5%)\npass in on em0 proto tcp\npass out on em1 proto tcp\n";
+    let p = parse(src, "t", &[]);
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    let mut w = worker(Ruleset::compile(&p, &ifindex).unwrap());
+    w.set_syncookies(p.syncookies.unwrap(), None);
+    let frames: Vec<Vec<u8>> = (0..20u32)
+        .map(|i| tcp_frame([172, 16, 0, i as u8], [10, 0, 2, 2], 1024, 80, i, 0, tcp::SYN, 0, None))
+        .collect();
+    let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_slice()).collect();
+    let mut v = [Verdict::Pass; 20];
+    w.process(&refs, 1, Dir::In, 1, &mut v);
+    let passed: Vec<&[u8]> = refs.iter().zip(v).filter(|(_, v)| *v == Verdict::Pass).map(|(f, _)| *f).collect();
+    assert_eq!(passed.len(), 5, "{v:?}");
+    assert!(w.syncookies().1);
+    let mut vo = [Verdict::Pass; 5];
+    w.process(&passed, 2, Dir::Out, 1, &mut vo);
+    assert_eq!(vo, [Verdict::Pass; 5]);
+    assert_eq!((w.states(), w.halfopen()), (10, 10));
+}
+
 /// `no-route` and `urpf-failed` as pf_routable, against a snapshot of routes: em0 (1) leads
 /// to 10.0.1.0/24, em1 (2) to 10.0.2.0/24, 192.0.2.0/24 is a blackhole; then a default route
 /// out of em1 is added.

@@ -119,6 +119,10 @@ pub struct Worker<P: Policy> {
     /// Frames of the last batch that created a state (bit i: frame i), and which (slot, with
     /// bit 31 set for IPv6): sync's defer mode holds them.
     pub created: u64,
+    /// Half-open TCP states this `in` pass made: each gets its `out` state when the batch's
+    /// `out` pass runs, and `set syncookies adaptive` counts them already (pf's count after
+    /// each packet's whole path).
+    syn_pending: u32,
     pub created_ids: [u32; BATCH],
     /// `scrub (...)`: frames of the last batch to rewrite before they leave (bit i: frame i),
     /// with what to do ([`proto::apply_scrub`]): the rules' actions on a miss, the state's on
@@ -192,6 +196,7 @@ impl<P: Policy> Worker<P> {
             frag_buf: Vec::new(),
             patched: 0,
             created: 0,
+            syn_pending: 0,
             created_ids: [0; BATCH],
             patches: [(0, 0); BATCH],
             scrubbed: 0,
@@ -294,6 +299,7 @@ impl<P: Policy> Worker<P> {
         let (mut n4, mut n6) = (0usize, 0usize);
         self.patched = 0;
         self.created = 0;
+        self.syn_pending = 0;
         self.ret_mask = 0;
         self.scrubbed = 0;
         if self.policy.skip(ifidx) {
@@ -370,6 +376,10 @@ impl<P: Policy> Worker<P> {
                     if let Some(id) = self.t4.created.take() {
                         self.created |= 1 << i;
                         self.created_ids[i] = id;
+                        if dir == Dir::In && pd.proto == IPPROTO_TCP && pd.tcp_flags & (tcp::SYN | tcp::ACK) == tcp::SYN
+                        {
+                            self.syn_pending += 1;
+                        }
                     }
                     v
                 };
@@ -409,6 +419,10 @@ impl<P: Policy> Worker<P> {
                     if let Some(id) = self.t6.created.take() {
                         self.created |= 1 << i;
                         self.created_ids[i] = id | V6_SLOT;
+                        if dir == Dir::In && pd.proto == IPPROTO_TCP && pd.tcp_flags & (tcp::SYN | tcp::ACK) == tcp::SYN
+                        {
+                            self.syn_pending += 1;
+                        }
                     }
                     v
                 };
@@ -826,7 +840,7 @@ macro_rules! ctx {
             scrub: if $i < BATCH { Some((&mut $w.scrubs, &mut $w.scrubbed, $i)) } else { None },
             limit: $w.limit,
             other: $w.$other.len(),
-            halfopen: $w.t4.halfopen() + $w.t6.halfopen(),
+            halfopen: $w.t4.halfopen() + $w.t6.halfopen() + if $dir == Dir::In { $w.syn_pending } else { 0 },
             elsewhere: &$w.$other.track,
             ifidx: $ifidx,
             dir: $dir,
