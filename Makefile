@@ -27,6 +27,7 @@ test: build
 	$(CARGO) test --release -p xpf-conf --test pfctl_regress -- --nocapture --exact pfctl_regress_tally 2>&1 | grep -E '^(pf|pfail|selfpf)[: ]'
 	scripts/test.sh
 	scripts/scenario.sh
+	scripts/workers.sh
 	scripts/failover.sh 8 14 --key
 	$(BIN)/xpf-bench lab --quick
 

@@ -14,17 +14,8 @@ BIN=target/release
 P=xr-
 SOCK=/run/xpf-real.sock
 DIR=$(mktemp -d /tmp/xpf-real.XXXX)
-[[ $(id -u) -eq 0 ]] || { echo "real: needs root"; exit 1; }
-for t in ip iperf3 ping nft python3; do
-    command -v $t >/dev/null || { echo "real: '$t' is missing (scripts/deps.sh installs it)"; exit 1; }
-done
-cleanup() {
-    [[ -n ${XPFD:-} ]] && kill "$XPFD" 2>/dev/null && wait "$XPFD" 2>/dev/null
-    for n in client server far; do ip netns pids ${P}$n 2>/dev/null | xargs -r kill 2>/dev/null; done
-    scripts/topo.sh down $P
-    rm -rf "$DIR" "$SOCK"
-}
-trap cleanup EXIT INT TERM
+. scripts/lib.sh
+needs real ip iperf3 ping nft python3
 
 # The policy, both ways: the client may reach the server's iperf3 (TCP and UDP) and ping it.
 cat > "$DIR/pf.conf" <<'CONF'

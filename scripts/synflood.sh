@@ -22,17 +22,8 @@ BIN=target/release
 P=xs-
 SOCK=/run/xpf-synflood.sock
 DIR=$(mktemp -d /tmp/xpf-synflood.XXXX)
-[[ $(id -u) -eq 0 ]] || { echo "synflood: needs root"; exit 1; }
-for t in ip iperf3 nft curl python3 iptables conntrack bc ethtool; do
-    command -v $t >/dev/null || { echo "synflood: '$t' is missing (scripts/deps.sh installs it)"; exit 1; }
-done
-cleanup() {
-    [[ -n ${XPFD:-} ]] && kill "$XPFD" 2>/dev/null && wait "$XPFD" 2>/dev/null
-    for n in client server far fw; do ip netns pids ${P}$n 2>/dev/null | xargs -r kill 2>/dev/null; done
-    scripts/topo.sh down $P
-    rm -rf "$DIR" "$SOCK"
-}
-trap cleanup EXIT INT TERM
+. scripts/lib.sh
+needs synflood ip iperf3 nft curl python3 iptables conntrack bc ethtool
 
 # The policy: HTTP (the flood's target) and iperf3 on the server, ping.
 cat > "$DIR/base.conf" <<'CONF'

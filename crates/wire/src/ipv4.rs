@@ -35,6 +35,28 @@ impl<T: AsRef<[u8]>> Packet<T> {
     #[inline]
     pub fn new_checked(buf: T) -> Result<Self, Error> {
         let b = buf.as_ref();
+        let hl = Self::header_fits(b)?;
+        let total = u16::from_be_bytes([b[field::LEN], b[field::LEN + 1]]) as usize;
+        if total < hl {
+            return Err(Error::BadLength);
+        }
+        if total > b.len() {
+            return Err(Error::Truncated);
+        }
+        Ok(Packet { buf })
+    }
+
+    /// A header quoted in an ICMP error: whole, but the datagram behind it may be cut short
+    /// (its addresses and protocol are good; `payload` is not).
+    #[inline]
+    pub fn new_quoted(buf: T) -> Result<Self, Error> {
+        Self::header_fits(buf.as_ref())?;
+        Ok(Packet { buf })
+    }
+
+    /// Version 4 and a whole header in `b`: its length.
+    #[inline]
+    fn header_fits(b: &[u8]) -> Result<usize, Error> {
         if b.len() < MIN_HEADER_LEN {
             return Err(Error::Truncated);
         }
@@ -48,14 +70,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         if hl > b.len() {
             return Err(Error::Truncated);
         }
-        let total = u16::from_be_bytes([b[field::LEN], b[field::LEN + 1]]) as usize;
-        if total < hl {
-            return Err(Error::BadLength);
-        }
-        if total > b.len() {
-            return Err(Error::Truncated);
-        }
-        Ok(Packet { buf })
+        Ok(hl)
     }
 
     #[inline]

@@ -27,12 +27,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     #[inline]
     pub fn new_checked(buf: T) -> Result<Self, Error> {
         let b = buf.as_ref();
-        if b.len() < HEADER_LEN {
-            return Err(Error::Truncated);
-        }
-        if b[0] >> 4 != 6 {
-            return Err(Error::BadVersion);
-        }
+        Self::header_fits(b)?;
         let plen = u16::from_be_bytes([b[4], b[5]]) as usize;
         // A zero payload length means a jumbogram (RFC 2675); unsupported, like pf.
         if plen == 0 {
@@ -42,6 +37,26 @@ impl<T: AsRef<[u8]>> Packet<T> {
             return Err(Error::Truncated);
         }
         Ok(Packet { buf })
+    }
+
+    /// A header quoted in an ICMPv6 error: whole, the packet behind it possibly cut short
+    /// (addresses and next header are good; `payload` is not).
+    #[inline]
+    pub fn new_quoted(buf: T) -> Result<Self, Error> {
+        Self::header_fits(buf.as_ref())?;
+        Ok(Packet { buf })
+    }
+
+    /// Version 6 and a whole fixed header in `b`.
+    #[inline]
+    fn header_fits(b: &[u8]) -> Result<(), Error> {
+        if b.len() < HEADER_LEN {
+            return Err(Error::Truncated);
+        }
+        if b[0] >> 4 != 6 {
+            return Err(Error::BadVersion);
+        }
+        Ok(())
     }
     #[inline]
     fn b(&self) -> &[u8] {

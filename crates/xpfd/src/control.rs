@@ -550,6 +550,13 @@ impl Daemon {
                     ("answers shed (tx ring busy)", io.answers_shed),
                     ("bad-metadata", io.bad_meta),
                 ];
+                if io.handed_off + io.handed_in + io.handoff_full > 0 {
+                    rows.extend([
+                        ("to the flow's worker", io.handed_off),
+                        ("from other workers", io.handed_in),
+                        ("hand-off queue full", io.handoff_full),
+                    ]);
+                }
                 if f.installed > 0 {
                     rows.extend([
                         ("fast-path flows", f.flows),
@@ -639,14 +646,12 @@ impl Daemon {
                     "tracking": xpf_engine::info::TRACKING_NAMES.iter().zip(info.tracking).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),
                     "forwarding": io,
                     "syn_queue": {"received": syn_rx, "dropped": syn_dropped},
-                    "sockets": xs.iter().map(|x| json!({"ifindex": x.ifindex, "queue": x.queue, "received": x.rx,
-                        "sent": x.tx, "tx_full": x.tx_full, "rx_drops": x.rx_dropped.max(x.rx_ring_full) + x.fill_empty,
-                        "syn_received": x.syn_rx, "syn_dropped": x.syn_dropped})).collect::<Vec<_>>(),
                     "sync": sync.map(|(_, v)| v),
                     "steering": steer.iter().map(|(n, c)| json!({"interface": n, "counters": c})).collect::<Vec<_>>(),
                     "packet_mode": pc.iter().map(|(i, c)| json!({"ifindex": i, "counters": c})).collect::<Vec<_>>(),
-                    "sockets": xs.iter().map(|x| json!({"rx": x.rx, "tx": x.tx, "tx_full": x.tx_full, "kicks": x.kicks,
-                        "rx_dropped": x.rx_dropped, "rx_ring_full": x.rx_ring_full, "fill_empty": x.fill_empty})).collect::<Vec<_>>(),
+                    "sockets": xs.iter().map(|x| json!({"ifindex": x.ifindex, "queue": x.queue, "rx": x.rx, "tx": x.tx,
+                        "tx_full": x.tx_full, "kicks": x.kicks, "rx_dropped": x.rx_dropped, "rx_ring_full": x.rx_ring_full,
+                        "fill_empty": x.fill_empty, "syn_rx": x.syn_rx, "syn_dropped": x.syn_dropped})).collect::<Vec<_>>(),
                 });
                 Ok((text, data))
             }

@@ -31,6 +31,11 @@ pub struct IoStats {
     pub egress_not_filtered: u64,
     /// The egress TX ring or its free frames were full.
     pub tx_full: u64,
+    /// Frames of another worker's flows passed to it, frames taken from the others, and
+    /// frames dropped because the owner's queue was full.
+    pub handed_off: u64,
+    pub handed_in: u64,
+    pub handoff_full: u64,
     /// Answers the firewall made (SYN cookies, synproxy, `block return`) not sent: the last
     /// quarter of the transmit ring is kept for forwarded traffic.
     pub answers_shed: u64,
@@ -60,6 +65,9 @@ impl IoStats {
         self.egress_not_filtered += o.egress_not_filtered;
         self.tx_full += o.tx_full;
         self.answers_shed += o.answers_shed;
+        self.handed_off += o.handed_off;
+        self.handed_in += o.handed_in;
+        self.handoff_full += o.handoff_full;
         self.bad_meta += o.bad_meta;
         self.not_ip += o.not_ip;
         self.forwarded += o.forwarded;
@@ -158,6 +166,8 @@ pub struct Dataplane {
     held_out: crate::defer::Released,
     held_now: bool,
     last_resolve: Vec<(u32, [u8; 16], Instant)>,
+    /// Several workers: where frames of other workers' flows go, and come from.
+    pub handoff: Option<crate::handoff::Handoff>,
 }
 
 /// `a` with the bits past prefix length `l` cleared.
@@ -255,6 +265,7 @@ impl Dataplane {
             held_out: Vec::new(),
             held_now: false,
             last_resolve: Vec::new(),
+            handoff: None,
         }
     }
 
@@ -269,6 +280,7 @@ impl Dataplane {
     /// The loop: runs until `stop` is set.
     pub fn run(&mut self) {
         let mut descs = [Desc::default(); BATCH];
+        let mut mine = [Desc::default(); BATCH];
         let mut host_seen = 0usize;
         let mut idle_rounds = 0u32;
         let mut n_loops = 0u64;
@@ -284,9 +296,17 @@ impl Dataplane {
                 }
                 got += n;
                 self.io.rx_batches += 1;
-                self.forward(p, &descs[..n], now);
+                if self.handoff.is_some() {
+                    let m = self.hand_off(p, &descs[..n], &mut mine);
+                    if m > 0 {
+                        self.forward(p, &mine[..m], now);
+                    }
+                } else {
+                    self.forward(p, &descs[..n], now);
+                }
                 self.ports[p].io.rx_done(&descs[..n]);
             }
+            got += self.take_handed(now);
             for p in self.ports.iter_mut() {
                 p.io.flush();
             }
@@ -364,16 +384,84 @@ impl Dataplane {
 
     fn forward(&mut self, p: usize, descs: &[Desc], now: u32) {
         let n = descs.len();
-        let mut frames: [&[u8]; BATCH] = [&[]; BATCH];
-        let mut routes = [Route::Invalid; BATCH];
-        let inif = self.ports[p].ifindex;
+        let mut alls: [&[u8]; BATCH] = [&[]; BATCH];
+        let mut opts = [0u32; BATCH];
         for i in 0..n {
             let d = descs[i];
             // SAFETY: the frame stays ours (not on the fill ring) until rx_done after this call;
             // nothing writes to the RX half of the UMEM meanwhile.
+            alls[i] = unsafe { self.ports[p].io.frame_unbound(d.addr, d.len) };
+            opts[i] = d.options;
+        }
+        self.forward_frames(p, &alls[..n], &opts[..n], now);
+    }
+
+    /// Passes the frames of a batch that belong to another worker's flows to that worker
+    /// (copies; counted), and leaves in `mine` those of this worker's; returns how many.
+    fn hand_off(&mut self, p: usize, descs: &[Desc], mine: &mut [Desc; BATCH]) -> usize {
+        let Some(h) = &self.handoff else {
+            mine[..descs.len()].copy_from_slice(descs);
+            return descs.len();
+        };
+        let mut m = 0;
+        for d in descs {
+            // SAFETY: as in forward: the frame is ours until rx_done.
             let all = unsafe { self.ports[p].io.frame_unbound(d.addr, d.len) };
-            routes[i] = Route::parse(all);
-            frames[i] = all.get(META_LEN..).unwrap_or(&[]);
+            let w = crate::handoff::owner(all.get(META_LEN..).unwrap_or(&[]), h.workers());
+            if w == h.me {
+                mine[m] = *d;
+                m += 1;
+                continue;
+            }
+            let item = crate::handoff::Item { ifindex: self.ports[p].ifindex, options: d.options, buf: all.to_vec() };
+            if h.send(w, item) {
+                self.io.handed_off += 1;
+            } else {
+                self.io.handoff_full += 1;
+            }
+        }
+        m
+    }
+
+    /// Filters the frames other workers passed to this one (their flows' state is here).
+    fn take_handed(&mut self, now: u32) -> usize {
+        let Some(h) = &self.handoff else { return 0 };
+        let items: Vec<crate::handoff::Item> = h.from.try_iter().take(BATCH).collect();
+        let n = items.len();
+        self.io.handed_in += n as u64;
+        let mut done = 0u64;
+        while done.count_ones() as usize != n {
+            let first = (!done).trailing_zeros() as usize;
+            let ifindex = items[first].ifindex;
+            let mut alls: [&[u8]; BATCH] = [&[]; BATCH];
+            let mut opts = [0u32; BATCH];
+            let mut m = 0;
+            for (i, it) in items.iter().enumerate() {
+                if done & (1 << i) == 0 && it.ifindex == ifindex {
+                    done |= 1 << i;
+                    alls[m] = &it.buf;
+                    opts[m] = it.options;
+                    m += 1;
+                }
+            }
+            match self.port_of(ifindex) {
+                Some(p) => self.forward_frames(p, &alls[..m], &opts[..m], now),
+                None => self.io.egress_not_filtered += m as u64,
+            }
+        }
+        n
+    }
+
+    /// Filters a batch received on port `p` (`alls`: the steering program's metadata, then
+    /// the frame; `opts`: the receive descriptors' options) and sends what passes.
+    fn forward_frames(&mut self, p: usize, alls: &[&[u8]], opts: &[u32], now: u32) {
+        let n = alls.len();
+        let mut frames: [&[u8]; BATCH] = [&[]; BATCH];
+        let mut routes = [Route::Invalid; BATCH];
+        let inif = self.ports[p].ifindex;
+        for i in 0..n {
+            routes[i] = Route::parse(alls[i]);
+            frames[i] = alls[i].get(META_LEN..).unwrap_or(&[]);
         }
         let mut v_in = [Verdict::Pass; BATCH];
         // pf's packet tags: what the `in` pass tagged, the `out` pass sees (`tagged`).
@@ -505,11 +593,11 @@ impl Dataplane {
                     }
                     // Packet mode: a GSO packet (its sender left segmentation to offload)
                     // goes out whole, for the kernel to segment and checksum.
-                    Route::Forward { dmac, smac, .. } if gso_type(descs[sel[k]].options) != 0 => {
+                    Route::Forward { dmac, smac, .. } if gso_type(opts[sel[k]]) != 0 => {
                         let mut f = frame_k.to_vec();
                         outgoing(&mut f, &self.worker, k, sel[k], &scrub_in, &dmac, &smac);
                         xpf_wire::offload::prepare(&mut f);
-                        let o = descs[sel[k]].options;
+                        let o = opts[sel[k]];
                         let sent = partial.and_then(|pc| {
                             let l4 = f.get(pc.start as usize..)?;
                             let hl = if pc.offset == 16 { (*l4.get(12)? >> 4) as u16 * 4 } else { 8 };

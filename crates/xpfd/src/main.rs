@@ -18,6 +18,7 @@ mod control;
 mod dataplane;
 mod defer;
 mod fastpath;
+mod handoff;
 mod host;
 mod policy;
 mod sync;
@@ -136,6 +137,12 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
     } else if sync.peer.is_some() || sync.key_file.is_some() || sync.defer {
         return Err("--sync-peer, --sync-key and --sync-defer need --sync-dev".into());
     }
+    if r.sync.is_some() && r.workers.is_some_and(|w| w > 1) {
+        // A peer's states would land with a worker chosen by their id, not their flow's.
+        return Err("--workers above 1 with --sync-dev: not supported yet (a peer's states are not yet placed \
+                    with their flow's worker); use one worker"
+            .into());
+    }
     if !matches!(r.io.as_str(), "xdp" | "auto" | "packet") {
         return Err(format!("--io {}: xdp, packet or auto", r.io));
     }
@@ -174,8 +181,8 @@ fn xdp_ports(a: &Args, ifs: &[(String, u32, u32)]) -> Result<Ports, String> {
     let workers = a.workers.unwrap_or(1).clamp(1, queues);
     if workers > 1 {
         eprintln!(
-            "xpfd: warning: {workers} workers on {queues} queues: replies that arrive on another worker's queue \
-             miss their state (no symmetric steering yet); TCP through xpfd may fail"
+            "xpfd: {workers} workers on {queues} queues: each frame goes to the worker that owns its flow \
+             (a hash of the two addresses, the same both ways; handed off between workers)"
         );
     }
     let mut steers = Vec::new();
@@ -376,7 +383,10 @@ fn run(a: Args) -> Result<(), String> {
         None => None,
     };
     let mut wakes = Vec::new();
+    let mut handoffs: Vec<Option<handoff::Handoff>> =
+        if ports_of.len() > 1 { handoff::mesh(ports_of.len()).into_iter().map(Some).collect() } else { vec![None] };
     for (w, ports) in ports_of.into_iter().enumerate() {
+        let handoff = handoffs[w].take();
         let (tx, rx) = mpsc::channel::<Cmd>();
         txs.push(tx);
         let wake = Arc::new(dataplane::Wake::new().map_err(|e| format!("eventfd: {e}"))?);
@@ -425,6 +435,7 @@ fn run(a: Args) -> Result<(), String> {
                     dp.host = host;
                     dp.sync = wsync;
                     dp.wake = Some(wake);
+                    dp.handoff = handoff;
                     if let Some(maps) = fast {
                         dp.fast = Some(fastpath::FastPath::new(maps, w as u32));
                     }

@@ -1,0 +1,186 @@
+//! Hand-off between workers: both directions of a flow meet the worker that holds its state.
+//!
+//! A queue's frames reach the worker that owns the queue, and neither veth nor most NICs pick
+//! the queue of a reply symmetrically. So each worker computes, for every frame it receives,
+//! the owner of its flow from a hash that is the same both ways, and passes frames owned by
+//! another worker to it by a bounded channel (a copy of the frame with the steering program's
+//! metadata in front, as VPP's handoff does). The owner filters it as if it had received it.
+//!
+//! The hash covers the two addresses only, not the ports: every fragment of a datagram has
+//! them (the first alone has the ports), so a datagram is reassembled where its flow's state
+//! is; an ICMP error is owned by the flow it quotes (the addresses of the packet inside it).
+//! The cost: all the flows between two hosts go to one worker.
+
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use xpf_wire::icmp::{kind_v4, kind_v6, Kind};
+use xpf_wire::pdesc::{IPPROTO_ICMP, IPPROTO_ICMPV6};
+use xpf_wire::{ethernet, ipv4, ipv6};
+
+/// Frames a worker can have waiting for it from the others.
+pub const DEPTH: usize = 4096;
+
+/// A frame for another worker: the steering program's metadata and the frame, the interface
+/// it came in on, the receive descriptor's options (packet mode: GSO).
+pub struct Item {
+    pub ifindex: u32,
+    pub options: u32,
+    pub buf: Vec<u8>,
+}
+
+/// One worker's end: a sender to every worker (its own unused) and its own receiver.
+pub struct Handoff {
+    pub me: usize,
+    to: Vec<SyncSender<Item>>,
+    pub from: Receiver<Item>,
+}
+
+/// The ends for `n` workers, in worker order.
+pub fn mesh(n: usize) -> Vec<Handoff> {
+    let (txs, rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| std::sync::mpsc::sync_channel(DEPTH)).unzip();
+    rxs.into_iter().enumerate().map(|(me, from)| Handoff { me, to: txs.clone(), from }).collect()
+}
+
+impl Handoff {
+    pub fn workers(&self) -> usize {
+        self.to.len()
+    }
+
+    /// Passes `item` to worker `w`; false when its queue is full (the frame is dropped).
+    pub fn send(&self, w: usize, item: Item) -> bool {
+        match self.to[w].try_send(item) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => false,
+        }
+    }
+}
+
+/// The worker (of `n`) that owns the flow of an Ethernet frame: the same for both directions.
+pub fn owner(frame: &[u8], n: usize) -> usize {
+    if n <= 1 {
+        return 0;
+    }
+    let Some((a, b)) = addresses(frame) else { return 0 };
+    // Symmetric: each address mixed alone, the two combined by addition.
+    let h = mix(a).wrapping_add(mix(b));
+    (mix(h) % n as u64) as usize
+}
+
+fn mix(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
+}
+
+fn fold16(a: [u8; 16]) -> u64 {
+    let (h, l) = a.split_at(8);
+    u64::from_ne_bytes(h.try_into().unwrap()) ^ u64::from_ne_bytes(l.try_into().unwrap()).rotate_left(17)
+}
+
+/// The flow's two addresses (folded to 64 bits): the packet's, or for an ICMP error those
+/// of the packet it quotes.
+fn addresses(frame: &[u8]) -> Option<(u64, u64)> {
+    let eth = ethernet::Frame::new_checked(frame).ok()?;
+    let mut ty = eth.ethertype();
+    let mut l3 = eth.payload();
+    if ty == ethernet::ETHERTYPE_VLAN {
+        let tag = ethernet::VlanTag::new_checked(l3).ok()?;
+        ty = tag.ethertype();
+        l3 = l3.get(4..)?;
+    }
+    match ty {
+        ethernet::ETHERTYPE_IPV4 => v4(l3, true),
+        ethernet::ETHERTYPE_IPV6 => v6(l3, true),
+        _ => None,
+    }
+}
+
+fn v4(l3: &[u8], outer: bool) -> Option<(u64, u64)> {
+    let ip = ipv4::Packet::new_checked(l3).or_else(|_| ipv4::Packet::new_quoted(l3)).ok()?;
+    if outer && ip.protocol() == IPPROTO_ICMP && !ip.is_fragment() {
+        if let Some(t) = ip.payload().first() {
+            if kind_v4(*t) == Kind::Error {
+                if let Some(inner) = v4(ip.payload().get(8..)?, false) {
+                    return Some(inner);
+                }
+            }
+        }
+    }
+    Some((u32::from_ne_bytes(ip.src()) as u64, u32::from_ne_bytes(ip.dst()) as u64))
+}
+
+fn v6(l3: &[u8], outer: bool) -> Option<(u64, u64)> {
+    let ip = ipv6::Packet::new_checked(l3).or_else(|_| ipv6::Packet::new_quoted(l3)).ok()?;
+    if outer && ip.next_header() == IPPROTO_ICMPV6 {
+        if let Some(t) = ip.payload().first() {
+            if kind_v6(*t) == Kind::Error {
+                if let Some(inner) = v6(ip.payload().get(8..)?, false) {
+                    return Some(inner);
+                }
+            }
+        }
+    }
+    Some((fold16(ip.src()), fold16(ip.dst())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame4(src: [u8; 4], dst: [u8; 4], proto: u8, payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![0u8; 14];
+        f[12..14].copy_from_slice(&ethernet::ETHERTYPE_IPV4.to_be_bytes());
+        let mut ip = vec![0u8; 20];
+        ipv4::emit_header(&mut ip, src, dst, proto, (20 + payload.len()) as u16, 64, 1);
+        f.extend(ip);
+        f.extend_from_slice(payload);
+        f
+    }
+
+    #[test]
+    fn both_directions_have_one_owner_and_flows_spread() {
+        let mut seen = [0usize; 4];
+        for i in 0..200u8 {
+            let a = [10, 0, 1, i];
+            let b = [10, 0, 2, 2];
+            let fwd = frame4(a, b, 17, &[0; 8]);
+            let rev = frame4(b, a, 17, &[0; 8]);
+            let o = owner(&fwd, 4);
+            assert_eq!(o, owner(&rev, 4), "host {i}");
+            seen[o] += 1;
+        }
+        assert!(seen.iter().all(|&c| c > 20), "{seen:?}");
+    }
+
+    #[test]
+    fn an_icmp_error_goes_to_the_flow_it_quotes() {
+        let (a, b, r) = ([10, 0, 1, 7], [10, 0, 2, 2], [192, 0, 2, 1]);
+        let flow = frame4(a, b, 17, &[0; 8]);
+        // A router's port unreachable to a about a's datagram to b.
+        let mut quoted = vec![0u8; 20];
+        ipv4::emit_header(&mut quoted, a, b, 17, 28, 64, 1);
+        quoted.extend_from_slice(&[0; 8]);
+        let mut err = vec![3u8, 3, 0, 0, 0, 0, 0, 0];
+        err.extend(quoted);
+        let e = frame4(r, a, 1, &err);
+        for n in 2..8 {
+            assert_eq!(owner(&e, n), owner(&flow, n), "{n} workers");
+        }
+        // An echo request is its own flow.
+        let echo = frame4(r, a, 1, &[8, 0, 0, 0, 0, 0, 0, 0]);
+        let mut differ = false;
+        for n in 2..8 {
+            differ |= owner(&echo, n) != owner(&flow, n);
+        }
+        assert!(differ);
+    }
+
+    #[test]
+    fn non_ip_and_runts_go_to_the_first() {
+        assert_eq!(owner(&[0u8; 10], 4), 0);
+        let mut arp = vec![0u8; 42];
+        arp[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+        assert_eq!(owner(&arp, 4), 0);
+    }
+}
