@@ -9,9 +9,12 @@
 #   fwa sync 10.0.9.1 ---- fwb sync 10.0.9.2   (pfsync: IP protocol 240, TTL 255)
 #
 # usage: failover.sh [FLOWS] [SECONDS] [--key]     prints flows carried over and lost
+# WORKERS=N: each firewall's legs get N queues and its xpfd N workers (a synced state goes to
+# the worker that owns its flow).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FLOWS=${1:-8}; SECS=${2:-14}; KEY=${3:-}
+W=${WORKERS:-1}
 P=xf-
 BIN=$PWD/target/release
 DIR=$(mktemp -d /tmp/xpf-failover.XXXXXX)
@@ -35,7 +38,9 @@ for sw in lan wan; do
 done
 # veth: $1 netns, $2 name in it, $3 switch, $4 port name on the switch
 plug() {
-    ip link add "${P}t$4" type veth peer name "${P}u$4"
+    local q=1
+    [[ $1 == fw* ]] && q=$W
+    ip link add "${P}t$4" numtxqueues $q numrxqueues $q type veth peer name "${P}u$4" numtxqueues $q numrxqueues $q
     ip link set "${P}t$4" netns "${P}$1" name "$2"
     ip link set "${P}u$4" netns "${P}$3" name "$4"
     ip -n "${P}$3" link set "$4" master br0 up
@@ -80,7 +85,7 @@ if [[ $KEY == --key ]]; then
 fi
 start_fw() { # $1 netns, $2 peer
     ip netns exec "${P}$1" "$BIN/xpfd" -f "$DIR/pf.conf" -i lan -i wan --socket "$DIR/$1.sock" \
-        --sync-dev sync --sync-peer "$2" --sync-defer "${KEYARG[@]}" 2>"$DIR/$1.log" &
+        --workers "$W" --sync-dev sync --sync-peer "$2" --sync-defer "${KEYARG[@]}" 2>"$DIR/$1.log" &
     echo $! >"$DIR/$1-xpfd.pid"
 }
 wait_sock() {

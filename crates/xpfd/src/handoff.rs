@@ -60,6 +60,20 @@ pub fn owner(frame: &[u8], n: usize) -> usize {
         return 0;
     }
     let Some((a, b)) = addresses(frame) else { return 0 };
+    of_folded(a, b, n)
+}
+
+/// The same owner from a state's two addresses (pf's 16-byte form, IPv4 in the first four):
+/// where a state synced from the peer goes, so that its packets find it.
+pub fn owner_of_pair(v4: bool, a: &[u8; 16], b: &[u8; 16], n: usize) -> usize {
+    if n <= 1 {
+        return 0;
+    }
+    let f = |x: &[u8; 16]| if v4 { u32::from_ne_bytes([x[0], x[1], x[2], x[3]]) as u64 } else { fold16(*x) };
+    of_folded(f(a), f(b), n)
+}
+
+fn of_folded(a: u64, b: u64, n: usize) -> usize {
     // Symmetric: each address mixed alone, the two combined by addition.
     let h = mix(a).wrapping_add(mix(b));
     (mix(h) % n as u64) as usize
@@ -174,6 +188,21 @@ mod tests {
             differ |= owner(&echo, n) != owner(&flow, n);
         }
         assert!(differ);
+    }
+
+    #[test]
+    fn a_synced_state_goes_where_its_packets_go() {
+        let (a, b) = ([10, 0, 1, 9], [10, 0, 2, 2]);
+        let wide = |x: [u8; 4]| {
+            let mut w = [0u8; 16];
+            w[..4].copy_from_slice(&x);
+            w
+        };
+        for n in 2..8 {
+            let f = owner(&frame4(a, b, 6, &[0; 20]), n);
+            assert_eq!(owner_of_pair(true, &wide(a), &wide(b), n), f);
+            assert_eq!(owner_of_pair(true, &wide(b), &wide(a), n), f);
+        }
     }
 
     #[test]

@@ -137,12 +137,6 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
     } else if sync.peer.is_some() || sync.key_file.is_some() || sync.defer {
         return Err("--sync-peer, --sync-key and --sync-defer need --sync-dev".into());
     }
-    if r.sync.is_some() && r.workers.is_some_and(|w| w > 1) {
-        // A peer's states would land with a worker chosen by their id, not their flow's.
-        return Err("--workers above 1 with --sync-dev: not supported yet (a peer's states are not yet placed \
-                    with their flow's worker); use one worker"
-            .into());
-    }
     if !matches!(r.io.as_str(), "xdp" | "auto" | "packet") {
         return Err(format!("--io {}: xdp, packet or auto", r.io));
     }

@@ -213,6 +213,27 @@ fn bulk_out_text(b: &BulkOut, sent: u64) -> String {
     }
 }
 
+/// The worker that holds (or is to hold) the state a record is about. Ours: the worker its
+/// id names. A peer's, with several workers: the owner of its flow (the worker its packets
+/// are handed to), known from the records that carry the key and remembered for those that
+/// carry only the id (forgotten at the state's delete).
+fn route(m: &Msg, sid: &wire::StateId, creatorid: u32, n: usize, placed: &mut HashMap<wire::StateId, u8>) -> usize {
+    if n <= 1 || sid.creatorid == creatorid {
+        return replica::owner(sid, creatorid, n);
+    }
+    if let Msg::Insert(r) | Msg::Update(r) = m {
+        let k = &r.key[0];
+        let w = crate::handoff::owner_of_pair(r.af == wire::AF_INET, &k.addr[0], &k.addr[1], n);
+        placed.insert(*sid, w as u8);
+        return w;
+    }
+    let w = placed.get(sid).map_or_else(|| replica::owner(sid, creatorid, n), |&w| w as usize);
+    if matches!(m, Msg::DeleteC(_)) {
+        placed.remove(sid);
+    }
+    w
+}
+
 /// The sync thread: receives frames, checks them, routes records to their workers, runs the
 /// bulk state machines, and sends its own frames (update requests, bulk status).
 pub fn run(mut ep: Endpoint, tx: Transport, workers: Vec<Sender<Cmd>>, wakes: Vec<Arc<Wake>>, shared: Arc<Shared>) {
@@ -220,6 +241,7 @@ pub fn run(mut ep: Endpoint, tx: Transport, workers: Vec<Sender<Cmd>>, wakes: Ve
     let mut buf = vec![0u8; 65536];
     let mut msgs = Vec::new();
     let mut per: Vec<Vec<Msg>> = vec![Vec::new(); workers.len()];
+    let mut placed = std::collections::HashMap::new();
     let mut last_log = 0u64;
     ep.request_bulk(0);
     eprintln!("xpfd: sync: asking the peer for a bulk update");
@@ -242,7 +264,10 @@ pub fn run(mut ep: Endpoint, tx: Transport, workers: Vec<Sender<Cmd>>, wakes: Ve
             }
             for m in msgs.drain(..) {
                 match replica::sid_of(&m) {
-                    Some(sid) => per[replica::owner(&sid, ep.cfg.creatorid, workers.len())].push(m),
+                    Some(sid) => {
+                        let w = route(&m, &sid, ep.cfg.creatorid, workers.len(), &mut placed);
+                        per[w].push(m)
+                    }
                     // A clear concerns every worker.
                     None => per.iter_mut().for_each(|v| v.push(m)),
                 }
