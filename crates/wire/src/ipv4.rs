@@ -46,17 +46,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Ok(Packet { buf })
     }
 
-    /// A header quoted in an ICMP error: whole, but the datagram behind it may be cut short
-    /// (its addresses and protocol are good; `payload` is not).
-    #[inline]
-    pub fn new_quoted(buf: T) -> Result<Self, Error> {
-        Self::header_fits(buf.as_ref())?;
-        Ok(Packet { buf })
-    }
-
     /// Version 4 and a whole header in `b`: its length.
     #[inline]
-    fn header_fits(b: &[u8]) -> Result<usize, Error> {
+    pub(crate) fn header_fits(b: &[u8]) -> Result<usize, Error> {
         if b.len() < MIN_HEADER_LEN {
             return Err(Error::Truncated);
         }
@@ -319,5 +311,28 @@ mod tests {
         assert!(p.verify_checksum());
         assert_eq!(p.ident(), 7);
         assert_eq!(p.payload().len(), 8);
+    }
+}
+
+/// A header quoted in an ICMP error: whole, the datagram behind it possibly cut short, so only
+/// what the header itself says can be read.
+#[derive(Debug, Clone, Copy)]
+pub struct Quoted<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Quoted<'a> {
+    pub fn new_checked(b: &'a [u8]) -> Result<Self, Error> {
+        Packet::<&[u8]>::header_fits(b)?;
+        Ok(Quoted { b })
+    }
+    pub fn protocol(&self) -> u8 {
+        self.b[field::PROTO]
+    }
+    pub fn src(&self) -> [u8; 4] {
+        self.b[field::SRC..field::SRC + 4].try_into().unwrap()
+    }
+    pub fn dst(&self) -> [u8; 4] {
+        self.b[field::DST..field::DST + 4].try_into().unwrap()
     }
 }

@@ -39,17 +39,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Ok(Packet { buf })
     }
 
-    /// A header quoted in an ICMPv6 error: whole, the packet behind it possibly cut short
-    /// (addresses and next header are good; `payload` is not).
-    #[inline]
-    pub fn new_quoted(buf: T) -> Result<Self, Error> {
-        Self::header_fits(buf.as_ref())?;
-        Ok(Packet { buf })
-    }
-
     /// Version 6 and a whole fixed header in `b`.
     #[inline]
-    fn header_fits(b: &[u8]) -> Result<(), Error> {
+    pub(crate) fn header_fits(b: &[u8]) -> Result<(), Error> {
         if b.len() < HEADER_LEN {
             return Err(Error::Truncated);
         }
@@ -311,5 +303,28 @@ mod tests {
         assert_eq!(info.proto, NH_NONE);
         let dup = [NH_FRAGMENT, 0, 0, 1, 0, 0, 0, 1, 6, 0, 0, 0, 0, 0, 0, 1];
         assert_eq!(walk(NH_FRAGMENT, &dup).unwrap_err(), Error::BadHeader);
+    }
+}
+
+/// A header quoted in an ICMPv6 error: whole, the packet behind it possibly cut short, so only
+/// what the fixed header itself says can be read.
+#[derive(Debug, Clone, Copy)]
+pub struct Quoted<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Quoted<'a> {
+    pub fn new_checked(b: &'a [u8]) -> Result<Self, Error> {
+        Packet::<&[u8]>::header_fits(b)?;
+        Ok(Quoted { b })
+    }
+    pub fn next_header(&self) -> u8 {
+        self.b[6]
+    }
+    pub fn src(&self) -> [u8; 16] {
+        self.b[8..24].try_into().unwrap()
+    }
+    pub fn dst(&self) -> [u8; 16] {
+        self.b[24..40].try_into().unwrap()
     }
 }

@@ -104,38 +104,44 @@ fn addresses(frame: &[u8]) -> Option<(u64, u64)> {
         l3 = l3.get(4..)?;
     }
     match ty {
-        ethernet::ETHERTYPE_IPV4 => v4(l3, true),
-        ethernet::ETHERTYPE_IPV6 => v6(l3, true),
+        ethernet::ETHERTYPE_IPV4 => v4(l3),
+        ethernet::ETHERTYPE_IPV6 => v6(l3),
         _ => None,
     }
 }
 
-fn v4(l3: &[u8], outer: bool) -> Option<(u64, u64)> {
-    let ip = ipv4::Packet::new_checked(l3).or_else(|_| ipv4::Packet::new_quoted(l3)).ok()?;
-    if outer && ip.protocol() == IPPROTO_ICMP && !ip.is_fragment() {
-        if let Some(t) = ip.payload().first() {
-            if kind_v4(*t) == Kind::Error {
-                if let Some(inner) = v4(ip.payload().get(8..)?, false) {
-                    return Some(inner);
+// The outer packet is read whole (its payload holds an ICMP error's quote); a quoted one is
+// its header only.
+fn v4(l3: &[u8]) -> Option<(u64, u64)> {
+    let ip = ipv4::Packet::new_checked(l3).ok()?;
+    if ip.protocol() == IPPROTO_ICMP && !ip.is_fragment() {
+        if let Some(&t) = ip.payload().first() {
+            if kind_v4(t) == Kind::Error {
+                if let Some(q) = ip.payload().get(8..).and_then(|b| ipv4::Quoted::new_checked(b).ok()) {
+                    return Some(pair4(q.src(), q.dst()));
                 }
             }
         }
     }
-    Some((u32::from_ne_bytes(ip.src()) as u64, u32::from_ne_bytes(ip.dst()) as u64))
+    Some(pair4(ip.src(), ip.dst()))
 }
 
-fn v6(l3: &[u8], outer: bool) -> Option<(u64, u64)> {
-    let ip = ipv6::Packet::new_checked(l3).or_else(|_| ipv6::Packet::new_quoted(l3)).ok()?;
-    if outer && ip.next_header() == IPPROTO_ICMPV6 {
-        if let Some(t) = ip.payload().first() {
-            if kind_v6(*t) == Kind::Error {
-                if let Some(inner) = v6(ip.payload().get(8..)?, false) {
-                    return Some(inner);
+fn v6(l3: &[u8]) -> Option<(u64, u64)> {
+    let ip = ipv6::Packet::new_checked(l3).ok()?;
+    if ip.next_header() == IPPROTO_ICMPV6 {
+        if let Some(&t) = ip.payload().first() {
+            if kind_v6(t) == Kind::Error {
+                if let Some(q) = ip.payload().get(8..).and_then(|b| ipv6::Quoted::new_checked(b).ok()) {
+                    return Some((fold16(q.src()), fold16(q.dst())));
                 }
             }
         }
     }
     Some((fold16(ip.src()), fold16(ip.dst())))
+}
+
+fn pair4(a: [u8; 4], b: [u8; 4]) -> (u64, u64) {
+    (u32::from_ne_bytes(a) as u64, u32::from_ne_bytes(b) as u64)
 }
 
 #[cfg(test)]
@@ -202,6 +208,26 @@ mod tests {
             let f = owner(&frame4(a, b, 6, &[0; 20]), n);
             assert_eq!(owner_of_pair(true, &wide(a), &wide(b), n), f);
             assert_eq!(owner_of_pair(true, &wide(b), &wide(a), n), f);
+        }
+    }
+
+    #[test]
+    fn malformed_headers_go_to_the_first_without_a_panic() {
+        let f = frame4([10, 0, 1, 7], [10, 0, 2, 2], 1, &[3, 3, 0, 0, 0, 0, 0, 0]);
+        // Total length past the frame, and below the header length.
+        for total in [200u16, 10] {
+            let mut g = f.clone();
+            g[16..18].copy_from_slice(&total.to_be_bytes());
+            assert_eq!(owner(&g, 4), 0, "total {total}");
+        }
+        // Every cut of an ICMP error, with and without its quoted header.
+        let mut quoted = vec![0u8; 20];
+        ipv4::emit_header(&mut quoted, [10, 0, 1, 7], [10, 0, 2, 2], 17, 28, 64, 1);
+        let mut err = vec![3u8, 3, 0, 0, 0, 0, 0, 0];
+        err.extend(quoted);
+        let e = frame4([192, 0, 2, 1], [10, 0, 1, 7], 1, &err);
+        for cut in 0..e.len() {
+            owner(&e[..cut], 4);
         }
     }
 
