@@ -161,6 +161,14 @@ pub struct XskStats {
     pub syn_dropped: u64,
 }
 
+impl XskStats {
+    /// Frames the kernel dropped on the way in: a full ring counts in both rx_dropped and
+    /// rx_ring_full, so once; plus those with no fill ring entry.
+    pub fn rx_drops(&self) -> u64 {
+        self.rx_dropped.max(self.rx_ring_full) + self.fill_empty
+    }
+}
+
 /// The queue's second socket: its receive ring only (frames, fill and completion rings are
 /// the first socket's).
 struct SynLane {
@@ -191,6 +199,29 @@ pub struct Xsk {
 
 // SAFETY: the socket and its mappings are used by one worker thread at a time.
 unsafe impl Send for Xsk {}
+
+/// Where the kernel put each ring of socket `fd` in its mapping.
+fn mmap_offsets(fd: i32) -> io::Result<libc::xdp_mmap_offsets> {
+    // SAFETY: all-zero is valid; getsockopt fills it.
+    let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
+    let mut ol = std::mem::size_of::<libc::xdp_mmap_offsets>() as u32;
+    // SAFETY: off has the size passed in ol.
+    if unsafe { libc::getsockopt(fd, libc::SOL_XDP, libc::XDP_MMAP_OFFSETS, &mut off as *mut _ as *mut _, &mut ol) } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(off)
+}
+
+/// The kernel's `struct xdp_statistics` of socket `fd`: rx_dropped, rx_invalid_descs,
+/// tx_invalid_descs, rx_ring_full, rx_fill_ring_empty_descs, tx_ring_empty_descs.
+fn xdp_statistics(fd: i32) -> Option<[u64; 6]> {
+    let mut s = [0u64; 6];
+    let mut l = std::mem::size_of_val(&s) as u32;
+    // SAFETY: s has the size passed in l.
+    let r = unsafe { libc::getsockopt(fd, libc::SOL_XDP, libc::XDP_STATISTICS, s.as_mut_ptr().cast(), &mut l) };
+    (r == 0).then_some(s)
+}
 
 pub(crate) fn setopt<T>(fd: i32, level: i32, opt: i32, v: &T) -> io::Result<()> {
     // SAFETY: v points to a value of the size passed.
@@ -261,16 +292,7 @@ impl Xsk {
         ] {
             setopt(raw, libc::SOL_XDP, opt, &n).map_err(free_umem)?;
         }
-        // SAFETY: all-zero is valid; getsockopt fills it.
-        let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
-        let mut ol = std::mem::size_of::<libc::xdp_mmap_offsets>() as u32;
-        // SAFETY: off has the size passed in ol.
-        if unsafe {
-            libc::getsockopt(raw, libc::SOL_XDP, libc::XDP_MMAP_OFFSETS, &mut off as *mut _ as *mut _, &mut ol)
-        } < 0
-        {
-            return Err(free_umem(io::Error::last_os_error()));
-        }
+        let off = mmap_offsets(raw).map_err(free_umem)?;
         let rx = Ring::map(raw, &off.rx, RING, PGOFF_RX).map_err(free_umem)?;
         let tx = Ring::map(raw, &off.tx, RING, PGOFF_TX).map_err(free_umem)?;
         let fill = Ring::map(raw, &off.fr, RING, PGOFF_FILL).map_err(free_umem)?;
@@ -353,16 +375,7 @@ impl Xsk {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let raw = fd.as_raw_fd();
         setopt(raw, libc::SOL_XDP, libc::XDP_RX_RING, &SYN_RING)?;
-        // SAFETY: all-zero is valid; getsockopt fills it.
-        let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
-        let mut ol = std::mem::size_of::<libc::xdp_mmap_offsets>() as u32;
-        // SAFETY: off has the size passed in ol.
-        if unsafe {
-            libc::getsockopt(raw, libc::SOL_XDP, libc::XDP_MMAP_OFFSETS, &mut off as *mut _ as *mut _, &mut ol)
-        } < 0
-        {
-            return Err(io::Error::last_os_error());
-        }
+        let off = mmap_offsets(raw)?;
         let rx = Ring::map(raw, &off.rx, SYN_RING, PGOFF_RX)?;
         // SAFETY: all-zero is a valid sockaddr_xdp.
         let mut sa: libc::sockaddr_xdp = unsafe { std::mem::zeroed() };
@@ -523,15 +536,7 @@ impl Xsk {
 
     /// The kernel's counters for this socket.
     pub fn kernel_stats(&mut self) -> XskStats {
-        // struct xdp_statistics: rx_dropped, rx_invalid_descs, tx_invalid_descs,
-        // rx_ring_full, rx_fill_ring_empty_descs, tx_ring_empty_descs
-        let mut s = [0u64; 6];
-        let mut l = std::mem::size_of_val(&s) as u32;
-        // SAFETY: s has the size passed in l.
-        let r = unsafe {
-            libc::getsockopt(self.fd.as_raw_fd(), libc::SOL_XDP, libc::XDP_STATISTICS, s.as_mut_ptr().cast(), &mut l)
-        };
-        if r == 0 {
+        if let Some(s) = xdp_statistics(self.fd.as_raw_fd()) {
             self.stats.rx_dropped = s[0];
             self.stats.rx_invalid = s[1];
             self.stats.rx_ring_full = s[3];
@@ -539,17 +544,9 @@ impl Xsk {
         }
         self.stats.ifindex = self.ifindex;
         self.stats.queue = self.queue;
-        if let Some(l) = &self.syn {
-            let mut s = [0u64; 6];
-            let mut len = std::mem::size_of_val(&s) as u32;
-            // SAFETY: s has the size passed in len.
-            let r = unsafe {
-                libc::getsockopt(l.fd.as_raw_fd(), libc::SOL_XDP, libc::XDP_STATISTICS, s.as_mut_ptr().cast(), &mut len)
-            };
-            if r == 0 {
-                // A full ring counts in both rx_dropped and rx_ring_full: the drops once.
-                self.stats.syn_dropped = s[0].max(s[3]);
-            }
+        if let Some(s) = self.syn.as_ref().and_then(|l| xdp_statistics(l.fd.as_raw_fd())) {
+            // A full ring counts in both rx_dropped and rx_ring_full: the drops once.
+            self.stats.syn_dropped = s[0].max(s[3]);
         }
         self.stats
     }

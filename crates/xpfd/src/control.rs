@@ -602,7 +602,7 @@ impl Daemon {
                 if let Some((t, _)) = &sync {
                     text.push_str(t);
                 }
-                let rx_dropped: u64 = xs.iter().map(|x| x.rx_dropped + x.rx_ring_full + x.fill_empty).sum();
+                let rx_dropped: u64 = xs.iter().map(|x| x.rx_drops()).sum();
                 let syn_rx: u64 = xs.iter().map(|x| x.syn_rx).sum();
                 let syn_dropped: u64 = xs.iter().map(|x| x.syn_dropped).sum();
                 let kind = if pc.is_empty() { "AF_XDP" } else { "AF_PACKET" };
@@ -622,7 +622,7 @@ impl Daemon {
                         x.rx,
                         x.tx,
                         x.tx_full,
-                        x.rx_dropped.max(x.rx_ring_full) + x.fill_empty,
+                        x.rx_drops(),
                         x.syn_rx,
                         x.syn_dropped
                     );

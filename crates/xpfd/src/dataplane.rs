@@ -168,6 +168,8 @@ pub struct Dataplane {
     last_resolve: Vec<(u32, [u8; 16], Instant)>,
     /// Several workers: where frames of other workers' flows go, and come from.
     pub handoff: Option<crate::handoff::Handoff>,
+    /// Frames taken from the other workers this round (kept to reuse its allocation).
+    handed: Vec<crate::handoff::Item>,
 }
 
 /// `a` with the bits past prefix length `l` cleared.
@@ -266,6 +268,7 @@ impl Dataplane {
             held_now: false,
             last_resolve: Vec::new(),
             handoff: None,
+            handed: Vec::new(),
         }
     }
 
@@ -413,8 +416,7 @@ impl Dataplane {
                 m += 1;
                 continue;
             }
-            let item = crate::handoff::Item { ifindex: self.ports[p].ifindex, options: d.options, buf: all.to_vec() };
-            if h.send(w, item) {
+            if h.send(w, self.ports[p].ifindex, d.options, all) {
                 self.io.handed_off += 1;
             } else {
                 self.io.handoff_full += 1;
@@ -426,7 +428,8 @@ impl Dataplane {
     /// Filters the frames other workers passed to this one (their flows' state is here).
     fn take_handed(&mut self, now: u32) -> usize {
         let Some(h) = &self.handoff else { return 0 };
-        let items: Vec<crate::handoff::Item> = h.from.try_iter().take(BATCH).collect();
+        let mut items = std::mem::take(&mut self.handed);
+        items.extend(h.inbox.try_iter().take(BATCH));
         let n = items.len();
         self.io.handed_in += n as u64;
         let mut done = 0u64;
@@ -449,6 +452,12 @@ impl Dataplane {
                 None => self.io.egress_not_filtered += m as u64,
             }
         }
+        if let Some(h) = &self.handoff {
+            for it in items.drain(..) {
+                h.recycle(it);
+            }
+        }
+        self.handed = items;
         n
     }
 

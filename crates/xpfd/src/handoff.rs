@@ -20,24 +20,35 @@ use xpf_wire::{ethernet, ipv4, ipv6};
 pub const DEPTH: usize = 4096;
 
 /// A frame for another worker: the steering program's metadata and the frame, the interface
-/// it came in on, the receive descriptor's options (packet mode: GSO).
+/// it came in on, the receive descriptor's options (packet mode: GSO), and the worker that
+/// sent it (its buffer goes back there).
 pub struct Item {
     pub ifindex: u32,
     pub options: u32,
+    pub from: usize,
     pub buf: Vec<u8>,
 }
 
-/// One worker's end: a sender to every worker (its own unused) and its own receiver.
+/// One worker's end: a sender to every worker (its own unused) and its own receiver, and the
+/// same pair for buffers going back to their sender, so that frames in flight are copied into
+/// reused buffers instead of a new allocation each.
 pub struct Handoff {
     pub me: usize,
     to: Vec<SyncSender<Item>>,
-    pub from: Receiver<Item>,
+    pub inbox: Receiver<Item>,
+    back: Vec<SyncSender<Vec<u8>>>,
+    spare: Receiver<Vec<u8>>,
 }
 
 /// The ends for `n` workers, in worker order.
 pub fn mesh(n: usize) -> Vec<Handoff> {
     let (txs, rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| std::sync::mpsc::sync_channel(DEPTH)).unzip();
-    rxs.into_iter().enumerate().map(|(me, from)| Handoff { me, to: txs.clone(), from }).collect()
+    let (backs, spares): (Vec<_>, Vec<_>) = (0..n).map(|_| std::sync::mpsc::sync_channel(DEPTH)).unzip();
+    rxs.into_iter()
+        .zip(spares)
+        .enumerate()
+        .map(|(me, (inbox, spare))| Handoff { me, to: txs.clone(), inbox, back: backs.clone(), spare })
+        .collect()
 }
 
 impl Handoff {
@@ -45,12 +56,22 @@ impl Handoff {
         self.to.len()
     }
 
-    /// Passes `item` to worker `w`; false when its queue is full (the frame is dropped).
-    pub fn send(&self, w: usize, item: Item) -> bool {
+    /// Passes a copy of `frame` to worker `w`; false when its queue is full (dropped).
+    pub fn send(&self, w: usize, ifindex: u32, options: u32, frame: &[u8]) -> bool {
+        let mut buf = self.spare.try_recv().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(frame);
+        let item = Item { ifindex, options, from: self.me, buf };
         match self.to[w].try_send(item) {
             Ok(()) => true,
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => false,
         }
+    }
+
+    /// Gives a received item's buffer back to the worker that filled it (dropped if its
+    /// spares are full).
+    pub fn recycle(&self, item: Item) {
+        let _ = self.back[item.from].try_send(item.buf);
     }
 }
 
