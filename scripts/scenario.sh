@@ -180,14 +180,19 @@ m0=$(mm)
 c iperf3 -c 10.0.2.2 -t 4 --json > "$DIR/rst.json" 2>&1 &
 IPERF=$!
 sleep 1.5
-check "spoofed RSTs (scapy, 20 guesses) sent into a live iperf3 transfer" scapy "
+# spoof_iperf [data]: 10 RSTs with guessed sequence numbers into each of the client's iperf3
+# connections (and 10 data segments at guessed numbers with `data`).
+spoof_iperf() { scapy "
 import random, subprocess
 ports = [int(l.split()[3].rsplit(':', 1)[1]) for l in subprocess.check_output(['ss', '-tnH', 'dst', '10.0.2.2:5201']).decode().splitlines()]
 assert ports, 'no iperf3 connection'
 for p in ports:
     for _ in range(10):
         send(IP(src='10.0.1.2', dst='10.0.2.2')/TCP(sport=p, dport=5201, flags='R', seq=random.getrandbits(32)), verbose=0)
-print(ports)"
+        if '${1:-}' == 'data':
+            send(IP(src='10.0.1.2', dst='10.0.2.2')/TCP(sport=p, dport=5201, flags='A', seq=random.getrandbits(32), ack=random.getrandbits(32))/Raw(b'x' * 100), verbose=0)
+print(ports)"; }
+check "spoofed RSTs (scapy, 20 guesses) sent into a live iperf3 transfer" spoof_iperf
 wait $IPERF
 check "the transfer survived the RSTs (iperf3 completed, data in its last second)" python3 -c "import json; d=json.load(open('$DIR/rst.json')); assert 'error' not in d, d['error']; assert d['intervals'][-1]['sum']['bytes'] > 0"
 check "the RSTs were dropped as out of window ($(( $(mm) - m0 )))" test $(( $(mm) - m0 )) -ge 20
@@ -515,7 +520,8 @@ kill "$XPFD"; wait "$XPFD" 2>/dev/null; XPFD=
 check "xpfd stops cleanly and removes its XDP programs" bash -c "! ip -n ${P}fw link show fc | grep -q xdp"
 check "xpfd stops cleanly and removes its iptables chains" bash -c "! ip netns exec ${P}fw iptables -S | grep -q xpfd"
 
-# The kernel fast path (--fastpath): established UDP flows forwarded by the steering program.
+# The kernel fast path (--fastpath): established UDP and TCP flows forwarded by the steering
+# program.
 # The kernel redirects XDP frames into a veth only when the veth's peer runs NAPI (GRO on, or
 # an XDP program there): a property of the end hosts, which xpfd cannot reach from its
 # namespace, so this section turns GRO on at the client and the server. Nothing else changes:
@@ -577,6 +583,85 @@ check "--fastpath: the kernel's counts were carried into the states ($(fastjson 
 check "--fastpath: the flows are in the kernel's map before -k ($(fastjson flows))" test "$(fastjson flows)" -gt 0
 $CTL -k 10.0.1.2 >/dev/null; $CTL -k 0.0.0.0/0 -k 10.0.1.2 >/dev/null
 check "--fastpath: -k takes the client's flows out of the kernel's map" test "$(fastjson flows)" -eq 0
+
+# TCP on the fast path: once both sides are established the steering program forwards the
+# segments, each checked against pf's windows; what it cannot judge (RST, FIN, out of the
+# window) comes to xpfd, which judges it with the windows the program slid.
+printf 'block all\npass all\n' > "$DIR/fasttcp.conf"
+check "--fastpath TCP: -f block all, pass all" $CTL -f "$DIR/fasttcp.conf"
+m0=$(mm); j0=$(fastjson judged)
+kern0=$($CTL -s info | awk -F'  +' '/forwarded in the kernel/ {s += $NF} END {print s+0}')
+c iperf3 -c 10.0.2.2 -t 4 --json > "$DIR/fast-tcp.json" 2>&1 &
+IPERF=$!
+sleep 1.5
+check "--fastpath TCP: the transfer's two directions are in the tables ($(fastjson tcp))" test "$(fastjson tcp)" -ge 2
+check "--fastpath TCP: spoofed RSTs and out-of-window segments (scapy, 20 each) sent into it" spoof_iperf data
+wait $IPERF
+kern=$($CTL -s info | awk -F'  +' '/forwarded in the kernel/ {s += $NF} END {print s+0}')
+check "--fastpath TCP: the transfer completed, with data in its last second" python3 -c "import json; d=json.load(open('$DIR/fast-tcp.json')); assert 'error' not in d, d['error']; assert d['intervals'][-1]['sum']['bytes'] > 0"
+check "--fastpath TCP: the steering program forwarded the transfer ($((kern - kern0)) packets)" test $((kern - kern0)) -gt 100000
+check "--fastpath TCP: it handed the RSTs and segments to xpfd ($(( $(fastjson judged) - j0 )))" test $(( $(fastjson judged) - j0 )) -ge 40
+check "--fastpath TCP: xpfd dropped them as out of window ($(( $(mm) - m0 )))" test $(( $(mm) - m0 )) -ge 40
+# An idle connection expires on its timeout, its entries with it; a busy one outlives it (the
+# kernel's counts keep its states); -k takes one out at once. (The expiry wheel files a state
+# at its first timeout: tcp.first short too.)
+printf 'set timeout { tcp.first 4, tcp.opening 4, tcp.established 4 }\nblock all\npass all\n' > "$DIR/fasttcp.conf"
+check "--fastpath TCP: -f the same with 4 s TCP timeouts" $CTL -f "$DIR/fasttcp.conf"
+ip netns exec ${P}server python3 -c "
+import socket, threading, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('10.0.2.2', 7100)); s.listen(4)
+out = open('$DIR/fast-rx', 'w')
+def serve(a):
+    a.settimeout(1)
+    end = time.time() + 25
+    while time.time() < end:
+        try:
+            if not a.recv(100): return
+            out.write('%.2f\n' % time.time()); out.flush()
+        except socket.timeout: pass
+s.settimeout(25)
+ts = []
+for _ in range(2):
+    t = threading.Thread(target=serve, args=(s.accept()[0],)); t.start(); ts.append(t)
+for t in ts: t.join()
+" &
+SRV=$!
+sleep 0.3
+c python3 -c "
+import socket, time
+s = socket.socket(); s.connect(('10.0.2.2', 7100))
+for _ in range(5): s.send(b'x'); time.sleep(0.2)
+time.sleep(9)" &
+IDLE=$!
+sleep 2
+check "--fastpath TCP: an open, quiet connection is in the tables ($(fastjson tcp))" test "$(fastjson tcp)" -ge 2
+sleep 5
+check "--fastpath TCP: idle past its 4 s timeout, its states are gone" refused bash -c "$CTL -s states | grep -q ':7100'"
+check "--fastpath TCP: and its entries left the tables ($(fastjson tcp))" test "$(fastjson tcp)" -eq 0
+wait $IDLE
+c python3 -c "
+import socket, time
+s = socket.socket(); s.connect(('10.0.2.2', 7100))
+t = time.time() + 8
+while time.time() < t:
+    try: s.send(b'x')
+    except OSError: break
+    time.sleep(0.1)" &
+BUSY=$!
+sleep 5.5
+check "--fastpath TCP: busy for 5 s, past its 4 s timeout, it is still in the tables ($(fastjson tcp))" test "$(fastjson tcp)" -ge 2
+check "--fastpath TCP: and its data still arrives" python3 -c "
+import time
+rows = [float(l.split()[0]) for l in open('$DIR/fast-rx')]
+assert rows and max(rows) > time.time() - 0.5, time.time() - max(rows)"
+killed=$(date +%s.%N)
+$CTL -k 10.0.1.2 >/dev/null
+check "--fastpath TCP: -k takes its entries out at once ($(fastjson tcp))" test "$(fastjson tcp)" -eq 0
+wait $BUSY
+check "--fastpath TCP: nothing of it reaches the server after -k" python3 -c "
+rows = [float(l.split()[0]) for l in open('$DIR/fast-rx')]
+assert rows and max(rows) < $killed + 0.3, (max(rows) - $killed)"
+kill $SRV 2>/dev/null; wait $SRV 2>/dev/null
 kill "$XPFD"; wait "$XPFD" 2>/dev/null; XPFD=
 rm -f "$LOG.fast"
 

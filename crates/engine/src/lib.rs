@@ -768,6 +768,58 @@ impl<P: Policy> Worker<P> {
         }
     }
 
+    /// The TCP flow `frame` (forwarded from `in_if` to `out_if`) names, if the fast path may
+    /// judge its segments: both states established on both sides, tracked with windows (not
+    /// `sloppy`), no modulation, scrub, tag, packet-rate meter or translation, and the same
+    /// windows in both (they saw the same segments).
+    pub fn fast_tcp(&self, frame: &[u8], in_if: u16, out_if: u16) -> Option<FastTcp> {
+        let pd = flow_pd(frame)?;
+        if pd.proto != IPPROTO_TCP {
+            return None;
+        }
+        if pd.af == AF_INET {
+            fast_tcp_of(&self.t4, &pd, in_if, out_if, self.any_if_bound)
+        } else {
+            fast_tcp_of(&self.t6, &pd, in_if, out_if, self.any_if_bound)
+        }
+    }
+
+    /// Merges windows the fast path moved (`win`, by side of the states) into the two states
+    /// `ids` of the flow `frame` names: each edge only forward (sequence order), the largest
+    /// window seen. A state that changed is offered to sync, pushed at once with `push` (the
+    /// fast path's pacing said an update is due). None when either state is gone; else whether
+    /// the fast path may still judge the flow (both sides still established).
+    pub fn fast_tcp_merge(
+        &mut self,
+        frame: &[u8],
+        kif: [u16; 2],
+        ids: [u32; 2],
+        win: [Win; 2],
+        push: bool,
+    ) -> Option<bool> {
+        let pd = flow_pd(frame)?;
+        if pd.af == AF_INET {
+            merge_windows(&mut self.t4, &pd, kif, ids, &win, push)
+        } else {
+            merge_windows(&mut self.t6, &pd, kif, ids, &win, push)
+        }
+    }
+
+    /// When the first of the two states `ids` of the flow `frame` names expires unless a
+    /// packet comes (engine seconds); None when either is gone.
+    pub fn flow_deadline(&self, frame: &[u8], ids: [u32; 2]) -> Option<u32> {
+        let pd = flow_pd(frame)?;
+        fn of<K: Key>(t: &StateTable<K>, ids: [u32; 2]) -> Option<u32> {
+            let d = |id: u32| t.live(id).map(|s| s.expire.saturating_add(t.timeout_of(id)));
+            Some(d(ids[0])?.min(d(ids[1])?))
+        }
+        if pd.af == AF_INET {
+            of(&self.t4, ids)
+        } else {
+            of(&self.t6, ids)
+        }
+    }
+
     /// Background work between batches: expiry and index growth, `budget` units per table.
     /// Returns the states expired.
     pub fn maintain(&mut self, now: u32, budget: u32) -> u32 {
@@ -802,6 +854,93 @@ fn flow_pair<K: Key>(t: &StateTable<K>, pd: &PDesc, in_if: u16, out_if: u16, bou
     let (a, b) = (find(Dir::In, in_if)? & ID_MASK, find(Dir::Out, out_if)? & ID_MASK);
     let s = t.state(a);
     Some(([a, b], s.packets[(((s.flags & sf::OUT) >> 2) ^ Dir::In as u8) as usize]))
+}
+
+/// A TCP flow the fast path may judge ([`Worker::fast_tcp`]).
+#[derive(Debug, Clone, Copy)]
+pub struct FastTcp {
+    /// The `in` and `out` states.
+    pub ids: [u32; 2],
+    /// The side of the states (0: the side that created them) this direction's sender is.
+    pub from: usize,
+    pub peers: [xpf_state::Peer; 2],
+}
+
+/// One side's window edges as the fast path left them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Win {
+    pub seqlo: u32,
+    pub seqhi: u32,
+    pub max_win: u16,
+}
+
+fn fast_tcp_of<K: Key>(t: &StateTable<K>, pd: &PDesc, in_if: u16, out_if: u16, bound: bool) -> Option<FastTcp> {
+    let (ids, _) = flow_pair(t, pd, in_if, out_if, bound)?;
+    let est = proto::tcps::ESTABLISHED;
+    let mut view: Option<(usize, [xpf_state::Peer; 2])> = None;
+    for (i, dir) in [Dir::In, Dir::Out].into_iter().enumerate() {
+        let s = t.state(ids[i]);
+        if s.peer_state != [est, est] || s.flags & sf::NAT != 0 || t.actions.contains_key(&ids[i]) {
+            return None;
+        }
+        let p = *t.peers(ids[i])?;
+        if p[0].seqdiff != 0 || p[1].seqdiff != 0 {
+            return None;
+        }
+        let from = (((s.flags & sf::OUT) >> 2) ^ dir as u8) as usize;
+        let edges = |p: &[xpf_state::Peer; 2]| p.map(|q| (q.seqlo, q.seqhi, q.max_win, q.wscale));
+        match view {
+            None => view = Some((from, p)),
+            Some((f, q)) if f == from && edges(&q) == edges(&p) => {}
+            Some(_) => return None,
+        }
+    }
+    let (from, peers) = view?;
+    Some(FastTcp { ids, from, peers })
+}
+
+fn merge_windows<K: Key>(
+    t: &mut StateTable<K>,
+    pd: &PDesc,
+    kif: [u16; 2],
+    ids: [u32; 2],
+    win: &[Win; 2],
+    push: bool,
+) -> Option<bool> {
+    for (i, dir) in [Dir::In, Dir::Out].into_iter().enumerate() {
+        let s = t.live(ids[i])?;
+        if s.key != K::from_pdesc(pd, dir, 0) && s.key != K::from_pdesc(pd, dir, kif[i]) {
+            return None;
+        }
+    }
+    let est = proto::tcps::ESTABLISHED;
+    let mut still = true;
+    for id in ids {
+        let (s, p) = t.state_and_peers_mut(id);
+        still &= s.peer_state == [est, est];
+        let p = p?;
+        let mut changed = false;
+        for k in 0..2 {
+            let w = win[k];
+            if (w.seqlo.wrapping_sub(p[k].seqlo) as i32) > 0 {
+                p[k].seqlo = w.seqlo;
+                changed = true;
+            }
+            if (w.seqhi.wrapping_sub(p[k].seqhi) as i32) > 0 {
+                p[k].seqhi = w.seqhi;
+                changed = true;
+            }
+            if w.max_win > p[k].max_win {
+                p[k].max_win = w.max_win;
+                changed = true;
+            }
+        }
+        if changed && t.sync_max != 0 {
+            t.queue_update(id);
+            t.sync_push |= push;
+        }
+    }
+    Some(still)
 }
 
 fn account_pair<K: Key>(

@@ -28,6 +28,7 @@ static long (*bpf_fib_lookup)(void *ctx, struct bpf_fib_lookup *p, int len, __u3
 static long (*bpf_redirect)(__u32 ifindex, __u64 flags) = (void *)BPF_FUNC_redirect;
 
 #define bswap16(x) __builtin_bswap16(x)
+#define bswap32(x) __builtin_bswap32(x)
 #define htons(x) bswap16(x)
 #define htonl(x) __builtin_bswap32(x)
 

@@ -247,12 +247,52 @@ impl Map {
         })
     }
 
+    /// Maps the values of an array made with BPF_F_MMAPABLE into this process (shared with
+    /// the kernel: what a program writes is seen here, and the other way round).
+    pub fn mmap(&self) -> io::Result<Mapped> {
+        let page = 4096usize;
+        let len = ((self.value_size as usize).next_multiple_of(8) * self.max_entries as usize).next_multiple_of(page);
+        // SAFETY: a fresh shared mapping of the map's fd; the kernel checks the length.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                self.fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(ctx(io::Error::last_os_error(), &format!("mapping BPF map {}", self.name)));
+        }
+        Ok(Mapped { ptr: p as *mut u8, len })
+    }
+
     /// Sum over CPUs of the u64 counter at `index` of a per-CPU array.
     pub fn percpu_sum(&self, index: u32) -> io::Result<u64> {
         let n = possible_cpus();
         let mut buf = vec![0u8; 8 * n];
         self.lookup(&index.to_ne_bytes(), &mut buf)?;
         Ok(buf.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).sum())
+    }
+}
+
+/// A BPF array's values mapped into this process (`Map::mmap`); unmapped on drop.
+#[derive(Debug)]
+pub struct Mapped {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; callers synchronise through atomics.
+unsafe impl Send for Mapped {}
+unsafe impl Sync for Mapped {}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len came from a successful mmap and are unmapped once.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
     }
 }
 
@@ -294,6 +334,12 @@ impl Program {
     /// As `load`, with the maps named in `sizes` made with those max_entries instead of the
     /// object's.
     pub fn load_sized(name: &str, elf: &[u8], sizes: &[(&str, u32)]) -> io::Result<Program> {
+        Self::load_with(name, elf, sizes, &[])
+    }
+
+    /// As `load_sized`, with the maps in `shared` used in place of the object's maps of the
+    /// same names (one map for the programs of several interfaces).
+    pub fn load_with(name: &str, elf: &[u8], sizes: &[(&str, u32)], shared: &[&Map]) -> io::Result<Program> {
         let obj = Elf::parse(elf).map_err(|m| io::Error::new(io::ErrorKind::InvalidData, format!("{name}: {m}")))?;
         let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, format!("{name}: {m}"));
         let prog = obj.section("xdp").ok_or_else(|| bad("no xdp section"))?;
@@ -313,8 +359,12 @@ impl Program {
                 if o + 20 > data.len() {
                     return Err(bad("short map definition"));
                 }
-                let entries = sizes.iter().find(|s| s.0 == sym.name).map_or(f(3), |s| s.1);
-                maps.push(Map::create(sym.name, f(0), f(1), f(2), entries, f(4))?);
+                if let Some(m) = shared.iter().find(|m| m.name == sym.name) {
+                    maps.push(m.share()?);
+                } else {
+                    let entries = sizes.iter().find(|s| s.0 == sym.name).map_or(f(3), |s| s.1);
+                    maps.push(Map::create(sym.name, f(0), f(1), f(2), entries, f(4))?);
+                }
                 by_sym.push((si, maps.len() - 1));
             }
         }

@@ -8,6 +8,13 @@ use std::io;
 /// Bytes of metadata in front of each frame (`struct meta` in bpf/steer.c).
 pub const META_LEN: usize = 36;
 
+/// Whether the steering program found a live fast-path entry for the frame and handed it on
+/// (a TCP segment it could not judge, a route that changed): byte 2 of the metadata.
+#[inline]
+pub fn fast_flow(m: &[u8]) -> bool {
+    m.get(2) == Some(&1)
+}
+
 /// What the kernel's FIB said about a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
@@ -54,6 +61,13 @@ impl Route {
     }
 }
 
+/// steer_cfg's slots (bpf/steer.c).
+const C_BARE: u32 = 0;
+const C_SEED: u32 = 1;
+const C_MASK4: u32 = 2;
+const C_MASK6: u32 = 3;
+const C_PACE: u32 = 4;
+
 /// Names of the program's counters, by slot (the enum in bpf/steer.c).
 /// Where a queue's socket for new connections sits in map `xsks` (steer.c: SYN_LANE).
 const SYN_LANE: u32 = 64;
@@ -79,12 +93,31 @@ pub struct Steer {
 }
 
 impl Steer {
-    /// Loads the program with room for `fast_flows` fast-path flows (0: fast path off, its
-    /// maps at their smallest; the flow map is preallocated, ~100 bytes a flow).
-    pub fn load(fast_flows: u32) -> io::Result<Steer> {
-        let n = fast_flows.max(1);
-        let prog = Program::load_sized("xpf_steer", objects::STEER, &[("fast", n)])?;
+    /// Loads the program. `tables`: the fast-path flow tables' sizes (IPv4, IPv6 entries,
+    /// powers of two; 1 each when the fast path is off). `first`: a program already loaded
+    /// for another interface, whose flow tables and configuration this one shares.
+    pub fn load(tables: (u32, u32), first: Option<&Steer>) -> io::Result<Steer> {
+        let shared: Vec<&crate::bpf::Map> = match first {
+            Some(f) => ["flows4", "flows6", "steer_cfg"].iter().map(|n| f.prog.map(n)).collect(),
+            None => Vec::new(),
+        };
+        let prog =
+            Program::load_with("xpf_steer", objects::STEER, &[("flows4", tables.0), ("flows6", tables.1)], &shared)?;
         Ok(Steer { prog, attached: Vec::new() })
+    }
+
+    /// Maps the flow tables and turns the fast path on: the tables' hash seed, their masks,
+    /// and the sync pace (a TCP segment goes to xpfd every `pace` sync counts; 0: never).
+    pub fn fast_tables(&self, seed: u32, pace: u32) -> io::Result<crate::flows::FlowTables> {
+        let (m4, m6) = (self.prog.map("flows4"), self.prog.map("flows6"));
+        let v4 = crate::flows::Table::mapped(m4.mmap()?, m4.max_entries, false, seed);
+        let v6 = crate::flows::Table::mapped(m6.mmap()?, m6.max_entries, true, seed);
+        let cfg = self.prog.map("steer_cfg");
+        cfg.update(&C_SEED.to_ne_bytes(), &seed.to_ne_bytes())?;
+        cfg.update(&C_PACE.to_ne_bytes(), &pace.to_ne_bytes())?;
+        cfg.update(&C_MASK6.to_ne_bytes(), &(m6.max_entries - 1).to_ne_bytes())?;
+        cfg.update(&C_MASK4.to_ne_bytes(), &(m4.max_entries - 1).to_ne_bytes())?;
+        Ok(crate::flows::FlowTables { v4, v6 })
     }
 
     /// Attaches to `ifindex`, native mode first, then generic (skb) mode; returns the mode.
@@ -135,7 +168,7 @@ impl Steer {
     /// Bare mode: forward everything routable in the kernel, unfiltered (the lab's measure
     /// of the fast path's I/O ceiling).
     pub fn set_bare(&self, on: bool) -> io::Result<()> {
-        self.prog.map("steer_cfg").update(&0u32.to_ne_bytes(), &(on as u32).to_ne_bytes())
+        self.prog.map("steer_cfg").update(&C_BARE.to_ne_bytes(), &(on as u32).to_ne_bytes())
     }
 
     /// Detaches from every interface (a clean stop; see netlink::xdp_attach for a crash).

@@ -560,9 +560,12 @@ impl Daemon {
                 if f.installed > 0 {
                     rows.extend([
                         ("fast-path flows", f.flows),
+                        ("fast-path TCP flows", f.tcp),
                         ("fast-path installed", f.installed),
                         ("fast-path removed", f.removed),
                         ("fast-path refused (full)", f.refused),
+                        ("fast-path TCP judged here", f.judged),
+                        ("fast-path TCP taken back", f.taken_back),
                         ("fast-path packets", f.packets),
                         ("fast-path read-back us", f.last_pass_us),
                     ]);

@@ -150,7 +150,7 @@ pub struct Dataplane {
     pub start: Instant,
     /// Busy-poll instead of sleeping in poll(2) when idle.
     pub busy: bool,
-    /// The kernel fast path for established UDP flows (--fastpath).
+    /// The kernel fast path for established UDP and TCP flows (--fastpath).
     pub fast: Option<crate::fastpath::FastPath>,
     /// The host's own traffic, queued by the kernel (worker 0 only).
     pub host: Option<crate::host::HostPath>,
@@ -202,6 +202,17 @@ fn host(a: xpf_wire::Addr, af: u8, port: u16, proto: u8) -> String {
         (std::net::IpAddr::V6(_), true) => format!("{ip}[{port}]"),
         (_, false) => ip.to_string(),
     }
+}
+
+/// The indexes of the bits set in `m`, lowest first.
+fn bits(mut m: u64) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        (m != 0).then(|| {
+            let i = m.trailing_zeros() as usize;
+            m &= m - 1;
+            i
+        })
+    })
 }
 
 fn rows<K: Key>(t: &xpf_state::StateTable<K>, now: u32, out: &mut Vec<StateRow>) {
@@ -468,9 +479,20 @@ impl Dataplane {
         let mut frames: [&[u8]; BATCH] = [&[]; BATCH];
         let mut routes = [Route::Invalid; BATCH];
         let inif = self.ports[p].ifindex;
+        // TCP segments of fast-path flows the steering program handed over: their windows
+        // come from the flow tables first.
+        let mut handed_over = 0u64;
         for i in 0..n {
             routes[i] = Route::parse(alls[i]);
             frames[i] = alls[i].get(META_LEN..).unwrap_or(&[]);
+            if xpf_xdp::steer::fast_flow(alls[i]) {
+                handed_over |= 1 << i;
+            }
+        }
+        if let Some(fp) = self.fast.as_mut().filter(|_| handed_over != 0) {
+            for i in bits(handed_over) {
+                fp.pull(&mut self.worker, frames[i], inif);
+            }
         }
         let mut v_in = [Verdict::Pass; BATCH];
         // pf's packet tags: what the `in` pass tagged, the `out` pass sees (`tagged`).
@@ -542,6 +564,7 @@ impl Dataplane {
         let mut out_frames: [&[u8]; BATCH] = [&[]; BATCH];
         let mut out_tags = [0u16; BATCH];
         let mut v_out = [Verdict::Pass; BATCH];
+        let mut passed = 0u64;
         while todo != 0 {
             let eg = egress[todo.trailing_zeros() as usize];
             let mut m = 0;
@@ -580,6 +603,7 @@ impl Dataplane {
                 if v_out[k] != Verdict::Pass {
                     continue;
                 }
+                passed |= 1 << sel[k];
                 let frame_k = swapped.iter().find(|(j, _)| *j as usize == k).map_or(out_frames[k], |(_, b)| &b[..]);
                 let made = |bits: u64, ids: &[u32; BATCH], i: usize| (bits & (1 << i) != 0).then(|| ids[i]);
                 let wait = if defer {
@@ -654,6 +678,11 @@ impl Dataplane {
                 }
             }
         }
+        if let Some(fp) = self.fast.as_mut().filter(|_| handed_over != 0) {
+            for i in bits(handed_over) {
+                fp.settle(&mut self.worker, frames[i], inif, passed & (1 << i) != 0);
+            }
+        }
         self.mod_bufs = bufs;
         if std::mem::take(&mut self.held_now) {
             // The held packets' inserts go to the peer now, not with the next second's flush.
@@ -664,9 +693,6 @@ impl Dataplane {
         self.send_held(held);
         self.io.filtered += n as u64;
         self.io.filter_ns += spent.as_nanos() as u64;
-        if let Some(fp) = &mut self.fast {
-            fp.install();
-        }
     }
 
     /// Sends the answers to blocked packets (`block return`) out of port `p`, where the

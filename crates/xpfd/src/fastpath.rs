@@ -1,66 +1,87 @@
 //! The userspace half of the kernel fast path (`xpfd --fastpath`).
 //!
-//! A UDP packet that xpfd forwarded, and whose `in` and `out` states exist and have seen a
-//! second packet, has its flow put in the steering program's `fast` map of the interface it
-//! came in on (bpf/steer.c), naming a record of this worker's by slot. Later packets of that
-//! flow, in that direction, are forwarded by the steering program itself and counted in the
-//! map entry. A read-back pass walks the map (BPF_MAP_LOOKUP_BATCH, a slice per call so that
-//! a million flows never stall the worker), carries the counts into both states (which keeps
-//! them from expiring) and takes out the flows whose states are gone (expired, killed with -k,
-//! flushed; at once after -k/-F). Passes come every third of the shortest UDP timeout, at
-//! most every 10 s: a state cannot expire unseen.
+//! xpfd puts a flow it forwarded into the steering program's flow tables (bpf/steer.c,
+//! `xpf_xdp::flows`; memory mapped here, written without system calls), naming a record of
+//! this worker's by slot. Later packets of the flow, in that direction, are forwarded by the
+//! program itself and counted in the entry:
+//! - UDP, once its `in` state has seen two packets (one-packet flows never cost an entry);
+//! - TCP, once both peers of both states are ESTABLISHED and nothing but pf's windows
+//!   applies to its segments ([`xpf_engine::Worker::fast_tcp`]). Both directions go in
+//!   together, with the states' windows; the program checks each segment as pf does and
+//!   slides the windows in the entries. What it cannot judge (SYN, FIN, RST, outside the
+//!   windows, a sync update due) comes to xpfd marked: xpfd first merges the entries' windows
+//!   into its states ([`FastPath::pull`]), the engine judges the segment as usual, and
+//!   [`FastPath::settle`] then writes the windows back, or takes the flow back when it is no
+//!   longer established. The userspace engine stays the authority: an entry only ever
+//!   lags its state (a window a moment behind makes the program hand a segment over, never
+//!   pass one pf would drop).
 //!
-//! Only UDP, as pf's TCP tracking needs every segment. The reply direction is a flow of its
-//! own, installed when its packets come through xpfd.
+//! A read-back pass visits this worker's records (a slice per call: a million flows never
+//! stall the worker), carries the counts into both states (which keeps them from expiring),
+//! merges TCP windows (so `-s states` and sync see them) and takes back the flows whose
+//! states are gone (killed with -k, flushed; at once after -k/-F) or idle and due to expire
+//! before the next pass (a late packet then meets xpfd, as in pf, not an entry). Passes come
+//! every third of the shortest UDP/TCP-established timeout, at most every 10 s: a state
+//! cannot expire unseen. A flow taken back is held (the program stops matching it), read a
+//! last time after [`GRACE`], then freed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use xpf_engine::Worker;
-use xpf_state::Timeout;
-use xpf_xdp::bpf::{BatchCursor, Map};
+use xpf_engine::{Win, Worker};
+use xpf_state::{Peer, Timeout};
+use xpf_xdp::flows::{seq_max, FlowKey, FlowTables, Tail};
 
 use crate::policy::Live;
 
-/// `struct fast_key` and `struct fast_val` of bpf/steer.c.
-pub const KEY_LEN: usize = 40;
-pub const VAL_LEN: usize = 32;
-
-/// The longest interval between read-back passes; shorter when UDP timeouts are short.
+/// The longest interval between read-back passes; shorter when timeouts are short.
 const SYNC_MAX: Duration = Duration::from_secs(10);
-/// Map entries read per slice of a pass (one BPF_MAP_LOOKUP_BATCH).
+/// Records visited per slice of a pass.
 const SLICE: usize = 4096;
-/// After the map refused an entry (full), offers wait this long.
+/// After a table refused an entry (its probe window full), offers wait this long.
 const BACKOFF: Duration = Duration::from_secs(1);
-/// A flow is offered to the kernel once its `in` state has seen this many packets in the
-/// offered direction: one-packet flows (DNS, scans, floods of new flows) never cost a map
-/// entry and its upkeep.
+/// A UDP flow is offered once its `in` state has seen this many packets in the offered
+/// direction.
 const OFFER_AFTER: u32 = 2;
+/// How long a flow taken back stays held before its last read and release: far longer than
+/// a program run that matched the entry before it was held (microseconds).
+pub const GRACE: Duration = Duration::from_millis(2);
 
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 pub struct FastStats {
-    /// Flows in the map now (this worker's), installed and removed since start.
+    /// Flow directions in the tables now (this worker's; TCP among them), installed and
+    /// removed since start.
     pub flows: u64,
+    pub tcp: u64,
     pub installed: u64,
     pub removed: u64,
-    /// No room: the map is full (--fastpath FLOWS, 1M per interface by default).
+    /// No room: the probe window of the flow's hash was full (--fastpath FLOWS sizes the
+    /// tables).
     pub refused: u64,
+    /// TCP segments the program handed over to be judged here (SYN/FIN/RST, outside its
+    /// windows, a sync update due), and flows taken back from it (no longer established).
+    pub judged: u64,
+    pub taken_back: u64,
     /// Packets and bytes the kernel forwarded, as carried into the states.
     pub packets: u64,
     pub bytes: u64,
     /// The last complete read-back pass: worker time it took (summed over its slices) and
-    /// flows it visited.
+    /// records it visited.
     pub last_pass_us: u64,
     pub last_pass_entries: u64,
 }
 
-/// A worker's record of a flow it installed; the map entry names it by slot.
 impl FastStats {
     /// Adds another worker's (counts add up; the pass figures are the slowest worker's).
     pub fn add(&mut self, g: &FastStats) {
         self.flows += g.flows;
+        self.tcp += g.tcp;
         self.installed += g.installed;
         self.removed += g.removed;
         self.refused += g.refused;
+        self.judged += g.judged;
+        self.taken_back += g.taken_back;
         self.packets += g.packets;
         self.bytes += g.bytes;
         self.last_pass_us = self.last_pass_us.max(g.last_pass_us);
@@ -68,189 +89,276 @@ impl FastStats {
     }
 }
 
-struct Seen {
+/// A worker's record of a flow direction it installed.
+struct Rec {
+    key: FlowKey,
+    /// The entry in its family's table.
+    idx: u32,
     in_if: u32,
-    key: [u8; KEY_LEN],
-    egress: u32,
+    out_if: u32,
     /// The `in` and `out` states.
     ids: [u32; 2],
     /// The counts already carried into the states.
-    packets: u64,
+    packets: u32,
     bytes: u64,
-    /// The last pass that found its map entry.
-    pass: u32,
+    /// TCP: the reverse direction's record, and this direction's sender's side in the states.
+    tcp: Option<(u32, usize)>,
+    /// Taken back: held, waiting for its last read.
+    held: bool,
 }
 
 pub struct FastPath {
-    /// The `fast` map of each filtered interface, by ifindex.
-    maps: Vec<(u32, Map)>,
-    owner: u32,
-    /// Installed flows: records by slot, and slots by flow (to offer each flow once).
-    seen: Vec<Option<Seen>>,
+    tables: Arc<FlowTables>,
+    owner: u8,
+    recs: Vec<Option<Rec>>,
     free: Vec<u32>,
-    mine: HashMap<(u32, [u8; KEY_LEN]), u32>,
+    mine: HashMap<(u32, FlowKey), u32>,
     last_sync: Instant,
-    pass: u32,
+    /// The pass under way: the next record to visit.
+    walking: Option<usize>,
     refused_at: Option<Instant>,
-    /// Flows offered during the current batch, installed together by `install`.
-    queued: Vec<(u32, [u8; KEY_LEN], u32, [u32; 2])>,
-    /// The pass under way: which map, and where in it.
-    walking: Option<(usize, BatchCursor)>,
-    gone: Vec<(u32, [u8; KEY_LEN], Option<u32>)>,
+    /// Records held, with when: read a last time and freed after GRACE.
+    cooling: VecDeque<(Instant, u32)>,
     pass_time: Duration,
     pass_entries: u64,
     pub stats: FastStats,
 }
 
-/// The fast-path key of a frame (Ethernet first), if it is a candidate: UDP over IPv4 without
-/// options or fragments, or UDP right after the IPv6 header.
-pub fn key_of(f: &[u8]) -> Option<[u8; KEY_LEN]> {
-    let mut k = [0u8; KEY_LEN];
-    match u16::from_be_bytes([*f.get(12)?, *f.get(13)?]) {
-        0x0800 => {
-            if f.len() < 42 || f[14] != 0x45 || f[23] != 17 || u16::from_be_bytes([f[20], f[21]]) & 0x3fff != 0 {
-                return None;
-            }
-            k[0] = libc::AF_INET as u8;
-            k[2..6].copy_from_slice(&f[34..38]);
-            k[8..12].copy_from_slice(&f[26..30]);
-            k[24..28].copy_from_slice(&f[30..34]);
-        }
-        0x86dd => {
-            if f.len() < 62 || f[14] >> 4 != 6 || f[20] != 17 {
-                return None;
-            }
-            k[0] = libc::AF_INET6 as u8;
-            k[2..6].copy_from_slice(&f[54..58]);
-            k[8..24].copy_from_slice(&f[22..38]);
-            k[24..40].copy_from_slice(&f[38..54]);
-        }
-        _ => return None,
-    }
-    k[1] = 17;
-    Some(k)
-}
-
-/// A minimal frame of the flow `k` names, for the engine to key its states on, and its length.
-fn frame_of(k: &[u8; KEY_LEN]) -> ([u8; 62], usize) {
-    let v4 = k[0] == libc::AF_INET as u8;
-    let mut f = [0u8; 62];
-    let (sport, dport) = (u16::from_be_bytes([k[2], k[3]]), u16::from_be_bytes([k[4], k[5]]));
-    if v4 {
-        f[12..14].copy_from_slice(&[0x08, 0x00]);
-        let (src, dst) = (k[8..12].try_into().unwrap(), k[24..28].try_into().unwrap());
-        xpf_wire::ipv4::emit_header(&mut f[14..], src, dst, 17, 28, 64, 0);
-        xpf_wire::udp::emit_header(&mut f[34..], sport, dport, 8);
-    } else {
+/// A minimal frame of the flow `k` names (TCP or UDP), for the engine to key its states on.
+fn frame_of(k: &FlowKey) -> ([u8; 74], usize) {
+    let mut f = [0u8; 74];
+    let tcp = k.proto == 6;
+    let l4len = if tcp { 20 } else { 8 };
+    let src = FlowKey::addr_bytes(&k.src, k.v6);
+    let dst = FlowKey::addr_bytes(&k.dst, k.v6);
+    let l4 = if k.v6 {
         f[12..14].copy_from_slice(&[0x86, 0xdd]);
         f[14] = 0x60;
-        f[18..20].copy_from_slice(&8u16.to_be_bytes());
-        f[20] = 17;
+        f[18..20].copy_from_slice(&(l4len as u16).to_be_bytes());
+        f[20] = k.proto;
         f[21] = 64;
-        f[22..38].copy_from_slice(&k[8..24]);
-        f[38..54].copy_from_slice(&k[24..40]);
-        xpf_wire::udp::emit_header(&mut f[54..], sport, dport, 8);
+        f[22..38].copy_from_slice(&src);
+        f[38..54].copy_from_slice(&dst);
+        54
+    } else {
+        f[12..14].copy_from_slice(&[0x08, 0x00]);
+        let (s, d) = (src[..4].try_into().unwrap(), dst[..4].try_into().unwrap());
+        xpf_wire::ipv4::emit_header(&mut f[14..], s, d, k.proto, 20 + l4len as u16, 64, 0);
+        34
+    };
+    if tcp {
+        f[l4..l4 + 2].copy_from_slice(&k.sport().to_be_bytes());
+        f[l4 + 2..l4 + 4].copy_from_slice(&k.dport().to_be_bytes());
+        f[l4 + 12] = 0x50;
+        f[l4 + 13] = 0x10;
+    } else {
+        xpf_wire::udp::emit_header(&mut f[l4..], k.sport(), k.dport(), 8);
     }
-    (f, if v4 { 42 } else { 62 })
+    (f, l4 + l4len)
+}
+
+/// The entry fields of a TCP direction whose sender is side `si` of windows `p`.
+fn write_tcp(t: &Tail, p: &[Peer; 2], si: usize, rev: u32) {
+    let di = 1 - si;
+    t.seqlo.store(p[si].seqlo, Relaxed);
+    t.seqhi.store(p[si].seqhi, Relaxed);
+    t.peer_seqlo.store(p[di].seqlo, Relaxed);
+    t.max_win.store(p[si].max_win, Relaxed);
+    t.peer_max_win.store(p[di].max_win, Relaxed);
+    t.rev.store(rev, Relaxed);
+    let mask = xpf_engine::proto::WSCALE_MASK;
+    let (sws, dws) =
+        if p[si].wscale != 0 && p[di].wscale != 0 { (p[si].wscale & mask, p[di].wscale & mask) } else { (0, 0) };
+    t.sws.store(sws, Relaxed);
+    t.dws.store(dws, Relaxed);
+    t.unsynced.store(0, Relaxed);
 }
 
 impl FastPath {
-    pub fn new(maps: Vec<(u32, Map)>, owner: u32) -> FastPath {
+    pub fn new(tables: Arc<FlowTables>, owner: u32) -> FastPath {
         FastPath {
-            maps,
-            owner,
-            seen: Vec::new(),
+            tables,
+            owner: owner as u8,
+            recs: Vec::new(),
             free: Vec::new(),
             mine: HashMap::new(),
             last_sync: Instant::now(),
-            pass: 0,
-            refused_at: None,
-            queued: Vec::new(),
             walking: None,
-            gone: Vec::new(),
+            refused_at: None,
+            cooling: VecDeque::new(),
             pass_time: Duration::ZERO,
             pass_entries: 0,
             stats: FastStats::default(),
         }
     }
 
-    /// After xpfd forwarded `frame` from `in_if` to `out_if`: queues its flow for the kernel's
-    /// map if it is a UDP flow with both states (`install` writes the batch's in one call).
+    fn tail(&self, r: &Rec) -> &Tail {
+        self.tables.of(&r.key).tail(r.idx)
+    }
+
+    /// After xpfd forwarded `frame` from `in_if` to `out_if`: puts its flow in the tables if
+    /// it is a UDP flow with both states, or an established TCP flow (both directions).
     pub fn offer(&mut self, w: &mut Worker<Live>, frame: &[u8], in_if: u32, out_if: u32) {
-        let Some(k) = key_of(frame) else { return };
+        let Some(k) = FlowKey::of_frame(frame) else { return };
         if self.mine.contains_key(&(in_if, k)) || self.refused_at.is_some_and(|t| t.elapsed() < BACKOFF) {
             return;
         }
-        if !self.maps.iter().any(|m| m.0 == in_if) {
-            return;
-        }
-        match w.flow_states(frame, in_if as u16, out_if as u16) {
-            Some((ids, n)) if n >= OFFER_AFTER => self.queued.push((in_if, k, out_if, ids)),
-            _ => {}
-        }
-    }
-
-    fn alloc(&mut self) -> u32 {
-        self.free.pop().unwrap_or_else(|| {
-            self.seen.push(None);
-            self.seen.len() as u32 - 1
-        })
-    }
-
-    /// Writes the queued flows into the maps, one BPF_MAP_UPDATE_BATCH per interface.
-    pub fn install(&mut self) {
-        if self.queued.is_empty() {
-            return;
-        }
-        let mut q = std::mem::take(&mut self.queued);
-        // A flow offered twice in one batch (two of its packets) is installed once.
-        q.sort_unstable_by_key(|e| (e.0, e.1));
-        q.dedup_by_key(|e| (e.0, e.1));
-        let (mut keys, mut vals, mut slots) = (Vec::new(), Vec::new(), Vec::new());
-        for chunk in q.chunk_by(|a, b| a.0 == b.0) {
-            let in_if = chunk[0].0;
-            let Some(mi) = self.maps.iter().position(|m| m.0 == in_if) else { continue };
-            keys.clear();
-            vals.clear();
-            slots.clear();
-            for &(_, k, out_if, ids) in chunk {
-                let slot = self.alloc();
-                self.seen[slot as usize] =
-                    Some(Seen { in_if, key: k, egress: out_if, ids, packets: 0, bytes: 0, pass: self.pass });
-                slots.push(slot);
-                keys.extend_from_slice(&k);
-                vals.extend_from_slice(&out_if.to_ne_bytes());
-                vals.extend_from_slice(&self.owner.to_ne_bytes());
-                vals.extend_from_slice(&slot.to_ne_bytes());
-                vals.extend_from_slice(&[0u8; 20]);
-            }
-            debug_assert_eq!(vals.len(), slots.len() * VAL_LEN);
-            let (done, r) = self.maps[mi].1.update_batch(&keys, &vals);
-            let done = done.min(slots.len());
-            for (i, &slot) in slots.iter().enumerate() {
-                if i < done {
-                    self.mine.insert((in_if, chunk[i].1), slot);
-                } else {
-                    self.seen[slot as usize] = None;
-                    self.free.push(slot);
+        if k.proto == 17 {
+            if let Some((ids, n)) = w.flow_states(frame, in_if as u16, out_if as u16) {
+                if n >= OFFER_AFTER {
+                    if let Some((slot, idx)) = self.claim(k, in_if, out_if, ids) {
+                        self.tables.of(&k).publish(idx);
+                        let _ = slot;
+                    }
                 }
             }
-            self.stats.installed += done as u64;
-            if r.is_err() {
-                self.stats.refused += (chunk.len() - done) as u64;
-                self.refused_at = Some(Instant::now());
-            }
+            return;
         }
-        self.stats.flows = self.mine.len() as u64;
-        q.clear();
-        self.queued = q;
+        let Some(ft) = w.fast_tcp(frame, in_if as u16, out_if as u16) else { return };
+        let rk = k.reversed();
+        if self.mine.contains_key(&(out_if, rk)) {
+            return;
+        }
+        let (rf, rn) = frame_of(&rk);
+        let Some(rt) = w.fast_tcp(&rf[..rn], out_if as u16, in_if as u16) else { return };
+        if rt.from != 1 - ft.from {
+            return;
+        }
+        let Some((a, ai)) = self.claim(k, in_if, out_if, ft.ids) else { return };
+        let Some((b, bi)) = self.claim(rk, out_if, in_if, rt.ids) else {
+            self.release(a);
+            return;
+        };
+        let t = self.tables.of(&k);
+        write_tcp(t.tail(ai), &ft.peers, ft.from, bi);
+        write_tcp(t.tail(bi), &ft.peers, rt.from, ai);
+        self.recs[a as usize].as_mut().unwrap().tcp = Some((b, ft.from));
+        self.recs[b as usize].as_mut().unwrap().tcp = Some((a, rt.from));
+        t.publish(ai);
+        t.publish(bi);
+        self.stats.tcp += 2;
     }
 
-    /// The interval between passes: a third of the shortest UDP timeout now in force
-    /// (adaptive scaling included), at most SYNC_MAX.
+    /// Claims an entry for flow `k` and makes this worker's record of it (not yet published).
+    fn claim(&mut self, k: FlowKey, in_if: u32, out_if: u32, ids: [u32; 2]) -> Option<(u32, u32)> {
+        let t = self.tables.of(&k);
+        let Some(idx) = t.claim(&k, self.owner) else {
+            self.stats.refused += 1;
+            self.refused_at = Some(Instant::now());
+            return None;
+        };
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.recs.push(None);
+            self.recs.len() as u32 - 1
+        });
+        let tl = t.tail(idx);
+        tl.in_if.store(in_if, Relaxed);
+        tl.out_if.store(out_if, Relaxed);
+        tl.slot.store(slot, Relaxed);
+        self.recs[slot as usize] =
+            Some(Rec { key: k, idx, in_if, out_if, ids, packets: 0, bytes: 0, tcp: None, held: false });
+        self.mine.insert((in_if, k), slot);
+        self.stats.installed += 1;
+        self.stats.flows = self.mine.len() as u64;
+        Some((slot, idx))
+    }
+
+    /// The windows of TCP record `slot` and its reverse, by side of the states.
+    fn windows(&self, slot: u32) -> Option<[Win; 2]> {
+        let r = self.recs[slot as usize].as_ref()?;
+        let (rs, si) = r.tcp?;
+        let rv = self.recs[rs as usize].as_ref()?;
+        let (e, re) = (self.tail(r), self.tail(rv));
+        let later = |a: u32, b: u32| if (a.wrapping_sub(b) as i32) > 0 { a } else { b };
+        let mut w = [Win::default(); 2];
+        w[si] = Win {
+            seqlo: later(e.seqlo.load(Relaxed), re.peer_seqlo.load(Relaxed)),
+            seqhi: e.seqhi.load(Relaxed),
+            max_win: e.max_win.load(Relaxed).max(re.peer_max_win.load(Relaxed)),
+        };
+        w[1 - si] = Win {
+            seqlo: later(re.seqlo.load(Relaxed), e.peer_seqlo.load(Relaxed)),
+            seqhi: re.seqhi.load(Relaxed),
+            max_win: re.max_win.load(Relaxed).max(e.peer_max_win.load(Relaxed)),
+        };
+        Some(w)
+    }
+
+    /// Merges TCP record `slot`'s windows into its states (see `Worker::fast_tcp_merge`).
+    fn merge(&self, w: &mut Worker<Live>, slot: u32, push: bool) -> Option<bool> {
+        let win = self.windows(slot)?;
+        let r = self.recs[slot as usize].as_ref()?;
+        let (f, n) = frame_of(&r.key);
+        w.fast_tcp_merge(&f[..n], [r.in_if as u16, r.out_if as u16], r.ids, win, push)
+    }
+
+    /// A TCP segment the program handed over (its metadata says the flow has an entry),
+    /// before the engine judges it: the entries' windows go into the states, and an update
+    /// goes to the sync peer when they moved (the program hands over a segment when one is
+    /// due).
+    pub fn pull(&mut self, w: &mut Worker<Live>, frame: &[u8], in_if: u32) {
+        let Some(k) = FlowKey::of_frame(frame).filter(|k| k.proto == 6) else { return };
+        let Some(&slot) = self.mine.get(&(in_if, k)) else { return };
+        if self.recs[slot as usize].as_ref().is_some_and(|r| !r.held) {
+            self.stats.judged += 1;
+            let _ = self.merge(w, slot, true);
+        }
+    }
+
+    /// After the engine judged a segment `pull` saw: when it passed and the flow is still
+    /// established, its windows go back into the entries (the program judges the next ones
+    /// with them); when it is no longer, the flow is taken back.
+    pub fn settle(&mut self, w: &mut Worker<Live>, frame: &[u8], in_if: u32, passed: bool) {
+        let Some(k) = FlowKey::of_frame(frame).filter(|k| k.proto == 6) else { return };
+        let Some(&slot) = self.mine.get(&(in_if, k)) else { return };
+        let Some(r) = self.recs[slot as usize].as_ref().filter(|r| !r.held) else { return };
+        let Some((rs, _)) = r.tcp else { return };
+        let Some(rv) = self.recs[rs as usize].as_ref() else { return };
+        let (e, re) = (self.tail(r), self.tail(rv));
+        e.unsynced.store(0, Relaxed);
+        re.unsynced.store(0, Relaxed);
+        if !passed {
+            return;
+        }
+        match w.fast_tcp(frame, r.in_if as u16, r.out_if as u16) {
+            Some(ft) if ft.ids == r.ids => {
+                let (p, si) = (&ft.peers, ft.from);
+                let di = 1 - si;
+                seq_max(&e.seqlo, p[si].seqlo);
+                seq_max(&re.peer_seqlo, p[si].seqlo);
+                seq_max(&e.seqhi, p[si].seqhi);
+                e.max_win.fetch_max(p[si].max_win, Relaxed);
+                re.peer_max_win.fetch_max(p[si].max_win, Relaxed);
+                seq_max(&re.seqlo, p[di].seqlo);
+                seq_max(&e.peer_seqlo, p[di].seqlo);
+                seq_max(&re.seqhi, p[di].seqhi);
+                re.max_win.fetch_max(p[di].max_win, Relaxed);
+                e.peer_max_win.fetch_max(p[di].max_win, Relaxed);
+            }
+            _ => self.take_back(slot),
+        }
+    }
+
+    /// Holds record `slot`'s entry (and its reverse's): the program stops matching them; they
+    /// are read a last time and freed after GRACE.
+    fn take_back(&mut self, slot: u32) {
+        let now = Instant::now();
+        let rev = self.recs[slot as usize].as_ref().and_then(|r| r.tcp).map(|t| t.0);
+        for s in std::iter::once(slot).chain(rev) {
+            if let Some(r) = self.recs[s as usize].as_mut().filter(|r| !r.held) {
+                r.held = true;
+                self.tables.of(&r.key).hold(r.idx);
+                self.cooling.push_back((now, s));
+                self.stats.taken_back += 1;
+            }
+        }
+    }
+
+    /// The interval between passes: a third of the shortest UDP or established-TCP timeout
+    /// now in force (adaptive scaling included), at most SYNC_MAX.
     fn interval(w: &Worker<Live>) -> Duration {
         let t = &w.t4;
-        let shortest = [Timeout::UdpFirst, Timeout::UdpSingle, Timeout::UdpMultiple]
+        let shortest = [Timeout::UdpFirst, Timeout::UdpSingle, Timeout::UdpMultiple, Timeout::TcpEstablished]
             .into_iter()
             .map(|c| t.timeouts().effective(c, t.len() + w.t6.len(), t.limit()))
             .min()
@@ -258,17 +366,19 @@ impl FastPath {
         Duration::from_secs((shortest / 3).max(1) as u64).min(SYNC_MAX)
     }
 
-    /// Carries the kernel's counts into the states and takes out the flows whose states are
-    /// gone: a pass every `interval`, a slice of a map per call; with `force` (after states
-    /// were killed) a whole pass now.
+    /// Carries the kernel's counts into the states and takes back the flows whose states are
+    /// gone: a pass every `interval`, a slice per call; with `force` (after states were
+    /// killed, or to show them) a whole pass now. Frees the flows held long enough.
     pub fn sync(&mut self, w: &mut Worker<Live>, now: u32, force: bool) {
         if force {
             self.begin();
             while self.walking.is_some() {
                 self.step(w, now);
             }
+            self.cool(w, now, true);
             return;
         }
+        self.cool(w, now, false);
         if self.walking.is_none() {
             if self.last_sync.elapsed() < Self::interval(w) {
                 return;
@@ -280,94 +390,107 @@ impl FastPath {
 
     fn begin(&mut self) {
         self.last_sync = Instant::now();
-        if self.maps.is_empty() {
-            return;
-        }
-        self.pass = self.pass.wrapping_add(1);
-        self.walking = Some((0, BatchCursor::default()));
+        self.walking = Some(0);
         self.pass_time = Duration::ZERO;
         self.pass_entries = 0;
     }
 
-    /// One slice of the current pass; the pass ends after the last map's last slice.
+    /// Carries record `slot`'s new counts into its states: the packets added, None when the
+    /// states are gone.
+    fn account(&mut self, w: &mut Worker<Live>, slot: u32, now: u32) -> Option<u32> {
+        let r = self.recs[slot as usize].as_ref()?;
+        let t = self.tail(r);
+        let (packets, bytes) = (t.packets.load(Relaxed), t.bytes.load(Relaxed));
+        let (dp, db) = (packets.wrapping_sub(r.packets), bytes.wrapping_sub(r.bytes));
+        let (f, n) = frame_of(&r.key);
+        let add = (dp > 0).then_some((dp, db));
+        if !w.flow_account(&f[..n], r.in_if as u16, r.out_if as u16, r.ids, add, now) {
+            return None;
+        }
+        let r = self.recs[slot as usize].as_mut().unwrap();
+        r.packets = packets;
+        r.bytes = bytes;
+        self.stats.packets += dp as u64;
+        self.stats.bytes += db;
+        Some(dp)
+    }
+
+    /// Whether record `slot`'s states expire before the pass after this one unless a packet
+    /// comes: the flow goes back to xpfd then, so that a packet after the expiry meets no
+    /// state (as in pf) rather than an entry not yet read back.
+    fn expiring(&self, w: &Worker<Live>, slot: u32, now: u32) -> bool {
+        let Some(r) = self.recs[slot as usize].as_ref() else { return true };
+        let (f, n) = frame_of(&r.key);
+        let next = now.saturating_add(Self::interval(w).as_secs() as u32 + 1);
+        w.flow_deadline(&f[..n], r.ids).is_none_or(|d| d <= next)
+    }
+
+    /// One slice of the current pass.
     fn step(&mut self, w: &mut Worker<Live>, now: u32) {
         let t = Instant::now();
-        let Some((mi, mut cur)) = self.walking.take() else { return };
-        let (pass, owner) = (self.pass, self.owner);
-        let (in_if, map) = (self.maps[mi].0, &self.maps[mi].1);
-        let (seen_v, stats, gone) = (&mut self.seen, &mut self.stats, &mut self.gone);
-        let mut read = 0u64;
-        let r = map.read_chunk(&mut cur, SLICE, |k, v| {
-            read += 1;
-            if u32::from_ne_bytes(v[4..8].try_into().unwrap()) != owner {
-                return;
+        let Some(start) = self.walking.take() else { return };
+        let end = (start + SLICE).min(self.recs.len());
+        for slot in start as u32..end as u32 {
+            let Some(r) = self.recs[slot as usize].as_ref().filter(|r| !r.held) else { continue };
+            let pair = r.tcp;
+            if pair.is_some_and(|p| p.0 < slot) {
+                continue; // visited with its reverse
             }
-            let k: [u8; KEY_LEN] = k.try_into().unwrap();
-            let slot = u32::from_ne_bytes(v[8..12].try_into().unwrap());
-            let packets = u64::from_ne_bytes(v[16..24].try_into().unwrap());
-            let bytes = u64::from_ne_bytes(v[24..32].try_into().unwrap());
-            let Some(s) =
-                seen_v.get_mut(slot as usize).and_then(|s| s.as_mut()).filter(|s| s.key == k && s.in_if == in_if)
-            else {
-                gone.push((in_if, k, None));
-                return;
-            };
-            let (dp, db) = (packets.saturating_sub(s.packets), bytes.saturating_sub(s.bytes));
-            let add = (dp > 0).then_some((dp as u32, db));
-            let (f, len) = frame_of(&k);
-            if w.flow_account(&f[..len], in_if as u16, s.egress as u16, s.ids, add, now) {
-                s.packets = packets;
-                s.bytes = bytes;
-                s.pass = pass;
-                stats.packets += dp;
-                stats.bytes += db;
-            } else {
-                gone.push((in_if, k, Some(slot)));
+            self.pass_entries += 1;
+            let mut seen = self.account(w, slot, now);
+            if let Some((rs, _)) = pair {
+                seen = seen.zip(self.account(w, rs, now)).map(|(a, b)| a + b);
+                if self.merge(w, slot, false) != Some(true) {
+                    seen = None;
+                }
             }
-        });
-        if let Err(e) = &r {
-            eprintln!("xpfd: fast path: reading the counts of ifindex {in_if}: {e}");
-        }
-        self.pass_entries += read;
-        if !cur.done && r.is_ok() {
-            self.walking = Some((mi, cur));
-        } else if mi + 1 < self.maps.len() {
-            self.walking = Some((mi + 1, BatchCursor::default()));
-        } else {
-            self.finish(pass);
+            if seen.is_none_or(|n| n == 0 && self.expiring(w, slot, now)) {
+                self.take_back(slot);
+            }
         }
         self.pass_time += t.elapsed();
-        if self.walking.is_none() {
+        if end < self.recs.len() {
+            self.walking = Some(end);
+        } else {
             self.stats.last_pass_us = self.pass_time.as_micros() as u64;
             self.stats.last_pass_entries = self.pass_entries;
+            self.stats.flows = self.mine.len() as u64;
         }
     }
 
-    fn finish(&mut self, pass: u32) {
-        for (in_if, k, slot) in std::mem::take(&mut self.gone) {
-            if let Some((_, m)) = self.maps.iter().find(|m| m.0 == in_if) {
-                let _ = m.delete(&k);
-            }
-            if let Some(slot) = slot {
-                self.release(slot);
-            }
+    /// Reads the flows held for GRACE (all with `all`) a last time and frees them.
+    fn cool(&mut self, w: &mut Worker<Live>, now: u32, all: bool) {
+        if all && !self.cooling.is_empty() {
+            std::thread::sleep(GRACE);
         }
-        // Records whose entries left the map by other means, or were installed where the
-        // pass had already been (they are found by the next one).
-        for slot in 0..self.seen.len() as u32 {
-            if self.seen[slot as usize].as_ref().is_some_and(|s| pass.wrapping_sub(s.pass) > 1) {
-                self.release(slot);
+        while let Some(&(at, slot)) = self.cooling.front() {
+            if !all && at.elapsed() < GRACE {
+                break;
             }
+            self.cooling.pop_front();
+            let _ = self.account(w, slot, now);
+            if let Some((rs, _)) = self.recs[slot as usize].as_ref().and_then(|r| r.tcp) {
+                if self.recs[rs as usize].is_some() {
+                    let _ = self.merge(w, slot, false);
+                }
+            }
+            self.release(slot);
         }
-        self.stats.flows = self.mine.len() as u64;
     }
 
-    /// Forgets flow `slot` (its map entry is gone or being deleted) and frees the slot.
+    /// Frees record `slot` and its entry.
     fn release(&mut self, slot: u32) {
-        if let Some(s) = self.seen[slot as usize].take() {
-            self.mine.remove(&(s.in_if, s.key));
+        if let Some(r) = self.recs[slot as usize].take() {
+            let t = self.tables.of(&r.key);
+            t.hold(r.idx);
+            t.free(r.idx);
+            self.mine.remove(&(r.in_if, r.key));
             self.free.push(slot);
             self.stats.removed += 1;
+            if r.tcp.is_some() {
+                self.stats.tcp -= 1;
+            }
+            self.stats.flows = self.mine.len() as u64;
         }
     }
 }
@@ -377,65 +500,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn key_and_frame_round_trip() {
-        for k0 in [
-            {
-                let mut k = [0u8; KEY_LEN];
-                k[0] = 2;
-                k[1] = 17;
-                k[2..6].copy_from_slice(&[0x07, 0xd0, 0x07, 0xd1]);
-                k[8..12].copy_from_slice(&[198, 18, 0, 1]);
-                k[24..28].copy_from_slice(&[198, 19, 0, 1]);
-                k
-            },
-            {
-                let mut k = [0u8; KEY_LEN];
-                k[0] = 10;
-                k[1] = 17;
-                k[2..6].copy_from_slice(&[0, 53, 0x04, 0x00]);
-                k[8] = 0xfd;
-                k[39] = 2;
-                k
-            },
-        ] {
-            let (f, n) = frame_of(&k0);
-            assert_eq!(key_of(&f[..n]), Some(k0));
+    fn made_up_frames_have_the_flows_keys_and_the_engine_parses_them() {
+        for (v6, proto) in [(false, 6), (false, 17), (true, 6), (true, 17)] {
+            let k = FlowKey {
+                v6,
+                proto,
+                ports: u32::from_ne_bytes([0x07, 0xd0, 0x00, 0x50]),
+                src: [u32::from_ne_bytes([10, 0, 0, 1]), 7, 8, 9],
+                dst: [u32::from_ne_bytes([10, 0, 1, 1]), 1, 2, 3],
+            };
+            let k = if v6 { k } else { FlowKey { src: [k.src[0], 0, 0, 0], dst: [k.dst[0], 0, 0, 0], ..k } };
+            let (f, n) = frame_of(&k);
+            assert_eq!(FlowKey::of_frame(&f[..n]), Some(k), "{v6} {proto}");
+            let mut pd = xpf_wire::PDesc::default();
+            assert!(xpf_wire::parse_ether(&f[..n], &mut pd).is_ok(), "{v6} {proto}");
+            assert_eq!(pd.proto, proto);
         }
-    }
-
-    #[test]
-    fn the_engine_parses_the_made_up_frames() {
-        let mut k = [0u8; KEY_LEN];
-        k[0] = 2;
-        k[1] = 17;
-        k[8..12].copy_from_slice(&[10, 0, 0, 1]);
-        k[24..28].copy_from_slice(&[10, 0, 1, 1]);
-        let mut pd = xpf_wire::PDesc::default();
-        let (f, n) = frame_of(&k);
-        assert!(xpf_wire::parse_ether(&f[..n], &mut pd).is_ok(), "IPv4");
-        k[0] = 10;
-        k[8] = 0xfd;
-        k[24] = 0xfd;
-        let (f, n) = frame_of(&k);
-        assert!(xpf_wire::parse_ether(&f[..n], &mut pd).is_ok(), "IPv6");
-    }
-
-    #[test]
-    fn only_plain_udp_is_a_candidate() {
-        let mut k = [0u8; KEY_LEN];
-        k[0] = 2;
-        k[1] = 17;
-        let (f, n) = frame_of(&k);
-        let f = f[..n].to_vec();
-        let mut tcp = f.clone();
-        tcp[23] = 6;
-        assert_eq!(key_of(&tcp), None);
-        let mut opts = f.clone();
-        opts[14] = 0x46;
-        assert_eq!(key_of(&opts), None);
-        let mut frag = f;
-        frag[20] = 0x20; // more fragments
-        assert_eq!(key_of(&frag), None);
-        assert_eq!(key_of(&[0u8; 10]), None);
     }
 }

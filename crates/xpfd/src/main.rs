@@ -6,7 +6,7 @@
 //!      [--socket PATH] [--busy-poll] [--fastpath [FLOWS]] [-D macro=value]
 //! ```
 //! `--io packet` uses AF_PACKET rings (xpf_xdp::packet); `auto` tries XDP and falls back.
-//! `--fastpath` lets the steering program forward established UDP flows in the kernel
+//! `--fastpath` lets the steering program forward established UDP and TCP flows in the kernel
 //! (fastpath.rs); the egress interfaces must accept XDP frames (real NICs do; a veth only
 //! when its peer has an XDP program or GRO on).
 //! Runs in the foreground and logs to stderr. SIGHUP reloads the file; SIGINT and SIGTERM
@@ -94,7 +94,7 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
             "--socket" => r.socket = val()?,
             "--busy-poll" => r.busy = true,
             "--fastpath" => {
-                // An optional size: --fastpath [FLOWS] (default 1M flows per interface).
+                // An optional size: --fastpath [FLOWS] (flow directions; default 1M).
                 r.fastpath = match a.get(i + 1).and_then(|v| v.parse::<u32>().ok()) {
                     Some(n) => {
                         i += 1;
@@ -182,7 +182,16 @@ fn xdp_ports(a: &Args, ifs: &[(String, u32, u32)]) -> Result<Ports, String> {
     let mut steers = Vec::new();
     let mut ports_of: Vec<Vec<Port>> = (0..workers).map(|_| Vec::new()).collect();
     for (name, idx, nq) in ifs {
-        let steer = Steer::load(a.fastpath).map_err(|e| e.to_string())?;
+        // One pair of flow tables for every interface's program (a TCP flow's two directions
+        // come in on different interfaces): IPv4 at half load with FLOWS directions, IPv6 a
+        // quarter of that.
+        let tables = if a.fastpath > 0 {
+            let v4 = (2 * a.fastpath).next_power_of_two();
+            (v4, (v4 / 4).max(1))
+        } else {
+            (1, 1)
+        };
+        let steer = Steer::load(tables, steers.first().map(|s: &(String, Steer)| &s.1)).map_err(|e| e.to_string())?;
         for q in 0..*nq {
             let w = (q % workers) as usize;
             let mut x = Xsk::open(*idx, q, if a.busy { 20 } else { 0 }).map_err(|e| format!("-i {name}: {e}"))?;
@@ -315,18 +324,6 @@ fn run(a: Args) -> Result<(), String> {
     if a.fastpath > 0 && steers.is_empty() {
         eprintln!("xpfd: --fastpath needs XDP; packet mode forwards everything in xpfd");
     }
-    let mut fast_maps: Vec<Vec<(u32, xpf_xdp::bpf::Map)>> = Vec::new();
-    if a.fastpath > 0 && !steers.is_empty() {
-        for _ in 0..workers {
-            let mut v = Vec::new();
-            for (name, s) in &steers {
-                let ifindex = ifs.iter().find(|f| &f.0 == name).unwrap().1;
-                v.push((ifindex, s.prog.map("fast").share().map_err(|e| format!("fast path map: {e}"))?));
-            }
-            fast_maps.push(v);
-        }
-        eprintln!("xpfd: fast path on: established UDP flows are forwarded by the steering program");
-    }
     let steers = Arc::new(Mutex::new(steers));
 
     // Workers.
@@ -377,6 +374,25 @@ fn run(a: Args) -> Result<(), String> {
         None => None,
     };
     let mut wakes = Vec::new();
+    let tables = match steers.lock().unwrap().first() {
+        Some((_, s)) if a.fastpath > 0 => {
+            // With sync on, a fast-path TCP segment comes to xpfd as often as the engine
+            // sends a state's update (`maxupdates` counts), keeping the standby's windows
+            // current.
+            let pace = sync_setup.as_ref().map_or(0, |s| s.3 as u32);
+            let t = s
+                .fast_tables(u32::from_ne_bytes(xpf_state::os_random()), pace)
+                .map_err(|e| format!("fast path tables: {e}"))?;
+            eprintln!(
+                "xpfd: fast path on: established UDP and TCP flows are forwarded by the steering program \
+                 ({} IPv4 and {} IPv6 table entries)",
+                t.v4.entries(),
+                t.v6.entries()
+            );
+            Some(Arc::new(t))
+        }
+        _ => None,
+    };
     let mut handoffs: Vec<Option<handoff::Handoff>> =
         if ports_of.len() > 1 { handoff::mesh(ports_of.len()).into_iter().map(Some).collect() } else { vec![None] };
     for (w, ports) in ports_of.into_iter().enumerate() {
@@ -410,7 +426,7 @@ fn run(a: Args) -> Result<(), String> {
         worker.set_syncookies(cookies, Some(cookie_key));
         let cpu = cpus[w % cpus.len()];
         let (stop, busy) = (stop.clone(), a.busy);
-        let fast = if fast_maps.is_empty() { None } else { Some(std::mem::take(&mut fast_maps[w])) };
+        let fast = tables.clone();
         let overload = overload_tx.clone();
         // Worker 0 filters the host's own traffic too: the queue is bound before the rules
         // that fill it are installed (below), so nothing is queued with no reader.
@@ -430,8 +446,8 @@ fn run(a: Args) -> Result<(), String> {
                     dp.sync = wsync;
                     dp.wake = Some(wake);
                     dp.handoff = handoff;
-                    if let Some(maps) = fast {
-                        dp.fast = Some(fastpath::FastPath::new(maps, w as u32));
+                    if let Some(t) = fast {
+                        dp.fast = Some(fastpath::FastPath::new(t, w as u32));
                     }
                     dp.run();
                 })
