@@ -7,6 +7,10 @@
 # (datagrams/s received), ping RTT p50/p99 while 4 TCP streams run. Prints one row per run,
 # then medians and xpf/kernel ratios.
 # usage: real.sh [ROUNDS] [SECONDS]      (default 2 rounds of 4 s per measure)
+# FASTPATH=1 runs xpfd with --fastpath. XDP frames redirected into a veth arrive only when its
+# peer runs NAPI (GRO on, or an XDP program there), a setting of the end hosts: with
+# FASTPATH=1 the script turns GRO on at the client's and the server's veth, for the kernel's
+# runs too (like for like), and says so.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-2}; SECS=${2:-4}
@@ -15,7 +19,7 @@ P=xr-
 SOCK=/run/xpf-real.sock
 DIR=$(mktemp -d /tmp/xpf-real.XXXX)
 . scripts/lib.sh
-needs real ip iperf3 ping nft python3
+needs real ip iperf3 ping nft python3 ethtool
 
 # The policy, both ways: the client may reach the server's iperf3 (TCP and UDP) and ping it.
 cat > "$DIR/pf.conf" <<'CONF'
@@ -38,6 +42,11 @@ table inet real {
 CONF
 
 scripts/topo.sh up $P
+if [ "${FASTPATH:-0}" = 1 ]; then
+    echo "real: FASTPATH=1: xpfd --fastpath; GRO on at c0 and s0 (the end hosts), both setups"
+    ip netns exec ${P}client ethtool -K c0 gro on >/dev/null
+    ip netns exec ${P}server ethtool -K s0 gro on >/dev/null
+fi
 ip netns exec ${P}server iperf3 -s -D --bind 10.0.2.2 >/dev/null
 
 # The firewall namespace forwards (topo.sh); xpfd's XDP program takes the packets before the
@@ -45,7 +54,8 @@ ip netns exec ${P}server iperf3 -s -D --bind 10.0.2.2 >/dev/null
 kernel_on() { ip netns exec ${P}fw nft -f "$DIR/nft.conf"; }
 kernel_off() { ip netns exec ${P}fw nft delete table inet real 2>/dev/null; }
 xpfd_on() {
-    ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --socket $SOCK 2>"$DIR/xpfd.log" &
+    ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --socket $SOCK \
+        $([ "${FASTPATH:-0}" = 1 ] && echo --fastpath) 2>"$DIR/xpfd.log" &
     XPFD=$!
     for _ in $(seq 100); do $BIN/xpfctl --socket $SOCK -s memory >/dev/null 2>&1 && break; sleep 0.1; done
 }
