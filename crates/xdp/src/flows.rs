@@ -125,10 +125,13 @@ impl FlowKey {
         u16::from_be_bytes([b[2], b[3]])
     }
 
-    /// The address bytes as in the packet (4 or 16).
-    pub fn addr_bytes(w: &[u32; 4], v6: bool) -> Vec<u8> {
-        let n = if v6 { 4 } else { 1 };
-        w[..n].iter().flat_map(|x| x.to_ne_bytes()).collect()
+    /// The address bytes as in the packet (the first 4 for IPv4).
+    pub fn addr_bytes(w: &[u32; 4]) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        for (i, x) in w.iter().enumerate() {
+            b[4 * i..4 * i + 4].copy_from_slice(&x.to_ne_bytes());
+        }
+        b
     }
 
     pub fn hash(&self, seed: u32) -> u32 {

@@ -132,8 +132,8 @@ fn frame_of(k: &FlowKey) -> ([u8; 74], usize) {
     let mut f = [0u8; 74];
     let tcp = k.proto == 6;
     let l4len = if tcp { 20 } else { 8 };
-    let src = FlowKey::addr_bytes(&k.src, k.v6);
-    let dst = FlowKey::addr_bytes(&k.dst, k.v6);
+    let src = FlowKey::addr_bytes(&k.src);
+    let dst = FlowKey::addr_bytes(&k.dst);
     let l4 = if k.v6 {
         f[12..14].copy_from_slice(&[0x86, 0xdd]);
         f[14] = 0x60;
