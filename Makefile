@@ -28,8 +28,10 @@ test: build
 	scripts/test.sh
 	scripts/scenario.sh
 	scripts/workers.sh
+	FASTPATH=1 scripts/workers.sh
 	scripts/failover.sh 8 14 --key
 	WORKERS=2 scripts/failover.sh 8 14 --key
+	FASTPATH=1 scripts/failover.sh 8 14 --key
 	$(BIN)/xpf-bench lab --quick
 
 # The firewall pair: keepalived moves the addresses, the standby carries the flows (~30 s;

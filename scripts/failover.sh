@@ -11,16 +11,23 @@
 # usage: failover.sh [FLOWS] [SECONDS] [--key]     prints flows carried over and lost
 # WORKERS=N: each firewall's legs get N queues and its xpfd N workers (a synced state goes to
 # the worker that owns its flow).
+# FASTPATH=1: xpfd runs with --fastpath: the flows' segments are forwarded and window-checked
+# by the steering program, and a segment comes to xpfd whenever a sync update is due. XDP
+# frames redirected into a veth arrive only when its peer runs NAPI (GRO on): the switches'
+# ports get GRO on (a setting of the hosts at the other end, as on a real switch there is
+# none to make).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FLOWS=${1:-8}; SECS=${2:-14}; KEY=${3:-}
 W=${WORKERS:-1}
+FAST=()
+[[ ${FASTPATH:-0} == 1 ]] && FAST=(--fastpath 65536)
 P=xf-
 BIN=$PWD/target/release
 DIR=$(mktemp -d /tmp/xpf-failover.XXXXXX)
 PY=/usr/bin/python3
 # Every tool this calls (scripts/deps.sh installs them): missing one fails here, by name.
-for t in ip keepalived tcpdump bc; do
+for t in ip keepalived tcpdump bc ethtool; do
     command -v $t >/dev/null || { echo "failover: '$t' is missing (scripts/deps.sh installs it)"; exit 1; }
 done
 
@@ -45,6 +52,7 @@ plug() {
     ip link set "${P}u$4" netns "${P}$3" name "$4"
     ip -n "${P}$3" link set "$4" master br0 up
     ip -n "${P}$1" link set "$2" up
+    if [[ ${#FAST[@]} -gt 0 && $1 == fw* ]]; then ip netns exec "${P}$3" ethtool -K "$4" gro on >/dev/null; fi
 }
 plug client c0 lan p1
 plug fwa lan lan p2
@@ -85,7 +93,7 @@ if [[ $KEY == --key ]]; then
 fi
 start_fw() { # $1 netns, $2 peer
     ip netns exec "${P}$1" "$BIN/xpfd" -f "$DIR/pf.conf" -i lan -i wan --socket "$DIR/$1.sock" \
-        --workers "$W" --sync-dev sync --sync-peer "$2" --sync-defer "${KEYARG[@]}" 2>"$DIR/$1.log" &
+        --workers "$W" --sync-dev sync --sync-peer "$2" --sync-defer "${KEYARG[@]}" "${FAST[@]}" 2>"$DIR/$1.log" &
     echo $! >"$DIR/$1-xpfd.pid"
 }
 wait_sock() {
@@ -186,6 +194,12 @@ echo "failover: before the kill, the standby holds:"
 XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s info | grep -E "Sync|states from peers|states inserted|states updated|bulk update|bad: authentication" || true
 fwb_states=$(XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s states | grep -c ':7000' || true)
 echo "failover: fwb has $fwb_states states for port 7000 ($FLOWS flows, two states each: in on lan, out on wan)"
+if [[ ${#FAST[@]} -gt 0 ]]; then
+    kern=$(XPFD_SOCKET=$DIR/fwa.sock "$BIN/xpfctl" -s info | awk -F'  +' '/forwarded in the kernel/ {s += $NF} END {print s+0}')
+    XPFD_SOCKET=$DIR/fwa.sock "$BIN/xpfctl" -s info | grep -E "fast-path (TCP flows|TCP judged)" | sed 's/^/  fwa: /'
+    echo "failover: fwa's steering program forwarded $kern packets (fast path)"
+    [[ $kern -gt 1000 ]] || { echo "failover: FAILED: the fast path forwarded nothing"; exit 1; }
+fi
 echo "failover: kill -9 xpfd on fwa (the primary)"
 t0=$(date +%s.%N)
 kill -9 "$(cat "$DIR/fwa-xpfd.pid")"

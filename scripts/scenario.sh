@@ -602,6 +602,13 @@ check "--fastpath TCP: the transfer completed, with data in its last second" pyt
 check "--fastpath TCP: the steering program forwarded the transfer ($((kern - kern0)) packets)" test $((kern - kern0)) -gt 100000
 check "--fastpath TCP: it handed the RSTs and segments to xpfd ($(( $(fastjson judged) - j0 )))" test $(( $(fastjson judged) - j0 )) -ge 40
 check "--fastpath TCP: xpfd dropped them as out of window ($(( $(mm) - m0 )))" test $(( $(mm) - m0 )) -ge 40
+# IPv6: the same path (entries of two cache lines).
+ip netns exec ${P}server iperf3 -s -D --bind fd00:2::2 -p 5202 >/dev/null
+sleep 0.3
+kern0=$($CTL -s info | awk -F'  +' '/forwarded in the kernel/ {s += $NF} END {print s+0}')
+check "--fastpath TCP: an IPv6 transfer, 2 s (iperf3)" c iperf3 -6 -c fd00:2::2 -p 5202 -t 2
+kern=$($CTL -s info | awk -F'  +' '/forwarded in the kernel/ {s += $NF} END {print s+0}')
+check "--fastpath TCP: the steering program forwarded it ($((kern - kern0)) packets)" test $((kern - kern0)) -gt 50000
 # An idle connection expires on its timeout, its entries with it; a busy one outlives it (the
 # kernel's counts keep its states); -k takes one out at once. (The expiry wheel files a state
 # at its first timeout: tcp.first short too.)
