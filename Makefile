@@ -90,6 +90,7 @@ lab: build
 	$(BIN)/xpf-bench lab
 
 # Real clients (iperf3, ping under load) through xpfd and through nftables + conntrack, the
-# same policy, alternated, on the hosts' default settings (scripts/real.sh ROUNDS SECONDS).
+# same policy, alternated, on the hosts' default settings (xpf-bench real; crates/bench/src/real.rs).
 bench-real: build
-	scripts/real.sh 3 5
+	$(BIN)/xpf-bench real
+	$(BIN)/xpf-bench real --fastpath

@@ -1,4 +1,4 @@
-# Shared by the scripts that run xpfd in topo.sh's namespaces (real.sh, synflood.sh,
+# Shared by the scripts that run xpfd in topo.sh's namespaces (synflood.sh,
 # workers.sh): source it after setting P (the namespaces' prefix), SOCK and DIR.
 
 # needs NAME TOOL...: root and every tool, or exit naming what is missing.

@@ -6,6 +6,7 @@ mod engines;
 mod experiments;
 mod lab;
 mod plot;
+mod real;
 mod runner;
 mod shared;
 mod stats;
@@ -42,7 +43,9 @@ const FLAGS: &[(&str, &str, &str)] = &[
         "replay: filter with this pf.conf (interface names map to the capture's interface 1) instead of pass all",
     ),
     ("--busy-poll", "", "lab: start xpfd with --busy-poll (its sockets busy-poll instead of sleeping)"),
-    ("--fastpath", "", "lab: start xpfd with --fastpath (established UDP flows forwarded by its XDP program)"),
+    ("--fastpath", "", "lab, real: start xpfd with --fastpath (established flows forwarded by its XDP program)"),
+    ("--rounds", "N", "real: kernel/xpfd rounds, alternated (default 3; 1 with --quick)"),
+    ("--queues", "N", "real: queues a side on the veths (default: --workers)"),
     ("--out", "DIR", "where gnuplot data, the plot and the JSON go (default bench-results/out/<bench>)"),
 ];
 
@@ -66,6 +69,8 @@ pub struct Opts {
     pub info: bool,
     pub busy_poll: bool,
     pub fastpath: bool,
+    pub rounds: Option<usize>,
+    pub queues: Option<usize>,
     pub out: PathBuf,
     /// replay: the ruleset.
     pub conf: Option<PathBuf>,
@@ -75,7 +80,7 @@ pub struct Opts {
 
 fn usage() -> String {
     let mut s = String::from(
-        "usage: xpf-bench states|hashsize|insert|resize|rules|lab|sync [options]\n       xpf-bench replay FILE.pcap...\n       xpf-bench flood [--seconds S] NETNS DEV NEXTHOP-MAC DST PORT   (a SYN flood, every packet a new source)\n\noptions:\n",
+        "usage: xpf-bench states|hashsize|insert|resize|rules|lab|real|sync [options]\n       xpf-bench replay FILE.pcap...\n       xpf-bench flood [--seconds S] NETNS DEV NEXTHOP-MAC DST PORT   (a SYN flood, every packet a new source)\n\noptions:\n",
     );
     for (f, v, h) in FLAGS {
         s.push_str(&format!("  {:<24} {h}\n", format!("{f} {v}")));
@@ -102,7 +107,8 @@ fn parse_num(flag: &str, v: &str) -> Result<u64, String> {
 
 fn parse(args: &[String]) -> Result<Opts, String> {
     let bench = args.first().ok_or_else(usage)?.clone();
-    if !["states", "hashsize", "insert", "resize", "rules", "replay", "lab", "sync", "flood"].contains(&bench.as_str())
+    if !["states", "hashsize", "insert", "resize", "rules", "replay", "lab", "real", "sync", "flood"]
+        .contains(&bench.as_str())
     {
         return Err(format!("unknown bench '{bench}'\n\n{}", usage()));
     }
@@ -126,6 +132,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         info: false,
         busy_poll: false,
         fastpath: false,
+        rounds: None,
+        queues: None,
         conf: None,
         files: Vec::new(),
     };
@@ -163,6 +171,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--info" => o.info = true,
             "--busy-poll" => o.busy_poll = true,
             "--fastpath" => o.fastpath = true,
+            "--rounds" => o.rounds = Some(parse_num(a, &val()?)?.max(1) as usize),
+            "--queues" => o.queues = Some(parse_num(a, &val()?)?.clamp(1, 64) as usize),
             "--out" => o.out = PathBuf::from(val()?),
             "-h" | "--help" => return Err(usage()),
             other => return Err(format!("unknown option '{other}'\n\n{}", usage())),
@@ -247,6 +257,28 @@ fn lab(o: &Opts) -> Result<(), String> {
     })
 }
 
+/// `xpf-bench real`: real clients (iperf3, ping) through xpfd and the kernel's firewall.
+fn real(o: &Opts) -> Result<(), String> {
+    let bin = std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.to_path_buf())).unwrap_or_default();
+    real::run_bench(&real::RealOpts {
+        rounds: o.rounds.unwrap_or(if o.quick { 1 } else { 3 }),
+        // --seconds when given above the engine benches' default of 1, else 4.
+        seconds: if o.quick {
+            2
+        } else if o.seconds > 1.0 {
+            o.seconds as u32
+        } else {
+            4
+        },
+        out: o.out.clone(),
+        bin,
+        json: o.json,
+        fastpath: o.fastpath,
+        workers: o.workers,
+        queues: o.queues.unwrap_or(o.workers),
+    })
+}
+
 /// `xpf-bench flood`: SYNs at the generator's full rate out of DEV in NETNS, to DST:PORT by
 /// way of NEXTHOP-MAC, each from a new source in 198.18.0.0/15; prints what was sent.
 fn flood(o: &Opts) -> Result<(), String> {
@@ -278,6 +310,7 @@ fn main() -> ExitCode {
         "resize" => experiments::resize(&o),
         "rules" => experiments::rules(&o),
         "lab" => lab(&o),
+        "real" => real(&o),
         "flood" => flood(&o),
         "sync" => syncbench::run(&o),
         _ => experiments::insert(&o),

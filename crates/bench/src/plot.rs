@@ -58,3 +58,38 @@ pub fn write(
         Err(_) => Ok(Err("gnuplot is not installed (make installs gnuplot-nox); data and script are written".into())),
     }
 }
+
+/// A bar chart: one bar per `(label, value, min, max)` with an error bar from min to max,
+/// and a line at 1 (the baseline). Writes `<dir>/<name>.data`, `<dir>/<name>.gp` and runs
+/// gnuplot for `<dir>/<name>.png`; returns as `write` does.
+pub fn bars(
+    dir: &Path,
+    name: &str,
+    title: &str,
+    ylabel: &str,
+    bars: &[(String, f64, f64, f64)],
+) -> std::io::Result<Result<String, String>> {
+    std::fs::create_dir_all(dir)?;
+    let data = dir.join(format!("{name}.data"));
+    let mut f = std::fs::File::create(&data)?;
+    writeln!(f, "#label value minimum maximum")?;
+    for (l, v, lo, hi) in bars {
+        writeln!(f, "\"{l}\" {v:.4} {lo:.4} {hi:.4}")?;
+    }
+    let png = dir.join(format!("{name}.png"));
+    let gp = format!(
+        "set terminal png size 1000,600\nset output '{}'\nset title '{title}'\nset ylabel '{ylabel}'\n\
+         set style data histograms\nset style histogram errorbars gap 2 lw 1\nset style fill solid 0.5 border -1\n\
+         set logscale y\nset grid y\nset key off\nset xtics rotate by -20\n\
+         plot '{}' using 2:3:4:xtic(1), 1 with lines lt 0\n",
+        png.display(),
+        data.display()
+    );
+    let script = dir.join(format!("{name}.gp"));
+    std::fs::write(&script, gp)?;
+    match Command::new("gnuplot").arg(&script).output() {
+        Ok(o) if o.status.success() => Ok(Ok(png.display().to_string())),
+        Ok(o) => Ok(Err(format!("gnuplot failed: {}", String::from_utf8_lossy(&o.stderr).trim()))),
+        Err(_) => Ok(Err("gnuplot is not installed (make installs gnuplot-nox); data and script are written".into())),
+    }
+}
