@@ -494,6 +494,14 @@ impl Dataplane {
                 fp.pull(&mut self.worker, frames[i], inif);
             }
         }
+        // ICMP errors about fast-path TCP flows are checked against windows the program slid.
+        if let Some(fp) = self.fast.as_mut().filter(|f| f.tcp_flows()) {
+            for f in &frames[..n] {
+                if crate::handoff::icmp_error(f) {
+                    fp.pull_quoted(&mut self.worker, f);
+                }
+            }
+        }
         let mut v_in = [Verdict::Pass; BATCH];
         // pf's packet tags: what the `in` pass tagged, the `out` pass sees (`tagged`).
         let mut tags = [0u16; BATCH];

@@ -196,6 +196,11 @@ impl FastPath {
         }
     }
 
+    /// Whether any TCP flow of this worker's is in the tables.
+    pub fn tcp_flows(&self) -> bool {
+        self.stats.tcp > 0
+    }
+
     fn tail(&self, r: &Rec) -> &Tail {
         self.tables.of(&r.key).tail(r.idx)
     }
@@ -311,6 +316,43 @@ impl FastPath {
         if self.recs[slot as usize].as_ref().is_some_and(|r| !r.held) {
             self.stats.judged += 1;
             let _ = self.merge(w, slot, true);
+        }
+    }
+
+    /// An ICMP error about a TCP flow of this worker's on the fast path: the engine checks
+    /// the quoted sequence number against the state's windows (pf's check), so the windows
+    /// the program slid go into the states first. Without it a PMTU error about a busy
+    /// transfer quotes a number beyond the state's `seqhi` and is dropped (a blackhole).
+    pub fn pull_quoted(&mut self, w: &mut Worker<Live>, frame: &[u8]) {
+        let mut pd = xpf_wire::PDesc::default();
+        if xpf_wire::parse_ether(frame, &mut pd).is_err() || pd.flags & xpf_wire::pdesc::pdf::ICMP_ERROR == 0 {
+            return;
+        }
+        let Some(q) = frame.get(pd.l4_off as usize + 8..).and_then(|q| xpf_wire::pdesc::parse_quoted(q, pd.af)) else {
+            return;
+        };
+        if q.proto != xpf_wire::pdesc::IPPROTO_TCP {
+            return;
+        }
+        let v6 = q.af != xpf_wire::pdesc::AF_INET;
+        let word = |a: &xpf_wire::pdesc::Addr| -> [u32; 4] {
+            std::array::from_fn(|i| u32::from_ne_bytes(a.0[4 * i..4 * i + 4].try_into().unwrap()))
+        };
+        let (mut src, mut dst) = (word(&q.src), word(&q.dst));
+        if !v6 {
+            src[1..].fill(0);
+            dst[1..].fill(0);
+        }
+        let mut ports = [0u8; 4];
+        ports[..2].copy_from_slice(&q.sport.to_be_bytes());
+        ports[2..].copy_from_slice(&q.dport.to_be_bytes());
+        let k = FlowKey { v6, proto: q.proto, ports: u32::from_ne_bytes(ports), src, dst };
+        let t = self.tables.of(&k);
+        let Some(idx) = t.find(&k) else { return };
+        let slot = t.tail(idx).slot.load(Relaxed);
+        let mine = self.recs.get(slot as usize).and_then(|r| r.as_ref()).is_some_and(|r| r.idx == idx && r.key == k);
+        if mine {
+            let _ = self.merge(w, slot, false);
         }
     }
 

@@ -116,18 +116,36 @@ fn fold16(a: [u8; 16]) -> u64 {
 /// The flow's two addresses (folded to 64 bits): the packet's, or for an ICMP error those
 /// of the packet it quotes.
 fn addresses(frame: &[u8]) -> Option<(u64, u64)> {
-    let eth = ethernet::Frame::new_checked(frame).ok()?;
-    let mut ty = eth.ethertype();
-    let mut l3 = eth.payload();
-    if ty == ethernet::ETHERTYPE_VLAN {
-        let tag = ethernet::VlanTag::new_checked(l3).ok()?;
-        ty = tag.ethertype();
-        l3 = l3.get(4..)?;
-    }
-    match ty {
-        ethernet::ETHERTYPE_IPV4 => v4(l3),
-        ethernet::ETHERTYPE_IPV6 => v6(l3),
+    match l3_of(frame)? {
+        (ethernet::ETHERTYPE_IPV4, l3) => v4(l3),
+        (ethernet::ETHERTYPE_IPV6, l3) => v6(l3),
         _ => None,
+    }
+}
+
+/// The ethertype and network-layer bytes of an Ethernet frame (behind one VLAN tag).
+fn l3_of(frame: &[u8]) -> Option<(u16, &[u8])> {
+    let ty = ethernet::Frame::new_checked(frame).ok()?.ethertype();
+    let l3 = frame.get(ethernet::HEADER_LEN..)?;
+    if ty == ethernet::ETHERTYPE_VLAN {
+        let tag = ethernet::VlanTag::new_checked(l3).ok()?.ethertype();
+        return Some((tag, l3.get(ethernet::VLAN_TAG_LEN..)?));
+    }
+    Some((ty, l3))
+}
+
+/// Whether an Ethernet frame is an ICMP or ICMPv6 error.
+pub fn icmp_error(frame: &[u8]) -> bool {
+    match l3_of(frame) {
+        Some((ethernet::ETHERTYPE_IPV4, l3)) => ipv4::Packet::new_checked(l3).is_ok_and(|ip| {
+            ip.protocol() == IPPROTO_ICMP
+                && !ip.is_fragment()
+                && ip.payload().first().is_some_and(|&t| kind_v4(t) == Kind::Error)
+        }),
+        Some((ethernet::ETHERTYPE_IPV6, l3)) => ipv6::Packet::new_checked(l3).is_ok_and(|ip| {
+            ip.next_header() == IPPROTO_ICMPV6 && ip.payload().first().is_some_and(|&t| kind_v6(t) == Kind::Error)
+        }),
+        _ => false,
     }
 }
 
