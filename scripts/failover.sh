@@ -11,11 +11,12 @@
 # usage: failover.sh [FLOWS] [SECONDS] [--key]     prints flows carried over and lost
 # WORKERS=N: each firewall's legs get N queues and its xpfd N workers (a synced state goes to
 # the worker that owns its flow).
-# FASTPATH=1: xpfd runs with --fastpath: the flows' segments are forwarded and window-checked
-# by the steering program, and a segment comes to xpfd whenever a sync update is due. XDP
-# frames redirected into a veth arrive only when its peer runs NAPI (GRO on): the switches'
-# ports get GRO on (a setting of the hosts at the other end, as on a real switch there is
-# none to make).
+# FASTPATH=1: the flows go on xpfd's fast path (on by default, used towards the interfaces
+# that take redirected frames): their segments are forwarded and window-checked by the
+# steering program, and a segment comes to xpfd whenever a sync update is due. A veth takes
+# redirected frames only when its peer runs NAPI (GRO on): the switches' ports get GRO on (a
+# setting of the hosts at the other end; a real switch has none to make). Without it, xpfd
+# finds the legs unable and every packet goes through the workers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FLOWS=${1:-8}; SECS=${2:-14}; KEY=${3:-}

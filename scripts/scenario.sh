@@ -76,6 +76,10 @@ check "xpfd starts and answers on its control socket" $CTL -s memory
 # AF_PACKET (--io auto) and most checks would still pass.
 check "the steering program is attached (XDP mode)" bash -c "! grep -q 'XDP is not available' $LOG && grep -q 'steering program attached' $LOG"
 check "control socket is mode 0600" test "$(stat -c %a $SOCK)" = 600
+# The fast path is on by default, and on these default veths it is probed, not assumed: the
+# hosts' veths run neither XDP nor GRO, so redirected frames would be lost; flows stay in xpfd.
+check "fast path on by default, and the default veths found unable to take redirected frames" bash -c \
+    "grep -q 'fast path on' $LOG && grep -q 'fc: takes no redirected frames' $LOG && grep -q 'fs: takes no redirected frames' $LOG"
 sleep 0.3
 
 # Warm the neighbour entries (the first packet to an unresolved next hop is dropped and counted).
@@ -535,6 +539,8 @@ cat >> "$DIR/fast.conf" <<'CONF'
 pass all
 CONF
 check "--fastpath: xpfd starts with the fast path on" grep -q "fast path on" "$LOG.fast"
+check "--fastpath: with GRO on at the hosts, both interfaces take redirected frames (probed)" bash -c \
+    "grep -q 'fc: takes redirected frames' $LOG.fast && grep -q 'fs: takes redirected frames' $LOG.fast"
 check "--fastpath: -f a ruleset passing UDP" $CTL -f "$DIR/fast.conf"
 c ping -c 1 -W 1 10.0.2.2 >/dev/null 2>&1
 # iperf3's datagrams leave their checksums to offload (veth): the steering program finishes
@@ -587,8 +593,8 @@ check "--fastpath: -k takes the client's flows out of the kernel's map" test "$(
 # TCP on the fast path: once both sides are established the steering program forwards the
 # segments, each checked against pf's windows; what it cannot judge (RST, FIN, out of the
 # window) comes to xpfd, which judges it with the windows the program slid.
-printf 'block all\npass all\n' > "$DIR/fasttcp.conf"
-check "--fastpath TCP: -f block all, pass all" $CTL -f "$DIR/fasttcp.conf"
+printf 'block all\npass all\n' > "$DIR/fasttcp.conf.default"
+check "--fastpath TCP: -f block all, pass all" $CTL -f "$DIR/fasttcp.conf.default"
 m0=$(mm); j0=$(fastjson judged)
 kern0=$($CTL -s info | awk -F'  +' '/forwarded in the kernel/ {s += $NF} END {print s+0}')
 c iperf3 -c 10.0.2.2 -t 4 --json > "$DIR/fast-tcp.json" 2>&1 &
@@ -686,6 +692,17 @@ check "--fastpath TCP: nothing of it reaches the server after -k" python3 -c "
 rows = [float(l.split()[0]) for l in open('$DIR/fast-rx')]
 assert rows and max(rows) < $killed + 0.3, (max(rows) - $killed)"
 kill $SRV 2>/dev/null; wait $SRV 2>/dev/null
+# The server's veth stops taking redirected frames (GRO off): found within 2 s, its flows come
+# back to xpfd, and traffic goes on through it. (Default timeouts again: iperf3's control
+# connection idles through the transfer.)
+check "--fastpath: -f block all, pass all (default timeouts)" $CTL -f "$DIR/fasttcp.conf.default"
+ip netns exec ${P}server ethtool -K s0 gro off >/dev/null
+c iperf3 -c 10.0.2.2 -t 5 --json > "$DIR/flip.json" 2>&1 &
+IPERF=$!
+sleep 3
+check "--fastpath: GRO turned off at the server: xpfd finds fs unable within 2 s" grep -q "fs: takes no redirected frames" "$LOG.fast"
+wait $IPERF
+check "--fastpath: a transfer across the change completes, with data in its last second" python3 -c "import json; d=json.load(open('$DIR/flip.json')); assert 'error' not in d, d['error']; assert d['intervals'][-1]['sum']['bytes'] > 0"
 kill "$XPFD"; wait "$XPFD" 2>/dev/null; XPFD=
 rm -f "$LOG.fast"
 

@@ -6,9 +6,9 @@
 # echo each) must all succeed; a port the rules block must not answer (the negative
 # control); the hand-off must have been used (so the test cannot pass on one worker's luck).
 # usage: workers.sh
-# FASTPATH=1: xpfd runs with --fastpath (flows forwarded by the steering program once
-# established; what it hands over goes to the flow's worker like any frame). XDP frames
-# redirected into a veth arrive only when its peer runs NAPI: GRO goes on at the end hosts.
+# FASTPATH=1: GRO goes on at the end hosts, so that their veths take redirected frames and
+# xpfd's fast path (on by default) is used: flows forwarded by the steering program once
+# established; what it hands over goes to the flow's worker like any frame.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=target/release

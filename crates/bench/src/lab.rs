@@ -447,7 +447,7 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
         .arg(o.bin.join("xpfd"))
         .args(["-f", &keep.to_string_lossy(), "-i", "f0", "-i", "f1", "--cpus", &FW_CPU.to_string(), "--socket", SOCK])
         .args(if o.busy_poll { &["--busy-poll"][..] } else { &[] })
-        .args(if o.fastpath { &["--fastpath"][..] } else { &[] })
+        .args(if o.fastpath { &["--fastpath"][..] } else { &["--no-fastpath"][..] })
         .stderr(log)
         .spawn()
         .map_err(|e| format!("starting xpfd: {e}"))?;

@@ -115,9 +115,7 @@ impl Lab {
         let mut c =
             ns("fw", &[&bin.join("xpfd").to_string_lossy(), "-f", &conf.to_string_lossy(), "-i", "fc", "-i", "fs"]);
         c.args(["--socket", SOCK, "--workers", &workers.to_string()]);
-        if fastpath {
-            c.arg("--fastpath");
-        }
+        c.arg(if fastpath { "--fastpath" } else { "--no-fastpath" });
         self.xpfd = Some(c.stdout(Stdio::null()).stderr(log).spawn().map_err(|e| format!("xpfd: {e}"))?);
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(10) {

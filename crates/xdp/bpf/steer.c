@@ -102,8 +102,10 @@ struct xpf_map flows4 SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct flow4
 struct xpf_map flows6 SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct flow6), 1, BPF_F_MMAPABLE };
 /* steer_cfg[C_BARE] = 1: forward everything routable here, unfiltered (the lab's measure of
  * the fast path's I/O ceiling; set only through xpfctl --steer bare). The others: the flow
- * tables' hash seed and index masks (0: fast path off), the sync pace (0: sync off). Shared. */
-enum { C_BARE, C_SEED, C_MASK4, C_MASK6, C_PACE, C_N };
+ * tables' hash seed and index masks (0: fast path off), the sync pace (0: sync off), and
+ * xpfd's egress probe (C_PROBE: an ifindex while a probe runs; C_COOKIE: its frames' mark).
+ * Shared. */
+enum { C_BARE, C_SEED, C_MASK4, C_MASK6, C_PACE, C_PROBE, C_COOKIE, C_N };
 struct xpf_map steer_cfg SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 4, C_N, 0 };
 struct xpf_map steer_stats SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 11, 0 };
 /* ifindex -> the interface's MAC in the low six bytes (as they are in the frame). */
@@ -337,6 +339,8 @@ INLINE struct fast_tail *rev_of(__u8 family, struct fast_tail *t) {
 }
 
 #define MAXACKWINDOW (0xffff + 1500)
+/* IEEE 802 local experimental ethertype: xpfd's egress probe frames. */
+#define PROBE_ETHERTYPE 0x88b5
 
 INLINE int seq_geq(__u32 a, __u32 b) {
     return (__s32)(a - b) >= 0;
@@ -584,6 +588,14 @@ int xpf_steer(struct xdp_md *ctx) {
         int syn = tcp_syn(ip6->nexthdr, ip6 + 1, end);
         __u32 len = p.tot_len;
         return verdict(ctx, &p, bpf_fib_lookup(ctx, &p, sizeof(p), 0), AF_INET6, &c, len, syn);
+    }
+    /* xpfd's probe of an egress (run by xpfd with BPF_PROG_TEST_RUN while C_PROBE is set):
+     * does the device take redirected frames? (A veth only when its peer runs NAPI.) */
+    if (proto == htons(PROBE_ETHERTYPE)) {
+        __u32 to = cfg(C_PROBE);
+        __u32 *mark = (void *)(eth + 1);
+        if (to && (void *)(mark + 1) <= end && *mark == cfg(C_COOKIE))
+            return bpf_redirect(to, 0);
     }
     count(&steer_stats, S_NOT_IP);
     return XDP_PASS;

@@ -271,6 +271,66 @@ pub fn set_gro(name: &str, on: bool) -> io::Result<bool> {
     })
 }
 
+/// The driver of interface `name` (ETHTOOL_GDRVINFO), as `ethtool -i` names it, and its
+/// number of statistics.
+pub fn driver(name: &str) -> io::Result<(String, u32)> {
+    const ETHTOOL_GDRVINFO: u32 = 0x3;
+    with_ifreq(name, |fd, req| {
+        // struct ethtool_drvinfo: cmd, driver[32], version[32], fw_version[32], bus_info[32],
+        // erom_version[32], reserved2[12], n_priv_flags, n_stats, ... (196 bytes).
+        let mut d = [0u8; 196];
+        d[..4].copy_from_slice(&ETHTOOL_GDRVINFO.to_ne_bytes());
+        req.ifr_ifru.ifru_data = d.as_mut_ptr().cast();
+        // SAFETY: ifr_data points to a live ethtool_drvinfo-sized buffer for the call.
+        if unsafe { libc::ioctl(fd, libc::SIOCETHTOOL, req as *mut libc::ifreq) } < 0 {
+            return Err(io::Error::other(format!("{name}: driver info: {}", io::Error::last_os_error())));
+        }
+        let drv = String::from_utf8_lossy(&d[4..36]).trim_end_matches('\0').to_string();
+        Ok((drv, u32::from_ne_bytes(d[180..184].try_into().unwrap())))
+    })
+}
+
+/// The sum of interface `name`'s driver statistics (`ethtool -S`) whose names end with
+/// `suffix`.
+pub fn ethtool_sum(name: &str, suffix: &str) -> io::Result<u64> {
+    const ETHTOOL_GSTRINGS: u32 = 0x1b;
+    const ETHTOOL_GSTATS: u32 = 0x1d;
+    const ETH_SS_STATS: u32 = 1;
+    const GSTRING_LEN: usize = 32;
+    let (_, n) = driver(name)?;
+    // The kernel writes as many as it has when asked, whatever length the request says: room
+    // for more in case the count grew since (queues added); the first n are read.
+    let (n, room) = (n as usize, n as usize + 256);
+    with_ifreq(name, |fd, req| {
+        let mut strings = vec![0u8; 12 + room * GSTRING_LEN];
+        strings[..4].copy_from_slice(&ETHTOOL_GSTRINGS.to_ne_bytes());
+        strings[4..8].copy_from_slice(&ETH_SS_STATS.to_ne_bytes());
+        strings[8..12].copy_from_slice(&(n as u32).to_ne_bytes());
+        req.ifr_ifru.ifru_data = strings.as_mut_ptr().cast();
+        // SAFETY: ifr_data points to an ethtool_gstrings with room for n strings.
+        if unsafe { libc::ioctl(fd, libc::SIOCETHTOOL, req as *mut libc::ifreq) } < 0 {
+            return Err(io::Error::other(format!("{name}: statistics names: {}", io::Error::last_os_error())));
+        }
+        let mut stats = vec![0u8; 8 + room * 8];
+        stats[..4].copy_from_slice(&ETHTOOL_GSTATS.to_ne_bytes());
+        stats[4..8].copy_from_slice(&(n as u32).to_ne_bytes());
+        req.ifr_ifru.ifru_data = stats.as_mut_ptr().cast();
+        // SAFETY: ifr_data points to an ethtool_stats with room for n values.
+        if unsafe { libc::ioctl(fd, libc::SIOCETHTOOL, req as *mut libc::ifreq) } < 0 {
+            return Err(io::Error::other(format!("{name}: statistics: {}", io::Error::last_os_error())));
+        }
+        let mut sum = 0u64;
+        for i in 0..n {
+            let s = &strings[12 + i * GSTRING_LEN..12 + (i + 1) * GSTRING_LEN];
+            let s = String::from_utf8_lossy(s);
+            if s.trim_end_matches('\0').ends_with(suffix) {
+                sum += u64::from_ne_bytes(stats[8 + i * 8..16 + i * 8].try_into().unwrap());
+            }
+        }
+        Ok(sum)
+    })
+}
+
 /// The MTU of interface `name`.
 pub fn mtu(name: &str) -> io::Result<u32> {
     with_ifreq(name, |fd, req| {

@@ -61,12 +61,25 @@ impl Route {
     }
 }
 
+fn random4() -> [u8; 4] {
+    let mut b = [0u8; 4];
+    // SAFETY: getrandom into a 4-byte buffer we own.
+    unsafe { libc::getrandom(b.as_mut_ptr().cast(), 4, 0) };
+    b
+}
+
 /// steer_cfg's slots (bpf/steer.c).
 const C_BARE: u32 = 0;
 const C_SEED: u32 = 1;
 const C_MASK4: u32 = 2;
 const C_MASK6: u32 = 3;
 const C_PACE: u32 = 4;
+const C_PROBE: u32 = 5;
+const C_COOKIE: u32 = 6;
+/// The probe frames' ethertype (IEEE 802 local experimental; bpf/steer.c PROBE_ETHERTYPE).
+const PROBE_ETHERTYPE: u16 = 0x88b5;
+/// Frames per probe.
+const PROBE_FRAMES: u32 = 4;
 
 /// Names of the program's counters, by slot (the enum in bpf/steer.c).
 /// Where a queue's socket for new connections sits in map `xsks` (steer.c: SYN_LANE).
@@ -158,6 +171,39 @@ impl Steer {
     /// Puts socket `fd` in the map as the queue's socket for new connections (TCP SYNs).
     pub fn register_syn_lane(&self, queue: u32, fd: i32) -> io::Result<()> {
         self.prog.map("xsks").update(&(SYN_LANE + queue).to_ne_bytes(), &fd.to_ne_bytes())
+    }
+
+    /// Whether `egress` takes frames the program redirects to it (XDP_REDIRECT). A veth does
+    /// only while its peer runs NAPI (an XDP program there, or GRO on), a setting of the host
+    /// at the other end; a frame it cannot take is dropped and counted nowhere. So it is tried,
+    /// not assumed: PROBE_FRAMES frames of the local experimental ethertype, from and to the
+    /// interface's own MAC (the far host drops them as not its own), go through the program
+    /// with BPF_PROG_TEST_RUN in live-frame mode and are redirected to `egress`; the veth's
+    /// `tx_queue_N_xdp_xmit` statistics must count them. Other drivers that run the program
+    /// natively take redirected frames (ndo_xdp_xmit): not probed.
+    pub fn probe_egress(&self, egress: u32) -> io::Result<bool> {
+        let name = netlink::ifname(egress).ok_or_else(|| io::Error::other(format!("no interface {egress}")))?;
+        if netlink::driver(&name)?.0 != "veth" {
+            return Ok(true);
+        }
+        let cookie = u32::from_ne_bytes(random4());
+        // From the interface's MAC to itself: the program takes it as addressed to the
+        // interface (the probe runs with `egress` as the receiving interface).
+        let mut f = vec![0u8; 60];
+        let mac = netlink::mac(&name)?;
+        f[..6].copy_from_slice(&mac);
+        f[6..12].copy_from_slice(&mac);
+        f[12..14].copy_from_slice(&PROBE_ETHERTYPE.to_be_bytes());
+        f[14..18].copy_from_slice(&cookie.to_ne_bytes());
+        let before = netlink::ethtool_sum(&name, "_xdp_xmit")?;
+        let cfg = self.prog.map("steer_cfg");
+        cfg.update(&C_COOKIE.to_ne_bytes(), &cookie.to_ne_bytes())?;
+        cfg.update(&C_PROBE.to_ne_bytes(), &egress.to_ne_bytes())?;
+        let ran = self.prog.test_run(&f, egress, PROBE_FRAMES, PROBE_FRAMES, crate::bpf::TEST_XDP_LIVE_FRAMES);
+        cfg.update(&C_PROBE.to_ne_bytes(), &0u32.to_ne_bytes())?;
+        ran?;
+        let after = netlink::ethtool_sum(&name, "_xdp_xmit")?;
+        Ok(after.saturating_sub(before) >= PROBE_FRAMES as u64)
     }
 
     pub fn counters(&self) -> [u64; 11] {

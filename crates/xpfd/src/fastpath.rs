@@ -27,6 +27,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use xpf_engine::{Win, Worker};
@@ -91,6 +92,35 @@ impl FastStats {
     }
 }
 
+/// Which egress interfaces take redirected frames (`Steer::probe_egress`), shared by xpfd's
+/// main thread (which probes them) and the workers (which install flows only towards those
+/// that do, and take back their flows towards one that stopped).
+pub struct Egresses {
+    ok: Vec<(u32, AtomicBool)>,
+    /// Bumped on every change.
+    pub generation: AtomicU32,
+}
+
+impl Egresses {
+    pub fn new(ifindexes: &[u32]) -> Egresses {
+        Egresses { ok: ifindexes.iter().map(|&i| (i, AtomicBool::new(false))).collect(), generation: AtomicU32::new(0) }
+    }
+
+    pub fn ok(&self, ifindex: u32) -> bool {
+        self.ok.iter().any(|(i, ok)| *i == ifindex && ok.load(Relaxed))
+    }
+
+    /// Records a probe's answer; true when it changed.
+    pub fn set(&self, ifindex: u32, ok: bool) -> bool {
+        let Some((_, f)) = self.ok.iter().find(|(i, _)| *i == ifindex) else { return false };
+        let changed = f.swap(ok, Relaxed) != ok;
+        if changed {
+            self.generation.fetch_add(1, Relaxed);
+        }
+        changed
+    }
+}
+
 /// A worker's record of a flow direction it installed.
 struct Rec {
     key: FlowKey,
@@ -111,6 +141,9 @@ struct Rec {
 
 pub struct FastPath {
     tables: Arc<FlowTables>,
+    egresses: Arc<Egresses>,
+    /// The egresses' generation this worker last acted on.
+    egress_gen: u32,
     owner: u8,
     recs: Vec<Option<Rec>>,
     free: Vec<u32>,
@@ -178,9 +211,11 @@ fn write_tcp(t: &Tail, p: &[Peer; 2], si: usize, rev: u32) {
 }
 
 impl FastPath {
-    pub fn new(tables: Arc<FlowTables>, owner: u32) -> FastPath {
+    pub fn new(tables: Arc<FlowTables>, egresses: Arc<Egresses>, owner: u32) -> FastPath {
         FastPath {
             tables,
+            egresses,
+            egress_gen: 0,
             owner: owner as u8,
             recs: Vec::new(),
             free: Vec::new(),
@@ -209,7 +244,10 @@ impl FastPath {
     /// it is a UDP flow with both states, or an established TCP flow (both directions).
     pub fn offer(&mut self, w: &mut Worker<Live>, frame: &[u8], in_if: u32, out_if: u32) {
         let Some(k) = FlowKey::of_frame(frame) else { return };
-        if self.mine.contains_key(&(in_if, k)) || self.refused_at.is_some_and(|t| t.elapsed() < BACKOFF) {
+        if self.mine.contains_key(&(in_if, k))
+            || self.refused_at.is_some_and(|t| t.elapsed() < BACKOFF)
+            || !self.egresses.ok(out_if)
+        {
             return;
         }
         if k.proto == 17 {
@@ -221,6 +259,10 @@ impl FastPath {
                     }
                 }
             }
+            return;
+        }
+        // TCP goes in both ways: the reverse direction leaves where this one came in.
+        if !self.egresses.ok(in_if) {
             return;
         }
         let Some(ft) = w.fast_tcp(frame, in_if as u16, out_if as u16) else { return };
@@ -421,6 +463,16 @@ impl FastPath {
     /// gone: a pass every `interval`, a slice per call; with `force` (after states were
     /// killed, or to show them) a whole pass now. Frees the flows held long enough.
     pub fn sync(&mut self, w: &mut Worker<Live>, now: u32, force: bool) {
+        let g = self.egresses.generation.load(Relaxed);
+        if g != self.egress_gen {
+            // An egress stopped taking redirected frames: its flows come back at once.
+            self.egress_gen = g;
+            for slot in 0..self.recs.len() as u32 {
+                if self.recs[slot as usize].as_ref().is_some_and(|r| !r.held && !self.egresses.ok(r.out_if)) {
+                    self.take_back(slot);
+                }
+            }
+        }
         if force {
             self.begin();
             while self.walking.is_some() {

@@ -3,11 +3,12 @@
 //!
 //! ```text
 //! xpfd -f /etc/xpf/pf.conf -i IF -i IF [--io xdp|packet|auto] [--workers N] [--cpus 0,1]
-//!      [--socket PATH] [--busy-poll] [--fastpath [FLOWS]] [-D macro=value]
+//!      [--socket PATH] [--busy-poll] [--fastpath FLOWS | --no-fastpath] [-D macro=value]
 //! ```
 //! `--io packet` uses AF_PACKET rings (xpf_xdp::packet); `auto` tries XDP and falls back.
-//! `--fastpath` lets the steering program forward established UDP and TCP flows in the kernel
-//! (fastpath.rs); the egress interfaces must accept XDP frames (real NICs do; a veth only
+//! The fast path (on unless `--no-fastpath`; `--fastpath FLOWS` sizes its tables) lets the
+//! steering program forward established UDP and TCP flows in the kernel (fastpath.rs),
+//! towards the interfaces that take redirected frames (probed: real NICs do; a veth only
 //! when its peer has an XDP program or GRO on).
 //! Runs in the foreground and logs to stderr. SIGHUP reloads the file; SIGINT and SIGTERM
 //! stop it cleanly (the XDP programs are removed). Killed hard, it leaves the steering
@@ -38,7 +39,7 @@ use xpf_xdp::{netlink, xsk::Xsk};
 pub const DEFAULT_SOCKET: &str = "/run/xpfd.sock";
 
 const USAGE: &str = "usage: xpfd -f FILE -i IF [-i IF ...] [--io xdp|packet|auto] [--workers N] [--cpus LIST] \
-                     [--socket PATH] [--busy-poll] [--fastpath [FLOWS]] [-D macro=value] \
+                     [--socket PATH] [--busy-poll] [--fastpath FLOWS | --no-fastpath] [-D macro=value] \
                      [--sync-dev IF [--sync-peer ADDR] [--sync-key FILE] [--sync-maxupd N] [--sync-hostid ID] [--sync-defer]]";
 
 #[derive(Debug)]
@@ -50,8 +51,9 @@ struct Args {
     cpus: Option<Vec<usize>>,
     socket: String,
     busy: bool,
-    /// Fast-path flows per interface (0: off).
-    fastpath: u32,
+    /// Fast-path flow directions the tables hold: None sized from the state limit (the
+    /// default), Some(0) off (--no-fastpath).
+    fastpath: Option<u32>,
     defines: Vec<(String, String)>,
     sync: Option<sync::SyncArgs>,
 }
@@ -65,7 +67,7 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
         cpus: None,
         socket: DEFAULT_SOCKET.into(),
         busy: false,
-        fastpath: 0,
+        fastpath: None,
         defines: Vec::new(),
         sync: None,
     };
@@ -94,15 +96,13 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
             "--socket" => r.socket = val()?,
             "--busy-poll" => r.busy = true,
             "--fastpath" => {
-                // An optional size: --fastpath [FLOWS] (flow directions; default 1M).
-                r.fastpath = match a.get(i + 1).and_then(|v| v.parse::<u32>().ok()) {
-                    Some(n) => {
-                        i += 1;
-                        n.clamp(1, 1 << 24)
-                    }
-                    None => 1 << 20,
+                // On by default; an optional size: --fastpath [FLOWS] (flow directions).
+                if let Some(n) = a.get(i + 1).and_then(|v| v.parse::<u32>().ok()) {
+                    i += 1;
+                    r.fastpath = Some(n.clamp(1, 1 << 24));
                 }
             }
+            "--no-fastpath" => r.fastpath = Some(0),
             "-D" => {
                 let d = val()?;
                 let (k, v) = d.split_once('=').ok_or_else(|| format!("-D {d}: expected macro=value"))?;
@@ -167,7 +167,7 @@ type Ports = (Vec<Vec<Port>>, Vec<(String, Steer)>);
 
 /// XDP mode: a steering program per interface and an AF_XDP socket per receive queue, queue q
 /// served by worker q mod workers; the programs attached last, when every socket is in place.
-fn xdp_ports(a: &Args, ifs: &[(String, u32, u32)]) -> Result<Ports, String> {
+fn xdp_ports(a: &Args, ifs: &[(String, u32, u32)], flows: u32) -> Result<Ports, String> {
     let queues = ifs.iter().map(|i| i.2).min().unwrap_or(1);
     // One worker unless told: it serves every queue, so both directions of each flow meet its
     // state. Several workers split the queues, and the NIC's (or veth's) queue choice is not
@@ -185,8 +185,8 @@ fn xdp_ports(a: &Args, ifs: &[(String, u32, u32)]) -> Result<Ports, String> {
         // One pair of flow tables for every interface's program (a TCP flow's two directions
         // come in on different interfaces): IPv4 at half load with FLOWS directions, IPv6 a
         // quarter of that.
-        let tables = if a.fastpath > 0 {
-            let v4 = (2 * a.fastpath).next_power_of_two();
+        let tables = if flows > 0 {
+            let v4 = (2 * flows).next_power_of_two();
             (v4, (v4 / 4).max(1))
         } else {
             (1, 1)
@@ -254,6 +254,46 @@ fn group_by_table(v: &[(String, std::net::IpAddr)]) -> Vec<(String, Vec<std::net
     out
 }
 
+/// Probes whether each filtered interface takes the fast path's redirected frames and tells
+/// the workers (`Steer::probe_egress`): at start, then every 2 s while it does (a veth whose
+/// peer turns GRO off or drops its XDP program would lose the flows' frames; they go back to
+/// xpfd within that) and every 10 s while it does not. Says what changed.
+fn probe_egresses(steers: &[(String, Steer)], e: &fastpath::Egresses, first: bool) {
+    use std::time::{Duration, Instant};
+    static LAST: Mutex<Vec<(u32, Instant)>> = Mutex::new(Vec::new());
+    let mut last = LAST.lock().unwrap();
+    for (name, s) in steers {
+        let Ok(i) = netlink::ifindex(name) else { continue };
+        let every = Duration::from_secs(if e.ok(i) { 2 } else { 10 });
+        match last.iter_mut().find(|l| l.0 == i) {
+            Some(l) if !first && l.1.elapsed() < every => continue,
+            Some(l) => l.1 = Instant::now(),
+            None => last.push((i, Instant::now())),
+        }
+        let ok = match s.probe_egress(i) {
+            Ok(ok) => ok,
+            Err(err) => {
+                if first {
+                    eprintln!(
+                        "xpfd: {name}: could not probe it for the fast path ({err}): flows out of it stay in xpfd"
+                    );
+                }
+                false
+            }
+        };
+        if e.set(i, ok) || first {
+            if ok {
+                eprintln!("xpfd: {name}: takes redirected frames: flows out of it go on the fast path");
+            } else {
+                eprintln!(
+                    "xpfd: {name}: takes no redirected frames (a veth whose peer runs neither XDP nor GRO): \
+                     flows out of it stay in xpfd; probed again every 10 s"
+                );
+            }
+        }
+    }
+}
+
 fn run(a: Args) -> Result<(), String> {
     let text = std::fs::read_to_string(&a.file).map_err(|e| format!("{}: {e}", a.file))?;
     let loaded = Loaded::build(&text, &a.file, &a.defines).map_err(|e| e.join("\n"))?;
@@ -276,10 +316,13 @@ fn run(a: Args) -> Result<(), String> {
         ifs.push((name.clone(), idx, netlink::rx_queues(name)));
     }
     let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    // The fast path's tables hold as many flow directions as the state limit (each needs a
+    // state), up to 1M unless --fastpath FLOWS says otherwise (64 + 32 bytes per flow).
+    let flows = a.fastpath.unwrap_or(limit.clamp(1024, 1 << 20));
     let xdp = match a.io.as_str() {
         "packet" => None,
-        "xdp" => Some(xdp_ports(&a, &ifs)?),
-        _ => match xdp_ports(&a, &ifs) {
+        "xdp" => Some(xdp_ports(&a, &ifs, flows)?),
+        _ => match xdp_ports(&a, &ifs, flows) {
             Ok(p) => Some(p),
             Err(e) => {
                 eprintln!("xpfd: --io auto: XDP is not available here ({e}); falling back to AF_PACKET (TPACKET_V3)");
@@ -321,7 +364,7 @@ fn run(a: Args) -> Result<(), String> {
     // One key for every worker's syncookies: an ACK proves a cookie whichever worker sent it.
     let (cookies, cookie_key) = (loaded.parsed.syncookies.unwrap_or_default(), xpf_state::os_random());
     let cpus: Vec<usize> = a.cpus.clone().unwrap_or_else(|| (0..workers).map(|w| w % ncpu).collect());
-    if a.fastpath > 0 && steers.is_empty() {
+    if a.fastpath.is_some_and(|n| n > 0) && steers.is_empty() {
         eprintln!("xpfd: --fastpath needs XDP; packet mode forwards everything in xpfd");
     }
     let steers = Arc::new(Mutex::new(steers));
@@ -375,7 +418,7 @@ fn run(a: Args) -> Result<(), String> {
     };
     let mut wakes = Vec::new();
     let tables = match steers.lock().unwrap().first() {
-        Some((_, s)) if a.fastpath > 0 => {
+        Some((_, s)) if flows > 0 => {
             // With sync on, a fast-path TCP segment comes to xpfd as often as the engine
             // sends a state's update (`maxupdates` counts), keeping the standby's windows
             // current.
@@ -385,7 +428,7 @@ fn run(a: Args) -> Result<(), String> {
                 .map_err(|e| format!("fast path tables: {e}"))?;
             eprintln!(
                 "xpfd: fast path on: established UDP and TCP flows are forwarded by the steering program \
-                 ({} IPv4 and {} IPv6 table entries)",
+                 ({} IPv4 and {} IPv6 table entries; --no-fastpath turns it off)",
                 t.v4.entries(),
                 t.v6.entries()
             );
@@ -393,6 +436,12 @@ fn run(a: Args) -> Result<(), String> {
         }
         _ => None,
     };
+    // Which egresses take redirected frames: probed now, and again while xpfd runs.
+    let egresses =
+        tables.as_ref().map(|_| Arc::new(fastpath::Egresses::new(&ifs.iter().map(|f| f.1).collect::<Vec<_>>())));
+    if let Some(e) = &egresses {
+        probe_egresses(&steers.lock().unwrap(), e, true);
+    }
     let mut handoffs: Vec<Option<handoff::Handoff>> =
         if ports_of.len() > 1 { handoff::mesh(ports_of.len()).into_iter().map(Some).collect() } else { vec![None] };
     for (w, ports) in ports_of.into_iter().enumerate() {
@@ -426,7 +475,7 @@ fn run(a: Args) -> Result<(), String> {
         worker.set_syncookies(cookies, Some(cookie_key));
         let cpu = cpus[w % cpus.len()];
         let (stop, busy) = (stop.clone(), a.busy);
-        let fast = tables.clone();
+        let fast = tables.clone().zip(egresses.clone());
         let overload = overload_tx.clone();
         // Worker 0 filters the host's own traffic too: the queue is bound before the rules
         // that fill it are installed (below), so nothing is queued with no reader.
@@ -446,8 +495,8 @@ fn run(a: Args) -> Result<(), String> {
                     dp.sync = wsync;
                     dp.wake = Some(wake);
                     dp.handoff = handoff;
-                    if let Some(t) = fast {
-                        dp.fast = Some(fastpath::FastPath::new(t, w as u32));
+                    if let Some((t, e)) = fast {
+                        dp.fast = Some(fastpath::FastPath::new(t, e, w as u32));
                     }
                     dp.run();
                 })
@@ -529,6 +578,9 @@ fn run(a: Args) -> Result<(), String> {
                 }
             }
             addrs = (f, std::time::Instant::now());
+            if let Some(e) = &egresses {
+                probe_egresses(&steers.lock().unwrap(), e, false);
+            }
         }
         let h = HUP.load(Ordering::Relaxed);
         if h != hups {
