@@ -701,6 +701,11 @@ c iperf3 -c 10.0.2.2 -t 5 --json > "$DIR/flip.json" 2>&1 &
 IPERF=$!
 sleep 3
 check "--fastpath: GRO turned off at the server: xpfd finds fs unable within 2 s" grep -q "fs: takes no redirected frames" "$LOG.fast"
+check "--fastpath: -s info says so (fs no, fc yes)" python3 -c "
+import json, subprocess
+d = json.loads(subprocess.check_output(['$BIN/xpfctl', '--socket', '$SOCK', '-s', 'info', '--json']))
+out = {s['interface']: s['fast_path_out'] for s in d['steering']}
+assert out == {'fc': True, 'fs': False}, out"
 wait $IPERF
 check "--fastpath: a transfer across the change completes, with data in its last second" python3 -c "import json; d=json.load(open('$DIR/flip.json')); assert 'error' not in d, d['error']; assert d['intervals'][-1]['sum']['bytes'] > 0"
 kill "$XPFD"; wait "$XPFD" 2>/dev/null; XPFD=

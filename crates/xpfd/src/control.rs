@@ -106,6 +106,8 @@ pub struct Daemon {
     start: Instant,
     /// State sync's counters, when --sync-dev is on.
     pub sync: Option<Arc<crate::sync::Shared>>,
+    /// Which interfaces take the fast path's redirected frames (fast path on).
+    pub egresses: Option<Arc<crate::fastpath::Egresses>>,
 }
 
 fn ask<T>(workers: &[Sender<Cmd>], mk: impl Fn(Sender<T>) -> Cmd) -> Result<Vec<T>, String> {
@@ -219,7 +221,7 @@ impl Daemon {
         workers: Vec<Sender<Cmd>>,
         steers: Arc<Mutex<Vec<(String, Steer)>>>,
     ) -> Daemon {
-        Daemon { file, defines, loaded, slot, workers, steers, start: Instant::now(), sync: None }
+        Daemon { file, defines, loaded, slot, workers, steers, start: Instant::now(), sync: None, egresses: None }
     }
 
     /// Whether the ruleset in force names `self` or `(if)` addresses, which follow the
@@ -588,8 +590,21 @@ impl Daemon {
                     let per = io.filter_ns as f64 / io.filtered as f64;
                     let _ = writeln!(text, "  {:<25} {:>11.0} ns", "filter time per packet", per);
                 }
+                // Whether each interface takes the fast path's redirected frames (probed).
+                let fast_out = |name: &str| {
+                    let e = self.egresses.as_ref()?;
+                    Some(e.ok(xpf_xdp::netlink::ifindex(name).ok()?))
+                };
                 for (name, c) in &steer {
                     let _ = writeln!(text, "Interface {name} (XDP steering)");
+                    if let Some(ok) = fast_out(name) {
+                        let _ = writeln!(
+                            text,
+                            "  {:<38} {:>14}",
+                            "fast path out of it (probed)",
+                            if ok { "yes" } else { "no" }
+                        );
+                    }
                     for (i, label) in xpf_xdp::steer::COUNTERS.iter().enumerate() {
                         let _ = writeln!(text, "  {:<38} {:>14}", label, c[i]);
                     }
@@ -650,7 +665,7 @@ impl Daemon {
                     "forwarding": io,
                     "syn_queue": {"received": syn_rx, "dropped": syn_dropped},
                     "sync": sync.map(|(_, v)| v),
-                    "steering": steer.iter().map(|(n, c)| json!({"interface": n, "counters": c})).collect::<Vec<_>>(),
+                    "steering": steer.iter().map(|(n, c)| json!({"interface": n, "counters": c, "fast_path_out": fast_out(n)})).collect::<Vec<_>>(),
                     "packet_mode": pc.iter().map(|(i, c)| json!({"ifindex": i, "counters": c})).collect::<Vec<_>>(),
                     "sockets": xs.iter().map(|x| json!({"ifindex": x.ifindex, "queue": x.queue, "rx": x.rx, "tx": x.tx,
                         "tx_full": x.tx_full, "kicks": x.kicks, "rx_dropped": x.rx_dropped, "rx_ring_full": x.rx_ring_full,

@@ -535,6 +535,7 @@ fn run(a: Args) -> Result<(), String> {
     }
     let mut d = Daemon::new(a.file.clone(), a.defines.clone(), loaded, slot, txs, steers.clone());
     d.sync = sync_shared.clone();
+    d.egresses = egresses.clone();
     let listener = control::listen(&a.socket).map_err(|e| format!("control socket {}: {e}", a.socket))?;
     eprintln!("xpfd: filtering {}; control socket {}", a.ifaces.join(", "), a.socket);
     let mut hups = 0;
