@@ -128,9 +128,17 @@ impl Steer {
         let cfg = self.prog.map("steer_cfg");
         cfg.update(&C_SEED.to_ne_bytes(), &seed.to_ne_bytes())?;
         cfg.update(&C_PACE.to_ne_bytes(), &pace.to_ne_bytes())?;
-        cfg.update(&C_MASK6.to_ne_bytes(), &(m6.max_entries - 1).to_ne_bytes())?;
-        cfg.update(&C_MASK4.to_ne_bytes(), &(m4.max_entries - 1).to_ne_bytes())?;
         Ok(crate::flows::FlowTables { v4, v6 })
+    }
+
+    /// Turns the program's table lookups on or off (the tables' masks; 0: no lookup). Off
+    /// while no interface takes redirected frames: no flow can be in the tables then, and
+    /// every packet would pay a lookup that misses.
+    pub fn fast_lookups(&self, on: bool) -> io::Result<()> {
+        let cfg = self.prog.map("steer_cfg");
+        let mask = |m: &str| if on { self.prog.map(m).max_entries - 1 } else { 0 };
+        cfg.update(&C_MASK6.to_ne_bytes(), &mask("flows6").to_ne_bytes())?;
+        cfg.update(&C_MASK4.to_ne_bytes(), &mask("flows4").to_ne_bytes())
     }
 
     /// Attaches to `ifindex`, native mode first, then generic (skb) mode; returns the mode.

@@ -106,6 +106,11 @@ impl Egresses {
         Egresses { ok: ifindexes.iter().map(|&i| (i, AtomicBool::new(false))).collect(), generation: AtomicU32::new(0) }
     }
 
+    /// Whether any interface takes redirected frames.
+    pub fn any(&self) -> bool {
+        self.ok.iter().any(|(_, ok)| ok.load(Relaxed))
+    }
+
     pub fn ok(&self, ifindex: u32) -> bool {
         self.ok.iter().any(|(i, ok)| *i == ifindex && ok.load(Relaxed))
     }
@@ -243,11 +248,13 @@ impl FastPath {
     /// After xpfd forwarded `frame` from `in_if` to `out_if`: puts its flow in the tables if
     /// it is a UDP flow with both states, or an established TCP flow (both directions).
     pub fn offer(&mut self, w: &mut Worker<Live>, frame: &[u8], in_if: u32, out_if: u32) {
+        // The cheap refusals first: on hosts whose interfaces take no redirected frames this is
+        // all a forwarded packet pays.
+        if !self.egresses.ok(out_if) || self.refused_at.is_some_and(|t| t.elapsed() < BACKOFF) {
+            return;
+        }
         let Some(k) = FlowKey::of_frame(frame) else { return };
-        if self.mine.contains_key(&(in_if, k))
-            || self.refused_at.is_some_and(|t| t.elapsed() < BACKOFF)
-            || !self.egresses.ok(out_if)
-        {
+        if self.mine.contains_key(&(in_if, k)) {
             return;
         }
         if k.proto == 17 {

@@ -281,7 +281,15 @@ fn probe_egresses(steers: &[(String, Steer)], e: &fastpath::Egresses, first: boo
                 false
             }
         };
-        if e.set(i, ok) || first {
+        let before = e.any();
+        let changed = e.set(i, ok);
+        if e.any() != before || (first && e.any()) {
+            // Lookups only while a flow can be in the tables (shared: one write for all).
+            if let Err(err) = s.fast_lookups(e.any()) {
+                eprintln!("xpfd: fast path: {err}");
+            }
+        }
+        if changed || first {
             if ok {
                 eprintln!("xpfd: {name}: takes redirected frames: flows out of it go on the fast path");
             } else {
