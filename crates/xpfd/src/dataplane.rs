@@ -150,7 +150,7 @@ pub struct Dataplane {
     pub start: Instant,
     /// Busy-poll instead of sleeping in poll(2) when idle.
     pub busy: bool,
-    /// The kernel fast path for established UDP and TCP flows (--fastpath).
+    /// The kernel fast path for established UDP and TCP flows (on unless --no-fastpath).
     pub fast: Option<crate::fastpath::FastPath>,
     /// The host's own traffic, queued by the kernel (worker 0 only).
     pub host: Option<crate::host::HostPath>,
