@@ -302,7 +302,10 @@ impl Dataplane {
             let now = self.now();
             // A new ruleset applies from the next packet on: one atomic load per round.
             self.worker.policy.refresh();
-            let mut got = 0;
+            // Frames other workers passed here came in before this round's own: first, so that
+            // the flows' packets keep their order across the hand-off as far as it can tell
+            // (a connection's FIN handed off, then the next connection's SYN on this queue).
+            let mut got = self.take_handed(now);
             for p in 0..self.ports.len() {
                 let n = self.ports[p].io.rx_burst(&mut descs);
                 if n == 0 {
@@ -320,7 +323,6 @@ impl Dataplane {
                 }
                 self.ports[p].io.rx_done(&descs[..n]);
             }
-            got += self.take_handed(now);
             for p in self.ports.iter_mut() {
                 p.io.flush();
             }
