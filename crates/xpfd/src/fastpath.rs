@@ -347,12 +347,17 @@ impl FastPath {
         Some(w)
     }
 
-    /// Merges TCP record `slot`'s windows into its states (see `Worker::fast_tcp_merge`).
-    fn merge(&self, w: &mut Worker<Live>, slot: u32, push: bool) -> Option<bool> {
+    /// Merges TCP record `slot`'s windows into its states (see `Worker::fast_tcp_merge`);
+    /// `f`: the record's made-up frame (`frame_of`).
+    fn merge(&self, w: &mut Worker<Live>, slot: u32, f: &[u8], push: bool) -> Option<bool> {
         let win = self.windows(slot)?;
         let r = self.recs[slot as usize].as_ref()?;
-        let (f, n) = frame_of(&r.key);
-        w.fast_tcp_merge(&f[..n], [r.in_if as u16, r.out_if as u16], r.ids, win, push)
+        w.fast_tcp_merge(f, [r.in_if as u16, r.out_if as u16], r.ids, win, push)
+    }
+
+    /// Record `slot`'s made-up frame, for the engine to find its states by.
+    fn frame(&self, slot: u32) -> ([u8; 74], usize) {
+        self.recs[slot as usize].as_ref().map_or(([0; 74], 0), |r| frame_of(&r.key))
     }
 
     /// A TCP segment the program handed over (its metadata says the flow has an entry),
@@ -364,7 +369,8 @@ impl FastPath {
         let Some(&slot) = self.mine.get(&(in_if, k)) else { return };
         if self.recs[slot as usize].as_ref().is_some_and(|r| !r.held) {
             self.stats.judged += 1;
-            let _ = self.merge(w, slot, true);
+            let (f, n) = self.frame(slot);
+            let _ = self.merge(w, slot, &f[..n], true);
         }
     }
 
@@ -401,7 +407,8 @@ impl FastPath {
         let slot = t.tail(idx).slot.load(Relaxed);
         let mine = self.recs.get(slot as usize).and_then(|r| r.as_ref()).is_some_and(|r| r.idx == idx && r.key == k);
         if mine {
-            let _ = self.merge(w, slot, false);
+            let (f, n) = frame_of(&k);
+            let _ = self.merge(w, slot, &f[..n], false);
         }
     }
 
@@ -506,15 +513,14 @@ impl FastPath {
     }
 
     /// Carries record `slot`'s new counts into its states: the packets added, None when the
-    /// states are gone.
-    fn account(&mut self, w: &mut Worker<Live>, slot: u32, now: u32) -> Option<u32> {
+    /// states are gone. `f`: the record's made-up frame.
+    fn account(&mut self, w: &mut Worker<Live>, slot: u32, f: &[u8], now: u32) -> Option<u32> {
         let r = self.recs[slot as usize].as_ref()?;
         let t = self.tail(r);
         let (packets, bytes) = (t.packets.load(Relaxed), t.bytes.load(Relaxed));
         let (dp, db) = (packets.wrapping_sub(r.packets), bytes.wrapping_sub(r.bytes));
-        let (f, n) = frame_of(&r.key);
         let add = (dp > 0).then_some((dp, db));
-        if !w.flow_account(&f[..n], r.in_if as u16, r.out_if as u16, r.ids, add, now) {
+        if !w.flow_account(f, r.in_if as u16, r.out_if as u16, r.ids, add, now) {
             return None;
         }
         let r = self.recs[slot as usize].as_mut().unwrap();
@@ -525,14 +531,12 @@ impl FastPath {
         Some(dp)
     }
 
-    /// Whether record `slot`'s states expire before the pass after this one unless a packet
-    /// comes: the flow goes back to xpfd then, so that a packet after the expiry meets no
-    /// state (as in pf) rather than an entry not yet read back.
-    fn expiring(&self, w: &Worker<Live>, slot: u32, now: u32) -> bool {
+    /// Whether record `slot`'s states expire by `next` (the pass after this one) unless a
+    /// packet comes: the flow goes back to xpfd then, so that a packet after the expiry meets
+    /// no state (as in pf) rather than an entry not yet read back.
+    fn expiring(&self, w: &Worker<Live>, slot: u32, f: &[u8], next: u32) -> bool {
         let Some(r) = self.recs[slot as usize].as_ref() else { return true };
-        let (f, n) = frame_of(&r.key);
-        let next = now.saturating_add(Self::interval(w).as_secs() as u32 + 1);
-        w.flow_deadline(&f[..n], r.ids).is_none_or(|d| d <= next)
+        w.flow_deadline(f, r.ids).is_none_or(|d| d <= next)
     }
 
     /// One slice of the current pass.
@@ -540,6 +544,7 @@ impl FastPath {
         let t = Instant::now();
         let Some(start) = self.walking.take() else { return };
         let end = (start + SLICE).min(self.recs.len());
+        let next = now.saturating_add(Self::interval(w).as_secs() as u32 + 1);
         for slot in start as u32..end as u32 {
             let Some(r) = self.recs[slot as usize].as_ref().filter(|r| !r.held) else { continue };
             let pair = r.tcp;
@@ -547,14 +552,17 @@ impl FastPath {
                 continue; // visited with its reverse
             }
             self.pass_entries += 1;
-            let mut seen = self.account(w, slot, now);
+            let (f, n) = frame_of(&r.key);
+            let f = &f[..n];
+            let mut seen = self.account(w, slot, f, now);
             if let Some((rs, _)) = pair {
-                seen = seen.zip(self.account(w, rs, now)).map(|(a, b)| a + b);
-                if self.merge(w, slot, false) != Some(true) {
+                let (rf, rn) = self.frame(rs);
+                seen = seen.zip(self.account(w, rs, &rf[..rn], now)).map(|(a, b)| a + b);
+                if self.merge(w, slot, f, false) != Some(true) {
                     seen = None;
                 }
             }
-            if seen.is_none_or(|n| n == 0 && self.expiring(w, slot, now)) {
+            if seen.is_none_or(|n| n == 0 && self.expiring(w, slot, f, next)) {
                 self.take_back(slot);
             }
         }
@@ -578,10 +586,11 @@ impl FastPath {
                 break;
             }
             self.cooling.pop_front();
-            let _ = self.account(w, slot, now);
+            let (f, n) = self.frame(slot);
+            let _ = self.account(w, slot, &f[..n], now);
             if let Some((rs, _)) = self.recs[slot as usize].as_ref().and_then(|r| r.tcp) {
                 if self.recs[rs as usize].is_some() {
-                    let _ = self.merge(w, slot, false);
+                    let _ = self.merge(w, slot, &f[..n], false);
                 }
             }
             self.release(slot);

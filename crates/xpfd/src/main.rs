@@ -258,10 +258,14 @@ fn group_by_table(v: &[(String, std::net::IpAddr)]) -> Vec<(String, Vec<std::net
 /// the workers (`Steer::probe_egress`): at start, then every 2 s while it does (a veth whose
 /// peer turns GRO off or drops its XDP program would lose the flows' frames; they go back to
 /// xpfd within that) and every 10 s while it does not. Says what changed.
-fn probe_egresses(steers: &[(String, Steer)], e: &fastpath::Egresses, first: bool) {
+/// `last`: when each interface was probed.
+fn probe_egresses(
+    steers: &[(String, Steer)],
+    e: &fastpath::Egresses,
+    last: &mut Vec<(u32, std::time::Instant)>,
+    first: bool,
+) {
     use std::time::{Duration, Instant};
-    static LAST: Mutex<Vec<(u32, Instant)>> = Mutex::new(Vec::new());
-    let mut last = LAST.lock().unwrap();
     for (name, s) in steers {
         let Ok(i) = netlink::ifindex(name) else { continue };
         let every = Duration::from_secs(if e.ok(i) { 2 } else { 10 });
@@ -447,8 +451,9 @@ fn run(a: Args) -> Result<(), String> {
     // Which egresses take redirected frames: probed now, and again while xpfd runs.
     let egresses =
         tables.as_ref().map(|_| Arc::new(fastpath::Egresses::new(&ifs.iter().map(|f| f.1).collect::<Vec<_>>())));
+    let mut probed = Vec::new();
     if let Some(e) = &egresses {
-        probe_egresses(&steers.lock().unwrap(), e, true);
+        probe_egresses(&steers.lock().unwrap(), e, &mut probed, true);
     }
     let mut handoffs: Vec<Option<handoff::Handoff>> =
         if ports_of.len() > 1 { handoff::mesh(ports_of.len()).into_iter().map(Some).collect() } else { vec![None] };
@@ -588,7 +593,7 @@ fn run(a: Args) -> Result<(), String> {
             }
             addrs = (f, std::time::Instant::now());
             if let Some(e) = &egresses {
-                probe_egresses(&steers.lock().unwrap(), e, false);
+                probe_egresses(&steers.lock().unwrap(), e, &mut probed, false);
             }
         }
         let h = HUP.load(Ordering::Relaxed);
