@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN := target/release
 
-.PHONY: all deps build demo test failover lab bench-real bench-synflood bench bench-states bench-hashsize bench-insert bench-resize bench-rules bench-workers fuzz fuzz-long fmt clean
+.PHONY: all deps build demo test failover lab bench-real bench-synflood bench bench-states bench-hashsize bench-insert bench-resize bench-rules bench-nat bench-workers fuzz fuzz-long fmt clean
 
 all: build
 
@@ -27,6 +27,7 @@ test: build
 	$(CARGO) test --release -p xpf-conf --test pfctl_regress -- --nocapture --exact pfctl_regress_tally 2>&1 | grep -E '^(pf|pfail|selfpf)[: ]'
 	scripts/test.sh
 	scripts/scenario.sh
+	scripts/nat.sh
 	scripts/workers.sh
 	FASTPATH=1 scripts/workers.sh
 	scripts/failover.sh 8 14 --key
@@ -45,7 +46,7 @@ bench-synflood: build
 	scripts/synflood.sh
 
 # The full experiments (several minutes each); figures go to bench-results/out/.
-bench: bench-states bench-hashsize bench-insert bench-resize bench-rules bench-workers
+bench: bench-states bench-hashsize bench-insert bench-resize bench-rules bench-nat bench-workers
 
 bench-states: build
 	$(BIN)/xpf-bench states
@@ -58,6 +59,11 @@ bench-insert: build
 
 bench-resize: build
 	$(BIN)/xpf-bench resize
+
+# Translation in the engine: established and new flows with and without nat-to, at 10K, 1M
+# and 10M states; the port allocator's cost by occupancy.
+bench-nat: build
+	$(BIN)/xpf-bench nat
 
 bench-rules: build
 	$(BIN)/xpf-bench rules

@@ -14,7 +14,13 @@ needs() {
 # Stops xpfd ($XPFD) and everything running in the namespaces, removes them, $DIR and $SOCK;
 # installed for EXIT and the usual signals.
 lab_down() {
-    [[ -n ${XPFD:-} ]] && kill "$XPFD" 2>/dev/null && wait "$XPFD" 2>/dev/null
+    # A daemon that does not stop within 10 s is killed (and the run fails on the checks
+    # that saw it hang, not here).
+    if [[ -n ${XPFD:-} ]] && kill "$XPFD" 2>/dev/null; then
+        for _ in $(seq 100); do kill -0 "$XPFD" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$XPFD" 2>/dev/null
+        wait "$XPFD" 2>/dev/null
+    fi
     local n
     for n in client server far fw; do ip netns pids "${P}$n" 2>/dev/null | xargs -r kill 2>/dev/null; done
     scripts/topo.sh down "$P"

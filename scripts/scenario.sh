@@ -10,7 +10,6 @@ SOCK=/run/xpf-scenario.sock
 CTL="$BIN/xpfctl --socket $SOCK"
 LOG=$(mktemp /tmp/xpf-scenario-xpfd.XXXX.log)
 DIR=$(mktemp -d /tmp/xpf-scenario.XXXX)
-pass=0; fail=0
 [[ $(id -u) -eq 0 ]] || { echo "scenario: needs root (network namespaces, XDP)"; exit 1; }
 # Every tool the checks call (scripts/deps.sh installs them): missing one fails here, by name.
 for t in ip iperf3 curl nc tcpdump traceroute iptables nft ethtool nstat python3; do
@@ -26,12 +25,7 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-check() { # check NAME CMD...: passes when CMD succeeds
-    local name=$1; shift
-    if "$@" >"$DIR/out" 2>&1; then echo "ok   $name"; pass=$((pass + 1));
-    else echo "FAIL $name"; sed 's/^/     /' "$DIR/out" | tail -15; fail=$((fail + 1)); fi
-}
-refused() { ! "$@"; }
+. scripts/check.sh
 c() { ip netns exec ${P}client "$@"; }
 # scapy is Debian's (python3-scapy), for the system python.
 scapy() { ip netns exec ${P}client /usr/bin/python3 -c "import logging; logging.getLogger('scapy').setLevel(logging.ERROR)

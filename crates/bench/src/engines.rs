@@ -57,6 +57,69 @@ impl Engine for Xpf {
     }
 }
 
+/// The policy of the translation bench: pass, keep state, and (with a pool) `nat-to` it.
+pub struct NatPolicy(pub Option<xpf_engine::nat::Pool>);
+
+impl xpf_engine::Policy for NatPolicy {
+    fn evaluate(&self, _: &PDesc, _: u16, _: Dir) -> xpf_engine::Decision {
+        xpf_engine::Decision { nat: self.0.is_some() as u32, ..xpf_engine::Decision::PASS }
+    }
+    fn pool(&self, _: u32) -> Option<&xpf_engine::nat::Pool> {
+        self.0.as_ref()
+    }
+}
+
+/// xpf's worker filtering `out` (where `nat-to` translates) under [`NatPolicy`]: the frames a
+/// translation rewrites are rewritten into a scratch frame ([`xpf_wire::translate::apply`],
+/// incremental checksums), as xpfd does into its transmit frame, so the figure holds both.
+pub struct XpfOut {
+    pub w: Worker<NatPolicy>,
+    verdicts: [Verdict; BATCH],
+    scratch: [u8; 128],
+}
+
+impl XpfOut {
+    /// Flows from the generator's sources, translated to `pool` (None: not translated).
+    pub fn new(limit: u64, pool: Option<xpf_engine::nat::Pool>) -> XpfOut {
+        let cfg = WorkerConfig {
+            limit: limit as u32,
+            rows: None,
+            seed: Seed::random(),
+            events: 0,
+            now: 1,
+            prefault: true,
+            secret: xpf_state::os_random(),
+        };
+        XpfOut {
+            w: Worker::new(cfg, NatPolicy(pool)).expect("state table memory"),
+            verdicts: [Verdict::Pass; BATCH],
+            scratch: [0; 128],
+        }
+    }
+}
+
+impl Engine for XpfOut {
+    #[inline]
+    fn process(&mut self, frames: &[&[u8]], now: u32) -> usize {
+        self.w.process(frames, 1, Dir::Out, now, &mut self.verdicts);
+        let mut m = self.w.translated;
+        while m != 0 {
+            let i = m.trailing_zeros() as usize;
+            m &= m - 1;
+            let f = &mut self.scratch[..frames[i].len()];
+            f.copy_from_slice(frames[i]);
+            xpf_wire::translate::apply(f, &self.w.rewrites[i]);
+        }
+        self.verdicts[..frames.len()].iter().filter(|v| **v == Verdict::Pass).count()
+    }
+    fn states(&self) -> u64 {
+        self.w.states() as u64
+    }
+    fn inserts(&self) -> u64 {
+        self.w.t4.counters.inserts + self.w.t6.counters.inserts
+    }
+}
+
 /// The baseline's state: the same data an xpf entry holds, without the key.
 #[derive(Clone, Copy)]
 #[allow(dead_code)]

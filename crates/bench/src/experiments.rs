@@ -1,6 +1,6 @@
 //! The experiments: what they run, what they print, what they write.
 
-use crate::engines::{HashMapBaseline, Xpf};
+use crate::engines::{HashMapBaseline, Xpf, XpfOut};
 use crate::plot::{self, Series};
 use crate::runner::{insert_runs, shard_runs, Measured};
 use crate::stats::{self, Summary};
@@ -598,4 +598,195 @@ pub fn rules(o: &Opts) -> Result<(), String> {
     }];
     let report = Report { bench: o.bench.clone(), env: e, points: out, hashmap_reference: None };
     finish(o, &report, &series, "first-packet rule evaluations per second", "rules")
+}
+
+#[derive(Serialize)]
+struct NatPoint {
+    states: u64,
+    plain_pps: Summary,
+    nat_pps: Summary,
+    /// NAT's established pps as a share of the same flows' without it.
+    nat_over_plain: f64,
+    plain_new_per_sec: Summary,
+    nat_new_per_sec: Summary,
+    plain_table_bytes_per_state: f64,
+    nat_table_bytes_per_state: f64,
+    nat_rss_bytes_per_state: f64,
+}
+
+#[derive(Serialize)]
+struct AllocPoint {
+    occupancy: f64,
+    ns_per_port: Summary,
+}
+
+#[derive(Serialize)]
+struct NatReport {
+    bench: String,
+    env: Env,
+    pool: String,
+    points: Vec<NatPoint>,
+    allocation: Vec<AllocPoint>,
+}
+
+/// The translation pool of the bench: `nat-to 198.51.0.0/16 round-robin` (pf's default ports,
+/// 50001-65535): a campus's public range.
+fn bench_pool() -> xpf_engine::nat::Pool {
+    use xpf_engine::nat::{Method, Net, Pool};
+    Pool {
+        nets: vec![Net { addr: xpf_wire::Addr::v4([198, 51, 0, 0]), af: 4, len: 16 }],
+        method: Method::RoundRobin,
+        ports: (50001, 65535),
+        static_port: false,
+        dst_base: 0,
+    }
+}
+
+/// Translation in the engine: established packets per second and new states per second of the
+/// same flows filtered `out` with and without `nat-to` (the rewrite included), bytes per
+/// state; and the port allocator's cost per new flow at 0%, 90% and 99.9% of one address's
+/// ports in use.
+pub fn nat(o: &Opts) -> Result<(), String> {
+    let points = o.points.clone().unwrap_or_else(|| {
+        if o.quick {
+            vec![10_000, 1_000_000]
+        } else {
+            vec![10_000, 1_000_000, 10_000_000]
+        }
+    });
+    let e = env(o);
+    let pool = "nat-to 198.51.0.0/16 round-robin, ports 50001:65535";
+    say(
+        o,
+        format!(
+            "xpf-bench nat: established UDP out, 60-byte frames, {pool}, 1 worker, batch {}, {} runs of >= {} s; commit {}; {}",
+            o.batch, o.runs, o.seconds, e.commit, e.cpu
+        ),
+    );
+    let mut out = Vec::new();
+    for &n in &points {
+        let g = Gen::for_flows(n);
+        let table = |e: &XpfOut| {
+            let m = e.w.t4.memory().total() + e.w.t6.memory().total();
+            vec![("table_bytes_per_state".to_string(), m as f64 / e.w.states().max(1) as f64)]
+        };
+        eprintln!("  {n} states: plain ...");
+        let plain = shard_runs(&g, 1, o.runs, o.seconds, o.batch, o.shuffle, |lim| XpfOut::new(lim, None), table);
+        eprintln!("  {n} states: nat-to ...");
+        let nat =
+            shard_runs(&g, 1, o.runs, o.seconds, o.batch, o.shuffle, |lim| XpfOut::new(lim, Some(bench_pool())), table);
+        let runs = o.runs.min(3);
+        let plain_new = insert_runs(&g, runs, o.batch, |lim| XpfOut::new(lim, None));
+        let nat_new = insert_runs(&g, runs, o.batch, |lim| XpfOut::new(lim, Some(bench_pool())));
+        let (ps, ns) = (Summary::of(&plain.runs), Summary::of(&nat.runs));
+        out.push(NatPoint {
+            states: n,
+            nat_over_plain: ns.median / ps.median,
+            plain_pps: ps,
+            nat_pps: ns,
+            plain_new_per_sec: Summary::of(&plain_new),
+            nat_new_per_sec: Summary::of(&nat_new),
+            plain_table_bytes_per_state: extra(&plain, "table_bytes_per_state"),
+            nat_table_bytes_per_state: extra(&nat, "table_bytes_per_state"),
+            nat_rss_bytes_per_state: nat.rss_per_state,
+        });
+    }
+    // The allocator alone: one address's 15,535 ports, `occupancy` of them held by flows; the
+    // time to take a port for a new flow and give it back (its key checked free each try).
+    let mut allocation = Vec::new();
+    for occupancy in [0.0, 0.9, 0.999] {
+        use rand_core::SeedableRng;
+        let mut rng = rand_chacha::ChaCha20Rng::from_seed([5; 32]);
+        let mut a = xpf_engine::nat::Nat::default();
+        let addr = xpf_wire::Addr::v4([198, 51, 0, 1]);
+        let range = (50001u16, 65535u16);
+        let held = ((range.1 - range.0 + 1) as f64 * occupancy) as usize;
+        let mut used = std::collections::HashSet::new();
+        for _ in 0..held {
+            let p = a.take_port(addr, 17, range, 0, &mut rng, |p| !used.contains(&p)).expect("free port");
+            used.insert(p);
+        }
+        let mut runs = Vec::new();
+        for r in 0..o.runs {
+            let n = 200_000u32;
+            // Released ports are past their hold: each run is a second 1,000 s later.
+            let now = 1000 * (r as u32 + 1);
+            let t = std::time::Instant::now();
+            for _ in 0..n {
+                let p = a.take_port(addr, 17, range, now, &mut rng, |p| !used.contains(&p)).expect("a port");
+                a.put_port(addr, 17, p, now - xpf_engine::nat::HOLD);
+            }
+            runs.push(t.elapsed().as_nanos() as f64 / n as f64);
+        }
+        allocation.push(AllocPoint { occupancy, ns_per_port: Summary::of(&runs) });
+    }
+    say(
+        o,
+        format!(
+            "{:>10} {:>14} {:>14} {:>9} {:>14} {:>14} {:>10} {:>10}",
+            "states", "plain pps", "nat-to pps", "nat/plain", "plain new/s", "nat-to new/s", "B/st", "B/st nat"
+        ),
+    );
+    for p in &out {
+        say(
+            o,
+            format!(
+                "{:>10} {:>14.0} {:>14.0} {:>9.3} {:>14.0} {:>14.0} {:>10.1} {:>10.1}",
+                p.states,
+                p.plain_pps.median,
+                p.nat_pps.median,
+                p.nat_over_plain,
+                p.plain_new_per_sec.median,
+                p.nat_new_per_sec.median,
+                p.plain_table_bytes_per_state,
+                p.nat_table_bytes_per_state
+            ),
+        );
+    }
+    say(o, "port allocation, ns per new flow (take and give back), by occupancy of one address's ports:".into());
+    for a in &allocation {
+        say(
+            o,
+            format!(
+                "  {:>6.1}%  {:>8.1} ns (min {:.1}, max {:.1})",
+                a.occupancy * 100.0,
+                a.ns_per_port.median,
+                a.ns_per_port.min,
+                a.ns_per_port.max
+            ),
+        );
+    }
+    let series = vec![
+        Series {
+            title: "without nat",
+            points: out
+                .iter()
+                .map(|p| (p.states as f64, p.plain_pps.median, p.plain_pps.min, p.plain_pps.max))
+                .collect(),
+        },
+        Series {
+            title: "nat-to",
+            points: out.iter().map(|p| (p.states as f64, p.nat_pps.median, p.nat_pps.min, p.nat_pps.max)).collect(),
+        },
+    ];
+    let report = NatReport { bench: o.bench.clone(), env: e, pool: pool.into(), points: out, allocation };
+    let io = |err: std::io::Error| format!("writing {}: {err}", o.out.display());
+    std::fs::create_dir_all(&o.out).map_err(io)?;
+    let json = serde_json::to_string_pretty(&report).unwrap();
+    std::fs::write(o.out.join("nat.json"), &json).map_err(io)?;
+    if let Ok(Ok(png)) = plot::write(
+        &o.out,
+        "nat",
+        "established UDP out, with and without nat-to",
+        "states",
+        "packets per second",
+        true,
+        &series,
+    ) {
+        say(o, format!("plot: {png}"));
+    }
+    if o.json {
+        println!("{json}");
+    }
+    Ok(())
 }

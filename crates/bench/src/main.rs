@@ -80,7 +80,7 @@ pub struct Opts {
 
 fn usage() -> String {
     let mut s = String::from(
-        "usage: xpf-bench states|hashsize|insert|resize|rules|lab|real|sync [options]\n       xpf-bench replay FILE.pcap...\n       xpf-bench flood [--seconds S] NETNS DEV NEXTHOP-MAC DST PORT   (a SYN flood, every packet a new source)\n\noptions:\n",
+        "usage: xpf-bench states|hashsize|insert|resize|rules|nat|lab|real|sync [options]\n       xpf-bench replay FILE.pcap...\n       xpf-bench flood [--seconds S] NETNS DEV NEXTHOP-MAC DST PORT   (a SYN flood, every packet a new source)\n\noptions:\n",
     );
     for (f, v, h) in FLAGS {
         s.push_str(&format!("  {:<24} {h}\n", format!("{f} {v}")));
@@ -107,7 +107,7 @@ fn parse_num(flag: &str, v: &str) -> Result<u64, String> {
 
 fn parse(args: &[String]) -> Result<Opts, String> {
     let bench = args.first().ok_or_else(usage)?.clone();
-    if !["states", "hashsize", "insert", "resize", "rules", "replay", "lab", "real", "sync", "flood"]
+    if !["states", "hashsize", "insert", "resize", "rules", "nat", "replay", "lab", "real", "sync", "flood"]
         .contains(&bench.as_str())
     {
         return Err(format!("unknown bench '{bench}'\n\n{}", usage()));
@@ -305,6 +305,7 @@ fn main() -> ExitCode {
     };
     let r = match o.bench.as_str() {
         "states" => experiments::states(&o),
+        "nat" => experiments::nat(&o),
         "hashsize" => experiments::hashsize(&o),
         "replay" => replay(&o),
         "resize" => experiments::resize(&o),

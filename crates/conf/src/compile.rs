@@ -140,6 +140,19 @@ impl Table {
     }
 
     /// `-T zero`: every entry's counters cleared at `now`.
+    /// The addresses the table includes (its entries not negated), as (address, prefix
+    /// length), in address order: what a translation pool drawn from it uses.
+    pub fn hosts(&self) -> Vec<(IpAddr, u8)> {
+        let mut v4: Vec<_> = self.v4.iter().filter(|(_, e)| !e.neg).map(|(&(l, a), _)| (a, l)).collect();
+        let mut v6: Vec<_> = self.v6.iter().filter(|(_, e)| !e.neg).map(|(&(l, a), _)| (a, l)).collect();
+        v4.sort_unstable();
+        v6.sort_unstable();
+        v4.into_iter()
+            .map(|(a, l)| (IpAddr::V4(a.into()), l))
+            .chain(v6.into_iter().map(|(a, l)| (IpAddr::V6(a.into()), l)))
+            .collect()
+    }
+
     pub fn zero(&mut self, now: u64) {
         for e in self.v4.values_mut().chain(self.v6.values_mut()) {
             e.matches = AtomicU64::new(0);
@@ -317,6 +330,9 @@ struct CRule {
     depth: u8,
     /// For an anchor rule: the index after its body (0: not an anchor).
     anchor_end: u32,
+    /// Translation pools (index + 1 in `Ruleset::pools`, 0 for none): `nat-to`, `rdr-to`.
+    nat: u32,
+    rdr: u32,
 }
 
 const SKIP_IF: usize = 0;
@@ -390,6 +406,112 @@ pub struct Ruleset {
     rare: Vec<Rare>,
     /// `urpf-failed`: (interface, index in `tables` of the routes out of it).
     urpf: Arc<Vec<(u16, usize)>>,
+    /// The translation pools of the rules (`nat-to`, `rdr-to`, `binat-to`'s halves).
+    pub pools: Arc<Vec<xpf_engine::nat::Pool>>,
+    /// Pools drawn from a table: (pool, table), refilled when the table changes.
+    pool_tables: Vec<(usize, String)>,
+    /// Where translated traffic may come to this host's own addresses: the pools' addresses
+    /// (replies to `nat-to`) and the destinations of `rdr-to` rules. xpfd's steering program
+    /// sends such packets to xpfd instead of the kernel's local delivery.
+    pub nat_targets: Vec<Target>,
+}
+
+/// A destination translated traffic may have ([`Ruleset::nat_targets`]): packets of `proto`
+/// (family `af`) to network `net` (None: any address) whose destination port is in
+/// `lo..=hi` (ICMP: every message); or, with `port` not 0, is `port` (`net` then a host or
+/// None).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target {
+    pub af: u8,
+    pub proto: u8,
+    pub net: Option<(IpAddr, u8)>,
+    pub port: u16,
+    pub lo: u16,
+    pub hi: u16,
+}
+
+fn host_len(a: &IpAddr) -> u8 {
+    if a.is_ipv4() {
+        32
+    } else {
+        128
+    }
+}
+
+fn masked_addr(a: IpAddr, len: u8) -> IpAddr {
+    match a {
+        IpAddr::V4(v) => IpAddr::V4((u32::from(v) & mask4(len)).into()),
+        IpAddr::V6(v) => IpAddr::V6((u128::from(v) & mask6(len)).into()),
+    }
+}
+
+/// The targets rule `r` adds: its `nat-to` pool's networks (TCP and UDP in the pool's port
+/// range, every ICMP message for replies and errors), its `rdr-to` rule's destinations.
+fn targets_of(r: &Rule, nat: Option<&xpf_engine::nat::Pool>, rdr: bool, tables: &[(String, Table)]) -> Vec<Target> {
+    use xpf_wire::pdesc::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_UDP};
+    let mut out = Vec::new();
+    let icmp = |af| if af == AF_INET { IPPROTO_ICMP } else { IPPROTO_ICMPV6 };
+    let af_of = |a: &IpAddr| if a.is_ipv4() { AF_INET } else { AF_INET6 };
+    let l4 = match r.proto {
+        Some(p) if p == IPPROTO_TCP || p == IPPROTO_UDP => vec![p],
+        Some(_) => vec![],
+        None => vec![IPPROTO_TCP, IPPROTO_UDP],
+    };
+    if let Some(pool) = nat {
+        let (lo, hi) = if pool.static_port || pool.ports == (0, 0) { (1, 65535) } else { pool.ports };
+        for n in &pool.nets {
+            let a: IpAddr =
+                if n.af == AF_INET { IpAddr::V4(n.addr.v4_bytes().into()) } else { IpAddr::V6(n.addr.0.into()) };
+            let af = af_of(&a);
+            let net = Some((masked_addr(a, n.len), n.len));
+            for &p in &l4 {
+                out.push(Target { af, proto: p, net, port: 0, lo, hi });
+            }
+            out.push(Target { af, proto: icmp(af), net, port: 0, lo: 0, hi: 65535 });
+        }
+    }
+    if rdr {
+        let nets: Vec<Option<(IpAddr, u8)>> = match &r.dst.kind {
+            _ if r.dst.neg => vec![None],
+            HostKind::Net(a, l) => vec![Some((*a, *l))],
+            HostKind::Table(n) => tables
+                .iter()
+                .find(|t| &t.0 == n)
+                .map(|t| t.1.hosts().into_iter().map(Some).collect())
+                .unwrap_or_default(),
+            HostKind::Dynamic { ifname, modifier, prefix } => {
+                crate::ifaddr::dynamic(ifname, modifier.as_deref(), *prefix).into_iter().map(Some).collect()
+            }
+            HostKind::SelfAddr => crate::ifaddr::dynamic("self", None, None).into_iter().map(Some).collect(),
+            _ => vec![None],
+        };
+        let fams: Vec<u8> = match r.af {
+            Af::Inet => vec![AF_INET],
+            Af::Inet6 => vec![AF_INET6],
+            Af::Any => vec![AF_INET, AF_INET6],
+        };
+        for net in nets {
+            for &af in &fams {
+                if net.is_some_and(|(a, _)| af_of(&a) != af) {
+                    continue;
+                }
+                let host = net.is_none_or(|(a, l)| l == host_len(&a));
+                for &p in &l4 {
+                    let t = match r.dst_port {
+                        Some(PortOp::Eq(port)) if host => Target { af, proto: p, net, port, lo: 0, hi: 0 },
+                        Some(PortOp::Eq(port)) => Target { af, proto: p, net, port: 0, lo: port, hi: port },
+                        Some(PortOp::Range(lo, hi)) => Target { af, proto: p, net, port: 0, lo, hi },
+                        _ => Target { af, proto: p, net, port: 0, lo: 0, hi: 65535 },
+                    };
+                    out.push(t);
+                }
+                if r.proto.is_none() || r.proto == Some(icmp(af)) {
+                    out.push(Target { af, proto: icmp(af), net, port: 0, lo: 0, hi: 65535 });
+                }
+            }
+        }
+    }
+    out
 }
 
 /// A limited rule's limiter id: a hash of the rule as written (its line aside) and of how many
@@ -478,6 +600,80 @@ fn table_index(tables: &mut Vec<(String, Table)>, name: String, make: impl FnOnc
             tables.len() - 1
         }
     }
+}
+
+fn net(a: IpAddr, len: u8) -> xpf_engine::nat::Net {
+    match a {
+        IpAddr::V4(v) => xpf_engine::nat::Net { addr: Addr::v4(v.octets()), af: AF_INET, len },
+        IpAddr::V6(v) => xpf_engine::nat::Net { addr: Addr(v.octets()), af: AF_INET6, len },
+    }
+}
+
+/// Compiles rule `r`'s translation target `pool` (`rdr`: a destination one) into `pools`;
+/// its index + 1, or 0 without one. Tables are read as they are now (and refilled by
+/// [`Ruleset::with_table`]), interfaces' addresses as they are now (xpfd compiles again when
+/// they change); IPv6 link-local addresses are never a translation's.
+fn add_pool(
+    r: &Rule,
+    pool: Option<&Pool>,
+    rdr: bool,
+    tables: &[(String, Table)],
+    pools: &mut Vec<xpf_engine::nat::Pool>,
+    pool_tables: &mut Vec<(usize, String)>,
+) -> Result<u32, CompileError> {
+    use xpf_engine::nat::{Method, Pool as EPool};
+    let Some(pool) = pool else { return Ok(0) };
+    let err = |msg: String| CompileError { line: r.line, msg };
+    let mut nets = Vec::new();
+    for h in std::iter::once(&pool.host).filter(|_| pool.list.is_none()).chain(pool.list.iter().flatten()) {
+        match &h.kind {
+            HostKind::Net(a, l) => nets.push(net(*a, *l)),
+            HostKind::Dynamic { ifname, modifier, prefix } => {
+                for (a, l) in crate::ifaddr::dynamic(ifname, modifier.as_deref(), *prefix) {
+                    if !matches!(a, IpAddr::V6(v) if v.segments()[0] & 0xffc0 == 0xfe80) {
+                        nets.push(net(a, l));
+                    }
+                }
+            }
+            HostKind::Table(name) => {
+                let t = tables.iter().find(|t| &t.0 == name).map(|t| &t.1);
+                nets.extend(t.map(|t| t.hosts()).unwrap_or_default().into_iter().map(|(a, l)| net(a, l)));
+                pool_tables.push((pools.len(), name.clone()));
+            }
+            _ => return Err(err(format!("{} is not a translation address", crate::print::host_label(h)))),
+        }
+    }
+    let method = match &pool.kind {
+        PoolKind::None => Method::None,
+        PoolKind::Bitmask => Method::Bitmask,
+        PoolKind::Random => Method::Random,
+        PoolKind::RoundRobin => Method::RoundRobin,
+        PoolKind::SourceHash(Some(hex)) => {
+            let mut k = [0u8; 16];
+            for (i, b) in k.iter_mut().enumerate() {
+                *b = u8::from_str_radix(&hex[2 + 2 * i..4 + 2 * i], 16).map_err(|_| err(format!("bad key {hex}")))?;
+            }
+            Method::SourceHash(k)
+        }
+        PoolKind::SourceHash(None) => Method::SourceHash(xpf_state::os_random()),
+    };
+    // rdr-to: the rule's destination port range maps onto `port P:Q` (or `P:*`, as wide).
+    let (dlo, dhi) = match r.dst_port {
+        Some(PortOp::Eq(p)) => (p, p),
+        Some(PortOp::Range(a, b)) => (a, b),
+        _ => (0, 0),
+    };
+    let ports = match (rdr, pool.port) {
+        (false, None) if pool.static_port => (0, 0),
+        (false, None) => (50001, 65535),
+        (false, Some((a, 0))) => (a, 65535),
+        (false, Some((a, b))) => (a.min(b), a.max(b)),
+        (true, None) => (0, 0),
+        (true, Some((a, 0))) => (a, a.saturating_add(dhi - dlo)),
+        (true, Some((a, b))) => (a, b),
+    };
+    pools.push(EPool { nets, method, ports, static_port: pool.static_port, dst_base: dlo });
+    Ok(pools.len() as u32)
 }
 
 fn addr_test(
@@ -621,6 +817,9 @@ impl Ruleset {
         let mut seen_marks = HashMap::new();
         let mut marks = HashMap::new();
         let mut rare = Vec::new();
+        let mut pools = Vec::new();
+        let mut pool_tables = Vec::new();
+        let mut nat_targets = Vec::new();
         for (nr, r) in p.rules.iter().enumerate() {
             // An anchor's body is the rules after it one level deeper; one loaded from elsewhere
             // has none here yet, and is empty.
@@ -730,7 +929,40 @@ impl Ruleset {
                 },
                 depth: r.depth,
                 anchor_end,
+                nat: add_pool(r, r.nat.as_ref(), false, &tables, &mut pools, &mut pool_tables)?,
+                rdr: add_pool(r, r.rdr.as_ref(), true, &tables, &mut pools, &mut pool_tables)?,
             });
+            let c = rules.last().unwrap();
+            let nat = (c.nat != 0).then(|| &pools[c.nat as usize - 1]);
+            nat_targets.extend(targets_of(r, nat, c.rdr != 0, &tables));
+        }
+        // Several ranges for one protocol and network: the span of them (packets outside a
+        // translation go back to the host). The program takes the longest prefix only: a
+        // range for a wider network also widens every narrower one's.
+        let mut merged: Vec<Target> = Vec::new();
+        for t in &nat_targets {
+            match merged.iter_mut().find(|m| m.af == t.af && m.proto == t.proto && m.net == t.net && m.port == t.port) {
+                Some(m) if t.port == 0 => {
+                    m.lo = m.lo.min(t.lo);
+                    m.hi = m.hi.max(t.hi);
+                }
+                Some(_) => {}
+                None => merged.push(*t),
+            }
+        }
+        let ranges: Vec<Target> = merged.iter().filter(|t| t.port == 0).copied().collect();
+        for m in merged.iter_mut().filter(|m| m.port == 0) {
+            for w in &ranges {
+                let covers = match (w.net, m.net) {
+                    (None, _) => true,
+                    (Some(_), None) => false,
+                    (Some((wa, wl)), Some((ma, ml))) => wl <= ml && masked_addr(ma, wl) == wa,
+                };
+                if covers && w.af == m.af && w.proto == m.proto {
+                    m.lo = m.lo.min(w.lo);
+                    m.hi = m.hi.max(w.hi);
+                }
+            }
         }
         let skip = Arc::new(skip_steps(&rules));
         let evaluations = Arc::new((0..rules.len()).map(|_| AtomicU64::new(0)).collect());
@@ -747,7 +979,11 @@ impl Ruleset {
         let skip_ifs = p.skip.iter().filter_map(|n| ifindex(n)).collect();
         let random = rules.iter().any(|r| r.prob != 0);
         let urpf = Arc::new(urpf);
+        let pools = Arc::new(pools);
         Ok(Ruleset {
+            pools,
+            pool_tables,
+            nat_targets: merged,
             rules: Arc::new(rules),
             skip,
             tables,
@@ -797,6 +1033,13 @@ impl Ruleset {
     pub fn with_table(&self, name: &str, t: Table) -> Option<Ruleset> {
         let i = self.tables.iter().position(|(n, _)| n == name)?;
         let mut r = self.clone();
+        if self.pool_tables.iter().any(|(_, n)| n == name) {
+            let mut pools = (*self.pools).clone();
+            for (k, _) in self.pool_tables.iter().filter(|(_, n)| n == name) {
+                pools[*k].nets = t.hosts().into_iter().map(|(a, l)| net(a, l)).collect();
+            }
+            r.pools = Arc::new(pools);
+        }
         r.tables[i].1 = Arc::new(t);
         Some(r)
     }
@@ -959,11 +1202,11 @@ impl Ruleset {
 
     /// [`Ruleset::eval`] in the packet's full [`Context`].
     pub fn eval_with(&self, pd: &PDesc, at: &Context) -> (Option<usize>, u16) {
-        self.walk(pd, at, &mut EScrub::default())
+        self.walk(pd, at, &mut Acts::default())
     }
 
     /// The walk itself; `acc` gathers the scrub actions of the match rules that matched.
-    fn walk(&self, pd: &PDesc, at: &Context, acc: &mut EScrub) -> (Option<usize>, u16) {
+    fn walk(&self, pd: &PDesc, at: &Context, acc: &mut Acts) -> (Option<usize>, u16) {
         let mut tag = at.tag;
         let mut last = None;
         let mut i = 0;
@@ -1027,7 +1270,7 @@ impl Ruleset {
                 continue;
             }
             if self.first_mismatch(r, pd, at, tag).is_none()
-                && matched(r, self.mark(r), i, &mut tag, &mut last, &mut EScrub::default())
+                && matched(r, self.mark(r), i, &mut tag, &mut last, &mut Acts::default())
             {
                 break;
             }
@@ -1046,6 +1289,10 @@ impl Ruleset {
 }
 
 impl Policy for Ruleset {
+    fn pool(&self, i: u32) -> Option<&xpf_engine::nat::Pool> {
+        self.pools.get((i as usize).wrapping_sub(1))
+    }
+
     fn limits(&self, i: u32) -> Option<&RuleLimits> {
         self.limits.get((i as usize).wrapping_sub(1))
     }
@@ -1069,10 +1316,20 @@ impl Policy for Ruleset {
 
     fn evaluate_in(&self, pd: &PDesc, at: &Context) -> Decision {
         // pf_rule_to_actions: the match rules' actions as they matched, then the deciding rule's.
-        let mut scrub = EScrub::NONE;
-        let (last, tag) = self.walk(pd, at, &mut scrub);
+        let mut acts = Acts { scrub: EScrub::NONE, nat: 0, rdr: 0 };
+        let (last, tag) = self.walk(pd, at, &mut acts);
+        let mut scrub = acts.scrub;
+        // A translation makes a state whatever the deciding rule says (pf_test_rule).
+        let translated = |r: Option<&CRule>| {
+            let nat = r.map_or(0, |r| r.nat);
+            let rdr = r.map_or(0, |r| r.rdr);
+            (if nat != 0 { nat } else { acts.nat }, if rdr != 0 { rdr } else { acts.rdr })
+        };
         match last {
-            None => Decision { keep_state: false, tag, scrub, ..Decision::PASS },
+            None => {
+                let (nat, rdr) = translated(None);
+                Decision { keep_state: nat != 0 || rdr != 0, tag, scrub, nat, rdr, ..Decision::PASS }
+            }
             Some(i) => {
                 let r = &self.rules[i];
                 let mut rate = 0;
@@ -1086,9 +1343,12 @@ impl Policy for Ruleset {
                         rate = m.id;
                     }
                 }
+                let (nat, rdr) = translated(Some(r));
                 Decision {
                     action: if r.action == Action::Block { EAction::Block } else { EAction::Pass },
-                    keep_state: r.keep_state && r.action == Action::Pass,
+                    keep_state: (r.keep_state || nat != 0 || rdr != 0) && r.action == Action::Pass,
+                    nat,
+                    rdr,
                     rule: r.nr,
                     nosync: r.nosync,
                     if_bound: r.if_bound,
@@ -1111,6 +1371,14 @@ impl Policy for Ruleset {
     }
 }
 
+/// What the matching `match` rules leave the deciding rule: scrub actions, translations.
+#[derive(Debug, Default)]
+struct Acts {
+    scrub: EScrub,
+    nat: u32,
+    rdr: u32,
+}
+
 /// What a matching rule does: set its tag, become the deciding rule unless it is a `match`
 /// rule; true when it is `quick` (evaluation stops).
 #[inline(always)]
@@ -1120,7 +1388,7 @@ fn matched(
     i: usize,
     tag: &mut u16,
     last: &mut Option<usize>,
-    acc: &mut EScrub,
+    acc: &mut Acts,
 ) -> bool {
     if let Some(t) = r.tag {
         *tag = t;
@@ -1128,7 +1396,13 @@ fn matched(
     if r.action != Action::Match {
         *last = Some(i);
     } else {
-        acc.merge(&r.scrub);
+        acc.scrub.merge(&r.scrub);
+        if r.nat != 0 {
+            acc.nat = r.nat;
+        }
+        if r.rdr != 0 {
+            acc.rdr = r.rdr;
+        }
         if let Some(m) = mark.filter(|m| m.once) {
             m.expired.store(true, Ordering::Relaxed);
         }

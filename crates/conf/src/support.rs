@@ -154,15 +154,23 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
         if group.is_some() {
             refuse("group");
         }
-        // binat-to is expanded into its nat-to and rdr-to halves; each names itself.
-        if binat.is_some() {
-            refuse("binat-to");
-        } else {
-            if nat.is_some() {
-                refuse("nat-to");
+        // Enforced: translation (the engine's nat.rs) with pf's pool types over addresses,
+        // networks, lists, tables and interfaces; binat-to as its nat-to and rdr-to halves.
+        let _ = binat;
+        for (what, pool) in [("nat-to", nat), ("rdr-to", rdr)] {
+            let Some(pool) = pool else { continue };
+            if pool.sticky {
+                refuse(&format!("{what} ... sticky-address"));
             }
-            if rdr.is_some() {
-                refuse("rdr-to");
+            for h in std::iter::once(&pool.host).chain(pool.list.iter().flatten()) {
+                match &h.kind {
+                    HostKind::Net(..) | HostKind::Table(_) | HostKind::Dynamic { .. } => {}
+                    HostKind::Range(..) => refuse(&format!("{what} an address range")),
+                    _ => refuse(&format!("{what} {}", crate::print::host_label(h))),
+                }
+            }
+            if *state == StateKind::Synproxy {
+                refuse(&format!("synproxy state with {what}"));
             }
         }
         if let Some(s) = scrub {
@@ -264,9 +272,12 @@ mod tests {
         ("pass in from urpf-failed", Yes("no_route_and_urpf_failed_follow_the_routes")),
         ("pass in proto tcp user 0", No("user")),
         ("pass in proto tcp group 0", No("group")),
-        ("match out on lo nat-to 192.0.2.1", No("nat-to")),
-        ("match in on lo rdr-to 192.0.2.1", No("rdr-to")),
-        ("match on lo from 10.0.0.1 to any binat-to 192.0.2.1", No("nat-to")),
+        ("match out on lo nat-to 192.0.2.1", Yes("nat_to_translates_out_and_back_in")),
+        ("match in on lo rdr-to 192.0.2.1", Yes("rdr_to_forwards_to_the_inside_server_and_answers_from_the_public_address")),
+        ("match on lo from 10.0.0.1 to any binat-to 192.0.2.1", Yes("binat_to_compiles_to_a_static_nat_out_and_a_rdr_in")),
+        ("pass out on lo nat-to 192.0.2.1 sticky-address", No("nat-to ... sticky-address")),
+        ("pass out on lo nat-to 192.0.2.1 - 192.0.2.9", No("nat-to an address range")),
+        ("pass in on lo proto tcp rdr-to 192.0.2.1 synproxy state", No("synproxy state with rdr-to")),
         ("match in scrub (max-mss 1400, no-df, random-id, min-ttl 9, set-tos 0x10)", Yes("scrub_rewrites_as_pf_scrub_does")),
         ("match in scrub (reassemble tcp)", No("scrub (reassemble tcp)")),
         ("pass in proto tcp divert-to 127.0.0.1 port 8080", No("divert-to")),

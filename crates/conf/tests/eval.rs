@@ -251,25 +251,25 @@ fn tag_set_in_is_seen_by_tagged_out_and_kept_in_the_state() {
     let (dns, other) = (frame(53), frame(54));
     let mut v = [Verdict::Pass; 2];
     let mut tags = [0u16; 2];
-    w.process_tagged(&[&dns, &other], 1, Dir::In, 1, 0, &mut v, &mut tags);
+    w.process_tagged(&[&dns, &other], 1, Dir::In, 1, 0, &mut v, &mut tags, 0);
     assert_eq!(v, [Verdict::Pass, Verdict::Pass]);
     assert!(tags[0] != 0 && tags[1] == 0, "the DNS rule tagged, the other did not: {tags:?}");
-    w.process_tagged(&[&dns, &other], 2, Dir::Out, 1, 0, &mut v, &mut tags);
+    w.process_tagged(&[&dns, &other], 2, Dir::Out, 1, 0, &mut v, &mut tags, 0);
     assert_eq!(v, [Verdict::Pass, Verdict::Drop(xpf_wire::Reason::Match)], "only the tagged packet goes out");
     assert_eq!(w.states(), 3);
     // The `out` state goes; the next packet takes its tag from the `in` state.
     let out_id = w.t4.iter().find(|(_, s)| s.flags & xpf_state::sf::OUT != 0).map(|(i, _)| i).unwrap();
     w.t4.remove(out_id);
     let mut tags = [0u16; 1];
-    w.process_tagged(&[&dns], 1, Dir::In, 1, 1, &mut v[..1], &mut tags);
+    w.process_tagged(&[&dns], 1, Dir::In, 1, 1, &mut v[..1], &mut tags, 0);
     assert_ne!(tags[0], 0, "the in state carries the tag");
-    w.process_tagged(&[&dns], 2, Dir::Out, 1, 1, &mut v[..1], &mut tags);
+    w.process_tagged(&[&dns], 2, Dir::Out, 1, 1, &mut v[..1], &mut tags, 0);
     assert_eq!(v[0], Verdict::Pass);
     // Without the tag (as before tags crossed passes) the out pass blocks it.
     let mut none = [0u16; 1];
     let out_id = w.t4.iter().find(|(_, s)| s.flags & xpf_state::sf::OUT != 0).map(|(i, _)| i).unwrap();
     w.t4.remove(out_id);
-    w.process_tagged(&[&dns], 2, Dir::Out, 1, 1, &mut v[..1], &mut none);
+    w.process_tagged(&[&dns], 2, Dir::Out, 1, 1, &mut v[..1], &mut none, 0);
     assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Match));
 }
 
@@ -805,10 +805,10 @@ fn received_on_matches_the_interface_the_packet_came_in_on() {
     let f = udp([10, 0, 0, 1], [8, 8, 8, 8], 5000, 53);
     let mut v = [Verdict::Pass; 1];
     let mut tags = [0u16; 1];
-    w.process_tagged(&[&f], 2, Dir::Out, 1, 1, &mut v, &mut tags);
+    w.process_tagged(&[&f], 2, Dir::Out, 1, 1, &mut v, &mut tags, 0);
     assert_eq!(v[0], Verdict::Pass);
     let g = udp([10, 0, 0, 2], [8, 8, 8, 8], 5000, 53);
-    w.process_tagged(&[&g], 2, Dir::Out, 2, 1, &mut v, &mut tags);
+    w.process_tagged(&[&g], 2, Dir::Out, 2, 1, &mut v, &mut tags, 0);
     assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Match), "received on em1");
     assert!(rs("pass out received-on em0\n").len() == 1);
     let bad = parse("pass out received-on nosuch0\n", "t", &[]);
@@ -896,4 +896,52 @@ fn table_delete_removes_entries_and_their_prefix_lengths() {
     assert!(!t.contains(&Addr::v4([10, 2, 0, 5]), AF_INET));
     assert!(t.contains(&Addr::v4([10, 2, 0, 6]), AF_INET));
     assert_eq!(t.len(), 99);
+}
+
+#[test]
+fn binat_to_compiles_to_a_static_nat_out_and_a_rdr_in() {
+    let r = rs("match on em1 from 10.0.0.0/24 to any binat-to 192.0.2.0/24\npass\n");
+    // Out: the source's host bits over the public network, port kept.
+    let out = pkt(IPPROTO_UDP, [10, 0, 0, 7], [198, 51, 100, 1], 4000, 53, 0);
+    let d = r.evaluate(&out, 2, Dir::Out);
+    assert!(d.keep_state && d.nat != 0 && d.rdr == 0, "{d:?}");
+    let p = r.pool(d.nat).unwrap();
+    assert!(p.static_port);
+    // In: to the public network, back to the inside one.
+    let inb = pkt(IPPROTO_UDP, [198, 51, 100, 1], [192, 0, 2, 7], 53, 4000, 0);
+    let d = r.evaluate(&inb, 2, Dir::In);
+    assert!(d.rdr != 0 && d.nat == 0, "{d:?}");
+    let mut w = worker(r);
+    let f = udp([10, 0, 0, 7], [198, 51, 100, 1], 4000, 53);
+    let mut v = [Verdict::Pass];
+    w.process(&[&f[..]], 2, Dir::Out, 1, &mut v);
+    assert_eq!(v[0], Verdict::Pass);
+    assert_eq!(w.translated, 1);
+    let rw = w.rewrites[0];
+    assert_eq!((rw.addr[0], rw.port[0]), (Addr::v4([192, 0, 2, 7]), 4000));
+    // A connection from outside to 192.0.2.9 reaches 10.0.0.9.
+    let f = udp([198, 51, 100, 1], [192, 0, 2, 9], 53, 5000);
+    w.process(&[&f[..]], 2, Dir::In, 2, &mut v);
+    assert_eq!(v[0], Verdict::Pass);
+    assert_eq!(w.rewrites[0].addr[1], Addr::v4([10, 0, 0, 9]));
+}
+
+#[test]
+fn nat_pools_round_robin_over_a_table_and_follow_its_changes() {
+    let r = rs("table <pub> { 192.0.2.1 192.0.2.2 }\npass out on em1 nat-to <pub> round-robin\n");
+    let mut w = worker(r.clone());
+    let mut got = Vec::new();
+    for k in 0..4u16 {
+        let f = udp([10, 0, 0, 7], [198, 51, 100, 1], 4000 + k, 53);
+        let mut v = [Verdict::Pass];
+        w.process(&[&f[..]], 2, Dir::Out, 1, &mut v);
+        assert_eq!(v[0], Verdict::Pass);
+        got.push(w.rewrites[0].addr[0]);
+    }
+    assert_eq!(got, [[192, 0, 2, 1], [192, 0, 2, 2], [192, 0, 2, 1], [192, 0, 2, 2]].map(Addr::v4));
+    let mut t = xpf_conf::compile::Table::default();
+    t.insert("192.0.2.9".parse().unwrap(), 32, false);
+    let r2 = r.with_table("pub", t).unwrap();
+    assert_eq!(r2.pools[0].nets.len(), 1);
+    assert_eq!(r2.pools[0].nets[0].addr, Addr::v4([192, 0, 2, 9]));
 }

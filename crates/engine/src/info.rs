@@ -22,7 +22,20 @@ pub struct Info {
     /// `set syncookies`: the mode, whether on (in any worker), the half-open TCP states, and
     /// the counters in [`COOKIE_NAMES`] order.
     pub syncookies: (crate::syncookie::Mode, bool, u64, [u64; COOKIE_NAMES.len()]),
+    /// Translation, in [`NAT_NAMES`] order.
+    pub nat: [u64; NAT_NAMES.len()],
 }
+
+/// Translation counters (`nat-to`, `rdr-to`, `binat-to`; crate::nat).
+pub const NAT_NAMES: [&str; 7] = [
+    "translated states",
+    "source ports in use",
+    "source ports in pools",
+    "ports shared",
+    "port collisions",
+    "no port left",
+    "no pool address",
+];
 
 /// Syncookie counters (pfctl -si's "synfloods detected", "syncookies sent", "syncookies
 /// validated", and the ACKs that failed).
@@ -84,6 +97,11 @@ impl Info {
                 let (mode, on, c) = w.syncookies();
                 (mode, on, w.halfopen() as u64, [c.floods, c.sent, c.valid, c.invalid])
             },
+            nat: {
+                let c = &w.nat.counters;
+                let (used, all) = w.nat.ports_used();
+                [c.translated, used, all, c.shared, c.collisions, c.exhausted, c.no_address]
+            },
             fragments: w.frags.as_ref().map_or([0; FRAG_NAMES.len()], |f| {
                 let c = f.counters;
                 [c.held, c.reassembled, c.overlaps, c.oversized, c.bad, c.after_drop, c.timeouts, c.flushed]
@@ -112,6 +130,7 @@ impl Info {
         add_all(&mut self.limits, &o.limits);
         add_all(&mut self.tracking, &o.tracking);
         add_all(&mut self.fragments, &o.fragments);
+        add_all(&mut self.nat, &o.nat);
         self.syncookies.0 = o.syncookies.0;
         self.syncookies.1 |= o.syncookies.1;
         self.syncookies.2 += o.syncookies.2;
@@ -179,6 +198,15 @@ impl Info {
         let _ = writeln!(o, "Fragments");
         for (name, v) in FRAG_NAMES.iter().zip(self.fragments) {
             let _ = writeln!(o, "  {:<25} {:>14} {}", name, v, rate(v));
+        }
+        let _ = writeln!(o, "Translation");
+        for (i, (name, v)) in NAT_NAMES.iter().zip(self.nat).enumerate() {
+            // Ports in use and in pools are levels, not events: no rate.
+            if i == 1 || i == 2 {
+                let _ = writeln!(o, "  {:<25} {:>14}", name, v);
+            } else {
+                let _ = writeln!(o, "  {:<25} {:>14} {}", name, v, rate(v));
+            }
         }
         o
     }

@@ -9,6 +9,7 @@
 
 pub mod frag;
 pub mod info;
+pub mod nat;
 pub mod policy;
 pub mod proto;
 pub mod reply;
@@ -17,9 +18,10 @@ pub mod synproxy;
 
 pub use policy::{Action, BlockAll, Context, Decision, PassAll, Policy, Return, Scrub};
 
+use nat::Rewrite;
 use rand_chacha::ChaCha20Rng;
 use rand_core::SeedableRng;
-use xpf_state::{sf, Config, Dir, Key, Key4, Key6, NewState, Refusal, Seed, StateTable, ID_MASK, NONE};
+use xpf_state::{sf, Config, Dir, Key, Key4, Key6, NewState, Refusal, Seed, StateTable, ID_MASK, NONE, STACK};
 use xpf_wire::pdesc::{pdf, AF_INET, IPPROTO_TCP};
 use xpf_wire::tcp;
 use xpf_wire::{parse_ether, PDesc, Parse, Reason};
@@ -129,6 +131,17 @@ pub struct Worker<P: Policy> {
     /// a hit.
     pub scrubbed: u64,
     pub scrubs: [Scrub; BATCH],
+    /// Translation (`nat-to`, `rdr-to`, `binat-to`): frames of the last batch to rewrite
+    /// before they go on (bit i: frame i), with what they become
+    /// ([`xpf_wire::translate::apply`]): the state's other key on a hit, the new flow's
+    /// translation on a miss. An `in` pass's rewrite changes what the `out` pass sees and
+    /// where the packet is routed.
+    pub translated: u64,
+    pub rewrites: [Rewrite; BATCH],
+    /// The pools' round-robin positions and the source-port allocators.
+    pub nat: nat::Nat,
+    /// The batch's frames addressed to this host ([`Worker::process_tagged`]'s `local`).
+    local: u64,
     /// Random numbers, and the synproxy action of the packet just handled.
     aux: Aux,
     /// `synproxy state`: what the batch's packets make the filter send (frame, state slot with
@@ -201,6 +214,10 @@ impl<P: Policy> Worker<P> {
             patches: [(0, 0); BATCH],
             scrubbed: 0,
             scrubs: [Scrub::NONE; BATCH],
+            translated: 0,
+            rewrites: [Rewrite::default(); BATCH],
+            nat: nat::Nat::default(),
+            local: 0,
             aux: {
                 let mut rng = ChaCha20Rng::from_seed(cfg.secret);
                 let mut key = [0u8; 32];
@@ -275,14 +292,18 @@ impl<P: Policy> Worker<P> {
     pub fn process(&mut self, frames: &[&[u8]], ifidx: u16, dir: Dir, now: u32, verdicts: &mut [Verdict]) {
         let mut tags = [0u16; BATCH];
         let rcvif = if dir == Dir::In { ifidx } else { 0 };
-        self.process_tagged(frames, ifidx, dir, rcvif, now, verdicts, &mut tags);
+        self.process_tagged(frames, ifidx, dir, rcvif, now, verdicts, &mut tags, 0);
     }
 
     /// [`Worker::process`] for frames received on `rcvif` (for an `out` pass, the interface
     /// of their `in` pass; 0 for the host's own), with pf's packet tags: `tags[i]` is the tag
     /// frame `i` carries in (0: none; from its `in` pass when this is its `out` pass), and on
     /// return the tag it carries on: set by a `tag` rule of this pass, or by the state it
-    /// matched.
+    /// matched. The frames of `local` (bit i: frame i) are addressed to this host, at a
+    /// translation target: each is filtered only as far as a translation goes (a translated
+    /// state's packet, or a new flow a `rdr-to` rule takes); anything else is the host's,
+    /// [`Verdict::Host`], untouched and uncounted by states and rules (the host's own
+    /// filtering sees it when the kernel has it).
     #[allow(clippy::too_many_arguments)]
     pub fn process_tagged(
         &mut self,
@@ -293,8 +314,10 @@ impl<P: Policy> Worker<P> {
         now: u32,
         verdicts: &mut [Verdict],
         tags: &mut [u16],
+        local: u64,
     ) {
         self.rcvif = rcvif;
+        self.local = local;
         let n = frames.len().min(BATCH);
         let (mut n4, mut n6) = (0usize, 0usize);
         self.patched = 0;
@@ -302,6 +325,7 @@ impl<P: Policy> Worker<P> {
         self.syn_pending = 0;
         self.ret_mask = 0;
         self.scrubbed = 0;
+        self.translated = 0;
         if self.policy.skip(ifidx) {
             return self.skipped(&frames[..n], verdicts);
         }
@@ -325,6 +349,10 @@ impl<P: Policy> Worker<P> {
             let pd = &self.pd[i];
             if pd.flags & (pdf::FRAGMENT | pdf::ICMP_ERROR) != 0 {
                 let pd = *pd;
+                if local & (1 << i) != 0 && pd.flags & pdf::FRAGMENT != 0 {
+                    verdicts[i] = Verdict::Host;
+                    continue;
+                }
                 verdicts[i] = self.special(i, frames[i], &pd, ifidx, dir, now);
                 if let Some((id, a)) = self.aux.proxy.take() {
                     self.proxies.push((i as u8, if pd.af == AF_INET { id } else { id | V6_SLOT }, a));
@@ -354,7 +382,9 @@ impl<P: Policy> Worker<P> {
                 let i = self.i4[j] as usize;
                 let pd = &self.pd[i];
                 let v = if self.r4[j] != NONE {
-                    hit(&mut self.t4, self.r4[j], pd, dir, now, &mut self.aux).map(|v| {
+                    let out = Some((&mut self.rewrites, &mut self.translated, i));
+                    let local = self.local & (1 << i) != 0;
+                    hit_nat(&mut self.t4, self.r4[j], pd, dir, now, &mut self.aux, out, local).map(|v| {
                         match state_actions(&self.t4, &self.policy, self.r4[j], dir, now, &mut tags[i]) {
                             Ok(0) => v,
                             Ok(a) => {
@@ -371,7 +401,7 @@ impl<P: Policy> Worker<P> {
                 verdicts[i] = if let Some(v) = v {
                     v
                 } else {
-                    let c = ctx!(self, t6, ifidx, dir, now, &mut tags[i], i);
+                    let c = ctx!(self, t6, ifidx, dir, now, &mut tags[i], i, i);
                     let v = miss(&mut self.t4, &self.policy, c, pd, self.k4[j], self.h4[j]);
                     if let Some(id) = self.t4.created.take() {
                         self.created |= 1 << i;
@@ -397,7 +427,9 @@ impl<P: Policy> Worker<P> {
                 let i = self.i6[j] as usize;
                 let pd = &self.pd[i];
                 let v = if self.r6[j] != NONE {
-                    hit(&mut self.t6, self.r6[j], pd, dir, now, &mut self.aux).map(|v| {
+                    let out = Some((&mut self.rewrites, &mut self.translated, i));
+                    let local = self.local & (1 << i) != 0;
+                    hit_nat(&mut self.t6, self.r6[j], pd, dir, now, &mut self.aux, out, local).map(|v| {
                         match state_actions(&self.t6, &self.policy, self.r6[j], dir, now, &mut tags[i]) {
                             Ok(0) => v,
                             Ok(a) => {
@@ -414,7 +446,7 @@ impl<P: Policy> Worker<P> {
                 verdicts[i] = if let Some(v) = v {
                     v
                 } else {
-                    let c = ctx!(self, t4, ifidx, dir, now, &mut tags[i], i);
+                    let c = ctx!(self, t4, ifidx, dir, now, &mut tags[i], i, i);
                     let v = miss(&mut self.t6, &self.policy, c, pd, self.k6[j], self.h6[j]);
                     if let Some(id) = self.t6.created.take() {
                         self.created |= 1 << i;
@@ -437,6 +469,7 @@ impl<P: Policy> Worker<P> {
         if self.ret_mask != 0 {
             self.answer(frames, now);
         }
+        self.release_ports(now);
         if self.scrubbed != 0 {
             self.scrub_ids();
         }
@@ -629,7 +662,7 @@ impl<P: Policy> Worker<P> {
         } else if pd.flags & (pdf::NOT_FIRST_FRAG | pdf::ICMP_ERROR) == pdf::NOT_FIRST_FRAG {
             stateless(&self.policy, pd, ifidx, dir, &mut self.stats.rule_passes)
         } else {
-            self.single(frame, pd, ifidx, dir, now)
+            self.single(i, frame, pd, ifidx, dir, now)
         }
     }
 
@@ -674,7 +707,7 @@ impl<P: Policy> Worker<P> {
         let v = match frag::Frags::assemble(pieces, &mut buf) {
             None => Verdict::Drop(Reason::Fragment),
             Some(()) => match parse_ether(&buf, &mut whole) {
-                Ok(()) => self.single(&buf, &whole, ifidx, dir, now),
+                Ok(()) => self.single(BATCH, &buf, &whole, ifidx, dir, now),
                 Err(Parse::NotIp(_)) => Verdict::Drop(Reason::Fragment),
                 Err(Parse::Drop(r)) => Verdict::Drop(r),
             },
@@ -712,24 +745,32 @@ impl<P: Policy> Worker<P> {
         v
     }
 
-    /// One packet, whole, through the state table and the rules.
-    fn single(&mut self, frame: &[u8], pd: &PDesc, ifidx: u16, dir: Dir, now: u32) -> Verdict {
+    /// One packet, whole, through the state table and the rules (frame `i` of the batch;
+    /// BATCH for a reassembled datagram, which no translation may rewrite).
+    fn single(&mut self, i: usize, frame: &[u8], pd: &PDesc, ifidx: u16, dir: Dir, now: u32) -> Verdict {
         if pd.flags & pdf::ICMP_ERROR != 0 {
             let q = frame.get(pd.l4_off as usize + 8..).unwrap_or(&[]);
+            let out = (i < BATCH).then_some((&mut self.rewrites, &mut self.translated, i));
             let v = if pd.af == AF_INET {
-                icmp_error(&mut self.t4, q, pd, ifidx, dir, self.any_if_bound)
+                icmp_error(&mut self.t4, q, pd, ifidx, dir, self.any_if_bound, out)
             } else {
-                icmp_error(&mut self.t6, q, pd, ifidx, dir, self.any_if_bound)
+                icmp_error(&mut self.t6, q, pd, ifidx, dir, self.any_if_bound, out)
             };
+            // To this host and about no translation: the host's.
+            if i < BATCH && self.local & (1 << i) != 0 && self.translated & (1 << i) == 0 {
+                return Verdict::Host;
+            }
             return v.unwrap_or_else(|| stateless(&self.policy, pd, ifidx, dir, &mut self.stats.rule_passes));
         }
         // Tags of fragmented datagrams and ICMP errors are not carried to the `out` pass.
         let mut tag = 0;
+        // A first fragment's later fragments would leave untranslated: no rewrite for it.
+        let rw = if pd.flags & pdf::FRAGMENT != 0 { BATCH } else { i };
         if pd.af == AF_INET {
-            let c = ctx!(self, t6, ifidx, dir, now, &mut tag, BATCH);
+            let c = ctx!(self, t6, ifidx, dir, now, &mut tag, BATCH, rw);
             miss_whole(&mut self.t4, &self.policy, c, pd)
         } else {
-            let c = ctx!(self, t4, ifidx, dir, now, &mut tag, BATCH);
+            let c = ctx!(self, t4, ifidx, dir, now, &mut tag, BATCH, rw);
             miss_whole(&mut self.t6, &self.policy, c, pd)
         }
     }
@@ -827,7 +868,31 @@ impl<P: Policy> Worker<P> {
             let n = f.expire(now);
             self.count_dropped(n, Reason::Fragment);
         }
-        self.t4.maintain(now, budget) + self.t6.maintain(now, budget)
+        let n = self.t4.maintain(now, budget) + self.t6.maintain(now, budget);
+        self.release_ports(now);
+        n
+    }
+
+    /// Gives the source ports of the translated states that ended back to the allocator.
+    #[inline]
+    fn release_ports(&mut self, now: u32) {
+        if !self.t4.nat_gone.is_empty() {
+            gone(&mut self.t4.nat_gone, &mut self.nat, now);
+        }
+        if !self.t6.nat_gone.is_empty() {
+            gone(&mut self.t6.nat_gone, &mut self.nat, now);
+        }
+    }
+}
+
+#[cold]
+fn gone<K: Key>(g: &mut Vec<(K, K, u8)>, nat: &mut nat::Nat, now: u32) {
+    for (wire, stack, flags) in g.drain(..) {
+        // A state made going out whose source was translated: its source is the allocated
+        // one (the allocator ignores a port it did not hand out: static ports, synced states).
+        if flags & sf::OUT != 0 && (wire.addr(1), wire.port(1)) != (stack.addr(1), stack.port(1)) {
+            nat.put_port(wire.addr(1), wire.proto(), wire.port(1), now);
+        }
     }
 }
 
@@ -852,6 +917,10 @@ fn flow_pair<K: Key>(t: &StateTable<K>, pd: &PDesc, in_if: u16, out_if: u16, bou
         })
     };
     let (a, b) = (find(Dir::In, in_if)? & ID_MASK, find(Dir::Out, out_if)? & ID_MASK);
+    // Translated flows are rewritten by xpfd, not forwarded as they are.
+    if (t.state(a).flags | t.state(b).flags) & sf::NAT != 0 {
+        return None;
+    }
     let s = t.state(a);
     Some(([a, b], s.packets[(((s.flags & sf::OUT) >> 2) ^ Dir::In as u8) as usize]))
 }
@@ -971,9 +1040,12 @@ fn account_pair<K: Key>(
 
 /// The context of a miss in one family's table, `$other` being the other family's.
 macro_rules! ctx {
-    ($w:ident, $other:ident, $ifidx:expr, $dir:expr, $now:expr, $tag:expr, $i:expr) => {
+    ($w:ident, $other:ident, $ifidx:expr, $dir:expr, $now:expr, $tag:expr, $i:expr, $rw:expr) => {
         Ctx {
             aux: &mut $w.aux,
+            nat: &mut $w.nat,
+            rw: if $rw < BATCH { Some((&mut $w.rewrites, &mut $w.translated, $rw)) } else { None },
+            local: $i < BATCH && $w.local & (1u64 << $i) != 0,
             tag: $tag,
             ret: if $i < BATCH { Some((&mut $w.ret, &mut $w.ret_mask, $i)) } else { None },
             scrub: if $i < BATCH { Some((&mut $w.scrubs, &mut $w.scrubbed, $i)) } else { None },
@@ -1003,6 +1075,12 @@ struct Aux {
 
 struct Ctx<'a> {
     aux: &'a mut Aux,
+    nat: &'a mut nat::Nat,
+    /// Where the rewrite of frame i of the batch is noted (None: a packet no rewrite can
+    /// reach, a reassembled datagram: a translated flow's is dropped as `translate`).
+    rw: Option<(&'a mut [Rewrite; BATCH], &'a mut u64, usize)>,
+    /// The packet is addressed to this host ([`Worker::process_tagged`]'s `local`).
+    local: bool,
     /// The packet's tag: in from an earlier pass, out as the rules or the state leave it.
     tag: &'a mut u16,
     /// Where a `block return` decision for frame i of the batch is noted (None: a packet
@@ -1030,6 +1108,8 @@ fn stateless<P: Policy>(p: &P, pd: &PDesc, ifidx: u16, dir: Dir, rule_passes: &m
     let d = p.evaluate(pd, ifidx, dir);
     match d.action {
         Action::Block => Verdict::Drop(Reason::Match),
+        // A fragment without ports of a flow the rules translate: it cannot be rewritten.
+        Action::Pass if d.nat != 0 || d.rdr != 0 => Verdict::Drop(Reason::Translate),
         Action::Pass if pd.flags & pdf::IP_OPTIONS != 0 && !d.allow_opts => Verdict::Drop(Reason::IpOption),
         Action::Pass => {
             *rule_passes += 1;
@@ -1054,6 +1134,7 @@ fn icmp_error<K: Key>(
     ifidx: u16,
     dir: Dir,
     bound: bool,
+    out: RwSlot<'_>,
 ) -> Option<Verdict> {
     let inner = xpf_wire::pdesc::parse_quoted(q, pd.af)?;
     let odir = if dir == Dir::In { Dir::Out } else { Dir::In };
@@ -1081,7 +1162,74 @@ fn icmp_error<K: Key>(
             }
         }
     }
+    if t.state(id).flags & sf::NAT != 0 {
+        // The quoted packet becomes what it was on the state's other side, and the error's
+        // addresses with it (RFC 5508 REQ-4).
+        let Some(other) = other_key(t, r, dir) else { return Some(Verdict::Drop(Reason::StateMismatch)) };
+        let Some((rws, mask, i)) = out else { return Some(Verdict::Drop(Reason::Translate)) };
+        rws[i] = Rewrite { quoted: true, ..nat::oriented(&other, odir) };
+        *mask |= 1 << i;
+    }
     Some(Verdict::Pass)
+}
+
+/// The key a packet of translated state `r` (found by the wire key, or by the stack key with
+/// `r & STACK`) going `dir` is rewritten to: going in it must have matched the wire key and
+/// takes the stack key, going out the reverse. None for a packet on the wrong side (pf does
+/// not match it to the state).
+#[inline]
+fn other_key<K: Key>(t: &StateTable<K>, r: u32, dir: Dir) -> Option<K> {
+    let id = r & ID_MASK;
+    match (dir, r & STACK != 0) {
+        (Dir::In, false) => t.stack_key(id).copied(),
+        (Dir::Out, true) => Some(t.state(id).key),
+        _ => None,
+    }
+}
+
+/// [`hit`] for any state: a translated state's packet also gets its rewrite (noted in
+/// `out`), or is dropped when it came on the wrong side of the state or where no rewrite can
+/// reach it.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn hit_nat<K: Key>(
+    t: &mut StateTable<K>,
+    r: u32,
+    pd: &PDesc,
+    dir: Dir,
+    now: u32,
+    aux: &mut Aux,
+    out: RwSlot<'_>,
+    local: bool,
+) -> Option<Verdict> {
+    if t.state(r & ID_MASK).flags & sf::NAT == 0 {
+        if local {
+            // The host's own traffic: its filtering is the host path's.
+            return Some(Verdict::Host);
+        }
+        return hit(t, r, pd, dir, now, aux);
+    }
+    translated_hit(t, r, pd, dir, now, aux, out)
+}
+
+#[inline(never)]
+fn translated_hit<K: Key>(
+    t: &mut StateTable<K>,
+    r: u32,
+    pd: &PDesc,
+    dir: Dir,
+    now: u32,
+    aux: &mut Aux,
+    out: RwSlot<'_>,
+) -> Option<Verdict> {
+    let Some(other) = other_key(t, r, dir) else { return Some(Verdict::Drop(Reason::StateMismatch)) };
+    let Some((rws, mask, i)) = out else { return Some(Verdict::Drop(Reason::Translate)) };
+    let v = hit(t, r, pd, dir, now, aux)?;
+    if v == Verdict::Pass {
+        rws[i] = Rewrite::prepared(pd, &nat::of_packet(pd), &nat::oriented(&other, dir));
+        *mask |= 1 << i;
+    }
+    Some(v)
 }
 
 /// A packet of state `r`: count it, advance the peer states. As in pf, a packet with IP
@@ -1348,6 +1496,82 @@ fn with_actions<K: Key, P: Policy>(t: &StateTable<K>, p: &P, r: u32, c: Ctx, v: 
     }
 }
 
+type RwSlot<'a> = Option<(&'a mut [Rewrite; BATCH], &'a mut u64, usize)>;
+
+/// A new flow's translation: the translated packet's key, the rewrite to it, and the source
+/// port it holds (address, port) if the allocator gave one.
+type Translation<K> = (K, Rewrite, Option<(xpf_wire::Addr, u16)>);
+
+/// A context's rewrite slot ([`Ctx::rw`]), reborrowed.
+fn slot<'b>(rw: &'b mut RwSlot<'_>) -> RwSlot<'b> {
+    rw.as_mut().map(|(r, m, i)| (&mut **r, &mut **m, *i))
+}
+
+/// The translation decision `d` gives a new flow of `pd` going `dir` (pf_get_transaddr): the
+/// translated packet's key (interface `kif`), the rewrite to it, and the allocated source
+/// port to give back if the state is not made. Err(`translate`) when the pool has no address
+/// of the family or no port is left (counted in [`nat::Counters`]).
+#[allow(clippy::too_many_arguments)]
+fn translate<K: Key, P: Policy>(
+    t: &StateTable<K>,
+    p: &P,
+    nat: &mut nat::Nat,
+    rng: &mut ChaCha20Rng,
+    pd: &PDesc,
+    d: &Decision,
+    dir: Dir,
+    kif: u16,
+    now: u32,
+) -> Result<Translation<K>, Reason> {
+    let mut n = *pd;
+    let ports = nat::has_port(pd);
+    let icmp = matches!(pd.proto, xpf_wire::pdesc::IPPROTO_ICMP | xpf_wire::pdesc::IPPROTO_ICMPV6);
+    let mut held = None;
+    if d.rdr != 0 {
+        let pool = p.pool(d.rdr).ok_or(Reason::Translate)?;
+        n.dst = pool.pick(pd.af, &pd.src, &pd.dst, rng, nat.cursor(d.rdr as usize)).ok_or_else(|| {
+            nat.counters.no_address += 1;
+            Reason::Translate
+        })?;
+        if ports && !icmp {
+            n.dport = pool.rdr_port(pd.dport);
+        }
+    }
+    if d.nat != 0 {
+        let pool = p.pool(d.nat).ok_or(Reason::Translate)?;
+        n.src = pool.pick(pd.af, &pd.src, &pd.src, rng, nat.cursor(d.nat as usize)).ok_or_else(|| {
+            nat.counters.no_address += 1;
+            Reason::Translate
+        })?;
+        let with_port = |n: &PDesc, port: u16| {
+            let mut q = *n;
+            q.sport = port;
+            if icmp {
+                q.dport = port;
+            }
+            K::from_pdesc(&q, dir, kif)
+        };
+        let unused = |k: K| t.find(&k, t.hash(&k)).is_none();
+        if ports && !pool.static_port && pool.ports != (0, 0) {
+            let port = if pool.ports.0 == pool.ports.1 {
+                Some(pool.ports.0).filter(|&q| unused(with_port(&n, q)))
+            } else {
+                let src = n;
+                nat.take_port(src.src, pd.proto, pool.ports, now, rng, |q| unused(with_port(&src, q)))
+            };
+            let port = port.ok_or(Reason::Translate)?;
+            if pool.ports.0 != pool.ports.1 {
+                held = Some((n.src, port));
+            }
+            n.sport = port;
+            if icmp {
+                n.dport = port;
+            }
+        }
+    }
+    Ok((K::from_pdesc(&n, dir, kif), nat::of_packet(&n), held))
+}
+
 /// [`miss`] for a packet not keyed in a batch.
 fn miss_whole<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc) -> Verdict {
     let k = K::from_pdesc(pd, c.dir, 0);
@@ -1358,16 +1582,17 @@ fn miss_whole<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDes
 /// No state: ask the ruleset, and create the state if the rule keeps state.
 #[inline(never)]
 fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key: K, h: u64) -> Verdict {
+    let mut c = c;
     // Created by an earlier packet of this batch, or if-bound to this interface.
     if let Some(r) = t.find(&key, h) {
-        if let Some(v) = hit(t, r, pd, c.dir, c.now, c.aux) {
+        if let Some(v) = hit_nat(t, r, pd, c.dir, c.now, c.aux, slot(&mut c.rw), c.local) {
             return with_actions(t, p, r, c, v);
         }
     }
     if *c.any_if_bound {
         let kb = K::from_pdesc(pd, c.dir, c.ifidx);
         if let Some(r) = t.find(&kb, t.hash(&kb)) {
-            if let Some(v) = hit(t, r, pd, c.dir, c.now, c.aux) {
+            if let Some(v) = hit_nat(t, r, pd, c.dir, c.now, c.aux, slot(&mut c.rw), c.local) {
                 return with_actions(t, p, r, c, v);
             }
         }
@@ -1377,6 +1602,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     let ack = pd;
     let mut cookie_mss = None;
     let pd = if pd.proto == IPPROTO_TCP
+        && !c.local
         && c.dir == Dir::In
         && pd.tcp_flags & (tcp::SYN | tcp::ACK | tcp::RST | tcp::FIN) == tcp::ACK
         && c.aux.cookies.maybe(c.now)
@@ -1395,6 +1621,10 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     let rnd = if p.wants_random() { rand_core::Rng::next_u32(&mut c.aux.rng) } else { 0 };
     let at = Context { ifidx: c.ifidx, dir: c.dir, rcvif: c.rcvif, tag: *c.tag, rnd, now: c.now };
     let d = p.evaluate_in(pd, &at);
+    if c.local && (d.action == Action::Block || d.rdr == 0) {
+        // The host's, not a translation's: the host path filters it.
+        return Verdict::Host;
+    }
     *c.tag = d.tag;
     if d.action == Action::Block {
         if !d.ret.is_drop() {
@@ -1447,6 +1677,27 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     } else {
         (key, h)
     };
+    // Translation: the packet's key is the wire key going in and the stack key going out;
+    // the translated packet's is the other.
+    let (mut wire, mut wire_h, mut stack, mut rewrite, mut held) = (key, h, None, None, None);
+    if d.nat != 0 || d.rdr != 0 {
+        if c.rw.is_none() {
+            return Verdict::Drop(Reason::Translate);
+        }
+        match translate(t, p, c.nat, &mut c.aux.rng, pd, &d, c.dir, key.kif(), c.now) {
+            Ok((k, rw, port)) if k != key => {
+                if c.dir == Dir::Out {
+                    (wire, wire_h, stack) = (k, t.hash(&k), Some(key));
+                } else {
+                    stack = Some(k);
+                }
+                rewrite = Some(rw);
+                held = port;
+            }
+            Ok(_) => {}
+            Err(why) => return Verdict::Drop(why),
+        }
+    }
     let (timeout, src_state, dst_state, mut tcp) = proto::initial(pd);
     if d.sloppy {
         tcp = None;
@@ -1459,8 +1710,8 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         p[0].seqdiff = seqdiff;
     }
     let ns = NewState {
-        key,
-        stack: None,
+        key: wire,
+        stack,
         dir: c.dir,
         rule: d.rule,
         timeout,
@@ -1474,10 +1725,19 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         scrub: d.scrub.pack(),
         rate: d.rate,
     };
-    match t.insert(h, ns, c.now) {
+    let inserted = t.insert(wire_h, ns, c.now);
+    if let (Err(_), Some((a, port))) = (&inserted, held) {
+        c.nat.put_port(a, pd.proto, port, c.now);
+    }
+    match inserted {
         Ok(id) => {
             if let Some(l) = limits {
                 t.attach(id, l, pd.src, c.now);
+            }
+            if let (Some(rw), Some((rws, mask, i))) = (rewrite, slot(&mut c.rw)) {
+                rws[i] = Rewrite::prepared(pd, &nat::of_packet(pd), &rw);
+                *mask |= 1 << i;
+                c.nat.counters.translated += 1;
             }
             if seqdiff != 0 {
                 t.modulated = Some((seqdiff, 0));
@@ -1507,7 +1767,8 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
             Verdict::Pass
         }
         Err(xpf_state::InsertError::Exists(r)) => {
-            hit(t, r, pd, c.dir, c.now, c.aux).unwrap_or(Verdict::Drop(Reason::StateInsert))
+            let out = slot(&mut c.rw);
+            hit_nat(t, r, pd, c.dir, c.now, c.aux, out, c.local).unwrap_or(Verdict::Drop(Reason::StateInsert))
         }
         Err(xpf_state::InsertError::Limit) => Verdict::Drop(Reason::StateLimit),
         Err(xpf_state::InsertError::Memory) => Verdict::Drop(Reason::Memory),

@@ -45,6 +45,12 @@ pub struct Decision {
     /// The deciding rule's `max-pkt-rate` meter ([`Policy::rate_exceeded`]), 0 for none;
     /// kept in the state it makes.
     pub rate: u32,
+    /// The translation pools ([`Policy::pool`]) for the source (`nat-to`) and the
+    /// destination (`rdr-to`), 0 for none: the last matching rule's that has one, the
+    /// deciding rule's first (pf applies a match rule's translation unless a later one
+    /// replaces it).
+    pub nat: u32,
+    pub rdr: u32,
 }
 
 impl Decision {
@@ -65,6 +71,8 @@ impl Decision {
         scrub: Scrub::NONE,
         tag: 0,
         rate: 0,
+        nat: 0,
+        rdr: 0,
     };
     /// `block` (drop).
     pub const BLOCK: Decision = Decision { action: Action::Block, keep_state: false, ..Decision::PASS };
@@ -135,6 +143,10 @@ pub trait Policy {
     /// Whether evaluation takes a random number (a rule with `probability`).
     fn wants_random(&self) -> bool {
         false
+    }
+    /// Translation pool `i` (a [`Decision`]'s `nat` or `rdr`).
+    fn pool(&self, _i: u32) -> Option<&crate::nat::Pool> {
+        None
     }
     /// The limits a decision names (`Decision::limits` != 0).
     fn limits(&self, _i: u32) -> Option<&RuleLimits> {

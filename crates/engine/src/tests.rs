@@ -832,3 +832,127 @@ fn modulation_rewrites_sack_blocks() {
     assert_eq!(u32::from_be_bytes(f[62..66].try_into().unwrap()), 6900);
     assert_eq!(u16::from_be_bytes([f[50], f[51]]), tcp_cksum(&f));
 }
+
+/// `pass out nat-to 192.0.2.1 port lo:hi` (pool 1) and `pass in proto udp to port 53 rdr-to
+/// 10.0.0.53 port 5353` (pool 2); everything else in is blocked.
+struct Natting(Vec<nat::Pool>);
+
+impl Policy for Natting {
+    fn evaluate(&self, pd: &PDesc, _: u16, dir: Dir) -> Decision {
+        match dir {
+            Dir::Out => Decision { nat: 1, ..Decision::PASS },
+            Dir::In if pd.proto == 17 && pd.dport == 53 => Decision { rdr: 2, ..Decision::PASS },
+            Dir::In => Decision::BLOCK,
+        }
+    }
+    fn pool(&self, i: u32) -> Option<&nat::Pool> {
+        self.0.get(i as usize - 1)
+    }
+}
+
+fn natting(lo: u16, hi: u16) -> Worker<Natting> {
+    let net = |a: [u8; 4]| nat::Net { addr: xpf_wire::Addr::v4(a), af: 4, len: 32 };
+    let pool =
+        |a, ports| nat::Pool { nets: vec![net(a)], method: nat::Method::None, ports, static_port: false, dst_base: 53 };
+    worker(Natting(vec![pool([192, 0, 2, 1], (lo, hi)), pool([10, 0, 0, 53], (5353, 5353))]), 1000)
+}
+
+/// Frame `f` rewritten as the worker's last batch said for frame `i`.
+fn rewritten<P: Policy>(w: &Worker<P>, i: usize, f: &[u8]) -> Vec<u8> {
+    assert!(w.translated & (1 << i) != 0, "frame {i} not translated");
+    let mut f = f.to_vec();
+    assert!(xpf_wire::translate::apply(&mut f, &w.rewrites[i]));
+    f
+}
+
+fn pd_of(f: &[u8]) -> PDesc {
+    let mut pd = PDesc::default();
+    parse_ether(f, &mut pd).unwrap();
+    pd
+}
+
+#[test]
+fn nat_to_translates_out_and_back_in() {
+    let mut w = natting(50001, 50010);
+    let out = udp4([10, 0, 1, 2], [198, 51, 100, 1], 40000, 53);
+    assert_eq!(run(&mut w, std::slice::from_ref(&out), Dir::Out, 1), vec![Verdict::Pass]);
+    let o = pd_of(&rewritten(&w, 0, &out));
+    assert_eq!(o.src, xpf_wire::Addr::v4([192, 0, 2, 1]));
+    assert!((50001..=50010).contains(&o.sport), "{}", o.sport);
+    assert_eq!((o.dst, o.dport), (xpf_wire::Addr::v4([198, 51, 100, 1]), 53));
+    // A second packet of the flow: the same translation, by the stack key.
+    assert_eq!(run(&mut w, std::slice::from_ref(&out), Dir::Out, 2), vec![Verdict::Pass]);
+    assert_eq!(pd_of(&rewritten(&w, 0, &out)).sport, o.sport);
+    // The reply to the public address comes back to the inside host.
+    let reply = udp4([198, 51, 100, 1], [192, 0, 2, 1], 53, o.sport);
+    let stray = udp4([198, 51, 100, 1], [192, 0, 2, 1], 53, if o.sport == 50001 { 50002 } else { 50001 });
+    assert_eq!(run(&mut w, &[reply.clone(), stray], Dir::In, 3), vec![Verdict::Pass, Verdict::Drop(Reason::Match)]);
+    let r = pd_of(&rewritten(&w, 0, &reply));
+    assert_eq!(
+        (r.dst, r.dport, r.src, r.sport),
+        (xpf_wire::Addr::v4([10, 0, 1, 2]), 40000, xpf_wire::Addr::v4([198, 51, 100, 1]), 53)
+    );
+    assert_eq!(w.translated & 2, 0);
+    // Port unreachable from the server about the translated datagram: back to the inside
+    // host, quoting what it sent.
+    let q = rewritten_out(&out, &o);
+    let err = unreach([198, 51, 100, 1], [192, 0, 2, 1], &q);
+    assert_eq!(run(&mut w, std::slice::from_ref(&err), Dir::In, 4), vec![Verdict::Pass]);
+    let e = rewritten(&w, 0, &err);
+    assert_eq!(pd_of(&e).dst, xpf_wire::Addr::v4([10, 0, 1, 2]));
+    let inner = xpf_wire::pdesc::parse_quoted(&e[42..], 4).unwrap();
+    assert_eq!((inner.src, inner.sport), (xpf_wire::Addr::v4([10, 0, 1, 2]), 40000));
+    assert_eq!(w.nat.counters.translated, 1);
+}
+
+/// `out` as it left (the translation `o` applied).
+fn rewritten_out(out: &[u8], o: &PDesc) -> Vec<u8> {
+    let mut f = out.to_vec();
+    let rw = nat::Rewrite { addr: [o.src, o.dst], port: [o.sport, o.dport], ..Default::default() };
+    assert!(xpf_wire::translate::apply(&mut f, &rw));
+    f
+}
+
+#[test]
+fn nat_to_exhaustion_is_counted_and_ports_come_back_after_the_hold() {
+    let mut w = natting(50001, 50002);
+    let flows: Vec<_> = (0..3).map(|k| udp4([10, 0, 1, 2], [198, 51, 100, 1], 40000 + k, 53)).collect();
+    // Two ports for three flows to one destination: the third is refused as `translate`.
+    let v = run(&mut w, &flows, Dir::Out, 1);
+    assert_eq!(v, vec![Verdict::Pass, Verdict::Pass, Verdict::Drop(Reason::Translate)]);
+    assert_eq!(w.nat.counters.exhausted, 1);
+    assert_eq!(w.states(), 2);
+    // To another destination, a port in use is shared (the wire keys differ).
+    let other = udp4([10, 0, 1, 2], [198, 51, 100, 2], 40009, 53);
+    assert_eq!(run(&mut w, &[other], Dir::Out, 1), vec![Verdict::Pass]);
+    assert_eq!(w.nat.counters.shared, 1);
+    // The states expire; their ports wait out the hold before the third flow gets one.
+    let gone = 1 + 60 + 1;
+    w.maintain(gone, u32::MAX);
+    assert_eq!(w.states(), 0);
+    assert_eq!(w.nat.ports_used().0, 0);
+    assert_eq!(run(&mut w, &flows[2..], Dir::Out, gone + 1), vec![Verdict::Drop(Reason::Translate)]);
+    assert_eq!(run(&mut w, &flows[2..], Dir::Out, gone + nat::HOLD), vec![Verdict::Pass]);
+}
+
+#[test]
+fn rdr_to_forwards_to_the_inside_server_and_answers_from_the_public_address() {
+    let mut w = natting(50001, 50010);
+    let q = udp4([198, 51, 100, 7], [192, 0, 2, 1], 33333, 53);
+    assert_eq!(run(&mut w, std::slice::from_ref(&q), Dir::In, 1), vec![Verdict::Pass]);
+    let i = pd_of(&rewritten(&w, 0, &q));
+    assert_eq!(
+        (i.dst, i.dport, i.src, i.sport),
+        (xpf_wire::Addr::v4([10, 0, 0, 53]), 5353, xpf_wire::Addr::v4([198, 51, 100, 7]), 33333)
+    );
+    // The server's answer leaves from the public address and port (the `out` pass matches
+    // the stack key).
+    let a = udp4([10, 0, 0, 53], [198, 51, 100, 7], 5353, 33333);
+    assert_eq!(run(&mut w, std::slice::from_ref(&a), Dir::Out, 2), vec![Verdict::Pass]);
+    let o = pd_of(&rewritten(&w, 0, &a));
+    assert_eq!((o.src, o.sport), (xpf_wire::Addr::v4([192, 0, 2, 1]), 53));
+    assert_eq!(w.states(), 1);
+    // The inside address sent to from outside directly matches the state on its wrong side.
+    let direct = udp4([198, 51, 100, 7], [10, 0, 0, 53], 33333, 5353);
+    assert_eq!(run(&mut w, &[direct], Dir::In, 3), vec![Verdict::Drop(Reason::StateMismatch)]);
+}

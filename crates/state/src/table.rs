@@ -264,6 +264,9 @@ pub struct StateTable<K: Key> {
     /// The actions of the states that have some (few: only rules with `tag` or `scrub` make
     /// them), by id.
     pub actions: std::collections::HashMap<u32, Actions>,
+    /// The keys (wire, stack) and flags of the translated states removed since the engine
+    /// last took them: their ports go back to the translation's allocator.
+    pub nat_gone: Vec<(K, K, u8)>,
 }
 
 impl<K: Key> Drop for StateTable<K> {
@@ -326,6 +329,7 @@ impl<K: Key> StateTable<K> {
             sync_max: 0,
             sync_push: false,
             actions: Default::default(),
+            nat_gone: Vec::new(),
         })
     }
 
@@ -751,6 +755,7 @@ impl<K: Key> StateTable<K> {
         self.index_remove(self.hash(&s.key), id);
         if let Some(k) = self.stack_key(id).copied() {
             self.index_remove(self.hash(&k), id | STACK);
+            self.nat_gone.push((s.key, k, s.flags));
         }
         if s.ext != NONE {
             match (self.has_tcp(&s), s.flags & sf::NAT != 0) {

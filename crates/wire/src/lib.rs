@@ -17,6 +17,7 @@ pub mod nlattr;
 pub mod offload;
 pub mod pdesc;
 pub mod tcp;
+pub mod translate;
 pub mod udp;
 
 pub use pdesc::{parse_ether, parse_raw_ip, Addr, PDesc, Parse};

@@ -107,12 +107,40 @@ struct xpf_map flows6 SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct flow6
  * Shared. */
 enum { C_BARE, C_SEED, C_MASK4, C_MASK6, C_PACE, C_PROBE, C_COOKIE, C_N };
 struct xpf_map steer_cfg SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 4, C_N, 0 };
-struct xpf_map steer_stats SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 11, 0 };
+struct xpf_map steer_stats SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 12, 0 };
 /* ifindex -> the interface's MAC in the low six bytes (as they are in the frame). */
 struct xpf_map ifmacs SEC("maps") = { BPF_MAP_TYPE_HASH, 4, 8, 256, 0 };
 
+/* Translation targets the kernel would not forward (the box's own addresses, mostly:
+ * `nat-to (egress)`, a port forwarding to the public address; or a translated prefix routed
+ * to the box): a packet to one goes to xpfd, which translates it when it belongs to a
+ * translated state or a `rdr-to` rule, and gives it back to the kernel otherwise. xpfd
+ * writes them from the rules. natnet: by longest prefix of (family, protocol, address), the
+ * destination ports [lo, hi] that go to xpfd (ICMP: all); natport: one destination port of
+ * one address (all zero: any address). Shared. */
+struct natnet_key {
+    __u32 prefixlen;    /* 32 (family, protocol, pad) + the address's prefix length */
+    __u8 family;
+    __u8 proto;
+    __u16 pad;
+    __u32 addr[4];
+};
+struct natport_key {
+    __u8 family;
+    __u8 proto;
+    __u16 port;         /* host order */
+    __u32 addr[4];
+};
+struct natval {
+    __u16 lo, hi;
+};
+struct xpf_map natnet SEC("maps") = { BPF_MAP_TYPE_LPM_TRIE, sizeof(struct natnet_key), sizeof(struct natval), 4096,
+                                      BPF_F_NO_PREALLOC };
+struct xpf_map natport SEC("maps") = { BPF_MAP_TYPE_HASH, sizeof(struct natport_key), 4, 4096, 0 };
+
 /* steer_stats slots (src/steer.rs names them). */
-enum { S_NOT_IP, S_LOCAL, S_TTL, S_NO_ROUTE, S_MTU, S_TO_XSK, S_NO_SOCKET, S_ND, S_FAST, S_OTHERHOST, S_SYN_LANE };
+enum { S_NOT_IP, S_LOCAL, S_TTL, S_NO_ROUTE, S_MTU, S_TO_XSK, S_NO_SOCKET, S_ND, S_FAST, S_OTHERHOST, S_SYN_LANE,
+       S_NAT_LOCAL, S_N };
 
 /* Whether a unicast frame is addressed to another host (not this interface's MAC). */
 INLINE int other_host(struct xdp_md *ctx, struct ethhdr *eth) {
@@ -187,7 +215,8 @@ INLINE int l4_finish(__u8 *l4, void *end, __u32 len, __u32 coff) {
 
 /* What xpfd finds in front of each frame (src/steer.rs: Meta). */
 struct meta {
-    __u8 kind;          /* 1: forward (MACs valid), 2: neighbour not resolved yet */
+    __u8 kind;          /* 1: forward (MACs valid), 2: neighbour not resolved yet,
+                         * 3: for this host, to a translation target (no route) */
     __u8 family;        /* AF_INET / AF_INET6 */
     __u8 fast;          /* 1: the flow has a live fast-path entry (the program handed it on) */
     __u8 pad;
@@ -216,7 +245,7 @@ INLINE int to_xsk(struct xdp_md *ctx, struct bpf_fib_lookup *p, int rc, __u8 fam
     struct meta *m = data;
     if ((void *)(m + 1) > end)
         return XDP_DROP;
-    m->kind = rc == BPF_FIB_LKUP_RET_SUCCESS ? 1 : 2;
+    m->kind = rc == BPF_FIB_LKUP_RET_SUCCESS ? 1 : rc == BPF_FIB_LKUP_RET_NO_NEIGH ? 2 : 3;
     m->family = family;
     m->fast = fast;
     m->pad = 0;
@@ -465,8 +494,51 @@ INLINE int fast_path(struct xdp_md *ctx, struct bpf_fib_lookup *p, struct cand *
     return bpf_redirect(p->ifindex, 0);
 }
 
+/* Whether a packet the kernel would not forward goes to a translation target (map natdst).
+ * `p` still holds the packet's addresses: the lookup writes them back only when it forwards. */
+INLINE int nat_target(struct bpf_fib_lookup *p, struct cand *c, __u8 family) {
+    __u8 proto = p->l4_protocol;
+    __u16 port = 0;
+    if (proto == IPPROTO_TCP || proto == IPPROTO_UDP) {
+        if (c->proto != proto)
+            return 0; /* options, a fragment: the kernel's */
+        port = bswap16(c->ports >> 16);
+    } else if (proto != IPPROTO_ICMP && proto != IPPROTO_ICMPV6) {
+        return 0;
+    }
+    struct natnet_key n = {};
+    n.family = family;
+    n.proto = proto;
+    if (family == AF_INET) {
+        n.prefixlen = 64;
+        n.addr[0] = p->ipv4_dst;
+    } else {
+        n.prefixlen = 160;
+        __builtin_memcpy(n.addr, p->ipv6_dst, 16);
+    }
+    struct natval *v = bpf_map_lookup_elem(&natnet, &n);
+    if (v && port >= v->lo && port <= v->hi)
+        return 1;
+    if (!port)
+        return 0;
+    struct natport_key k = {};
+    k.family = family;
+    k.proto = proto;
+    k.port = port;
+    __builtin_memcpy(k.addr, n.addr, 16);
+    if (bpf_map_lookup_elem(&natport, &k))
+        return 1;
+    __builtin_memset(k.addr, 0, sizeof(k.addr));
+    return bpf_map_lookup_elem(&natport, &k) != 0;
+}
+
 INLINE int verdict(struct xdp_md *ctx, struct bpf_fib_lookup *p, long rc, __u8 family, struct cand *c, __u32 len,
                    int syn) {
+    if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH && rc != BPF_FIB_LKUP_RET_FRAG_NEEDED &&
+        nat_target(p, c, family)) {
+        count(&steer_stats, S_NAT_LOCAL);
+        return to_xsk(ctx, p, -1, family, syn, 0);
+    }
     int found = 0;
     switch (rc) {
     case BPF_FIB_LKUP_RET_SUCCESS:

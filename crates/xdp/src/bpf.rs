@@ -14,6 +14,7 @@ const BPF_MAP_CREATE: i32 = 0;
 const BPF_MAP_LOOKUP_ELEM: i32 = 1;
 const BPF_MAP_UPDATE_ELEM: i32 = 2;
 const BPF_MAP_DELETE_ELEM: i32 = 3;
+const BPF_MAP_GET_NEXT_KEY: i32 = 4;
 const BPF_PROG_LOAD: i32 = 5;
 const BPF_MAP_LOOKUP_BATCH: i32 = 24;
 const BPF_MAP_UPDATE_BATCH: i32 = 26;
@@ -187,6 +188,30 @@ impl Map {
         assert_eq!(key.len(), self.key_size as usize);
         let mut a = MapElem { map_fd: self.fd.as_raw_fd() as u32, key: key.as_ptr() as u64, ..Default::default() };
         sys_bpf(BPF_MAP_DELETE_ELEM, &mut a).map(|_| ())
+    }
+
+    /// Every key of a hash map (BPF_MAP_GET_NEXT_KEY): for small maps.
+    pub fn keys(&self) -> io::Result<Vec<Vec<u8>>> {
+        let ks = self.key_size as usize;
+        let mut out: Vec<Vec<u8>> = Vec::new();
+        let mut next = vec![0u8; ks];
+        loop {
+            let prev = out.last().cloned();
+            let mut a = MapElem {
+                map_fd: self.fd.as_raw_fd() as u32,
+                key: prev.as_ref().map_or(0, |p| p.as_ptr() as u64),
+                value: next.as_mut_ptr() as u64,
+                ..Default::default()
+            };
+            match sys_bpf(BPF_MAP_GET_NEXT_KEY, &mut a) {
+                Ok(_) => out.push(next.clone()),
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
+                Err(e) => return Err(e),
+            }
+            if out.len() > self.max_entries as usize {
+                return Ok(out);
+            }
+        }
     }
 
     /// The next (up to) `chunk` entries of a hash map after cursor `c` (BPF_MAP_LOOKUP_BATCH),
@@ -561,6 +586,7 @@ pub mod objects {
     pub const STEER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/steer.o"));
     pub const GEN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gen.o"));
     pub const SINK: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sink.o"));
+    pub const INJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/inject.o"));
 }
 
 #[cfg(test)]

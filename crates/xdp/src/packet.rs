@@ -494,7 +494,7 @@ fn vnet_csum(v: &mut [u8], start: u16, offset: u16) {
 type Answer = (Instant, Option<FibRoute>, Option<[u8; 6]>);
 
 #[derive(Default)]
-struct Router {
+pub struct Router {
     routes: HashMap<(u8, [u8; 16]), Answer>,
     links: HashMap<u32, (Instant, [u8; 6], u32)>,
 }
@@ -504,7 +504,28 @@ const FRESH: Duration = Duration::from_secs(1);
 const FRESH_UNRESOLVED: Duration = Duration::from_millis(100);
 const MAX_ROUTES: usize = 1 << 16;
 
+/// Where the FIB sends a frame xpfd rewrote ([`Router::route`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routed {
+    /// Forwarded (or waiting for its neighbour).
+    Out(Route),
+    /// To this host.
+    Local,
+    /// No route, TTL expiring, over the MTU, not IP.
+    Not,
+}
+
 impl Router {
+    /// The FIB's route for a frame whose destination xpfd rewrote (translation): the kernel's
+    /// routes and neighbours, cached a second per destination.
+    pub fn route(&mut self, frame: &[u8]) -> Routed {
+        match self.classify(frame, Instant::now(), 0) {
+            (5, r) => Routed::Out(r),
+            (1, _) => Routed::Local,
+            _ => Routed::Not,
+        }
+    }
+
     /// The steering program's decision for `frame`: a slot of [`PACKET_COUNTERS`], and the
     /// route when the slot is 5 (to the filter).
     /// A GSO packet (`gso`: its segment size, 0 for none) is over the MTU until the kernel

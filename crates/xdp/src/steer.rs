@@ -22,6 +22,9 @@ pub enum Route {
     Forward { ifindex: u32, dmac: [u8; 6], smac: [u8; 6] },
     /// Out of `ifindex` via `nexthop`, whose link address the kernel does not know yet.
     NoNeighbour { ifindex: u32, family: u8, nexthop: [u8; 16] },
+    /// For this host, sent to xpfd because it goes to a translation target: a translated
+    /// packet is routed anew, anything else goes back to the kernel.
+    Local,
     /// Metadata missing or unknown (never seen from our own program).
     Invalid,
 }
@@ -36,6 +39,7 @@ impl Route {
         match m[0] {
             1 => Route::Forward { ifindex, dmac: m[8..14].try_into().unwrap(), smac: m[14..20].try_into().unwrap() },
             2 => Route::NoNeighbour { ifindex, family: m[1], nexthop: m[20..36].try_into().unwrap() },
+            3 => Route::Local,
             _ => Route::Invalid,
         }
     }
@@ -56,6 +60,7 @@ impl Route {
                 m[4..8].copy_from_slice(&ifindex.to_ne_bytes());
                 m[20..36].copy_from_slice(&nexthop);
             }
+            Route::Local => m[0] = 3,
             Route::Invalid => {}
         }
     }
@@ -85,7 +90,7 @@ const PROBE_FRAMES: u32 = 4;
 /// Where a queue's socket for new connections sits in map `xsks` (steer.c: SYN_LANE).
 const SYN_LANE: u32 = 64;
 
-pub const COUNTERS: [&str; 11] = [
+pub const COUNTERS: [&str; 12] = [
     "not IP, to the kernel",
     "for this host, to the kernel",
     "TTL/hop limit expiring, to the kernel",
@@ -97,7 +102,39 @@ pub const COUNTERS: [&str; 11] = [
     "forwarded in the kernel (fast path)",
     "for another host's MAC, to the kernel",
     "new TCP connections, to xpfd's SYN queue",
+    "for this host, to a translation target, to xpfd",
 ];
+
+/// A translation target the kernel would not forward (bpf/steer.c's natnet and natport):
+/// packets of `proto` to `addr/len` (IPv4 in the first four bytes; length 0: any) whose
+/// destination port is in `lo..=hi` (ICMP: 0..=65535), or, with `port` not 0, is `port` (to
+/// the host `addr`, or to any address when it is all zero), go to xpfd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NatTarget {
+    pub family: u8,
+    pub proto: u8,
+    pub addr: [u8; 16],
+    pub len: u8,
+    pub port: u16,
+    pub lo: u16,
+    pub hi: u16,
+}
+
+/// Gives frames to the kernel as if an interface had received them (bpf/inject.c).
+pub struct Inject {
+    prog: Program,
+}
+
+impl Inject {
+    pub fn load() -> io::Result<Inject> {
+        Ok(Inject { prog: Program::load("xpf_inject", objects::INJECT)? })
+    }
+
+    /// Passes `frame` (Ethernet, checksums complete) up the stack of interface `ifindex`.
+    pub fn to_stack(&self, frame: &[u8], ifindex: u32) -> io::Result<()> {
+        self.prog.test_run(frame, ifindex, 1, 1, crate::bpf::TEST_XDP_LIVE_FRAMES).map(|_| ())
+    }
+}
 
 /// The steering program loaded once and attached to each filtered interface.
 pub struct Steer {
@@ -111,7 +148,7 @@ impl Steer {
     /// for another interface, whose flow tables and configuration this one shares.
     pub fn load(tables: (u32, u32), first: Option<&Steer>) -> io::Result<Steer> {
         let shared: Vec<&crate::bpf::Map> = match first {
-            Some(f) => ["flows4", "flows6", "steer_cfg"].iter().map(|n| f.prog.map(n)).collect(),
+            Some(f) => ["flows4", "flows6", "steer_cfg", "natnet", "natport"].iter().map(|n| f.prog.map(n)).collect(),
             None => Vec::new(),
         };
         let prog =
@@ -214,9 +251,56 @@ impl Steer {
         Ok(after.saturating_sub(before) >= PROBE_FRAMES as u64)
     }
 
-    pub fn counters(&self) -> [u64; 11] {
+    pub fn counters(&self) -> [u64; 12] {
         let m = self.prog.map("steer_stats");
         std::array::from_fn(|i| m.percpu_sum(i as u32).unwrap_or(0))
+    }
+
+    /// Writes the translation targets the program sends to xpfd although the kernel would
+    /// not forward them (maps `natnet` and `natport`, shared by every interface's program),
+    /// replacing the ones there. Errors when there are more than the maps hold.
+    pub fn set_nat_targets(&self, targets: &[NatTarget]) -> io::Result<()> {
+        let (net, port) = (self.prog.map("natnet"), self.prog.map("natport"));
+        let mut nets: std::collections::HashMap<Vec<u8>, [u8; 4]> = Default::default();
+        let mut ports: std::collections::HashMap<Vec<u8>, [u8; 4]> = Default::default();
+        for t in targets {
+            let mut v = [0u8; 4];
+            v[..2].copy_from_slice(&t.lo.to_ne_bytes());
+            v[2..].copy_from_slice(&t.hi.to_ne_bytes());
+            if t.port == 0 {
+                let mut k = vec![0u8; 24];
+                k[..4].copy_from_slice(&(32 + t.len as u32).to_ne_bytes());
+                k[4] = t.family;
+                k[5] = t.proto;
+                k[8..24].copy_from_slice(&t.addr);
+                nets.insert(k, v);
+            } else {
+                let mut k = vec![0u8; 20];
+                k[0] = t.family;
+                k[1] = t.proto;
+                k[2..4].copy_from_slice(&t.port.to_ne_bytes());
+                k[4..20].copy_from_slice(&t.addr);
+                ports.insert(k, v);
+            }
+        }
+        for (m, want) in [(net, &nets), (port, &ports)] {
+            if want.len() > m.max_entries as usize {
+                return Err(io::Error::other(format!(
+                    "{} translation targets on this host's addresses; at most {}",
+                    want.len(),
+                    m.max_entries
+                )));
+            }
+            for k in m.keys()? {
+                if !want.contains_key(&k) {
+                    m.delete(&k)?;
+                }
+            }
+            for (k, v) in want.iter() {
+                m.update(k, v)?;
+            }
+        }
+        Ok(())
     }
 
     /// Bare mode: forward everything routable in the kernel, unfiltered (the lab's measure

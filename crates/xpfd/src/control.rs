@@ -96,6 +96,49 @@ impl Loaded {
     }
 }
 
+/// Refuses translation rules where xpfd cannot keep them yet: with several workers (a
+/// translated flow's replies would reach a worker without its state) and in packet mode
+/// (replies to the host's own addresses stay with the kernel). Names the first such rule.
+pub fn translation_fits(l: &Loaded, workers: usize, steers: &[(String, Steer)]) -> Result<(), String> {
+    let Some(r) = l.parsed.rules.iter().find(|r| r.nat.is_some() || r.rdr.is_some()) else { return Ok(()) };
+    let why = if workers > 1 {
+        "translation (nat-to, rdr-to, binat-to) runs on one worker for now: start xpfd with --workers 1"
+    } else if steers.is_empty() {
+        "translation (nat-to, rdr-to, binat-to) needs XDP (--io xdp); packet mode cannot take replies to this host's addresses"
+    } else {
+        return Ok(());
+    };
+    Err(format!("{}:{}: {why}", r.file, r.line))
+}
+
+/// Tells the steering programs which of this host's addresses and ports translated traffic
+/// goes to (their shared map natdst).
+pub fn write_nat_targets(r: &Ruleset, steers: &[(String, Steer)]) -> Result<(), String> {
+    let Some((_, s)) = steers.first() else { return Ok(()) };
+    let ts: Vec<xpf_xdp::steer::NatTarget> = r
+        .nat_targets
+        .iter()
+        .map(|t| {
+            let mut addr = [0u8; 16];
+            let mut len = 0;
+            match t.net {
+                Some((std::net::IpAddr::V4(a), l)) => {
+                    addr[..4].copy_from_slice(&a.octets());
+                    len = l;
+                }
+                Some((std::net::IpAddr::V6(a), l)) => {
+                    addr = a.octets();
+                    len = l;
+                }
+                None => {}
+            }
+            let family = if t.af == xpf_wire::pdesc::AF_INET { libc::AF_INET } else { libc::AF_INET6 } as u8;
+            xpf_xdp::steer::NatTarget { family, proto: t.proto, addr, len, port: t.port, lo: t.lo, hi: t.hi }
+        })
+        .collect();
+    s.set_nat_targets(&ts).map_err(|e| format!("translation targets: {e}"))
+}
+
 pub struct Daemon {
     file: String,
     defines: Vec<(String, String)>,
@@ -280,6 +323,12 @@ impl Daemon {
             return Err(vec![format!("{}: {e}", self.file)]);
         }
         let (r, l) = l.take_ruleset();
+        {
+            let steers = self.steers.lock().unwrap();
+            translation_fits(&l, self.workers.len(), &steers)
+                .and_then(|()| write_nat_targets(&r, &steers))
+                .map_err(|e| vec![e])?;
+        }
         let g = self.slot.install(r);
         self.loaded = l;
         Ok(g)
@@ -525,6 +574,7 @@ impl Daemon {
                 };
                 let entries = tb.len();
                 let r = cur.with_table(&name, tb).ok_or_else(|| format!("table <{name}> does not exist"))?;
+                write_nat_targets(&r, &self.steers.lock().unwrap())?;
                 self.slot.install(r);
                 Ok((format!("{verb}\n"), json!({"changed": changed, "entries": entries})))
             }
@@ -538,7 +588,7 @@ impl Daemon {
             "info" => {
                 let (info, io, xs, pc) = self.snapshot()?;
                 let mut text = info.render(uptime);
-                let steer: Vec<(String, [u64; 11])> =
+                let steer: Vec<(String, [u64; 12])> =
                     self.steers.lock().unwrap().iter().map(|(n, s)| (n.clone(), s.counters())).collect();
                 let _ = writeln!(text, "Forwarding");
                 let f = &io.fast;
@@ -552,6 +602,13 @@ impl Daemon {
                     ("answers shed (tx ring busy)", io.answers_shed),
                     ("bad-metadata", io.bad_meta),
                 ];
+                if io.nat_to_host + io.nat_local + io.nat_no_route > 0 {
+                    rows.extend([
+                        ("translation: host's, back", io.nat_to_host),
+                        ("translated to this host", io.nat_local),
+                        ("translated, no route", io.nat_no_route),
+                    ]);
+                }
                 if io.handed_off + io.handed_in + io.handoff_full > 0 {
                     rows.extend([
                         ("to the flow's worker", io.handed_off),

@@ -16,7 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use xpf_engine::{info::Info, Verdict, Worker, BATCH};
 use xpf_state::{Dir, Key, Timeouts};
+use xpf_wire::offload::Partial;
 use xpf_xdp::packet::offload::{gso_size, gso_type};
+use xpf_xdp::packet::Routed;
 use xpf_xdp::port::PortIo;
 use xpf_xdp::steer::{Route, META_LEN};
 use xpf_xdp::xsk::{Desc, XskStats};
@@ -53,6 +55,12 @@ pub struct IoStats {
     /// and the worker's time inside it: the filter's cost per packet, clocked per batch.
     pub filtered: u64,
     pub filter_ns: u64,
+    /// Packets to a translation target of this host that belonged to no translation: given
+    /// back to the kernel as received. Translated packets whose new destination is this
+    /// host (delivered by loopback), or that the FIB has no route for (dropped).
+    pub nat_to_host: u64,
+    pub nat_local: u64,
+    pub nat_no_route: u64,
     /// The kernel fast path (--fastpath): flows in it, packets it forwarded.
     pub fast: crate::fastpath::FastStats,
     /// The host's own traffic (worker 0).
@@ -76,6 +84,9 @@ impl IoStats {
         self.rx_batches += o.rx_batches;
         self.filtered += o.filtered;
         self.filter_ns += o.filter_ns;
+        self.nat_to_host += o.nat_to_host;
+        self.nat_local += o.nat_local;
+        self.nat_no_route += o.nat_no_route;
         self.fast.add(&o.fast);
         self.host.add(&o.host);
     }
@@ -170,6 +181,12 @@ pub struct Dataplane {
     pub handoff: Option<crate::handoff::Handoff>,
     /// Frames taken from the other workers this round (kept to reuse its allocation).
     handed: Vec<crate::handoff::Item>,
+    /// Translation: routes for rewritten destinations (the kernel's FIB, cached), the way
+    /// back into the kernel for the host's packets, and the loopback way for translated
+    /// packets to this host (opened when first needed).
+    router: xpf_xdp::packet::Router,
+    inject: Option<xpf_xdp::steer::Inject>,
+    raw: Option<crate::host::RawOut>,
 }
 
 /// `a` with the bits past prefix length `l` cleared.
@@ -220,6 +237,24 @@ fn rows<K: Key>(t: &xpf_state::StateTable<K>, now: u32, out: &mut Vec<StateRow>)
         // pf's `expire` is the last activity; the deadline adds the (adaptive) timeout.
         let deadline = s.expire.saturating_add(t.timeout_of(id));
         let k = &s.key;
+        // pfctl's view of a translated state: going out, the wire key with the stack key's
+        // differing hosts in parentheses; coming in, the stack key with the wire key's.
+        let going_out = s.flags & xpf_state::sf::OUT != 0;
+        let (nk, sk) = match t.stack_key(id) {
+            Some(st) if going_out => (*k, Some(*st)),
+            Some(st) => (*st, Some(*k)),
+            None => (*k, None),
+        };
+        // ICMP: the identifier is one field; pfctl shows its change on the translated side.
+        let icmp = matches!(k.proto(), 1 | 58);
+        let side = |i: usize| {
+            let h = host(nk.addr(i), k.af(), nk.port(i), k.proto());
+            let same_id = icmp && i == if going_out { 0 } else { 1 };
+            match sk.filter(|sk| sk.addr(i) != nk.addr(i) || (sk.port(i) != nk.port(i) && !same_id)) {
+                Some(sk) => format!("{h} ({})", host(sk.addr(i), k.af(), sk.port(i), k.proto())),
+                None => h,
+            }
+        };
         let ifname = if k.kif() == 0 {
             "all".to_string()
         } else {
@@ -229,9 +264,9 @@ fn rows<K: Key>(t: &xpf_state::StateTable<K>, now: u32, out: &mut Vec<StateRow>)
             ifname,
             proto: k.proto(),
             af: k.af(),
-            left: host(k.addr(1), k.af(), k.port(1), k.proto()),
-            right: host(k.addr(0), k.af(), k.port(0), k.proto()),
-            out: s.flags & xpf_state::sf::OUT != 0,
+            left: side(1),
+            right: side(0),
+            out: going_out,
             src_state: s.peer_state[0],
             dst_state: s.peer_state[1],
             age: now.saturating_sub(s.creation),
@@ -280,6 +315,9 @@ impl Dataplane {
             last_resolve: Vec::new(),
             handoff: None,
             handed: Vec::new(),
+            router: Default::default(),
+            inject: None,
+            raw: None,
         }
     }
 
@@ -484,8 +522,12 @@ impl Dataplane {
         // TCP segments of fast-path flows the steering program handed over: their windows
         // come from the flow tables first.
         let mut handed_over = 0u64;
+        let mut local = 0u64;
         for i in 0..n {
             routes[i] = Route::parse(alls[i]);
+            if routes[i] == Route::Local {
+                local |= 1 << i;
+            }
             frames[i] = alls[i].get(META_LEN..).unwrap_or(&[]);
             if xpf_xdp::steer::fast_flow(alls[i]) {
                 handed_over |= 1 << i;
@@ -508,7 +550,7 @@ impl Dataplane {
         // pf's packet tags: what the `in` pass tagged, the `out` pass sees (`tagged`).
         let mut tags = [0u16; BATCH];
         let clock = Instant::now();
-        self.worker.process_tagged(&frames[..n], inif as u16, Dir::In, inif as u16, now, &mut v_in, &mut tags);
+        self.worker.process_tagged(&frames[..n], inif as u16, Dir::In, inif as u16, now, &mut v_in, &mut tags, local);
         // Defer mode: which frames made a state on the way in (the `out` pass may make more).
         let defer = self.sync.as_ref().is_some_and(|s| s.defer.is_some());
         let (created_in, ids_in) = if defer { (self.worker.created, self.worker.created_ids) } else { (0, [0; BATCH]) };
@@ -522,8 +564,9 @@ impl Dataplane {
         // TCP/UDP checksums their senders left to offload, seen on the frames as they came
         // (the rewrites below update the field as if it were complete); finished on the way out.
         let mut partial = [None; BATCH];
+        let mut to_local = 0u64;
         for i in 0..n {
-            if v_in[i] == Verdict::Pass {
+            if v_in[i] == Verdict::Pass || local & (1 << i) != 0 {
                 partial[i] = xpf_wire::offload::partial(frames[i]);
             }
         }
@@ -537,22 +580,50 @@ impl Dataplane {
             bufs[i as usize] = b;
             swapped |= 1 << i;
         }
-        if self.worker.patched | swapped != 0 {
+        // Translated on the way in (`rdr-to`, replies of a translated state): rewritten
+        // too, and routed where the new destination goes.
+        let xlated = self.worker.translated;
+        let copied = self.worker.patched | swapped | xlated;
+        if copied != 0 {
             bufs.resize_with(BATCH, Vec::new);
-            let mut m = self.worker.patched;
-            while m != 0 {
-                let i = m.trailing_zeros() as usize;
-                m &= m - 1;
+            for i in bits(self.worker.patched) {
                 bufs[i].clear();
                 bufs[i].extend_from_slice(frames[i]);
                 let (a, s) = self.worker.patches[i];
                 xpf_engine::proto::apply_modulation(&mut bufs[i], a, s);
             }
+            for i in bits(xlated) {
+                if (self.worker.patched | swapped) & (1 << i) == 0 {
+                    bufs[i].clear();
+                    bufs[i].extend_from_slice(frames[i]);
+                }
+                xpf_wire::translate::apply(&mut bufs[i], &self.worker.rewrites[i]);
+                if v_in[i] == Verdict::Pass {
+                    routes[i] = match self.router.route(&bufs[i]) {
+                        Routed::Out(r) => r,
+                        Routed::Local => {
+                            to_local |= 1 << i;
+                            Route::Local
+                        }
+                        Routed::Not => {
+                            self.io.nat_no_route += 1;
+                            v_in[i] = Verdict::Drop(xpf_wire::Reason::NoRoute);
+                            Route::Invalid
+                        }
+                    };
+                }
+            }
             for (i, b) in bufs.iter().enumerate() {
-                if (self.worker.patched | swapped) & (1 << i) != 0 {
+                if copied & (1 << i) != 0 {
                     frames[i] = &b[..];
                 }
             }
+        }
+        // To this host: what no translation took goes back to the kernel as it came; what a
+        // translation sends here goes by loopback (it was filtered here already).
+        let to_host = bits(local).filter(|&i| v_in[i] == Verdict::Host).fold(0u64, |m, i| m | 1 << i);
+        if to_host | to_local != 0 {
+            self.deliver_here(&frames[..n], to_host, to_local, &partial, inif);
         }
         let mut spent = clock.elapsed();
         self.send_returns(p);
@@ -566,6 +637,7 @@ impl Dataplane {
                     todo |= 1 << i;
                 }
                 (Verdict::Pass, Route::Invalid) => self.io.bad_meta += 1,
+                (Verdict::Pass, Route::Local) => {}
                 (Verdict::Host, _) => self.io.not_ip += 1,
                 _ => {}
             }
@@ -603,6 +675,7 @@ impl Dataplane {
                 now,
                 &mut v_out[..m],
                 &mut out_tags[..m],
+                0,
             );
             spent += clock.elapsed();
             // A block out with return answers the sender, back where the packet came in.
@@ -684,7 +757,7 @@ impl Dataplane {
                         self.io.no_neighbour += 1;
                         self.resolve(ifindex, family, nexthop);
                     }
-                    Route::Invalid => {}
+                    Route::Local | Route::Invalid => {}
                 }
             }
         }
@@ -758,7 +831,7 @@ impl Dataplane {
                     self.resolve(ifindex, family, nexthop);
                     continue;
                 }
-                Route::Invalid => {
+                Route::Local | Route::Invalid => {
                     self.io.bad_meta += group.len() as u64;
                     continue;
                 }
@@ -778,6 +851,41 @@ impl Dataplane {
                     }
                     None => self.io.tx_full += 1,
                 }
+            }
+        }
+    }
+
+    /// Frames addressed to this host: `back` (the host's own, sent here because they went to
+    /// a translation target) into the kernel as received on `inif`, `local` (translated to
+    /// one of the host's addresses) by loopback; checksums left to offload finished first.
+    #[cold]
+    fn deliver_here(&mut self, frames: &[&[u8]], back: u64, local: u64, partial: &[Option<Partial>], inif: u32) {
+        if self.inject.is_none() && back != 0 {
+            match xpf_xdp::steer::Inject::load() {
+                Ok(i) => self.inject = Some(i),
+                Err(e) => eprintln!("xpfd: loading the program that gives frames back to the kernel: {e}"),
+            }
+        }
+        if self.raw.is_none() && local != 0 {
+            match crate::host::RawOut::open() {
+                Ok(r) => self.raw = Some(r),
+                Err(e) => eprintln!("xpfd: raw sockets for translated packets to this host: {e}"),
+            }
+        }
+        for i in bits(back | local) {
+            let mut f = frames[i].to_vec();
+            if partial[i].is_some() {
+                xpf_wire::offload::finish(&mut f);
+            }
+            let sent = if back & (1 << i) != 0 {
+                self.io.nat_to_host += 1;
+                self.inject.as_ref().is_some_and(|j| j.to_stack(&f, inif).is_ok())
+            } else {
+                self.io.nat_local += 1;
+                self.raw.as_ref().is_some_and(|r| r.send(&f[14..]))
+            };
+            if !sent {
+                self.io.tx_full += 1;
             }
         }
     }
@@ -918,6 +1026,9 @@ fn outgoing(
     if w.patched & (1 << k) != 0 {
         let (a, s) = w.patches[k];
         xpf_engine::proto::apply_modulation(f, a, s);
+    }
+    if w.translated & (1 << k) != 0 {
+        xpf_wire::translate::apply(f, &w.rewrites[k]);
     }
     scrub(f, scrub_in, i, w, k);
     rewrite(f, dmac, smac);

@@ -57,8 +57,8 @@ pub struct HostPath {
     /// Queued fragments whose datagram is not complete: (packet id, when it came), by datagram.
     pending: std::collections::HashMap<FragKey, Vec<(u32, u32)>>,
     pending_n: usize,
-    /// Raw IPv4 and IPv6 sockets (header included) marked with HostRules::MARK.
-    raw: [i32; 2],
+    /// Where answers to blocked host traffic go.
+    raw: RawOut,
     frame: Vec<u8>,
     verdicts: Vec<(u32, bool, Option<Vec<u8>>)>,
     pub stats: HostStats,
@@ -84,7 +84,7 @@ fn raw_socket(family: i32) -> std::io::Result<i32> {
 impl HostPath {
     pub fn open() -> std::io::Result<HostPath> {
         let q = NfQueue::open(QUEUE)?;
-        let raw = [raw_socket(libc::AF_INET)?, raw_socket(libc::AF_INET6)?];
+        let raw = RawOut::open()?;
         Ok(HostPath {
             q,
             pending: Default::default(),
@@ -158,7 +158,13 @@ impl HostPath {
                 }
                 verdicts.extend(held.into_iter().map(|(id, _)| (id, accept, None)));
             }
-            let rewritten = (accept && (w.patched | w.scrubbed) & 1 != 0).then(|| {
+            let rewritten = (accept && (w.patched | w.scrubbed | w.translated) & 1 != 0).then(|| {
+                // A translated packet of the host's (its own connection through `nat-to`, a
+                // `rdr-to` to one of its ports): the kernel takes it rewritten (and routes
+                // an outgoing one again).
+                if w.translated & 1 != 0 {
+                    xpf_wire::translate::apply(frame, &w.rewrites[0]);
+                }
                 if w.patched & 1 != 0 {
                     let (a, s) = w.patches[0];
                     xpf_engine::proto::apply_modulation(frame, a, s);
@@ -216,26 +222,60 @@ impl HostPath {
 
     /// Sends an answer (an IP packet) into the kernel, which routes it to its destination.
     fn answer(&mut self, ip: &[u8]) {
+        if self.raw.send(ip) {
+            self.stats.answers += 1;
+        } else {
+            self.stats.answer_errors += 1;
+        }
+    }
+}
+
+/// Raw IPv4 and IPv6 sockets (header included) marked with HostRules::MARK, which the
+/// `xpfd-out` chain lets by: IP packets xpfd made or already filtered go into the kernel
+/// through them, routed by it (to this host by loopback, which no xpfd chain queues).
+pub struct RawOut {
+    fds: [i32; 2],
+}
+
+impl RawOut {
+    pub fn open() -> std::io::Result<RawOut> {
+        let v4 = raw_socket(libc::AF_INET)?;
+        match raw_socket(libc::AF_INET6) {
+            Ok(v6) => Ok(RawOut { fds: [v4, v6] }),
+            Err(e) => {
+                // SAFETY: ours, just opened.
+                unsafe { libc::close(v4) };
+                Err(e)
+            }
+        }
+    }
+
+    /// Sends IP packet `ip` (checksums complete) to its destination; false if it could not.
+    pub fn send(&self, ip: &[u8]) -> bool {
         // SAFETY (both arms): zeroed sockaddrs with family and address set, of their size.
-        let sent = match ip.first().map(|b| b >> 4) {
+        match ip.first().map(|b| b >> 4) {
             Some(4) if ip.len() >= 20 => {
                 let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
                 sa.sin_family = libc::AF_INET as u16;
                 sa.sin_addr.s_addr = u32::from_ne_bytes(ip[16..20].try_into().unwrap());
-                send_to(self.raw[0], ip, &sa)
+                send_to(self.fds[0], ip, &sa)
             }
             Some(6) if ip.len() >= 40 => {
                 let mut sa: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
                 sa.sin6_family = libc::AF_INET6 as u16;
                 sa.sin6_addr.s6_addr.copy_from_slice(&ip[24..40]);
-                send_to(self.raw[1], ip, &sa)
+                send_to(self.fds[1], ip, &sa)
             }
             _ => false,
-        };
-        if sent {
-            self.stats.answers += 1;
-        } else {
-            self.stats.answer_errors += 1;
+        }
+    }
+}
+
+impl Drop for RawOut {
+    fn drop(&mut self) {
+        for fd in self.fds {
+            // SAFETY: the fds are ours.
+            unsafe { libc::close(fd) };
         }
     }
 }
@@ -252,14 +292,5 @@ fn send_to<T>(fd: i32, data: &[u8], sa: &T) -> bool {
             sa as *const T as *const libc::sockaddr,
             std::mem::size_of::<T>() as u32,
         ) >= 0
-    }
-}
-
-impl Drop for HostPath {
-    fn drop(&mut self) {
-        for fd in self.raw {
-            // SAFETY: the fds are ours.
-            unsafe { libc::close(fd) };
-        }
     }
 }

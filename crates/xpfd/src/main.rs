@@ -379,6 +379,8 @@ fn run(a: Args) -> Result<(), String> {
     if a.fastpath.is_some_and(|n| n > 0) && steers.is_empty() {
         eprintln!("xpfd: --fastpath needs XDP; packet mode forwards everything in xpfd");
     }
+    control::translation_fits(&loaded, workers, &steers)?;
+    control::write_nat_targets(&slot.current().1, &steers)?;
     let steers = Arc::new(Mutex::new(steers));
 
     // Workers.

@@ -30,6 +30,10 @@ impl Live {
 }
 
 impl Policy for Live {
+    fn pool(&self, i: u32) -> Option<&xpf_engine::nat::Pool> {
+        self.rules.pool(i)
+    }
+
     fn limits(&self, i: u32) -> Option<&xpf_state::RuleLimits> {
         self.rules.limits(i)
     }

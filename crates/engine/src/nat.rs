@@ -1,0 +1,464 @@
+//! Address translation (pf's `nat-to`, `rdr-to`, `binat-to`): the address a rule's pool gives
+//! a new flow (pf_map_addr), the source port it gets (the allocator below), and the rewrite a
+//! packet of a translated state takes to the state's other key.
+//!
+//! A translated state has two keys, as in pf: the wire key (the packet as it is on the
+//! interface) and the stack key (the packet as the host behind the firewall sees it). A packet
+//! going `in` must match a state by its wire key and is rewritten to the stack key; a packet
+//! going `out` must match by the stack key and is rewritten to the wire key.
+//!
+//! Source ports (and ICMP query identifiers) come from a per-address allocator with a bounded
+//! cost per new flow, whatever the occupancy: ports never used go first, in a random order (a
+//! permutation of the range, so ports are not predictable, RFC 6056); a released port goes to
+//! the tail of a FIFO and is not handed out again for [`HOLD`] seconds (RFC 6888 REQ-8); a
+//! port is given to one flow at a time while free ports remain. When none is free, a port in use may be shared by a flow to
+//! another destination (the wire keys still differ, as pf's and Linux's endpoint-dependent
+//! ports are): [`TRIES`] random ports at most are tried, then the packet is dropped as pf's
+//! `translate`. pf instead scans the range linearly (up to the whole range per new flow when
+//! it is nearly full); Linux caps its search at 248 tries, VPP at 10.
+
+use rand_chacha::ChaCha20Rng;
+use rand_core::Rng;
+use std::collections::{HashMap, VecDeque};
+use xpf_wire::pdesc::{AF_INET, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP};
+use xpf_wire::{Addr, PDesc};
+
+pub use xpf_wire::translate::Rewrite;
+
+/// Seconds a released port waits before it is handed out again (RFC 6888 REQ-8).
+pub const HOLD: u32 = 120;
+/// Ports tried at most per new flow once none is free.
+pub const TRIES: u32 = 8;
+
+/// How a pool picks an address (pf's pool types).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Method {
+    /// The pool's (first) address; a network maps host bits as [`Method::Bitmask`].
+    None,
+    /// The pool's network bits over the host bits of the address being replaced (binat).
+    Bitmask,
+    Random,
+    RoundRobin,
+    /// A keyed hash of the source address picks the address: a source keeps its address.
+    SourceHash([u8; 16]),
+}
+
+/// One network of a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Net {
+    pub addr: Addr,
+    pub af: u8,
+    pub len: u8,
+}
+
+/// A translation target and its options, compiled from a rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pool {
+    pub nets: Vec<Net>,
+    pub method: Method,
+    /// nat-to: the source ports to choose from (pf's default 50001:65535); rdr-to: the new
+    /// destination port, (0, 0) to keep it, (p, q) with q > p to map the rule's destination
+    /// ports from `dst_base` onto p..q.
+    pub ports: (u16, u16),
+    /// nat-to `static-port`: the source port is kept.
+    pub static_port: bool,
+    pub dst_base: u16,
+}
+
+fn width(af: u8) -> u32 {
+    if af == AF_INET {
+        32
+    } else {
+        128
+    }
+}
+
+fn to_int(a: &Addr, af: u8) -> u128 {
+    if af == AF_INET {
+        u32::from_be_bytes(a.v4_bytes()) as u128
+    } else {
+        u128::from_be_bytes(a.0)
+    }
+}
+
+fn from_int(v: u128, af: u8) -> Addr {
+    if af == AF_INET {
+        Addr::v4((v as u32).to_be_bytes())
+    } else {
+        Addr(v.to_be_bytes())
+    }
+}
+
+/// The host-part mask of a `/len` network.
+fn host_mask(af: u8, len: u8) -> u128 {
+    let w = width(af);
+    let len = (len as u32).min(w);
+    if len == w {
+        0
+    } else if w - len == 128 {
+        u128::MAX
+    } else {
+        (1u128 << (w - len)) - 1
+    }
+}
+
+/// `net`'s network bits over `host`'s host bits (pf_poolmask).
+fn graft(net: &Net, host: u128) -> Addr {
+    let m = host_mask(net.af, net.len);
+    from_int((to_int(&net.addr, net.af) & !m) | (host & m), net.af)
+}
+
+/// Addresses in `net` as counted by round-robin (an IPv6 network's count is capped at 2^32).
+fn size(net: &Net) -> u64 {
+    let bits = (width(net.af) - (net.len as u32).min(width(net.af))).min(32);
+    1u64 << bits
+}
+
+fn keyed_hash(a: &Addr, key: &[u8; 16]) -> u64 {
+    let k0 = u64::from_le_bytes(key[..8].try_into().unwrap());
+    let k1 = u64::from_le_bytes(key[8..].try_into().unwrap());
+    let w0 = u64::from_le_bytes(a.0[..8].try_into().unwrap());
+    let w1 = u64::from_le_bytes(a.0[8..].try_into().unwrap());
+    let m = |x: u64, y: u64| {
+        let p = (x as u128) * (y as u128);
+        (p as u64) ^ ((p >> 64) as u64)
+    };
+    m(m(w0 ^ k0, w1 ^ k1 ^ 0x9e37_79b9_7f4a_7c15), k0 ^ k1 ^ 0xc2b2_ae3d_27d4_eb4f)
+}
+
+impl Pool {
+    /// The address this pool gives a packet of family `af` from `src` whose address `orig`
+    /// is being replaced (`cursor`: the worker's round-robin position for this pool); None
+    /// when the pool has no address of the family.
+    pub fn pick(&self, af: u8, src: &Addr, orig: &Addr, rng: &mut ChaCha20Rng, cursor: &mut u64) -> Option<Addr> {
+        let nets = || self.nets.iter().filter(|n| n.af == af);
+        let n = nets().count();
+        let first = nets().next()?;
+        Some(match &self.method {
+            // A network with no pool type maps host to host (binat-to's networks, which
+            // pfctl prints without `bitmask`); pf would hand out the network's own address.
+            Method::None | Method::Bitmask => graft(first, to_int(orig, af)),
+            Method::Random => {
+                let net = nets().nth(rng.next_u32() as usize % n)?;
+                let r = ((rng.next_u64() as u128) << 64) | rng.next_u64() as u128;
+                graft(net, r)
+            }
+            Method::SourceHash(key) => {
+                let h = keyed_hash(src, key);
+                let net = nets().nth((h % n as u64) as usize)?;
+                let h2 = h.rotate_left(29).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                graft(net, ((h2 as u128) << 64) | h as u128)
+            }
+            Method::RoundRobin => {
+                let total: u64 = nets().map(size).sum();
+                let mut i = *cursor % total.max(1);
+                *cursor = cursor.wrapping_add(1);
+                let mut pick = *first;
+                let mut off = 0;
+                for net in nets() {
+                    if i < size(net) {
+                        pick = *net;
+                        off = i;
+                        break;
+                    }
+                    i -= size(net);
+                }
+                if pick.len as u32 >= width(af) {
+                    pick.addr
+                } else {
+                    graft(&pick, (to_int(&pick.addr, af) & host_mask(af, pick.len)).wrapping_add(off as u128))
+                }
+            }
+        })
+    }
+
+    /// rdr-to: the destination port for a packet to `dport`.
+    pub fn rdr_port(&self, dport: u16) -> u16 {
+        match self.ports {
+            (0, _) => dport,
+            (p, q) if q <= p => p,
+            (p, q) => {
+                let span = (q - p) as u32 + 1;
+                (((dport.wrapping_sub(self.dst_base)) as u32 % span) + p as u32) as u16
+            }
+        }
+    }
+}
+
+/// Whether packets of `pd` carry a port (or an ICMP query identifier) a translation maps.
+pub fn has_port(pd: &PDesc) -> bool {
+    pd.flags & xpf_wire::pdesc::pdf::HAS_PORTS != 0
+        && matches!(pd.proto, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_ICMP | IPPROTO_ICMPV6)
+}
+
+/// The ports of one address, protocol class and range. Memory goes with use, not with the
+/// range: ports never handed out are a counter through a random permutation of the range
+/// (an affine map, so no table of them), ports in use a map of their users, released ports a
+/// FIFO with the time each may go again. A pool of a /16 costs nothing per address it has not
+/// used.
+#[derive(Debug)]
+struct Ports {
+    lo: u16,
+    n: u32,
+    /// The permutation i -> (mul * i + add) mod n, mul coprime to n.
+    mul: u32,
+    add: u32,
+    /// Ports handed out fresh so far (indexes of the permutation).
+    fresh: u32,
+    /// Released ports, oldest first, with when each may be handed out again.
+    free: VecDeque<(u16, u32)>,
+    /// Flows using each port in use.
+    users: HashMap<u16, u16>,
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+impl Ports {
+    fn new(lo: u16, hi: u16, rng: &mut ChaCha20Rng) -> Ports {
+        let n = (hi - lo) as u32 + 1;
+        let mut mul = rng.next_u32() % n;
+        while gcd(mul, n) != 1 {
+            mul = (mul + 1) % n;
+        }
+        Ports { lo, n, mul, add: rng.next_u32() % n, fresh: 0, free: VecDeque::new(), users: HashMap::new() }
+    }
+
+    fn in_range(&self, port: u16) -> bool {
+        port >= self.lo && ((port - self.lo) as u32) < self.n
+    }
+}
+
+/// The translation side of a worker: round-robin positions and the port allocators.
+#[derive(Debug, Default)]
+pub struct Nat {
+    cursors: Vec<u64>,
+    /// By (address, protocol class): the allocators of the ranges drawn from it.
+    ports: HashMap<(Addr, u8), Vec<Ports>>,
+    pub counters: Counters,
+}
+
+/// Translation counters (`xpfctl -s info`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// States made with a translation.
+    pub translated: u64,
+    /// Ports given to a flow while another used them (none was free).
+    pub shared: u64,
+    /// Free ports skipped because their key was in use by a state (static or synced ones).
+    pub collisions: u64,
+    /// New flows refused: no port free or shareable (pf's `translate`).
+    pub exhausted: u64,
+    /// New flows refused: the pool had no address of their family.
+    pub no_address: u64,
+}
+
+/// The protocol class a port belongs to (ICMP and ICMPv6 identifiers share one space per
+/// address, as TCP and UDP ports have their own).
+fn class(proto: u8) -> u8 {
+    if proto == IPPROTO_ICMPV6 {
+        IPPROTO_ICMP
+    } else {
+        proto
+    }
+}
+
+impl Nat {
+    /// The round-robin position of pool `i`.
+    pub fn cursor(&mut self, i: usize) -> &mut u64 {
+        if self.cursors.len() <= i {
+            self.cursors.resize(i + 1, 0);
+        }
+        &mut self.cursors[i]
+    }
+
+    /// A source port of `addr` in `lo..=hi` for a new flow of `proto` at `now`, for which
+    /// `free(port)` says its key is unused: a port never used yet, else the longest released
+    /// one once its hold is over, else (none left) one in use shared with a flow elsewhere.
+    /// At most [`TRIES`] keys are tried in each of the three ways.
+    pub fn take_port(
+        &mut self,
+        addr: Addr,
+        proto: u8,
+        (lo, hi): (u16, u16),
+        now: u32,
+        rng: &mut ChaCha20Rng,
+        mut free: impl FnMut(u16) -> bool,
+    ) -> Option<u16> {
+        let all = self.ports.entry((addr, class(proto))).or_default();
+        let k = match all.iter().position(|p| p.lo == lo && p.n == (hi - lo) as u32 + 1) {
+            Some(k) => k,
+            None => {
+                all.push(Ports::new(lo, hi, rng));
+                all.len() - 1
+            }
+        };
+        let p = &mut all[k];
+        let mut tries = 0;
+        while p.fresh < p.n && tries < TRIES {
+            let i = ((p.mul as u64 * p.fresh as u64 + p.add as u64) % p.n as u64) as u16;
+            p.fresh += 1;
+            let port = p.lo + i;
+            if free(port) {
+                p.users.insert(port, 1);
+                return Some(port);
+            }
+            // Its key is taken by a state that does not hold it here (a synced state):
+            // released when that state goes, as any other.
+            self.counters.collisions += 1;
+            tries += 1;
+        }
+        for _ in 0..TRIES {
+            match p.free.front() {
+                Some(&(port, ready)) if ready <= now => {
+                    p.free.pop_front();
+                    if free(port) {
+                        p.users.insert(port, 1);
+                        return Some(port);
+                    }
+                    self.counters.collisions += 1;
+                    p.free.push_back((port, now));
+                }
+                _ => break,
+            }
+        }
+        // None free: share one in use with a flow elsewhere.
+        for _ in 0..TRIES {
+            let port = p.lo + (rng.next_u32() % p.n) as u16;
+            if let Some(u) = p.users.get_mut(&port) {
+                if *u < u16::MAX && free(port) {
+                    *u += 1;
+                    self.counters.shared += 1;
+                    return Some(port);
+                }
+            }
+        }
+        self.counters.exhausted += 1;
+        None
+    }
+
+    /// Gives back port `port` of `addr` (a translated state ended at `now`).
+    pub fn put_port(&mut self, addr: Addr, proto: u8, port: u16, now: u32) {
+        let Some(all) = self.ports.get_mut(&(addr, class(proto))) else { return };
+        for p in all.iter_mut().filter(|p| p.in_range(port)) {
+            let Some(u) = p.users.get_mut(&port) else { continue };
+            *u -= 1;
+            if *u == 0 {
+                p.users.remove(&port);
+                p.free.push_back((port, now.saturating_add(HOLD)));
+            }
+            return;
+        }
+    }
+
+    /// Ports in use, and ports in all allocators (`xpfctl -s info`).
+    pub fn ports_used(&self) -> (u64, u64) {
+        let all = self.ports.values().flatten();
+        (all.clone().map(|p| p.users.len() as u64).sum(), all.map(|p| p.n as u64).sum())
+    }
+}
+
+/// A packet's own addresses and ports, as a rewrite would leave them.
+#[inline]
+pub fn of_packet(pd: &PDesc) -> Rewrite {
+    Rewrite { addr: [pd.src, pd.dst], port: [pd.sport, pd.dport], ..Rewrite::default() }
+}
+
+/// Where a packet's own addresses and ports are in key `k` oriented for direction `dir`:
+/// (source, destination) as the packet carries them.
+pub fn oriented<K: xpf_state::Key>(k: &K, dir: xpf_state::Dir) -> Rewrite {
+    let (s, d) = if dir == xpf_state::Dir::In { (0, 1) } else { (1, 0) };
+    Rewrite { addr: [k.addr(s), k.addr(d)], port: [k.port(s), k.port(d)], ..Rewrite::default() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand_core::SeedableRng;
+
+    fn rng() -> ChaCha20Rng {
+        ChaCha20Rng::from_seed([7; 32])
+    }
+
+    #[test]
+    fn ports_are_unique_while_free_then_shared_then_refused() {
+        let mut nat = Nat::default();
+        let mut r = rng();
+        let a = Addr::v4([192, 0, 2, 1]);
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..100 {
+            let p = nat.take_port(a, IPPROTO_TCP, (1000, 1099), 5, &mut r, |_| true).unwrap();
+            assert!((1000..=1099).contains(&p));
+            assert!(seen.insert(p), "port {p} handed out twice while others were free");
+        }
+        assert_eq!(nat.ports_used(), (100, 100));
+        // All in use: shared, as long as the keys differ.
+        assert!(nat.take_port(a, IPPROTO_TCP, (1000, 1099), 5, &mut r, |_| true).is_some());
+        assert_eq!(nat.counters.shared, 1);
+        // Nothing shareable: refused after a bounded number of tries.
+        let mut tries = 0;
+        assert!(nat
+            .take_port(a, IPPROTO_TCP, (1000, 1099), 5, &mut r, |_| {
+                tries += 1;
+                false
+            })
+            .is_none());
+        assert!(tries <= TRIES);
+        assert_eq!(nat.counters.exhausted, 1);
+    }
+
+    #[test]
+    fn every_range_is_a_permutation() {
+        for seed in 0..8u8 {
+            let mut r = ChaCha20Rng::from_seed([seed; 32]);
+            for n in 1..=40u16 {
+                let mut nat = Nat::default();
+                let a = Addr::v4([192, 0, 2, seed]);
+                let mut got: Vec<u16> = (0..n)
+                    .map(|_| nat.take_port(a, IPPROTO_UDP, (100, 99 + n), 1, &mut r, |_| true).unwrap())
+                    .collect();
+                got.sort_unstable();
+                assert_eq!(got, (100..100 + n).collect::<Vec<_>>(), "range of {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn released_port_waits_its_hold() {
+        let mut nat = Nat::default();
+        let mut r = rng();
+        let a = Addr::v4([192, 0, 2, 1]);
+        let p = nat.take_port(a, IPPROTO_UDP, (7, 7), 10, &mut r, |_| true).unwrap();
+        nat.put_port(a, IPPROTO_UDP, p, 10);
+        assert_eq!(nat.ports_used(), (0, 1));
+        // Free but held: nothing to give and nothing in use to share.
+        assert!(nat.take_port(a, IPPROTO_UDP, (7, 7), 10 + HOLD - 1, &mut r, |_| true).is_none());
+        assert_eq!(nat.take_port(a, IPPROTO_UDP, (7, 7), 10 + HOLD, &mut r, |_| true), Some(7));
+    }
+
+    #[test]
+    fn pools_pick_as_pf() {
+        let mut r = rng();
+        let mut c = 0u64;
+        let net = |a: [u8; 4], len| Net { addr: Addr::v4(a), af: AF_INET, len };
+        let src = Addr::v4([10, 0, 0, 77]);
+        let pool = |nets: Vec<Net>, method| Pool { nets, method, ports: (0, 0), static_port: false, dst_base: 0 };
+        let p = pool(vec![net([192, 0, 2, 0], 24)], Method::Bitmask);
+        assert_eq!(p.pick(AF_INET, &src, &src, &mut r, &mut c), Some(Addr::v4([192, 0, 2, 77])));
+        let p = pool(vec![net([192, 0, 2, 1], 32), net([192, 0, 2, 9], 32)], Method::RoundRobin);
+        let got: Vec<_> = (0..4).map(|_| p.pick(AF_INET, &src, &src, &mut r, &mut c).unwrap()).collect();
+        assert_eq!(got, [[192, 0, 2, 1], [192, 0, 2, 9], [192, 0, 2, 1], [192, 0, 2, 9]].map(Addr::v4));
+        let p = pool(vec![net([192, 0, 2, 0], 28)], Method::SourceHash([3; 16]));
+        let a = p.pick(AF_INET, &src, &src, &mut r, &mut c).unwrap();
+        assert_eq!(p.pick(AF_INET, &src, &src, &mut r, &mut c), Some(a));
+        assert_eq!(a.v4_bytes()[..3], [192, 0, 2]);
+        assert!(p.pick(xpf_wire::pdesc::AF_INET6, &src, &src, &mut r, &mut c).is_none());
+        let p = Pool { ports: (8000, 8009), dst_base: 80, ..pool(vec![], Method::None) };
+        assert_eq!((p.rdr_port(80), p.rdr_port(85), p.rdr_port(90)), (8000, 8005, 8000));
+    }
+}

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# Translation scenarios: xpfd between the client's network (fc, 10.0.1.0/24, inside) and the
+# server's (fs, 10.0.2.0/24, outside), translating with the firewall's own address on fs as
+# a campus firewall does with its public one. Real clients, default host settings.
+#   client 10.0.1.2 -- [fc] xpfd [fs 10.0.2.1, 10.0.2.50, 10.0.2.51] -- server 10.0.2.2 -- far 10.0.3.2
+# Each check prints ok/FAIL; the last line is the tally. Needs root; cleans up after itself.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN=target/release
+P=xn-
+SOCK=/run/xpf-nat.sock
+CTL="$BIN/xpfctl --socket $SOCK"
+DIR=$(mktemp -d /tmp/xpf-nat.XXXX)
+LOG=$DIR/xpfd.log
+. scripts/lib.sh
+needs nat ip iperf3 tcpdump traceroute python3
+
+. scripts/check.sh
+c() { ip netns exec ${P}client "$@"; }
+s() { ip netns exec ${P}server "$@"; }
+# peer HOST-NS PROTO ADDR PORT [SRCPORT]: what the far end saw of us ("ip port").
+peer() {
+    ip netns exec ${P}$1 python3 - "$2" "$3" "$4" "${5:-0}" <<'PY'
+import socket, sys
+proto, addr, port, sport = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
+s = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, kind)
+s.settimeout(3)
+if sport:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("", sport))
+s.connect((addr, port))
+if proto == "udp":
+    s.send(b"?")
+print(s.recv(100).decode().strip())
+PY
+}
+in_range() { local p; p=$(cut -d' ' -f2 <<<"$1"); [[ $p -ge $2 && $p -le $3 ]]; }
+export -f peer in_range c s
+export P
+
+cat > "$DIR/pf.conf" <<'CONF'
+in_if = "fc"
+out_if = "fs"
+table <pub> { 10.0.2.50 10.0.2.51 }
+block all
+# The inside goes out as the firewall's (first) address; the last matching rule's
+# translation applies, as in pf: UDP to port 9999 gets a range three ports wide
+# (exhaustion), and connections to 10.0.2.3 the pool of two addresses.
+match out on $out_if inet from 10.0.1.0/24 nat-to (fs:0)
+match out on $out_if inet proto udp from 10.0.1.0/24 to any port 9999 nat-to (fs:0) port 50001:50003
+match out on $out_if inet from 10.0.1.0/24 to 10.0.2.3 nat-to <pub> round-robin
+pass in on $in_if
+pass out on $out_if
+pass out on $in_if
+# A port forwarding: the firewall's port 8022 is the client's 7000.
+pass in on $out_if inet proto tcp to ($out_if) port 8022 rdr-to 10.0.1.2 port 7000
+# The firewall answers pings on its outside address (its own traffic, not translated).
+pass in on $out_if inet proto icmp to 10.0.2.1 icmp-type echoreq
+CONF
+
+scripts/topo.sh up $P
+# More outside addresses on the firewall: a pool of two, and one for binat-to.
+for a in 10.0.2.50 10.0.2.51 10.0.2.60; do ip -n ${P}fw addr add $a/32 dev fs; done
+ip -n ${P}server addr add 10.0.2.3/32 dev s0
+s python3 scripts/peer.py 0.0.0.0 7000 >/dev/null 2>&1 &
+s python3 scripts/peer.py :: 7001 >/dev/null 2>&1 &
+s python3 scripts/peer.py 0.0.0.0 9999 >/dev/null 2>&1 &
+s iperf3 -s -D --bind 10.0.2.2 >/dev/null
+c python3 scripts/peer.py 10.0.1.2 7000 >/dev/null 2>&1 &
+c python3 scripts/peer.py fd00:1::2 7000 >/dev/null 2>&1 &
+ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --socket $SOCK 2>"$LOG" &
+XPFD=$!
+for _ in $(seq 100); do $CTL -s memory >/dev/null 2>&1 && break; sleep 0.1; done
+check "xpfd starts with translation rules" $CTL -s memory
+sleep 0.5
+
+# Outbound: the server sees the firewall's address and a port of the range.
+check "TCP out through nat-to: the server sees 10.0.2.1:50001-65535" \
+    bash -c "r=\$(peer client tcp 10.0.2.2 7000) && echo \"\$r\" && [[ \$r == '10.0.2.1 '* ]] && in_range \"\$r\" 50001 65535"
+check "UDP out through nat-to: the server sees 10.0.2.1" \
+    bash -c "r=\$(peer client udp 10.0.2.2 7000) && echo \"\$r\" && [[ \$r == '10.0.2.1 '* ]]"
+check "ping through nat-to" c ping -c 2 -W 2 -i 0.2 10.0.2.2
+check "the server saw the echo requests from 10.0.2.1" bash -c "
+    s timeout 5 tcpdump -n -i s0 -c 1 icmp[icmptype]==icmp-echo 2>/dev/null >$DIR/dump & sleep 1
+    c ping -c 2 -W 2 -i 0.2 10.0.2.2 >/dev/null; wait; cat $DIR/dump; grep -q 'IP 10.0.2.1 > 10.0.2.2' $DIR/dump"
+check "-s states shows the translation as pfctl does" \
+    bash -c "$CTL -s states | tee /dev/stderr | grep -E 'all tcp 10\.0\.2\.1:[0-9]+ \(10\.0\.1\.2:[0-9]+\) -> 10\.0\.2\.2:7000'"
+# Negative controls: the inside is not reachable from outside except by the forwarding, and
+# untranslated inside addresses never leave.
+check "outside cannot reach the inside host directly" refused peer server tcp 10.0.1.2 7000
+check "no packet leaves with the inside address" bash -c "
+    s timeout 4 tcpdump -n -i s0 -c 1 src net 10.0.1.0/24 2>/dev/null >$DIR/dump2 & sleep 1
+    peer client tcp 10.0.2.2 7000 >/dev/null; peer client udp 10.0.2.2 7000 >/dev/null; wait; ! grep -q 'IP 10.0.1' $DIR/dump2"
+
+# Port forwarding to the inside.
+check "rdr-to: the firewall's port 8022 reaches the client's 7000, which sees the server" \
+    bash -c "r=\$(peer server tcp 10.0.2.1 8022) && echo \"\$r\" && [[ \$r == '10.0.2.2 '* ]]"
+check "rdr-to does not open other ports of the firewall" refused peer server tcp 10.0.2.1 8023
+
+# The firewall's own traffic to its translation address still works (given back to the
+# kernel), and its rules still decide it.
+check "the firewall answers a ping on its outside address" s ping -c 2 -W 2 -i 0.2 10.0.2.1
+check "the firewall's own UDP port stays closed (blocked by its rules)" refused peer server udp 10.0.2.1 50100
+
+# ICMP errors come back translated into the inside host's view.
+check "port unreachable through nat-to reaches the client as ECONNREFUSED" ip netns exec ${P}client python3 -c "
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
+s.connect(('10.0.2.2', 7999)); s.send(b'x')
+try:
+    s.recv(10); raise SystemExit('an answer?')
+except ConnectionRefusedError:
+    pass"
+check "traceroute through nat-to sees the router beyond and the far host" bash -c "
+    c traceroute -n -q 1 -w 2 -m 4 10.0.3.2 | tee /dev/stderr | grep -q ' 10.0.2.2 ' && c traceroute -n -q 1 -w 2 -m 4 10.0.3.2 | grep -q ' 10.0.3.2 '"
+
+# A pool drawn from a table, round-robin.
+check "nat-to <pub> round-robin: two connections leave from the two addresses" bash -c "
+    a=\$(peer client tcp 10.0.2.3 7000); b=\$(peer client tcp 10.0.2.3 7000); echo \"\$a / \$b\"
+    [[ \${a%% *} != \${b%% *} ]] && [[ \${a%% *} == 10.0.2.5[01] ]] && [[ \${b%% *} == 10.0.2.5[01] ]]"
+
+# Exhaustion: three ports for UDP to port 9999; the fourth and fifth flows are refused and
+# counted, the daemon stays responsive.
+check "three UDP flows get the three ports of a small range" bash -c "
+    for sp in 41001 41002 41003; do r=\$(peer client udp 10.0.2.2 9999 \$sp) || exit 1; echo \"\$r\"; in_range \"\$r\" 50001 50003 || exit 1; done"
+check "a fourth flow is refused (no port left)" refused peer client udp 10.0.2.2 9999 41004
+check "-s info counts it under translate and 'no port left'" bash -c "
+    $CTL -s info | tee /dev/stderr | grep -E '^  no port left +[1-9]' && $CTL -s info | grep -E '^  translate +[1-9]'"
+check "xpfctl -s all answers while the pool is exhausted" $CTL -s all
+
+check "iperf3 TCP through nat-to (2 s)" bash -c "c iperf3 -c 10.0.2.2 -t 2 -J >$DIR/iperf.json; python3 -c \"
+import json; d = json.load(open('$DIR/iperf.json')); b = d['end']['sum_received']['bits_per_second']; print(b); assert b > 1e6\""
+
+# binat-to, both ways and both families (IPv6 as prefix translation), and hairpin: a member
+# reaching the port forwarding by the public address.
+cat > "$DIR/binat.conf" <<'CONF'
+in_if = "fc"
+out_if = "fs"
+block all
+pass quick inet6 proto icmp6 icmp6-type { neighbrsol, neighbradv }
+pass in on $in_if
+pass out on $out_if
+pass out on $in_if
+match on $out_if inet from 10.0.1.2 to any binat-to 10.0.2.60
+pass in on $out_if inet proto tcp to 10.0.2.60 port 7000
+match on $out_if inet6 from fd00:1::/64 to any binat-to fd00:2:0:1::/64
+pass in on $out_if inet6 proto tcp to fd00:2:0:1::/64 port 7000
+pass in on $in_if inet proto tcp from 10.0.1.0/24 to (fs:0) port 8022 rdr-to 10.0.1.2 port 7000
+match out on $in_if inet proto tcp from 10.0.1.0/24 to 10.0.1.2 port 7000 received-on $in_if nat-to (fc:0)
+CONF
+check "-f a ruleset with binat-to" $CTL -f "$DIR/binat.conf"
+check "binat-to out: the server sees 10.0.2.60 and the client's own port" \
+    bash -c "r=\$(peer client tcp 10.0.2.2 7000 41555) && echo \"\$r\" && [[ \$r == '10.0.2.60 41555' ]]"
+check "binat-to in: 10.0.2.60:7000 is the client's 7000" \
+    bash -c "r=\$(peer server tcp 10.0.2.60 7000) && echo \"\$r\" && [[ \$r == '10.0.2.2 '* ]]"
+check "binat-to in opens only what the rules pass" refused peer server tcp 10.0.2.60 7001
+check "IPv6 binat-to out: the server sees the outside prefix" \
+    bash -c "r=\$(peer client tcp fd00:2::2 7001) && echo \"\$r\" && [[ \$r == 'fd00:2:0:1::2 '* ]]"
+check "IPv6 binat-to in: the outside prefix reaches the inside host" \
+    bash -c "r=\$(peer server tcp fd00:2:0:1::2 7000) && echo \"\$r\" && [[ \$r == 'fd00:2::2 '* ]]"
+check "hairpin: the client reaches the port forwarding by the public address" \
+    bash -c "r=\$(peer client tcp 10.0.2.1 8022) && echo \"\$r\" && [[ \$r == '10.0.1.1 '* ]]"
+
+# Refused where it cannot be kept.
+printf 'pass out on fs nat-to 10.0.2.1 sticky-address\n' > "$DIR/sticky.conf"
+check "a pool option xpf does not enforce is refused with FILE:LINE" \
+    bash -c "! $CTL -f $DIR/sticky.conf 2>$DIR/err; cat $DIR/err; grep -q 'sticky.conf:1:' $DIR/err"
+
+[[ $fail -gt 0 ]] && sed "s/^/     xpfd: /" "$LOG" | tail -20
+echo "nat: $pass passed, $fail failed"
+[[ $fail -eq 0 ]]
