@@ -11,6 +11,8 @@
 # usage: failover.sh [FLOWS] [SECONDS] [--key]     prints flows carried over and lost
 # WORKERS=N: each firewall's legs get N queues and its xpfd N workers (a synced state goes to
 # the worker that owns its flow).
+# NAT=1: the client's network goes out as the virtual address (`nat-to 10.0.2.1`): the
+# standby must carry the translated flows with the same address and ports.
 # FASTPATH=1: the flows go on xpfd's fast path (on by default, used towards the interfaces
 # that take redirected frames): their segments are forwarded and window-checked by the
 # steering program, and a segment comes to xpfd whenever a sync update is due. A veth takes
@@ -87,6 +89,9 @@ pass proto icmp
 # VRRP between the firewalls: their own traffic goes through the rules too (pf's `pass proto carp`).
 pass proto 112
 EOF
+if [[ ${NAT:-0} == 1 ]]; then
+    echo "match out on wan inet from 10.0.1.0/24 nat-to 10.0.2.1" >>"$DIR/pf.conf"
+fi
 KEYARG=()
 if [[ $KEY == --key ]]; then
     head -c 32 /dev/urandom | base64 >"$DIR/sync.key"
@@ -200,6 +205,16 @@ if [[ ${#FAST[@]} -gt 0 ]]; then
     XPFD_SOCKET=$DIR/fwa.sock "$BIN/xpfctl" -s info | grep -E "fast-path (TCP flows|TCP judged)" | sed 's/^/  fwa: /'
     echo "failover: fwa's steering program forwarded $kern packets (fast path)"
     [[ $kern -gt 1000 ]] || { echo "failover: FAILED: the fast path forwarded nothing"; exit 1; }
+fi
+if [[ ${NAT:-0} == 1 ]]; then
+    peers=$(ip netns exec "${P}server" ss -Htn state established '( sport = :7000 )' | awk '{print $4}' | sort -u)
+    echo "failover: the server's peers: $(echo $peers | tr '\n' ' ')"
+    if [[ -z $peers ]] || echo "$peers" | grep -qv '^10\.0\.2\.1:'; then
+        echo "failover: FAILED: the server sees addresses other than the translation's"; exit 1
+    fi
+    xlat=$(XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s states | grep -c '10\.0\.2\.1:[0-9]* (10\.0\.1\.2:' || true)
+    echo "failover: fwb holds $xlat translated states"
+    [[ $xlat -ge $FLOWS ]] || { echo "failover: FAILED: the standby lacks the translated states"; exit 1; }
 fi
 echo "failover: kill -9 xpfd on fwa (the primary)"
 t0=$(date +%s.%N)

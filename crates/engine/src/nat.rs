@@ -19,7 +19,11 @@
 
 use rand_chacha::ChaCha20Rng;
 use rand_core::Rng;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+/// The allocator's maps: keyed by the pools' own addresses and the ports it chose, nothing a
+/// sender picks, so a fast unkeyed-strength hash will do (foldhash, seeded per process).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 use xpf_wire::pdesc::{AF_INET, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP};
 use xpf_wire::{Addr, PDesc};
 
@@ -226,7 +230,7 @@ impl Ports {
         while gcd(mul, n) != 1 {
             mul = (mul + 1) % n;
         }
-        Ports { lo, n, mul, add: rng.next_u32() % n, fresh: 0, free: VecDeque::new(), users: HashMap::new() }
+        Ports { lo, n, mul, add: rng.next_u32() % n, fresh: 0, free: VecDeque::new(), users: HashMap::default() }
     }
 
     fn in_range(&self, port: u16) -> bool {
