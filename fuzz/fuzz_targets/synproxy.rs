@@ -44,7 +44,7 @@ fn run(w: &mut Worker<Ruleset>, data: &[u8], now: u32) {
         let (inif, outif) = if dir & 1 == 0 { (1, 2) } else { (2, 1) };
         let mut v = [Verdict::Pass];
         let mut tags = [0u16];
-        w.process_tagged(&[frame], inif, Dir::In, inif, now, &mut v, &mut tags);
+        w.process_tagged(&[frame], inif, Dir::In, inif, now, &mut v, &mut tags, 0);
         let answers: Vec<_> = w.take_returns().collect();
         for (_, a) in answers {
             parses(&a);
@@ -56,7 +56,7 @@ fn run(w: &mut Worker<Ruleset>, data: &[u8], now: u32) {
             parses(b);
         }
         if v[0] == Verdict::Pass {
-            w.process_tagged(&[out], outif, Dir::Out, inif, now, &mut v, &mut tags);
+            w.process_tagged(&[out], outif, Dir::Out, inif, now, &mut v, &mut tags, 0);
             let answers: Vec<_> = w.take_returns().collect();
             for (_, a) in answers {
                 parses(&a);

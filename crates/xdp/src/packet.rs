@@ -516,10 +516,10 @@ pub enum Routed {
 }
 
 impl Router {
-    /// The FIB's route for a frame whose destination xpfd rewrote (translation): the kernel's
-    /// routes and neighbours, cached a second per destination.
-    pub fn route(&mut self, frame: &[u8]) -> Routed {
-        match self.classify(frame, Instant::now(), 0) {
+    /// The FIB's route at time `t` for a frame whose destination xpfd rewrote (translation):
+    /// the kernel's routes and neighbours, cached a second per destination.
+    pub fn route(&mut self, frame: &[u8], t: Instant) -> Routed {
+        match self.classify(frame, t, 0) {
             (5, r) => Routed::Out(r),
             (1, _) => Routed::Local,
             _ => Routed::Not,

@@ -602,9 +602,10 @@ impl Daemon {
                     ("answers shed (tx ring busy)", io.answers_shed),
                     ("bad-metadata", io.bad_meta),
                 ];
-                if io.nat_to_host + io.nat_local + io.nat_no_route > 0 {
+                if io.nat_to_host + io.nat_local + io.nat_no_route + io.nat_to_host_shed > 0 {
                     rows.extend([
                         ("translation: host's, back", io.nat_to_host),
+                        ("translation: host's, shed", io.nat_to_host_shed),
                         ("translated to this host", io.nat_local),
                         ("translated, no route", io.nat_no_route),
                     ]);

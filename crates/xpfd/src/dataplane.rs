@@ -61,6 +61,10 @@ pub struct IoStats {
     pub nat_to_host: u64,
     pub nat_local: u64,
     pub nat_no_route: u64,
+    /// The host's packets not given back because more than [`TO_HOST_PER_SECOND`] came in
+    /// one second (a flood at the firewall's own address must not become a flood of system
+    /// calls in the worker).
+    pub nat_to_host_shed: u64,
     /// The kernel fast path (--fastpath): flows in it, packets it forwarded.
     pub fast: crate::fastpath::FastStats,
     /// The host's own traffic (worker 0).
@@ -87,6 +91,7 @@ impl IoStats {
         self.nat_to_host += o.nat_to_host;
         self.nat_local += o.nat_local;
         self.nat_no_route += o.nat_no_route;
+        self.nat_to_host_shed += o.nat_to_host_shed;
         self.fast.add(&o.fast);
         self.host.add(&o.host);
     }
@@ -187,7 +192,13 @@ pub struct Dataplane {
     router: xpf_xdp::packet::Router,
     inject: Option<xpf_xdp::steer::Inject>,
     raw: Option<crate::host::RawOut>,
+    /// Frames given back to the kernel this second, and the second.
+    to_host_budget: (u32, u32),
 }
+
+/// Frames a worker gives back to the kernel per second at most (the host's own traffic that
+/// came to a translation target: each is a system call).
+pub const TO_HOST_PER_SECOND: u32 = 50_000;
 
 /// `a` with the bits past prefix length `l` cleared.
 pub fn masked(a: std::net::IpAddr, l: u8) -> std::net::IpAddr {
@@ -318,6 +329,7 @@ impl Dataplane {
             router: Default::default(),
             inject: None,
             raw: None,
+            to_host_budget: (0, 0),
         }
     }
 
@@ -592,6 +604,7 @@ impl Dataplane {
                 let (a, s) = self.worker.patches[i];
                 xpf_engine::proto::apply_modulation(&mut bufs[i], a, s);
             }
+            let t = Instant::now();
             for i in bits(xlated) {
                 if (self.worker.patched | swapped) & (1 << i) == 0 {
                     bufs[i].clear();
@@ -599,7 +612,7 @@ impl Dataplane {
                 }
                 xpf_wire::translate::apply(&mut bufs[i], &self.worker.rewrites[i]);
                 if v_in[i] == Verdict::Pass {
-                    routes[i] = match self.router.route(&bufs[i]) {
+                    routes[i] = match self.router.route(&bufs[i], t) {
                         Routed::Out(r) => r,
                         Routed::Local => {
                             to_local |= 1 << i;
@@ -621,7 +634,8 @@ impl Dataplane {
         }
         // To this host: what no translation took goes back to the kernel as it came; what a
         // translation sends here goes by loopback (it was filtered here already).
-        let to_host = bits(local).filter(|&i| v_in[i] == Verdict::Host).fold(0u64, |m, i| m | 1 << i);
+        let untranslated = |i: usize| v_in[i] == Verdict::Host || (v_in[i] == Verdict::Pass && xlated & (1 << i) == 0);
+        let to_host = bits(local).filter(|&i| untranslated(i)).fold(0u64, |m, i| m | 1 << i);
         if to_host | to_local != 0 {
             self.deliver_here(&frames[..n], to_host, to_local, &partial, inif);
         }
@@ -872,7 +886,18 @@ impl Dataplane {
                 Err(e) => eprintln!("xpfd: raw sockets for translated packets to this host: {e}"),
             }
         }
+        let now = self.now();
+        if self.to_host_budget.1 != now {
+            self.to_host_budget = (0, now);
+        }
         for i in bits(back | local) {
+            if back & (1 << i) != 0 {
+                if self.to_host_budget.0 >= TO_HOST_PER_SECOND {
+                    self.io.nat_to_host_shed += 1;
+                    continue;
+                }
+                self.to_host_budget.0 += 1;
+            }
             let mut f = frames[i].to_vec();
             if partial[i].is_some() {
                 xpf_wire::offload::finish(&mut f);
