@@ -5,6 +5,7 @@
 # 32 client addresses: 1,000 TCP connections (each a 100-byte echo) and 100 UDP flows (an
 # echo each) must all succeed; a port the rules block must not answer (the negative
 # control); the hand-off must have been used (so the test cannot pass on one worker's luck).
+# Then the same through `nat-to` the firewall's address.
 # usage: workers.sh
 # FASTPATH=1: GRO goes on at the end hosts, so that their veths take redirected frames and
 # xpfd's fast path (on by default) is used: flows forwarded by the steering program once
@@ -128,5 +129,18 @@ if [[ ${#FAST[@]} -gt 0 ]]; then
     check "--fastpath: flows went into the tables ($inst) and the steering program forwarded their packets ($kern)" \
         test "$inst" -gt 1000 -a "$kern" -gt 1000
 fi
+# Translation with two workers: the same traffic leaves as the firewall's address. Replies
+# come to that address, on any queue; the hand-off owns them by their destination port (each
+# worker hands out only ports of its own residue), so they reach the worker of their flow.
+sed 's/^pass out on fs$/pass out on fs\nmatch out on fs inet from 10.0.1.0\/24 nat-to 10.0.2.1/' "$DIR/pf.conf" >"$DIR/nat.conf"
+check "-f a ruleset with nat-to (two workers)" $BIN/xpfctl --socket $SOCK -f "$DIR/nat.conf"
+n=$(c python3 "$DIR/client.py" tcp 7100 1000)
+check "nat-to: 1,000 TCP connections from 32 addresses all succeed ($n)" test "$n" -eq 1000
+n=$(c python3 "$DIR/client.py" udp 7200 100)
+check "nat-to: 100 UDP flows all answered ($n)" test "$n" -eq 100
+x=$($BIN/xpfctl --socket $SOCK -s states | grep -c ' 10\.0\.2\.1:[0-9]* (10\.0\.1\.[0-9]*:[0-9]*) -> 10\.0\.2\.2:7[12]00 ')
+check "they left translated to 10.0.2.1 ($x translated states)" test "$x" -ge 1000
+n=$(c python3 "$DIR/client.py" tcp 7300 20)
+check "nat-to: the blocked port still gets no connection ($n of 20)" test "$n" -eq 0
 echo "workers: $PASS passed, $FAIL failed"
 [[ $FAIL -eq 0 ]]

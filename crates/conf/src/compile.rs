@@ -414,6 +414,8 @@ pub struct Ruleset {
     /// (replies to `nat-to`) and the destinations of `rdr-to` rules. xpfd's steering program
     /// sends such packets to xpfd instead of the kernel's local delivery.
     pub nat_targets: Vec<Target>,
+    /// The same, unmerged: what the hand-off between workers owns by (docs/nat.md).
+    pub nat_owners: Vec<Target>,
 }
 
 /// A destination translated traffic may have ([`Ruleset::nat_targets`]): packets of `proto`
@@ -428,6 +430,16 @@ pub struct Target {
     pub port: u16,
     pub lo: u16,
     pub hi: u16,
+    /// What brings traffic here: a `nat-to` pool (replies), or a `rdr-to` rule, with its one
+    /// target address when it has one (several workers hand its packets to the worker of
+    /// the flow as translated).
+    pub by: By,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum By {
+    Nat,
+    Rdr(Option<IpAddr>),
 }
 
 fn host_len(a: &IpAddr) -> u8 {
@@ -447,7 +459,12 @@ fn masked_addr(a: IpAddr, len: u8) -> IpAddr {
 
 /// The targets rule `r` adds: its `nat-to` pool's networks (TCP and UDP in the pool's port
 /// range, every ICMP message for replies and errors), its `rdr-to` rule's destinations.
-fn targets_of(r: &Rule, nat: Option<&xpf_engine::nat::Pool>, rdr: bool, tables: &[(String, Table)]) -> Vec<Target> {
+fn targets_of(
+    r: &Rule,
+    nat: Option<&xpf_engine::nat::Pool>,
+    rdr: Option<&xpf_engine::nat::Pool>,
+    tables: &[(String, Table)],
+) -> Vec<Target> {
     use xpf_wire::pdesc::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_UDP};
     let mut out = Vec::new();
     let icmp = |af| if af == AF_INET { IPPROTO_ICMP } else { IPPROTO_ICMPV6 };
@@ -465,12 +482,19 @@ fn targets_of(r: &Rule, nat: Option<&xpf_engine::nat::Pool>, rdr: bool, tables: 
             let af = af_of(&a);
             let net = Some((masked_addr(a, n.len), n.len));
             for &p in &l4 {
-                out.push(Target { af, proto: p, net, port: 0, lo, hi });
+                out.push(Target { af, proto: p, net, port: 0, lo, hi, by: By::Nat });
             }
-            out.push(Target { af, proto: icmp(af), net, port: 0, lo: 0, hi: 65535 });
+            out.push(Target { af, proto: icmp(af), net, port: 0, lo: 0, hi: 65535, by: By::Nat });
         }
     }
-    if rdr {
+    if let Some(rp) = rdr {
+        let to = match rp.nets.as_slice() {
+            [n] if n.len as u32 == if n.af == AF_INET { 32 } else { 128 } => {
+                Some(if n.af == AF_INET { IpAddr::V4(n.addr.v4_bytes().into()) } else { IpAddr::V6(n.addr.0.into()) })
+            }
+            _ => None,
+        };
+        let by = By::Rdr(to);
         let nets: Vec<Option<(IpAddr, u8)>> = match &r.dst.kind {
             _ if r.dst.neg => vec![None],
             HostKind::Net(a, l) => vec![Some((*a, *l))],
@@ -498,15 +522,15 @@ fn targets_of(r: &Rule, nat: Option<&xpf_engine::nat::Pool>, rdr: bool, tables: 
                 let host = net.is_none_or(|(a, l)| l == host_len(&a));
                 for &p in &l4 {
                     let t = match r.dst_port {
-                        Some(PortOp::Eq(port)) if host => Target { af, proto: p, net, port, lo: 0, hi: 0 },
-                        Some(PortOp::Eq(port)) => Target { af, proto: p, net, port: 0, lo: port, hi: port },
-                        Some(PortOp::Range(lo, hi)) => Target { af, proto: p, net, port: 0, lo, hi },
-                        _ => Target { af, proto: p, net, port: 0, lo: 0, hi: 65535 },
+                        Some(PortOp::Eq(port)) if host => Target { af, proto: p, net, port, lo: 0, hi: 0, by },
+                        Some(PortOp::Eq(port)) => Target { af, proto: p, net, port: 0, lo: port, hi: port, by },
+                        Some(PortOp::Range(lo, hi)) => Target { af, proto: p, net, port: 0, lo, hi, by },
+                        _ => Target { af, proto: p, net, port: 0, lo: 0, hi: 65535, by },
                     };
                     out.push(t);
                 }
                 if r.proto.is_none() || r.proto == Some(icmp(af)) {
-                    out.push(Target { af, proto: icmp(af), net, port: 0, lo: 0, hi: 65535 });
+                    out.push(Target { af, proto: icmp(af), net, port: 0, lo: 0, hi: 65535, by });
                 }
             }
         }
@@ -934,7 +958,8 @@ impl Ruleset {
             });
             let c = rules.last().unwrap();
             let nat = (c.nat != 0).then(|| &pools[c.nat as usize - 1]);
-            nat_targets.extend(targets_of(r, nat, c.rdr != 0, &tables));
+            let rdr = (c.rdr != 0).then(|| &pools[c.rdr as usize - 1]);
+            nat_targets.extend(targets_of(r, nat, rdr, &tables));
         }
         // Several ranges for one protocol and network: the span of them (packets outside a
         // translation go back to the host). The program takes the longest prefix only: a
@@ -984,6 +1009,7 @@ impl Ruleset {
             pools,
             pool_tables,
             nat_targets: merged,
+            nat_owners: nat_targets,
             rules: Arc::new(rules),
             skip,
             tables,

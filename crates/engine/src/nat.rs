@@ -202,8 +202,14 @@ pub fn has_port(pd: &PDesc) -> bool {
 /// used.
 #[derive(Debug)]
 struct Ports {
-    lo: u16,
+    /// The ports are first, first + step, ... (n of them): with several workers each has
+    /// those of its own residue (p mod workers = its index), so the replies' destination
+    /// port names the worker that holds the state.
+    first: u16,
+    step: u16,
     n: u32,
+    /// The range as the rule gave it.
+    range: (u16, u16),
     /// The permutation i -> (mul * i + add) mod n, mul coprime to n.
     mul: u32,
     add: u32,
@@ -224,23 +230,44 @@ fn gcd(a: u32, b: u32) -> u32 {
 }
 
 impl Ports {
-    fn new(lo: u16, hi: u16, rng: &mut ChaCha20Rng) -> Ports {
-        let n = (hi - lo) as u32 + 1;
-        let mut mul = rng.next_u32() % n;
-        while gcd(mul, n) != 1 {
+    /// The ports of `lo..=hi` in worker `share.0`'s residue class modulo `share.1`.
+    fn new(lo: u16, hi: u16, share: (u16, u16), rng: &mut ChaCha20Rng) -> Ports {
+        let (w, k) = (share.0 as u32, share.1.max(1) as u32);
+        let first = lo as u32 + (w + k - lo as u32 % k) % k;
+        let n = if first > hi as u32 { 0 } else { (hi as u32 - first) / k + 1 };
+        let mut mul = if n > 0 { rng.next_u32() % n } else { 0 };
+        while n > 0 && gcd(mul, n) != 1 {
             mul = (mul + 1) % n;
         }
-        Ports { lo, n, mul, add: rng.next_u32() % n, fresh: 0, free: VecDeque::new(), users: HashMap::default() }
+        Ports {
+            range: (lo, hi),
+            first: first.min(u16::MAX as u32) as u16,
+            step: k as u16,
+            n,
+            mul,
+            add: if n > 0 { rng.next_u32() % n } else { 0 },
+            fresh: 0,
+            free: VecDeque::new(),
+            users: HashMap::default(),
+        }
+    }
+
+    fn port(&self, i: u32) -> u16 {
+        (self.first as u32 + i * self.step as u32) as u16
     }
 
     fn in_range(&self, port: u16) -> bool {
-        port >= self.lo && ((port - self.lo) as u32) < self.n
+        port >= self.first
+            && (port - self.first).is_multiple_of(self.step)
+            && (((port - self.first) / self.step) as u32) < self.n
     }
 }
 
 /// The translation side of a worker: round-robin positions and the port allocators.
 #[derive(Debug, Default)]
 pub struct Nat {
+    /// This worker's index and the number of workers (ports are shared out by residue).
+    share: (u16, u16),
     cursors: Vec<u64>,
     /// By (address, protocol class): the allocators of the ranges drawn from it.
     ports: HashMap<(Addr, u8), Vec<Ports>>,
@@ -273,6 +300,12 @@ fn class(proto: u8) -> u8 {
 }
 
 impl Nat {
+    /// Worker `index` of `workers`: it hands out only ports p with p mod workers = index.
+    pub fn set_share(&mut self, index: u16, workers: u16) {
+        self.share = (index, workers.max(1));
+        self.ports.clear();
+    }
+
     /// The round-robin position of pool `i`.
     pub fn cursor(&mut self, i: usize) -> &mut u64 {
         if self.cursors.len() <= i {
@@ -294,20 +327,21 @@ impl Nat {
         rng: &mut ChaCha20Rng,
         mut free: impl FnMut(u16) -> bool,
     ) -> Option<u16> {
+        let share = (self.share.0, self.share.1.max(1));
         let all = self.ports.entry((addr, class(proto))).or_default();
-        let k = match all.iter().position(|p| p.lo == lo && p.n == (hi - lo) as u32 + 1) {
+        let k = match all.iter().position(|p| p.range == (lo, hi)) {
             Some(k) => k,
             None => {
-                all.push(Ports::new(lo, hi, rng));
+                all.push(Ports { range: (lo, hi), ..Ports::new(lo, hi, share, rng) });
                 all.len() - 1
             }
         };
         let p = &mut all[k];
         let mut tries = 0;
         while p.fresh < p.n && tries < TRIES {
-            let i = ((p.mul as u64 * p.fresh as u64 + p.add as u64) % p.n as u64) as u16;
+            let i = ((p.mul as u64 * p.fresh as u64 + p.add as u64) % p.n as u64) as u32;
             p.fresh += 1;
-            let port = p.lo + i;
+            let port = p.port(i);
             if free(port) {
                 p.users.insert(port, 1);
                 return Some(port);
@@ -332,8 +366,8 @@ impl Nat {
             }
         }
         // None free: share one in use with a flow elsewhere.
-        for _ in 0..TRIES {
-            let port = p.lo + (rng.next_u32() % p.n) as u16;
+        for _ in 0..TRIES.min(p.n) {
+            let port = p.port(rng.next_u32() % p.n);
             if let Some(u) = p.users.get_mut(&port) {
                 if *u < u16::MAX && free(port) {
                     *u += 1;
@@ -429,6 +463,25 @@ mod tests {
                 got.sort_unstable();
                 assert_eq!(got, (100..100 + n).collect::<Vec<_>>(), "range of {n}");
             }
+        }
+    }
+
+    #[test]
+    fn workers_share_the_ports_by_residue() {
+        let mut r = rng();
+        let a = Addr::v4([192, 0, 2, 1]);
+        for w in 0..3u16 {
+            let mut nat = Nat::default();
+            nat.set_share(w, 3);
+            let mut got = Vec::new();
+            while let Some(p) = nat.take_port(a, IPPROTO_TCP, (1000, 1099), 1, &mut r, |p| !got.contains(&p)) {
+                got.push(p);
+            }
+            assert!(got.iter().all(|p| p % 3 == w), "worker {w}: {got:?}");
+            let want = (1000..=1099u16).filter(|p| p % 3 == w).count();
+            assert_eq!(got.len(), want);
+            nat.put_port(a, IPPROTO_TCP, got[0], 1);
+            assert_eq!(nat.ports_used().0 as usize, want - 1);
         }
     }
 

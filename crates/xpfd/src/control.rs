@@ -100,15 +100,27 @@ impl Loaded {
 /// translated flow's replies would reach a worker without its state) and in packet mode
 /// (replies to the host's own addresses stay with the kernel). Names the first such rule.
 pub fn translation_fits(l: &Loaded, workers: usize, steers: &[(String, Steer)]) -> Result<(), String> {
-    let Some(r) = l.parsed.rules.iter().find(|r| r.nat.is_some() || r.rdr.is_some()) else { return Ok(()) };
-    let why = if workers > 1 {
-        "translation (nat-to, rdr-to, binat-to) runs on one worker for now: start xpfd with --workers 1"
-    } else if steers.is_empty() {
-        "translation (nat-to, rdr-to, binat-to) needs XDP (--io xdp); packet mode cannot take replies to this host's addresses"
-    } else {
-        return Ok(());
-    };
-    Err(format!("{}:{}: {why}", r.file, r.line))
+    use xpf_conf::ast::HostKind;
+    for r in l.parsed.rules.iter().filter(|r| r.nat.is_some() || r.rdr.is_some()) {
+        let why = if steers.is_empty() {
+            "translation (nat-to, rdr-to, binat-to) needs XDP (--io xdp); packet mode cannot take replies to this host's addresses"
+        } else if workers > 1 && r.nat.as_ref().is_some_and(|p| p.static_port || p.port.is_some_and(|(a, b)| a == b)) {
+            // The replies' port names the worker that holds the state: the port must be one
+            // the worker chose.
+            "nat-to with static-port or one port (binat-to too) runs on one worker for now: start xpfd with --workers 1"
+        } else if workers > 1
+            && r.rdr.as_ref().is_some_and(|p| {
+                p.list.is_some()
+                    || !matches!(p.host.kind, HostKind::Net(a, l) if l == if a.is_ipv4() { 32 } else { 128 })
+            })
+        {
+            "rdr-to over several addresses runs on one worker for now: start xpfd with --workers 1"
+        } else {
+            continue;
+        };
+        return Err(format!("{}:{}: {why}", r.file, r.line));
+    }
+    Ok(())
 }
 
 /// Tells the steering programs which of this host's addresses and ports translated traffic

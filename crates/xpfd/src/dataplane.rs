@@ -194,6 +194,9 @@ pub struct Dataplane {
     raw: Option<crate::host::RawOut>,
     /// Frames given back to the kernel this second, and the second.
     to_host_budget: (u32, u32),
+    /// What the hand-off owns translated traffic by, for the ruleset generation it was built
+    /// from.
+    nat_owners: (u64, crate::handoff::NatOwners),
 }
 
 /// Frames a worker gives back to the kernel per second at most (the host's own traffic that
@@ -330,6 +333,7 @@ impl Dataplane {
             inject: None,
             raw: None,
             to_host_budget: (0, 0),
+            nat_owners: (0, Default::default()),
         }
     }
 
@@ -469,11 +473,21 @@ impl Dataplane {
             mine[..descs.len()].copy_from_slice(descs);
             return descs.len();
         };
+        let (generation, rules) = self.worker.policy.current();
+        if self.nat_owners.0 != generation {
+            self.nat_owners = (generation, crate::handoff::NatOwners::from_targets(&rules.nat_owners));
+        }
+        let nat = &self.nat_owners.1;
         let mut m = 0;
         for d in descs {
             // SAFETY: as in forward: the frame is ours until rx_done.
             let all = unsafe { self.ports[p].io.frame_unbound(d.addr, d.len) };
-            let w = crate::handoff::owner(all.get(META_LEN..).unwrap_or(&[]), h.workers());
+            let frame = all.get(META_LEN..).unwrap_or(&[]);
+            let n = h.workers();
+            let w = match nat.is_empty() {
+                true => crate::handoff::owner(frame, n),
+                false => nat.owner(frame, n).unwrap_or_else(|| crate::handoff::owner(frame, n)),
+            };
             if w == h.me {
                 mine[m] = *d;
                 m += 1;

@@ -84,6 +84,141 @@ pub fn owner(frame: &[u8], n: usize) -> usize {
     of_folded(a, b, n)
 }
 
+/// What the hand-off owns translated traffic by: a packet to a `nat-to` pool's address by its
+/// destination port (each worker hands out only ports p with p mod workers = its index, so a
+/// reply names the worker that translated its flow), a packet to a `rdr-to` rule's address by
+/// the flow as it will be translated (its source and the rule's one target address, the
+/// pair its replies hash to). Built from the ruleset (`Ruleset::nat_owners`).
+#[derive(Debug, Default, Clone)]
+pub struct NatOwners {
+    pools: Vec<Match>,
+    rdr: Vec<(Match, [u8; 16])>,
+}
+
+/// Packets of `proto` to `net/len` (family `v4`) whose destination port (an echo reply's
+/// identifier) is in `lo..=hi`.
+#[derive(Debug, Clone, Copy)]
+struct Match {
+    v4: bool,
+    net: [u8; 16],
+    len: u8,
+    proto: u8,
+    lo: u16,
+    hi: u16,
+}
+
+impl Match {
+    fn covers(&self, v4: bool, addr: &[u8; 16], proto: u8, port: u16) -> bool {
+        if self.v4 != v4 || self.proto != proto || port < self.lo || port > self.hi {
+            return false;
+        }
+        let (bytes, bits) = ((self.len / 8) as usize, self.len % 8);
+        addr[..bytes] == self.net[..bytes] && (bits == 0 || (addr[bytes] ^ self.net[bytes]) & (0xff << (8 - bits)) == 0)
+    }
+}
+
+fn wide(a: std::net::IpAddr) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    match a {
+        std::net::IpAddr::V4(v) => b[..4].copy_from_slice(&v.octets()),
+        std::net::IpAddr::V6(v) => b = v.octets(),
+    }
+    b
+}
+
+/// (IPv4, protocol, source, destination, destination port).
+type Fields = (bool, u8, [u8; 16], [u8; 16], u16);
+
+/// A frame's family, protocol, source, destination and destination port (an ICMP echo
+/// reply's identifier), or for an ICMP error those of the packet it quotes with its source
+/// port in place of the destination port and the addresses swapped (the quoted packet went
+/// the other way): the fields a translation target is recognised by.
+fn target_fields(frame: &[u8]) -> Option<Fields> {
+    let (ty, l3) = l3_of(frame)?;
+    let (v4, proto, src, dst, l4) = match ty {
+        ethernet::ETHERTYPE_IPV4 => {
+            let ip = ipv4::Packet::new_checked(l3).ok()?;
+            if ip.frag_offset() != 0 {
+                return None;
+            }
+            let (mut s, mut d) = ([0u8; 16], [0u8; 16]);
+            s[..4].copy_from_slice(&ip.src());
+            d[..4].copy_from_slice(&ip.dst());
+            (true, ip.protocol(), s, d, l3.get(ip.header_len()..ip.total_len())?)
+        }
+        ethernet::ETHERTYPE_IPV6 => {
+            let ip = ipv6::Packet::new_checked(l3).ok()?;
+            (false, ip.next_header(), ip.src(), ip.dst(), l3.get(40..40 + ip.payload_len())?)
+        }
+        _ => return None,
+    };
+    let word = |b: &[u8], at: usize| b.get(at..at + 2).map(|w| u16::from_be_bytes([w[0], w[1]]));
+    match proto {
+        6 | 17 => Some((v4, proto, src, dst, word(l4, 2)?)),
+        IPPROTO_ICMP | IPPROTO_ICMPV6 => {
+            let t = *l4.first()?;
+            let error = if v4 { kind_v4(t) == Kind::Error } else { kind_v6(t) == Kind::Error };
+            if error {
+                // The quoted packet: its header after the error's 8 bytes.
+                let q = l4.get(8..)?;
+                let (qp, qs, qd, ql4) = if v4 {
+                    let h = ipv4::Quoted::new_checked(q).ok()?;
+                    let hl = ((q[0] & 0x0f) as usize) * 4;
+                    let (mut s, mut d) = ([0u8; 16], [0u8; 16]);
+                    s[..4].copy_from_slice(&h.src());
+                    d[..4].copy_from_slice(&h.dst());
+                    (h.protocol(), s, d, q.get(hl..)?)
+                } else {
+                    let h = ipv6::Quoted::new_checked(q).ok()?;
+                    (h.next_header(), h.src(), h.dst(), q.get(40..)?)
+                };
+                let port = match qp {
+                    6 | 17 => word(ql4, 0)?,
+                    _ => word(ql4, 4)?,
+                };
+                return Some((v4, qp, qd, qs, port));
+            }
+            let reply = if v4 { t == 0 } else { t == 129 };
+            reply.then_some(())?;
+            Some((v4, proto, src, dst, word(l4, 4)?))
+        }
+        _ => None,
+    }
+}
+
+impl NatOwners {
+    pub fn from_targets(ts: &[xpf_conf::compile::Target]) -> NatOwners {
+        use xpf_conf::compile::By;
+        let mut o = NatOwners::default();
+        for t in ts {
+            let (net, len) = t.net.map_or(([0u8; 16], 0), |(a, l)| (wide(a), l));
+            let (lo, hi) = if t.port != 0 { (t.port, t.port) } else { (t.lo, t.hi) };
+            let m = Match { v4: t.af == xpf_wire::pdesc::AF_INET, net, len, proto: t.proto, lo, hi };
+            match t.by {
+                By::Nat => o.pools.push(m),
+                By::Rdr(Some(to)) => o.rdr.push((m, wide(to))),
+                By::Rdr(None) => {}
+            }
+        }
+        o
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pools.is_empty() && self.rdr.is_empty()
+    }
+
+    /// The worker (of `n`) that owns `frame` by its translation, None when no translation
+    /// target names it (the address hash decides).
+    pub fn owner(&self, frame: &[u8], n: usize) -> Option<usize> {
+        let (v4, proto, src, dst, port) = target_fields(frame)?;
+        if self.pools.iter().any(|m| m.covers(v4, &dst, proto, port)) {
+            return Some(port as usize % n);
+        }
+        let (_, to) = self.rdr.iter().find(|(m, _)| m.covers(v4, &dst, proto, port))?;
+        Some(owner_of_pair(v4, &src, to, n))
+    }
+}
+
 /// The same owner from a state's two addresses (pf's 16-byte form, IPv4 in the first four):
 /// where a state synced from the peer goes, so that its packets find it.
 pub fn owner_of_pair(v4: bool, a: &[u8; 16], b: &[u8; 16], n: usize) -> usize {
@@ -210,6 +345,54 @@ mod tests {
             seen[o] += 1;
         }
         assert!(seen.iter().all(|&c| c > 20), "{seen:?}");
+    }
+
+    #[test]
+    fn translated_replies_and_forwardings_meet_their_flows_worker() {
+        use xpf_conf::compile::{By, Target};
+        let public = std::net::IpAddr::from([192, 0, 2, 1]);
+        let inside = std::net::IpAddr::from([10, 0, 1, 2]);
+        let t = |proto, port, lo, hi, by| Target {
+            af: xpf_wire::pdesc::AF_INET,
+            proto,
+            net: Some((public, 32)),
+            port,
+            lo,
+            hi,
+            by,
+        };
+        let nat = NatOwners::from_targets(&[
+            t(17, 0, 50001, 65535, By::Nat),
+            t(1, 0, 0, 65535, By::Nat),
+            t(6, 8022, 0, 0, By::Rdr(Some(inside))),
+        ]);
+        let udp = |sp: u16, dp: u16| {
+            let mut u = vec![0u8; 8];
+            u[..2].copy_from_slice(&sp.to_be_bytes());
+            u[2..4].copy_from_slice(&dp.to_be_bytes());
+            u
+        };
+        for n in 2..6 {
+            for port in [50001u16, 50002, 61234] {
+                // The reply to a translated flow goes to the worker whose residue the port is.
+                let reply = frame4([198, 51, 100, 7], [192, 0, 2, 1], 17, &udp(53, port));
+                assert_eq!(nat.owner(&reply, n), Some(port as usize % n));
+                // So does an error quoting the translated datagram.
+                let mut q = vec![0u8; 20];
+                ipv4::emit_header(&mut q, [192, 0, 2, 1], [198, 51, 100, 7], 17, 28, 64, 1);
+                q.extend(udp(port, 53));
+                let mut err = vec![3u8, 3, 0, 0, 0, 0, 0, 0];
+                err.extend(q);
+                assert_eq!(nat.owner(&frame4([198, 51, 100, 7], [192, 0, 2, 1], 1, &err), n), Some(port as usize % n));
+            }
+            // A port forwarding: owned as the flow it becomes, where the server's replies go.
+            let fwd = frame4([203, 0, 113, 9], [192, 0, 2, 1], 6, &udp(40000, 8022));
+            let back = frame4([10, 0, 1, 2], [203, 0, 113, 9], 6, &udp(7000, 40000));
+            assert_eq!(nat.owner(&fwd, n), Some(owner(&back, n)));
+            // Anything else is the address hash's.
+            assert_eq!(nat.owner(&frame4([198, 51, 100, 7], [192, 0, 2, 1], 17, &udp(53, 40000)), n), None);
+            assert_eq!(nat.owner(&back, n), None);
+        }
     }
 
     #[test]

@@ -488,6 +488,8 @@ fn run(a: Args) -> Result<(), String> {
         worker.t6.set_timeouts(timeouts.clone());
         worker.set_reassemble(frags.0, frags.1, timeouts.get(xpf_state::Timeout::Frag));
         worker.set_syncookies(cookies, Some(cookie_key));
+        // Translation's source ports: each worker its residue (the hand-off owns replies by port).
+        worker.nat.set_share(w as u16, workers as u16);
         let cpu = cpus[w % cpus.len()];
         let (stop, busy) = (stop.clone(), a.busy);
         let fast = tables.clone().zip(egresses.clone());

@@ -20,6 +20,11 @@ impl Live {
         Live { slot, generation, rules }
     }
 
+    /// The ruleset in force and its generation.
+    pub fn current(&self) -> (u64, &Ruleset) {
+        (self.generation, &self.rules)
+    }
+
     /// Takes the new ruleset if one was installed since.
     #[inline]
     pub fn refresh(&mut self) {

@@ -222,7 +222,10 @@ fn route(m: &Msg, sid: &wire::StateId, creatorid: u32, n: usize, placed: &mut Ha
         return replica::owner(sid, creatorid, n);
     }
     if let Msg::Insert(r) | Msg::Update(r) = m {
-        let k = &r.key[0];
+        // The stack key (the wire key without translation): a translated state's flow hashes
+        // to its worker as the packets before translation do, and its translated port is of
+        // that worker's residue (docs/nat.md).
+        let k = &r.key[1];
         let w = crate::handoff::owner_of_pair(r.af == wire::AF_INET, &k.addr[0], &k.addr[1], n);
         placed.insert(*sid, w as u8);
         return w;
