@@ -70,6 +70,9 @@ pub struct LabOpts {
     pub json: bool,
     pub busy_poll: bool,
     pub fastpath: bool,
+    /// Both firewalls translate the flows' sources to the firewall's address on f1: xpfd with
+    /// `match out on f1 nat-to 10.10.2.1`, the kernel with nftables `snat to 10.10.2.1`.
+    pub nat: bool,
 }
 
 fn sh(args: &[&str]) -> Result<String, String> {
@@ -202,7 +205,7 @@ fn fmt_mac(m: &[u8; 6]) -> String {
     m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
 
-fn build(r: &mut Restore) -> Result<(), String> {
+fn build(r: &mut Restore, nat: bool) -> Result<(), String> {
     for n in NS {
         let _ = Command::new("ip").args(["netns", "del", n]).stderr(Stdio::null()).status();
         sh(&["ip", "netns", "add", n])?;
@@ -236,7 +239,7 @@ fn build(r: &mut Restore) -> Result<(), String> {
     // GRO on f0 lets XDP_TX from the generator reach it while no XDP program is attached.
     ns(NS[1], &["ethtool", "-K", "f0", "gro", "on"])?;
     ns(NS[1], &["sh", "-c", "echo 1 > /sys/class/net/f0/threaded"])?;
-    nft(true)?;
+    nft(true, nat)?;
     set_global(r, "/proc/sys/net/netfilter/nf_conntrack_max", "8388608")?;
     set_global(r, "/proc/sys/net/netfilter/nf_conntrack_buckets", "2097152")?;
     Ok(())
@@ -244,12 +247,19 @@ fn build(r: &mut Restore) -> Result<(), String> {
 
 /// The kernel firewall on (nftables + conntrack) or off (plain forwarding: the kernel's own
 /// ceiling). Without a rule that uses `ct`, the namespace has no conntrack hooks at all.
-fn nft(on: bool) -> Result<(), String> {
+fn nft(on: bool, nat: bool) -> Result<(), String> {
     if !on {
         return ns(NS[1], &["nft", "delete", "table", "inet", "xpflab"]).map(|_| ());
     }
-    let rules = "table inet xpflab {\n chain forward {\n  type filter hook forward priority 0; policy drop;\n  \
-                 ct state established,related accept\n  ct state new accept\n }\n}\n";
+    let snat = if nat {
+        " chain post {\n  type nat hook postrouting priority srcnat; policy accept;\n  oif \"f1\" snat ip to 10.10.2.1\n }\n"
+    } else {
+        ""
+    };
+    let rules = format!(
+        "table inet xpflab {{\n chain forward {{\n  type filter hook forward priority 0; policy drop;\n  \
+         ct state established,related accept\n  ct state new accept\n }}\n{snat}}}\n"
+    );
     let f = std::env::temp_dir().join("xpf-lab.nft");
     std::fs::write(&f, rules).map_err(|e| e.to_string())?;
     ns(NS[1], &["nft", "-f", &f.to_string_lossy()]).map(|_| ())
@@ -372,10 +382,11 @@ fn xpfctl(bin: &Path, args: &[&str]) -> Result<String, String> {
     sh(&r)
 }
 
-fn conf(keep: bool, limit: u64) -> String {
+fn conf(keep: bool, limit: u64, nat: bool) -> String {
     format!(
-        "set limit states {limit}\nset timeout {{ udp.first 600, udp.single 600, udp.multiple 600 }}\npass all{}\n",
-        if keep { "" } else { " no state" }
+        "set limit states {limit}\nset timeout {{ udp.first 600, udp.single 600, udp.multiple 600 }}\npass all{}\n{}",
+        if keep { "" } else { " no state" },
+        if keep && nat { "match out on f1 inet nat-to 10.10.2.1\n" } else { "" }
     )
 }
 
@@ -433,14 +444,14 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
     }
     cleanup_on_panic();
     let mut r = Restore { sysctls: Vec::new(), xpfd: None };
-    build(&mut r)?;
+    build(&mut r, o.nat)?;
     let maxp = *o.points.iter().max().unwrap_or(&9800);
     // Room for the new-flows measurement too: 2 states a flow for a few seconds of new flows.
     let limit = (maxp * 2 + 100_000).max(8_000_000);
     let keep = std::env::temp_dir().join("xpf-lab-keep.conf");
     let nostate = std::env::temp_dir().join("xpf-lab-nostate.conf");
-    std::fs::write(&keep, conf(true, limit)).map_err(|e| e.to_string())?;
-    std::fs::write(&nostate, conf(false, limit)).map_err(|e| e.to_string())?;
+    std::fs::write(&keep, conf(true, limit, o.nat)).map_err(|e| e.to_string())?;
+    std::fs::write(&nostate, conf(false, limit, false)).map_err(|e| e.to_string())?;
     let log = std::fs::File::create(std::env::temp_dir().join("xpf-lab-xpfd.log")).map_err(|e| e.to_string())?;
     let child = Command::new("ip")
         .args(["netns", "exec", NS[1]])
@@ -470,6 +481,11 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
     println!("xpf-bench lab: gen -- fw -- sink in network namespaces; firewall work on CPU {FW_CPU}, generator on CPU {GEN_CPU}");
     println!("firewalls: (a) xpfd, pass all keep state; (b) kernel nftables + conntrack; ceilings: (c) xpfd pass all no state,");
     println!("(d) the kernel forwarding with no nftables table (no conntrack hooks)");
+    if o.nat {
+        println!(
+            "translation: (a) with `match out on f1 nat-to 10.10.2.1`, (b) with nftables `oif f1 snat ip to 10.10.2.1`"
+        );
+    }
     if o.fastpath {
         println!("fast path on: (a) carries established UDP flows in XDP; (c) is the steering program forwarding everything (--steer bare)");
     }
@@ -507,9 +523,9 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
             fa.push(ns);
             xpfctl(&o.bin, &["--steer", "off"])?;
             b.push(measure(&g, &s, o.seconds)?);
-            nft(false)?;
+            nft(false, o.nat)?;
             d.push(measure(&g, &s, o.seconds)?);
-            nft(true)?;
+            nft(true, o.nat)?;
             if o.fastpath {
                 // The fast path's ceiling: the steering program forwarding everything itself.
                 xpfctl(&o.bin, &["--steer", "bare"])?;

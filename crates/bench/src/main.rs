@@ -44,6 +44,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ),
     ("--busy-poll", "", "lab: start xpfd with --busy-poll (its sockets busy-poll instead of sleeping)"),
     ("--fastpath", "", "lab, real: start xpfd with --fastpath (established flows forwarded by its XDP program)"),
+    ("--nat", "", "lab: both firewalls translate the sources (xpfd nat-to, nftables snat)"),
     ("--rounds", "N", "real: kernel/xpfd rounds, alternated (default 3; 1 with --quick)"),
     ("--queues", "N", "real: queues a side on the veths (default: --workers)"),
     ("--out", "DIR", "where gnuplot data, the plot and the JSON go (default bench-results/out/<bench>)"),
@@ -69,6 +70,8 @@ pub struct Opts {
     pub info: bool,
     pub busy_poll: bool,
     pub fastpath: bool,
+    /// lab: translation on both sides.
+    pub nat: bool,
     pub rounds: Option<usize>,
     pub queues: Option<usize>,
     pub out: PathBuf,
@@ -132,6 +135,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         info: false,
         busy_poll: false,
         fastpath: false,
+        nat: false,
         rounds: None,
         queues: None,
         conf: None,
@@ -171,6 +175,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--info" => o.info = true,
             "--busy-poll" => o.busy_poll = true,
             "--fastpath" => o.fastpath = true,
+            "--nat" => o.nat = true,
             "--rounds" => o.rounds = Some(parse_num(a, &val()?)?.max(1) as usize),
             "--queues" => o.queues = Some(parse_num(a, &val()?)?.clamp(1, 64) as usize),
             "--out" => o.out = PathBuf::from(val()?),
@@ -254,6 +259,7 @@ fn lab(o: &Opts) -> Result<(), String> {
         json: o.json,
         busy_poll: o.busy_poll,
         fastpath: o.fastpath,
+        nat: o.nat,
     })
 }
 

@@ -27,11 +27,12 @@ pub struct Info {
 }
 
 /// Translation counters (`nat-to`, `rdr-to`, `binat-to`; crate::nat).
-pub const NAT_NAMES: [&str; 7] = [
+pub const NAT_NAMES: [&str; 8] = [
     "translated states",
     "source ports in use",
     "source ports in pools",
     "ports shared",
+    "ports before their hold",
     "port collisions",
     "no port left",
     "no pool address",
@@ -100,7 +101,7 @@ impl Info {
             nat: {
                 let c = &w.nat.counters;
                 let (used, all) = w.nat.ports_used();
-                [c.translated, used, all, c.shared, c.collisions, c.exhausted, c.no_address]
+                [c.translated, used, all, c.shared, c.early, c.collisions, c.exhausted, c.no_address]
             },
             fragments: w.frags.as_ref().map_or([0; FRAG_NAMES.len()], |f| {
                 let c = f.counters;

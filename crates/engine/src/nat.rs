@@ -283,6 +283,8 @@ pub struct Counters {
     pub shared: u64,
     /// Free ports skipped because their key was in use by a state (static or synced ones).
     pub collisions: u64,
+    /// Released ports handed out again before their hold was over (nothing else was left).
+    pub early: u64,
     /// New flows refused: no port free or shareable (pf's `translate`).
     pub exhausted: u64,
     /// New flows refused: the pool had no address of their family.
@@ -316,8 +318,8 @@ impl Nat {
 
     /// A source port of `addr` in `lo..=hi` for a new flow of `proto` at `now`, for which
     /// `free(port)` says its key is unused: a port never used yet, else the longest released
-    /// one once its hold is over, else (none left) one in use shared with a flow elsewhere.
-    /// At most [`TRIES`] keys are tried in each of the three ways.
+    /// one once its hold is over, else (none left) one in use shared with a flow elsewhere,
+    /// else a released one still in its hold. At most [`TRIES`] keys are tried each way.
     pub fn take_port(
         &mut self,
         addr: Addr,
@@ -375,6 +377,19 @@ impl Nat {
                     return Some(port);
                 }
             }
+        }
+        // Nothing else: a released port before its hold is over (the hold is a preference: a
+        // range whose flows all ended at once, `-F states`, must not refuse every new flow
+        // for two minutes).
+        for _ in 0..TRIES {
+            let Some((port, _)) = p.free.pop_front() else { break };
+            if free(port) {
+                p.users.insert(port, 1);
+                self.counters.early += 1;
+                return Some(port);
+            }
+            self.counters.collisions += 1;
+            p.free.push_back((port, now));
         }
         self.counters.exhausted += 1;
         None
@@ -490,12 +505,19 @@ mod tests {
         let mut nat = Nat::default();
         let mut r = rng();
         let a = Addr::v4([192, 0, 2, 1]);
-        let p = nat.take_port(a, IPPROTO_UDP, (7, 7), 10, &mut r, |_| true).unwrap();
+        let p = nat.take_port(a, IPPROTO_UDP, (7, 8), 10, &mut r, |_| true).unwrap();
         nat.put_port(a, IPPROTO_UDP, p, 10);
-        assert_eq!(nat.ports_used(), (0, 1));
-        // Free but held: nothing to give and nothing in use to share.
-        assert!(nat.take_port(a, IPPROTO_UDP, (7, 7), 10 + HOLD - 1, &mut r, |_| true).is_none());
-        assert_eq!(nat.take_port(a, IPPROTO_UDP, (7, 7), 10 + HOLD, &mut r, |_| true), Some(7));
+        assert_eq!(nat.ports_used(), (0, 2));
+        // The other port, never used, goes first; then the held one, counted as early.
+        let q = nat.take_port(a, IPPROTO_UDP, (7, 8), 11, &mut r, |_| true).unwrap();
+        assert_ne!(p, q);
+        assert_eq!(nat.counters.early, 0);
+        assert_eq!(nat.take_port(a, IPPROTO_UDP, (7, 8), 12, &mut r, |k| k == p), Some(p));
+        assert_eq!(nat.counters.early, 1);
+        // Once its hold is over a released port goes without being early.
+        nat.put_port(a, IPPROTO_UDP, p, 20);
+        assert_eq!(nat.take_port(a, IPPROTO_UDP, (7, 8), 20 + HOLD, &mut r, |k| k == p), Some(p));
+        assert_eq!(nat.counters.early, 1);
     }
 
     #[test]
