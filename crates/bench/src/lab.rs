@@ -70,8 +70,9 @@ pub struct LabOpts {
     pub json: bool,
     pub busy_poll: bool,
     pub fastpath: bool,
-    /// Both firewalls translate the flows' sources to the firewall's address on f1: xpfd with
-    /// `match out on f1 nat-to 10.10.2.1`, the kernel with nftables `snat to 10.10.2.1`.
+    /// Both firewalls translate the flows' sources to the firewall's address on f1, with the
+    /// same source ports: xpfd with `match out on f1 nat-to 10.10.2.1 port 1024:65535`, the
+    /// kernel with nftables `snat to 10.10.2.1`.
     pub nat: bool,
 }
 
@@ -386,7 +387,8 @@ fn conf(keep: bool, limit: u64, nat: bool) -> String {
     format!(
         "set limit states {limit}\nset timeout {{ udp.first 600, udp.single 600, udp.multiple 600 }}\npass all{}\n{}",
         if keep { "" } else { " no state" },
-        if keep && nat { "match out on f1 inet nat-to 10.10.2.1\n" } else { "" }
+        // The kernel's snat range without a port spec: 1024-65535 (pf's default is 50001:65535).
+        if keep && nat { "match out on f1 inet nat-to 10.10.2.1 port 1024:65535\n" } else { "" }
     )
 }
 
@@ -627,7 +629,10 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
     // New states per second: every packet a new flow.
     let mut newrate = None;
     if !STOP.load(Ordering::Relaxed) {
-        g.flows(64, 1, 60_000);
+        // With translation, to 256 destinations: towards one, both firewalls would run out of
+        // the public address's ports for it (64,512) within the measurement, and the faster
+        // one first.
+        g.flows(64, if o.nat { 256 } else { 1 }, 60_000);
         let (mut a, mut b) = (Vec::new(), Vec::new());
         for _ in 0..o.runs.min(3) {
             xpfctl(&o.bin, &["-F", "states"])?;
