@@ -477,8 +477,7 @@ fn targets_of(
     if let Some(pool) = nat {
         let (lo, hi) = if pool.static_port || pool.ports == (0, 0) { (1, 65535) } else { pool.ports };
         for n in &pool.nets {
-            let a: IpAddr =
-                if n.af == AF_INET { IpAddr::V4(n.addr.v4_bytes().into()) } else { IpAddr::V6(n.addr.0.into()) };
+            let a = n.addr.to_ip(n.af);
             let af = af_of(&a);
             let net = Some((masked_addr(a, n.len), n.len));
             for &p in &l4 {
@@ -627,10 +626,7 @@ fn table_index(tables: &mut Vec<(String, Table)>, name: String, make: impl FnOnc
 }
 
 fn net(a: IpAddr, len: u8) -> xpf_engine::nat::Net {
-    match a {
-        IpAddr::V4(v) => xpf_engine::nat::Net { addr: Addr::v4(v.octets()), af: AF_INET, len },
-        IpAddr::V6(v) => xpf_engine::nat::Net { addr: Addr(v.octets()), af: AF_INET6, len },
-    }
+    xpf_engine::nat::Net { addr: Addr::from_ip(a), af: if a.is_ipv4() { AF_INET } else { AF_INET6 }, len }
 }
 
 /// Compiles rule `r`'s translation target `pool` (`rdr`: a destination one) into `pools`;

@@ -50,6 +50,13 @@ impl Addr {
     pub fn v4_u32(&self) -> u32 {
         u32::from_be_bytes(self.v4_bytes())
     }
+    /// The address of `a` (IPv4 in the first four bytes).
+    pub fn from_ip(a: std::net::IpAddr) -> Addr {
+        match a {
+            std::net::IpAddr::V4(v) => Addr::v4(v.octets()),
+            std::net::IpAddr::V6(v) => Addr(v.octets()),
+        }
+    }
     pub fn to_ip(&self, af: u8) -> std::net::IpAddr {
         if af == AF_INET {
             std::net::IpAddr::from(self.v4_bytes())

@@ -131,19 +131,7 @@ pub fn write_nat_targets(r: &Ruleset, steers: &[(String, Steer)]) -> Result<(), 
         .nat_targets
         .iter()
         .map(|t| {
-            let mut addr = [0u8; 16];
-            let mut len = 0;
-            match t.net {
-                Some((std::net::IpAddr::V4(a), l)) => {
-                    addr[..4].copy_from_slice(&a.octets());
-                    len = l;
-                }
-                Some((std::net::IpAddr::V6(a), l)) => {
-                    addr = a.octets();
-                    len = l;
-                }
-                None => {}
-            }
+            let (addr, len) = t.net.map_or(([0u8; 16], 0), |(a, l)| (xpf_wire::Addr::from_ip(a).0, l));
             let family = if t.af == xpf_wire::pdesc::AF_INET { libc::AF_INET } else { libc::AF_INET6 } as u8;
             xpf_xdp::steer::NatTarget { family, proto: t.proto, addr, len, port: t.port, lo: t.lo, hi: t.hi }
         })

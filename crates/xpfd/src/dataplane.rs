@@ -212,21 +212,13 @@ pub fn masked(a: std::net::IpAddr, l: u8) -> std::net::IpAddr {
     }
 }
 
-fn ip(a: &xpf_wire::Addr, af: u8) -> std::net::IpAddr {
-    if af == xpf_wire::pdesc::AF_INET {
-        std::net::Ipv4Addr::from(a.v4_bytes()).into()
-    } else {
-        std::net::Ipv6Addr::from(a.0).into()
-    }
-}
-
 fn in_net(a: &xpf_wire::Addr, af: u8, net: &(std::net::IpAddr, u8)) -> bool {
-    let a = ip(a, af);
+    let a = a.to_ip(af);
     a.is_ipv4() == net.0.is_ipv4() && masked(a, net.1) == masked(net.0, net.1)
 }
 
 fn host(a: xpf_wire::Addr, af: u8, port: u16, proto: u8) -> String {
-    let ip = ip(&a, af);
+    let ip = a.to_ip(af);
     let ports = matches!(proto, 1 | 6 | 17 | 58 | 132);
     match (ip, ports) {
         (std::net::IpAddr::V4(_), true) => format!("{ip}:{port}"),
@@ -426,8 +418,8 @@ impl Dataplane {
         if w.t4.track.overloads.is_empty() && w.t6.track.overloads.is_empty() {
             return;
         }
-        let v4 = w.t4.track.overloads.drain(..).map(|(t, a)| (t, ip(&a, xpf_wire::pdesc::AF_INET)));
-        let v6 = w.t6.track.overloads.drain(..).map(|(t, a)| (t, ip(&a, xpf_wire::pdesc::AF_INET6)));
+        let v4 = w.t4.track.overloads.drain(..).map(|(t, a)| (t, a.to_ip(xpf_wire::pdesc::AF_INET)));
+        let v6 = w.t6.track.overloads.drain(..).map(|(t, a)| (t, a.to_ip(xpf_wire::pdesc::AF_INET6)));
         for x in v4.chain(v6) {
             if let Some(tx) = &self.overload {
                 let _ = tx.send(x);

@@ -117,15 +117,6 @@ impl Match {
     }
 }
 
-fn wide(a: std::net::IpAddr) -> [u8; 16] {
-    let mut b = [0u8; 16];
-    match a {
-        std::net::IpAddr::V4(v) => b[..4].copy_from_slice(&v.octets()),
-        std::net::IpAddr::V6(v) => b = v.octets(),
-    }
-    b
-}
-
 /// (IPv4, protocol, source, destination, destination port).
 type Fields = (bool, u8, [u8; 16], [u8; 16], u16);
 
@@ -191,12 +182,12 @@ impl NatOwners {
         use xpf_conf::compile::By;
         let mut o = NatOwners::default();
         for t in ts {
-            let (net, len) = t.net.map_or(([0u8; 16], 0), |(a, l)| (wide(a), l));
+            let (net, len) = t.net.map_or(([0u8; 16], 0), |(a, l)| (xpf_wire::Addr::from_ip(a).0, l));
             let (lo, hi) = if t.port != 0 { (t.port, t.port) } else { (t.lo, t.hi) };
             let m = Match { v4: t.af == xpf_wire::pdesc::AF_INET, net, len, proto: t.proto, lo, hi };
             match t.by {
                 By::Nat => o.pools.push(m),
-                By::Rdr(Some(to)) => o.rdr.push((m, wide(to))),
+                By::Rdr(Some(to)) => o.rdr.push((m, xpf_wire::Addr::from_ip(to).0)),
                 By::Rdr(None) => {}
             }
         }
