@@ -162,6 +162,41 @@ check "IPv6 binat-to in: the outside prefix reaches the inside host" \
 check "hairpin: the client reaches the port forwarding by the public address" \
     bash -c "r=\$(peer client tcp 10.0.2.1 8022) && echo \"\$r\" && [[ \$r == '10.0.1.1 '* ]]"
 
+# FreeBSD's dialect, as pfSense and OPNsense write it: translation rules first (the first
+# that matches wins, `no nat` ends the search), then the filter rules, which see the packet
+# translated; `rdr pass` skips them, a translation rule's tag reaches them.
+cat > "$DIR/freebsd.conf" <<'CONF'
+in_if = "fc"
+out_if = "fs"
+nat-anchor "natearly/*"
+nat-anchor "natrules/*"
+no nat on $out_if inet from 10.0.1.0/24 to 10.0.2.3
+nat on $out_if inet from 10.0.1.0/24 to any -> 10.0.2.50 port 1024:65535
+rdr-anchor "relayd/*"
+rdr on $out_if inet proto tcp from any to 10.0.2.50 port 8022 tag FWD -> 10.0.1.2 port 7000
+rdr pass on $out_if inet proto tcp from any to 10.0.2.51 port 8023 -> 10.0.1.2 port 7003
+rdr on $out_if inet proto tcp from any to 10.0.2.51 port 8024 -> 10.0.1.2 port 7003
+anchor "relayd/*"
+block all
+pass in on $in_if
+pass out on $in_if
+pass out on $out_if inet from 10.0.2.50 to any
+pass in on $out_if inet proto tcp from any to 10.0.1.2 port 7000 tagged FWD
+CONF
+c python3 scripts/peer.py 10.0.1.2 7003 >/dev/null 2>&1 &
+check "-f a FreeBSD ruleset (nat, no nat, rdr, rdr pass, anchors)" $CTL -f "$DIR/freebsd.conf"
+check "-s nat prints the translation rules as pfctl does" bash -c "$CTL -s nat | tee /dev/stderr | grep -qxF \
+    'nat on fs inet from 10.0.1.0/24 to any -> 10.0.2.50 port 1024:65535'"
+check "nat on: the server sees 10.0.2.50:1024-65535 (the filter passed the translated source)" \
+    bash -c "r=\$(peer client tcp 10.0.2.2 7000) && echo \"\$r\" && [[ \$r == '10.0.2.50 '* ]] && in_range \"\$r\" 1024 65535"
+check "no nat: untranslated, the filter blocks it" refused peer client tcp 10.0.2.3 7000
+check "rdr on ... tag: 10.0.2.50:8022 is the client's 7000, passed by 'tagged'" \
+    bash -c "r=\$(peer server tcp 10.0.2.50 8022) && echo \"\$r\" && [[ \$r == '10.0.2.2 '* ]]"
+check "the client's 7000 straight from outside has no tag: blocked" refused peer server tcp 10.0.1.2 7000
+check "rdr pass: 10.0.2.51:8023 reaches the client's 7003, which no filter rule passes" \
+    bash -c "r=\$(peer server tcp 10.0.2.51 8023) && echo \"\$r\" && [[ \$r == '10.0.2.2 '* ]]"
+check "rdr without pass to the same 7003: the filter blocks it" refused peer server tcp 10.0.2.51 8024
+
 # Refused where it cannot be kept.
 printf 'pass out on fs nat-to 10.0.2.1 sticky-address\n' > "$DIR/sticky.conf"
 check "a pool option xpf does not enforce is refused with FILE:LINE" \

@@ -186,10 +186,41 @@ pub struct Rule {
     pub max_pkt_rate: Option<(u32, u32)>,
     /// `anchor "name"` rules: the name (empty for an unnamed inline anchor).
     pub anchor: Option<String>,
+    /// A translation rule of FreeBSD's dialect (`nat`, `rdr`, `binat`, their `no` forms and
+    /// `-anchor`s): evaluated before the filter rules, first match wins.
+    pub xlate: Option<Xlate>,
     /// The line of pf.conf it came from.
     pub line: u32,
     /// The file it came from (the main file or an included one).
     pub file: std::sync::Arc<str>,
+}
+
+/// What a FreeBSD-dialect translation rule is: `[no] nat|rdr|binat [pass]`. Its pool is the
+/// rule's `nat` (nat), `rdr` (rdr) or `binat` (binat, whose `nat` is then the out half's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Xlate {
+    pub kind: XlateKind,
+    /// `no nat`: a match stops the search and translates nothing.
+    pub no: bool,
+    /// `nat pass`: the translated packet passes without the filter rules (and makes a state).
+    pub pass: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XlateKind {
+    Nat,
+    Rdr,
+    Binat,
+}
+
+impl XlateKind {
+    pub fn word(self) -> &'static str {
+        match self {
+            XlateKind::Nat => "nat",
+            XlateKind::Rdr => "rdr",
+            XlateKind::Binat => "binat",
+        }
+    }
 }
 
 /// A translation target (`nat-to`, `rdr-to`, `binat-to`) and its pool options.

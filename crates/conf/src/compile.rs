@@ -333,6 +333,8 @@ struct CRule {
     /// Translation pools (index + 1 in `Ruleset::pools`, 0 for none): `nat-to`, `rdr-to`.
     nat: u32,
     rdr: u32,
+    /// A translation rule's `pass`: its packets skip the filter rules.
+    natpass: bool,
 }
 
 const SKIP_IF: usize = 0;
@@ -391,6 +393,11 @@ struct Rare {
 pub struct Ruleset {
     rules: Arc<Vec<CRule>>,
     skip: Arc<Vec<[u32; 8]>>,
+    /// FreeBSD's translation rules (a `binat` as its out and in halves), each `quick`: the
+    /// first that matches decides. Empty for most rulesets.
+    xrules: Arc<Vec<CRule>>,
+    xskip: Arc<Vec<[u32; 8]>>,
+    xevaluations: Arc<Vec<AtomicU64>>,
     pub tables: Vec<(String, Arc<Table>)>,
     tags: Vec<String>,
     /// Evaluations (pfctl -s rules -v), per rule.
@@ -459,6 +466,62 @@ fn masked_addr(a: IpAddr, len: u8) -> IpAddr {
 
 /// The targets rule `r` adds: its `nat-to` pool's networks (TCP and UDP in the pool's port
 /// range, every ICMP message for replies and errors), its `rdr-to` rule's destinations.
+/// FreeBSD's translation rules as the walk sees them, each with its number: `nat` (and `no
+/// nat`) going out, `rdr` coming in, `binat` as both: out from its source to its pool (the
+/// expansion made that its `nat`, static-port), and in from its destination to the pool's
+/// address, back to the source. Their anchors are named and never loaded: nothing to walk.
+/// In pf's order (pf_get_translation): going out the binat rules before the nat rules, coming
+/// in the rdr rules before the binat rules; each kind in file order.
+fn xlate_halves(xrules: &[Rule]) -> Vec<(usize, Rule)> {
+    let mut out = xlate_halves_in_file_order(xrules);
+    let rank = |r: &Rule| match (r.xlate.map(|x| x.kind), r.dir) {
+        (Some(XlateKind::Binat), Dir::Out) => 0,
+        (Some(XlateKind::Nat), _) => 1,
+        (Some(XlateKind::Rdr), _) => 2,
+        _ => 3,
+    };
+    out.sort_by_key(|(_, r)| rank(r));
+    out
+}
+
+fn xlate_halves_in_file_order(xrules: &[Rule]) -> Vec<(usize, Rule)> {
+    let mut out = Vec::new();
+    for (nr, r) in xrules.iter().enumerate() {
+        let Some(x) = r.xlate else { continue };
+        if r.anchor.is_some() {
+            continue;
+        }
+        let mut h = r.clone();
+        h.dir = if x.kind == XlateKind::Rdr { Dir::In } else { Dir::Out };
+        if x.kind == XlateKind::Binat {
+            h.binat = None;
+            let back = r.nat.as_ref().map(|pl| {
+                let mut b = h.clone();
+                b.dir = Dir::In;
+                b.nat = None;
+                b.src = r.dst.clone();
+                b.src_port = None;
+                b.dst = pl.host.clone();
+                b.dst_port = None;
+                b.rdr = Some(Pool {
+                    host: r.src.clone(),
+                    port: None,
+                    kind: PoolKind::None,
+                    sticky: false,
+                    static_port: false,
+                    list: None,
+                });
+                b
+            });
+            out.push((nr, h));
+            out.extend(back.map(|b| (nr, b)));
+            continue;
+        }
+        out.push((nr, h));
+    }
+    out
+}
+
 fn targets_of(
     r: &Rule,
     nat: Option<&xpf_engine::nat::Pool>,
@@ -840,10 +903,13 @@ impl Ruleset {
         let mut pools = Vec::new();
         let mut pool_tables = Vec::new();
         let mut nat_targets = Vec::new();
-        for (nr, r) in p.rules.iter().enumerate() {
+        let mut xrules = Vec::new();
+        let halves = xlate_halves(&p.xrules);
+        let jobs = p.rules.iter().enumerate().map(|(nr, r)| (false, nr, r));
+        for (x, nr, r) in jobs.chain(halves.iter().map(|(nr, r)| (true, *nr, r))) {
             // An anchor's body is the rules after it one level deeper; one loaded from elsewhere
             // has none here yet, and is empty.
-            let anchor_end = if r.anchor.is_some() {
+            let anchor_end = if r.anchor.is_some() && !x {
                 let end =
                     p.rules[nr + 1..].iter().position(|x| x.depth <= r.depth).map_or(p.rules.len(), |k| nr + 1 + k);
                 end as u32
@@ -887,10 +953,12 @@ impl Ruleset {
                     *t = (false, AddrTest::Any);
                 }
             }
-            rules.push(CRule {
+            let list = if x { &mut xrules } else { &mut rules };
+            list.push(CRule {
                 nr: nr as u32,
                 action: r.action,
-                quick: r.quick,
+                // A translation rule: the first match decides.
+                quick: r.quick || x,
                 dir: r.dir,
                 on,
                 af: match r.af {
@@ -951,8 +1019,9 @@ impl Ruleset {
                 anchor_end,
                 nat: add_pool(r, r.nat.as_ref(), false, &tables, &mut pools, &mut pool_tables)?,
                 rdr: add_pool(r, r.rdr.as_ref(), true, &tables, &mut pools, &mut pool_tables)?,
+                natpass: r.xlate.is_some_and(|x| x.pass),
             });
-            let c = rules.last().unwrap();
+            let c = list.last().unwrap();
             let nat = (c.nat != 0).then(|| &pools[c.nat as usize - 1]);
             let rdr = (c.rdr != 0).then(|| &pools[c.rdr as usize - 1]);
             nat_targets.extend(targets_of(r, nat, rdr, &tables));
@@ -987,6 +1056,8 @@ impl Ruleset {
         }
         let skip = Arc::new(skip_steps(&rules));
         let evaluations = Arc::new((0..rules.len()).map(|_| AtomicU64::new(0)).collect());
+        let xskip = Arc::new(skip_steps(&xrules));
+        let xevaluations = Arc::new((0..xrules.len()).map(|_| AtomicU64::new(0)).collect());
         let now = unix_now();
         let tables = tables
             .into_iter()
@@ -1008,6 +1079,9 @@ impl Ruleset {
             nat_owners: nat_targets,
             rules: Arc::new(rules),
             skip,
+            xrules: Arc::new(xrules),
+            xskip,
+            xevaluations,
             tables,
             tags,
             evaluations,
@@ -1064,6 +1138,16 @@ impl Ruleset {
         }
         r.tables[i].1 = Arc::new(t);
         Some(r)
+    }
+
+    /// Evaluations of translation rule `i` (both halves of a `binat`).
+    pub fn xlate_evaluations(&self, i: usize) -> u64 {
+        self.xrules
+            .iter()
+            .zip(self.xevaluations.iter())
+            .filter(|(r, _)| r.nr as usize == i)
+            .map(|(_, e)| e.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Whether rule `i` is a `once` rule that has fired (pfctl -s rules leaves it out).
@@ -1228,15 +1312,29 @@ impl Ruleset {
     }
 
     /// The walk itself; `acc` gathers the scrub actions of the match rules that matched.
+    #[inline]
     fn walk(&self, pd: &PDesc, at: &Context, acc: &mut Acts) -> (Option<usize>, u16) {
+        self.walk_list(&self.rules, &self.skip, &self.evaluations, pd, at, acc)
+    }
+
+    /// [`Ruleset::walk`] over one list of rules (the filter's, or the translation rules').
+    #[inline(always)]
+    fn walk_list(
+        &self,
+        rules: &[CRule],
+        skip: &[[u32; 8]],
+        evaluations: &[AtomicU64],
+        pd: &PDesc,
+        at: &Context,
+        acc: &mut Acts,
+    ) -> (Option<usize>, u16) {
         let mut tag = at.tag;
         let mut last = None;
         let mut i = 0;
         // Quick anchors entered: (end of body, last match when entered).
         let mut quick: Vec<(usize, Option<usize>)> = Vec::new();
-        // Plain slices: through the Arcs, every rule would reload the pointers (the counter's
-        // atomic add stands between them).
-        let (rules, skip, evaluations) = (&self.rules[..], &self.skip[..], &self.evaluations[..]);
+        // Plain slices (the caller's): through the Arcs, every rule would reload the pointers
+        // (the counter's atomic add stands between them).
         while i < rules.len() {
             if let Some(&(end, before)) = quick.last() {
                 if i >= end {
@@ -1313,6 +1411,24 @@ impl Ruleset {
 impl Policy for Ruleset {
     fn pool(&self, i: u32) -> Option<&xpf_engine::nat::Pool> {
         self.pools.get((i as usize).wrapping_sub(1))
+    }
+
+    fn translation(&self, pd: &PDesc, at: &Context) -> Option<xpf_engine::policy::Xlate> {
+        if self.xrules.is_empty() {
+            return None;
+        }
+        let (last, tag) = self.walk_list(&self.xrules, &self.xskip, &self.xevaluations, pd, at, &mut Acts::default());
+        let r = &self.xrules[last?];
+        // `no nat`: the search ends, nothing is translated.
+        (r.nat != 0 || r.rdr != 0).then_some(xpf_engine::policy::Xlate {
+            nat: r.nat,
+            rdr: r.rdr,
+            pass: r.natpass,
+            // A `nat pass` state's rule is in the translation ruleset, which numbers apart:
+            // pf's "no rule" (-1), so that it counts against no filter rule.
+            rule: u32::MAX,
+            tag,
+        })
     }
 
     fn limits(&self, i: u32) -> Option<&RuleLimits> {

@@ -30,7 +30,7 @@ pub struct LexError {
     pub msg: String,
 }
 
-const PUNCT2: [&str; 5] = ["!=", "<=", ">=", "<>", "><"];
+const PUNCT2: [&str; 6] = ["!=", "<=", ">=", "<>", "><", "->"];
 const PUNCT1: [&str; 10] = ["(", ")", "{", "}", "<", ">", "!", "=", "/", ","];
 
 /// Whether `s` reads back as one word (an interface name printed bare must).
@@ -59,20 +59,16 @@ pub fn lex_line(
     macros: &HashMap<String, String>,
     out: &mut Vec<Token>,
 ) -> Result<bool, LexError> {
-    lex_into(src, line, macros, out, 0)
+    lex_into(src, line, macros, out)
 }
 
-fn lex_into(
-    src: &str,
-    line: u32,
-    macros: &HashMap<String, String>,
-    out: &mut Vec<Token>,
-    depth: u32,
-) -> Result<bool, LexError> {
-    if depth > 16 {
-        return Err(LexError { line, msg: "macro expansion too deep".into() });
-    }
-    let cs: Vec<char> = src.chars().collect();
+/// Macro uses a line may expand (one macro naming another counts each time): a definition
+/// that names itself would expand forever.
+const MAX_EXPANSIONS: u32 = 4096;
+
+fn lex_into(src: &str, line: u32, macros: &HashMap<String, String>, out: &mut Vec<Token>) -> Result<bool, LexError> {
+    let mut cs: Vec<char> = src.chars().collect();
+    let mut expansions = 0;
     let mut i = 0;
     while i < cs.len() {
         let c = cs[i];
@@ -120,13 +116,21 @@ fn lex_into(
                 j += 1;
             }
             let name: String = cs[start..j].iter().collect();
+            // Textual, as pfctl's lexer pushes the value back onto its input: `($if:0)` is
+            // one word after the value, not the value and `:0`.
             match macros.get(&name) {
                 Some(v) => {
-                    lex_into(v, line, macros, out, depth + 1)?;
+                    expansions += 1;
+                    if expansions > MAX_EXPANSIONS {
+                        return Err(LexError { line, msg: "macro expansion too deep".into() });
+                    }
+                    let mut rest: Vec<char> = v.chars().collect();
+                    rest.extend_from_slice(&cs[j..]);
+                    cs = rest;
+                    i = 0;
                 }
                 None => return Err(LexError { line, msg: format!("macro '{name}' not defined") }),
             }
-            i = j;
             continue;
         }
         if i + 1 < cs.len() {
@@ -236,6 +240,11 @@ mod tests {
         assert_eq!(toks("$a", &[("a", "$b"), ("b", "x")]).unwrap(), vec![w("x")]);
         assert_eq!(toks("pass $nope", &[]).unwrap_err().msg, "macro 'nope' not defined");
         assert!(toks("$a", &[("a", "$a")]).is_err());
+        // Textual: what follows the name joins the value's last word, as in pfctl.
+        assert_eq!(toks("($ext:0)", &[("ext", "em0")]).unwrap(), vec![Tok::Punct("("), w("em0:0"), Tok::Punct(")")]);
+        // Many macros on one line are not "too deep".
+        let line = vec!["$p"; 100].join(" ");
+        assert_eq!(toks(&line, &[("p", "22")]).unwrap().len(), 100);
         // Not expanded inside quotes.
         assert_eq!(toks("\"$x\"", &[]).unwrap(), vec![Tok::Str("$x".into())]);
     }

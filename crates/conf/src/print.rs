@@ -97,12 +97,20 @@ fn is_any(h: &Host) -> bool {
 /// One rule as pfctl prints it (without the trailing newline).
 pub fn rule(r: &Rule) -> String {
     let mut s = String::new();
-    match &r.anchor {
-        Some(n) if !n.is_empty() => {
+    match (&r.anchor, r.xlate) {
+        // FreeBSD's translation rules and their anchors (pfctl's print_rule).
+        (Some(n), Some(x)) => {
+            let _ = write!(s, "{}-anchor \"{n}\"", x.kind.word());
+        }
+        (None, Some(x)) => {
+            let _ =
+                write!(s, "{}{}{}", if x.no { "no " } else { "" }, x.kind.word(), if x.pass { " pass" } else { "" });
+        }
+        (Some(n), None) if !n.is_empty() => {
             let _ = write!(s, "anchor \"{n}\"");
         }
-        Some(_) => s.push_str("anchor"),
-        None => s.push_str(match r.action {
+        (Some(_), None) => s.push_str("anchor"),
+        (None, None) => s.push_str(match r.action {
             Action::Pass => "pass",
             Action::Block => "block",
             Action::Match => "match",
@@ -249,7 +257,7 @@ pub fn rule(r: &Rule) -> String {
     }
     let o = &r.state_opts;
     match r.state {
-        StateKind::No if r.action == Action::Pass && r.anchor.is_none() => s.push_str(" no state"),
+        StateKind::No if r.action == Action::Pass && r.anchor.is_none() && r.xlate.is_none() => s.push_str(" no state"),
         StateKind::Keep if !o.is_empty() => s.push_str(" keep state"),
         StateKind::Modulate => s.push_str(" modulate state"),
         StateKind::Synproxy => s.push_str(" synproxy state"),
@@ -370,14 +378,29 @@ pub fn rule(r: &Rule) -> String {
             let _ = write!(s, " to {}", host_label(t));
         }
     }
-    if let Some(p) = &r.nat {
-        pool(&mut s, "nat-to", p, true);
-    }
-    if let Some(p) = &r.rdr {
-        pool(&mut s, "rdr-to", p, false);
-    }
-    if let Some(p) = &r.binat {
-        pool(&mut s, "binat-to", p, false);
+    match r.xlate.map(|x| x.kind) {
+        None => {
+            if let Some(p) = &r.nat {
+                pool(&mut s, "nat-to", p, true);
+            }
+            if let Some(p) = &r.rdr {
+                pool(&mut s, "rdr-to", p, false);
+            }
+            if let Some(p) = &r.binat {
+                pool(&mut s, "binat-to", p, false);
+            }
+        }
+        // FreeBSD's `-> pool` at the end (a binat's out half is its own business).
+        Some(k) => {
+            let p = match k {
+                XlateKind::Nat => r.nat.as_ref(),
+                XlateKind::Rdr => r.rdr.as_ref(),
+                XlateKind::Binat => r.binat.as_ref(),
+            };
+            if let Some(p) = p {
+                pool(&mut s, "->", p, k == XlateKind::Nat);
+            }
+        }
     }
     match &r.divert {
         Some(Divert::To(a, port)) => {
@@ -436,6 +459,8 @@ pub fn parsed(p: &crate::Parsed) -> String {
         s.push_str(&queue(q));
         s.push('\n');
     }
+    // Translation rules first, as pfctl (FreeBSD) requires them to stand.
+    s.push_str(&ruleset(&p.xrules));
     s.push_str(&ruleset(&p.rules));
     s
 }

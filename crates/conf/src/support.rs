@@ -49,7 +49,10 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
         no(&q.file, q.line, "queue");
     }
     let mut logged = false;
-    for r in &p.rules {
+    // FreeBSD's translation rules translate before the filter rules see the packet; a filter
+    // rule's own translation on top of that is not something xpf does.
+    let xlating = p.xrules.iter().any(|r| r.xlate.is_some_and(|x| !x.no) && r.anchor.is_none());
+    for r in p.rules.iter().chain(&p.xrules) {
         let mut refuse = |what: &str| no(&r.file, r.line, what);
         // Exhaustive on purpose: a new field does not compile until it is placed.
         let Rule {
@@ -96,9 +99,20 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
             once,
             max_pkt_rate,
             anchor: _,
+            xlate,
             line: _,
             file: _,
         } = r;
+        // Enforced: FreeBSD's `nat`, `rdr`, `binat` (and `no`, `pass`) in a ruleset of their
+        // own before the filter (the engine's miss path); their anchors are named anchors.
+        if xlate.is_none() && xlating {
+            if nat.is_some() || rdr.is_some() || binat.is_some() {
+                refuse("nat-to/rdr-to/binat-to in a ruleset with nat/rdr/binat rules");
+            }
+            if *state == StateKind::Synproxy {
+                refuse("synproxy state in a ruleset with nat/rdr/binat rules");
+            }
+        }
         // Enforced: `received-on` against the pass's receiving interface, `once` expires the
         // rule at its first match, `max-pkt-rate` meters the rule and its states.
         let _ = (received_on, once, max_pkt_rate);
@@ -157,7 +171,11 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
         // Enforced: translation (the engine's nat.rs) with pf's pool types over addresses,
         // networks, lists, tables and interfaces; binat-to as its nat-to and rdr-to halves.
         let _ = binat;
-        for (what, pool) in [("nat-to", nat), ("rdr-to", rdr)] {
+        let names = match xlate {
+            Some(x) => [x.kind.word(); 2],
+            None => ["nat-to", "rdr-to"],
+        };
+        for (what, pool) in names.into_iter().zip([nat, rdr]) {
             let Some(pool) = pool else { continue };
             if pool.sticky {
                 refuse(&format!("{what} ... sticky-address"));
@@ -276,6 +294,15 @@ mod tests {
         ("match in on lo rdr-to 192.0.2.1", Yes("rdr_to_forwards_to_the_inside_server_and_answers_from_the_public_address")),
         ("match on lo from 10.0.0.1 to any binat-to 192.0.2.1", Yes("binat_to_compiles_to_a_static_nat_out_and_a_rdr_in")),
         ("pass out on lo nat-to 192.0.2.1 sticky-address", No("nat-to ... sticky-address")),
+        ("nat on lo from 10/8 to any -> 192.0.2.1", Yes("freebsd_nat_rdr_binat_translate_before_the_filter_rules")),
+        ("no nat on lo from 10.0.0.9 to any", Yes("freebsd_nat_rdr_binat_translate_before_the_filter_rules")),
+        ("nat pass on lo from 10/8 to any -> 192.0.2.1", Yes("freebsd_nat_rdr_binat_translate_before_the_filter_rules")),
+        ("rdr on lo proto tcp to 192.0.2.1 port 80 -> 10.0.0.5 port 8080", Yes("freebsd_nat_rdr_binat_translate_before_the_filter_rules")),
+        ("binat on lo from 10.0.0.7 to any -> 192.0.2.7", Yes("freebsd_nat_rdr_binat_translate_before_the_filter_rules")),
+        ("nat-anchor \"natrules/*\"", Yes("freebsd_nat_rdr_binat_translate_before_the_filter_rules")),
+        ("nat on lo from 10/8 to any -> 192.0.2.1\npass out nat-to 192.0.2.2", No("nat-to/rdr-to/binat-to in a ruleset with nat/rdr/binat rules")),
+        ("rdr on lo proto tcp to port 80 -> 10.0.0.5\npass in proto tcp synproxy state", No("synproxy state in a ruleset with nat/rdr/binat rules")),
+        ("nat on lo from 10/8 to any -> 192.0.2.1 sticky-address", No("nat ... sticky-address")),
         ("pass out on lo nat-to 192.0.2.1 - 192.0.2.9", No("nat-to an address range")),
         ("pass in on lo proto tcp rdr-to 192.0.2.1 synproxy state", No("synproxy state with rdr-to")),
         ("match in scrub (max-mss 1400, no-df, random-id, min-ttl 9, set-tos 0x10)", Yes("scrub_rewrites_as_pf_scrub_does")),

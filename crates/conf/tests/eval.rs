@@ -945,3 +945,92 @@ fn nat_pools_round_robin_over_a_table_and_follow_its_changes() {
     assert_eq!(r2.pools[0].nets.len(), 1);
     assert_eq!(r2.pools[0].nets[0].addr, Addr::v4([192, 0, 2, 9]));
 }
+
+/// FreeBSD's dialect: translation rules first (first match, `no nat` stops), the filter rules
+/// then see the translated packet; `nat pass` skips them.
+#[test]
+fn freebsd_nat_rdr_binat_translate_before_the_filter_rules() {
+    let r = rs("nat-anchor \"natearly/*\"
+no nat on em1 from 10.0.0.9 to any
+nat on em1 from 10.0.0.0/24 to any -> 192.0.2.1
+nat pass on em1 from 10.0.1.0/24 to any -> 192.0.2.2
+rdr on em1 proto udp from any to 192.0.2.1 port 53 -> 10.0.0.53 port 5353
+binat on em1 from 10.0.0.7 to any -> 192.0.2.7
+block all
+pass out on em1 from 192.0.2.0/24 to any
+pass in on em1 proto udp from any to 10.0.0.53 port 5353
+pass in on em1 from any to 10.0.0.7
+");
+    let mut w = worker(r);
+    let mut go = |f: Vec<u8>, dir: Dir, now: u32| {
+        let mut v = [Verdict::Pass];
+        w.process(&[&f[..]], 2, dir, now, &mut v);
+        (v[0], (w.translated & 1 != 0).then(|| w.rewrites[0]))
+    };
+    // Out through nat: the filter passes it for its translated source.
+    let (v, rw) = go(udp([10, 0, 0, 5], [198, 51, 100, 1], 4000, 53), Dir::Out, 1);
+    assert_eq!(v, Verdict::Pass);
+    let rw = rw.expect("translated");
+    assert_eq!(rw.addr[0], Addr::v4([192, 0, 2, 1]));
+    assert!((50001..=65535).contains(&rw.port[0]), "{}", rw.port[0]);
+    // `no nat` ends the search: untranslated, the filter blocks it.
+    let (v, rw) = go(udp([10, 0, 0, 9], [198, 51, 100, 1], 4000, 53), Dir::Out, 1);
+    assert_eq!((v, rw), (Verdict::Drop(xpf_wire::Reason::Match), None));
+    // binat comes before nat going out: 10.0.0.7 is 192.0.2.7, its port kept.
+    let (v, rw) = go(udp([10, 0, 0, 7], [198, 51, 100, 1], 4000, 53), Dir::Out, 1);
+    assert_eq!(v, Verdict::Pass);
+    assert_eq!(rw.map(|r| (r.addr[0], r.port[0])), Some((Addr::v4([192, 0, 2, 7]), 4000)));
+    // `nat pass`: no filter rule passes 192.0.2.2, the translation rule does.
+    let (v, rw) = go(udp([10, 0, 1, 5], [198, 51, 100, 1], 4000, 53), Dir::Out, 1);
+    assert_eq!(v, Verdict::Pass);
+    assert_eq!(rw.map(|r| r.addr[0]), Some(Addr::v4([192, 0, 2, 2])));
+    // In through rdr: the filter passes it for its translated destination and port.
+    let (v, rw) = go(udp([198, 51, 100, 9], [192, 0, 2, 1], 3333, 53), Dir::In, 1);
+    assert_eq!(v, Verdict::Pass);
+    assert_eq!(rw.map(|r| (r.addr[1], r.port[1])), Some((Addr::v4([10, 0, 0, 53]), 5353)));
+    // Another port of the public address: no rdr, blocked.
+    let (v, _) = go(udp([198, 51, 100, 9], [192, 0, 2, 1], 3333, 54), Dir::In, 1);
+    assert_eq!(v, Verdict::Drop(xpf_wire::Reason::Match));
+    // In to the binat address: back to the inside host.
+    let (v, rw) = go(udp([198, 51, 100, 9], [192, 0, 2, 7], 3333, 7000), Dir::In, 1);
+    assert_eq!(v, Verdict::Pass);
+    assert_eq!(rw.map(|r| (r.addr[1], r.port[1])), Some((Addr::v4([10, 0, 0, 7]), 7000)));
+}
+
+#[test]
+fn freebsd_translation_rules_print_as_pfctl_prints_them() {
+    let src = "nat-anchor \"natearly/*\"
+no nat on em1 inet from 10.0.0.9 to any
+nat pass log on em1 inet proto udp from 10.0.1.0/24 to any -> 192.0.2.2 port 1024:65535
+rdr on em1 inet proto tcp from any to 192.0.2.1 port 80 -> 10.0.0.5 port 8080
+binat on em1 from 10.0.0.7 to any -> 192.0.2.7
+pass in all
+";
+    let p = parse(src, "test", &[]);
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    let got = xpf_conf::print::parsed(&p);
+    assert_eq!(
+        got,
+        "nat-anchor \"natearly/*\" all
+no nat on em1 inet from 10.0.0.9 to any
+nat pass log on em1 inet proto udp from 10.0.1.0/24 to any -> 192.0.2.2 port 1024:65535
+rdr on em1 inet proto tcp from any to 192.0.2.1 port = 80 -> 10.0.0.5 port 8080
+binat on em1 inet from 10.0.0.7 to any -> 192.0.2.7
+pass in all flags S/SA
+"
+    );
+    // What it prints loads back the same.
+    assert_eq!(xpf_conf::print::parsed(&parse(&got, "test", &[])), got);
+    for (bad, msg) in [
+        ("no nat pass on em1 from any to any", "\"pass\" not valid with \"no\""),
+        ("nat on em1 from any to any", "translation rule requires '-> address'"),
+        ("no rdr on em1 from any to any -> 10.0.0.1", "translation rule with 'no' does not need '->'"),
+        (
+            "nat on em1 from any to any -> 192.0.2.1 endpoint-independent",
+            "xpf does not support 'endpoint-independent' yet",
+        ),
+    ] {
+        let p = parse(bad, "test", &[]);
+        assert!(p.errors.iter().any(|e| e.msg == msg && e.line == 1), "{bad}: {:?}", p.errors);
+    }
+}

@@ -1507,42 +1507,60 @@ fn slot<'b>(rw: &'b mut RwSlot<'_>) -> RwSlot<'b> {
     rw.as_mut().map(|(r, m, i)| (&mut **r, &mut **m, *i))
 }
 
-/// The translation decision `d` gives a new flow of `pd` going `dir` (pf_get_transaddr): the
-/// translated packet's key (interface `kif`), the rewrite to it, and the allocated source
-/// port to give back if the state is not made. Err(`translate`) when the pool has no address
-/// of the family or no port is left (counted in [`nat::Counters`]).
+/// The addresses a new flow of `pd` is translated to by pools `nat` and `rdr` (index + 1, 0
+/// for none; pf_get_transaddr), and a `rdr-to`'s port: the packet as the rules after a
+/// translation see it. The source port is [`translate_port`]'s. Err(`translate`) when the
+/// pool has no address of the family (counted in [`nat::Counters`]).
+fn translate_addrs<P: Policy>(
+    p: &P,
+    nat: &mut nat::Nat,
+    rng: &mut ChaCha20Rng,
+    pd: &PDesc,
+    nat_pool: u32,
+    rdr_pool: u32,
+) -> Result<PDesc, Reason> {
+    let mut n = *pd;
+    let icmp = matches!(pd.proto, xpf_wire::pdesc::IPPROTO_ICMP | xpf_wire::pdesc::IPPROTO_ICMPV6);
+    if rdr_pool != 0 {
+        let pool = p.pool(rdr_pool).ok_or(Reason::Translate)?;
+        n.dst = pool.pick(pd.af, &pd.src, &pd.dst, rng, nat.cursor(rdr_pool as usize)).ok_or_else(|| {
+            nat.counters.no_address += 1;
+            Reason::Translate
+        })?;
+        if nat::has_port(pd) && !icmp {
+            n.dport = pool.rdr_port(pd.dport);
+        }
+    }
+    if nat_pool != 0 {
+        let pool = p.pool(nat_pool).ok_or(Reason::Translate)?;
+        n.src = pool.pick(pd.af, &pd.src, &pd.src, rng, nat.cursor(nat_pool as usize)).ok_or_else(|| {
+            nat.counters.no_address += 1;
+            Reason::Translate
+        })?;
+    }
+    Ok(n)
+}
+
+/// The source port for `n` (a new flow of `pd` with its addresses translated by
+/// [`translate_addrs`]) from `nat_pool`'s range: the translated packet's key (interface
+/// `kif`), the rewrite to it, and the allocated source port to give back if the state is not
+/// made. Err(`translate`) when no port is left (counted).
 #[allow(clippy::too_many_arguments)]
-fn translate<K: Key, P: Policy>(
+fn translate_port<K: Key, P: Policy>(
     t: &StateTable<K>,
     p: &P,
     nat: &mut nat::Nat,
     rng: &mut ChaCha20Rng,
     pd: &PDesc,
-    d: &Decision,
+    mut n: PDesc,
+    nat_pool: u32,
     dir: Dir,
     kif: u16,
     now: u32,
 ) -> Result<Translation<K>, Reason> {
-    let mut n = *pd;
-    let ports = nat::has_port(pd);
     let icmp = matches!(pd.proto, xpf_wire::pdesc::IPPROTO_ICMP | xpf_wire::pdesc::IPPROTO_ICMPV6);
     let mut held = None;
-    if d.rdr != 0 {
-        let pool = p.pool(d.rdr).ok_or(Reason::Translate)?;
-        n.dst = pool.pick(pd.af, &pd.src, &pd.dst, rng, nat.cursor(d.rdr as usize)).ok_or_else(|| {
-            nat.counters.no_address += 1;
-            Reason::Translate
-        })?;
-        if ports && !icmp {
-            n.dport = pool.rdr_port(pd.dport);
-        }
-    }
-    if d.nat != 0 {
-        let pool = p.pool(d.nat).ok_or(Reason::Translate)?;
-        n.src = pool.pick(pd.af, &pd.src, &pd.src, rng, nat.cursor(d.nat as usize)).ok_or_else(|| {
-            nat.counters.no_address += 1;
-            Reason::Translate
-        })?;
+    if let Some(pool) = (nat_pool != 0).then(|| p.pool(nat_pool)).flatten() {
         let with_port = |n: &PDesc, port: u16| {
             let mut q = *n;
             q.sport = port;
@@ -1552,7 +1570,7 @@ fn translate<K: Key, P: Policy>(
             K::from_pdesc(&q, dir, kif)
         };
         let unused = |k: K| t.find(&k, t.hash(&k)).is_none();
-        if ports && !pool.static_port && pool.ports != (0, 0) {
+        if nat::has_port(pd) && !pool.static_port && pool.ports != (0, 0) {
             let port = if pool.ports.0 == pool.ports.1 {
                 Some(pool.ports.0).filter(|&q| unused(with_port(&n, q)))
             } else {
@@ -1620,7 +1638,25 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     };
     let rnd = if p.wants_random() { rand_core::Rng::next_u32(&mut c.aux.rng) } else { 0 };
     let at = Context { ifidx: c.ifidx, dir: c.dir, rcvif: c.rcvif, tag: *c.tag, rnd, now: c.now };
-    let d = p.evaluate_in(pd, &at);
+    // FreeBSD's translation rules come first; the filter rules then see the packet with its
+    // translated addresses (and a rdr's port), or not at all after a `pass` one.
+    let mut pre = None;
+    let d = match p.translation(pd, &at) {
+        None => p.evaluate_in(pd, &at),
+        Some(x) => {
+            let n = match translate_addrs(p, c.nat, &mut c.aux.rng, pd, x.nat, x.rdr) {
+                Ok(n) => n,
+                Err(why) => return Verdict::Drop(why),
+            };
+            pre = Some(n);
+            let d = if x.pass {
+                Decision { rule: x.rule, tag: x.tag, pickup: true, ..Decision::PASS }
+            } else {
+                p.evaluate_in(&n, &Context { tag: x.tag, ..at })
+            };
+            Decision { keep_state: d.action == Action::Pass, nat: x.nat, rdr: x.rdr, ..d }
+        }
+    };
     if c.local && (d.action == Action::Block || d.rdr == 0) {
         // The host's, not a translation's: the host path filters it.
         return Verdict::Host;
@@ -1641,8 +1677,15 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     *c.rule_passes += 1;
     note_scrub(c.scrub, d.scrub);
     if !d.keep_state || !proto::may_create(pd, d.pickup) {
-        // pf: a proven cookie makes a state or nothing (the rule keeps no state).
-        return if cookie_mss.is_some() { Verdict::Drop(Reason::Synproxy) } else { Verdict::Pass };
+        // pf: a proven cookie makes a state or nothing (the rule keeps no state). A translated
+        // packet without a state would leave untranslated: it does not leave.
+        return if cookie_mss.is_some() {
+            Verdict::Drop(Reason::Synproxy)
+        } else if d.nat != 0 || d.rdr != 0 {
+            Verdict::Drop(Reason::Translate)
+        } else {
+            Verdict::Pass
+        };
     }
     if c.dir == Dir::In
         && cookie_mss.is_none()
@@ -1684,7 +1727,11 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         if c.rw.is_none() {
             return Verdict::Drop(Reason::Translate);
         }
-        match translate(t, p, c.nat, &mut c.aux.rng, pd, &d, c.dir, key.kif(), c.now) {
+        let n = match pre {
+            Some(n) => Ok(n),
+            None => translate_addrs(p, c.nat, &mut c.aux.rng, pd, d.nat, d.rdr),
+        };
+        match n.and_then(|n| translate_port(t, p, c.nat, &mut c.aux.rng, pd, n, d.nat, c.dir, key.kif(), c.now)) {
             Ok((k, rw, port)) if k != key => {
                 if c.dir == Dir::Out {
                     (wire, wire_h, stack) = (k, t.hash(&k), Some(key));

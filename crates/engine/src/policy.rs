@@ -127,6 +127,18 @@ impl Context {
     }
 }
 
+/// A translation rule's answer for a new flow (FreeBSD's `nat`, `rdr`, `binat`, which come
+/// before the filter rules): the pools to translate with, whether the translated packet skips
+/// the filter rules (`pass`), the rule's number and the packet's tag after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Xlate {
+    pub nat: u32,
+    pub rdr: u32,
+    pub pass: bool,
+    pub rule: u32,
+    pub tag: u16,
+}
+
 pub trait Policy {
     fn evaluate(&self, pd: &PDesc, ifidx: u16, dir: Dir) -> Decision;
     /// [`Policy::evaluate`] with the packet's [`Context`]. A policy without tags keeps the
@@ -146,6 +158,11 @@ pub trait Policy {
     }
     /// Translation pool `i` (a [`Decision`]'s `nat` or `rdr`).
     fn pool(&self, _i: u32) -> Option<&crate::nat::Pool> {
+        None
+    }
+    /// The translation rules' answer for a new flow, before the filter rules see it (which
+    /// then see it translated); None when none matches or a `no` rule does.
+    fn translation(&self, _pd: &PDesc, _at: &Context) -> Option<Xlate> {
         None
     }
     /// The limits a decision names (`Decision::limits` != 0).

@@ -957,3 +957,17 @@ fn rdr_to_forwards_to_the_inside_server_and_answers_from_the_public_address() {
     let direct = udp4([198, 51, 100, 7], [10, 0, 0, 53], 33333, 5353);
     assert_eq!(run(&mut w, &[direct], Dir::In, 3), vec![Verdict::Drop(Reason::StateMismatch)]);
 }
+
+#[test]
+fn a_translated_packet_that_makes_no_state_is_dropped_not_sent_untranslated() {
+    let mut w = natting(50001, 50010);
+    // A mid-stream ACK may not start a state under this rule: it must not leave with the
+    // inside address.
+    let ack = tcp4([10, 0, 1, 2], [198, 51, 100, 1], 40000, 80, tcp::ACK);
+    assert_eq!(run(&mut w, &[ack], Dir::Out, 1), vec![Verdict::Drop(Reason::Translate)]);
+    assert_eq!(w.translated, 0);
+    assert_eq!(w.states(), 0);
+    let syn = tcp4([10, 0, 1, 2], [198, 51, 100, 1], 40000, 80, tcp::SYN);
+    assert_eq!(run(&mut w, &[syn], Dir::Out, 1), vec![Verdict::Pass]);
+    assert_eq!(w.translated, 1);
+}

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 const SOCKET: &str = "/run/xpfd.sock";
 
 const USAGE: &str = "usage: xpfctl [-nv] [-D macro=value] [-o level] -f FILE\n       \
-                     xpfctl [-s info|states|memory|rules|timeouts|Tables|all] [-k host] [-F what] [-t table -T cmd]";
+                     xpfctl [-s info|states|memory|rules|nat|timeouts|Tables|all] [-k host] [-F what] [-t table -T cmd]";
 
 #[derive(Debug, Default)]
 struct Opts {
@@ -375,7 +375,7 @@ fn daemon(o: &Opts) -> ExitCode {
     }
     if let Some(what) = &o.show {
         // pfctl accepts any unambiguous prefix: -s i, -s st, -s r ...
-        let names = ["info", "states", "memory", "rules", "timeouts", "Tables", "all"];
+        let names = ["info", "states", "memory", "rules", "nat", "timeouts", "Tables", "all"];
         let full: Vec<&&str> = names.iter().filter(|n| n.starts_with(what.as_str())).collect();
         let full = if names.contains(&what.as_str()) {
             vec![names.iter().find(|n| **n == what.as_str()).unwrap()]
@@ -383,7 +383,7 @@ fn daemon(o: &Opts) -> ExitCode {
             full
         };
         if full.len() != 1 {
-            eprintln!("xpfctl: -s {what}: one of info, states, memory, rules, timeouts, Tables, all");
+            eprintln!("xpfctl: -s {what}: one of info, states, memory, rules, nat, timeouts, Tables, all");
             return ExitCode::from(2);
         }
         rc = request(o, json!({"op": "show", "what": full[0], "verbose": o.verbose}));

@@ -101,7 +101,7 @@ impl Loaded {
 /// (replies to the host's own addresses stay with the kernel). Names the first such rule.
 pub fn translation_fits(l: &Loaded, workers: usize, steers: &[(String, Steer)]) -> Result<(), String> {
     use xpf_conf::ast::HostKind;
-    for r in l.parsed.rules.iter().filter(|r| r.nat.is_some() || r.rdr.is_some()) {
+    for r in l.parsed.rules.iter().chain(&l.parsed.xrules).filter(|r| r.nat.is_some() || r.rdr.is_some()) {
         let why = if steers.is_empty() {
             "translation (nat-to, rdr-to, binat-to) needs XDP (--io xdp); packet mode cannot take replies to this host's addresses"
         } else if workers > 1 && r.nat.as_ref().is_some_and(|p| p.static_port || p.port.is_some_and(|(a, b)| a == b)) {
@@ -242,15 +242,18 @@ pub fn state_text(r: &StateRow, verbose: u8) -> String {
     if verbose > 0 {
         let _ = write!(
             s,
-            "\n   age {}, expires in {}, {}:{} pkts, {}:{} bytes, rule {}",
+            "\n   age {}, expires in {}, {}:{} pkts, {}:{} bytes",
             hms(r.age),
             hms(r.expires_in),
             r.packets[0],
             r.packets[1],
             r.bytes[0],
             r.bytes[1],
-            r.rule
         );
+        // pfctl leaves out the rule of a state that has none (a `nat pass` one's).
+        if r.rule != u32::MAX {
+            let _ = write!(s, ", rule {}", r.rule);
+        }
     }
     s
 }
@@ -768,6 +771,26 @@ impl Daemon {
                 }
                 Ok((text, Value::Object(data)))
             }
+            "nat" => {
+                // FreeBSD's `pfctl -s nat`: the translation rules, each with its evaluations.
+                let (_, cur) = self.slot.current();
+                let mut text = String::new();
+                let mut data = Vec::new();
+                for (i, r) in self.loaded.parsed.xrules.iter().enumerate() {
+                    let line = xpf_conf::print::rule(r);
+                    let evals = cur.xlate_evaluations(i);
+                    if verbose > 1 {
+                        let _ = writeln!(text, "@{i} {line}");
+                    } else {
+                        let _ = writeln!(text, "{line}");
+                    }
+                    if verbose > 0 {
+                        let _ = writeln!(text, "  [ Evaluations: {evals:<8} ]");
+                    }
+                    data.push(json!({"nr": i, "rule": line, "evaluations": evals}));
+                }
+                Ok((text, json!(data)))
+            }
             "rules" => {
                 let (_, cur) = self.slot.current();
                 let rows = if verbose > 0 { self.states()? } else { Vec::new() };
@@ -823,6 +846,7 @@ impl Daemon {
                 let mut text = String::new();
                 let mut data = serde_json::Map::new();
                 for (title, w) in [
+                    ("TRANSLATION RULES", "nat"),
                     ("RULES", "rules"),
                     ("STATES", "states"),
                     ("INFO", "info"),
@@ -836,7 +860,7 @@ impl Daemon {
                 }
                 Ok((text, Value::Object(data)))
             }
-            _ => Err(format!("-s {what}: info, states, memory, rules, timeouts, Tables or all")),
+            _ => Err(format!("-s {what}: info, states, memory, rules, nat, timeouts, Tables or all")),
         }
     }
 }

@@ -39,6 +39,10 @@ impl Policy for Live {
         self.rules.pool(i)
     }
 
+    fn translation(&self, pd: &PDesc, at: &Context) -> Option<xpf_engine::policy::Xlate> {
+        self.rules.translation(pd, at)
+    }
+
     fn limits(&self, i: u32) -> Option<&xpf_state::RuleLimits> {
         self.rules.limits(i)
     }

@@ -57,6 +57,9 @@ fn to_errors(file: &str, line: u32, msg: &str) -> Vec<ConfError> {
 #[derive(Debug, Default, Clone)]
 pub struct Parsed {
     pub rules: Vec<Rule>,
+    /// FreeBSD-dialect translation rules (`nat`, `rdr`, `binat`), in their own ruleset as pf
+    /// keeps them: evaluated before `rules`, numbered apart.
+    pub xrules: Vec<Rule>,
     pub errors: Vec<ConfError>,
     pub macros: HashMap<String, String>,
     pub block_return: bool,
@@ -243,7 +246,8 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
 /// current one (the including file's directory; pfctl itself uses only the current one).
 pub fn parse_in(src: &str, file: &str, defines: &[(String, String)], base: Option<&std::path::Path>) -> Parsed {
     let mut out = Parsed::default();
-    let mut st = ParseState { fixed: defines.iter().map(|d| d.0.clone()).collect(), nr: 0, depth: 0, includes: 0 };
+    let mut st =
+        ParseState { fixed: defines.iter().map(|d| d.0.clone()).collect(), nr: 0, xnr: 0, depth: 0, includes: 0 };
     for (k, v) in defines {
         out.macros.insert(k.clone(), v.clone());
     }
@@ -258,6 +262,8 @@ struct ParseState {
     fixed: Vec<String>,
     /// Rules so far (`$nr`).
     nr: u32,
+    /// The same for translation rules.
+    xnr: u32,
     /// Inline anchor depth.
     depth: u8,
     /// Include nesting, bounded.
@@ -335,6 +341,9 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
         let res = match p.word() {
             Some("pass") | Some("block") | Some("match") | Some("anchor") => rule(&mut p, last_line, out.block_return),
             Some("antispoof") => antispoof(&mut p, last_line),
+            Some("nat" | "rdr" | "binat" | "no" | "nat-anchor" | "rdr-anchor" | "binat-anchor") => {
+                xrule(&mut p, last_line)
+            }
             Some("include") => {
                 p.next();
                 st.nr = nr;
@@ -388,7 +397,9 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
             Ok(tmpls) => {
                 for t in tmpls {
                     let binat = t.binat.is_some();
-                    match expand(&t, &mut nr, out) {
+                    let xlate = t.r.xlate.is_some();
+                    let counter = if xlate { &mut st.xnr } else { &mut nr };
+                    match expand(&t, counter, out) {
                         Ok(rules) => {
                             // A combination whose translation pool has no address of its family
                             // is left out, as pfctl leaves it; if none is left, the rule fails.
@@ -407,8 +418,12 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
                                 None => {
                                     let f: std::sync::Arc<str> = file.into();
                                     for mut r in rules {
-                                        r.depth = depth;
                                         r.file = f.clone();
+                                        if xlate {
+                                            out.xrules.push(r);
+                                            continue;
+                                        }
+                                        r.depth = depth;
                                         let opens = r.opens;
                                         out.rules.push(r);
                                         if opens {
@@ -513,21 +528,7 @@ fn unsupported(what: &str) -> String {
 }
 
 /// Statements of pf.conf (OpenBSD's and the older FreeBSD dialect's) that xpf does not read yet.
-const UNSUPPORTED_STATEMENTS: &[&str] = &[
-    "load",
-    "nat",
-    "rdr",
-    "binat",
-    "no",
-    "scrub",
-    "altq",
-    "nat-anchor",
-    "rdr-anchor",
-    "binat-anchor",
-    "scrub-anchor",
-    "dummynet-anchor",
-    "ether",
-];
+const UNSUPPORTED_STATEMENTS: &[&str] = &["load", "scrub", "altq", "scrub-anchor", "dummynet-anchor", "ether"];
 
 /// Rule options pfctl knows that xpf does not implement yet.
 const UNSUPPORTED_OPTIONS: &[&str] = &["os", "prio", "queue", "fragment", "no-df", "rdomain", "pflow", "delay"];

@@ -44,58 +44,13 @@ pub(super) fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>>
     // `log` and `quick` come in either order.
     for _ in 0..2 {
         if p.eat("log") {
-            let mut l = Log::default();
-            if p.eat_punct("(") {
-                loop {
-                    match p.string()?.as_str() {
-                        "all" => l.all = true,
-                        "matches" => l.matches = true,
-                        "user" => l.user = true,
-                        "to" => l.to = Some(p.string()?),
-                        _ => return Err("syntax error".into()),
-                    }
-                    if p.eat_punct(")") {
-                        break;
-                    }
-                    p.expect_punct(",")?;
-                }
-            }
-            t.r.log = Some(l);
+            t.r.log = Some(log_opts(p)?);
         }
         if p.eat("quick") {
             t.r.quick = true;
         }
     }
-    if p.eat("on") {
-        t.ifs = p.list(|p| {
-            let neg = p.eat_punct("!");
-            // An empty name (`on ""`) names no interface and prints as `on all`.
-            match p.string()? {
-                n if !crate::lex::is_word(&n) => Err("syntax error".into()),
-                name => Ok(Iface { neg, name }),
-            }
-        })?;
-    }
-    if p.eat("inet") {
-        t.r.af = Af::Inet;
-    } else if p.eat("inet6") {
-        t.r.af = Af::Inet6;
-    }
-    if p.eat("proto") {
-        t.protos = p.list(|p| {
-            let s = p.string()?;
-            names::proto_number(&s).ok_or_else(|| format!("unknown protocol {s}"))
-        })?;
-    }
-    if p.eat("all") {
-    } else {
-        if p.eat("from") {
-            hostport(p, &mut t.src, &mut t.src_ports)?;
-        }
-        if p.eat("to") {
-            hostport(p, &mut t.dst, &mut t.dst_ports)?;
-        }
-    }
+    on_af_proto_fromto(p, &mut t)?;
     filter_opts(p, &mut t)?;
     if t.ifs.is_empty() {
         if let Some(sc) = p.scope.take() {
@@ -161,6 +116,146 @@ pub(super) fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>>
         inb.r.rdr =
             Some(Pool { host: orig, port: None, kind: PoolKind::None, sticky: false, static_port: false, list: None });
         return Ok(vec![out, inb]);
+    }
+    Ok(vec![t])
+}
+
+/// `log`'s options after the word: `(all, matches, user, to IF)`.
+fn log_opts(p: &mut P) -> R<Log> {
+    let mut l = Log::default();
+    if p.eat_punct("(") {
+        loop {
+            match p.string()?.as_str() {
+                "all" => l.all = true,
+                "matches" => l.matches = true,
+                "user" => l.user = true,
+                "to" => l.to = Some(p.string()?),
+                _ => return Err("syntax error".into()),
+            }
+            if p.eat_punct(")") {
+                break;
+            }
+            p.expect_punct(",")?;
+        }
+    }
+    Ok(l)
+}
+
+/// A rule's `on IF`, `inet`/`inet6`, `proto` and `from ... to ...` (or `all`), in that order.
+fn on_af_proto_fromto(p: &mut P, t: &mut Template) -> R<()> {
+    if p.eat("on") {
+        t.ifs = p.list(|p| {
+            let neg = p.eat_punct("!");
+            // An empty name (`on ""`) names no interface and prints as `on all`.
+            match p.string()? {
+                n if !crate::lex::is_word(&n) => Err("syntax error".into()),
+                name => Ok(Iface { neg, name }),
+            }
+        })?;
+    }
+    if p.eat("inet") {
+        t.r.af = Af::Inet;
+    } else if p.eat("inet6") {
+        t.r.af = Af::Inet6;
+    }
+    if p.eat("proto") {
+        t.protos = p.list(|p| {
+            let s = p.string()?;
+            names::proto_number(&s).ok_or_else(|| format!("unknown protocol {s}"))
+        })?;
+    }
+    if !p.eat("all") {
+        if p.eat("from") {
+            hostport(p, &mut t.src, &mut t.src_ports)?;
+        }
+        if p.eat("to") {
+            hostport(p, &mut t.dst, &mut t.dst_ports)?;
+        }
+    }
+    Ok(())
+}
+
+/// FreeBSD's translation rules: `[no] nat|rdr|binat [pass [log [(...)]]] [on IF] [af]
+/// [proto P] [from ... to ... | all] [tag T] [[!] tagged T] -> POOL [port P[:Q|:*]] [pool
+/// options]` (`no` without the arrow), and `nat-anchor|rdr-anchor|binat-anchor "name"` with
+/// the same match (a named anchor, empty until loaded).
+pub(super) fn xrule(p: &mut P, line: u32) -> R<Vec<Template>> {
+    let no = p.eat("no");
+    let word = p.string()?;
+    let (kind, anchor) = match word.as_str() {
+        "nat" => (XlateKind::Nat, false),
+        "rdr" => (XlateKind::Rdr, false),
+        "binat" => (XlateKind::Binat, false),
+        "nat-anchor" if !no => (XlateKind::Nat, true),
+        "rdr-anchor" if !no => (XlateKind::Rdr, true),
+        "binat-anchor" if !no => (XlateKind::Binat, true),
+        _ => return Err("syntax error".into()),
+    };
+    let mut r = rule_shell(Action::Pass, line);
+    r.state = StateKind::No;
+    let mut pass = false;
+    if anchor {
+        r.anchor = Some(p.name()?);
+    } else if p.eat("pass") {
+        if no {
+            return Err("\"pass\" not valid with \"no\"".into());
+        }
+        pass = true;
+        if p.eat("log") {
+            r.log = Some(log_opts(p)?);
+        }
+    }
+    r.xlate = Some(Xlate { kind, no, pass });
+    let mut t = Template::new(r);
+    on_af_proto_fromto(p, &mut t)?;
+    if kind == XlateKind::Binat && !anchor && t.src.is_empty() {
+        return Err("syntax error".into());
+    }
+    loop {
+        if p.eat("tag") {
+            t.r.tag = Some(p.name()?);
+        } else if p.eat("tagged") {
+            t.r.tagged = Some((false, p.name()?));
+        } else if p.eat_punct("!") {
+            if !p.eat("tagged") {
+                return Err("syntax error".into());
+            }
+            t.r.tagged = Some((true, p.name()?));
+        } else if p.eat("rtable") {
+            let v = p.string()?;
+            t.r.rtable = Some(v.parse().map_err(|_| format!("invalid rtable id {v}"))?);
+        } else {
+            break;
+        }
+    }
+    if anchor {
+        if p.punct("{") {
+            return Err(unsupported(&format!("{word} {{ ... }}")));
+        }
+    } else if p.eat_punct("->") {
+        if no {
+            return Err("translation rule with 'no' does not need '->'".into());
+        }
+        let pl = pool(p, kind == XlateKind::Nat)?;
+        match kind {
+            XlateKind::Nat => t.r.nat = Some(pl),
+            XlateKind::Rdr => t.r.rdr = Some(pl),
+            XlateKind::Binat => {
+                if pl.port.is_some() || pl.kind != PoolKind::None || pl.sticky {
+                    return Err("syntax error".into());
+                }
+                t.binat = Some(pl.clone());
+                t.r.binat = Some(pl);
+            }
+        }
+    } else if !no {
+        return Err("translation rule requires '-> address'".into());
+    }
+    if !p.done() {
+        return Err(match p.word() {
+            Some(w @ ("endpoint-independent" | "map-e-portset")) => unsupported(w),
+            _ => "syntax error".into(),
+        });
     }
     Ok(vec![t])
 }
@@ -272,6 +367,7 @@ pub(super) fn rule_shell(action: Action, line: u32) -> Rule {
         once: false,
         max_pkt_rate: None,
         anchor: None,
+        xlate: None,
         set_prio: None,
         set_queue: None,
         set_tos: None,
