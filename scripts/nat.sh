@@ -197,6 +197,35 @@ check "rdr pass: 10.0.2.51:8023 reaches the client's 7003, which no filter rule 
     bash -c "r=\$(peer server tcp 10.0.2.51 8023) && echo \"\$r\" && [[ \$r == '10.0.2.2 '* ]]"
 check "rdr without pass to the same 7003: the filter blocks it" refused peer server tcp 10.0.2.51 8024
 
+# Endpoint-independent mapping (RFC 4787 REQ-1): one UDP socket, two servers, one public
+# address and port; a socket the option does not cover gets a port per destination.
+cat > "$DIR/ei.conf" <<'CONF'
+block all
+pass in on fc
+pass out on fc
+pass out on fs
+nat on fs inet proto udp from 10.0.1.0/24 port 41000:41999 to any -> 10.0.2.50 port 1024:65535 endpoint-independent
+nat on fs inet from 10.0.1.0/24 to any -> 10.0.2.50 port 1024:65535
+CONF
+two_servers() {
+    c python3 - "$1" <<'PY'
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
+s.bind(("", int(sys.argv[1])))
+seen = []
+for dst in ("10.0.2.2", "10.0.2.3"):
+    s.sendto(b"?", (dst, 7000))
+    seen.append(s.recvfrom(100)[0].decode().strip())
+print(" / ".join(seen))
+sys.exit(0 if seen[0] == seen[1] else 1)
+PY
+}
+export -f two_servers
+check "-f a ruleset with endpoint-independent" $CTL -f "$DIR/ei.conf"
+check "endpoint-independent: both servers see one address and port for one socket" two_servers 41005
+check "without it, each server sees another port (the control)" refused two_servers 42005
+check "-s info counts the reused mapping" bash -c "$CTL -s info | grep -E 'endpoint-independent reuses +[1-9]'"
+
 # Refused where it cannot be kept.
 printf 'pass out on fs nat-to 10.0.2.1 sticky-address\n' > "$DIR/sticky.conf"
 check "a pool option xpf does not enforce is refused with FILE:LINE" \

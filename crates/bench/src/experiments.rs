@@ -639,6 +639,7 @@ fn bench_pool() -> xpf_engine::nat::Pool {
         ports: (50001, 65535),
         static_port: false,
         dst_base: 0,
+        endpoint_independent: false,
     }
 }
 

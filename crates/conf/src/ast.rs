@@ -232,6 +232,9 @@ pub struct Pool {
     pub kind: PoolKind,
     pub sticky: bool,
     pub static_port: bool,
+    /// FreeBSD's `endpoint-independent`: a UDP source keeps its translated address and port
+    /// towards every destination (RFC 4787 REQ-1).
+    pub endpoint_independent: bool,
     /// A list of targets, before it becomes an automatic table.
     pub list: Option<Vec<Host>>,
 }

@@ -509,6 +509,7 @@ fn xlate_halves_in_file_order(xrules: &[Rule]) -> Vec<(usize, Rule)> {
                     kind: PoolKind::None,
                     sticky: false,
                     static_port: false,
+                    endpoint_independent: false,
                     list: None,
                 });
                 b
@@ -755,7 +756,14 @@ fn add_pool(
         (true, Some((a, 0))) => (a, a.saturating_add(dhi - dlo)),
         (true, Some((a, b))) => (a, b),
     };
-    pools.push(EPool { nets, method, ports, static_port: pool.static_port, dst_base: dlo });
+    pools.push(EPool {
+        nets,
+        method,
+        ports,
+        static_port: pool.static_port,
+        dst_base: dlo,
+        endpoint_independent: pool.endpoint_independent && !rdr,
+    });
     Ok(pools.len() as u32)
 }
 

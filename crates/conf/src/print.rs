@@ -445,6 +445,9 @@ fn pool(s: &mut String, what: &str, p: &Pool, nat: bool) {
     if p.static_port {
         s.push_str(" static-port");
     }
+    if p.endpoint_independent {
+        s.push_str(" endpoint-independent");
+    }
 }
 
 /// The ruleset as `pfctl -nv` prints it: what parsing printed (macros, options), then the rules.

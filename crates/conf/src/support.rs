@@ -303,6 +303,8 @@ mod tests {
         ("nat on lo from 10/8 to any -> 192.0.2.1\npass out nat-to 192.0.2.2", No("nat-to/rdr-to/binat-to in a ruleset with nat/rdr/binat rules")),
         ("rdr on lo proto tcp to port 80 -> 10.0.0.5\npass in proto tcp synproxy state", No("synproxy state in a ruleset with nat/rdr/binat rules")),
         ("nat on lo from 10/8 to any -> 192.0.2.1 sticky-address", No("nat ... sticky-address")),
+        ("nat on lo proto udp from 10/8 to any -> 192.0.2.1 endpoint-independent", Yes("endpoint_independent_udp_keeps_a_sources_port_towards_every_destination")),
+        ("pass out on lo proto udp nat-to 192.0.2.1 endpoint-independent", Yes("endpoint_independent_udp_keeps_a_sources_port_towards_every_destination")),
         ("pass out on lo nat-to 192.0.2.1 - 192.0.2.9", No("nat-to an address range")),
         ("pass in on lo proto tcp rdr-to 192.0.2.1 synproxy state", No("synproxy state with rdr-to")),
         ("match in scrub (max-mss 1400, no-df, random-id, min-ttl 9, set-tos 0x10)", Yes("scrub_rewrites_as_pf_scrub_does")),

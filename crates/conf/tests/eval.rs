@@ -1025,10 +1025,7 @@ pass in all flags S/SA
         ("no nat pass on em1 from any to any", "\"pass\" not valid with \"no\""),
         ("nat on em1 from any to any", "translation rule requires '-> address'"),
         ("no rdr on em1 from any to any -> 10.0.0.1", "translation rule with 'no' does not need '->'"),
-        (
-            "nat on em1 from any to any -> 192.0.2.1 endpoint-independent",
-            "xpf does not support 'endpoint-independent' yet",
-        ),
+        ("nat on em1 from any to any -> 192.0.2.1 map-e-portset 6/8/0x34", "xpf does not support 'map-e-portset' yet"),
     ] {
         let p = parse(bad, "test", &[]);
         assert!(p.errors.iter().any(|e| e.msg == msg && e.line == 1), "{bad}: {:?}", p.errors);

@@ -27,7 +27,7 @@ pub struct Info {
 }
 
 /// Translation counters (`nat-to`, `rdr-to`, `binat-to`; crate::nat).
-pub const NAT_NAMES: [&str; 8] = [
+pub const NAT_NAMES: [&str; 9] = [
     "translated states",
     "source ports in use",
     "source ports in pools",
@@ -36,6 +36,7 @@ pub const NAT_NAMES: [&str; 8] = [
     "port collisions",
     "no port left",
     "no pool address",
+    "endpoint-independent reuses",
 ];
 
 /// Syncookie counters (pfctl -si's "synfloods detected", "syncookies sent", "syncookies
@@ -101,7 +102,7 @@ impl Info {
             nat: {
                 let c = &w.nat.counters;
                 let (used, all) = w.nat.ports_used();
-                [c.translated, used, all, c.shared, c.early, c.collisions, c.exhausted, c.no_address]
+                [c.translated, used, all, c.shared, c.early, c.collisions, c.exhausted, c.no_address, c.mapped]
             },
             fragments: w.frags.as_ref().map_or([0; FRAG_NAMES.len()], |f| {
                 let c = f.counters;

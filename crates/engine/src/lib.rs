@@ -1533,10 +1533,19 @@ fn translate_addrs<P: Policy>(
     }
     if nat_pool != 0 {
         let pool = p.pool(nat_pool).ok_or(Reason::Translate)?;
-        n.src = pool.pick(pd.af, &pd.src, &pd.src, rng, nat.cursor(nat_pool as usize)).ok_or_else(|| {
-            nat.counters.no_address += 1;
-            Reason::Translate
-        })?;
+        // `endpoint-independent`: a UDP source that has a mapping keeps its address (if the
+        // pool still has it).
+        let mapped = (pool.endpoint_independent && pd.proto == xpf_wire::pdesc::IPPROTO_UDP)
+            .then(|| nat.mapping(pd.src, pd.sport))
+            .flatten()
+            .filter(|(a, _)| pool.contains(pd.af, a));
+        n.src = match mapped {
+            Some((a, _)) => a,
+            None => pool.pick(pd.af, &pd.src, &pd.src, rng, nat.cursor(nat_pool as usize)).ok_or_else(|| {
+                nat.counters.no_address += 1;
+                Reason::Translate
+            })?,
+        };
     }
     Ok(n)
 }
@@ -1570,6 +1579,15 @@ fn translate_port<K: Key, P: Policy>(
             K::from_pdesc(&q, dir, kif)
         };
         let unused = |k: K| t.find(&k, t.hash(&k)).is_none();
+        let ei = pool.endpoint_independent && pd.proto == xpf_wire::pdesc::IPPROTO_UDP;
+        if ei && pool.ports.0 != pool.ports.1 && !pool.static_port {
+            if let Some(to) = nat.mapping(pd.src, pd.sport).filter(|to| to.0 == n.src) {
+                if unused(with_port(&n, to.1)) && nat.reuse_mapping((pd.src, pd.sport), to, pool.ports) {
+                    n.sport = to.1;
+                    return Ok((K::from_pdesc(&n, dir, kif), nat::of_packet(&n), Some(to)));
+                }
+            }
+        }
         if nat::has_port(pd) && !pool.static_port && pool.ports != (0, 0) {
             let port = if pool.ports.0 == pool.ports.1 {
                 Some(pool.ports.0).filter(|&q| unused(with_port(&n, q)))
@@ -1580,6 +1598,9 @@ fn translate_port<K: Key, P: Policy>(
             let port = port.ok_or(Reason::Translate)?;
             if pool.ports.0 != pool.ports.1 {
                 held = Some((n.src, port));
+                if ei {
+                    nat.map((pd.src, pd.sport), (n.src, port));
+                }
             }
             n.sport = port;
             if icmp {

@@ -67,6 +67,10 @@ pub struct Pool {
     /// nat-to `static-port`: the source port is kept.
     pub static_port: bool,
     pub dst_base: u16,
+    /// `endpoint-independent`: a UDP source (address and port) keeps the translated address
+    /// and port it was given towards every destination while it has a state (RFC 4787
+    /// REQ-1); filtering stays endpoint-dependent (a new endpoint's packets need a state).
+    pub endpoint_independent: bool,
 }
 
 fn width(af: u8) -> u32 {
@@ -176,6 +180,12 @@ impl Pool {
         })
     }
 
+    /// Whether `a` (family `af`) is one of the pool's addresses.
+    pub fn contains(&self, af: u8, a: &Addr) -> bool {
+        let v = to_int(a, af);
+        self.nets.iter().any(|n| n.af == af && (to_int(&n.addr, af) ^ v) & !host_mask(af, n.len) == 0)
+    }
+
     /// rdr-to: the destination port for a packet to `dport`.
     pub fn rdr_port(&self, dport: u16) -> u16 {
         match self.ports {
@@ -271,6 +281,10 @@ pub struct Nat {
     cursors: Vec<u64>,
     /// By (address, protocol class): the allocators of the ranges drawn from it.
     ports: HashMap<(Addr, u8), Vec<Ports>>,
+    /// `endpoint-independent` UDP: an inside source (address, port) to the address and port
+    /// it was given, and back (to forget it when its port's last flow ends).
+    mappings: HashMap<(Addr, u16), (Addr, u16)>,
+    mapped: HashMap<(Addr, u16), (Addr, u16)>,
     pub counters: Counters,
 }
 
@@ -289,6 +303,9 @@ pub struct Counters {
     pub exhausted: u64,
     /// New flows refused: the pool had no address of their family.
     pub no_address: u64,
+    /// New UDP flows given the address and port their source already had (`endpoint-
+    /// independent`).
+    pub mapped: u64,
 }
 
 /// The protocol class a port belongs to (ICMP and ICMPv6 identifiers share one space per
@@ -404,8 +421,56 @@ impl Nat {
             if *u == 0 {
                 p.users.remove(&port);
                 p.free.push_back((port, now.saturating_add(HOLD)));
+                if proto == IPPROTO_UDP && !self.mapped.is_empty() {
+                    if let Some(inside) = self.mapped.remove(&(addr, port)) {
+                        self.mappings.remove(&inside);
+                    }
+                }
             }
             return;
+        }
+    }
+
+    /// The address and port inside source `(src, sport)` was given by an
+    /// `endpoint-independent` pool, while it has a flow.
+    pub fn mapping(&self, src: Addr, sport: u16) -> Option<(Addr, u16)> {
+        if self.mappings.is_empty() {
+            return None;
+        }
+        self.mappings.get(&(src, sport)).copied()
+    }
+
+    /// Another UDP flow of `src:sport` on the port it was mapped to (`to`, of range `range`):
+    /// false when the port is no longer in use (the mapping then goes).
+    pub fn reuse_mapping(&mut self, (src, sport): (Addr, u16), to: (Addr, u16), range: (u16, u16)) -> bool {
+        let users = self
+            .ports
+            .get_mut(&(to.0, IPPROTO_UDP))
+            .and_then(|all| all.iter_mut().find(|p| p.range == range))
+            .and_then(|p| p.users.get_mut(&to.1));
+        match users {
+            Some(u) if *u < u16::MAX => {
+                *u += 1;
+                self.counters.mapped += 1;
+                true
+            }
+            _ => {
+                self.mappings.remove(&(src, sport));
+                self.mapped.remove(&to);
+                false
+            }
+        }
+    }
+
+    /// Remembers that UDP source `src:sport` was given `to` (`endpoint-independent`). A port
+    /// maps one source: one shared with another source's flow (none was free) is not
+    /// remembered, so that every mapping goes when its port's last flow does.
+    pub fn map(&mut self, inside: (Addr, u16), to: (Addr, u16)) {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.mapped.entry(to) {
+            e.insert(inside);
+            if let Some(old) = self.mappings.insert(inside, to) {
+                self.mapped.remove(&old);
+            }
         }
     }
 
@@ -526,7 +591,14 @@ mod tests {
         let mut c = 0u64;
         let net = |a: [u8; 4], len| Net { addr: Addr::v4(a), af: AF_INET, len };
         let src = Addr::v4([10, 0, 0, 77]);
-        let pool = |nets: Vec<Net>, method| Pool { nets, method, ports: (0, 0), static_port: false, dst_base: 0 };
+        let pool = |nets: Vec<Net>, method| Pool {
+            nets,
+            method,
+            ports: (0, 0),
+            static_port: false,
+            dst_base: 0,
+            endpoint_independent: false,
+        };
         let p = pool(vec![net([192, 0, 2, 0], 24)], Method::Bitmask);
         assert_eq!(p.pick(AF_INET, &src, &src, &mut r, &mut c), Some(Addr::v4([192, 0, 2, 77])));
         let p = pool(vec![net([192, 0, 2, 1], 32), net([192, 0, 2, 9], 32)], Method::RoundRobin);

@@ -852,8 +852,14 @@ impl Policy for Natting {
 
 fn natting(lo: u16, hi: u16) -> Worker<Natting> {
     let net = |a: [u8; 4]| nat::Net { addr: xpf_wire::Addr::v4(a), af: 4, len: 32 };
-    let pool =
-        |a, ports| nat::Pool { nets: vec![net(a)], method: nat::Method::None, ports, static_port: false, dst_base: 53 };
+    let pool = |a, ports| nat::Pool {
+        nets: vec![net(a)],
+        method: nat::Method::None,
+        ports,
+        static_port: false,
+        dst_base: 53,
+        endpoint_independent: false,
+    };
     worker(Natting(vec![pool([192, 0, 2, 1], (lo, hi)), pool([10, 0, 0, 53], (5353, 5353))]), 1000)
 }
 
@@ -970,4 +976,33 @@ fn a_translated_packet_that_makes_no_state_is_dropped_not_sent_untranslated() {
     let syn = tcp4([10, 0, 1, 2], [198, 51, 100, 1], 40000, 80, tcp::SYN);
     assert_eq!(run(&mut w, &[syn], Dir::Out, 1), vec![Verdict::Pass]);
     assert_eq!(w.translated, 1);
+}
+
+#[test]
+fn endpoint_independent_udp_keeps_a_sources_port_towards_every_destination() {
+    let mut w = natting(50001, 50100);
+    w.policy.0[0].endpoint_independent = true;
+    let to = |dst: [u8; 4], sport: u16| udp4([10, 0, 1, 2], dst, sport, 53);
+    let flows = [to([198, 51, 100, 1], 40000), to([198, 51, 100, 2], 40000), to([198, 51, 100, 3], 40001)];
+    assert_eq!(run(&mut w, &flows, Dir::Out, 1), vec![Verdict::Pass; 3]);
+    let port = |w: &Worker<Natting>, i: usize, f: &[u8]| pd_of(&rewritten(w, i, f)).sport;
+    let (a, b, c) = (port(&w, 0, &flows[0]), port(&w, 1, &flows[1]), port(&w, 2, &flows[2]));
+    assert_eq!(a, b, "one source, one mapping");
+    assert_ne!(a, c, "another source port, another mapping");
+    assert_eq!(w.nat.counters.mapped, 1);
+    // The replies from both servers come back to the source.
+    let back = udp4([198, 51, 100, 2], [192, 0, 2, 1], 53, a);
+    assert_eq!(run(&mut w, std::slice::from_ref(&back), Dir::In, 2), vec![Verdict::Pass]);
+    assert_eq!(pd_of(&rewritten(&w, 0, &back)).dport, 40000);
+    // Filtering stays endpoint-dependent: a host the source never wrote to has no state.
+    let stranger = udp4([198, 51, 100, 9], [192, 0, 2, 1], 53, a);
+    assert_eq!(run(&mut w, &[stranger], Dir::In, 2), vec![Verdict::Drop(Reason::Match)]);
+    // The flows end: the mapping goes with its port's last flow.
+    w.maintain(200, u32::MAX);
+    assert_eq!(w.states(), 0);
+    assert_eq!(w.nat.mapping(xpf_wire::Addr::v4([10, 0, 1, 2]), 40000), None);
+    // Without it, each destination gets its own port (the control).
+    let mut w = natting(50001, 50100);
+    assert_eq!(run(&mut w, &flows[..2], Dir::Out, 1), vec![Verdict::Pass; 2]);
+    assert_ne!(port(&w, 0, &flows[0]), port(&w, 1, &flows[1]));
 }

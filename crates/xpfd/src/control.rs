@@ -108,6 +108,9 @@ pub fn translation_fits(l: &Loaded, workers: usize, steers: &[(String, Steer)]) 
             // The replies' port names the worker that holds the state: the port must be one
             // the worker chose.
             "nat-to with static-port or one port (binat-to too) runs on one worker for now: start xpfd with --workers 1"
+        } else if workers > 1 && r.nat.as_ref().is_some_and(|p| p.endpoint_independent) {
+            // A source's flows to several destinations meet different workers.
+            "endpoint-independent runs on one worker for now: start xpfd with --workers 1"
         } else if workers > 1
             && r.rdr.as_ref().is_some_and(|p| {
                 p.list.is_some()

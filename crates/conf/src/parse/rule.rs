@@ -105,7 +105,7 @@ pub(super) fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>>
         let mut out = t;
         out.r.dir = Dir::Out;
         out.binat = Some(b.clone());
-        out.r.nat = Some(Pool { static_port: true, list: None, ..b.clone() });
+        out.r.nat = Some(Pool { static_port: true, list: None, endpoint_independent: false, ..b.clone() });
         inb.r.dir = Dir::In;
         inb.src = out.dst.clone();
         // The address the in half answers on: the target of the source's family.
@@ -114,7 +114,7 @@ pub(super) fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>>
         inb.dst = vec![back.clone()];
         let orig = out.src.first().cloned().unwrap_or(Host::ANY);
         inb.r.rdr =
-            Some(Pool { host: orig, port: None, kind: PoolKind::None, sticky: false, static_port: false, list: None });
+            Some(Pool { host: orig, port: None, kind: PoolKind::None, static_port: false, list: None, ..b.clone() });
         return Ok(vec![out, inb]);
     }
     Ok(vec![t])
@@ -241,7 +241,7 @@ pub(super) fn xrule(p: &mut P, line: u32) -> R<Vec<Template>> {
             XlateKind::Nat => t.r.nat = Some(pl),
             XlateKind::Rdr => t.r.rdr = Some(pl),
             XlateKind::Binat => {
-                if pl.port.is_some() || pl.kind != PoolKind::None || pl.sticky {
+                if pl.port.is_some() || pl.kind != PoolKind::None || pl.sticky || pl.endpoint_independent {
                     return Err("syntax error".into());
                 }
                 t.binat = Some(pl.clone());
@@ -253,7 +253,7 @@ pub(super) fn xrule(p: &mut P, line: u32) -> R<Vec<Template>> {
     }
     if !p.done() {
         return Err(match p.word() {
-            Some(w @ ("endpoint-independent" | "map-e-portset")) => unsupported(w),
+            Some(w @ "map-e-portset") => unsupported(w),
             _ => "syntax error".into(),
         });
     }
@@ -746,6 +746,7 @@ pub(super) fn pool(p: &mut P, nat: bool) -> R<Pool> {
         kind: PoolKind::None,
         sticky: false,
         static_port: false,
+        endpoint_independent: false,
         list: None,
     };
     if hosts.len() > 1 {
@@ -803,6 +804,8 @@ pub(super) fn pool(p: &mut P, nat: bool) -> R<Pool> {
             pl.sticky = true;
         } else if nat && p.eat("static-port") {
             pl.static_port = true;
+        } else if nat && p.eat("endpoint-independent") {
+            pl.endpoint_independent = true;
         } else {
             return Ok(finish(pl));
         }
