@@ -1535,12 +1535,9 @@ fn translate_addrs<P: Policy>(
         let pool = p.pool(nat_pool).ok_or(Reason::Translate)?;
         // `endpoint-independent`: a UDP source that has a mapping keeps its address (if the
         // pool still has it).
-        let mapped = (pool.endpoint_independent && pd.proto == xpf_wire::pdesc::IPPROTO_UDP)
-            .then(|| nat.mapping(pd.src, pd.sport))
-            .flatten()
-            .filter(|(a, _)| pool.contains(pd.af, a));
+        let mapped = if pool.endpoint_independent { mapped_address(nat, pool, pd) } else { None };
         n.src = match mapped {
-            Some((a, _)) => a,
+            Some(a) => a,
             None => pool.pick(pd.af, &pd.src, &pd.src, rng, nat.cursor(nat_pool as usize)).ok_or_else(|| {
                 nat.counters.no_address += 1;
                 Reason::Translate
@@ -1548,6 +1545,31 @@ fn translate_addrs<P: Policy>(
         };
     }
     Ok(n)
+}
+
+/// `endpoint-independent`: the address UDP source `pd` was mapped to, if the pool still has it.
+#[cold]
+#[inline(never)]
+fn mapped_address(nat: &nat::Nat, pool: &nat::Pool, pd: &PDesc) -> Option<xpf_wire::Addr> {
+    if pd.proto != xpf_wire::pdesc::IPPROTO_UDP {
+        return None;
+    }
+    nat.mapping(pd.src, pd.sport).map(|m| m.0).filter(|a| pool.contains(pd.af, a))
+}
+
+/// `endpoint-independent`: the address and port UDP source `pd` was mapped to, taken once
+/// more, if `n` has that address and `unused(port)` (the flow's key is free).
+#[cold]
+#[inline(never)]
+fn mapped_port(
+    nat: &mut nat::Nat,
+    pool: &nat::Pool,
+    pd: &PDesc,
+    n: &PDesc,
+    unused: impl Fn(u16) -> bool,
+) -> Option<(xpf_wire::Addr, u16)> {
+    let to = nat.mapping(pd.src, pd.sport).filter(|to| to.0 == n.src)?;
+    (unused(to.1) && nat.reuse_mapping((pd.src, pd.sport), to, pool.ports)).then_some(to)
 }
 
 /// The source port for `n` (a new flow of `pd` with its addresses translated by
@@ -1581,11 +1603,9 @@ fn translate_port<K: Key, P: Policy>(
         let unused = |k: K| t.find(&k, t.hash(&k)).is_none();
         let ei = pool.endpoint_independent && pd.proto == xpf_wire::pdesc::IPPROTO_UDP;
         if ei && pool.ports.0 != pool.ports.1 && !pool.static_port {
-            if let Some(to) = nat.mapping(pd.src, pd.sport).filter(|to| to.0 == n.src) {
-                if unused(with_port(&n, to.1)) && nat.reuse_mapping((pd.src, pd.sport), to, pool.ports) {
-                    n.sport = to.1;
-                    return Ok((K::from_pdesc(&n, dir, kif), nat::of_packet(&n), Some(to)));
-                }
+            if let Some(to) = mapped_port(nat, pool, pd, &n, |q| unused(with_port(&n, q))) {
+                n.sport = to.1;
+                return Ok((K::from_pdesc(&n, dir, kif), nat::of_packet(&n), Some(to)));
             }
         }
         if nat::has_port(pd) && !pool.static_port && pool.ports != (0, 0) {
