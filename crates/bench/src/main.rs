@@ -44,7 +44,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ),
     ("--busy-poll", "", "lab: start xpfd with --busy-poll (its sockets busy-poll instead of sleeping)"),
     ("--fastpath", "", "lab, real: start xpfd with --fastpath (established flows forwarded by its XDP program)"),
-    ("--nat", "", "lab: both firewalls translate the sources (xpfd nat-to, nftables snat)"),
+    ("--nat", "", "lab, real: both firewalls translate the sources (xpfd nat-to, nftables snat)"),
     ("--rounds", "N", "real: kernel/xpfd rounds, alternated (default 3; 1 with --quick)"),
     ("--queues", "N", "real: queues a side on the veths (default: --workers)"),
     ("--out", "DIR", "where gnuplot data, the plot and the JSON go (default bench-results/out/<bench>)"),
@@ -280,6 +280,7 @@ fn real(o: &Opts) -> Result<(), String> {
         bin,
         json: o.json,
         fastpath: o.fastpath,
+        nat: o.nat,
         workers: o.workers,
         queues: o.queues.unwrap_or(o.workers),
     })

@@ -15,6 +15,9 @@
 //! when its peer runs NAPI (GRO on, or an XDP program): a setting of the end hosts, which the
 //! bench then turns on at the client's and the server's veth for both setups (said in the
 //! output), so that the two sides stay like for like.
+//!
+//! With `--nat`, both translate the client to the firewall's address on the server's side
+//! (xpfd `match out on fs inet nat-to 10.0.2.1`, nftables `snat ip to 10.0.2.1`).
 
 use crate::stats::{header, Summary};
 use std::path::{Path, PathBuf};
@@ -28,6 +31,9 @@ pub struct RealOpts {
     pub bin: PathBuf,
     pub json: bool,
     pub fastpath: bool,
+    /// Both firewalls translate the client's address to the firewall's (xpfd `nat-to`,
+    /// nftables `snat`).
+    pub nat: bool,
     /// xpfd's workers, and the veths' queues a side (topo.sh's QUEUES).
     pub workers: usize,
     pub queues: usize,
@@ -48,6 +54,15 @@ const NFT: &str = "table inet real {
         iifname \"fc\" ip daddr 10.0.2.2 tcp dport 5201 ct state new accept
         iifname \"fc\" ip daddr 10.0.2.2 udp dport 5201 ct state new accept
         iifname \"fc\" icmp type echo-request ct state new accept
+    }
+}
+";
+/// `--nat`: the same source translation on both.
+const PF_NAT: &str = "match out on fs inet nat-to 10.0.2.1\n";
+const NFT_NAT: &str = "table inet real {
+    chain post {
+        type nat hook postrouting priority srcnat;
+        oifname \"fs\" snat ip to 10.0.2.1
     }
 }
 ";
@@ -82,7 +97,7 @@ struct Lab {
 }
 
 impl Lab {
-    fn up(fastpath: bool, queues: usize) -> Result<Lab, String> {
+    fn up(fastpath: bool, nat: bool, queues: usize) -> Result<Lab, String> {
         let dir = std::env::temp_dir().join(format!("xpf-real.{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let lab = Lab { dir, xpfd: None };
@@ -91,8 +106,10 @@ impl Lab {
             c.args(["up", P]).env("QUEUES", queues.to_string());
             c
         })?;
-        std::fs::write(lab.dir.join("pf.conf"), PF).map_err(|e| e.to_string())?;
-        std::fs::write(lab.dir.join("nft.conf"), NFT).map_err(|e| e.to_string())?;
+        let (pf, nft) =
+            if nat { (format!("{PF}{PF_NAT}"), format!("{NFT}{NFT_NAT}")) } else { (PF.into(), NFT.into()) };
+        std::fs::write(lab.dir.join("pf.conf"), pf).map_err(|e| e.to_string())?;
+        std::fs::write(lab.dir.join("nft.conf"), nft).map_err(|e| e.to_string())?;
         if fastpath {
             run(ns("client", &["ethtool", "-K", "c0", "gro", "on"]))?;
             run(ns("server", &["ethtool", "-K", "s0", "gro", "on"]))?;
@@ -232,7 +249,10 @@ pub fn run_bench(o: &RealOpts) -> Result<(), String> {
         o.workers,
         if o.fastpath { "; xpfd --fastpath, GRO on at the client's and server's veth for both setups" } else { "" }
     );
-    let mut lab = Lab::up(o.fastpath, o.queues)?;
+    if o.nat {
+        eprintln!("real: both translate the client to 10.0.2.1 (xpfd nat-to, nftables snat)");
+    }
+    let mut lab = Lab::up(o.fastpath, o.nat, o.queues)?;
     let mut rows: [Vec<[f64; 5]>; 2] = [Vec::new(), Vec::new()];
     println!("{:>7} {:>9} {:>9} {:>11} {:>9} {:>9}", "setup", "tcp1", "tcp4", "udp64", "p50 ms", "p99 ms");
     for _ in 0..o.rounds {
@@ -266,7 +286,12 @@ pub fn run_bench(o: &RealOpts) -> Result<(), String> {
             );
         }
     }
-    println!("\n| medians | kernel nft+conntrack | xpfd{} | xpf/kernel |", if o.fastpath { " --fastpath" } else { "" });
+    println!(
+        "\n| medians | kernel nft+conntrack{} | xpfd{}{} | xpf/kernel |",
+        if o.nat { " snat" } else { "" },
+        if o.fastpath { " --fastpath" } else { "" },
+        if o.nat { " nat-to" } else { "" }
+    );
     println!("|---|---|---|---|");
     let mut bars = Vec::new();
     for (m, (name, unit, lower)) in MEASURES.iter().enumerate() {
@@ -298,6 +323,7 @@ pub fn run_bench(o: &RealOpts) -> Result<(), String> {
         let j = serde_json::json!({
             "commit": commit,
             "fastpath": o.fastpath,
+            "nat": o.nat,
             "measures": MEASURES.iter().map(|m| m.0).collect::<Vec<_>>(),
             "kernel": rows[0],
             "xpfd": rows[1],
