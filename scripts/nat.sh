@@ -200,11 +200,13 @@ check "rdr without pass to the same 7003: the filter blocks it" refused peer ser
 # Endpoint-independent mapping (RFC 4787 REQ-1): one UDP socket, two servers, one public
 # address and port; a socket the option does not cover gets a port per destination.
 cat > "$DIR/ei.conf" <<'CONF'
+table <pub> { 10.0.2.50 10.0.2.51 }
 block all
 pass in on fc
 pass out on fc
 pass out on fs
 nat on fs inet proto udp from 10.0.1.0/24 port 41000:41999 to any -> 10.0.2.50 port 1024:65535 endpoint-independent
+nat on fs inet proto tcp from 10.0.1.0/24 to 10.0.2.3 -> <pub> round-robin sticky-address
 nat on fs inet from 10.0.1.0/24 to any -> 10.0.2.50 port 1024:65535
 CONF
 two_servers() {
@@ -225,11 +227,15 @@ check "-f a ruleset with endpoint-independent" $CTL -f "$DIR/ei.conf"
 check "endpoint-independent: both servers see one address and port for one socket" two_servers 41005
 check "without it, each server sees another port (the control)" refused two_servers 42005
 check "-s info counts the reused mapping" bash -c "$CTL -s info | grep -E 'endpoint-independent reuses +[1-9]'"
+# The same round-robin pool as above, sticky: the client keeps its first address.
+check "round-robin sticky-address: three connections leave from one address" bash -c "
+    a=\$(peer client tcp 10.0.2.3 7000); b=\$(peer client tcp 10.0.2.3 7000); c=\$(peer client tcp 10.0.2.3 7000)
+    echo \"\$a / \$b / \$c\"; [[ \${a%% *} == 10.0.2.5[01] && \${a%% *} == \${b%% *} && \${b%% *} == \${c%% *} ]]"
 
 # Refused where it cannot be kept.
-printf 'pass out on fs nat-to 10.0.2.1 sticky-address\n' > "$DIR/sticky.conf"
-check "a pool option xpf does not enforce is refused with FILE:LINE" \
-    bash -c "! $CTL -f $DIR/sticky.conf 2>$DIR/err; cat $DIR/err; grep -q 'sticky.conf:1:' $DIR/err"
+printf 'pass out on fs nat-to 10.0.2.1 - 10.0.2.5\n' > "$DIR/range.conf"
+check "a translation target xpf does not enforce (an address range) is refused with FILE:LINE" \
+    bash -c "! $CTL -f $DIR/range.conf 2>$DIR/err; cat $DIR/err; grep -q 'range.conf:1:' $DIR/err"
 
 [[ $fail -gt 0 ]] && sed "s/^/     xpfd: /" "$LOG" | tail -20
 echo "nat: $pass passed, $fail failed"

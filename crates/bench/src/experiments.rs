@@ -640,6 +640,7 @@ fn bench_pool() -> xpf_engine::nat::Pool {
         static_port: false,
         dst_base: 0,
         endpoint_independent: false,
+        sticky: false,
     }
 }
 

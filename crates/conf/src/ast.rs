@@ -245,6 +245,7 @@ pub enum PoolKind {
     Bitmask,
     Random,
     RoundRobin,
+    LeastStates,
     /// The key as pfctl prints it (0x + 32 hex digits), or None for a random one.
     SourceHash(Option<String>),
 }

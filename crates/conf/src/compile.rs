@@ -732,6 +732,7 @@ fn add_pool(
         PoolKind::Bitmask => Method::Bitmask,
         PoolKind::Random => Method::Random,
         PoolKind::RoundRobin => Method::RoundRobin,
+        PoolKind::LeastStates => Method::LeastStates,
         PoolKind::SourceHash(Some(hex)) => {
             let mut k = [0u8; 16];
             for (i, b) in k.iter_mut().enumerate() {
@@ -763,6 +764,7 @@ fn add_pool(
         static_port: pool.static_port,
         dst_base: dlo,
         endpoint_independent: pool.endpoint_independent && !rdr,
+        sticky: pool.sticky,
     });
     Ok(pools.len() as u32)
 }

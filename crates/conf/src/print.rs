@@ -435,6 +435,7 @@ fn pool(s: &mut String, what: &str, p: &Pool, nat: bool) {
         PoolKind::Bitmask => s.push_str(" bitmask"),
         PoolKind::Random => s.push_str(" random"),
         PoolKind::RoundRobin => s.push_str(" round-robin"),
+        PoolKind::LeastStates => s.push_str(" least-states"),
         PoolKind::SourceHash(k) => {
             let _ = write!(s, " source-hash {}", k.as_deref().unwrap_or("0x00000000000000000000000000000000"));
         }

@@ -177,9 +177,6 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
         };
         for (what, pool) in names.into_iter().zip([nat, rdr]) {
             let Some(pool) = pool else { continue };
-            if pool.sticky {
-                refuse(&format!("{what} ... sticky-address"));
-            }
             for h in std::iter::once(&pool.host).chain(pool.list.iter().flatten()) {
                 match &h.kind {
                     HostKind::Net(..) | HostKind::Table(_) | HostKind::Dynamic { .. } => {}
@@ -293,7 +290,8 @@ mod tests {
         ("match out on lo nat-to 192.0.2.1", Yes("nat_to_translates_out_and_back_in")),
         ("match in on lo rdr-to 192.0.2.1", Yes("rdr_to_forwards_to_the_inside_server_and_answers_from_the_public_address")),
         ("match on lo from 10.0.0.1 to any binat-to 192.0.2.1", Yes("binat_to_compiles_to_a_static_nat_out_and_a_rdr_in")),
-        ("pass out on lo nat-to 192.0.2.1 sticky-address", No("nat-to ... sticky-address")),
+        ("pass out on lo nat-to { 192.0.2.1, 192.0.2.2 } round-robin sticky-address", Yes("sticky_address_keeps_a_sources_address_and_least_states_balances")),
+        ("pass out on lo nat-to 192.0.2.0/28 least-states", Yes("sticky_address_keeps_a_sources_address_and_least_states_balances")),
         ("nat on lo from 10/8 to any -> 192.0.2.1", Yes("freebsd_nat_rdr_binat_translate_before_the_filter_rules")),
         ("no nat on lo from 10.0.0.9 to any", Yes("freebsd_nat_rdr_binat_translate_before_the_filter_rules")),
         ("nat pass on lo from 10/8 to any -> 192.0.2.1", Yes("freebsd_nat_rdr_binat_translate_before_the_filter_rules")),
@@ -302,7 +300,7 @@ mod tests {
         ("nat-anchor \"natrules/*\"", Yes("freebsd_nat_rdr_binat_translate_before_the_filter_rules")),
         ("nat on lo from 10/8 to any -> 192.0.2.1\npass out nat-to 192.0.2.2", No("nat-to/rdr-to/binat-to in a ruleset with nat/rdr/binat rules")),
         ("rdr on lo proto tcp to port 80 -> 10.0.0.5\npass in proto tcp synproxy state", No("synproxy state in a ruleset with nat/rdr/binat rules")),
-        ("nat on lo from 10/8 to any -> 192.0.2.1 sticky-address", No("nat ... sticky-address")),
+        ("nat on lo from 10/8 to any -> 192.0.2.0/28 round-robin sticky-address", Yes("sticky_address_keeps_a_sources_address_and_least_states_balances")),
         ("nat on lo proto udp from 10/8 to any -> 192.0.2.1 endpoint-independent", Yes("endpoint_independent_udp_keeps_a_sources_port_towards_every_destination")),
         ("pass out on lo proto udp nat-to 192.0.2.1 endpoint-independent", Yes("endpoint_independent_udp_keeps_a_sources_port_towards_every_destination")),
         ("pass out on lo nat-to 192.0.2.1 - 192.0.2.9", No("nat-to an address range")),

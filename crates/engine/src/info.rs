@@ -27,7 +27,7 @@ pub struct Info {
 }
 
 /// Translation counters (`nat-to`, `rdr-to`, `binat-to`; crate::nat).
-pub const NAT_NAMES: [&str; 9] = [
+pub const NAT_NAMES: [&str; 10] = [
     "translated states",
     "source ports in use",
     "source ports in pools",
@@ -37,6 +37,7 @@ pub const NAT_NAMES: [&str; 9] = [
     "no port left",
     "no pool address",
     "endpoint-independent reuses",
+    "sticky-address sources",
 ];
 
 /// Syncookie counters (pfctl -si's "synfloods detected", "syncookies sent", "syncookies
@@ -102,7 +103,18 @@ impl Info {
             nat: {
                 let c = &w.nat.counters;
                 let (used, all) = w.nat.ports_used();
-                [c.translated, used, all, c.shared, c.early, c.collisions, c.exhausted, c.no_address, c.mapped]
+                [
+                    c.translated,
+                    used,
+                    all,
+                    c.shared,
+                    c.early,
+                    c.collisions,
+                    c.exhausted,
+                    c.no_address,
+                    c.mapped,
+                    w.nat.sticky_sources(),
+                ]
             },
             fragments: w.frags.as_ref().map_or([0; FRAG_NAMES.len()], |f| {
                 let c = f.counters;

@@ -893,6 +893,21 @@ fn gone<K: Key>(g: &mut Vec<(K, K, u8)>, nat: &mut nat::Nat, now: u32) {
         if flags & sf::OUT != 0 && (wire.addr(1), wire.port(1)) != (stack.addr(1), stack.port(1)) {
             nat.put_port(wire.addr(1), wire.proto(), wire.port(1), now);
         }
+        if nat.tracking() {
+            // Keys hold the far side first: going out, the wire key's second address is the
+            // new source and its first the new destination; coming in, the stack key's.
+            let (inside, src, dst) = if flags & sf::OUT != 0 {
+                (stack.addr(1), [stack.addr(1), wire.addr(1)], [stack.addr(0), wire.addr(0)])
+            } else {
+                (wire.addr(0), [wire.addr(0), stack.addr(0)], [wire.addr(1), stack.addr(1)])
+            };
+            if src[0] != src[1] {
+                nat.forget(nat::Use::Source, inside, src[1]);
+            }
+            if dst[0] != dst[1] {
+                nat.forget(nat::Use::Destination, inside, dst[1]);
+            }
+        }
     }
 }
 
@@ -1523,10 +1538,7 @@ fn translate_addrs<P: Policy>(
     let icmp = matches!(pd.proto, xpf_wire::pdesc::IPPROTO_ICMP | xpf_wire::pdesc::IPPROTO_ICMPV6);
     if rdr_pool != 0 {
         let pool = p.pool(rdr_pool).ok_or(Reason::Translate)?;
-        n.dst = pool.pick(pd.af, &pd.src, &pd.dst, rng, nat.cursor(rdr_pool as usize)).ok_or_else(|| {
-            nat.counters.no_address += 1;
-            Reason::Translate
-        })?;
+        n.dst = choose(nat, pool, rdr_pool, nat::Use::Destination, pd, &pd.dst, rng)?;
         if nat::has_port(pd) && !icmp {
             n.dport = pool.rdr_port(pd.dport);
         }
@@ -1538,13 +1550,61 @@ fn translate_addrs<P: Policy>(
         let mapped = if pool.endpoint_independent { mapped_address(nat, pool, pd) } else { None };
         n.src = match mapped {
             Some(a) => a,
-            None => pool.pick(pd.af, &pd.src, &pd.src, rng, nat.cursor(nat_pool as usize)).ok_or_else(|| {
-                nat.counters.no_address += 1;
-                Reason::Translate
-            })?,
+            None => choose(nat, pool, nat_pool, nat::Use::Source, pd, &pd.src, rng)?,
         };
     }
     Ok(n)
+}
+
+/// The address pool `i` gives `pd` for `u`, replacing `orig`: the one a `sticky-address`
+/// source keeps, else by the pool's method (`least-states` compares the loads the worker
+/// counts). Err(`translate`) when the pool has no address of the family (counted).
+fn choose(
+    nat: &mut nat::Nat,
+    pool: &nat::Pool,
+    i: u32,
+    u: nat::Use,
+    pd: &PDesc,
+    orig: &xpf_wire::Addr,
+    rng: &mut ChaCha20Rng,
+) -> Result<xpf_wire::Addr, Reason> {
+    if pool.sticky {
+        if let Some(a) = nat.stuck(pd.src, u).filter(|a| pool.contains(pd.af, a)) {
+            return Ok(a);
+        }
+    }
+    let a = if pool.method == nat::Method::LeastStates {
+        let total = pool.count(pd.af);
+        let cursor = nat.cursor(i as usize);
+        let start = *cursor;
+        *cursor = start.wrapping_add(1);
+        (0..nat::LEAST_OF.min(total))
+            .filter_map(|k| pool.nth(pd.af, start.wrapping_add(k)))
+            .min_by_key(|a| nat.load(*a, u))
+    } else {
+        pool.pick(pd.af, &pd.src, orig, rng, nat.cursor(i as usize))
+    };
+    a.ok_or_else(|| {
+        nat.counters.no_address += 1;
+        Reason::Translate
+    })
+}
+
+/// A translated state of `pd` was made (`d`'s pools, `rw` its translated addresses): counted
+/// for `sticky-address` and `least-states` once such a pool is in use.
+fn note_translation<P: Policy>(p: &P, nat: &mut nat::Nat, pd: &PDesc, d: &Decision, rw: &Rewrite) {
+    let pool = |i: u32| (i != 0).then(|| p.pool(i)).flatten();
+    let counted = |i: u32| pool(i).is_some_and(|pl| pl.sticky || pl.method == nat::Method::LeastStates);
+    if !nat.tracking() && !counted(d.nat) && !counted(d.rdr) {
+        return;
+    }
+    let sticky = |i: u32| pool(i).is_some_and(|pl| pl.sticky);
+    if d.nat != 0 {
+        nat.note(nat::Use::Source, pd.src, rw.addr[0], sticky(d.nat));
+    }
+    if d.rdr != 0 {
+        nat.note(nat::Use::Destination, pd.src, rw.addr[1], sticky(d.rdr));
+    }
 }
 
 /// `endpoint-independent`: the address UDP source `pd` was mapped to, if the pool still has it.
@@ -1826,6 +1886,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
                 rws[i] = Rewrite::prepared(pd, &nat::of_packet(pd), &rw);
                 *mask |= 1 << i;
                 c.nat.counters.translated += 1;
+                note_translation(p, c.nat, pd, &d, &rw);
             }
             if seqdiff != 0 {
                 t.modulated = Some((seqdiff, 0));

@@ -45,7 +45,13 @@ pub enum Method {
     RoundRobin,
     /// A keyed hash of the source address picks the address: a source keeps its address.
     SourceHash([u8; 16]),
+    /// The address with the fewest translated states among [`LEAST_OF`] in round-robin
+    /// order (all of them in a pool that small; pf walks the whole pool).
+    LeastStates,
 }
+
+/// Addresses `least-states` compares per new flow: a bounded cost on a /16 pool.
+pub const LEAST_OF: u64 = 8;
 
 /// One network of a pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +77,9 @@ pub struct Pool {
     /// and port it was given towards every destination while it has a state (RFC 4787
     /// REQ-1); filtering stays endpoint-dependent (a new endpoint's packets need a state).
     pub endpoint_independent: bool,
+    /// `sticky-address`: a source keeps the address it was first given while it has
+    /// translated states to it.
+    pub sticky: bool,
 }
 
 fn width(af: u8) -> u32 {
@@ -157,26 +166,38 @@ impl Pool {
                 let h2 = h.rotate_left(29).wrapping_mul(0x9e37_79b9_7f4a_7c15);
                 graft(net, ((h2 as u128) << 64) | h as u128)
             }
-            Method::RoundRobin => {
-                let total: u64 = nets().map(size).sum();
-                let mut i = *cursor % total.max(1);
+            Method::RoundRobin | Method::LeastStates => {
+                let a = self.nth(af, *cursor)?;
                 *cursor = cursor.wrapping_add(1);
-                let mut pick = *first;
-                let mut off = 0;
-                for net in nets() {
-                    if i < size(net) {
-                        pick = *net;
-                        off = i;
-                        break;
-                    }
-                    i -= size(net);
-                }
-                if pick.len as u32 >= width(af) {
-                    pick.addr
-                } else {
-                    graft(&pick, (to_int(&pick.addr, af) & host_mask(af, pick.len)).wrapping_add(off as u128))
-                }
+                a
             }
+        })
+    }
+
+    /// How many addresses of family `af` round-robin counts in the pool.
+    pub fn count(&self, af: u8) -> u64 {
+        self.nets.iter().filter(|n| n.af == af).map(size).sum()
+    }
+
+    /// The `i`th address of family `af` in round-robin order (modulo the pool's count).
+    pub fn nth(&self, af: u8, i: u64) -> Option<Addr> {
+        let nets = || self.nets.iter().filter(|n| n.af == af);
+        let first = nets().next()?;
+        let mut i = i % self.count(af).max(1);
+        let mut pick = *first;
+        let mut off = 0;
+        for net in nets() {
+            if i < size(net) {
+                pick = *net;
+                off = i;
+                break;
+            }
+            i -= size(net);
+        }
+        Some(if pick.len as u32 >= width(af) {
+            pick.addr
+        } else {
+            graft(&pick, (to_int(&pick.addr, af) & host_mask(af, pick.len)).wrapping_add(off as u128))
         })
     }
 
@@ -285,7 +306,23 @@ pub struct Nat {
     /// it was given, and back (to forget it when its port's last flow ends).
     mappings: HashMap<(Addr, u16), (Addr, u16)>,
     mapped: HashMap<(Addr, u16), (Addr, u16)>,
+    /// On once a `sticky-address` or `least-states` pool has translated a flow: translated
+    /// states are counted by the address they were given ([`Use`]), and by source.
+    track: bool,
+    /// Translated states per (address given, use).
+    loads: HashMap<(Addr, Use), u32>,
+    /// `sticky-address`: per (inside source, use), the address it keeps and the translated
+    /// states it has to that address.
+    sticky: HashMap<(Addr, Use), (Addr, u32)>,
     pub counters: Counters,
+}
+
+/// What a translated address is to a state: its new source (`nat-to`) or destination
+/// (`rdr-to`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Use {
+    Source,
+    Destination,
 }
 
 /// Translation counters (`xpfctl -s info`).
@@ -462,6 +499,62 @@ impl Nat {
         }
     }
 
+    /// Whether translated states are being counted (a `sticky-address` or `least-states` pool
+    /// has been used).
+    #[inline]
+    pub fn tracking(&self) -> bool {
+        self.track
+    }
+
+    /// Translated states given address `a` for `u`.
+    pub fn load(&self, a: Addr, u: Use) -> u32 {
+        self.loads.get(&(a, u)).copied().unwrap_or(0)
+    }
+
+    /// The address `sticky-address` keeps for source `inside` (for `u`).
+    pub fn stuck(&self, inside: Addr, u: Use) -> Option<Addr> {
+        self.sticky.get(&(inside, u)).map(|e| e.0)
+    }
+
+    /// A translated state was made: `inside` was given `to` for `u` (`sticky`: by a
+    /// `sticky-address` pool, which makes the source keep it).
+    pub fn note(&mut self, u: Use, inside: Addr, to: Addr, sticky: bool) {
+        self.track = true;
+        *self.loads.entry((to, u)).or_default() += 1;
+        let e = if sticky {
+            Some(self.sticky.entry((inside, u)).or_insert((to, 0)))
+        } else {
+            self.sticky.get_mut(&(inside, u))
+        };
+        if let Some(e) = e.filter(|e| e.0 == to) {
+            e.1 += 1;
+        }
+    }
+
+    /// A translated state ended ([`Nat::note`]'s reverse; states made before counting began,
+    /// or synced ones, were not counted and are let go).
+    pub fn forget(&mut self, u: Use, inside: Addr, to: Addr) {
+        if let std::collections::hash_map::Entry::Occupied(mut e) = self.loads.entry((to, u)) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+        if let std::collections::hash_map::Entry::Occupied(mut e) = self.sticky.entry((inside, u)) {
+            if e.get().0 == to {
+                e.get_mut().1 = e.get().1.saturating_sub(1);
+                if e.get().1 == 0 {
+                    e.remove();
+                }
+            }
+        }
+    }
+
+    /// Sources with a `sticky-address` address (`xpfctl -s info`).
+    pub fn sticky_sources(&self) -> u64 {
+        self.sticky.len() as u64
+    }
+
     /// Remembers that UDP source `src:sport` was given `to` (`endpoint-independent`). A port
     /// maps one source: one shared with another source's flow (none was free) is not
     /// remembered, so that every mapping goes when its port's last flow does.
@@ -598,6 +691,7 @@ mod tests {
             static_port: false,
             dst_base: 0,
             endpoint_independent: false,
+            sticky: false,
         };
         let p = pool(vec![net([192, 0, 2, 0], 24)], Method::Bitmask);
         assert_eq!(p.pick(AF_INET, &src, &src, &mut r, &mut c), Some(Addr::v4([192, 0, 2, 77])));

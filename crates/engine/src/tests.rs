@@ -859,6 +859,7 @@ fn natting(lo: u16, hi: u16) -> Worker<Natting> {
         static_port: false,
         dst_base: 53,
         endpoint_independent: false,
+        sticky: false,
     };
     worker(Natting(vec![pool([192, 0, 2, 1], (lo, hi)), pool([10, 0, 0, 53], (5353, 5353))]), 1000)
 }
@@ -1005,4 +1006,49 @@ fn endpoint_independent_udp_keeps_a_sources_port_towards_every_destination() {
     let mut w = natting(50001, 50100);
     assert_eq!(run(&mut w, &flows[..2], Dir::Out, 1), vec![Verdict::Pass; 2]);
     assert_ne!(port(&w, 0, &flows[0]), port(&w, 1, &flows[1]));
+}
+
+#[test]
+fn sticky_address_keeps_a_sources_address_and_least_states_balances() {
+    let net = |a: [u8; 4], len| nat::Net { addr: xpf_wire::Addr::v4(a), af: 4, len };
+    let src_of = |w: &Worker<Natting>, i: usize, f: &[u8]| pd_of(&rewritten(w, i, f)).src;
+    // sticky-address over four addresses, round-robin: a source keeps its first one.
+    let mut w = natting(50001, 60000);
+    w.policy.0[0].nets = vec![net([192, 0, 2, 0], 30)];
+    w.policy.0[0].method = nat::Method::RoundRobin;
+    w.policy.0[0].sticky = true;
+    let a: Vec<_> = (0..3).map(|k| udp4([10, 0, 1, 2], [198, 51, 100, 1], 40000 + k, 53)).collect();
+    let b = udp4([10, 0, 1, 3], [198, 51, 100, 1], 40000, 53);
+    assert_eq!(run(&mut w, &a, Dir::Out, 1), vec![Verdict::Pass; 3]);
+    let got: Vec<_> = (0..3).map(|i| src_of(&w, i, &a[i])).collect();
+    assert!(got.iter().all(|x| *x == got[0]), "{got:?}");
+    assert_eq!(run(&mut w, std::slice::from_ref(&b), Dir::Out, 1), vec![Verdict::Pass]);
+    assert_ne!(src_of(&w, 0, &b), got[0], "another source, the next address");
+    assert_eq!(w.nat.sticky_sources(), 2);
+    // Its states gone, the source is let go.
+    w.maintain(100, u32::MAX);
+    assert_eq!(w.states(), 0);
+    assert_eq!(w.nat.sticky_sources(), 0);
+
+    // least-states over two addresses: the one with fewer states, where round-robin would
+    // take the other.
+    let mut w = natting(50001, 60000);
+    w.policy.0[0].nets = vec![net([192, 0, 2, 0], 31)];
+    w.policy.0[0].method = nat::Method::LeastStates;
+    let u1 = udp4([10, 0, 1, 2], [198, 51, 100, 1], 40000, 53);
+    let t2 = tcp4([10, 0, 1, 3], [198, 51, 100, 1], 40000, 80, tcp::SYN);
+    let u3 = udp4([10, 0, 1, 4], [198, 51, 100, 1], 40000, 53);
+    assert_eq!(run(&mut w, std::slice::from_ref(&u1), Dir::Out, 1), vec![Verdict::Pass]);
+    let x = src_of(&w, 0, &u1);
+    assert_eq!(run(&mut w, std::slice::from_ref(&t2), Dir::Out, 1), vec![Verdict::Pass]);
+    let y = src_of(&w, 0, &t2);
+    assert_ne!(x, y);
+    assert_eq!(run(&mut w, std::slice::from_ref(&u3), Dir::Out, 1), vec![Verdict::Pass]);
+    assert_eq!(src_of(&w, 0, &u3), x, "a tie goes in round-robin order");
+    // The UDP states on x expire (60 s), the TCP one on y stays: x has fewer.
+    w.maintain(62, u32::MAX);
+    assert_eq!(w.states(), 1);
+    let u4 = udp4([10, 0, 1, 5], [198, 51, 100, 1], 40000, 53);
+    assert_eq!(run(&mut w, std::slice::from_ref(&u4), Dir::Out, 63), vec![Verdict::Pass]);
+    assert_eq!(src_of(&w, 0, &u4), x, "round-robin's next would be {y:?}");
 }

@@ -111,6 +111,9 @@ pub fn translation_fits(l: &Loaded, workers: usize, steers: &[(String, Steer)]) 
         } else if workers > 1 && r.nat.as_ref().is_some_and(|p| p.endpoint_independent) {
             // A source's flows to several destinations meet different workers.
             "endpoint-independent runs on one worker for now: start xpfd with --workers 1"
+        } else if workers > 1 && [&r.nat, &r.rdr].into_iter().flatten().any(|p| p.sticky) {
+            // Likewise: each worker would keep its own address for the source.
+            "sticky-address runs on one worker for now: start xpfd with --workers 1"
         } else if workers > 1
             && r.rdr.as_ref().is_some_and(|p| {
                 p.list.is_some()

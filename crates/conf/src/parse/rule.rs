@@ -781,6 +781,8 @@ pub(super) fn pool(p: &mut P, nat: bool) -> R<Pool> {
             pl.kind = PoolKind::Random;
         } else if p.eat("round-robin") {
             pl.kind = PoolKind::RoundRobin;
+        } else if p.eat("least-states") {
+            pl.kind = PoolKind::LeastStates;
         } else if p.eat("source-hash") {
             // The key: 0x and 32 hex digits, or a string whose MD5 is the key (pfctl's way).
             let key = match p.peek().clone() {
@@ -791,7 +793,9 @@ pub(super) fn pool(p: &mut P, nat: bool) -> R<Pool> {
                     }
                     Some(w.to_ascii_lowercase())
                 }
-                Tok::Word(w) | Tok::Str(w) if !["sticky-address", "static-port", "port"].contains(&w.as_str()) => {
+                Tok::Word(w) | Tok::Str(w)
+                    if !["sticky-address", "static-port", "port", "endpoint-independent"].contains(&w.as_str()) =>
+                {
                     p.next();
                     use md5::Digest;
                     let d = md5::Md5::digest(w.as_bytes());
