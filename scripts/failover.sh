@@ -13,6 +13,10 @@
 # the worker that owns its flow).
 # NAT=1: the client's network goes out as the virtual address (`nat-to 10.0.2.1`): the
 # standby must carry the translated flows with the same address and ports.
+# IDLE=N: before the live flows, N idle states on the primary (half-open TCP from a SYN
+# flood out of the client's namespace, `xpf-bench flood`), which the standby takes by bulk
+# update before the kill, beside the live flows (conntrackd's standby must first commit such
+# a cache into the kernel).
 # FASTPATH=1: the flows go on xpfd's fast path (on by default, used towards the interfaces
 # that take redirected frames): their segments are forwarded and window-checked by the
 # steering program, and a segment comes to xpfd whenever a sync update is due. A veth takes
@@ -80,7 +84,12 @@ ip -n "${P}client" route add default via 10.0.1.1
 ip -n "${P}server" route add default via 10.0.2.1
 for f in fwa fwb; do ip netns exec "${P}$f" sysctl -qw net.ipv4.ip_forward=1; done
 
-cat >"$DIR/pf.conf" <<'EOF'
+IDLE=${IDLE:-0}
+if [[ $IDLE -gt 0 ]]; then
+    # Room for them without adaptive timeouts (which start at 60% of the limit).
+    echo "set limit states $((IDLE * 2 + 100000))" >"$DIR/pf.conf"
+fi
+cat >>"$DIR/pf.conf" <<'EOF'
 set skip on lo
 block drop all
 pass in on lan proto tcp from 10.0.1.0/24 to 10.0.2.2 port 7000 flags S/SA keep state
@@ -91,6 +100,10 @@ pass proto 112
 EOF
 if [[ ${NAT:-0} == 1 ]]; then
     echo "match out on wan inet from 10.0.1.0/24 nat-to 10.0.2.1" >>"$DIR/pf.conf"
+fi
+if [[ $IDLE -gt 0 ]]; then
+    # The flood's SYNs make one state each (in on lan) and go no further.
+    echo "pass in on lan inet proto tcp from 198.18.0.0/15 to 10.0.2.99 port 9 flags S/SA keep state" >>"$DIR/pf.conf"
 fi
 KEYARG=()
 if [[ $KEY == --key ]]; then
@@ -120,7 +133,7 @@ global_defs {
 }
 vrrp_script xpfd {
     script "/bin/kill -0 $pid"
-    interval 0.2
+    interval 1
     fall 1
     rise 1
 }
@@ -163,17 +176,45 @@ wait_sock fwa
 start_keepalived fwa 150
 for _ in $(seq 100); do has_vip fwa && break; sleep 0.1; done
 has_vip fwa || { cat "$DIR/fwa-keepalived.log"; echo "failover: keepalived did not make fwa master"; exit 1; }
+states_of() { XPFD_SOCKET=$DIR/$1.sock "$BIN/xpfctl" -s info | awk '/current entries/ {print $3; exit}'; }
+if [[ $IDLE -gt 0 ]]; then
+    mac=$(ip -n "${P}fwa" link show lan | awk '/link\/ether/ {print $2}')
+    # The generator transmits from an XDP program (test-run frames): a veth passes such frames
+    # on only to a peer that runs NAPI. GRO on the client's switch port, the generator's
+    # harness (as xpf-bench lab does on its generator's link), not the firewalls'.
+    ip netns exec "${P}lan" ethtool -K p1 gro on >/dev/null
+    "$BIN/xpf-bench" flood --seconds 60 "${P}client" c0 "$mac" 10.0.2.99 9 >"$DIR/flood.out" 2>&1 &
+    FLOOD=$!
+    echo $FLOOD >"$DIR/flood.pid"
+    t0=$(date +%s.%N)
+    for _ in $(seq 600); do [[ $(states_of fwa) -ge $IDLE ]] && break; sleep 0.1; done
+    kill "$FLOOD" 2>/dev/null; wait "$FLOOD" 2>/dev/null || true
+    n=$(states_of fwa)
+    printf 'failover: fwa holds %s idle states (a SYN flood for %.1f s)\n' "$n" "$(echo "$(date +%s.%N) - $t0" | bc -l)"
+    [[ $n -ge $IDLE ]] || { echo "failover: FAILED: fwa made $n states, not $IDLE"; exit 1; }
+fi
 ip netns exec "${P}server" $PY scripts/flows.py server 7000 1000000 &
 echo $! >"$DIR/server.pid"
 sleep 0.5
 ip netns exec "${P}client" $PY scripts/flows.py client 10.0.2.2 7000 "$FLOWS" "$SECS" >"$DIR/flows.out" 2>&1 &
 CLIENT=$!
 sleep 1.5
+established() { ip netns exec "${P}server" ss -Htn state established '( sport = :7000 )' | wc -l; }
+t0=$(date +%s.%N)
+for _ in $(seq 100); do [[ $(established) -ge $FLOWS ]] && break; sleep 0.1; done
+printf 'failover: %s of %s flows established %.1f s after the client started\n' "$(established)" "$FLOWS" "$(echo "$(date +%s.%N) - $t0 + 1.5" | bc -l)"
 # The standby joins while the flows run: it gets their states by a bulk update, then follows.
 start_fw fwb 10.0.9.1
 wait_sock fwb
 start_keepalived fwb 100
 echo "failover: fwa holds the virtual addresses; fwb joined as standby (sync on 10.0.9.0/24${KEY:+, authenticated})"
+if [[ $IDLE -gt 0 ]]; then
+    t0=$(date +%s.%N)
+    for _ in $(seq 600); do [[ $(states_of fwb) -ge $IDLE ]] && break; sleep 0.1; done
+    n=$(states_of fwb)
+    printf 'failover: fwb took %s states by bulk update in %.1f s\n' "$n" "$(echo "$(date +%s.%N) - $t0" | bc -l)"
+    [[ $n -ge $IDLE ]] || { tail -5 "$DIR/fwb.log"; echo "failover: FAILED: the standby holds $n states, not $IDLE"; exit 1; }
+fi
 # A capture of the sync link, decoded (tcpdump cannot): frames, none bad.
 ip netns exec "${P}fwb" timeout 2 tcpdump -q -U -i sync -w "$DIR/sync.pcap" ip proto 240 2>/dev/null || true
 sleep 2
@@ -210,6 +251,7 @@ if [[ ${NAT:-0} == 1 ]]; then
     peers=$(ip netns exec "${P}server" ss -Htn state established '( sport = :7000 )' | awk '{print $4}' | sort -u)
     echo "failover: the server's peers: $(echo $peers | tr '\n' ' ')"
     if [[ -z $peers ]] || echo "$peers" | grep -qv '^10\.0\.2\.1:'; then
+        ip netns exec "${P}server" ss -tn | head -20
         echo "failover: FAILED: the server sees addresses other than the translation's"; exit 1
     fi
     xlat=$(XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s states | grep -c '10\.0\.2\.1:[0-9]* (10\.0\.1\.2:' || true)
@@ -219,6 +261,10 @@ fi
 echo "failover: kill -9 xpfd on fwa (the primary)"
 t0=$(date +%s.%N)
 kill -9 "$(cat "$DIR/fwa-xpfd.pid")"
+# Reaped at once, as a service manager would: a zombie still answers keepalived's `kill -0`,
+# and the primary would go on holding the addresses (its ARP answers too) while its adverts
+# die in the queue of the xpfd that is gone.
+wait "$(cat "$DIR/fwa-xpfd.pid")" 2>/dev/null || true
 for _ in $(seq 100); do has_vip fwb && break; sleep 0.05; done
 t1=$(date +%s.%N)
 has_vip fwb || { cat "$DIR/fwb-keepalived.log"; echo "failover: fwb never took the addresses"; exit 1; }
@@ -228,6 +274,11 @@ wait $CLIENT || rc=$?
 cat "$DIR/flows.out"
 echo "failover: the standby after the failover:"
 XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s info | grep -E "state-mismatch|states from peers|stale|unknown" || true
+if [[ $IDLE -gt 0 ]]; then
+    n=$(states_of fwb)
+    echo "failover: fwb holds $n states after the failover"
+    [[ $n -ge $IDLE ]] || { echo "failover: FAILED: the idle states did not survive the failover"; rc=1; }
+fi
 if [[ $rc -ne 0 ]]; then
     echo "failover: FAILED (flows lost); logs in $DIR"
     tail -5 "$DIR/fwb.log"

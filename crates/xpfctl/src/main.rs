@@ -270,7 +270,9 @@ fn main() -> ExitCode {
 }
 
 /// Sends one request to xpfd and prints its answer (the text, or the data with --json).
-fn request(o: &Opts, req: Value) -> ExitCode {
+fn request(o: &Opts, mut req: Value) -> ExitCode {
+    // Only what is printed: the JSON data with -j, else the text.
+    req["want"] = json!(if o.json { "data" } else { "text" });
     let path = o.socket.clone().or_else(|| std::env::var("XPFD_SOCKET").ok()).unwrap_or_else(|| SOCKET.to_string());
     let mut s = match UnixStream::connect(&path) {
         Ok(s) => s,

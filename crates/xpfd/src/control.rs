@@ -371,7 +371,16 @@ impl Daemon {
         let op = req["op"].as_str().unwrap_or("");
         let verbose = req["verbose"].as_u64().unwrap_or(0) as u8;
         match op {
-            "show" => self.show(req["what"].as_str().unwrap_or(""), verbose),
+            "show" => {
+                // What the client prints: a million states' JSON costs seconds to build and
+                // to read back when only their text is wanted, and the other way round.
+                let want = match req["want"].as_str() {
+                    Some("text") => Want::Text,
+                    Some("data") => Want::Data,
+                    _ => Want::Both,
+                };
+                self.show(req["what"].as_str().unwrap_or(""), verbose, want)
+            }
             "load" => {
                 let file = req["file"].as_str().ok_or("load: no file")?;
                 let noaction = req["noaction"].as_bool().unwrap_or(false);
@@ -591,7 +600,7 @@ impl Daemon {
         }
     }
 
-    fn show(&mut self, what: &str, verbose: u8) -> Result<(String, Value), String> {
+    fn show(&mut self, what: &str, verbose: u8, want: Want) -> Result<(String, Value), String> {
         let uptime = self.start.elapsed().as_secs();
         match what {
             "info" => {
@@ -743,11 +752,14 @@ impl Daemon {
             "states" => {
                 let rows = self.states()?;
                 let mut text = String::new();
-                for r in &rows {
-                    text.push_str(&state_text(r, verbose));
-                    text.push('\n');
+                if want != Want::Data {
+                    text.reserve(rows.len() * 80);
+                    for r in &rows {
+                        text.push_str(&state_text(r, verbose));
+                        text.push('\n');
+                    }
                 }
-                Ok((text, json!(rows)))
+                Ok((text, if want == Want::Text { Value::Null } else { json!(rows) }))
             }
             "memory" => {
                 let mut text = String::new();
@@ -860,7 +872,7 @@ impl Daemon {
                     ("LIMITS", "memory"),
                     ("TABLES", "Tables"),
                 ] {
-                    let (t, d) = self.show(w, verbose)?;
+                    let (t, d) = self.show(w, verbose, want)?;
                     let _ = writeln!(text, "{title}:\n{t}");
                     data.insert(w.to_lowercase(), d);
                 }
@@ -903,6 +915,15 @@ fn peer_uid(s: &UnixStream) -> Option<u32> {
         );
         (r == 0).then_some(c.uid)
     }
+}
+
+/// What a `show` request's client prints: the text, the JSON data (`-j`), or (an older
+/// client, or none said) both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    Text,
+    Data,
+    Both,
 }
 
 /// Waits up to `ms` for one client and answers it.
