@@ -335,6 +335,8 @@ struct CRule {
     rdr: u32,
     /// A translation rule's `pass`: its packets skip the filter rules.
     natpass: bool,
+    /// `log`: the pflog unit + 1 (0: none).
+    log: u8,
 }
 
 const SKIP_IF: usize = 0;
@@ -1030,6 +1032,13 @@ impl Ruleset {
                 nat: add_pool(r, r.nat.as_ref(), false, &tables, &mut pools, &mut pool_tables)?,
                 rdr: add_pool(r, r.rdr.as_ref(), true, &tables, &mut pools, &mut pool_tables)?,
                 natpass: r.xlate.is_some_and(|x| x.pass),
+                log: r.log.as_ref().map_or(0, |l| {
+                    l.to.as_deref()
+                        .and_then(|t| t.strip_prefix("pflog"))
+                        .and_then(|n| n.parse::<u8>().ok())
+                        .unwrap_or(0)
+                        + 1
+                }),
             });
             let c = list.last().unwrap();
             let nat = (c.nat != 0).then(|| &pools[c.nat as usize - 1]);
@@ -1438,6 +1447,7 @@ impl Policy for Ruleset {
             // pf's "no rule" (-1), so that it counts against no filter rule.
             rule: u32::MAX,
             tag,
+            log: r.log,
         })
     }
 
@@ -1476,7 +1486,7 @@ impl Policy for Ruleset {
         match last {
             None => {
                 let (nat, rdr) = translated(None);
-                Decision { keep_state: nat != 0 || rdr != 0, tag, scrub, nat, rdr, ..Decision::PASS }
+                Decision { keep_state: nat != 0 || rdr != 0, tag, scrub, nat, rdr, log: 0, ..Decision::PASS }
             }
             Some(i) => {
                 let r = &self.rules[i];
@@ -1513,6 +1523,7 @@ impl Policy for Ruleset {
                     },
                     tag,
                     rate,
+                    log: r.log,
                 }
             }
         }

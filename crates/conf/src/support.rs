@@ -15,7 +15,7 @@ use crate::parse::{ConfError, Parsed};
 /// file order; and the warnings (constructs that load with a caveat, said once per ruleset).
 pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
     let mut errs = Vec::new();
-    let mut warn = Vec::new();
+    let warn: Vec<String> = Vec::new();
     let mut no = |file: &str, line: u32, what: &str| {
         let e = ConfError { file: file.into(), line, msg: format!("xpf does not support '{what}' yet"), bare: false };
         if !errs.contains(&e) {
@@ -48,7 +48,6 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
     for q in &p.queues {
         no(&q.file, q.line, "queue");
     }
-    let mut logged = false;
     // FreeBSD's translation rules translate before the filter rules see the packet; a filter
     // rule's own translation on top of that is not something xpf does.
     let xlating = p.xrules.iter().any(|r| r.xlate.is_some_and(|x| !x.no) && r.anchor.is_none());
@@ -118,8 +117,28 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
         let _ = (received_on, once, max_pkt_rate);
         // Enforced: every return variant (the engine's reply.rs).
         let _ = ret;
-        if log.is_some() {
-            logged = true;
+        // Enforced: `log` and `log (to pflogN)` on pass and block rules (and FreeBSD's `nat
+        // pass log`): the deciding rule's packet goes to pflog (xpfd's --pflog file and
+        // `xpfctl log`); not yet per packet of a state, per matching rule, or with the socket's
+        // user.
+        if let Some(l) = log {
+            if l.all {
+                refuse("log (all)");
+            }
+            if l.matches {
+                refuse("log (matches)");
+            }
+            if l.user {
+                refuse("log (user)");
+            }
+            if let Some(to) = &l.to {
+                if !to.strip_prefix("pflog").is_some_and(|n| n.parse::<u8>().is_ok_and(|n| n < 16)) {
+                    refuse(&format!("log (to {to})"));
+                }
+            }
+            if r.action == Action::Match || r.anchor.is_some() {
+                refuse("log on match rules and anchors");
+            }
         }
         for h in [src, dst] {
             match &h.kind {
@@ -224,9 +243,6 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
         // Enforced: a draw per packet from the worker's random numbers.
         let _ = probability;
     }
-    if logged {
-        warn.push("rules with 'log' load, but xpf writes no pflog yet: nothing is logged".into());
-    }
     errs.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
     (errs, warn)
 }
@@ -263,7 +279,10 @@ mod tests {
         ("block return-rst (ttl 9) in proto tcp", Yes("a_blocked_syn_gets_pfs_rst")),
         ("block return-icmp (net-unr) in proto udp", Yes("block_return_answers_tcp_with_a_rst_and_udp_with_port_unreachable")),
         ("block return-icmp6 in inet6 proto udp", Yes("udp_gets_port_unreachable_quoting_it")),
-        ("pass in log proto udp", Yes("rules with 'log' load")),
+        ("pass in log proto udp", Yes("a_logging_rule_marks_its_frames_for_pflog")),
+        ("block in log (to pflog1) proto udp", Yes("a_logging_rule_marks_its_frames_for_pflog")),
+        ("pass in log (all) proto udp", No("log (all)")),
+        ("match in log proto udp", No("log on match rules and anchors")),
         ("pass in proto icmp icmp-type echoreq code 0", Yes("an_icmp_error_quoting_no_state_is_left_to_the_rules")),
         ("pass in tos 0x10", Yes("tos_matches_the_tos_byte_without_its_ecn_bits")),
         ("pass in proto tcp keep state (max 3, max-src-conn 2, overload <b> flush global, tcp.established 5)", Yes("state_options_reach_the_engine_and_limiters_survive_a_recompile")),

@@ -1031,3 +1031,27 @@ pass in all flags S/SA
         assert!(p.errors.iter().any(|e| e.msg == msg && e.line == 1), "{bad}: {:?}", p.errors);
     }
 }
+
+/// `log`: the deciding rule's frame is marked for pflog with the rule's number, the unit,
+/// pf's action, reason and direction; a state's later packets are not (`log (all)` is not
+/// built).
+#[test]
+fn a_logging_rule_marks_its_frames_for_pflog() {
+    let r = rs("block log all\npass in log (to pflog1) proto udp to port 53\npass out\n");
+    let mut w = worker(r);
+    let mut v = [Verdict::Pass; 2];
+    let q = udp([10, 0, 0, 7], [198, 51, 100, 1], 4000, 53);
+    let blocked = udp([10, 0, 0, 7], [198, 51, 100, 1], 4000, 54);
+    w.process(&[&q[..], &blocked[..]], 2, Dir::In, 1, &mut v);
+    assert_eq!(v, [Verdict::Pass, Verdict::Drop(xpf_wire::Reason::Match)]);
+    assert_eq!(w.logged, 0b11);
+    let l = w.logs;
+    assert_eq!((l[0].rule, l[0].unit, l[0].action, l[0].reason, l[0].dir), (1, 1, 0, 0, 1));
+    assert_eq!((l[1].rule, l[1].unit, l[1].action, l[1].reason, l[1].dir), (0, 0, 1, 0, 1));
+    // The flow's next packet matches its state: no rule decides it, nothing is logged.
+    w.process(&[&q[..]], 2, Dir::In, 1, &mut v[..1]);
+    assert_eq!((v[0], w.logged), (Verdict::Pass, 0));
+    // A rule without `log` logs nothing.
+    w.process(&[&q[..]], 3, Dir::Out, 1, &mut v[..1]);
+    assert_eq!((v[0], w.logged), (Verdict::Pass, 0));
+}

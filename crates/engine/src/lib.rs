@@ -138,6 +138,10 @@ pub struct Worker<P: Policy> {
     /// where the packet is routed.
     pub translated: u64,
     pub rewrites: [Rewrite; BATCH],
+    /// `log`: frames of the last batch a logging rule decided (bit i: frame i), with what
+    /// pflog records of them ([`LogMark`]).
+    pub logged: u64,
+    pub logs: [LogMark; BATCH],
     /// The pools' round-robin positions and the source-port allocators.
     pub nat: nat::Nat,
     /// The batch's frames addressed to this host ([`Worker::process_tagged`]'s `local`).
@@ -215,6 +219,8 @@ impl<P: Policy> Worker<P> {
             scrubbed: 0,
             scrubs: [Scrub::NONE; BATCH],
             translated: 0,
+            logged: 0,
+            logs: [LogMark::default(); BATCH],
             rewrites: [Rewrite::default(); BATCH],
             nat: nat::Nat::default(),
             local: 0,
@@ -222,7 +228,7 @@ impl<P: Policy> Worker<P> {
                 let mut rng = ChaCha20Rng::from_seed(cfg.secret);
                 let mut key = [0u8; 32];
                 rand_core::Rng::fill_bytes(&mut rng, &mut key);
-                Aux { rng, proxy: None, cookies: Box::new(syncookie::Cookies::new(key)) }
+                Aux { rng, proxy: None, log: None, cookies: Box::new(syncookie::Cookies::new(key)) }
             },
             proxies: Vec::new(),
             substitutes: Vec::new(),
@@ -326,6 +332,7 @@ impl<P: Policy> Worker<P> {
         self.ret_mask = 0;
         self.scrubbed = 0;
         self.translated = 0;
+        self.logged = 0;
         if self.policy.skip(ifidx) {
             return self.skipped(&frames[..n], verdicts);
         }
@@ -403,6 +410,10 @@ impl<P: Policy> Worker<P> {
                 } else {
                     let c = ctx!(self, t6, ifidx, dir, now, &mut tags[i], i, i);
                     let v = miss(&mut self.t4, &self.policy, c, pd, self.k4[j], self.h4[j]);
+                    if let Some(l) = self.aux.log.take() {
+                        self.logs[i] = l;
+                        self.logged |= 1 << i;
+                    }
                     if let Some(id) = self.t4.created.take() {
                         self.created |= 1 << i;
                         self.created_ids[i] = id;
@@ -448,6 +459,10 @@ impl<P: Policy> Worker<P> {
                 } else {
                     let c = ctx!(self, t4, ifidx, dir, now, &mut tags[i], i, i);
                     let v = miss(&mut self.t6, &self.policy, c, pd, self.k6[j], self.h6[j]);
+                    if let Some(l) = self.aux.log.take() {
+                        self.logs[i] = l;
+                        self.logged |= 1 << i;
+                    }
                     if let Some(id) = self.t6.created.take() {
                         self.created |= 1 << i;
                         self.created_ids[i] = id | V6_SLOT;
@@ -468,6 +483,9 @@ impl<P: Policy> Worker<P> {
         }
         if self.ret_mask != 0 {
             self.answer(frames, now);
+        }
+        if self.logged != 0 {
+            self.log_verdicts(verdicts);
         }
         self.release_ports(now);
         if self.scrubbed != 0 {
@@ -490,6 +508,21 @@ impl<P: Policy> Worker<P> {
                 // Counted when its datagram is passed or dropped.
                 Verdict::Held => {}
             }
+        }
+    }
+
+    /// What the logged frames' verdicts were: pflog's action and reason.
+    #[cold]
+    fn log_verdicts(&mut self, verdicts: &[Verdict]) {
+        let mut m = self.logged;
+        while m != 0 {
+            let i = m.trailing_zeros() as usize;
+            m &= m - 1;
+            let l = &mut self.logs[i];
+            (l.action, l.reason) = match verdicts[i] {
+                Verdict::Drop(r) => (PF_DROP, pf_reason(r)),
+                _ => (PF_PASS, 0),
+            };
         }
     }
 
@@ -766,13 +799,20 @@ impl<P: Policy> Worker<P> {
         let mut tag = 0;
         // A first fragment's later fragments would leave untranslated: no rewrite for it.
         let rw = if pd.flags & pdf::FRAGMENT != 0 { BATCH } else { i };
-        if pd.af == AF_INET {
+        let v = if pd.af == AF_INET {
             let c = ctx!(self, t6, ifidx, dir, now, &mut tag, BATCH, rw);
             miss_whole(&mut self.t4, &self.policy, c, pd)
         } else {
             let c = ctx!(self, t4, ifidx, dir, now, &mut tag, BATCH, rw);
             miss_whole(&mut self.t6, &self.policy, c, pd)
+        };
+        if let Some(l) = self.aux.log.take() {
+            if i < BATCH {
+                self.logs[i] = l;
+                self.logged |= 1 << i;
+            }
         }
+        v
     }
 
     /// For a packet forwarded in on `in_if` and out on `out_if`: its two states (`in` and
@@ -1084,6 +1124,8 @@ use ctx;
 struct Aux {
     rng: ChaCha20Rng,
     proxy: Option<(u32, synproxy::Proxy)>,
+    /// A logging rule decided the packet just handled.
+    log: Option<LogMark>,
     /// `set syncookies` (boxed: the lanes' hot fields stay together).
     cookies: Box<syncookie::Cookies>,
 }
@@ -1691,6 +1733,34 @@ fn translate_port<K: Key, P: Policy>(
     Ok((K::from_pdesc(&n, dir, kif), nat::of_packet(&n), held))
 }
 
+/// What pflog records of a logged frame: the deciding rule, the pflog unit (`log (to
+/// pflogN)`), and pf's action, reason and direction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogMark {
+    pub rule: u32,
+    pub unit: u8,
+    /// pf's PF_PASS (0) or PF_DROP (1).
+    pub action: u8,
+    /// pf's reason code (PFRES_*).
+    pub reason: u8,
+    /// pf's PF_IN (1) or PF_OUT (2).
+    pub dir: u8,
+}
+
+const PF_PASS: u8 = 0;
+const PF_DROP: u8 = 1;
+
+/// pf's reason code for a drop: pf's own reasons have its numbers (the first 17 of
+/// [`Reason`], in pf's order); xpf's finer ones are pf's `normalize`.
+pub fn pf_reason(r: Reason) -> u8 {
+    const PF_REASONS: usize = 17;
+    if (r as usize) < PF_REASONS {
+        r as u8
+    } else {
+        4
+    }
+}
+
 /// [`miss`] for a packet not keyed in a batch.
 fn miss_whole<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc) -> Verdict {
     let k = K::from_pdesc(pd, c.dir, 0);
@@ -1751,7 +1821,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
             };
             pre = Some(n);
             let d = if x.pass {
-                Decision { rule: x.rule, tag: x.tag, pickup: true, ..Decision::PASS }
+                Decision { rule: x.rule, tag: x.tag, pickup: true, log: x.log, ..Decision::PASS }
             } else {
                 p.evaluate_in(&n, &Context { tag: x.tag, ..at })
             };
@@ -1761,6 +1831,11 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     if c.local && (d.action == Action::Block || d.rdr == 0) {
         // The host's, not a translation's: the host path filters it.
         return Verdict::Host;
+    }
+    if d.log != 0 {
+        // Taken by the caller for the frame at hand; the action and reason are the verdict's,
+        // noted after the batch.
+        c.aux.log = Some(LogMark { rule: d.rule, unit: d.log - 1, dir: c.dir as u8 + 1, ..LogMark::default() });
     }
     *c.tag = d.tag;
     if d.action == Action::Block {

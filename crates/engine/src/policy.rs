@@ -51,6 +51,9 @@ pub struct Decision {
     /// replaces it).
     pub nat: u32,
     pub rdr: u32,
+    /// `log` on the deciding rule: the pflog unit + 1 (`log (to pflogN)`, pflog0 by
+    /// default); 0 for none.
+    pub log: u8,
 }
 
 impl Decision {
@@ -73,6 +76,7 @@ impl Decision {
         rate: 0,
         nat: 0,
         rdr: 0,
+        log: 0,
     };
     /// `block` (drop).
     pub const BLOCK: Decision = Decision { action: Action::Block, keep_state: false, ..Decision::PASS };
@@ -137,6 +141,8 @@ pub struct Xlate {
     pub pass: bool,
     pub rule: u32,
     pub tag: u16,
+    /// `nat pass log`: as [`Decision::log`].
+    pub log: u8,
 }
 
 pub trait Policy {

@@ -7,5 +7,6 @@
 
 pub mod gen;
 pub mod pcap;
+pub mod pflog;
 pub mod rawip;
 pub mod replay;

@@ -13,7 +13,8 @@ use std::process::ExitCode;
 const SOCKET: &str = "/run/xpfd.sock";
 
 const USAGE: &str = "usage: xpfctl [-nv] [-D macro=value] [-o level] -f FILE\n       \
-                     xpfctl [-s info|states|memory|rules|nat|timeouts|Tables|all] [-k host] [-F what] [-t table -T cmd]";
+                     xpfctl [-s info|states|memory|rules|nat|timeouts|Tables|all] [-k host] [-F what] [-t table -T cmd]\n       \
+                     xpfctl log [-i pflogN]   (pcap of what `log` rules decide, live: | tcpdump -n -e -r -)";
 
 #[derive(Debug, Default)]
 struct Opts {
@@ -177,8 +178,65 @@ fn sync_decode(file: &str) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// `xpfctl log [-i pflogN] [--socket PATH]`: xpfd's live pflog stream (a pcap file of link
+/// type pflog) to stdout, until xpfd stops or the reader goes (`| tcpdump -n -e -r -`).
+fn follow_log(args: &[String]) -> ExitCode {
+    let mut socket = std::env::var("XPFD_SOCKET").unwrap_or_else(|_| SOCKET.to_string());
+    let mut unit = 0u8;
+    let mut i = 0;
+    while i < args.len() {
+        match (args[i].as_str(), args.get(i + 1)) {
+            ("-i", Some(v)) => match v.strip_prefix("pflog").and_then(|n| n.parse().ok()) {
+                Some(n) => unit = n,
+                None => {
+                    eprintln!("xpfctl log: -i {v}: pflog0, pflog1, ...");
+                    return ExitCode::from(2);
+                }
+            },
+            ("--socket", Some(v)) => socket = v.clone(),
+            (a, _) => {
+                eprintln!("xpfctl log: unexpected '{a}'\n{USAGE}");
+                return ExitCode::from(2);
+            }
+        }
+        i += 2;
+    }
+    let path = format!("{socket}.pflog");
+    let mut s = match UnixStream::connect(&path) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("xpfctl log: cannot reach xpfd's pflog at {path}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = s.write_all(format!("pflog{unit}\n").as_bytes()) {
+        eprintln!("xpfctl log: {e}");
+        return ExitCode::FAILURE;
+    }
+    let mut out = std::io::stdout().lock();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match std::io::Read::read(&mut s, &mut buf) {
+            Ok(0) => return ExitCode::SUCCESS,
+            Ok(n) => {
+                // The reader went (tcpdump -c N): done.
+                if out.write_all(&buf[..n]).and_then(|()| out.flush()).is_err() {
+                    return ExitCode::SUCCESS;
+                }
+            }
+            Err(e) => {
+                eprintln!("xpfctl log: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("log") {
+        return follow_log(&args[1..]);
+    }
     if args.first().map(String::as_str) == Some("sync-decode") {
         return match args.get(1) {
             Some(f) => sync_decode(f),

@@ -157,6 +157,8 @@ pub struct Daemon {
     pub sync: Option<Arc<crate::sync::Shared>>,
     /// Which interfaces take the fast path's redirected frames (fast path on).
     pub egresses: Option<Arc<crate::fastpath::Egresses>>,
+    /// pflog's counters.
+    pub pflog: Option<Arc<crate::pflog::Shared>>,
 }
 
 fn ask<T>(workers: &[Sender<Cmd>], mk: impl Fn(Sender<T>) -> Cmd) -> Result<Vec<T>, String> {
@@ -273,7 +275,18 @@ impl Daemon {
         workers: Vec<Sender<Cmd>>,
         steers: Arc<Mutex<Vec<(String, Steer)>>>,
     ) -> Daemon {
-        Daemon { file, defines, loaded, slot, workers, steers, start: Instant::now(), sync: None, egresses: None }
+        Daemon {
+            file,
+            defines,
+            loaded,
+            slot,
+            workers,
+            steers,
+            start: Instant::now(),
+            sync: None,
+            egresses: None,
+            pflog: None,
+        }
     }
 
     /// Whether the ruleset in force names `self` or `(if)` addresses, which follow the
@@ -696,6 +709,23 @@ impl Daemon {
                 if let Some((t, _)) = &sync {
                     text.push_str(t);
                 }
+                let pflog = self.pflog.as_ref().map(|p| {
+                    let g = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+                    [
+                        ("logged", "logged", g(&p.logged)),
+                        ("dropped", "dropped (queue full)", g(&p.dropped)),
+                        ("bytes", "bytes written", g(&p.bytes)),
+                        ("write_errors", "write errors", g(&p.write_errors)),
+                        ("readers", "live readers", g(&p.readers)),
+                        ("dropped_live", "lost by live readers", g(&p.dropped_live)),
+                    ]
+                });
+                if let Some(rows) = &pflog {
+                    let _ = writeln!(text, "Pflog");
+                    for (_, k, v) in rows {
+                        let _ = writeln!(text, "  {:<25} {:>14}", k, v);
+                    }
+                }
                 let rx_dropped: u64 = xs.iter().map(|x| x.rx_drops()).sum();
                 let syn_rx: u64 = xs.iter().map(|x| x.syn_rx).sum();
                 let syn_dropped: u64 = xs.iter().map(|x| x.syn_dropped).sum();
@@ -741,6 +771,7 @@ impl Daemon {
                     "forwarding": io,
                     "syn_queue": {"received": syn_rx, "dropped": syn_dropped},
                     "sync": sync.map(|(_, v)| v),
+                    "pflog": pflog.map(|rows| rows.iter().map(|(k, _, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>()),
                     "steering": steer.iter().map(|(n, c)| json!({"interface": n, "counters": c, "fast_path_out": fast_out(n)})).collect::<Vec<_>>(),
                     "packet_mode": pc.iter().map(|(i, c)| json!({"ifindex": i, "counters": c})).collect::<Vec<_>>(),
                     "sockets": xs.iter().map(|x| json!({"ifindex": x.ifindex, "queue": x.queue, "rx": x.rx, "tx": x.tx,

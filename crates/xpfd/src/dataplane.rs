@@ -178,6 +178,8 @@ pub struct Dataplane {
     mod_bufs: Vec<Vec<u8>>,
     /// State sync (--sync-dev): this worker's replica and sender.
     pub sync: Option<crate::sync::WorkerSync>,
+    /// Where `log` rules' packets go.
+    pub pflog: Option<crate::pflog::Tx>,
     /// Defer mode: a buffer for released packets, and whether this batch held any.
     held_out: crate::defer::Released,
     held_now: bool,
@@ -315,6 +317,7 @@ impl Dataplane {
             overload: None,
             mod_bufs: Vec::new(),
             sync: None,
+            pflog: None,
             wake: None,
             held_out: Vec::new(),
             held_now: false,
@@ -331,6 +334,19 @@ impl Dataplane {
 
     fn now(&self) -> u32 {
         self.start.elapsed().as_secs() as u32 + 1
+    }
+
+    /// The frames of the last engine batch (seen on `ifindex`) a `log` rule decided: to
+    /// pflog, with the verdict, the rule and the translation the worker noted.
+    #[inline]
+    fn log_batch(&self, frames: &[&[u8]], ifindex: u32) {
+        let m = self.worker.logged;
+        if m == 0 {
+            return;
+        }
+        if let Some(tx) = &self.pflog {
+            log_frames(tx, &self.worker, frames, ifindex, m);
+        }
     }
 
     fn port_of(&self, ifindex: u32) -> Option<usize> {
@@ -569,6 +585,7 @@ impl Dataplane {
         let mut tags = [0u16; BATCH];
         let clock = Instant::now();
         self.worker.process_tagged(&frames[..n], inif as u16, Dir::In, inif as u16, now, &mut v_in, &mut tags, local);
+        self.log_batch(&frames[..n], inif);
         // Defer mode: which frames made a state on the way in (the `out` pass may make more).
         let defer = self.sync.as_ref().is_some_and(|s| s.defer.is_some());
         let (created_in, ids_in) = if defer { (self.worker.created, self.worker.created_ids) } else { (0, [0; BATCH]) };
@@ -697,6 +714,7 @@ impl Dataplane {
                 &mut out_tags[..m],
                 0,
             );
+            self.log_batch(&out_frames[..m], eg);
             spent += clock.elapsed();
             // A block out with return answers the sender, back where the packet came in.
             self.send_returns(p);
@@ -1045,6 +1063,49 @@ impl Drop for Wake {
 /// of the `out` batch), the scrub actions of both passes (frame i of the `in` batch), new
 /// link addresses and TTL.
 #[allow(clippy::too_many_arguments)]
+#[cold]
+fn log_frames(tx: &crate::pflog::Tx, w: &Worker<Live>, frames: &[&[u8]], ifindex: u32, m: u64) {
+    use xpf_io::pflog::{self as fmt, Header};
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let ts = (t.as_secs() as u32, t.subsec_micros());
+    for i in bits(m).filter(|&i| i < frames.len()) {
+        let l = w.logs[i];
+        let f = frames[i];
+        // The IP packet: after the Ethernet header and any 802.1Q tags.
+        let mut at = 14;
+        while f.len() >= at + 4 && matches!(u16::from_be_bytes([f[at - 2], f[at - 1]]), 0x8100 | 0x88a8) {
+            at += 4;
+        }
+        let ip = f.get(at..).unwrap_or(&[]);
+        let af = match ip.first().map(|b| b >> 4) {
+            Some(4) => fmt::AF_INET,
+            Some(6) => fmt::AF_INET6,
+            _ => continue,
+        };
+        let rewritten = (w.translated & (1 << i) != 0).then(|| (w.rewrites[i].addr, w.rewrites[i].port));
+        let len = ip.len().min(fmt::SNAPLEN);
+        let mut e = Box::new(crate::pflog::Entry {
+            unit: l.unit,
+            ifindex,
+            hdr: Header {
+                af,
+                action: l.action,
+                reason: l.reason,
+                ifname: [0; 16],
+                rulenr: l.rule,
+                dir: l.dir,
+                rewritten,
+            },
+            ts,
+            len: len as u16,
+            data: [0; fmt::SNAPLEN],
+            orig_len: ip.len() as u32,
+        });
+        e.data[..len].copy_from_slice(&ip[..len]);
+        tx.log(e);
+    }
+}
+
 fn outgoing(
     f: &mut [u8],
     w: &Worker<Live>,

@@ -21,6 +21,7 @@ mod defer;
 mod fastpath;
 mod handoff;
 mod host;
+mod pflog;
 mod policy;
 mod sync;
 
@@ -40,7 +41,7 @@ pub const DEFAULT_SOCKET: &str = "/run/xpfd.sock";
 
 const USAGE: &str = "usage: xpfd -f FILE -i IF [-i IF ...] [--io xdp|packet|auto] [--workers N] [--cpus LIST] \
                      [--socket PATH] [--busy-poll] [--fastpath FLOWS | --no-fastpath] [-D macro=value] \
-                     [--sync-dev IF [--sync-peer ADDR] [--sync-key FILE] [--sync-maxupd N] [--sync-hostid ID] [--sync-defer]]";
+                     [--pflog FILE] [--pflog-size BYTES] [--sync-dev IF [--sync-peer ADDR] [--sync-key FILE] [--sync-maxupd N] [--sync-hostid ID] [--sync-defer]]";
 
 #[derive(Debug)]
 struct Args {
@@ -56,6 +57,9 @@ struct Args {
     fastpath: Option<u32>,
     defines: Vec<(String, String)>,
     sync: Option<sync::SyncArgs>,
+    /// Where `log` rules' packets go (pflog0's file; pflogN's is FILE followed by N).
+    pflog: String,
+    pflog_size: u64,
 }
 
 fn parse_args(a: &[String]) -> Result<Args, String> {
@@ -70,6 +74,8 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
         fastpath: None,
         defines: Vec::new(),
         sync: None,
+        pflog: "/var/log/pflog".into(),
+        pflog_size: 16 << 20,
     };
     let mut sync =
         sync::SyncArgs { dev: String::new(), peer: None, key_file: None, maxupd: 128, hostid: None, defer: false };
@@ -103,6 +109,15 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
                 }
             }
             "--no-fastpath" => r.fastpath = Some(0),
+            "--pflog" => r.pflog = val()?,
+            "--pflog-size" => {
+                let v = val()?;
+                r.pflog_size = v
+                    .parse()
+                    .ok()
+                    .filter(|&n| n >= 4096)
+                    .ok_or_else(|| format!("--pflog-size {v}: bytes, 4096 or more"))?
+            }
             "-D" => {
                 let d = val()?;
                 let (k, v) = d.split_once('=').ok_or_else(|| format!("-D {d}: expected macro=value"))?;
@@ -457,6 +472,14 @@ fn run(a: Args) -> Result<(), String> {
     if let Some(e) = &egresses {
         probe_egresses(&steers.lock().unwrap(), e, &mut probed, true);
     }
+    // pflog: the writer runs from the start (a reload may bring `log` rules); the files are
+    // opened when their first packet comes.
+    let pflog = pflog::start(pflog::Config {
+        file: a.pflog.clone().into(),
+        max_bytes: a.pflog_size,
+        socket: pflog::socket_of(&a.socket),
+    })
+    .map_err(|e| format!("pflog ({}): {e}", pflog::socket_of(&a.socket).display()))?;
     let mut handoffs: Vec<Option<handoff::Handoff>> =
         if ports_of.len() > 1 { handoff::mesh(ports_of.len()).into_iter().map(Some).collect() } else { vec![None] };
     for (w, ports) in ports_of.into_iter().enumerate() {
@@ -494,6 +517,7 @@ fn run(a: Args) -> Result<(), String> {
         let (stop, busy) = (stop.clone(), a.busy);
         let fast = tables.clone().zip(egresses.clone());
         let overload = overload_tx.clone();
+        let logger = pflog.clone();
         // Worker 0 filters the host's own traffic too: the queue is bound before the rules
         // that fill it are installed (below), so nothing is queued with no reader.
         let host = if w == 0 {
@@ -508,6 +532,7 @@ fn run(a: Args) -> Result<(), String> {
                     pin(cpu);
                     let mut dp = Dataplane::new(worker, ports, rx, stop, busy);
                     dp.overload = Some(overload);
+                    dp.pflog = Some(logger);
                     dp.host = host;
                     dp.sync = wsync;
                     dp.wake = Some(wake);
@@ -553,6 +578,7 @@ fn run(a: Args) -> Result<(), String> {
     let mut d = Daemon::new(a.file.clone(), a.defines.clone(), loaded, slot, txs, steers.clone());
     d.sync = sync_shared.clone();
     d.egresses = egresses.clone();
+    d.pflog = Some(pflog.shared.clone());
     let listener = control::listen(&a.socket).map_err(|e| format!("control socket {}: {e}", a.socket))?;
     eprintln!("xpfd: filtering {}; control socket {}", a.ifaces.join(", "), a.socket);
     let mut hups = 0;

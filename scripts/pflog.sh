@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# pflog: what `log` rules decide, read with the tools a pf administrator reaches for first:
+# `tcpdump -n -e -ttt -r` on the file xpfd writes (pflogd's habit) and `xpfctl log | tcpdump
+# -r -` live. xpfd between the client's network (fc) and the server's (fs), default host
+# settings:
+#   client 10.0.1.2 -- [fc] xpfd [fs] -- server 10.0.2.2
+# Each check prints ok/FAIL; the last line is the tally. Needs root; cleans up after itself.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN=target/release
+P=xp-
+SOCK=/run/xpf-pflog-test.sock
+CTL="$BIN/xpfctl --socket $SOCK"
+DIR=$(mktemp -d /tmp/xpf-pflog.XXXX)
+LOG=$DIR/xpfd.log
+. scripts/lib.sh
+needs pflog ip tcpdump python3 timeout
+
+. scripts/check.sh
+c() { ip netns exec ${P}client "$@"; }
+# try PROTO PORT: one connection (TCP) or datagram (UDP) from the client to the server.
+try() {
+    c python3 - "$1" "$2" <<'PY'
+import socket, sys
+proto, port = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM)
+s.settimeout(1)
+try:
+    if proto == "tcp":
+        s.connect(("10.0.2.2", port))
+    else:
+        s.sendto(b"x", ("10.0.2.2", port))
+except OSError:
+    pass
+PY
+}
+export -f c try
+export P
+
+cat >"$DIR/pf.conf" <<'CONF'
+block log all
+pass in log on fc inet proto tcp to 10.0.2.2 port 7000
+pass in log (to pflog1) on fc inet proto udp to 10.0.2.2 port 7000
+pass in on fc inet proto icmp
+pass out on fs
+CONF
+
+scripts/topo.sh up $P
+ip netns exec ${P}server python3 scripts/peer.py 0.0.0.0 7000 >/dev/null 2>&1 &
+ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --socket $SOCK --pflog "$DIR/pflog" 2>"$LOG" &
+XPFD=$!
+for _ in $(seq 100); do $CTL -s memory >/dev/null 2>&1 && break; sleep 0.1; done
+check "xpfd starts with log rules and --pflog" $CTL -s memory
+
+# Live first: a reader on the stream sees the next blocked connection.
+timeout 10 $BIN/xpfctl log --socket $SOCK 2>"$DIR/live.err" | timeout 10 tcpdump -n -e -r - -c 1 'tcp port 7002' >"$DIR/live.txt" 2>/dev/null &
+LIVE=$!
+sleep 1
+try tcp 7002
+try tcp 7000
+try udp 7000
+c ping -c 1 -W 1 10.0.2.2 >/dev/null
+wait $LIVE
+check "xpfctl log | tcpdump -r - shows the block live (rule 0, block in on fc)" \
+    bash -c "cat $DIR/live.txt; grep -qE 'rule 0/[^ ]*: block in on fc: 10\.0\.1\.2\.[0-9]+ > 10\.0\.2\.2\.7002: Flags \[S\]' $DIR/live.txt"
+
+sleep 0.5 # the writer flushes after each burst
+tcpdump -n -e -ttt -r "$DIR/pflog" >"$DIR/file.txt" 2>"$DIR/file.err"
+check "tcpdump -n -e -ttt -r reads the pflog file" bash -c "cat $DIR/file.err; [[ -s $DIR/file.txt ]]"
+check "the blocked connection is in it: rule 0, block in on fc" \
+    bash -c "grep -E 'rule 0/[^ ]*: block in on fc: 10\.0\.1\.2\.[0-9]+ > 10\.0\.2\.2\.7002' $DIR/file.txt"
+check "the logged pass is in it: rule 1, pass in on fc, the SYN" \
+    bash -c "grep -E 'rule 1/[^ ]*: pass in on fc: 10\.0\.1\.2\.[0-9]+ > 10\.0\.2\.2\.7000: Flags \[S\]' $DIR/file.txt"
+check "only the connection's first packet (the state's later ones are not the rule's)" \
+    bash -c "[[ \$(grep -c '> 10.0.2.2.7000' $DIR/file.txt) -eq 1 ]]"
+check "a rule without log logs nothing (the ping passed, unlogged)" refused grep -q ICMP "$DIR/file.txt"
+check "log (to pflog1): the UDP datagram is in pflog1, not in pflog" bash -c "
+    tcpdump -n -e -r $DIR/pflog1 2>/dev/null | tee /dev/stderr | grep -qE 'rule 2/[^ ]*: pass in on fc: 10\.0\.1\.2\.[0-9]+ > 10\.0\.2\.2\.7000: UDP'
+    ! grep -q 'UDP' $DIR/file.txt"
+check "-s info counts what was logged" bash -c "$CTL -s info | sed -n '/^Pflog/,/live readers/p' | tee /dev/stderr | grep -E 'logged +[3-9]'"
+
+# Refused where it cannot be kept.
+printf 'pass in log (all) proto tcp\n' >"$DIR/all.conf"
+check "log (all) is refused with FILE:LINE" bash -c "! $CTL -f $DIR/all.conf 2>$DIR/err; cat $DIR/err; grep -q 'all.conf:1:.*log (all)' $DIR/err"
+
+[[ $fail -gt 0 ]] && sed "s/^/     xpfd: /" "$LOG" | tail -20
+echo "pflog: $pass passed, $fail failed"
+[[ $fail -eq 0 ]]
