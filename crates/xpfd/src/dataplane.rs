@@ -345,7 +345,7 @@ impl Dataplane {
             return;
         }
         if let Some(tx) = &self.pflog {
-            log_frames(tx, &self.worker, frames, ifindex, m);
+            crate::pflog::log_frames(tx, &self.worker, frames, ifindex, m);
         }
     }
 
@@ -391,7 +391,7 @@ impl Dataplane {
             // The host's own traffic: looked at every round while it comes, every 4th otherwise.
             if let Some(h) = &mut self.host {
                 if host_seen > 0 || got == 0 || n_loops.is_multiple_of(4) {
-                    host_seen = h.poll(&mut self.worker, now);
+                    host_seen = h.poll(&mut self.worker, now, self.pflog.as_ref());
                     got += host_seen;
                 }
             }
@@ -1063,49 +1063,6 @@ impl Drop for Wake {
 /// of the `out` batch), the scrub actions of both passes (frame i of the `in` batch), new
 /// link addresses and TTL.
 #[allow(clippy::too_many_arguments)]
-#[cold]
-fn log_frames(tx: &crate::pflog::Tx, w: &Worker<Live>, frames: &[&[u8]], ifindex: u32, m: u64) {
-    use xpf_io::pflog::{self as fmt, Header};
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let ts = (t.as_secs() as u32, t.subsec_micros());
-    for i in bits(m).filter(|&i| i < frames.len()) {
-        let l = w.logs[i];
-        let f = frames[i];
-        // The IP packet: after the Ethernet header and any 802.1Q tags.
-        let mut at = 14;
-        while f.len() >= at + 4 && matches!(u16::from_be_bytes([f[at - 2], f[at - 1]]), 0x8100 | 0x88a8) {
-            at += 4;
-        }
-        let ip = f.get(at..).unwrap_or(&[]);
-        let af = match ip.first().map(|b| b >> 4) {
-            Some(4) => fmt::AF_INET,
-            Some(6) => fmt::AF_INET6,
-            _ => continue,
-        };
-        let rewritten = (w.translated & (1 << i) != 0).then(|| (w.rewrites[i].addr, w.rewrites[i].port));
-        let len = ip.len().min(fmt::SNAPLEN);
-        let mut e = Box::new(crate::pflog::Entry {
-            unit: l.unit,
-            ifindex,
-            hdr: Header {
-                af,
-                action: l.action,
-                reason: l.reason,
-                ifname: [0; 16],
-                rulenr: l.rule,
-                dir: l.dir,
-                rewritten,
-            },
-            ts,
-            len: len as u16,
-            data: [0; fmt::SNAPLEN],
-            orig_len: ip.len() as u32,
-        });
-        e.data[..len].copy_from_slice(&ip[..len]);
-        tx.log(e);
-    }
-}
-
 fn outgoing(
     f: &mut [u8],
     w: &Worker<Live>,

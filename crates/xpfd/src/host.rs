@@ -102,7 +102,7 @@ impl HostPath {
 
     /// Filters what the kernel queued since the last call and gives it the verdicts.
     /// Returns the packets handled.
-    pub fn poll<P: Policy>(&mut self, w: &mut Worker<P>, now: u32) -> usize {
+    pub fn poll<P: Policy>(&mut self, w: &mut Worker<P>, now: u32, pflog: Option<&crate::pflog::Tx>) -> usize {
         let HostPath { q, frame, verdicts, stats, pending, pending_n, .. } = self;
         let r = q.recv(|p| {
             let (dir, ifidx) = match p.hook {
@@ -123,6 +123,9 @@ impl HostPath {
             frame.extend_from_slice(p.packet);
             let mut v = [Verdict::Pass];
             w.process(&[&frame[..]], ifidx as u16, dir, now, &mut v);
+            if let (Some(tx), 1) = (pflog, w.logged & 1) {
+                crate::pflog::log_frames(tx, w, &[&frame[..]], ifidx, 1);
+            }
             // A fragment (IPv6 at INPUT: see the module's note): its verdict waits for its
             // datagram's, which every fragment then gets.
             let mut pd = xpf_wire::PDesc::default();

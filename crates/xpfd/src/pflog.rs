@@ -256,6 +256,51 @@ fn fresh(path: &Path) -> io::Result<File> {
     Ok(File { w: io::BufWriter::new(f), size: 24 })
 }
 
+/// The frames of `w`'s last batch (seen on `ifindex`) a `log` rule decided (`m`): to pflog
+/// through `tx`, with the verdict, the rule and the translation the worker noted.
+#[cold]
+pub fn log_frames<P: xpf_engine::Policy>(tx: &Tx, w: &xpf_engine::Worker<P>, frames: &[&[u8]], ifindex: u32, m: u64) {
+    use xpf_io::pflog::{self as fmt, Header};
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let ts = (t.as_secs() as u32, t.subsec_micros());
+    for i in (0..frames.len().min(64)).filter(|&i| m & (1 << i) != 0) {
+        let l = w.logs[i];
+        let f = frames[i];
+        // The IP packet: after the Ethernet header and any 802.1Q tags.
+        let mut at = 14;
+        while f.len() >= at + 4 && matches!(u16::from_be_bytes([f[at - 2], f[at - 1]]), 0x8100 | 0x88a8) {
+            at += 4;
+        }
+        let ip = f.get(at..).unwrap_or(&[]);
+        let af = match ip.first().map(|b| b >> 4) {
+            Some(4) => fmt::AF_INET,
+            Some(6) => fmt::AF_INET6,
+            _ => continue,
+        };
+        let rewritten = (w.translated & (1 << i) != 0).then(|| (w.rewrites[i].addr, w.rewrites[i].port));
+        let len = ip.len().min(fmt::SNAPLEN);
+        let mut e = Box::new(Entry {
+            unit: l.unit,
+            ifindex,
+            hdr: Header {
+                af,
+                action: l.action,
+                reason: l.reason,
+                ifname: [0; 16],
+                rulenr: l.rule,
+                dir: l.dir,
+                rewritten,
+            },
+            ts,
+            len: len as u16,
+            data: [0; fmt::SNAPLEN],
+            orig_len: ip.len() as u32,
+        });
+        e.data[..len].copy_from_slice(&ip[..len]);
+        tx.log(e);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
