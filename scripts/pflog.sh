@@ -86,6 +86,9 @@ check "log (to pflog1): the UDP datagram is in pflog1, not in pflog" bash -c "
     ! grep -q 'UDP' $DIR/file.txt"
 check "-s info counts what was logged" bash -c "$CTL -s info | sed -n '/^Pflog/,/live readers/p' | tee /dev/stderr | grep -E 'logged +([3-9]|[1-9][0-9]+)$'"
 
+check "xpfctl --help and xpfd --help print their usage (log, --pflog)" \
+    bash -c "$BIN/xpfctl --help | grep -q 'xpfctl log' && $BIN/xpfd --help | grep -q -- '--pflog FILE'"
+
 # Refused where it cannot be kept.
 printf 'pass in log (all) proto tcp\n' >"$DIR/all.conf"
 check "log (all) is refused with FILE:LINE" bash -c "! $CTL -f $DIR/all.conf 2>$DIR/err; cat $DIR/err; grep -q 'all.conf:1:.*log (all)' $DIR/err"

@@ -12,9 +12,15 @@ use std::process::ExitCode;
 /// Where xpfd listens unless told otherwise (xpfd --socket, XPFD_SOCKET or --socket here).
 const SOCKET: &str = "/run/xpfd.sock";
 
-const USAGE: &str = "usage: xpfctl [-nv] [-D macro=value] [-o level] -f FILE\n       \
-                     xpfctl [-s info|states|memory|rules|nat|timeouts|Tables|all] [-k host] [-F what] [-t table -T cmd]\n       \
-                     xpfctl log [-i pflogN]   (pcap of what `log` rules decide, live: | tcpdump -n -e -r -)";
+const USAGE: &str = "usage: xpfctl [-nv] [-D macro=value] [-o level] -f FILE      check (-n) or load a pf.conf (-f - : stdin)\n       \
+                     xpfctl [-v[v]] -s info|states|memory|rules|nat|timeouts|Tables|all\n       \
+                     xpfctl -k host [-k host] | -k label NAME    kill states\n       \
+                     xpfctl -F states|rules|all\n       \
+                     xpfctl -t table -T show|add|delete|replace|test|flush|zero|expire [address ...]\n       \
+                     xpfctl --steer on|off|bare                  forwarding by xpfd, the kernel, or XDP unfiltered\n       \
+                     xpfctl log [-i pflogN]                      pflog live, as pcap: | tcpdump -n -e -r -\n       \
+                     xpfctl sync-decode FILE.pcap                pfsync frames of a capture, decoded\n\
+                     options: --json (the answer's data as JSON), --socket PATH (xpfd's control socket; XPFD_SOCKET, /run/xpfd.sock)";
 
 #[derive(Debug, Default)]
 struct Opts {
@@ -234,6 +240,10 @@ fn follow_log(args: &[String]) -> ExitCode {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     if args.first().map(String::as_str) == Some("log") {
         return follow_log(&args[1..]);
     }

@@ -245,6 +245,10 @@ fn xdp_ports(a: &Args, ifs: &[(String, u32, u32)], flows: u32) -> Result<Ports, 
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        println!("{USAGE}");
+        return;
+    }
     let a = match parse_args(&args) {
         Ok(a) => a,
         Err(e) => {
