@@ -67,6 +67,15 @@ s python3 scripts/peer.py 0.0.0.0 7000 >/dev/null 2>&1 &
 s python3 scripts/peer.py :: 7001 >/dev/null 2>&1 &
 s python3 scripts/peer.py 0.0.0.0 9999 >/dev/null 2>&1 &
 s iperf3 -s -D --bind 10.0.2.2 >/dev/null
+# A UDP echo of whole datagrams (3,000 bytes go and come back as fragments), noting who sent.
+s python3 -c "
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('0.0.0.0', 7005))
+while True:
+    d, a = s.recvfrom(65535)
+    open('$DIR/echo-peer', 'w').write(a[0] + ' ' + str(a[1]) + ' ' + str(len(d)))
+    s.sendto(d, a)
+" >/dev/null 2>&1 &
 c python3 scripts/peer.py 10.0.1.2 7000 >/dev/null 2>&1 &
 c python3 scripts/peer.py fd00:1::2 7000 >/dev/null 2>&1 &
 ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --socket $SOCK 2>"$LOG" &
@@ -80,6 +89,12 @@ check "TCP out through nat-to: the server sees 10.0.2.1:50001-65535" \
     bash -c "r=\$(peer client tcp 10.0.2.2 7000) && echo \"\$r\" && [[ \$r == '10.0.2.1 '* ]] && in_range \"\$r\" 50001 65535"
 check "UDP out through nat-to: the server sees 10.0.2.1" \
     bash -c "r=\$(peer client udp 10.0.2.2 7000) && echo \"\$r\" && [[ \$r == '10.0.2.1 '* ]]"
+check "a 3,000-byte UDP datagram through nat-to and back: fragments translated both ways" bash -c "
+    c python3 -c \"
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
+s.sendto(bytes(range(256)) * 11 + bytes(184), ('10.0.2.2', 7005))
+d = s.recv(65535); print(len(d)); sys.exit(0 if len(d) == 3000 else 1)\" && cat $DIR/echo-peer && grep -qE '^10\.0\.2\.1 [0-9]+ 3000$' $DIR/echo-peer"
 check "ping through nat-to" c ping -c 2 -W 2 -i 0.2 10.0.2.2
 check "the server saw the echo requests from 10.0.2.1" bash -c "
     s timeout 5 tcpdump -n -i s0 -c 1 icmp[icmptype]==icmp-echo 2>/dev/null >$DIR/dump & sleep 1
@@ -101,6 +116,7 @@ check "rdr-to does not open other ports of the firewall" refused peer server tcp
 # The firewall's own traffic to its translation address still works (given back to the
 # kernel), and its rules still decide it.
 check "the firewall answers a ping on its outside address" s ping -c 2 -W 2 -i 0.2 10.0.2.1
+check "and a 3,000-byte one (its fragments reassembled by xpfd, given back to the host)" s ping -c 2 -W 2 -i 0.2 -s 3000 10.0.2.1
 check "the firewall's own UDP port stays closed (blocked by its rules)" refused peer server udp 10.0.2.1 50100
 
 # ICMP errors come back translated into the inside host's view.

@@ -99,6 +99,9 @@ pub struct WorkerConfig {
 /// blocked packets must not become a flood of answers (the kernel's icmp_ratelimit is 1,000).
 pub const RETURN_PER_SECOND: u32 = 1000;
 
+/// A miss context's rewrite slot for a reassembled datagram ([`Worker::dgram`]).
+const DGRAM: usize = BATCH + 1;
+
 /// In [`Worker::created_ids`]: the slot is an IPv6 state's.
 pub const V6_SLOT: u32 = 1 << 31;
 
@@ -113,6 +116,21 @@ pub struct Worker<P: Policy> {
     /// datagram order, each with the index in that batch of the frame that completed it (its
     /// route is theirs). The caller sends them on and empties this.
     pub released: Vec<(u8, Vec<u8>)>,
+    /// Which of them (by the index they are released with) a translation rewrote: their
+    /// route is the rewritten destination's, not the completing frame's.
+    pub released_translated: u64,
+    /// The translation of the datagram [`Worker::filter_datagram`] passed last, if it has
+    /// one: the caller applies it to each fragment it sends
+    /// ([`xpf_wire::translate::apply_fragment`]).
+    pub datagram_rewrite: Option<Rewrite>,
+    /// Where the filter notes a reassembled datagram's translation (slot 0).
+    dgram: Box<[Rewrite; BATCH]>,
+    dgram_mask: u64,
+    /// The datagram being filtered came to this host's address.
+    dgram_local: bool,
+    /// Fragments of datagrams to this host that were not a translation's: the caller gives
+    /// them back to the host's stack as they came (taken like [`Worker::released`]).
+    pub host_pieces: Vec<(u8, Vec<u8>)>,
     frag_buf: Vec<u8>,
     /// `modulate state`: frames of the last batch to rewrite before they leave (bit i: frame
     /// i), with (added to SEQ, taken from ACK and SACK); [`proto::apply_modulation`] does it.
@@ -210,6 +228,12 @@ impl<P: Policy> Worker<P> {
             stats: Stats::default(),
             frags: None,
             released: Vec::new(),
+            released_translated: 0,
+            datagram_rewrite: None,
+            dgram: Box::new([Rewrite::default(); BATCH]),
+            dgram_mask: 0,
+            dgram_local: false,
+            host_pieces: Vec::new(),
             frag_buf: Vec::new(),
             patched: 0,
             created: 0,
@@ -333,6 +357,7 @@ impl<P: Policy> Worker<P> {
         self.scrubbed = 0;
         self.translated = 0;
         self.logged = 0;
+        self.released_translated = 0;
         if self.policy.skip(ifidx) {
             return self.skipped(&frames[..n], verdicts);
         }
@@ -356,7 +381,9 @@ impl<P: Policy> Worker<P> {
             let pd = &self.pd[i];
             if pd.flags & (pdf::FRAGMENT | pdf::ICMP_ERROR) != 0 {
                 let pd = *pd;
-                if local & (1 << i) != 0 && pd.flags & pdf::FRAGMENT != 0 {
+                // To this host: reassembled here when reassembly is on (a translated flow's
+                // fragments to a pool address are xpfd's; the rest go back whole to the host).
+                if local & (1 << i) != 0 && pd.flags & pdf::FRAGMENT != 0 && self.frags.is_none() {
                     verdicts[i] = Verdict::Host;
                     continue;
                 }
@@ -712,17 +739,34 @@ impl<P: Policy> Worker<P> {
             }
             frag::Outcome::Complete(pieces) => {
                 let n = pieces.len() as u32;
+                self.dgram_local = self.local & (1 << i) != 0;
                 let v = self.filter_pieces(&pieces, ifidx, dir, now);
+                self.dgram_local = false;
                 match v {
                     Verdict::Pass => {
                         self.stats.passed += n as u64;
-                        self.released.extend(pieces.into_iter().map(|p| (i as u8, p.frame)));
+                        let to = (self.dgram_mask != 0).then_some(self.dgram[0]);
+                        if to.is_some() {
+                            self.released_translated |= 1 << i;
+                        }
+                        self.released.extend(pieces.into_iter().map(|mut p| {
+                            if let Some(to) = &to {
+                                xpf_wire::translate::apply_fragment(&mut p.frame, to);
+                            }
+                            (i as u8, p.frame)
+                        }));
                         Verdict::Held
                     }
                     Verdict::Drop(r) => {
                         // This frame is counted by its verdict, the others here.
                         self.count_dropped(n - 1, r);
                         v
+                    }
+                    Verdict::Host if self.local & (1 << i) != 0 => {
+                        // The host's own: every fragment back to it, as it came.
+                        self.stats.to_host += n as u64;
+                        self.host_pieces.extend(pieces.into_iter().map(|p| (i as u8, p.frame)));
+                        Verdict::Held
                     }
                     Verdict::Host | Verdict::Held => {
                         self.stats.passed += n as u64 - 1;
@@ -735,6 +779,7 @@ impl<P: Policy> Worker<P> {
 
     /// Filters complete `pieces` as the one datagram they make.
     fn filter_pieces(&mut self, pieces: &[frag::Piece], ifidx: u16, dir: Dir, now: u32) -> Verdict {
+        self.dgram_mask = 0;
         let mut buf = std::mem::take(&mut self.frag_buf);
         let mut whole = PDesc::default();
         let v = match frag::Frags::assemble(pieces, &mut buf) {
@@ -754,6 +799,7 @@ impl<P: Policy> Worker<P> {
     /// [`Worker::released`] gave after its `in` pass on `rcvif`. Counted as that many packets.
     pub fn filter_datagram(&mut self, frames: &[&[u8]], ifidx: u16, dir: Dir, rcvif: u16, now: u32) -> Verdict {
         self.rcvif = rcvif;
+        self.datagram_rewrite = None;
         let mut pieces = Vec::with_capacity(frames.len());
         for f in frames {
             let mut pd = PDesc::default();
@@ -775,11 +821,12 @@ impl<P: Policy> Worker<P> {
             Verdict::Drop(r) => self.count_dropped(n as u32, r),
             _ => self.stats.to_host += n,
         }
+        self.datagram_rewrite = (v == Verdict::Pass && self.dgram_mask != 0).then_some(self.dgram[0]);
         v
     }
 
     /// One packet, whole, through the state table and the rules (frame `i` of the batch;
-    /// BATCH for a reassembled datagram, which no translation may rewrite).
+    /// BATCH for a reassembled datagram, whose translation goes to [`Worker::dgram`]).
     fn single(&mut self, i: usize, frame: &[u8], pd: &PDesc, ifidx: u16, dir: Dir, now: u32) -> Verdict {
         if pd.flags & pdf::ICMP_ERROR != 0 {
             let q = frame.get(pd.l4_off as usize + 8..).unwrap_or(&[]);
@@ -797,8 +844,15 @@ impl<P: Policy> Worker<P> {
         }
         // Tags of fragmented datagrams and ICMP errors are not carried to the `out` pass.
         let mut tag = 0;
-        // A first fragment's later fragments would leave untranslated: no rewrite for it.
-        let rw = if pd.flags & pdf::FRAGMENT != 0 { BATCH } else { i };
+        // A first fragment's later fragments would leave untranslated: no rewrite for it
+        // (reassembly off). A reassembled datagram's goes to each of its fragments.
+        let rw = if pd.flags & pdf::FRAGMENT != 0 {
+            BATCH
+        } else if i == BATCH {
+            DGRAM
+        } else {
+            i
+        };
         let v = if pd.af == AF_INET {
             let c = ctx!(self, t6, ifidx, dir, now, &mut tag, BATCH, rw);
             miss_whole(&mut self.t4, &self.policy, c, pd)
@@ -1099,8 +1153,14 @@ macro_rules! ctx {
         Ctx {
             aux: &mut $w.aux,
             nat: &mut $w.nat,
-            rw: if $rw < BATCH { Some((&mut $w.rewrites, &mut $w.translated, $rw)) } else { None },
-            local: $i < BATCH && $w.local & (1u64 << $i) != 0,
+            rw: if $rw < BATCH {
+                Some((&mut $w.rewrites, &mut $w.translated, $rw))
+            } else if $rw == DGRAM {
+                Some((&mut *$w.dgram, &mut $w.dgram_mask, 0))
+            } else {
+                None
+            },
+            local: ($i < BATCH && $w.local & (1u64 << $i) != 0) || ($rw == DGRAM && $w.dgram_local),
             tag: $tag,
             ret: if $i < BATCH { Some((&mut $w.ret, &mut $w.ret_mask, $i)) } else { None },
             scrub: if $i < BATCH { Some((&mut $w.scrubs, &mut $w.scrubbed, $i)) } else { None },

@@ -1052,3 +1052,83 @@ fn sticky_address_keeps_a_sources_address_and_least_states_balances() {
     assert_eq!(run(&mut w, std::slice::from_ref(&u4), Dir::Out, 63), vec![Verdict::Pass]);
     assert_eq!(src_of(&w, 0, &u4), x, "round-robin's next would be {y:?}");
 }
+
+/// `f` (IPv4 fragments of one UDP datagram) from `src:sport` to `dst:dport`, with the IP
+/// header checksums and the datagram's UDP checksum made right.
+fn readdress(f: &mut [Vec<u8>], src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16) {
+    for x in f.iter_mut() {
+        x[26..30].copy_from_slice(&src);
+        x[30..34].copy_from_slice(&dst);
+        x[24..26].copy_from_slice(&[0, 0]);
+        let c = xpf_wire::checksum::checksum(&x[14..34]);
+        x[24..26].copy_from_slice(&c.to_be_bytes());
+    }
+    f[0][34..36].copy_from_slice(&sport.to_be_bytes());
+    f[0][36..38].copy_from_slice(&dport.to_be_bytes());
+    f[0][40..42].copy_from_slice(&[0, 0]);
+    let c = udp_sum(f);
+    f[0][40..42].copy_from_slice(&c.to_be_bytes());
+}
+
+/// The UDP checksum the datagram in fragments `f` should carry (its field counted as zero
+/// when it is).
+fn udp_sum(f: &[Vec<u8>]) -> u16 {
+    let mut d: Vec<u8> = Vec::new();
+    for x in f {
+        d.extend_from_slice(&x[34..]);
+    }
+    let mut p = Vec::new();
+    p.extend_from_slice(&f[0][26..34]);
+    p.extend_from_slice(&[0, 17]);
+    p.extend_from_slice(&(d.len() as u16).to_be_bytes());
+    p.extend_from_slice(&d);
+    if p.len() % 2 == 1 {
+        p.push(0);
+    }
+    match xpf_wire::checksum::checksum(&p) {
+        0 => 0xffff,
+        c => c,
+    }
+}
+
+#[test]
+fn fragments_of_a_translated_flow_are_translated_each() {
+    let mut w = natting(50001, 50010);
+    w.set_reassemble(true, 100, 60);
+    let ip_ok = |x: &[u8]| xpf_wire::checksum::checksum(&x[14..34]) == 0;
+    // Out: the datagram is filtered whole; its translation comes with the verdict, for the
+    // caller to apply to each fragment it sends.
+    let mut f = frags4(11, 53, 3000, &[1480, 2960]);
+    readdress(&mut f, [10, 0, 1, 2], [198, 51, 100, 1], 40000, 53);
+    let refs: Vec<&[u8]> = f.iter().map(|x| &x[..]).collect();
+    assert_eq!(w.filter_datagram(&refs, 2, Dir::Out, 1, 1), Verdict::Pass);
+    let to = w.datagram_rewrite.expect("the datagram's translation");
+    let mut out = f.clone();
+    for x in &mut out {
+        assert!(xpf_wire::translate::apply_fragment(x, &to));
+        assert!(ip_ok(x));
+        assert_eq!(x[26..30], [192, 0, 2, 1]);
+    }
+    let sport = u16::from_be_bytes([out[0][34], out[0][35]]);
+    assert!((50001..=50010).contains(&sport), "{sport}");
+    let carried = u16::from_be_bytes([out[0][40], out[0][41]]);
+    out[0][40..42].copy_from_slice(&[0, 0]);
+    assert_eq!(carried, udp_sum(&out), "the UDP checksum follows the translation");
+    assert_eq!(out[1][34..], f[1][34..], "a later fragment's payload is left alone");
+    // In: the reply's fragments, to the public address and port, reach the inside host.
+    let mut r = frags4(12, 53, 2000, &[1480]);
+    readdress(&mut r, [198, 51, 100, 1], [192, 0, 2, 1], 53, sport);
+    let v = run(&mut w, &[r[1].clone(), r[0].clone()], Dir::In, 2);
+    assert_eq!(v, vec![Verdict::Held; 2]);
+    assert_eq!(w.released_translated, 1 << 1, "released with the frame that completed it");
+    let back: Vec<Vec<u8>> = std::mem::take(&mut w.released).into_iter().map(|x| x.1).collect();
+    for x in &back {
+        assert!(ip_ok(x));
+        assert_eq!(x[30..34], [10, 0, 1, 2]);
+    }
+    assert_eq!(u16::from_be_bytes([back[0][36], back[0][37]]), 40000);
+    let carried = u16::from_be_bytes([back[0][40], back[0][41]]);
+    let mut check = back.clone();
+    check[0][40..42].copy_from_slice(&[0, 0]);
+    assert_eq!(carried, udp_sum(&check));
+}

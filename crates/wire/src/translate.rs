@@ -243,6 +243,28 @@ fn put_tracked(b: &mut [u8], o: usize, at: usize, v: u16) {
     put16(b, o, ov);
 }
 
+/// The translation `to` of a whole datagram (as [`Rewrite`] gives it) applied to one of its
+/// fragments: every fragment's addresses (and IPv4 header checksum); the first fragment's
+/// ports and transport checksum too (the checksum covers the whole datagram, so the same
+/// change applies). A later fragment's payload is not a transport header and is not touched.
+pub fn apply_fragment(frame: &mut [u8], to: &Rewrite) -> bool {
+    let mut pd = PDesc::default();
+    if parse_ether(frame, &mut pd).is_err() || pd.flags & pdf::FRAGMENT == 0 {
+        return false;
+    }
+    let (l3, l4) = (pd.l3_off as usize, pd.l4_off as usize);
+    let ip_end = (l3 + pd.ip_len as usize).min(frame.len());
+    let frame = &mut frame[..ip_end];
+    if pd.flags & pdf::NOT_FIRST_FRAG != 0 {
+        // No transport header here: the addresses alone (protocol 0: no transport checksum).
+        rewrite_ip(frame, l3, l4, pd.af, 0, false, &to.addr, &to.port, None);
+    } else {
+        let ports = pd.flags & pdf::HAS_PORTS != 0;
+        rewrite_ip(frame, l3, l4, pd.af, pd.proto, ports, &to.addr, &to.port, None);
+    }
+    true
+}
+
 /// Applies `rw` to Ethernet `frame`. False (nothing written) when the frame is not one it
 /// can translate: not IP, or an ICMP error without the quoted header it needs.
 #[inline]

@@ -496,13 +496,20 @@ INLINE int fast_path(struct xdp_md *ctx, struct bpf_fib_lookup *p, struct cand *
 
 /* Whether a packet the kernel would not forward goes to a translation target (map natdst).
  * `p` still holds the packet's addresses: the lookup writes them back only when it forwards. */
-INLINE int nat_target(struct bpf_fib_lookup *p, struct cand *c, __u8 family) {
+INLINE int nat_target(struct bpf_fib_lookup *p, struct cand *c, __u8 family, int frag) {
     __u8 proto = p->l4_protocol;
     __u16 port = 0;
+    /* An IPv4 fragment carries no port (or one that speaks for the rest): by its address
+     * alone, every fragment to a translation address goes to xpfd, which reassembles it and
+     * gives the host back what is the host's. */
+    int by_addr = 0;
     if (proto == IPPROTO_TCP || proto == IPPROTO_UDP) {
-        if (c->proto != proto)
-            return 0; /* options, a fragment: the kernel's */
-        port = bswap16(c->ports >> 16);
+        if (frag)
+            by_addr = 1;
+        else if (c->proto != proto)
+            return 0; /* IP options: the kernel's */
+        else
+            port = bswap16(c->ports >> 16);
     } else if (proto != IPPROTO_ICMP && proto != IPPROTO_ICMPV6) {
         return 0;
     }
@@ -517,8 +524,10 @@ INLINE int nat_target(struct bpf_fib_lookup *p, struct cand *c, __u8 family) {
         __builtin_memcpy(n.addr, p->ipv6_dst, 16);
     }
     struct natval *v = bpf_map_lookup_elem(&natnet, &n);
-    if (v && port >= v->lo && port <= v->hi)
+    if (v && (by_addr || (port >= v->lo && port <= v->hi)))
         return 1;
+    if (by_addr)
+        return 0;
     if (!port)
         return 0;
     struct natport_key k = {};
@@ -533,9 +542,9 @@ INLINE int nat_target(struct bpf_fib_lookup *p, struct cand *c, __u8 family) {
 }
 
 INLINE int verdict(struct xdp_md *ctx, struct bpf_fib_lookup *p, long rc, __u8 family, struct cand *c, __u32 len,
-                   int syn) {
+                   int syn, int frag) {
     if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH && rc != BPF_FIB_LKUP_RET_FRAG_NEEDED &&
-        nat_target(p, c, family)) {
+        nat_target(p, c, family, frag)) {
         count(&steer_stats, S_NAT_LOCAL);
         return to_xsk(ctx, p, -1, family, syn, 0);
     }
@@ -623,7 +632,8 @@ int xpf_steer(struct xdp_md *ctx) {
             syn = hl >= 20 && tcp_syn(ip->protocol, (void *)ip + hl, end);
         }
         __u32 len = p.tot_len; /* the lookup reuses tot_len's bytes for the MTU */
-        return verdict(ctx, &p, bpf_fib_lookup(ctx, &p, sizeof(p), 0), AF_INET, &c, len, syn);
+        int frag = (ip->frag_off & htons(0x3fff)) != 0;
+        return verdict(ctx, &p, bpf_fib_lookup(ctx, &p, sizeof(p), 0), AF_INET, &c, len, syn, frag);
     }
     if (proto == htons(ETH_P_IPV6)) {
         struct ipv6hdr *ip6 = (void *)(eth + 1);
@@ -659,7 +669,7 @@ int xpf_steer(struct xdp_md *ctx) {
         candidate(&c, ip6->nexthdr, (void *)(ip6 + 1), end, bswap16(ip6->payload_len), ph);
         int syn = tcp_syn(ip6->nexthdr, ip6 + 1, end);
         __u32 len = p.tot_len;
-        return verdict(ctx, &p, bpf_fib_lookup(ctx, &p, sizeof(p), 0), AF_INET6, &c, len, syn);
+        return verdict(ctx, &p, bpf_fib_lookup(ctx, &p, sizeof(p), 0), AF_INET6, &c, len, syn, 0);
     }
     /* xpfd's probe of an egress (run by xpfd with BPF_PROG_TEST_RUN while C_PROBE is set):
      * does the device take redirected frames? (A veth only when its peer runs NAPI.) */

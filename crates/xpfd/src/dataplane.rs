@@ -596,6 +596,10 @@ impl Dataplane {
             let released = std::mem::take(&mut self.worker.released);
             self.forward_datagrams(&released, &routes, inif as u16, now);
         }
+        if !self.worker.host_pieces.is_empty() {
+            let pieces = std::mem::take(&mut self.worker.host_pieces);
+            self.give_back(&pieces, inif);
+        }
         // TCP/UDP checksums their senders left to offload, seen on the frames as they came
         // (the rewrites below update the field as if it were complete); finished on the way out.
         let mut partial = [None; BATCH];
@@ -862,7 +866,20 @@ impl Dataplane {
             let end = start + released[start..].iter().take_while(|r| r.0 == idx).count();
             let group: Vec<&[u8]> = released[start..end].iter().map(|r| &r.1[..]).collect();
             start = end;
-            let (eg, dmac, smac) = match routes[idx as usize] {
+            // Translated on the way in (`rdr-to`, a reply of a translated flow): routed where the
+            // rewritten destination goes.
+            let route = if self.worker.released_translated & (1 << idx) != 0 {
+                match self.router.route(group[0], Instant::now()) {
+                    Routed::Out(r) => r,
+                    Routed::Local | Routed::Not => {
+                        self.io.nat_no_route += group.len() as u64;
+                        continue;
+                    }
+                }
+            } else {
+                routes[idx as usize]
+            };
+            let (eg, dmac, smac) = match route {
                 Route::Forward { ifindex, dmac, smac } => (ifindex, dmac, smac),
                 Route::NoNeighbour { ifindex, family, nexthop } => {
                     self.io.no_neighbour += group.len() as u64;
@@ -881,9 +898,13 @@ impl Dataplane {
             if self.worker.filter_datagram(&group, eg as u16, Dir::Out, inif, now) != Verdict::Pass {
                 continue;
             }
+            let to = self.worker.datagram_rewrite.take();
             for f in group {
                 match self.ports[ep].io.tx_copy(f) {
                     Some(out) => {
+                        if let Some(to) = &to {
+                            xpf_wire::translate::apply_fragment(out, to);
+                        }
                         rewrite(out, &dmac, &smac);
                         self.io.forwarded += 1;
                     }
@@ -898,44 +919,65 @@ impl Dataplane {
     /// one of the host's addresses) by loopback; checksums left to offload finished first.
     #[cold]
     fn deliver_here(&mut self, frames: &[&[u8]], back: u64, local: u64, partial: &[Option<Partial>], inif: u32) {
-        if self.inject.is_none() && back != 0 {
-            match xpf_xdp::steer::Inject::load() {
-                Ok(i) => self.inject = Some(i),
-                Err(e) => eprintln!("xpfd: loading the program that gives frames back to the kernel: {e}"),
-            }
-        }
+        self.open_back(back != 0);
         if self.raw.is_none() && local != 0 {
             match crate::host::RawOut::open() {
                 Ok(r) => self.raw = Some(r),
                 Err(e) => eprintln!("xpfd: raw sockets for translated packets to this host: {e}"),
             }
         }
-        let now = self.now();
-        if self.to_host_budget.1 != now {
-            self.to_host_budget = (0, now);
-        }
         for i in bits(back | local) {
-            if back & (1 << i) != 0 {
-                if self.to_host_budget.0 >= TO_HOST_PER_SECOND {
-                    self.io.nat_to_host_shed += 1;
-                    continue;
-                }
-                self.to_host_budget.0 += 1;
-            }
             let mut f = frames[i].to_vec();
             if partial[i].is_some() {
                 xpf_wire::offload::finish(&mut f);
             }
-            let sent = if back & (1 << i) != 0 {
-                self.io.nat_to_host += 1;
-                self.inject.as_ref().is_some_and(|j| j.to_stack(&f, inif).is_ok())
-            } else {
-                self.io.nat_local += 1;
-                self.raw.as_ref().is_some_and(|r| r.send(&f[14..]))
-            };
-            if !sent {
+            if back & (1 << i) != 0 {
+                self.back(&f, inif);
+                continue;
+            }
+            self.io.nat_local += 1;
+            if !self.raw.as_ref().is_some_and(|r| r.send(&f[14..])) {
                 self.io.tx_full += 1;
             }
+        }
+    }
+
+    /// Fragments to this host's translation address that were the host's own (no translated
+    /// flow's): back into the kernel as they came in on `inif`.
+    #[cold]
+    fn give_back(&mut self, pieces: &[(u8, Vec<u8>)], inif: u32) {
+        self.open_back(true);
+        for (_, f) in pieces {
+            self.back(f, inif);
+        }
+    }
+
+    /// Readies the way back into the kernel (`needed`: frames will take it) and this second's
+    /// budget for it.
+    fn open_back(&mut self, needed: bool) {
+        if self.inject.is_none() && needed {
+            match xpf_xdp::steer::Inject::load() {
+                Ok(i) => self.inject = Some(i),
+                Err(e) => eprintln!("xpfd: loading the program that gives frames back to the kernel: {e}"),
+            }
+        }
+        let now = self.now();
+        if self.to_host_budget.1 != now {
+            self.to_host_budget = (0, now);
+        }
+    }
+
+    /// One of the host's own frames back into the kernel as received on `inif`, within the
+    /// budget of [`TO_HOST_PER_SECOND`] (shed beyond it, counted).
+    fn back(&mut self, f: &[u8], inif: u32) {
+        if self.to_host_budget.0 >= TO_HOST_PER_SECOND {
+            self.io.nat_to_host_shed += 1;
+            return;
+        }
+        self.to_host_budget.0 += 1;
+        self.io.nat_to_host += 1;
+        if self.inject.as_ref().is_none_or(|j| j.to_stack(f, inif).is_err()) {
+            self.io.tx_full += 1;
         }
     }
 
