@@ -99,6 +99,17 @@ pub struct WorkerConfig {
 /// blocked packets must not become a flood of answers (the kernel's icmp_ratelimit is 1,000).
 pub const RETURN_PER_SECOND: u32 = 1000;
 
+/// A logging rule decided frame `i` (a miss just now): noted for pflog.
+#[inline(always)]
+fn take_log(aux: &mut Aux, logs: &mut [LogMark; BATCH], logged: &mut u64, i: usize) {
+    if let Some(l) = aux.log.take() {
+        if i < BATCH {
+            logs[i] = l;
+            *logged |= 1 << i;
+        }
+    }
+}
+
 /// A miss context's rewrite slot for a reassembled datagram ([`Worker::dgram`]).
 const DGRAM: usize = BATCH + 1;
 
@@ -437,10 +448,7 @@ impl<P: Policy> Worker<P> {
                 } else {
                     let c = ctx!(self, t6, ifidx, dir, now, &mut tags[i], i, i);
                     let v = miss(&mut self.t4, &self.policy, c, pd, self.k4[j], self.h4[j]);
-                    if let Some(l) = self.aux.log.take() {
-                        self.logs[i] = l;
-                        self.logged |= 1 << i;
-                    }
+                    take_log(&mut self.aux, &mut self.logs, &mut self.logged, i);
                     if let Some(id) = self.t4.created.take() {
                         self.created |= 1 << i;
                         self.created_ids[i] = id;
@@ -486,10 +494,7 @@ impl<P: Policy> Worker<P> {
                 } else {
                     let c = ctx!(self, t4, ifidx, dir, now, &mut tags[i], i, i);
                     let v = miss(&mut self.t6, &self.policy, c, pd, self.k6[j], self.h6[j]);
-                    if let Some(l) = self.aux.log.take() {
-                        self.logs[i] = l;
-                        self.logged |= 1 << i;
-                    }
+                    take_log(&mut self.aux, &mut self.logs, &mut self.logged, i);
                     if let Some(id) = self.t6.created.take() {
                         self.created |= 1 << i;
                         self.created_ids[i] = id | V6_SLOT;
@@ -860,12 +865,7 @@ impl<P: Policy> Worker<P> {
             let c = ctx!(self, t4, ifidx, dir, now, &mut tag, BATCH, rw);
             miss_whole(&mut self.t6, &self.policy, c, pd)
         };
-        if let Some(l) = self.aux.log.take() {
-            if i < BATCH {
-                self.logs[i] = l;
-                self.logged |= 1 << i;
-            }
-        }
+        take_log(&mut self.aux, &mut self.logs, &mut self.logged, i);
         v
     }
 
