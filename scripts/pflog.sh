@@ -39,7 +39,7 @@ export P
 
 cat >"$DIR/pf.conf" <<'CONF'
 block log all
-pass in log on fc inet proto tcp to 10.0.2.2 port 7000
+pass in log on fc inet proto tcp to 10.0.2.2 port 7000 label "web"
 pass in log (to pflog1) on fc inet proto udp to 10.0.2.2 port 7000
 pass in on fc inet proto icmp
 pass out on fs
@@ -86,6 +86,10 @@ check "log (to pflog1): the UDP datagram is in pflog1, not in pflog" bash -c "
     ! grep -q 'UDP' $DIR/file.txt"
 check "-s info counts what was logged" bash -c "$CTL -s info | sed -n '/^Pflog/,/live readers/p' | tee /dev/stderr | grep -E 'logged +([3-9]|[1-9][0-9]+)$'"
 
+# The operator's counters: per label, and zeroed.
+check "-s labels: the labelled rule's evaluations, packets, bytes and states" bash -c "
+    $CTL -s labels | tee /dev/stderr | grep -E '^web [1-9][0-9]* [1-9][0-9]* [1-9][0-9]* [0-9]+ [0-9]+ [0-9]+ [0-9]+ [1-9][0-9]*$'"
+check "-z zeroes the rules' evaluations" bash -c "$CTL -z && $CTL -s labels | tee /dev/stderr | grep -E '^web 0 '"
 check "xpfctl --help and xpfd --help print their usage (log, --pflog)" \
     bash -c "$BIN/xpfctl --help | grep -q 'xpfctl log' && $BIN/xpfd --help | grep -q -- '--pflog FILE'"
 

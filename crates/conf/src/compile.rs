@@ -1159,6 +1159,13 @@ impl Ruleset {
         Some(r)
     }
 
+    /// `pfctl -z`: every rule's evaluations back to 0.
+    pub fn zero_evaluations(&self) {
+        for e in self.evaluations.iter().chain(self.xevaluations.iter()) {
+            e.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// Evaluations of translation rule `i` (both halves of a `binat`).
     pub fn xlate_evaluations(&self, i: usize) -> u64 {
         self.xrules

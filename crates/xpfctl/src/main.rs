@@ -13,7 +13,8 @@ use std::process::ExitCode;
 const SOCKET: &str = "/run/xpfd.sock";
 
 const USAGE: &str = "usage: xpfctl [-nv] [-D macro=value] [-o level] -f FILE      check (-n) or load a pf.conf (-f - : stdin)\n       \
-                     xpfctl [-v[v]] -s info|states|memory|rules|nat|timeouts|Tables|all\n       \
+                     xpfctl [-v[v]] -s info|states|memory|rules|nat|labels|timeouts|Tables|all\n       \
+                     xpfctl -z                                   zero the rules' evaluations\n       \
                      xpfctl -k host [-k host] | -k label NAME    kill states\n       \
                      xpfctl -F states|rules|all\n       \
                      xpfctl -t table -T show|add|delete|replace|test|flush|zero|expire [address ...]\n       \
@@ -41,6 +42,8 @@ struct Opts {
     /// `--steer off|on|bare`: hand forwarding to the kernel (unfiltered) and back; `bare`
     /// forwards everything in XDP, unfiltered. The lab's switches.
     steer: Option<(bool, bool)>,
+    /// `-z`: zero the rules' evaluations.
+    zero: bool,
 }
 
 fn parse_args(args: &[String]) -> Result<Opts, String> {
@@ -86,6 +89,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
             let last = k + 1 == flags.len();
             match c {
                 'n' => o.noaction = true,
+                'z' => o.zero = true,
                 'v' => o.verbose += 1,
                 'f' | 'D' | 'o' | 's' | 'k' | 'F' | 't' | 'T' | 'a' if !last => {
                     return Err(format!("option -{c} must come last in '{a}', followed by its value"))
@@ -266,7 +270,7 @@ fn main() -> ExitCode {
     if let Some((on, bare)) = o.steer {
         return request(&o, json!({"op": "steer", "on": on, "bare": bare}));
     }
-    if o.show.is_some() || !o.kill.is_empty() || o.label.is_some() || o.flush.is_some() || o.table.is_some() {
+    if o.show.is_some() || !o.kill.is_empty() || o.label.is_some() || o.flush.is_some() || o.table.is_some() || o.zero {
         return daemon(&o);
     }
     let Some(file) = o.file.clone() else {
@@ -383,6 +387,9 @@ fn request(o: &Opts, mut req: Value) -> ExitCode {
 
 fn daemon(o: &Opts) -> ExitCode {
     let mut rc = ExitCode::SUCCESS;
+    if o.zero {
+        rc = request(o, json!({"op": "zero"}));
+    }
     if let Some(what) = &o.flush {
         let what = match what.as_str() {
             "s" | "states" | "state" => "states",
@@ -445,7 +452,7 @@ fn daemon(o: &Opts) -> ExitCode {
     }
     if let Some(what) = &o.show {
         // pfctl accepts any unambiguous prefix: -s i, -s st, -s r ...
-        let names = ["info", "states", "memory", "rules", "nat", "timeouts", "Tables", "all"];
+        let names = ["info", "states", "memory", "rules", "nat", "labels", "timeouts", "Tables", "all"];
         let full: Vec<&&str> = names.iter().filter(|n| n.starts_with(what.as_str())).collect();
         let full = if names.contains(&what.as_str()) {
             vec![names.iter().find(|n| **n == what.as_str()).unwrap()]
@@ -453,7 +460,7 @@ fn daemon(o: &Opts) -> ExitCode {
             full
         };
         if full.len() != 1 {
-            eprintln!("xpfctl: -s {what}: one of info, states, memory, rules, nat, timeouts, Tables, all");
+            eprintln!("xpfctl: -s {what}: one of info, states, memory, rules, nat, labels, timeouts, Tables, all");
             return ExitCode::from(2);
         }
         rc = request(o, json!({"op": "show", "what": full[0], "verbose": o.verbose}));

@@ -384,6 +384,11 @@ impl Daemon {
         let op = req["op"].as_str().unwrap_or("");
         let verbose = req["verbose"].as_u64().unwrap_or(0) as u8;
         match op {
+            "zero" => {
+                let (_, cur) = self.slot.current();
+                cur.zero_evaluations();
+                Ok(("rule statistics cleared\n".into(), json!({"zeroed": true})))
+            }
             "show" => {
                 // What the client prints: a million states' JSON costs seconds to build and
                 // to read back when only their text is wanted, and the other way round.
@@ -877,6 +882,35 @@ impl Daemon {
                 }
                 Ok((text, json!(data)))
             }
+            "labels" => {
+                // pfctl -s labels: per rule with a label, "label evaluations packets bytes
+                // in-packets in-bytes out-packets out-bytes states" (the packets and bytes of
+                // its states in the table now, first direction then the other).
+                let (_, cur) = self.slot.current();
+                let rows = self.states()?;
+                let mut per: std::collections::HashMap<u32, [u64; 5]> = std::collections::HashMap::new();
+                for s in &rows {
+                    let a = per.entry(s.rule).or_default();
+                    a[0] += s.packets[0] as u64;
+                    a[1] += s.bytes[0];
+                    a[2] += s.packets[1] as u64;
+                    a[3] += s.bytes[1];
+                    a[4] += 1;
+                }
+                let mut text = String::new();
+                let mut data = Vec::new();
+                for (i, r) in self.loaded.parsed.rules.iter().enumerate() {
+                    let Some(label) = r.label.as_deref().filter(|l| !l.is_empty()) else { continue };
+                    let evals =
+                        cur.evaluations.get(i).map(|e| e.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(0);
+                    let [p0, b0, p1, b1, states] = per.get(&(i as u32)).copied().unwrap_or_default();
+                    let _ = writeln!(text, "{label} {evals} {} {} {p0} {b0} {p1} {b1} {states}", p0 + p1, b0 + b1);
+                    data.push(json!({"label": label, "nr": i, "evaluations": evals, "packets": p0 + p1,
+                        "bytes": b0 + b1, "packets_in": p0, "bytes_in": b0, "packets_out": p1, "bytes_out": b1,
+                        "states": states}));
+                }
+                Ok((text, json!(data)))
+            }
             "Tables" | "tables" => {
                 let (_, cur) = self.slot.current();
                 let mut text = String::new();
@@ -909,7 +943,7 @@ impl Daemon {
                 }
                 Ok((text, Value::Object(data)))
             }
-            _ => Err(format!("-s {what}: info, states, memory, rules, nat, timeouts, Tables or all")),
+            _ => Err(format!("-s {what}: info, states, memory, rules, nat, labels, timeouts, Tables or all")),
         }
     }
 }
