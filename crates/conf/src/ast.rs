@@ -239,6 +239,21 @@ pub struct Pool {
     pub list: Option<Vec<Host>>,
 }
 
+impl Pool {
+    /// `host` as a pool with no options: pf's defaults (nat-to's ports, rdr-to's port kept).
+    pub fn to(host: Host) -> Pool {
+        Pool {
+            host,
+            port: None,
+            kind: PoolKind::None,
+            sticky: false,
+            static_port: false,
+            endpoint_independent: false,
+            list: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PoolKind {
     None,

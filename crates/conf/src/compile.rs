@@ -505,15 +505,7 @@ fn xlate_halves_in_file_order(xrules: &[Rule]) -> Vec<(usize, Rule)> {
                 b.src_port = None;
                 b.dst = pl.host.clone();
                 b.dst_port = None;
-                b.rdr = Some(Pool {
-                    host: r.src.clone(),
-                    port: None,
-                    kind: PoolKind::None,
-                    sticky: false,
-                    static_port: false,
-                    endpoint_independent: false,
-                    list: None,
-                });
+                b.rdr = Some(Pool::to(r.src.clone()));
                 b
             });
             out.push((nr, h));

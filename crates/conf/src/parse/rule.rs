@@ -113,8 +113,7 @@ pub(super) fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>>
         let back = b.list.iter().flatten().find(|h| fam == Af::Any || h.af() == fam).unwrap_or(&b.host);
         inb.dst = vec![back.clone()];
         let orig = out.src.first().cloned().unwrap_or(Host::ANY);
-        inb.r.rdr =
-            Some(Pool { host: orig, port: None, kind: PoolKind::None, static_port: false, list: None, ..b.clone() });
+        inb.r.rdr = Some(Pool { sticky: b.sticky, ..Pool::to(orig) });
         return Ok(vec![out, inb]);
     }
     Ok(vec![t])
@@ -740,15 +739,7 @@ pub(super) fn pool(p: &mut P, nat: bool) -> R<Pool> {
     if hosts.iter().any(|h| h.neg || matches!(h.kind, HostKind::NoRoute | HostKind::UrpfFailed)) {
         return Err("syntax error".into());
     }
-    let mut pl = Pool {
-        host: hosts[0].clone(),
-        port: None,
-        kind: PoolKind::None,
-        sticky: false,
-        static_port: false,
-        endpoint_independent: false,
-        list: None,
-    };
+    let mut pl = Pool::to(hosts[0].clone());
     if hosts.len() > 1 {
         pl.list = Some(hosts);
     }
