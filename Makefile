@@ -28,7 +28,7 @@ test: build
 	scripts/test.sh
 	scripts/scenario.sh
 	scripts/nat.sh
-	scripts/pflog.sh
+	scripts/observe.sh
 	scripts/workers.sh
 	FASTPATH=1 scripts/workers.sh
 	scripts/failover.sh 8 14 --key

@@ -19,7 +19,9 @@ command -v traceroute >/dev/null 2>&1 || need+=(traceroute)     # scenario tests
 command -v keepalived >/dev/null 2>&1 || need+=(keepalived)     # the failover scenario (VRRP between two xpfd)
 command -v bc >/dev/null 2>&1 || need+=(bc)                     # the failover scenario (timing)
 command -v iptables >/dev/null 2>&1 || need+=(iptables)         # xpfd: queues the host's own traffic to the filter (NFQUEUE)
-command -v tcpdump >/dev/null 2>&1 || need+=(tcpdump)           # the failover scenario (captures the sync link)
+command -v tcpdump >/dev/null 2>&1 || need+=(tcpdump)           # the failover scenario (captures the sync link), observe.sh (reads pflog)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)       # observe.sh: promtool lints the metrics page, a Prometheus server scrapes it
+command -v nfcapd >/dev/null 2>&1 || need+=(nfdump)             # observe.sh: nfcapd collects xpfd's IPFIX and NetFlow v5, nfdump reads it
 /usr/bin/python3 -c 'import scapy' >/dev/null 2>&1 || need+=(python3-scapy)  # scenario tests (crafted TCP segments)
 
 if ! command -v cargo >/dev/null 2>&1; then
@@ -38,4 +40,6 @@ if ((${#need[@]})); then
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
     # The failover scenario runs its own keepalived in namespaces; the system's has no config.
     if command -v systemctl >/dev/null 2>&1; then systemctl disable --now keepalived >/dev/null 2>&1 || true; fi
+    # Likewise Prometheus and nfcapd: the tests run their own.
+    if command -v systemctl >/dev/null 2>&1; then systemctl disable --now prometheus nfdump >/dev/null 2>&1 || true; fi
 fi

@@ -24,6 +24,6 @@ lab_down() {
     local n
     for n in client server far fw; do ip netns pids "${P}$n" 2>/dev/null | xargs -r kill 2>/dev/null; done
     scripts/topo.sh down "$P"
-    rm -rf "$DIR" "$SOCK"
+    [[ -n ${KEEP:-} ]] || rm -rf "$DIR" "$SOCK"
 }
 trap lab_down EXIT INT TERM

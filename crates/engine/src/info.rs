@@ -26,50 +26,76 @@ pub struct Info {
     pub nat: [u64; NAT_NAMES.len()],
 }
 
+/// One counter's names, declared once: `key` for JSON and metrics (stable: snake case, not
+/// derived from the text), `text` as the pfctl-style listing shows it, and whether it is a
+/// level (a gauge: a count of things now) rather than a count of events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Name {
+    pub key: &'static str,
+    pub text: &'static str,
+    pub level: bool,
+}
+
+const fn ev(key: &'static str, text: &'static str) -> Name {
+    Name { key, text, level: false }
+}
+
+const fn lv(key: &'static str, text: &'static str) -> Name {
+    Name { key, text, level: true }
+}
+
 /// Translation counters (`nat-to`, `rdr-to`, `binat-to`; crate::nat).
-pub const NAT_NAMES: [&str; 10] = [
-    "translated states",
-    "source ports in use",
-    "source ports in pools",
-    "ports shared",
-    "ports before their hold",
-    "port collisions",
-    "no port left",
-    "no pool address",
-    "endpoint-independent reuses",
-    "sticky-address sources",
+pub const NAT_NAMES: [Name; 10] = [
+    ev("translated_states", "translated states"),
+    lv("source_ports_in_use", "source ports in use"),
+    lv("source_ports_in_pools", "source ports in pools"),
+    ev("ports_shared", "ports shared"),
+    ev("ports_before_hold", "ports before their hold"),
+    ev("port_collisions", "port collisions"),
+    ev("no_port_left", "no port left"),
+    ev("no_pool_address", "no pool address"),
+    ev("endpoint_independent_reuses", "endpoint-independent reuses"),
+    lv("sticky_sources", "sticky-address sources"),
 ];
 
 /// Syncookie counters (pfctl -si's "synfloods detected", "syncookies sent", "syncookies
 /// validated", and the ACKs that failed).
-pub const COOKIE_NAMES: [&str; 4] =
-    ["synfloods detected", "syncookies sent", "syncookies validated", "syncookies invalid"];
+pub const COOKIE_NAMES: [Name; 4] = [
+    ev("synfloods_detected", "synfloods detected"),
+    ev("sent", "syncookies sent"),
+    ev("validated", "syncookies validated"),
+    ev("invalid", "syncookies invalid"),
+];
 
 /// Reassembly counters (`set reassemble yes`).
-pub const FRAG_NAMES: [&str; 8] = [
-    "held now",
-    "reassembled",
-    "overlapping (teardrop)",
-    "oversized",
-    "bad length",
-    "after a drop",
-    "timed out",
-    "flushed (limit frags)",
+pub const FRAG_NAMES: [Name; 8] = [
+    lv("held", "held now"),
+    ev("reassembled", "reassembled"),
+    ev("overlapping", "overlapping (teardrop)"),
+    ev("oversized", "oversized"),
+    ev("bad_length", "bad length"),
+    ev("after_drop", "after a drop"),
+    ev("timed_out", "timed out"),
+    ev("flushed", "flushed (limit frags)"),
 ];
 
 /// pfctl -si -v's limit counters that xpf keeps.
-pub const LIMIT_NAMES: [&str; 7] = [
-    "max states per rule",
-    "max-src-states",
-    "max-src-nodes",
-    "max-src-conn",
-    "max-src-conn-rate",
-    "overload table insertion",
-    "overload flush states",
+pub const LIMIT_NAMES: [Name; 7] = [
+    ev("max_states", "max states per rule"),
+    ev("max_src_states", "max-src-states"),
+    ev("max_src_nodes", "max-src-nodes"),
+    ev("max_src_conn", "max-src-conn"),
+    ev("max_src_conn_rate", "max-src-conn-rate"),
+    ev("overload_table_insertion", "overload table insertion"),
+    ev("overload_flush_states", "overload flush states"),
 ];
 
 /// xpf's detail behind pf's state-mismatch counter, and state reuse.
-pub const TRACKING_NAMES: [&str; 3] = ["tcp out of window", "icmp error mismatch", "tcp state reused"];
+pub const TRACKING_NAMES: [Name; 3] = [
+    ev("tcp_out_of_window", "tcp out of window"),
+    ev("icmp_error_mismatch", "icmp error mismatch"),
+    ev("tcp_state_reused", "tcp state reused"),
+];
 
 fn add_all(a: &mut [u64], b: &[u64]) {
     for (x, y) in a.iter_mut().zip(b) {
@@ -151,6 +177,27 @@ impl Info {
         add_all(&mut self.syncookies.3, &o.syncookies.3);
     }
 
+    /// The named counter groups, for JSON and metrics: (key, what they count, names, values).
+    pub fn groups(&self) -> [(&'static str, &'static str, &'static [Name], &[u64]); 5] {
+        [
+            (
+                "limit_counters",
+                "States refused or removed by a rule's limits (pfctl -si -v's Limit Counters).",
+                &LIMIT_NAMES,
+                &self.limits,
+            ),
+            (
+                "tracking",
+                "State tracking's refusals behind pf's state-mismatch, and states reused.",
+                &TRACKING_NAMES,
+                &self.tracking,
+            ),
+            ("fragments", "IP reassembly (set reassemble).", &FRAG_NAMES, &self.fragments),
+            ("syncookies", "SYN cookies (set syncookies).", &COOKIE_NAMES, &self.syncookies.3),
+            ("nat", "Translation (nat-to, rdr-to, binat-to) and its port allocator.", &NAT_NAMES, &self.nat),
+        ]
+    }
+
     /// pf's counter for `r`: `match` counts every packet a rule decided, passed or blocked.
     pub fn counter(&self, r: Reason) -> u64 {
         let n = self.stats.reasons[r as usize];
@@ -195,11 +242,11 @@ impl Info {
         }
         let _ = writeln!(o, "Limit Counters");
         for (name, v) in LIMIT_NAMES.iter().zip(self.limits) {
-            let _ = writeln!(o, "  {:<25} {:>14} {}", name, v, rate(v));
+            let _ = writeln!(o, "  {:<25} {:>14} {}", name.text, v, rate(v));
         }
         let _ = writeln!(o, "State Tracking");
         for (name, v) in TRACKING_NAMES.iter().zip(self.tracking) {
-            let _ = writeln!(o, "  {:<25} {:>14} {}", name, v, rate(v));
+            let _ = writeln!(o, "  {:<25} {:>14} {}", name.text, v, rate(v));
         }
         let (mode, on, halfopen, c) = &self.syncookies;
         let _ = writeln!(o, "Syncookies");
@@ -207,19 +254,19 @@ impl Info {
         let _ = writeln!(o, "  {:<25} {:>14}", "active", if *on { "active" } else { "inactive" });
         let _ = writeln!(o, "  {:<25} {:>14}", "half-open states", halfopen);
         for (name, v) in COOKIE_NAMES.iter().zip(c) {
-            let _ = writeln!(o, "  {:<25} {:>14} {}", name, v, rate(*v));
+            let _ = writeln!(o, "  {:<25} {:>14} {}", name.text, v, rate(*v));
         }
         let _ = writeln!(o, "Fragments");
         for (name, v) in FRAG_NAMES.iter().zip(self.fragments) {
-            let _ = writeln!(o, "  {:<25} {:>14} {}", name, v, rate(v));
+            let _ = writeln!(o, "  {:<25} {:>14} {}", name.text, v, rate(v));
         }
         let _ = writeln!(o, "Translation");
-        for (i, (name, v)) in NAT_NAMES.iter().zip(self.nat).enumerate() {
-            // Ports in use and in pools are levels, not events: no rate.
-            if i == 1 || i == 2 {
-                let _ = writeln!(o, "  {:<25} {:>14}", name, v);
+        for (name, v) in NAT_NAMES.iter().zip(self.nat) {
+            // Levels (ports in use, in pools) have no rate.
+            if name.level {
+                let _ = writeln!(o, "  {:<25} {:>14}", name.text, v);
             } else {
-                let _ = writeln!(o, "  {:<25} {:>14} {}", name, v, rate(v));
+                let _ = writeln!(o, "  {:<25} {:>14} {}", name.text, v, rate(v));
             }
         }
         o

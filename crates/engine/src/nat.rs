@@ -567,6 +567,14 @@ impl Nat {
         }
     }
 
+    /// Per (address, protocol class: 1 for ICMP's identifiers, 6, 17...): ports in use, and
+    /// ports in its ranges (this worker's share).
+    pub fn ports_by_address(&self) -> impl Iterator<Item = (Addr, u8, u64, u64)> + '_ {
+        self.ports.iter().map(|(&(a, c), rs)| {
+            (a, c, rs.iter().map(|p| p.users.len() as u64).sum(), rs.iter().map(|p| p.n as u64).sum())
+        })
+    }
+
     /// Ports in use, and ports in all allocators (`xpfctl -s info`).
     pub fn ports_used(&self) -> (u64, u64) {
         let all = self.ports.values().flatten();

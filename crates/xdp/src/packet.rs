@@ -55,16 +55,17 @@ pub mod offload {
     }
 }
 
-/// Why a received frame was not handed to the filter (slots of [`PACKET_COUNTERS`]).
-pub const PACKET_COUNTERS: [&str; 8] = [
-    "not IP, left to the kernel",
-    "for this host, left to the kernel",
-    "TTL/hop limit expiring, left to the kernel",
-    "no route, dropped",
-    "over the egress MTU or truncated, dropped",
-    "to the filter",
-    "not for this host's MAC, ignored",
-    "neighbour discovery, left to the kernel",
+/// Why a received frame was not handed to the filter (slots of [`PACKET_COUNTERS`]): (key
+/// for JSON and metrics, text for `xpfctl -s info`).
+pub const PACKET_COUNTERS: [(&str, &str); 8] = [
+    ("not_ip", "not IP, left to the kernel"),
+    ("for_host", "for this host, left to the kernel"),
+    ("ttl_expiring", "TTL/hop limit expiring, left to the kernel"),
+    ("no_route", "no route, dropped"),
+    ("over_mtu", "over the egress MTU or truncated, dropped"),
+    ("to_filter", "to the filter"),
+    ("other_mac", "not for this host's MAC, ignored"),
+    ("neighbour_discovery", "neighbour discovery, left to the kernel"),
 ];
 
 /// One interface's packet socket with its RX and TX rings.

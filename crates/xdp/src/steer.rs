@@ -86,23 +86,24 @@ const PROBE_ETHERTYPE: u16 = 0x88b5;
 /// Frames per probe.
 const PROBE_FRAMES: u32 = 4;
 
-/// Names of the program's counters, by slot (the enum in bpf/steer.c).
 /// Where a queue's socket for new connections sits in map `xsks` (steer.c: SYN_LANE).
 const SYN_LANE: u32 = 64;
 
-pub const COUNTERS: [&str; 12] = [
-    "not IP, to the kernel",
-    "for this host, to the kernel",
-    "TTL/hop limit expiring, to the kernel",
-    "no route, to the kernel",
-    "over the egress MTU, to the kernel",
-    "redirected to xpfd",
-    "no xpfd socket, dropped",
-    "neighbour discovery, to the kernel",
-    "forwarded in the kernel (fast path)",
-    "for another host's MAC, to the kernel",
-    "new TCP connections, to xpfd's SYN queue",
-    "for this host, to a translation target, to xpfd",
+/// The program's counters by slot (the enum in bpf/steer.c): (key for JSON and metrics,
+/// text for `xpfctl -s info`).
+pub const COUNTERS: [(&str, &str); 12] = [
+    ("not_ip", "not IP, to the kernel"),
+    ("for_host", "for this host, to the kernel"),
+    ("ttl_expiring", "TTL/hop limit expiring, to the kernel"),
+    ("no_route", "no route, to the kernel"),
+    ("over_mtu", "over the egress MTU, to the kernel"),
+    ("to_xpfd", "redirected to xpfd"),
+    ("no_socket", "no xpfd socket, dropped"),
+    ("neighbour_discovery", "neighbour discovery, to the kernel"),
+    ("fast_path", "forwarded in the kernel (fast path)"),
+    ("other_mac", "for another host's MAC, to the kernel"),
+    ("syn_queue", "new TCP connections, to xpfd's SYN queue"),
+    ("translation_target", "for this host, to a translation target, to xpfd"),
 ];
 
 /// A translation target the kernel would not forward (bpf/steer.c's natnet and natport):

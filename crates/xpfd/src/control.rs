@@ -8,7 +8,7 @@
 //! `{"op":"kill","label":L}`, `{"op":"flush","what":"states|rules|all"}`,
 //! `{"op":"table","name":T,"cmd":"add|delete|replace|show|test|flush|zero","addrs":[..]}`.
 
-use crate::dataplane::{Cmd, IoStats, Select, Snapshot, StateRow};
+use crate::dataplane::{Cmd, IoStats, RuleSums, Select, Snapshot, StateRow};
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
@@ -148,11 +148,11 @@ pub fn write_nat_targets(r: &Ruleset, steers: &[(String, Steer)]) -> Result<(), 
 pub struct Daemon {
     file: String,
     defines: Vec<(String, String)>,
-    loaded: Loaded,
-    slot: Arc<Slot>,
+    pub(crate) loaded: Loaded,
+    pub(crate) slot: Arc<Slot>,
     workers: Vec<Sender<Cmd>>,
-    steers: Arc<Mutex<Vec<(String, Steer)>>>,
-    start: Instant,
+    pub(crate) steers: Arc<Mutex<Vec<(String, Steer)>>>,
+    pub(crate) start: Instant,
     /// State sync's counters, when --sync-dev is on.
     pub sync: Option<Arc<crate::sync::Shared>>,
     /// Which interfaces take the fast path's redirected frames (fast path on).
@@ -356,7 +356,7 @@ impl Daemon {
         Ok(g)
     }
 
-    fn snapshot(&self) -> Result<Snapshot, String> {
+    pub(crate) fn snapshot(&self) -> Result<Snapshot, String> {
         let parts = ask(&self.workers, Cmd::Snapshot)?;
         let mut info = Info::default();
         let mut io = IoStats::default();
@@ -374,6 +374,34 @@ impl Daemon {
             }
         }
         Ok((info, io, xs, pc))
+    }
+
+    /// Per rule, its states' packets and bytes each way and their count, summed over the
+    /// workers (a walk of the state table, without making rows).
+    pub(crate) fn rule_sums(&self) -> Result<RuleSums, String> {
+        let mut all = RuleSums::new();
+        for m in ask(&self.workers, Cmd::RuleSums)? {
+            for (rule, v) in m {
+                let a = all.entry(rule).or_default();
+                a.iter_mut().zip(v).for_each(|(x, y)| *x += y);
+            }
+        }
+        Ok(all)
+    }
+
+    /// Translation's port use per (address, protocol class), summed over the workers.
+    pub(crate) fn nat_ports(&self) -> Result<Vec<(IpAddr, u8, u64, u64)>, String> {
+        let mut all: Vec<(IpAddr, u8, u64, u64)> = Vec::new();
+        for v in ask(&self.workers, Cmd::NatPorts)? {
+            for (a, c, u, n) in v {
+                match all.iter_mut().find(|e| (e.0, e.1) == (a, c)) {
+                    Some(e) => (e.2, e.3) = (e.2 + u, e.3 + n),
+                    None => all.push((a, c, u, n)),
+                }
+            }
+        }
+        all.sort();
+        Ok(all)
     }
 
     fn states(&self) -> Result<Vec<StateRow>, String> {
@@ -699,14 +727,14 @@ impl Daemon {
                             if ok { "yes" } else { "no" }
                         );
                     }
-                    for (i, label) in xpf_xdp::steer::COUNTERS.iter().enumerate() {
+                    for (i, (_, label)) in xpf_xdp::steer::COUNTERS.iter().enumerate() {
                         let _ = writeln!(text, "  {:<38} {:>14}", label, c[i]);
                     }
                 }
                 for (ifindex, c) in &pc {
                     let name = xpf_xdp::netlink::ifname(*ifindex).unwrap_or_else(|| format!("if{ifindex}"));
                     let _ = writeln!(text, "Interface {name} (AF_PACKET)");
-                    for (i, label) in xpf_xdp::packet::PACKET_COUNTERS.iter().enumerate() {
+                    for (i, (_, label)) in xpf_xdp::packet::PACKET_COUNTERS.iter().enumerate() {
                         let _ = writeln!(text, "  {:<42} {:>14}", label, c[i]);
                     }
                 }
@@ -714,17 +742,7 @@ impl Daemon {
                 if let Some((t, _)) = &sync {
                     text.push_str(t);
                 }
-                let pflog = self.pflog.as_ref().map(|p| {
-                    let g = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-                    [
-                        ("logged", "logged", g(&p.logged)),
-                        ("dropped", "dropped (queue full)", g(&p.dropped)),
-                        ("bytes", "bytes written", g(&p.bytes)),
-                        ("write_errors", "write errors", g(&p.write_errors)),
-                        ("readers", "live readers", g(&p.readers)),
-                        ("dropped_live", "lost by live readers", g(&p.dropped_live)),
-                    ]
-                });
+                let pflog = self.pflog.as_ref().map(|p| p.rows());
                 if let Some(rows) = &pflog {
                     let _ = writeln!(text, "Pflog");
                     for (_, k, v) in rows {
@@ -758,7 +776,10 @@ impl Daemon {
                 }
                 let reasons: serde_json::Map<String, Value> =
                     xpf_wire::Reason::ALL.iter().map(|&r| (r.name().to_string(), json!(info.counter(r)))).collect();
-                let data = json!({
+                let keyed = |names: &[(&str, &str)], c: &[u64]| -> serde_json::Map<String, Value> {
+                    names.iter().zip(c).map(|((k, _), v)| (k.to_string(), json!(v))).collect()
+                };
+                let mut data = json!({
                     "uptime": uptime,
                     "states": info.states, "limit": info.limit,
                     "searches": info.searches, "inserts": info.inserts, "removals": info.removals,
@@ -766,23 +787,26 @@ impl Daemon {
                     "passed": info.stats.passed, "dropped": info.stats.dropped,
                     "block_return": {"answers_sent": info.stats.returned, "rate_limited": info.stats.return_limited},
                     "synproxy": {"segments_sent": info.stats.proxied},
-                    "syncookies": {"mode": info.syncookies.0.name(), "active": info.syncookies.1,
-                        "halfopen_states": info.syncookies.2,
-                        "counters": xpf_engine::info::COOKIE_NAMES.iter().zip(info.syncookies.3).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>()},
                     "counters": reasons,
-                    "limit_counters": xpf_engine::info::LIMIT_NAMES.iter().zip(info.limits).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),
-                    "fragments": xpf_engine::info::FRAG_NAMES.iter().zip(info.fragments).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),
-                    "tracking": xpf_engine::info::TRACKING_NAMES.iter().zip(info.tracking).map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>(),
                     "forwarding": io,
                     "syn_queue": {"received": syn_rx, "dropped": syn_dropped},
                     "sync": sync.map(|(_, v)| v),
                     "pflog": pflog.map(|rows| rows.iter().map(|(k, _, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>()),
-                    "steering": steer.iter().map(|(n, c)| json!({"interface": n, "counters": c, "fast_path_out": fast_out(n)})).collect::<Vec<_>>(),
-                    "packet_mode": pc.iter().map(|(i, c)| json!({"ifindex": i, "counters": c})).collect::<Vec<_>>(),
+                    "steering": steer.iter().map(|(n, c)| json!({"interface": n, "counters": keyed(&xpf_xdp::steer::COUNTERS, c), "fast_path_out": fast_out(n)})).collect::<Vec<_>>(),
+                    "packet_mode": pc.iter().map(|(i, c)| json!({"ifindex": i, "counters": keyed(&xpf_xdp::packet::PACKET_COUNTERS, c)})).collect::<Vec<_>>(),
                     "sockets": xs.iter().map(|x| json!({"ifindex": x.ifindex, "queue": x.queue, "rx": x.rx, "tx": x.tx,
                         "tx_full": x.tx_full, "kicks": x.kicks, "rx_dropped": x.rx_dropped, "rx_ring_full": x.rx_ring_full,
                         "fill_empty": x.fill_empty, "syn_rx": x.syn_rx, "syn_dropped": x.syn_dropped})).collect::<Vec<_>>(),
                 });
+                // The engine's named groups, by key (syncookies' counters beside its mode).
+                for (group, _, names, values) in info.groups() {
+                    let m: serde_json::Map<String, Value> =
+                        names.iter().zip(values).map(|(n, v)| (n.key.to_string(), json!(v))).collect();
+                    data[group] = Value::Object(m);
+                }
+                let cookies = std::mem::take(&mut data["syncookies"]);
+                data["syncookies"] = json!({"mode": info.syncookies.0.name(), "active": info.syncookies.1,
+                    "halfopen_states": info.syncookies.2, "counters": cookies});
                 Ok((text, data))
             }
             "states" => {
@@ -847,7 +871,7 @@ impl Daemon {
             }
             "rules" => {
                 let (_, cur) = self.slot.current();
-                let rows = if verbose > 0 { self.states()? } else { Vec::new() };
+                let sums = if verbose > 0 { self.rule_sums()? } else { RuleSums::new() };
                 let mut text = String::new();
                 let mut data = Vec::new();
                 for (i, r) in self.loaded.parsed.rules.iter().enumerate() {
@@ -867,10 +891,8 @@ impl Daemon {
                     }
                     let evals =
                         cur.evaluations.get(i).map(|e| e.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(0);
-                    let mine = rows.iter().filter(|s| s.rule == i as u32);
-                    let (states, pk, by) = mine.fold((0u64, 0u64, 0u64), |a, s| {
-                        (a.0 + 1, a.1 + s.packets[0] as u64 + s.packets[1] as u64, a.2 + s.bytes[0] + s.bytes[1])
-                    });
+                    let [p0, b0, p1, b1, states] = sums.get(&(i as u32)).copied().unwrap_or_default();
+                    let (pk, by) = (p0 + p1, b0 + b1);
                     if verbose > 0 {
                         let _ = writeln!(
                             text,
@@ -887,16 +909,7 @@ impl Daemon {
                 // in-packets in-bytes out-packets out-bytes states" (the packets and bytes of
                 // its states in the table now, first direction then the other).
                 let (_, cur) = self.slot.current();
-                let rows = self.states()?;
-                let mut per: std::collections::HashMap<u32, [u64; 5]> = std::collections::HashMap::new();
-                for s in &rows {
-                    let a = per.entry(s.rule).or_default();
-                    a[0] += s.packets[0] as u64;
-                    a[1] += s.bytes[0];
-                    a[2] += s.packets[1] as u64;
-                    a[3] += s.bytes[1];
-                    a[4] += 1;
-                }
+                let per = self.rule_sums()?;
                 let mut text = String::new();
                 let mut data = Vec::new();
                 for (i, r) in self.loaded.parsed.rules.iter().enumerate() {
@@ -991,12 +1004,21 @@ enum Want {
     Both,
 }
 
-/// Waits up to `ms` for one client and answers it.
-pub fn serve_once(l: &UnixListener, d: &mut Daemon, ms: i32) {
+/// Waits up to `ms` for one client (or scrapes, with --metrics) and answers it.
+pub fn serve_once(l: &UnixListener, scrapes: Option<&crate::metrics::Scrapes>, d: &mut Daemon, ms: i32) {
     use std::os::fd::AsRawFd;
-    let mut p = libc::pollfd { fd: l.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    // SAFETY: one pollfd.
-    if unsafe { libc::poll(&mut p, 1, ms) } <= 0 {
+    let mut p = [
+        libc::pollfd { fd: l.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: scrapes.map_or(-1, |s| s.wake.as_raw_fd()), events: libc::POLLIN, revents: 0 },
+    ];
+    // SAFETY: two pollfds (a negative fd is ignored).
+    if unsafe { libc::poll(p.as_mut_ptr(), 2, ms) } <= 0 {
+        return;
+    }
+    if let Some(s) = scrapes.filter(|_| p[1].revents != 0) {
+        s.answer(d);
+    }
+    if p[0].revents == 0 {
         return;
     }
     let Ok((s, _)) = l.accept() else { return };

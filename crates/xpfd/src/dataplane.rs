@@ -116,6 +116,21 @@ pub struct StateRow {
     pub rule: u32,
 }
 
+/// Per rule number: [packets from the creator, bytes from it, packets towards it, bytes
+/// towards it, states], over the states in the table now.
+pub type RuleSums = std::collections::HashMap<u32, [u64; 5]>;
+
+fn rule_sums<K: Key>(t: &xpf_state::StateTable<K>, out: &mut RuleSums) {
+    for (_, s) in t.iter() {
+        let a = out.entry(s.rule).or_default();
+        a[0] += s.packets[0] as u64;
+        a[1] += s.bytes[0];
+        a[2] += s.packets[1] as u64;
+        a[3] += s.bytes[1];
+        a[4] += 1;
+    }
+}
+
 /// Which states a kill or a listing selects: hosts as pfctl -k gives them.
 #[derive(Debug, Clone, Default)]
 pub struct Select {
@@ -131,6 +146,10 @@ pub type Snapshot = (Info, IoStats, Vec<XskStats>, Vec<(u32, [u64; 8])>);
 pub enum Cmd {
     Snapshot(Sender<Snapshot>),
     States(Sender<Vec<StateRow>>),
+    /// Per rule (by number), what its states in the table now have carried: see [`RuleSums`].
+    RuleSums(Sender<RuleSums>),
+    /// Translation's port use per (address, protocol class): (in use, in the ranges).
+    NatPorts(Sender<Vec<(std::net::IpAddr, u8, u64, u64)>>),
     Kill(Select, Sender<u32>),
     Flush(Sender<u32>),
     /// `set limit states` (this worker's share), the timeouts, and reassembly: (on, `set
@@ -1009,6 +1028,20 @@ impl Dataplane {
                     io.host = h.stats;
                 }
                 let _ = tx.send((Info::of(&self.worker), io, x, c));
+            }
+            Cmd::NatPorts(tx) => {
+                // IPv4 addresses fill the first four bytes only.
+                let ip = |a: xpf_wire::Addr| a.to_ip(if a.0[4..].iter().all(|&b| b == 0) { 4 } else { 6 });
+                let _ = tx.send(self.worker.nat.ports_by_address().map(|(a, c, u, n)| (ip(a), c, u, n)).collect());
+            }
+            Cmd::RuleSums(tx) => {
+                if let Some(f) = &mut self.fast {
+                    f.sync(&mut self.worker, now, true);
+                }
+                let mut m = RuleSums::new();
+                rule_sums(&self.worker.t4, &mut m);
+                rule_sums(&self.worker.t6, &mut m);
+                let _ = tx.send(m);
             }
             Cmd::States(tx) => {
                 // The fast path's counts first, so that packets and expiry are current.

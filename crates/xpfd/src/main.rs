@@ -21,6 +21,7 @@ mod defer;
 mod fastpath;
 mod handoff;
 mod host;
+mod metrics;
 mod pflog;
 mod policy;
 mod sync;
@@ -41,7 +42,7 @@ pub const DEFAULT_SOCKET: &str = "/run/xpfd.sock";
 
 const USAGE: &str = "usage: xpfd -f FILE -i IF [-i IF ...] [--io xdp|packet|auto] [--workers N] [--cpus LIST] \
                      [--socket PATH] [--busy-poll] [--fastpath FLOWS | --no-fastpath] [-D macro=value] \
-                     [--pflog FILE] [--pflog-size BYTES] [--sync-dev IF [--sync-peer ADDR] [--sync-key FILE] [--sync-maxupd N] [--sync-hostid ID] [--sync-defer]]";
+                     [--pflog FILE] [--pflog-size BYTES] [--metrics ADDR:PORT] [--sync-dev IF [--sync-peer ADDR] [--sync-key FILE] [--sync-maxupd N] [--sync-hostid ID] [--sync-defer]]";
 
 #[derive(Debug)]
 struct Args {
@@ -60,6 +61,8 @@ struct Args {
     /// Where `log` rules' packets go (pflog0's file; pflogN's is FILE followed by N).
     pflog: String,
     pflog_size: u64,
+    /// Where Prometheus scrapes (`--metrics 127.0.0.1:9101`).
+    metrics: Option<String>,
 }
 
 fn parse_args(a: &[String]) -> Result<Args, String> {
@@ -76,6 +79,7 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
         sync: None,
         pflog: "/var/log/pflog".into(),
         pflog_size: 16 << 20,
+        metrics: None,
     };
     let mut sync =
         sync::SyncArgs { dev: String::new(), peer: None, key_file: None, maxupd: 128, hostid: None, defer: false };
@@ -110,6 +114,12 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
             }
             "--no-fastpath" => r.fastpath = Some(0),
             "--pflog" => r.pflog = val()?,
+            "--metrics" => {
+                let v = val()?;
+                v.parse::<std::net::SocketAddr>()
+                    .map_err(|_| format!("--metrics {v}: ADDR:PORT (127.0.0.1:9101, [::1]:9101)"))?;
+                r.metrics = Some(v);
+            }
             "--pflog-size" => {
                 let v = val()?;
                 r.pflog_size = v
@@ -585,6 +595,10 @@ fn run(a: Args) -> Result<(), String> {
     d.pflog = Some(pflog.shared.clone());
     let listener = control::listen(&a.socket).map_err(|e| format!("control socket {}: {e}", a.socket))?;
     eprintln!("xpfd: filtering {}; control socket {}", a.ifaces.join(", "), a.socket);
+    let scrapes = a.metrics.as_deref().map(metrics::start).transpose()?;
+    if let Some(m) = &a.metrics {
+        eprintln!("xpfd: metrics for Prometheus at http://{m}/metrics");
+    }
     let mut hups = 0;
     let mut addrs = (xpf_conf::ifaddr::fingerprint(), std::time::Instant::now());
     // `no-route` and `urpf-failed` follow the kernel's routes the same way.
@@ -650,7 +664,7 @@ fn run(a: Args) -> Result<(), String> {
                 Err(e) => eprintln!("xpfd: overload: table <{table}>: {e}"),
             }
         }
-        control::serve_once(&listener, &mut d, if over.is_empty() { 200 } else { 0 });
+        control::serve_once(&listener, scrapes.as_ref(), &mut d, if over.is_empty() { 200 } else { 0 });
     }
     eprintln!("xpfd: stopping");
     stop.store(true, Ordering::Relaxed);

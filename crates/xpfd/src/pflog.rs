@@ -45,6 +45,21 @@ pub struct Shared {
     pub write_errors: AtomicU64,
 }
 
+impl Shared {
+    /// The counters: (key for JSON and metrics, text for `xpfctl -s info`, value).
+    pub fn rows(&self) -> [(&'static str, &'static str, u64); 6] {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        [
+            ("logged", "logged", g(&self.logged)),
+            ("dropped", "dropped (queue full)", g(&self.dropped)),
+            ("bytes", "bytes written", g(&self.bytes)),
+            ("write_errors", "write errors", g(&self.write_errors)),
+            ("readers", "live readers", g(&self.readers)),
+            ("dropped_live", "lost by live readers", g(&self.dropped_live)),
+        ]
+    }
+}
+
 /// A worker's end of the queue.
 #[derive(Clone)]
 pub struct Tx {

@@ -349,32 +349,33 @@ pub fn render(s: &Shared) -> (String, serde_json::Value) {
         s.creatorid,
         if s.auth { "on" } else { "off" }
     );
-    let rows: Vec<(&str, u64)> = vec![
-        ("frames sent", w.frames + st.opackets),
-        ("bytes sent", w.bytes + st.obytes),
-        ("send errors", w.send_errors),
-        ("events lost (queue full)", w.events_dropped),
-        ("frames received", st.ipackets),
-        ("bad: ttl not 255", st.badttl),
-        ("bad: short", st.hdrops),
-        ("bad: version", st.badver),
-        ("bad: action", st.badact),
-        ("bad: length", st.badlen),
-        ("bad: authentication", st.badauth),
-        ("bad: replayed", st.replayed),
-        ("records skipped", st.skipped),
-        ("states inserted", w.apply.inserted),
-        ("states updated", w.apply.updated),
-        ("states deleted", w.apply.deleted),
-        ("stale updates", w.apply.stale),
-        ("unknown (requested)", w.apply.unknown),
-        ("refused records", w.apply.badstate),
-        ("requests answered", w.apply.requests),
-        ("states from peers", w.imported),
-        ("insert acks received", w.apply.acks_in),
-        ("insert acks sent", w.apply.acks_out),
+    // (key for JSON and metrics, text, value).
+    let rows: [(&str, &str, u64); 23] = [
+        ("frames_sent", "frames sent", w.frames + st.opackets),
+        ("bytes_sent", "bytes sent", w.bytes + st.obytes),
+        ("send_errors", "send errors", w.send_errors),
+        ("events_lost", "events lost (queue full)", w.events_dropped),
+        ("frames_received", "frames received", st.ipackets),
+        ("bad_ttl", "bad: ttl not 255", st.badttl),
+        ("bad_short", "bad: short", st.hdrops),
+        ("bad_version", "bad: version", st.badver),
+        ("bad_action", "bad: action", st.badact),
+        ("bad_length", "bad: length", st.badlen),
+        ("bad_auth", "bad: authentication", st.badauth),
+        ("bad_replayed", "bad: replayed", st.replayed),
+        ("records_skipped", "records skipped", st.skipped),
+        ("states_inserted", "states inserted", w.apply.inserted),
+        ("states_updated", "states updated", w.apply.updated),
+        ("states_deleted", "states deleted", w.apply.deleted),
+        ("stale_updates", "stale updates", w.apply.stale),
+        ("unknown_requested", "unknown (requested)", w.apply.unknown),
+        ("refused_records", "refused records", w.apply.badstate),
+        ("requests_answered", "requests answered", w.apply.requests),
+        ("states_from_peers", "states from peers", w.imported),
+        ("acks_received", "insert acks received", w.apply.acks_in),
+        ("acks_sent", "insert acks sent", w.apply.acks_out),
     ];
-    for (k, v) in &rows {
+    for (_, k, v) in &rows {
         let _ = writeln!(t, "  {:<25} {:>14}", k, v);
     }
     if s.defer {
@@ -395,7 +396,7 @@ pub fn render(s: &Shared) -> (String, serde_json::Value) {
     let _ = writeln!(t, "  {:<25} {}", "bulk update received", bin);
     let _ = writeln!(t, "  {:<25} {}", "bulk update sent", bout);
     let mut m: serde_json::Map<String, serde_json::Value> =
-        rows.iter().map(|(k, v)| (k.replace([' ', ':', '(', ')'], "_"), serde_json::json!(v))).collect();
+        rows.iter().map(|(k, _, v)| (k.to_string(), serde_json::json!(v))).collect();
     m.insert("defer".into(), serde_json::json!({ "on": s.defer, "stats": w.defer }));
     m.insert("bulk_in".into(), serde_json::json!(bin));
     m.insert("bulk_out".into(), serde_json::json!(bout));

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# pflog: what `log` rules decide, read with the tools a pf administrator reaches for first:
+# Seeing what the firewall does, with the tools operators reach for first: pflog read by
 # `tcpdump -n -e -ttt -r` on the file xpfd writes (pflogd's habit) and `xpfctl log | tcpdump
-# -r -` live. xpfd between the client's network (fc) and the server's (fs), default host
+# -r -` live; the metrics page linted by `promtool check metrics` and scraped by a real
+# Prometheus. xpfd between the client's network (fc) and the server's (fs), default host
 # settings:
 #   client 10.0.1.2 -- [fc] xpfd [fs] -- server 10.0.2.2
 # Each check prints ok/FAIL; the last line is the tally. Needs root; cleans up after itself.
@@ -9,12 +10,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=target/release
 P=xp-
-SOCK=/run/xpf-pflog-test.sock
+SOCK=/run/xpf-observe-test.sock
+METRICS=127.0.0.1:9109
+PROM=127.0.0.1:9199
 CTL="$BIN/xpfctl --socket $SOCK"
-DIR=$(mktemp -d /tmp/xpf-pflog.XXXX)
+DIR=$(mktemp -d /tmp/xpf-observe.XXXX)
 LOG=$DIR/xpfd.log
 . scripts/lib.sh
-needs pflog ip tcpdump python3 timeout
+needs observe ip tcpdump python3 timeout curl promtool prometheus
 
 . scripts/check.sh
 c() { ip netns exec ${P}client "$@"; }
@@ -47,7 +50,7 @@ CONF
 
 scripts/topo.sh up $P
 ip netns exec ${P}server python3 scripts/peer.py 0.0.0.0 7000 >/dev/null 2>&1 &
-ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --socket $SOCK --pflog "$DIR/pflog" 2>"$LOG" &
+ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --socket $SOCK --pflog "$DIR/pflog" --metrics $METRICS 2>"$LOG" &
 XPFD=$!
 for _ in $(seq 100); do $CTL -s memory >/dev/null 2>&1 && break; sleep 0.1; done
 check "xpfd starts with log rules and --pflog" $CTL -s memory
@@ -86,6 +89,39 @@ check "log (to pflog1): the UDP datagram is in pflog1, not in pflog" bash -c "
     ! grep -q 'UDP' $DIR/file.txt"
 check "-s info counts what was logged" bash -c "$CTL -s info | sed -n '/^Pflog/,/live readers/p' | tee /dev/stderr | grep -E 'logged +([3-9]|[1-9][0-9]+)$'"
 
+# Prometheus: the page, linted by promtool, then scraped by a Prometheus server.
+fw() { ip netns exec ${P}fw "$@"; }
+export -f fw
+export DIR METRICS PROM
+fw curl -s -D "$DIR/headers" "http://$METRICS/metrics" >"$DIR/metrics.txt"
+check "--metrics serves the text format (version 0.0.4)" grep -qi 'content-type: text/plain; version=0.0.4' "$DIR/headers"
+check "promtool check metrics passes" bash -c "fw promtool check metrics <$DIR/metrics.txt"
+check "the page has pf's counters, the state table, per-rule and per-socket series" bash -c "
+    grep -E '^xpf_counters_total\{counter=\"match\"\} [1-9]' $DIR/metrics.txt &&
+    grep -E '^xpf_states_limit 100000$' $DIR/metrics.txt &&
+    grep -E '^xpf_rule_evaluations_total\{rule=\"1\",label=\"web\"\} [1-9]' $DIR/metrics.txt &&
+    grep -E '^xpf_socket_received_packets_total\{interface=\"fc\",queue=\"0\"\} [1-9]' $DIR/metrics.txt &&
+    grep -E '^xpf_pflog_total\{counter=\"logged\"\} [1-9]' $DIR/metrics.txt"
+check "anything but GET /metrics is refused (404, 405)" bash -c "
+    [[ \$(fw curl -s -o /dev/null -w '%{http_code}' http://$METRICS/x) == 404 ]] &&
+    [[ \$(fw curl -s -o /dev/null -w '%{http_code}' -X POST http://$METRICS/metrics) == 405 ]]"
+cat >"$DIR/prometheus.yml" <<YML
+global: {scrape_interval: 1s, scrape_timeout: 1s}
+scrape_configs:
+  - job_name: xpf
+    static_configs: [{targets: ['$METRICS']}]
+YML
+fw prometheus --config.file="$DIR/prometheus.yml" --storage.tsdb.path="$DIR/prom" \
+    --web.listen-address=$PROM >"$DIR/prometheus.log" 2>&1 &
+PROMPID=$!
+query() { fw curl -s "http://$PROM/api/v1/query" --data-urlencode "query=$1"; }
+export -f query
+for _ in $(seq 60); do query 'up{job="xpf"}' 2>/dev/null | grep -q '"value":\[[0-9.]*,"1"\]' && break; sleep 0.5; done
+check "a Prometheus server scrapes xpfd (up == 1)" bash -c "query 'up{job=\"xpf\"}' | tee /dev/stderr | grep -q '\"1\"\]'"
+check "and stores its series: the labelled rule's evaluations" bash -c "
+    query 'xpf_rule_evaluations_total{label=\"web\"}' | tee /dev/stderr | grep -qE '\"value\":\[[0-9.]+,\"[1-9]'"
+kill $PROMPID 2>/dev/null; wait $PROMPID 2>/dev/null
+
 # The operator's counters: per label, and zeroed.
 check "-s labels: the labelled rule's evaluations, packets, bytes and states" bash -c "
     $CTL -s labels | tee /dev/stderr | grep -E '^web [1-9][0-9]* [1-9][0-9]* [1-9][0-9]* [0-9]+ [0-9]+ [0-9]+ [0-9]+ [1-9][0-9]*$'"
@@ -98,5 +134,5 @@ printf 'pass in log (all) proto tcp\n' >"$DIR/all.conf"
 check "log (all) is refused with FILE:LINE" bash -c "! $CTL -f $DIR/all.conf 2>$DIR/err; cat $DIR/err; grep -q 'all.conf:1:.*log (all)' $DIR/err"
 
 [[ $fail -gt 0 ]] && sed "s/^/     xpfd: /" "$LOG" | tail -20
-echo "pflog: $pass passed, $fail failed"
+echo "observe: $pass passed, $fail failed"
 [[ $fail -eq 0 ]]
