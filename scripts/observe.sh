@@ -17,7 +17,7 @@ CTL="$BIN/xpfctl --socket $SOCK"
 DIR=$(mktemp -d /tmp/xpf-observe.XXXX)
 LOG=$DIR/xpfd.log
 . scripts/lib.sh
-needs observe ip tcpdump python3 timeout curl promtool prometheus
+needs observe ip tcpdump python3 timeout curl promtool prometheus nfcapd nfdump
 
 . scripts/check.sh
 c() { ip netns exec ${P}client "$@"; }
@@ -42,15 +42,20 @@ export P
 
 cat >"$DIR/pf.conf" <<'CONF'
 block log all
-pass in log on fc inet proto tcp to 10.0.2.2 port 7000 label "web"
-pass in log (to pflog1) on fc inet proto udp to 10.0.2.2 port 7000
+pass in log on fc inet proto tcp to 10.0.2.2 port 7000 label "web" keep state (pflow)
+pass in log (to pflog1) on fc inet proto udp to 10.0.2.2 port 7000 keep state (pflow)
 pass in on fc inet proto icmp
 pass out on fs
 CONF
 
 scripts/topo.sh up $P
 ip netns exec ${P}server python3 scripts/peer.py 0.0.0.0 7000 >/dev/null 2>&1 &
-ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --socket $SOCK --pflog "$DIR/pflog" --metrics $METRICS 2>"$LOG" &
+# The flow collector, before xpfd: IPFIX from xpfd's pflow to nfcapd on the firewall's loopback.
+mkdir -p "$DIR/flows"
+ip netns exec ${P}fw nfcapd -w "$DIR/flows" -b 127.0.0.1 -p 2055 -t 3600 >"$DIR/nfcapd.log" 2>&1 &
+NFCAPD=$!
+ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --socket $SOCK --pflog "$DIR/pflog" --metrics $METRICS \
+    --pflow 127.0.0.1:2055 --pflow-active 2 2>"$LOG" &
 XPFD=$!
 for _ in $(seq 100); do $CTL -s memory >/dev/null 2>&1 && break; sleep 0.1; done
 check "xpfd starts with log rules and --pflog" $CTL -s memory
@@ -128,6 +133,47 @@ check "-s labels: the labelled rule's evaluations, packets, bytes and states" ba
 check "-z zeroes the rules' evaluations" bash -c "$CTL -z && $CTL -s labels | tee /dev/stderr | grep -E '^web 0 '"
 check "xpfctl --help and xpfd --help print their usage (log, --pflog)" \
     bash -c "$BIN/xpfctl --help | grep -q 'xpfctl log' && $BIN/xpfd --help | grep -q -- '--pflog FILE'"
+
+# pflow: the states of `keep state (pflow)` rules exported as IPFIX; nfdump's counts are the
+# states'. A UDP flow from a fixed port, alive past the active timeout (2 s), then killed.
+c python3 -c "
+import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('10.0.1.2', 45000)); s.settimeout(1)
+for i in range(5):
+    s.sendto(b'x' * (100 * i + 10), ('10.0.2.2', 7000))
+    try: s.recv(100)
+    except OSError: pass"
+sleep 3
+$CTL -s states -v >"$DIR/all-states.txt"
+grep -A1 "10.0.1.2:45000" "$DIR/all-states.txt" >"$DIR/state.txt"
+$CTL -k 10.0.1.2 >/dev/null
+sleep 1
+kill -TERM $NFCAPD; wait $NFCAPD 2>/dev/null
+nfdump -R "$DIR/flows" -q -N -o 'fmt:%pr %sa %sp %da %dp %pkt %byt' >"$DIR/flows.txt" 2>"$DIR/nfdump.err"
+check "nfcapd received xpfd's IPFIX and nfdump reads it" bash -c "cat $DIR/nfdump.err; cat $DIR/flows.txt; [[ -s $DIR/flows.txt ]]"
+check "the UDP flow's packets and bytes each way, summed over its records, are the state's (-s states -v)" python3 - "$DIR/state.txt" "$DIR/flows.txt" <<'PY'
+import re, sys
+st = open(sys.argv[1]).read()
+m = re.search(r"(\d+):(\d+) pkts, (\d+):(\d+) bytes", st)
+assert m, st
+want = tuple(int(x) for x in m.groups())
+got = [0, 0, 0, 0]
+for line in open(sys.argv[2]):
+    f = line.split()
+    if len(f) < 7 or f[0] != "17":
+        continue
+    if (f[1], f[2], f[3], f[4]) == ("10.0.1.2", "45000", "10.0.2.2", "7000"):
+        got[0] += int(f[5]); got[2] += int(f[6])
+    elif (f[1], f[2], f[3], f[4]) == ("10.0.2.2", "7000", "10.0.1.2", "45000"):
+        got[1] += int(f[5]); got[3] += int(f[6])
+print("state", want, "nfdump", got)
+assert tuple(got) == want and want[0] == 5, (want, got)
+PY
+check "the TCP connection of the pflow rule is there; the ping (a rule without pflow) is not" bash -c "
+    grep -qE '^6 +10\.0\.1\.2 +[0-9]+ +10\.0\.2\.2 +7000 ' $DIR/flows.txt && ! grep -q '^1 ' $DIR/flows.txt"
+check "-s info counts what pflow sent" bash -c "$CTL -s info | sed -n '/^Pflow/,/not expressible/p' | tee /dev/stderr | grep -E 'flow records sent +[1-9]'"
+printf 'pass in proto udp keep state (pflow)\n' >"$DIR/pflow.conf"
+check "without --pflow, a pflow rule is refused with FILE:LINE" bash -c "
+    ip netns exec ${P}fw $BIN/xpfd -f $DIR/pflow.conf -i fc --socket $DIR/x.sock 2>&1 | tee /dev/stderr | grep -q 'pflow.conf:1: pflow: .*--pflow'"
 
 # Refused where it cannot be kept.
 printf 'pass in log (all) proto tcp\n' >"$DIR/all.conf"

@@ -133,6 +133,7 @@ impl Shared {
                         tag: 0,
                         scrub: 0,
                         rate: 0,
+                        pflow: false,
                     };
                     match t.insert(hs[i], ns, now) {
                         Ok(id) => {

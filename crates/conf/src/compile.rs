@@ -317,6 +317,8 @@ struct CRule {
     if_bound: bool,
     allow_opts: bool,
     sloppy: bool,
+    /// `pflow` in the rule's state options, or `set state-defaults pflow`.
+    pflow: bool,
     modulate: bool,
     synproxy: bool,
     pickup: bool,
@@ -992,11 +994,12 @@ impl Ruleset {
                 }),
                 tos: r.tos,
                 prob: r.probability.map_or(0, prob_threshold),
-                nosync: r.state_opts.no_sync,
+                nosync: r.state_opts.no_sync || p.state_defaults.no_sync,
                 // `set state-policy if-bound` binds every state a rule does not make floating.
                 if_bound: r.state_opts.if_bound || (p.if_bound && !r.state_opts.floating),
                 allow_opts: r.allow_opts,
                 sloppy: r.state_opts.sloppy,
+                pflow: r.state_opts.pflow || p.state_defaults.pflow,
                 modulate: r.state == StateKind::Modulate,
                 synproxy: r.state == StateKind::Synproxy,
                 // A rule that does not ask for a bare SYN may pick a stream up in the middle.
@@ -1511,6 +1514,7 @@ impl Policy for Ruleset {
                     if_bound: r.if_bound,
                     allow_opts: r.allow_opts,
                     sloppy: r.sloppy,
+                    pflow: r.pflow,
                     pickup: r.pickup,
                     limits: r.limits,
                     modulate: r.modulate,

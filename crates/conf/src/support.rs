@@ -30,7 +30,10 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
             // only reorders and merges rules that decide alike).
             // `hostid` is sync's creator id (xpfd --sync-hostid wins); syncookies, the engine's
             // (the host's own ports too: their SYNs pass through the same worker).
+            // `state-defaults` takes pflow and no-sync only (the parser refuses the rest);
+            // xpfd refuses pflow without a collector.
             "block-policy"
+            | "state-defaults"
             | "timeout"
             | "limit"
             | "state-policy"
@@ -166,7 +169,8 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
         let StateOpts {
             max: _,
             no_sync: _,
-            pflow,
+            // Exported by xpfd's --pflow (which refuses it when there is no collector).
+            pflow: _,
             source_track: _,
             max_src_states: _,
             max_src_conn: _,
@@ -178,9 +182,6 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
             sloppy: _,
             timeouts: _,
         } = state_opts;
-        if *pflow {
-            refuse("pflow");
-        }
         if user.is_some() {
             refuse("user");
         }
@@ -301,7 +302,7 @@ mod tests {
         ("anchor \"a\" {\n pass\n}", Yes("anchors_are_evaluated_in_place")),
         ("pass in proto tcp synproxy state", Yes("synproxy_completes_the_handshake_then_splices_the_sequence_spaces")),
         ("pass in proto tcp synproxy state (max-src-conn 5)", No("synproxy state with max-src-conn")),
-        ("pass in proto tcp keep state (pflow)", No("pflow")),
+        ("pass in proto tcp keep state (pflow)", Yes("a_pflow_state_is_recorded_at_its_end_while_active_and_when_translated")),
         ("pass in to no-route", Yes("no_route_and_urpf_failed_follow_the_routes")),
         ("pass in from urpf-failed", Yes("no_route_and_urpf_failed_follow_the_routes")),
         ("pass in proto tcp user 0", No("user")),
@@ -355,6 +356,8 @@ mod tests {
         ("set ruleset-optimization basic", Yes("ruleset-optimization")),
         ("set loginterface lo", No("set loginterface")),
         ("set hostid 1", Yes("hostid_names_the_sync_creator")),
+        ("set state-defaults pflow", Yes("a_pflow_state_is_recorded_at_its_end_while_active_and_when_translated")),
+        ("set state-defaults no-sync", Yes("--sync-dev")),
         ("set syncookies always", Yes("syncookies_answer_a_syn_without_state_and_the_ack_makes_it")),
         ("set syncookies adaptive (start 25%, end 12%)", Yes("syncookies_adaptive_turn_on_at_the_half_open_watermark")),
         ("set syncookies never", Yes("syncookies_answer_a_syn_without_state_and_the_ack_makes_it")),

@@ -955,6 +955,23 @@ impl<P: Policy> Worker<P> {
         }
     }
 
+    /// `pflow`: seconds between a live flow's records (0: at its end only).
+    pub fn set_flow_active(&mut self, secs: u32) {
+        self.t4.flows.active = secs;
+        self.t6.flows.active = secs;
+    }
+
+    /// Moves the flow records made since the last call (`pflow` states ended, active, or
+    /// translated) into `out`; returns the records lost to a full log since the last call.
+    pub fn take_flows(&mut self, out: &mut Vec<xpf_state::Flow>) -> u64 {
+        let mut lost = 0;
+        for f in [&mut self.t4.flows, &mut self.t6.flows] {
+            out.append(&mut f.records);
+            lost += std::mem::take(&mut f.dropped);
+        }
+        lost
+    }
+
     /// Background work between batches: expiry and index growth, `budget` units per table.
     /// Returns the states expired.
     pub fn maintain(&mut self, now: u32, budget: u32) -> u32 {
@@ -2007,6 +2024,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         tag: d.tag,
         scrub: d.scrub.pack(),
         rate: d.rate,
+        pflow: d.pflow,
     };
     let inserted = t.insert(wire_h, ns, c.now);
     if let (Err(_), Some((a, port))) = (&inserted, held) {

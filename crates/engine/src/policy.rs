@@ -54,6 +54,8 @@ pub struct Decision {
     /// `log` on the deciding rule: the pflog unit + 1 (`log (to pflogN)`, pflog0 by
     /// default); 0 for none.
     pub log: u8,
+    /// `pflow` (or `set state-defaults pflow`): the state's flow is exported.
+    pub pflow: bool,
 }
 
 impl Decision {
@@ -77,6 +79,7 @@ impl Decision {
         nat: 0,
         rdr: 0,
         log: 0,
+        pflow: false,
     };
     /// `block` (drop).
     pub const BLOCK: Decision = Decision { action: Action::Block, keep_state: false, ..Decision::PASS };

@@ -864,6 +864,79 @@ fn natting(lo: u16, hi: u16) -> Worker<Natting> {
     worker(Natting(vec![pool([192, 0, 2, 1], (lo, hi)), pool([10, 0, 0, 53], (5353, 5353))]), 1000)
 }
 
+/// `pflow` on every decision of [`Natting`].
+struct Pflowing(Natting);
+
+impl Policy for Pflowing {
+    fn evaluate(&self, pd: &PDesc, kif: u16, dir: Dir) -> Decision {
+        Decision { pflow: true, ..self.0.evaluate(pd, kif, dir) }
+    }
+    fn pool(&self, i: u32) -> Option<&nat::Pool> {
+        self.0.pool(i)
+    }
+}
+
+#[test]
+fn a_pflow_state_is_recorded_at_its_end_while_active_and_when_translated() {
+    use xpf_state::FlowEvent;
+    let mut w = worker(Pflowing(Natting(std::mem::take(&mut natting(50001, 50010).policy.0))), 1000);
+    w.set_flow_active(10);
+    let a = |x: [u8; 4]| xpf_wire::Addr::v4(x);
+    let out = udp4([10, 0, 1, 2], [198, 51, 100, 1], 40000, 53);
+    assert_eq!(run(&mut w, &[out.clone(), out.clone()], Dir::Out, 1), vec![Verdict::Pass; 2]);
+    let port = pd_of(&rewritten(&w, 0, &out)).sport;
+    let mut f = Vec::new();
+    assert_eq!(w.take_flows(&mut f), 0);
+    // The translation's creation: inside and outside addresses (FreeBSD's NAT44 event).
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].event, FlowEvent::NatCreate);
+    assert_eq!((f[0].src, f[0].dst), ((a([10, 0, 1, 2]), 40000), (a([198, 51, 100, 1]), 53)));
+    assert_eq!((f[0].nat_src, f[0].nat_dst), ((a([192, 0, 2, 1]), port), (a([198, 51, 100, 1]), 53)));
+    let reply = udp4([198, 51, 100, 1], [192, 0, 2, 1], 53, port);
+    assert_eq!(run(&mut w, std::slice::from_ref(&reply), Dir::In, 3), vec![Verdict::Pass]);
+    // Alive after its active timeout: a record of what it carried so far, each way.
+    w.maintain(12, 100);
+    f.clear();
+    w.take_flows(&mut f);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!((f[0].event, f[0].packets, f[0].start, f[0].end), (FlowEvent::Active, [2, 1], 1, 3));
+    assert_eq!(f[0].bytes[0], 2 * (out.len() as u64 - 14));
+    // Idle since: nothing at the next active time.
+    w.maintain(22, 100);
+    f.clear();
+    w.take_flows(&mut f);
+    assert!(f.is_empty(), "{f:?}");
+    // One more packet: reported at the next active time, not again at the end (nothing new).
+    assert_eq!(run(&mut w, std::slice::from_ref(&out), Dir::Out, 25), vec![Verdict::Pass]);
+    for t in 26..=90 {
+        w.maintain(t, 100);
+    }
+    f.clear();
+    w.take_flows(&mut f);
+    assert_eq!(w.states(), 0);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!((f[0].event, f[0].packets, f[0].start, f[0].end), (FlowEvent::Active, [1, 0], 22, 25));
+    // A short flow (gone before its active time): one record at its end, all it carried.
+    let short = udp4([10, 0, 1, 3], [198, 51, 100, 1], 40001, 53);
+    run(&mut w, std::slice::from_ref(&short), Dir::Out, 100);
+    f.clear();
+    w.take_flows(&mut f);
+    let id = w.t4.iter().next().unwrap().0;
+    assert!(w.t4.remove(id));
+    w.take_flows(&mut f);
+    assert_eq!(f.iter().map(|r| r.event).collect::<Vec<_>>(), [FlowEvent::NatCreate, FlowEvent::End]);
+    assert_eq!((f[1].packets, f[1].start, f[1].end), ([1, 0], 100, 100));
+    // A rule without pflow: no records.
+    let mut plain = natting(50001, 50010);
+    run(&mut plain, std::slice::from_ref(&out), Dir::Out, 1);
+    for t in 2..=90 {
+        plain.maintain(t, 100);
+    }
+    f.clear();
+    plain.take_flows(&mut f);
+    assert!(f.is_empty());
+}
+
 /// Frame `f` rewritten as the worker's last batch said for frame `i`.
 fn rewritten<P: Policy>(w: &Worker<P>, i: usize, f: &[u8]) -> Vec<u8> {
     assert!(w.translated & (1 << i) != 0, "frame {i} not translated");

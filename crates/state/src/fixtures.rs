@@ -20,5 +20,6 @@ pub fn established_tcp<K: Key>(key: K, peers: [Peer; 2]) -> NewState<K> {
         tag: 0,
         scrub: 0,
         rate: 0,
+        pflow: false,
     }
 }

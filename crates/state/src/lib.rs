@@ -13,6 +13,7 @@
 
 pub mod event;
 pub mod fixtures;
+pub mod flow;
 pub mod index;
 pub mod key;
 pub mod region;
@@ -22,6 +23,7 @@ pub mod track;
 pub mod wheel;
 
 pub use event::{Event, EventKind};
+pub use flow::{Flow, FlowEvent, FlowLog};
 pub use key::{os_random, Dir, Key, Key4, Key6, Seed};
 pub use table::{
     auto_rows, half_open, sf, Actions, Config, Counters, InsertError, Memory, NewState, Peer, State, StateTable,

@@ -74,14 +74,18 @@ pub struct State<K: Key> {
 unsafe impl<K: Key> Zeroable for State<K> {}
 
 /// Bits of `State::timeout` above the class: options of the rule that made the state.
-pub const TO_CLASS: u8 = 0x1f;
+pub const TO_CLASS: u8 = 0x0f;
+/// `pflow`: the state's flow is exported ([`crate::flow`]).
+pub const TO_PFLOW: u8 = 0x10;
 /// `allow-opts`: packets with IP options may pass by this state.
 pub const TO_ALLOWOPTS: u8 = 0x80;
 /// The state has an entry in the table's [`Tracking`] (a rule with limits made it).
 pub const TO_EXTRA: u8 = 0x40;
 /// `sloppy`: TCP tracked by flags alone, without sequence windows (no peer record).
 pub const TO_SLOPPY: u8 = 0x20;
-const _: () = assert!(Timeout::ALL.len() <= TO_CLASS as usize + 1);
+// A state's class is one of the protocol timeouts (tcp.first .. other.multiple); the others
+// (frag, interval, adaptive.*, src.track) are never a state's.
+const _: () = assert!(Timeout::OtherMultiple as usize <= TO_CLASS as usize);
 
 impl<K: Key> State<K> {
     #[inline(always)]
@@ -90,7 +94,8 @@ impl<K: Key> State<K> {
     }
     #[inline(always)]
     pub fn set_class(&mut self, t: Timeout) {
-        self.timeout = (self.timeout & !TO_CLASS) | t as u8;
+        debug_assert!(t as u8 <= TO_CLASS, "{t:?} is not a state's timeout");
+        self.timeout = (self.timeout & !TO_CLASS) | (t as u8 & TO_CLASS);
     }
     #[inline(always)]
     pub fn allow_opts(&self) -> bool {
@@ -145,6 +150,8 @@ pub struct NewState<K: Key> {
     /// The rule's `max-pkt-rate` meter (the policy's; 0: none): the state's packets in its
     /// first direction count against it.
     pub rate: u32,
+    /// `pflow`: the state's flow is exported.
+    pub pflow: bool,
 }
 
 /// What a state keeps of the rules that made it besides its key and counters (pf's tag,
@@ -267,6 +274,8 @@ pub struct StateTable<K: Key> {
     /// The keys (wire, stack) and flags of the translated states removed since the engine
     /// last took them: their ports go back to the translation's allocator.
     pub nat_gone: Vec<(K, K, u8)>,
+    /// Flow records of `pflow` states, for the worker to take.
+    pub flows: crate::flow::FlowLog,
 }
 
 impl<K: Key> Drop for StateTable<K> {
@@ -330,6 +339,7 @@ impl<K: Key> StateTable<K> {
             sync_push: false,
             actions: Default::default(),
             nat_gone: Vec::new(),
+            flows: Default::default(),
         })
     }
 
@@ -641,9 +651,10 @@ impl<K: Key> StateTable<K> {
             rule: s.rule,
             ext,
             seq: self.seq,
-            timeout: s.timeout as u8
+            timeout: (s.timeout as u8 & TO_CLASS)
                 | if s.allow_opts { TO_ALLOWOPTS } else { 0 }
-                | if s.sloppy { TO_SLOPPY } else { 0 },
+                | if s.sloppy { TO_SLOPPY } else { 0 }
+                | if s.pflow { TO_PFLOW } else { 0 },
             peer_state: [s.src_state, s.dst_state],
             flags,
             packets: [0; 2],
@@ -656,7 +667,11 @@ impl<K: Key> StateTable<K> {
         if let Some(hs) = hs {
             self.index.insert(hs, id | STACK);
         }
-        self.wheel.file(id, now.saturating_add(self.timeouts.get(s.timeout)));
+        let mut due = now.saturating_add(self.timeouts.get(s.timeout));
+        if s.pflow {
+            due = self.pflow_inserted(id, now, due);
+        }
+        self.wheel.file(id, due);
         self.now = self.now.max(now);
         self.len += 1;
         if s.key.proto() == xpf_wire::pdesc::IPPROTO_TCP && half_open([s.src_state, s.dst_state]) {
@@ -750,8 +765,29 @@ impl<K: Key> StateTable<K> {
         }
     }
 
+    /// A `pflow` state was inserted: its NAT44 creation record, and when the wheel is to
+    /// visit it first (its deadline, or its first active record if sooner).
+    #[cold]
+    fn pflow_inserted(&mut self, id: u32, now: u32, deadline: u32) -> u32 {
+        let s = *self.state(id);
+        if let Some(k) = self.stack_key(id).copied() {
+            self.flows.record(id, &s, Some(&k), crate::flow::FlowEvent::NatCreate, now);
+        }
+        self.flows.next_active(id, s.seq, s.creation).map_or(deadline, |a| a.min(deadline))
+    }
+
+    #[cold]
+    fn pflow_record(&mut self, id: u32, event: crate::flow::FlowEvent, now: u32) {
+        let s = *self.state(id);
+        let k = self.stack_key(id).copied();
+        self.flows.record(id, &s, k.as_ref(), event, now);
+    }
+
     fn unlink(&mut self, id: u32) {
         let s = *self.state(id);
+        if s.timeout & TO_PFLOW != 0 {
+            self.pflow_record(id, crate::flow::FlowEvent::End, self.now);
+        }
         self.index_remove(self.hash(&s.key), id);
         if let Some(k) = self.stack_key(id).copied() {
             self.index_remove(self.hash(&k), id | STACK);
@@ -833,7 +869,16 @@ impl<K: Key> StateTable<K> {
         let t = self.timeout_of(id);
         let deadline = s.expire.saturating_add(t);
         if deadline > now {
-            self.wheel.file(id, deadline);
+            let mut next = deadline;
+            if s.timeout & TO_PFLOW != 0 {
+                if let Some(a) = self.flows.next_active(id, s.seq, s.creation) {
+                    if a <= now {
+                        self.pflow_record(id, crate::flow::FlowEvent::Active, now);
+                    }
+                    next = next.min(self.flows.next_active(id, s.seq, s.creation).unwrap_or(next).max(now + 1));
+                }
+            }
+            self.wheel.file(id, next);
             return false;
         }
         self.unlink(id);

@@ -12,7 +12,7 @@ use crate::endpoint::Config;
 use crate::frame::FrameBuilder;
 use crate::wire::{self, Clr, KeyRec, Msg, PeerRec, StateId, StateRec, UpdC};
 use hashbrown::HashMap;
-use xpf_state::table::{sf, TO_ALLOWOPTS, TO_SLOPPY};
+use xpf_state::table::{sf, TO_ALLOWOPTS, TO_PFLOW, TO_SLOPPY};
 use xpf_state::{Dir, Key, Key4, Key6, NewState, Peer, Scrub, StateTable, Timeout};
 use xpf_wire::Addr;
 
@@ -58,7 +58,8 @@ fn pftm(t: Timeout) -> u8 {
 }
 
 fn from_pftm(x: u8) -> Option<Timeout> {
-    Timeout::ALL.iter().copied().find(|&t| pftm(t) == x && x <= 15)
+    // pf's state timeouts are 0..=13 (tcp.first .. other.multiple); frag and interval are not a state's.
+    Timeout::ALL.iter().copied().find(|&t| pftm(t) == x && x <= 13)
 }
 
 /// Counters of what the records did to the tables.
@@ -290,6 +291,7 @@ impl Replica {
             direction: if s.flags & sf::OUT != 0 { wire::PF_OUT } else { wire::PF_IN },
             state_flags: if s.timeout & TO_ALLOWOPTS != 0 { wire::PFSTATE_ALLOWOPTS } else { 0 }
                 | if s.timeout & TO_SLOPPY != 0 { wire::PFSTATE_SLOPPY } else { 0 }
+                | if s.timeout & TO_PFLOW != 0 { wire::PFSTATE_PFLOW } else { 0 }
                 | if scrub.no_df { wire::PFSTATE_NODF } else { 0 }
                 | if scrub.random_id { wire::PFSTATE_RANDOMID } else { 0 }
                 | if scrub.set_tos.is_some() { wire::PFSTATE_SETTOS } else { 0 },
@@ -494,10 +496,13 @@ impl Replica {
         }
     }
 
-    /// Removes a state without telling the peer (it told us).
+    /// Removes a state without telling the peer (it told us), nor exporting its flow (the
+    /// peer that ended it did).
     fn remove_quietly(&mut self, tables: &mut Tables, fam: usize, slot: u32) {
         with_table!(tables, fam, |t| {
-            t.state_mut(slot).flags |= sf::NOSYNC;
+            let s = t.state_mut(slot);
+            s.flags |= sf::NOSYNC;
+            s.timeout &= !TO_PFLOW;
             t.remove(slot);
         });
         self.forget(fam, slot);
@@ -692,6 +697,9 @@ fn import<K: Key>(t: &mut StateTable<K>, r: &StateRec, kif: u16, class: Timeout,
         }
         .pack(),
         rate: 0,
+        // Not exported here: the peer that made the state exports its flow (records from
+        // both would count it twice; the counts synced are the peer's).
+        pflow: false,
     };
     let h = t.hash(&key);
     let slot = t.insert(h, ns, now).ok()?;

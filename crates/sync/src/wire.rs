@@ -84,6 +84,7 @@ pub const PF_OUT: u8 = 2;
 /// `state_flags` bits (PFSTATE_*) that xpf keeps.
 pub const PFSTATE_ALLOWOPTS: u16 = 0x0001;
 pub const PFSTATE_SLOPPY: u16 = 0x0002;
+pub const PFSTATE_PFLOW: u16 = 0x0004;
 pub const PFSTATE_NOSYNC: u16 = 0x0008;
 /// On an insert: the sender holds the state's first packet until the receiver answers with
 /// an insert ack (defer mode).

@@ -129,6 +129,28 @@ pub fn translation_fits(l: &Loaded, workers: usize, steers: &[(String, Steer)]) 
     Ok(())
 }
 
+/// Refuses `pflow` (a rule's, or `set state-defaults pflow`) when no collector takes the
+/// flows: xpfd was started without --pflow.
+pub fn pflow_fits(l: &Loaded, exporting: bool) -> Result<(), String> {
+    if exporting {
+        return Ok(());
+    }
+    let why = "pflow: xpfd exports flows only to a collector: start it with --pflow HOST:PORT";
+    if let Some(r) = l.parsed.rules.iter().find(|r| r.state_opts.pflow) {
+        return Err(format!("{}:{}: {why}", r.file, r.line));
+    }
+    if l.parsed.state_defaults.pflow {
+        let (file, line) = l
+            .parsed
+            .settings
+            .iter()
+            .find(|s| s.0.starts_with("set state-defaults"))
+            .map_or((Arc::from("?"), 0), |s| (s.1.clone(), s.2));
+        return Err(format!("{file}:{line}: {why}"));
+    }
+    Ok(())
+}
+
 /// Tells the steering programs which of this host's addresses and ports translated traffic
 /// goes to (their shared map natdst).
 pub fn write_nat_targets(r: &Ruleset, steers: &[(String, Steer)]) -> Result<(), String> {
@@ -159,6 +181,8 @@ pub struct Daemon {
     pub egresses: Option<Arc<crate::fastpath::Egresses>>,
     /// pflog's counters.
     pub pflog: Option<Arc<crate::pflog::Shared>>,
+    /// pflow's counters, when --pflow is on (rules with `pflow` are refused without it).
+    pub pflow: Option<Arc<crate::pflow::Shared>>,
 }
 
 fn ask<T>(workers: &[Sender<Cmd>], mk: impl Fn(Sender<T>) -> Cmd) -> Result<Vec<T>, String> {
@@ -286,6 +310,7 @@ impl Daemon {
             sync: None,
             egresses: None,
             pflog: None,
+            pflow: None,
         }
     }
 
@@ -345,6 +370,7 @@ impl Daemon {
             return Err(vec![format!("{}: {e}", self.file)]);
         }
         let (r, l) = l.take_ruleset();
+        pflow_fits(&l, self.pflow.is_some()).map_err(|e| vec![e])?;
         {
             let steers = self.steers.lock().unwrap();
             translation_fits(&l, self.workers.len(), &steers)
@@ -743,6 +769,13 @@ impl Daemon {
                     text.push_str(t);
                 }
                 let pflog = self.pflog.as_ref().map(|p| p.rows());
+                let pflow = self.pflow.as_ref().map(|p| p.rows());
+                if let Some(rows) = &pflow {
+                    let _ = writeln!(text, "Pflow");
+                    for (_, k, v) in rows {
+                        let _ = writeln!(text, "  {:<25} {:>14}", k, v);
+                    }
+                }
                 if let Some(rows) = &pflog {
                     let _ = writeln!(text, "Pflog");
                     for (_, k, v) in rows {
@@ -792,6 +825,7 @@ impl Daemon {
                     "syn_queue": {"received": syn_rx, "dropped": syn_dropped},
                     "sync": sync.map(|(_, v)| v),
                     "pflog": pflog.map(|rows| rows.iter().map(|(k, _, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>()),
+                    "pflow": pflow.map(|rows| rows.iter().map(|(k, _, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>()),
                     "steering": steer.iter().map(|(n, c)| json!({"interface": n, "counters": keyed(&xpf_xdp::steer::COUNTERS, c), "fast_path_out": fast_out(n)})).collect::<Vec<_>>(),
                     "packet_mode": pc.iter().map(|(i, c)| json!({"ifindex": i, "counters": keyed(&xpf_xdp::packet::PACKET_COUNTERS, c)})).collect::<Vec<_>>(),
                     "sockets": xs.iter().map(|x| json!({"ifindex": x.ifindex, "queue": x.queue, "rx": x.rx, "tx": x.tx,

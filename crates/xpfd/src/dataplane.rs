@@ -199,6 +199,8 @@ pub struct Dataplane {
     pub sync: Option<crate::sync::WorkerSync>,
     /// Where `log` rules' packets go.
     pub pflog: Option<crate::pflog::Tx>,
+    /// Where `pflow` states' flow records go (--pflow).
+    pub pflow: Option<crate::pflow::Tx>,
     /// Defer mode: a buffer for released packets, and whether this batch held any.
     held_out: crate::defer::Released,
     held_now: bool,
@@ -337,6 +339,7 @@ impl Dataplane {
             mod_bufs: Vec::new(),
             sync: None,
             pflog: None,
+            pflow: None,
             wake: None,
             held_out: Vec::new(),
             held_now: false,
@@ -428,6 +431,11 @@ impl Dataplane {
                     self.command(c);
                 }
                 self.worker.maintain(now, if got == 0 { 4096 } else { 256 });
+                if let Some(p) = &self.pflow {
+                    let mut flows = Vec::new();
+                    let lost = self.worker.take_flows(&mut flows);
+                    p.send(flows, self.start, lost);
+                }
                 self.overloads();
                 if let Some(f) = &mut self.fast {
                     f.sync(&mut self.worker, now, false);

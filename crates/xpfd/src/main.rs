@@ -23,6 +23,7 @@ mod handoff;
 mod host;
 mod metrics;
 mod pflog;
+mod pflow;
 mod policy;
 mod sync;
 
@@ -42,7 +43,7 @@ pub const DEFAULT_SOCKET: &str = "/run/xpfd.sock";
 
 const USAGE: &str = "usage: xpfd -f FILE -i IF [-i IF ...] [--io xdp|packet|auto] [--workers N] [--cpus LIST] \
                      [--socket PATH] [--busy-poll] [--fastpath FLOWS | --no-fastpath] [-D macro=value] \
-                     [--pflog FILE] [--pflog-size BYTES] [--metrics ADDR:PORT] [--sync-dev IF [--sync-peer ADDR] [--sync-key FILE] [--sync-maxupd N] [--sync-hostid ID] [--sync-defer]]";
+                     [--pflog FILE] [--pflog-size BYTES] [--metrics ADDR:PORT] [--pflow HOST:PORT [--pflow-proto 10|5] [--pflow-src ADDR] [--pflow-active SECS]] [--sync-dev IF [--sync-peer ADDR] [--sync-key FILE] [--sync-maxupd N] [--sync-hostid ID] [--sync-defer]]";
 
 #[derive(Debug)]
 struct Args {
@@ -63,6 +64,8 @@ struct Args {
     pflog_size: u64,
     /// Where Prometheus scrapes (`--metrics 127.0.0.1:9101`).
     metrics: Option<String>,
+    /// Where `pflow` states' flows go (`--pflow 192.0.2.9:2055`), and how.
+    pflow: Option<pflow::Config>,
 }
 
 fn parse_args(a: &[String]) -> Result<Args, String> {
@@ -80,7 +83,9 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
         pflog: "/var/log/pflog".into(),
         pflog_size: 16 << 20,
         metrics: None,
+        pflow: None,
     };
+    let mut flow_cfg = (None, pflow::Proto::Ipfix, None, 60u32);
     let mut sync =
         sync::SyncArgs { dev: String::new(), peer: None, key_file: None, maxupd: 128, hostid: None, defer: false };
     let mut i = 0;
@@ -114,6 +119,28 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
             }
             "--no-fastpath" => r.fastpath = Some(0),
             "--pflog" => r.pflog = val()?,
+            "--pflow" => {
+                let v = val()?;
+                flow_cfg.0 = Some(v.parse::<std::net::SocketAddr>().map_err(|_| {
+                    format!("--pflow {v}: the collector's ADDR:PORT (192.0.2.9:2055, [2001:db8::9]:4739)")
+                })?);
+            }
+            "--pflow-proto" => {
+                let v = val()?;
+                flow_cfg.1 = match v.as_str() {
+                    "10" => pflow::Proto::Ipfix,
+                    "5" => pflow::Proto::V5,
+                    _ => return Err(format!("--pflow-proto {v}: 10 (IPFIX) or 5 (NetFlow v5)")),
+                };
+            }
+            "--pflow-src" => {
+                let v = val()?;
+                flow_cfg.2 = Some(v.parse().map_err(|_| format!("--pflow-src {v}: an address"))?);
+            }
+            "--pflow-active" => {
+                let v = val()?;
+                flow_cfg.3 = v.parse().map_err(|_| format!("--pflow-active {v}: seconds (0: at a flow's end only)"))?;
+            }
             "--metrics" => {
                 let v = val()?;
                 v.parse::<std::net::SocketAddr>()
@@ -164,6 +191,13 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
     }
     if !matches!(r.io.as_str(), "xdp" | "auto" | "packet") {
         return Err(format!("--io {}: xdp, packet or auto", r.io));
+    }
+    match flow_cfg {
+        (Some(collector), proto, src, active) => {
+            r.pflow = Some(pflow::Config { collector, src, proto, active, domain: 0 });
+        }
+        (None, _, src, _) if src.is_some() => return Err("--pflow-src needs --pflow".into()),
+        _ => {}
     }
     Ok(r)
 }
@@ -409,6 +443,7 @@ fn run(a: Args) -> Result<(), String> {
         eprintln!("xpfd: --fastpath needs XDP; packet mode forwards everything in xpfd");
     }
     control::translation_fits(&loaded, workers, &steers)?;
+    control::pflow_fits(&loaded, a.pflow.is_some())?;
     control::write_nat_targets(&slot.current().1, &steers)?;
     let steers = Arc::new(Mutex::new(steers));
 
@@ -494,6 +529,12 @@ fn run(a: Args) -> Result<(), String> {
         socket: pflog::socket_of(&a.socket),
     })
     .map_err(|e| format!("pflog ({}): {e}", pflog::socket_of(&a.socket).display()))?;
+    // pflow: the exporter runs when a collector is named; rules with `pflow` need one.
+    let pflow = a.pflow.clone().map(pflow::start).transpose()?;
+    if let Some(c) = &a.pflow {
+        let p = if c.proto == pflow::Proto::Ipfix { "IPFIX" } else { "NetFlow v5" };
+        eprintln!("xpfd: pflow: flows of pflow states to {} ({p}, active timeout {} s)", c.collector, c.active);
+    }
     let mut handoffs: Vec<Option<handoff::Handoff>> =
         if ports_of.len() > 1 { handoff::mesh(ports_of.len()).into_iter().map(Some).collect() } else { vec![None] };
     for (w, ports) in ports_of.into_iter().enumerate() {
@@ -525,6 +566,7 @@ fn run(a: Args) -> Result<(), String> {
         worker.t6.set_timeouts(timeouts.clone());
         worker.set_reassemble(frags.0, frags.1, timeouts.get(xpf_state::Timeout::Frag));
         worker.set_syncookies(cookies, Some(cookie_key));
+        worker.set_flow_active(a.pflow.as_ref().map_or(0, |c| c.active));
         // Translation's source ports: each worker its residue (the hand-off owns replies by port).
         worker.nat.set_share(w as u16, workers as u16);
         let cpu = cpus[w % cpus.len()];
@@ -532,6 +574,7 @@ fn run(a: Args) -> Result<(), String> {
         let fast = tables.clone().zip(egresses.clone());
         let overload = overload_tx.clone();
         let logger = pflog.clone();
+        let flows = pflow.clone();
         // Worker 0 filters the host's own traffic too: the queue is bound before the rules
         // that fill it are installed (below), so nothing is queued with no reader.
         let host = if w == 0 {
@@ -547,6 +590,7 @@ fn run(a: Args) -> Result<(), String> {
                     let mut dp = Dataplane::new(worker, ports, rx, stop, busy);
                     dp.overload = Some(overload);
                     dp.pflog = Some(logger);
+                    dp.pflow = flows;
                     dp.host = host;
                     dp.sync = wsync;
                     dp.wake = Some(wake);
@@ -593,6 +637,7 @@ fn run(a: Args) -> Result<(), String> {
     d.sync = sync_shared.clone();
     d.egresses = egresses.clone();
     d.pflog = Some(pflog.shared.clone());
+    d.pflow = pflow.as_ref().map(|p| p.shared.clone());
     let listener = control::listen(&a.socket).map_err(|e| format!("control socket {}: {e}", a.socket))?;
     eprintln!("xpfd: filtering {}; control socket {}", a.ifaces.join(", "), a.socket);
     let scrapes = a.metrics.as_deref().map(metrics::start).transpose()?;

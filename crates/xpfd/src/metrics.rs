@@ -436,6 +436,16 @@ impl Daemon {
                 levels.iter().map(|(k, _, v)| (*k, *v)),
             );
         }
+        if let Some(f) = &self.pflow {
+            let rows = f.rows();
+            p.each(
+                "xpf_pflow_total",
+                Counter,
+                "pflow: flow records and NAT events sent, messages, bytes, losses.",
+                "counter",
+                rows.iter().map(|(k, _, v)| (*k, *v)),
+            );
+        }
         Ok(p.out)
     }
 }

@@ -154,9 +154,25 @@ pub(super) fn set_option(p: &mut P, out: &mut Parsed) -> R<()> {
             out.header.push(text);
             out.syncookies = Some(mode);
         }
-        w @ ("fingerprints" | "require-order" | "state-defaults" | "prio") => {
-            return Err(unsupported(&format!("set {w}")))
+        "state-defaults" => {
+            // pf applies these to every rule that keeps state; xpf takes the two options that
+            // need nothing of the rule (the others are refused by name).
+            let mut words = Vec::new();
+            loop {
+                let w = p.string()?;
+                match w.as_str() {
+                    "pflow" => out.state_defaults.pflow = true,
+                    "no-sync" => out.state_defaults.no_sync = true,
+                    _ => return Err(unsupported(&format!("set state-defaults {w}"))),
+                }
+                words.push(w);
+                if !p.eat_punct(",") {
+                    break;
+                }
+            }
+            out.header.push(format!("set state-defaults {}", words.join(", ")));
         }
+        w @ ("fingerprints" | "require-order" | "prio") => return Err(unsupported(&format!("set {w}"))),
         _ => return Err("syntax error".into()),
     }
     if p.done() {
