@@ -131,6 +131,10 @@ kill $PROMPID 2>/dev/null; wait $PROMPID 2>/dev/null
 check "-s labels: the labelled rule's evaluations, packets, bytes and states" bash -c "
     $CTL -s labels | tee /dev/stderr | grep -E '^web [1-9][0-9]* [1-9][0-9]* [1-9][0-9]* [0-9]+ [0-9]+ [0-9]+ [0-9]+ [1-9][0-9]*$'"
 check "-z zeroes the rules' evaluations" bash -c "$CTL -z && $CTL -s labels | tee /dev/stderr | grep -E '^web 0 '"
+check "-s Interfaces lists the filtered interfaces; -v the states and rules of each (floating states under all)" bash -c "
+    $CTL -s Interfaces | tee /dev/stderr | grep -qx fc && $CTL -s Interfaces -v >$DIR/ifs.txt && cat $DIR/ifs.txt &&
+        grep -A1 '^all\$' $DIR/ifs.txt | grep -qE 'States: +[1-9][0-9]* +Rules: +1 ' &&
+        grep -A2 '^fc\$' $DIR/ifs.txt | grep -qE 'States: +0 +Rules: +3 ' && grep -A2 '^fc\$' $DIR/ifs.txt | grep -qE 'Received: +[1-9]'"
 check "xpfctl --help and xpfd --help print their usage (log, --pflog)" \
     bash -c "$BIN/xpfctl --help | grep -q 'xpfctl log' && $BIN/xpfd --help | grep -q -- '--pflog FILE'"
 
@@ -172,12 +176,43 @@ check "the TCP connection of the pflow rule is there; the ping (a rule without p
     grep -qE '^6 +10\.0\.1\.2 +[0-9]+ +10\.0\.2\.2 +7000 ' $DIR/flows.txt && ! grep -q '^1 ' $DIR/flows.txt"
 check "-s info counts what pflow sent" bash -c "$CTL -s info | sed -n '/^Pflow/,/not expressible/p' | tee /dev/stderr | grep -E 'flow records sent +[1-9]'"
 printf 'pass in proto udp keep state (pflow)\n' >"$DIR/pflow.conf"
-check "without --pflow, a pflow rule is refused with FILE:LINE" bash -c "
-    ip netns exec ${P}fw $BIN/xpfd -f $DIR/pflow.conf -i fc --socket $DIR/x.sock 2>&1 | tee /dev/stderr | grep -q 'pflow.conf:1: pflow: .*--pflow'"
+check "without --pflow, a pflow rule is refused with FILE:LINE (a JSON log line with --log-format json)" bash -c "
+    ip netns exec ${P}fw $BIN/xpfd -f $DIR/pflow.conf -i fc --socket $DIR/x.sock --log-format json 2>&1 | tee /dev/stderr |
+        python3 -c 'import json,sys; ds = [json.loads(l) for l in sys.stdin]; assert any(d[\"level\"] == \"err\" and \"pflow.conf:1: pflow:\" in d[\"msg\"] for d in ds), ds'"
+
+# log (all): every packet of the rule's states, both ways, into pflog2; `log` beside it
+# logs a state's first packet only.
+sed 's/^pass in on fc inet proto icmp$/pass in log (all, to pflog2) on fc inet proto udp to 10.0.2.2 port 7000\npass in on fc inet proto icmp/' \
+    "$DIR/pf.conf" >"$DIR/all.conf"
+$CTL -f "$DIR/all.conf"
+c python3 -c "
+import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('10.0.1.2', 46000)); s.settimeout(1)
+for i in range(4):
+    s.sendto(b'y', ('10.0.2.2', 7000))
+    try: s.recv(100)
+    except OSError: pass"
+sleep 0.5
+check "log (all): the flow's 4 datagrams and 4 answers are all in pflog2" bash -c "
+    tcpdump -n -e -r $DIR/pflog2 2>/dev/null | tee /dev/stderr > $DIR/all.txt
+    [[ \$(grep -cE 'pass in on fc: 10\.0\.1\.2\.46000 > 10\.0\.2\.2\.7000' $DIR/all.txt) -eq 4 ]] &&
+    [[ \$(grep -cE '10\.0\.2\.2\.7000 > 10\.0\.1\.2\.46000' $DIR/all.txt) -eq 4 ]]"
+$CTL -f "$DIR/pf.conf"
+
+# xpfd's own log: levelled lines, one summary line per load, pf's debug levels.
+cp "$DIR/pf.conf" "$DIR/pf2.conf"
+printf 'set debug debug\npass in on fc inet proto udp to 10.0.2.2 port 7001\n' >>"$DIR/pf2.conf"
+$CTL -f "$DIR/pf2.conf"
+check "a load logs one line of what changed (rules +1, set options)" bash -c "
+    grep -E 'xpfd: info: ruleset generation [0-9]+: rules 6 \(\+1 -0\), translation rules 0 \(\+0 -0\), tables 0, set options changed' $LOG"
+check "set debug debug: control requests are logged at debug; xpfctl -x info quiets them; -x refuses a bad level" bash -c "
+    $CTL -s memory >/dev/null; n=\$(grep -c 'xpfd: debug: control: show memory' $LOG)
+    $CTL -x info && $CTL -s memory >/dev/null
+    [[ \$n -ge 1 && \$(grep -c 'xpfd: debug: control: show memory' $LOG) -eq \$n ]] &&
+        grep -q 'xpfd: info: debug level info (xpfctl -x)' $LOG && ! $CTL -x verbose"
 
 # Refused where it cannot be kept.
-printf 'pass in log (all) proto tcp\n' >"$DIR/all.conf"
-check "log (all) is refused with FILE:LINE" bash -c "! $CTL -f $DIR/all.conf 2>$DIR/err; cat $DIR/err; grep -q 'all.conf:1:.*log (all)' $DIR/err"
+printf 'pass in log (matches) proto tcp\n' >"$DIR/matches.conf"
+check "log (matches) is refused with FILE:LINE" bash -c "! $CTL -f $DIR/matches.conf 2>$DIR/err; cat $DIR/err; grep -q 'matches.conf:1:.*log (matches)' $DIR/err"
 
 [[ $fail -gt 0 ]] && sed "s/^/     xpfd: /" "$LOG" | tail -20
 echo "observe: $pass passed, $fail failed"

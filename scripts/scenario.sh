@@ -615,7 +615,7 @@ check "--fastpath TCP: the steering program forwarded it ($((kern - kern0)) pack
 # is in the window and reaches the client, which shrinks its segments (no blackhole).
 ip netns exec ${P}far iperf3 -s -D -p 5203 >/dev/null
 sleep 0.3
-mi0=$(info 'd["tracking"]["icmp error mismatch"]')
+mi0=$(info 'd["tracking"]["icmp_error_mismatch"]')
 c iperf3 -c 10.0.3.2 -p 5203 -t 4 --json > "$DIR/pmtu.json" 2>&1 &
 IPERF=$!
 sleep 1.5
@@ -623,7 +623,7 @@ ip -n ${P}server link set s1 mtu 1280
 ip -n ${P}far link set f0 mtu 1280
 wait $IPERF
 check "--fastpath TCP: a transfer whose path MTU fell to 1280 mid-way goes on (data in its last second)" python3 -c "import json; d=json.load(open('$DIR/pmtu.json')); assert 'error' not in d, d['error']; assert d['intervals'][-1]['sum']['bytes'] > 0, d['intervals'][-1]['sum']"
-check "--fastpath TCP: no ICMP error was refused as out of the window ($(( $(info 'd["tracking"]["icmp error mismatch"]') - mi0 )))" test "$(info 'd["tracking"]["icmp error mismatch"]')" -eq "$mi0"
+check "--fastpath TCP: no ICMP error was refused as out of the window ($(( $(info 'd["tracking"]["icmp_error_mismatch"]') - mi0 )))" test "$(info 'd["tracking"]["icmp_error_mismatch"]')" -eq "$mi0"
 ip -n ${P}server link set s1 mtu 1500
 ip -n ${P}far link set f0 mtu 1500
 # An idle connection expires on its timeout, its entries with it; a busy one outlives it (the

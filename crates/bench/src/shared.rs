@@ -134,6 +134,7 @@ impl Shared {
                         scrub: 0,
                         rate: 0,
                         pflow: false,
+                        log: 0,
                     };
                     match t.insert(hs[i], ns, now) {
                         Ok(id) => {

@@ -339,6 +339,8 @@ struct CRule {
     natpass: bool,
     /// `log`: the pflog unit + 1 (0: none).
     log: u8,
+    /// `log (all)`: every packet of the rule's states too.
+    log_all: bool,
 }
 
 const SKIP_IF: usize = 0;
@@ -1034,6 +1036,7 @@ impl Ruleset {
                         .unwrap_or(0)
                         + 1
                 }),
+                log_all: r.log.as_ref().is_some_and(|l| l.all),
             });
             let c = list.last().unwrap();
             let nat = (c.nat != 0).then(|| &pools[c.nat as usize - 1]);
@@ -1527,6 +1530,7 @@ impl Policy for Ruleset {
                     tag,
                     rate,
                     log: r.log,
+                    log_all: r.log_all,
                 }
             }
         }

@@ -32,7 +32,9 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
             // (the host's own ports too: their SYNs pass through the same worker).
             // `state-defaults` takes pflow and no-sync only (the parser refuses the rest);
             // xpfd refuses pflow without a collector.
+            // `debug` is the level of xpfd's own messages (pfctl -x's).
             "block-policy"
+            | "debug"
             | "state-defaults"
             | "timeout"
             | "limit"
@@ -120,14 +122,11 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
         let _ = (received_on, once, max_pkt_rate);
         // Enforced: every return variant (the engine's reply.rs).
         let _ = ret;
-        // Enforced: `log` and `log (to pflogN)` on pass and block rules (and FreeBSD's `nat
-        // pass log`): the deciding rule's packet goes to pflog (xpfd's --pflog file and
-        // `xpfctl log`); not yet per packet of a state, per matching rule, or with the socket's
-        // user.
+        // Enforced: `log`, `log (all)` and `log (to pflogN)` on pass and block rules (and
+        // FreeBSD's `nat pass log`): the deciding rule's packet goes to pflog (xpfd's --pflog
+        // file and `xpfctl log`), with `all` every packet of its states too; not yet per
+        // matching rule, or with the socket's user.
         if let Some(l) = log {
-            if l.all {
-                refuse("log (all)");
-            }
             if l.matches {
                 refuse("log (matches)");
             }
@@ -260,6 +259,8 @@ mod tests {
         include_str!("../../engine/src/frag.rs"),
         include_str!("../../../scripts/scenario.sh"),
         include_str!("../../../scripts/failover.sh"),
+        include_str!("../../../scripts/observe.sh"),
+        include_str!("../../xpfd/src/logging.rs"),
     ];
 
     enum Expect {
@@ -282,7 +283,7 @@ mod tests {
         ("block return-icmp6 in inet6 proto udp", Yes("udp_gets_port_unreachable_quoting_it")),
         ("pass in log proto udp", Yes("a_logging_rule_marks_its_frames_for_pflog")),
         ("block in log (to pflog1) proto udp", Yes("a_logging_rule_marks_its_frames_for_pflog")),
-        ("pass in log (all) proto udp", No("log (all)")),
+        ("pass in log (all) proto udp", Yes("log_all_logs_every_packet_of_the_state")),
         ("match in log proto udp", No("log on match rules and anchors")),
         ("pass in proto icmp icmp-type echoreq code 0", Yes("an_icmp_error_quoting_no_state_is_left_to_the_rules")),
         ("pass in tos 0x10", Yes("tos_matches_the_tos_byte_without_its_ecn_bits")),
@@ -361,7 +362,7 @@ mod tests {
         ("set syncookies always", Yes("syncookies_answer_a_syn_without_state_and_the_ack_makes_it")),
         ("set syncookies adaptive (start 25%, end 12%)", Yes("syncookies_adaptive_turn_on_at_the_half_open_watermark")),
         ("set syncookies never", Yes("syncookies_answer_a_syn_without_state_and_the_ack_makes_it")),
-        ("set debug crit", No("set debug")),
+        ("set debug crit", Yes("pf_debug_names_map_to_levels")),
     ];
 
     #[test]

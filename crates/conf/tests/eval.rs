@@ -1036,6 +1036,31 @@ pass in all flags S/SA
 /// pf's action, reason and direction; a state's later packets are not (`log (all)` is not
 /// built).
 #[test]
+fn log_all_logs_every_packet_of_the_state() {
+    let r = rs(
+        "block all\npass in log (all, to pflog2) proto udp to port 53\npass in log proto udp to port 54\npass out\n",
+    );
+    let mut w = worker(r);
+    let mut v = [Verdict::Pass; 2];
+    let all = udp([10, 0, 0, 7], [198, 51, 100, 1], 4000, 53);
+    let first = udp([10, 0, 0, 7], [198, 51, 100, 1], 4000, 54);
+    w.process(&[&all[..], &first[..]], 2, Dir::In, 1, &mut v);
+    assert_eq!((v, w.logged), ([Verdict::Pass; 2], 0b11));
+    // Their next packets match their states: `log (all)` logs it (rule 1, pflog2), `log` not.
+    for t in 2..5 {
+        w.process(&[&all[..], &first[..]], 2, Dir::In, t, &mut v);
+        assert_eq!((v, w.logged), ([Verdict::Pass; 2], 0b01), "at {t}");
+        let l = w.logs[0];
+        assert_eq!((l.rule, l.unit, l.action, l.dir), (1, 2, 0, 1));
+    }
+    // The reply too, through the same state.
+    let reply = udp([198, 51, 100, 1], [10, 0, 0, 7], 53, 4000);
+    w.process(&[&reply[..]], 2, Dir::Out, 5, &mut v[..1]);
+    assert_eq!((v[0], w.logged & 1), (Verdict::Pass, 1));
+    assert_eq!(w.logs[0].dir, 2);
+}
+
+#[test]
 fn a_logging_rule_marks_its_frames_for_pflog() {
     let r = rs("block log all\npass in log (to pflog1) proto udp to port 53\npass out\n");
     let mut w = worker(r);

@@ -433,8 +433,9 @@ impl<P: Policy> Worker<P> {
                         match state_actions(&self.t4, &self.policy, self.r4[j], dir, now, &mut tags[i]) {
                             Ok(0) => v,
                             Ok(a) => {
-                                self.scrubs[i] = Scrub::unpack(a);
-                                self.scrubbed |= 1 << i;
+                                let rule = self.t4.state(self.r4[j] & ID_MASK).rule;
+                                let marks = (&mut self.scrubs, &mut self.scrubbed, &mut self.logs, &mut self.logged);
+                                state_marks(marks, i, a, rule, dir);
                                 v
                             }
                             Err(why) => Verdict::Drop(why),
@@ -479,8 +480,9 @@ impl<P: Policy> Worker<P> {
                         match state_actions(&self.t6, &self.policy, self.r6[j], dir, now, &mut tags[i]) {
                             Ok(0) => v,
                             Ok(a) => {
-                                self.scrubs[i] = Scrub::unpack(a);
-                                self.scrubbed |= 1 << i;
+                                let rule = self.t6.state(self.r6[j] & ID_MASK).rule;
+                                let marks = (&mut self.scrubs, &mut self.scrubbed, &mut self.logs, &mut self.logged);
+                                state_marks(marks, i, a, rule, dir);
                                 v
                             }
                             Err(why) => Verdict::Drop(why),
@@ -1043,8 +1045,11 @@ fn flow_pair<K: Key>(t: &StateTable<K>, pd: &PDesc, in_if: u16, out_if: u16, bou
         })
     };
     let (a, b) = (find(Dir::In, in_if)? & ID_MASK, find(Dir::Out, out_if)? & ID_MASK);
-    // Translated flows are rewritten by xpfd, not forwarded as they are.
-    if (t.state(a).flags | t.state(b).flags) & sf::NAT != 0 {
+    // Translated flows are rewritten by xpfd, not forwarded as they are; so are flows whose
+    // states have actions (scrub, tag, max-pkt-rate, log (all)): every packet needs them.
+    if (t.state(a).flags | t.state(b).flags) & sf::NAT != 0
+        || (!t.actions.is_empty() && (t.actions.contains_key(&a) || t.actions.contains_key(&b)))
+    {
         return None;
     }
     let s = t.state(a);
@@ -1571,11 +1576,18 @@ fn connection_limit<K: Key>(t: &mut StateTable<K>, id: u32, now: u32) -> Option<
     Some(Verdict::Drop(Reason::SrcLimit))
 }
 
-/// What state `r`'s rules left it besides its verdict: the tag a packet takes from it, and
-/// the state's packed scrub actions (Ok(0): none); Err when the packet goes over its rule's
-/// `max-pkt-rate` (counted only in the state's first direction, as pf_find_state does). Only
-/// states of rules with `tag`, `scrub` or `max-pkt-rate` have any: without such states the
-/// map is empty, and this is one test.
+/// Where [`state_actions`] puts a `log (all)` state's pflog unit + 1, above the packed scrub
+/// actions ([`SCRUB_BITS`]).
+pub(crate) const LOG_SHIFT: u32 = 56;
+pub(crate) const SCRUB_BITS: u64 = (1 << LOG_SHIFT) - 1;
+
+/// What state `r`'s rules left it besides its verdict: the tag a packet takes from it, the
+/// state's packed scrub actions with its `log (all)` pflog unit + 1 above them at
+/// [`LOG_SHIFT`] (Ok(0): none); Err
+/// when the packet goes over its rule's `max-pkt-rate` (counted only in the state's first
+/// direction, as pf_find_state does). Only states of rules with `tag`, `scrub`,
+/// `max-pkt-rate` or `log (all)` have any: without such states the map is empty, and this is
+/// one test.
 #[inline(always)]
 fn state_actions<K: Key, P: Policy>(
     t: &StateTable<K>,
@@ -1596,9 +1608,31 @@ fn state_actions<K: Key, P: Policy>(
             if a.rate != 0 && first_direction(t.state(r & ID_MASK).flags, dir) && p.rate_exceeded(a.rate, now) {
                 return Err(Reason::PktRate);
             }
-            Ok(a.scrub)
+            Ok(a.scrub | (a.log as u64) << LOG_SHIFT)
         }
         None => Ok(0),
+    }
+}
+
+/// Frame `i` hit a state with actions `a` ([`state_actions`]): its scrub actions, and for a
+/// `log (all)` state its pflog mark. Out of line: the lane loop's common hit has none.
+#[cold]
+#[inline(never)]
+fn state_marks(
+    (scrubs, scrubbed, logs, logged): (&mut [Scrub; BATCH], &mut u64, &mut [LogMark; BATCH], &mut u64),
+    i: usize,
+    a: u64,
+    rule: u32,
+    dir: Dir,
+) {
+    if a & SCRUB_BITS != 0 {
+        scrubs[i] = Scrub::unpack(a & SCRUB_BITS);
+        *scrubbed |= 1 << i;
+    }
+    let log = (a >> LOG_SHIFT) as u8;
+    if log != 0 && i < BATCH {
+        logs[i] = LogMark { rule, unit: log - 1, dir: dir as u8 + 1, ..LogMark::default() };
+        *logged |= 1 << i;
     }
 }
 
@@ -1623,7 +1657,12 @@ fn note_scrub(at: Option<(&mut [Scrub; BATCH], &mut u64, usize)>, s: Scrub) {
 fn with_actions<K: Key, P: Policy>(t: &StateTable<K>, p: &P, r: u32, c: Ctx, v: Verdict) -> Verdict {
     match state_actions(t, p, r, c.dir, c.now, c.tag) {
         Ok(a) => {
-            note_scrub(c.scrub, Scrub::unpack(a));
+            note_scrub(c.scrub, Scrub::unpack(a & SCRUB_BITS));
+            let log = (a >> LOG_SHIFT) as u8;
+            if log != 0 {
+                let rule = t.state(r & ID_MASK).rule;
+                c.aux.log = Some(LogMark { rule, unit: log - 1, dir: c.dir as u8 + 1, ..LogMark::default() });
+            }
             v
         }
         Err(why) => Verdict::Drop(why),
@@ -2025,6 +2064,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         scrub: d.scrub.pack(),
         rate: d.rate,
         pflow: d.pflow,
+        log: if d.log_all { d.log } else { 0 },
     };
     let inserted = t.insert(wire_h, ns, c.now);
     if let (Err(_), Some((a, port))) = (&inserted, held) {

@@ -56,6 +56,9 @@ pub struct Decision {
     pub log: u8,
     /// `pflow` (or `set state-defaults pflow`): the state's flow is exported.
     pub pflow: bool,
+    /// `log (all)`: every packet of the state it makes goes to pflog (unit `log`), not only
+    /// the first.
+    pub log_all: bool,
 }
 
 impl Decision {
@@ -80,6 +83,7 @@ impl Decision {
         rdr: 0,
         log: 0,
         pflow: false,
+        log_all: false,
     };
     /// `block` (drop).
     pub const BLOCK: Decision = Decision { action: Action::Block, keep_state: false, ..Decision::PASS };

@@ -864,6 +864,13 @@ fn natting(lo: u16, hi: u16) -> Worker<Natting> {
     worker(Natting(vec![pool([192, 0, 2, 1], (lo, hi)), pool([10, 0, 0, 53], (5353, 5353))]), 1000)
 }
 
+#[test]
+fn packed_scrub_actions_stay_below_a_states_log_unit() {
+    let most = Scrub { no_df: true, random_id: true, min_ttl: 255, set_tos: Some(255), max_mss: u16::MAX, id: 0 };
+    assert_eq!(most.pack() & !crate::SCRUB_BITS, 0);
+    assert_eq!(Scrub::unpack((most.pack() | 3 << crate::LOG_SHIFT) & crate::SCRUB_BITS), Scrub::unpack(most.pack()));
+}
+
 /// `pflow` on every decision of [`Natting`].
 struct Pflowing(Natting);
 

@@ -21,5 +21,6 @@ pub fn established_tcp<K: Key>(key: K, peers: [Peer; 2]) -> NewState<K> {
         scrub: 0,
         rate: 0,
         pflow: false,
+        log: 0,
     }
 }

@@ -152,6 +152,8 @@ pub struct NewState<K: Key> {
     pub rate: u32,
     /// `pflow`: the state's flow is exported.
     pub pflow: bool,
+    /// `log (all)`: the pflog unit + 1 the state's packets go to (0: none).
+    pub log: u8,
 }
 
 /// What a state keeps of the rules that made it besides its key and counters (pf's tag,
@@ -161,6 +163,8 @@ pub struct Actions {
     pub tag: u16,
     pub scrub: u64,
     pub rate: u32,
+    /// `log (all)`: the pflog unit + 1 every packet of the state goes to (0: none).
+    pub log: u8,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -661,8 +665,8 @@ impl<K: Key> StateTable<K> {
             bytes: [0; 2],
         };
         self.index.insert(h, id);
-        if s.tag != 0 || s.scrub != 0 || s.rate != 0 {
-            self.actions.insert(id, Actions { tag: s.tag, scrub: s.scrub, rate: s.rate });
+        if s.tag != 0 || s.scrub != 0 || s.rate != 0 || s.log != 0 {
+            self.actions.insert(id, Actions { tag: s.tag, scrub: s.scrub, rate: s.rate, log: s.log });
         }
         if let Some(hs) = hs {
             self.index.insert(hs, id | STACK);

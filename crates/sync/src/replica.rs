@@ -700,6 +700,7 @@ fn import<K: Key>(t: &mut StateTable<K>, r: &StateRec, kif: u16, class: Timeout,
         // Not exported here: the peer that made the state exports its flow (records from
         // both would count it twice; the counts synced are the peer's).
         pflow: false,
+        log: 0,
     };
     let h = t.hash(&key);
     let slot = t.insert(h, ns, now).ok()?;

@@ -13,8 +13,9 @@ use std::process::ExitCode;
 const SOCKET: &str = "/run/xpfd.sock";
 
 const USAGE: &str = "usage: xpfctl [-nv] [-D macro=value] [-o level] -f FILE      check (-n) or load a pf.conf (-f - : stdin)\n       \
-                     xpfctl [-v[v]] -s info|states|memory|rules|nat|labels|timeouts|Tables|all\n       \
+                     xpfctl [-v[v]] -s info|states|memory|rules|nat|labels|timeouts|Tables|Interfaces|all\n       \
                      xpfctl -z                                   zero the rules' evaluations\n       \
+                     xpfctl -x level                             xpfd's log level: emerg .. err, warning, notice, info, debug\n       \
                      xpfctl -k host [-k host] | -k label NAME    kill states\n       \
                      xpfctl -F states|rules|all\n       \
                      xpfctl -t table -T show|add|delete|replace|test|flush|zero|expire [address ...]\n       \
@@ -38,6 +39,8 @@ struct Opts {
     /// Addresses after `-T add|delete|replace|test`.
     rest: Vec<String>,
     json: bool,
+    /// `-x level`.
+    debug: Option<String>,
     socket: Option<String>,
     /// `--steer off|on|bare`: hand forwarding to the kernel (unfiltered) and back; `bare`
     /// forwards everything in XDP, unfiltered. The lab's switches.
@@ -91,7 +94,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
                 'n' => o.noaction = true,
                 'z' => o.zero = true,
                 'v' => o.verbose += 1,
-                'f' | 'D' | 'o' | 's' | 'k' | 'F' | 't' | 'T' | 'a' if !last => {
+                'f' | 'D' | 'o' | 's' | 'k' | 'F' | 't' | 'T' | 'a' | 'x' if !last => {
                     return Err(format!("option -{c} must come last in '{a}', followed by its value"))
                 }
                 'f' => o.file = Some(val(&mut i)?),
@@ -113,6 +116,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
                     }
                 }
                 'F' => o.flush = Some(val(&mut i)?),
+                'x' => o.debug = Some(val(&mut i)?),
                 't' => o.table = Some(val(&mut i)?),
                 'T' => o.table_cmd = Some(val(&mut i)?),
                 'a' => return Err(format!("-a {}: xpf has no anchors to load at run time yet", val(&mut i)?)),
@@ -270,7 +274,14 @@ fn main() -> ExitCode {
     if let Some((on, bare)) = o.steer {
         return request(&o, json!({"op": "steer", "on": on, "bare": bare}));
     }
-    if o.show.is_some() || !o.kill.is_empty() || o.label.is_some() || o.flush.is_some() || o.table.is_some() || o.zero {
+    if o.show.is_some()
+        || !o.kill.is_empty()
+        || o.label.is_some()
+        || o.flush.is_some()
+        || o.table.is_some()
+        || o.zero
+        || o.debug.is_some()
+    {
         return daemon(&o);
     }
     let Some(file) = o.file.clone() else {
@@ -390,6 +401,9 @@ fn daemon(o: &Opts) -> ExitCode {
     if o.zero {
         rc = request(o, json!({"op": "zero"}));
     }
+    if let Some(l) = &o.debug {
+        rc = request(o, json!({"op": "debug", "level": l}));
+    }
     if let Some(what) = &o.flush {
         let what = match what.as_str() {
             "s" | "states" | "state" => "states",
@@ -452,7 +466,7 @@ fn daemon(o: &Opts) -> ExitCode {
     }
     if let Some(what) = &o.show {
         // pfctl accepts any unambiguous prefix: -s i, -s st, -s r ...
-        let names = ["info", "states", "memory", "rules", "nat", "labels", "timeouts", "Tables", "all"];
+        let names = ["info", "states", "memory", "rules", "nat", "labels", "timeouts", "Tables", "Interfaces", "all"];
         let full: Vec<&&str> = names.iter().filter(|n| n.starts_with(what.as_str())).collect();
         let full = if names.contains(&what.as_str()) {
             vec![names.iter().find(|n| **n == what.as_str()).unwrap()]
@@ -460,7 +474,9 @@ fn daemon(o: &Opts) -> ExitCode {
             full
         };
         if full.len() != 1 {
-            eprintln!("xpfctl: -s {what}: one of info, states, memory, rules, nat, labels, timeouts, Tables, all");
+            eprintln!(
+                "xpfctl: -s {what}: one of info, states, memory, rules, nat, labels, timeouts, Tables, Interfaces, all"
+            );
             return ExitCode::from(2);
         }
         rc = request(o, json!({"op": "show", "what": full[0], "verbose": o.verbose}));

@@ -151,6 +151,50 @@ pub fn pflow_fits(l: &Loaded, exporting: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// One line of what a load changed: rules (and how many came and went, by their text),
+/// translation rules, tables (and their entries), set options.
+fn change_summary(old: &Parsed, old_r: &Ruleset, new: &Parsed, new_r: &Ruleset) -> String {
+    use std::collections::HashMap;
+    let count = |rs: &[xpf_conf::ast::Rule]| {
+        let mut m: HashMap<String, i64> = HashMap::new();
+        for r in rs {
+            *m.entry(xpf_conf::print::rule(r)).or_default() += 1;
+        }
+        m
+    };
+    let diff = |a: &[xpf_conf::ast::Rule], b: &[xpf_conf::ast::Rule]| {
+        let (ma, mb) = (count(a), count(b));
+        let gone: i64 = ma.iter().map(|(k, n)| (n - mb.get(k).copied().unwrap_or(0)).max(0)).sum();
+        let came: i64 = mb.iter().map(|(k, n)| (n - ma.get(k).copied().unwrap_or(0)).max(0)).sum();
+        format!("{} (+{came} -{gone})", b.len())
+    };
+    let tables = |r: &Ruleset| -> Vec<(String, usize)> {
+        r.tables.iter().filter(|(n, _)| !n.starts_with("__")).map(|(n, t)| (n.clone(), t.len())).collect()
+    };
+    let (ta, tb) = (tables(old_r), tables(new_r));
+    let mut changed: Vec<String> = Vec::new();
+    for (n, len) in &tb {
+        match ta.iter().find(|(m, _)| m == n) {
+            None => changed.push(format!("<{n}> new, {len} entries")),
+            Some((_, was)) if was != len => changed.push(format!("<{n}> {was} -> {len} entries")),
+            _ => {}
+        }
+    }
+    for (n, _) in ta.iter().filter(|(n, _)| !tb.iter().any(|(m, _)| m == n)) {
+        changed.push(format!("<{n}> gone"));
+    }
+    let sets = old.header.iter().filter(|h| h.starts_with("set ")).collect::<Vec<_>>()
+        != new.header.iter().filter(|h| h.starts_with("set ")).collect::<Vec<_>>();
+    format!(
+        "rules {}, translation rules {}, tables {}{}{}",
+        diff(&old.rules, &new.rules),
+        diff(&old.xrules, &new.xrules),
+        tb.len(),
+        if changed.is_empty() { String::new() } else { format!(" ({})", changed.join(", ")) },
+        if sets { ", set options changed" } else { "" }
+    )
+}
+
 /// Tells the steering programs which of this host's addresses and ports translated traffic
 /// goes to (their shared map natdst).
 pub fn write_nat_targets(r: &Ruleset, steers: &[(String, Steer)]) -> Result<(), String> {
@@ -351,7 +395,7 @@ impl Daemon {
         let text = std::fs::read_to_string(file).map_err(|e| vec![format!("{file}: {e}")])?;
         let l = Loaded::build(&text, file, &self.defines)?;
         for w in &l.warnings {
-            eprintln!("xpfd: {w}");
+            log::info!("{w}");
         }
         if noaction {
             return Ok(self.slot.generation());
@@ -360,6 +404,9 @@ impl Daemon {
     }
 
     fn install(&mut self, l: Loaded) -> Result<u64, Vec<String>> {
+        // What xpfd cannot keep is refused before anything changes.
+        pflow_fits(&l, self.pflow.is_some()).map_err(|e| vec![e])?;
+        translation_fits(&l, self.workers.len(), &self.steers.lock().unwrap()).map_err(|e| vec![e])?;
         let per = (l.state_limit() / self.workers.len() as u32).max(1);
         let t = l.timeouts();
         let frags = l.frags(self.workers.len());
@@ -370,14 +417,13 @@ impl Daemon {
             return Err(vec![format!("{}: {e}", self.file)]);
         }
         let (r, l) = l.take_ruleset();
-        pflow_fits(&l, self.pflow.is_some()).map_err(|e| vec![e])?;
-        {
-            let steers = self.steers.lock().unwrap();
-            translation_fits(&l, self.workers.len(), &steers)
-                .and_then(|()| write_nat_targets(&r, &steers))
-                .map_err(|e| vec![e])?;
+        write_nat_targets(&r, &self.steers.lock().unwrap()).map_err(|e| vec![e])?;
+        let summary = change_summary(&self.loaded.parsed, &self.slot.current().1, &l.parsed, &r);
+        if let Some(level) = l.parsed.debug.as_deref().and_then(crate::logging::level_of) {
+            log::set_max_level(level);
         }
         let g = self.slot.install(r);
+        log::info!("ruleset generation {g}: {summary}");
         self.loaded = l;
         Ok(g)
     }
@@ -437,7 +483,18 @@ impl Daemon {
     pub fn handle(&mut self, req: &Value) -> Result<(String, Value), String> {
         let op = req["op"].as_str().unwrap_or("");
         let verbose = req["verbose"].as_u64().unwrap_or(0) as u8;
+        log::debug!("control: {op} {}", req["what"].as_str().or(req["file"].as_str()).unwrap_or(""));
         match op {
+            "debug" => {
+                // pfctl -x LEVEL: the level of xpfd's own messages until the next load that
+                // says `set debug`.
+                let v = req["level"].as_str().unwrap_or("");
+                let l = crate::logging::level_of(v)
+                    .ok_or_else(|| format!("-x {v}: emerg, alert, crit, err, warning, notice, info or debug"))?;
+                log::set_max_level(l);
+                log::info!("debug level {} (xpfctl -x)", crate::logging::level_name());
+                Ok((String::new(), json!({"level": crate::logging::level_name()})))
+            }
             "zero" => {
                 let (_, cur) = self.slot.current();
                 cur.zero_evaluations();
@@ -460,7 +517,7 @@ impl Daemon {
                     Ok(g) if noaction => Ok((String::new(), json!({"generation": g, "loaded": false}))),
                     Ok(g) => {
                         if file != self.file {
-                            eprintln!("xpfd: loaded {file} (generation {g})");
+                            log::info!("loaded {file} (generation {g})");
                         }
                         Ok((String::new(), json!({"generation": g, "loaded": true})))
                     }
@@ -541,8 +598,8 @@ impl Daemon {
                     }
                 }
                 xpf_xdp::nfqueue::HostRules::forward_guard(on).map_err(|e| format!("steer: {e}"))?;
-                eprintln!(
-                    "xpfd: steering {}",
+                log::info!(
+                    "steering {}",
                     match (on, bare) {
                         (true, false) => "on",
                         (true, true) => "bare: XDP forwards everything routable, unfiltered (measurement)",
@@ -958,6 +1015,78 @@ impl Daemon {
                 }
                 Ok((text, json!(data)))
             }
+            "Interfaces" | "interfaces" => {
+                // pfctl -s Interfaces: the interfaces xpfd filters (and `all`); with -v, what
+                // xpf knows of each: the states bound to it, the rules that name it, its
+                // sockets' frames and the steering program's counts.
+                let (_, _, xs, _) = self.snapshot()?;
+                let by_if: std::collections::HashMap<u16, u64> = if verbose > 0 {
+                    let mut all = std::collections::HashMap::new();
+                    for m in ask(&self.workers, Cmd::StatesByIf)? {
+                        for (k, v) in m {
+                            *all.entry(k).or_insert(0u64) += v;
+                        }
+                    }
+                    all
+                } else {
+                    Default::default()
+                };
+                let steer: Vec<(String, [u64; 12])> =
+                    self.steers.lock().unwrap().iter().map(|(n, s)| (n.clone(), s.counters())).collect();
+                let mut names: Vec<String> = steer.iter().map(|(n, _)| n.clone()).collect();
+                for x in &xs {
+                    let n = xpf_xdp::netlink::ifname(x.ifindex).unwrap_or_else(|| format!("if{}", x.ifindex));
+                    if !names.contains(&n) {
+                        names.push(n);
+                    }
+                }
+                let rules_naming = |n: &str| {
+                    self.loaded
+                        .parsed
+                        .rules
+                        .iter()
+                        .filter(|r| r.on.as_ref().is_some_and(|i| i.name == n && !i.neg))
+                        .count()
+                };
+                let mut text = String::new();
+                let mut data = Vec::new();
+                let floating = by_if.get(&0).copied().unwrap_or(0);
+                let _ = writeln!(text, "all");
+                if verbose > 0 {
+                    let _ = writeln!(
+                        text,
+                        "  References:  [ States:  {floating:<18} Rules: {:<18} ]",
+                        self.loaded.parsed.rules.iter().filter(|r| r.on.is_none()).count()
+                    );
+                }
+                data.push(json!({"name": "all", "states": floating}));
+                for n in &names {
+                    let idx = xpf_xdp::netlink::ifindex(n).ok();
+                    let states = idx.and_then(|i| by_if.get(&(i as u16))).copied().unwrap_or(0);
+                    let mine: Vec<_> = xs.iter().filter(|x| Some(x.ifindex) == idx).collect();
+                    let (rx, tx) = (mine.iter().map(|x| x.rx).sum::<u64>(), mine.iter().map(|x| x.tx).sum::<u64>());
+                    let st = steer.iter().find(|(m, _)| m == n).map(|(_, c)| c);
+                    let _ = writeln!(text, "{n}");
+                    if verbose > 0 {
+                        let _ =
+                            writeln!(text, "  References:  [ States:  {states:<18} Rules: {:<18} ]", rules_naming(n));
+                        let _ = writeln!(text, "  Frames:      [ Received: {rx:<16} Sent: {tx:<18} ]");
+                        if let Some(c) = st {
+                            let _ = writeln!(
+                                text,
+                                "  Steering:    [ To xpfd: {:<16} Fast path: {:<13} To the kernel: {} ]",
+                                c[5],
+                                c[8],
+                                c[0] + c[1] + c[2] + c[3] + c[4] + c[7] + c[9]
+                            );
+                        }
+                    }
+                    data.push(json!({"name": n, "ifindex": idx, "states": states, "rules": rules_naming(n),
+                        "received": rx, "sent": tx, "queues": mine.len(),
+                        "steering": st.map(|c| xpf_xdp::steer::COUNTERS.iter().zip(c).map(|((k, _), v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>())}));
+                }
+                Ok((text, json!(data)))
+            }
             "Tables" | "tables" => {
                 let (_, cur) = self.slot.current();
                 let mut text = String::new();
@@ -990,7 +1119,9 @@ impl Daemon {
                 }
                 Ok((text, Value::Object(data)))
             }
-            _ => Err(format!("-s {what}: info, states, memory, rules, nat, labels, timeouts, Tables or all")),
+            _ => {
+                Err(format!("-s {what}: info, states, memory, rules, nat, labels, timeouts, Tables, Interfaces or all"))
+            }
         }
     }
 }

@@ -148,6 +148,8 @@ pub enum Cmd {
     States(Sender<Vec<StateRow>>),
     /// Per rule (by number), what its states in the table now have carried: see [`RuleSums`].
     RuleSums(Sender<RuleSums>),
+    /// States per interface they are bound to (0: floating), for `-s Interfaces -v`.
+    StatesByIf(Sender<std::collections::HashMap<u16, u64>>),
     /// Translation's port use per (address, protocol class): (in use, in the ranges).
     NatPorts(Sender<Vec<(std::net::IpAddr, u8, u64, u64)>>),
     Kill(Select, Sender<u32>),
@@ -950,7 +952,7 @@ impl Dataplane {
         if self.raw.is_none() && local != 0 {
             match crate::host::RawOut::open() {
                 Ok(r) => self.raw = Some(r),
-                Err(e) => eprintln!("xpfd: raw sockets for translated packets to this host: {e}"),
+                Err(e) => log::warn!("raw sockets for translated packets to this host: {e}"),
             }
         }
         for i in bits(back | local) {
@@ -985,7 +987,7 @@ impl Dataplane {
         if self.inject.is_none() && needed {
             match xpf_xdp::steer::Inject::load() {
                 Ok(i) => self.inject = Some(i),
-                Err(e) => eprintln!("xpfd: loading the program that gives frames back to the kernel: {e}"),
+                Err(e) => log::warn!("loading the program that gives frames back to the kernel: {e}"),
             }
         }
         let now = self.now();
@@ -1018,7 +1020,7 @@ impl Dataplane {
         self.last_resolve.push((ifindex, nexthop, t));
         let addr = if family == libc::AF_INET as u8 { &nexthop[..4] } else { &nexthop[..] };
         if let Err(e) = xpf_xdp::netlink::neigh_resolve(ifindex, addr) {
-            eprintln!("xpfd: asking the kernel to resolve a next hop on ifindex {ifindex}: {e}");
+            log::warn!("asking the kernel to resolve a next hop on ifindex {ifindex}: {e}");
         }
     }
 
@@ -1041,6 +1043,19 @@ impl Dataplane {
                 // IPv4 addresses fill the first four bytes only.
                 let ip = |a: xpf_wire::Addr| a.to_ip(if a.0[4..].iter().all(|&b| b == 0) { 4 } else { 6 });
                 let _ = tx.send(self.worker.nat.ports_by_address().map(|(a, c, u, n)| (ip(a), c, u, n)).collect());
+            }
+            Cmd::StatesByIf(tx) => {
+                let mut m = std::collections::HashMap::new();
+                for k in self
+                    .worker
+                    .t4
+                    .iter()
+                    .map(|(_, s)| s.key.kif())
+                    .chain(self.worker.t6.iter().map(|(_, s)| s.key.kif()))
+                {
+                    *m.entry(k).or_default() += 1;
+                }
+                let _ = tx.send(m);
             }
             Cmd::RuleSums(tx) => {
                 if let Some(f) = &mut self.fast {

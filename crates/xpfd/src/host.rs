@@ -213,7 +213,7 @@ impl HostPath {
             q.verdict(id, accept, payload.as_deref());
         }
         if let Err(e) = q.flush().and(r.map(|_| ())) {
-            eprintln!("xpfd: host traffic queue: {e}");
+            log::warn!("host traffic queue: {e}");
         }
         let answers: Vec<(u8, Vec<u8>)> = w.take_returns().collect();
         for (_, f) in answers {

@@ -21,6 +21,7 @@ mod defer;
 mod fastpath;
 mod handoff;
 mod host;
+mod logging;
 mod metrics;
 mod pflog;
 mod pflow;
@@ -43,7 +44,7 @@ pub const DEFAULT_SOCKET: &str = "/run/xpfd.sock";
 
 const USAGE: &str = "usage: xpfd -f FILE -i IF [-i IF ...] [--io xdp|packet|auto] [--workers N] [--cpus LIST] \
                      [--socket PATH] [--busy-poll] [--fastpath FLOWS | --no-fastpath] [-D macro=value] \
-                     [--pflog FILE] [--pflog-size BYTES] [--metrics ADDR:PORT] [--pflow HOST:PORT [--pflow-proto 10|5] [--pflow-src ADDR] [--pflow-active SECS]] [--sync-dev IF [--sync-peer ADDR] [--sync-key FILE] [--sync-maxupd N] [--sync-hostid ID] [--sync-defer]]";
+                     [--pflog FILE] [--pflog-size BYTES] [--log-level LEVEL] [--log-format text|json] [--syslog] [--metrics ADDR:PORT] [--pflow HOST:PORT [--pflow-proto 10|5] [--pflow-src ADDR] [--pflow-active SECS]] [--sync-dev IF [--sync-peer ADDR] [--sync-key FILE] [--sync-maxupd N] [--sync-hostid ID] [--sync-defer]]";
 
 #[derive(Debug)]
 struct Args {
@@ -66,6 +67,11 @@ struct Args {
     metrics: Option<String>,
     /// Where `pflow` states' flows go (`--pflow 192.0.2.9:2055`), and how.
     pflow: Option<pflow::Config>,
+    /// xpfd's own messages: the level until pf.conf's `set debug` or `xpfctl -x` says
+    /// otherwise, the form on stderr, or syslog.
+    log_level: log::LevelFilter,
+    log_format: logging::Format,
+    syslog: bool,
 }
 
 fn parse_args(a: &[String]) -> Result<Args, String> {
@@ -84,6 +90,9 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
         pflog_size: 16 << 20,
         metrics: None,
         pflow: None,
+        log_level: log::LevelFilter::Info,
+        log_format: logging::Format::Text,
+        syslog: false,
     };
     let mut flow_cfg = (None, pflow::Proto::Ipfix, None, 60u32);
     let mut sync =
@@ -141,6 +150,21 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
                 let v = val()?;
                 flow_cfg.3 = v.parse().map_err(|_| format!("--pflow-active {v}: seconds (0: at a flow's end only)"))?;
             }
+            "--log-level" => {
+                let v = val()?;
+                r.log_level = logging::level_of(&v).ok_or_else(|| {
+                    format!("--log-level {v}: emerg, alert, crit, err, warning, notice, info or debug (pf's set debug)")
+                })?;
+            }
+            "--log-format" => {
+                let v = val()?;
+                r.log_format = match v.as_str() {
+                    "text" => logging::Format::Text,
+                    "json" => logging::Format::Json,
+                    _ => return Err(format!("--log-format {v}: text or json")),
+                };
+            }
+            "--syslog" => r.syslog = true,
             "--metrics" => {
                 let v = val()?;
                 v.parse::<std::net::SocketAddr>()
@@ -233,8 +257,8 @@ fn xdp_ports(a: &Args, ifs: &[(String, u32, u32)], flows: u32) -> Result<Ports, 
     // symmetric: a reply on another worker's queue misses its state.
     let workers = a.workers.unwrap_or(1).clamp(1, queues);
     if workers > 1 {
-        eprintln!(
-            "xpfd: {workers} workers on {queues} queues: each frame goes to the worker that owns its flow \
+        log::info!(
+            "{workers} workers on {queues} queues: each frame goes to the worker that owns its flow \
              (a hash of the two addresses, the same both ways; handed off between workers)"
         );
     }
@@ -258,15 +282,12 @@ fn xdp_ports(a: &Args, ifs: &[(String, u32, u32)], flows: u32) -> Result<Ports, 
             // New connections queue apart (a SYN flood then overflows only their ring).
             match x.open_syn_lane() {
                 Ok(fd) => steer.register_syn_lane(q, fd).map_err(|e| format!("-i {name} queue {q}: {e}"))?,
-                Err(e) => eprintln!(
-                    "xpfd: {name} queue {q}: no separate queue for new connections ({e}): a SYN flood shares \
+                Err(e) => log::warn!(
+                    "{name} queue {q}: no separate queue for new connections ({e}): a SYN flood shares \
                      the ring of established traffic"
                 ),
             }
-            eprintln!(
-                "xpfd: {name} queue {q}: AF_XDP {} mode, worker {w}",
-                if x.zero_copy { "zero-copy" } else { "copy" }
-            );
+            log::info!("{name} queue {q}: AF_XDP {} mode, worker {w}", if x.zero_copy { "zero-copy" } else { "copy" });
             ports_of[w].push(Port { io: PortIo::Xdp(x), ifindex: *idx });
         }
         steers.push((name.clone(), steer));
@@ -275,7 +296,7 @@ fn xdp_ports(a: &Args, ifs: &[(String, u32, u32)], flows: u32) -> Result<Ports, 
         let name = steers[i].0.clone();
         let idx = ifs.iter().find(|f| f.0 == name).unwrap().1;
         match steers[i].1.attach(idx) {
-            Ok(mode) => eprintln!("xpfd: {name}: steering program attached ({mode} XDP)"),
+            Ok(mode) => log::info!("{name}: steering program attached ({mode} XDP)"),
             Err(e) => {
                 for (_, s) in steers.iter_mut() {
                     s.detach_all();
@@ -300,8 +321,17 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if let Err(e) = run(a) {
+    if let Err(e) = logging::init(a.syslog, a.log_format, a.log_level) {
         eprintln!("xpfd: {e}");
+        std::process::exit(2);
+    }
+    let syslog = a.syslog;
+    if let Err(e) = run(a) {
+        // To the log, and with --syslog to the terminal that started xpfd too.
+        log::error!("{e}");
+        if syslog {
+            eprintln!("xpfd: {e}");
+        }
         std::process::exit(1);
     }
 }
@@ -341,9 +371,7 @@ fn probe_egresses(
             Ok(ok) => ok,
             Err(err) => {
                 if first {
-                    eprintln!(
-                        "xpfd: {name}: could not probe it for the fast path ({err}): flows out of it stay in xpfd"
-                    );
+                    log::info!("{name}: could not probe it for the fast path ({err}): flows out of it stay in xpfd");
                 }
                 false
             }
@@ -353,15 +381,15 @@ fn probe_egresses(
         if e.any() != before || (first && e.any()) {
             // Lookups only while a flow can be in the tables (shared: one write for all).
             if let Err(err) = s.fast_lookups(e.any()) {
-                eprintln!("xpfd: fast path: {err}");
+                log::warn!("fast path: {err}");
             }
         }
         if changed || first {
             if ok {
-                eprintln!("xpfd: {name}: takes redirected frames: flows out of it go on the fast path");
+                log::info!("{name}: takes redirected frames: flows out of it go on the fast path");
             } else {
-                eprintln!(
-                    "xpfd: {name}: takes no redirected frames (a veth whose peer runs neither XDP nor GRO): \
+                log::info!(
+                    "{name}: takes no redirected frames (a veth whose peer runs neither XDP nor GRO): \
                      flows out of it stay in xpfd; probed again every 10 s"
                 );
             }
@@ -372,9 +400,9 @@ fn probe_egresses(
 fn run(a: Args) -> Result<(), String> {
     let text = std::fs::read_to_string(&a.file).map_err(|e| format!("{}: {e}", a.file))?;
     let loaded = Loaded::build(&text, &a.file, &a.defines).map_err(|e| e.join("\n"))?;
-    eprintln!("xpfd: {}: {} rules, {} tables", a.file, loaded.parsed.rules.len(), loaded.parsed.tables.len());
+    log::info!("{}: {} rules, {} tables", a.file, loaded.parsed.rules.len(), loaded.parsed.tables.len());
     for w in &loaded.warnings {
-        eprintln!("xpfd: {w}");
+        log::info!("{w}");
     }
     let limit = loaded.state_limit();
     let timeouts = loaded.timeouts();
@@ -400,7 +428,7 @@ fn run(a: Args) -> Result<(), String> {
         _ => match xdp_ports(&a, &ifs, flows) {
             Ok(p) => Some(p),
             Err(e) => {
-                eprintln!("xpfd: --io auto: XDP is not available here ({e}); falling back to AF_PACKET (TPACKET_V3)");
+                log::warn!("--io auto: XDP is not available here ({e}); falling back to AF_PACKET (TPACKET_V3)");
                 None
             }
         },
@@ -415,19 +443,19 @@ fn run(a: Args) -> Result<(), String> {
             for (name, idx, _) in &ifs {
                 match netlink::set_gro(name, false) {
                     Ok(true) => {
-                        eprintln!("xpfd: {name}: GRO turned off for packet mode (merged packets would exceed the MTU)");
+                        log::info!("{name}: GRO turned off for packet mode (merged packets would exceed the MTU)");
                         gro_restore.push(name.clone());
                     }
                     Ok(false) => {}
-                    Err(e) => eprintln!("xpfd: {name}: {e}; packets merged by GRO will be dropped as over the MTU"),
+                    Err(e) => log::warn!("{name}: {e}; packets merged by GRO will be dropped as over the MTU"),
                 }
                 let p = PacketPort::open(*idx).map_err(|e| format!("-i {name}: AF_PACKET: {e}"))?;
-                eprintln!("xpfd: {name}: AF_PACKET (TPACKET_V3 rings), worker 0");
+                log::info!("{name}: AF_PACKET (TPACKET_V3 rings), worker 0");
                 ports.push(Port { io: PortIo::Packet(p), ifindex: *idx });
             }
             guard = Some(Guard::install(&a.ifaces).map_err(|e| format!("packet mode: {e}"))?);
-            eprintln!(
-                "xpfd: packet mode: nftables table netdev {} drops transit IP in the kernel on {}",
+            log::info!(
+                "packet mode: nftables table netdev {} drops transit IP in the kernel on {}",
                 Guard::TABLE,
                 a.ifaces.join(", ")
             );
@@ -440,7 +468,7 @@ fn run(a: Args) -> Result<(), String> {
     let (cookies, cookie_key) = (loaded.parsed.syncookies.unwrap_or_default(), xpf_state::os_random());
     let cpus: Vec<usize> = a.cpus.clone().unwrap_or_else(|| (0..workers).map(|w| w % ncpu).collect());
     if a.fastpath.is_some_and(|n| n > 0) && steers.is_empty() {
-        eprintln!("xpfd: --fastpath needs XDP; packet mode forwards everything in xpfd");
+        log::warn!("--fastpath needs XDP; packet mode forwards everything in xpfd");
     }
     control::translation_fits(&loaded, workers, &steers)?;
     control::pflow_fits(&loaded, a.pflow.is_some())?;
@@ -481,8 +509,8 @@ fn run(a: Args) -> Result<(), String> {
                 defer: cfg.defer,
                 creatorid: cfg.creatorid,
             });
-            eprintln!(
-                "xpfd: sync on {} to {} (creator id {:08x}, frames up to {} bytes, authentication {}{})",
+            log::info!(
+                "sync on {} to {} (creator id {:08x}, frames up to {} bytes, authentication {}{})",
                 sa.dev,
                 shared.peer,
                 cfg.creatorid,
@@ -504,8 +532,8 @@ fn run(a: Args) -> Result<(), String> {
             let t = s
                 .fast_tables(u32::from_ne_bytes(xpf_state::os_random()), pace)
                 .map_err(|e| format!("fast path tables: {e}"))?;
-            eprintln!(
-                "xpfd: fast path on: established UDP and TCP flows are forwarded by the steering program \
+            log::info!(
+                "fast path on: established UDP and TCP flows are forwarded by the steering program \
                  ({} IPv4 and {} IPv6 table entries; --no-fastpath turns it off)",
                 t.v4.entries(),
                 t.v6.entries()
@@ -533,7 +561,7 @@ fn run(a: Args) -> Result<(), String> {
     let pflow = a.pflow.clone().map(pflow::start).transpose()?;
     if let Some(c) = &a.pflow {
         let p = if c.proto == pflow::Proto::Ipfix { "IPFIX" } else { "NetFlow v5" };
-        eprintln!("xpfd: pflow: flows of pflow states to {} ({p}, active timeout {} s)", c.collector, c.active);
+        log::info!("pflow: flows of pflow states to {} ({p}, active timeout {} s)", c.collector, c.active);
     }
     let mut handoffs: Vec<Option<handoff::Handoff>> =
         if ports_of.len() > 1 { handoff::mesh(ports_of.len()).into_iter().map(Some).collect() } else { vec![None] };
@@ -602,13 +630,13 @@ fn run(a: Args) -> Result<(), String> {
                 })
                 .map_err(|e| e.to_string())?,
         );
-        eprintln!("xpfd: worker {w} on CPU {cpu}, state limit {per_worker}");
+        log::info!("worker {w} on CPU {cpu}, state limit {per_worker}");
     }
 
     let mut host_rules = xpf_xdp::nfqueue::HostRules::install(&a.ifaces, host::QUEUE)
         .map_err(|e| format!("the host's own traffic: {e}"))?;
-    eprintln!(
-        "xpfd: the host's own traffic on {} is filtered too (iptables chains xpfd-in, xpfd-out -> NFQUEUE {}); \
+    log::info!(
+        "the host's own traffic on {} is filtered too (iptables chains xpfd-in, xpfd-out -> NFQUEUE {}); \
          the kernel forwards nothing to or from them past xpfd (chain xpfd-fwd)",
         a.ifaces.join(", "),
         host::QUEUE
@@ -639,10 +667,10 @@ fn run(a: Args) -> Result<(), String> {
     d.pflog = Some(pflog.shared.clone());
     d.pflow = pflow.as_ref().map(|p| p.shared.clone());
     let listener = control::listen(&a.socket).map_err(|e| format!("control socket {}: {e}", a.socket))?;
-    eprintln!("xpfd: filtering {}; control socket {}", a.ifaces.join(", "), a.socket);
+    log::info!("filtering {}; control socket {}", a.ifaces.join(", "), a.socket);
     let scrapes = a.metrics.as_deref().map(metrics::start).transpose()?;
     if let Some(m) = &a.metrics {
-        eprintln!("xpfd: metrics for Prometheus at http://{m}/metrics");
+        log::info!("metrics for Prometheus at http://{m}/metrics");
     }
     let mut hups = 0;
     let mut addrs = (xpf_conf::ifaddr::fingerprint(), std::time::Instant::now());
@@ -661,8 +689,8 @@ fn run(a: Args) -> Result<(), String> {
                 if now.is_some() && now != *known {
                     let r = xpf_xdp::netlink::ifindex(name).and_then(|i| steer.set_mac(i));
                     match r {
-                        Ok(()) => eprintln!("xpfd: {name}: MAC changed, the steering program follows"),
-                        Err(e) => eprintln!("xpfd: {name}: MAC changed, the steering program could not follow: {e}"),
+                        Ok(()) => log::info!("{name}: MAC changed, the steering program follows"),
+                        Err(e) => log::warn!("{name}: MAC changed, the steering program could not follow: {e}"),
                     }
                     *known = now;
                 }
@@ -670,16 +698,16 @@ fn run(a: Args) -> Result<(), String> {
             let f = xpf_conf::ifaddr::fingerprint();
             if f != addrs.0 && d.follows_addresses() {
                 match d.recompile() {
-                    Ok(g) => eprintln!("xpfd: interface addresses changed: ruleset compiled again (generation {g})"),
-                    Err(e) => eprintln!("xpfd: interface addresses changed, compiling again failed:\n{}", e.join("\n")),
+                    Ok(g) => log::info!("interface addresses changed: ruleset compiled again (generation {g})"),
+                    Err(e) => log::warn!("interface addresses changed, compiling again failed:\n{}", e.join("\n")),
                 }
             }
             if d.follows_routes() {
                 let r = routes_now();
                 if r != routes {
                     match d.recompile() {
-                        Ok(g) => eprintln!("xpfd: routes changed: ruleset compiled again (generation {g})"),
-                        Err(e) => eprintln!("xpfd: routes changed, compiling again failed:\n{}", e.join("\n")),
+                        Ok(g) => log::info!("routes changed: ruleset compiled again (generation {g})"),
+                        Err(e) => log::warn!("routes changed, compiling again failed:\n{}", e.join("\n")),
                     }
                     routes = r;
                 }
@@ -693,9 +721,9 @@ fn run(a: Args) -> Result<(), String> {
         if h != hups {
             hups = h;
             match d.reload_file() {
-                Ok(g) => eprintln!("xpfd: SIGHUP: {} reloaded (generation {g})", a.file),
+                Ok(g) => log::info!("SIGHUP: {} reloaded (generation {g})", a.file),
                 Err(e) => {
-                    eprintln!("xpfd: SIGHUP: {} not loaded, the ruleset in force stays:\n{}", a.file, e.join("\n"))
+                    log::warn!("SIGHUP: {} not loaded, the ruleset in force stays:\n{}", a.file, e.join("\n"))
                 }
             }
         }
@@ -705,13 +733,13 @@ fn run(a: Args) -> Result<(), String> {
         over.dedup();
         for (table, addrs) in group_by_table(&over) {
             match d.table_add(&table, &addrs) {
-                Ok(n) => eprintln!("xpfd: overload: {n} source(s) added to table <{table}>"),
-                Err(e) => eprintln!("xpfd: overload: table <{table}>: {e}"),
+                Ok(n) => log::info!("overload: {n} source(s) added to table <{table}>"),
+                Err(e) => log::warn!("overload: table <{table}>: {e}"),
             }
         }
         control::serve_once(&listener, scrapes.as_ref(), &mut d, if over.is_empty() { 200 } else { 0 });
     }
-    eprintln!("xpfd: stopping");
+    log::info!("stopping");
     stop.store(true, Ordering::Relaxed);
     if let (Some(h), Some(sh)) = (sync_thread, &sync_shared) {
         sh.stop.store(true, Ordering::Relaxed);

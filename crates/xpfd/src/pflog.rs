@@ -188,7 +188,7 @@ impl Writer {
         self.buf[12..16].copy_from_slice(&orig);
         if let Err(err) = self.append(e.unit) {
             if self.shared.write_errors.fetch_add(1, Ordering::Relaxed) == 0 {
-                eprintln!("xpfd: pflog: {}: {err}", self.path(e.unit).display());
+                log::warn!("pflog: {}: {err}", self.path(e.unit).display());
             }
         }
         let (buf, shared) = (&self.buf, &self.shared);

@@ -247,7 +247,7 @@ pub fn run(mut ep: Endpoint, tx: Transport, workers: Vec<Sender<Cmd>>, wakes: Ve
     let mut placed = std::collections::HashMap::new();
     let mut last_log = 0u64;
     ep.request_bulk(0);
-    eprintln!("xpfd: sync: asking the peer for a bulk update");
+    log::info!("sync: asking the peer for a bulk update");
     while !shared.stop.load(Ordering::Relaxed) {
         tx.wait(10);
         let ms = start.elapsed().as_millis() as u64;
@@ -287,7 +287,7 @@ pub fn run(mut ep: Endpoint, tx: Transport, workers: Vec<Sender<Cmd>>, wakes: Ve
         }
         ep.poll(ms);
         if ep.bulk_wanted && shared.bulk_left.load(Ordering::Acquire) == 0 {
-            eprintln!("xpfd: sync: the peer asked for a bulk update; sending every state");
+            log::info!("sync: the peer asked for a bulk update; sending every state");
             shared.bulk_sent.store(0, Ordering::Relaxed);
             shared.bulk_left.store(workers.len(), Ordering::Release);
             ep.bulk_started(ms);
@@ -301,7 +301,7 @@ pub fn run(mut ep: Endpoint, tx: Transport, workers: Vec<Sender<Cmd>>, wakes: Ve
         if matches!(ep.bulk_out, BulkOut::Sending { .. }) && shared.bulk_left.load(Ordering::Acquire) == 0 {
             let n = shared.bulk_sent.load(Ordering::Relaxed);
             ep.bulk_done(ms, n);
-            eprintln!("xpfd: sync: bulk update sent: {}", bulk_out_text(&ep.bulk_out, n));
+            log::info!("sync: bulk update sent: {}", bulk_out_text(&ep.bulk_out, n));
         }
         let before = ep.bulk_in;
         for f in ep.transmit() {
@@ -310,7 +310,7 @@ pub fn run(mut ep: Endpoint, tx: Transport, workers: Vec<Sender<Cmd>>, wakes: Ve
         if ms >= last_log + 1000 || before != ep.bulk_in {
             if let BulkIn::Receiving { .. } = ep.bulk_in {
                 if ms >= last_log + 1000 {
-                    eprintln!("xpfd: sync: bulk update {}", bulk_text(&ep.bulk_in));
+                    log::info!("sync: bulk update {}", bulk_text(&ep.bulk_in));
                 }
             }
             last_log = ms;
@@ -319,7 +319,7 @@ pub fn run(mut ep: Endpoint, tx: Transport, workers: Vec<Sender<Cmd>>, wakes: Ve
         *shared.endpoint.lock().unwrap() = (ep.stats, bulk_text(&ep.bulk_in), bulk_out_text(&ep.bulk_out, sent));
         if let BulkIn::Done { .. } | BulkIn::Failed = ep.bulk_in {
             if before != ep.bulk_in {
-                eprintln!("xpfd: sync: bulk update {}", bulk_text(&ep.bulk_in));
+                log::info!("sync: bulk update {}", bulk_text(&ep.bulk_in));
             }
         }
     }

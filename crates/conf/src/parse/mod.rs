@@ -82,6 +82,8 @@ pub struct Parsed {
     pub reassemble_no_df: bool,
     /// `set state-policy if-bound` (pf's default is floating).
     pub if_bound: bool,
+    /// `set debug`: the level of xpfd's own messages from this load on.
+    pub debug: Option<String>,
     /// `set state-defaults`: options every rule that keeps state takes (`pflow`, `no-sync`).
     pub state_defaults: StateOpts,
     /// `set hostid`: the creator id this firewall's states carry to its sync peer.

@@ -82,8 +82,16 @@ pub(super) fn set_option(p: &mut P, out: &mut Parsed) -> R<()> {
             out.if_bound = v == "if-bound";
         }
         "debug" => {
+            // OpenBSD's syslog names, and FreeBSD's older four.
             let v = p.string()?;
+            const LEVELS: [&str; 12] = [
+                "emerg", "alert", "crit", "err", "warning", "notice", "info", "debug", "none", "urgent", "misc", "loud",
+            ];
+            if !LEVELS.contains(&v.as_str()) {
+                return Err(format!("unknown debug level \"{v}\""));
+            }
             out.header.push(format!("set debug {v}"));
+            out.debug = Some(v);
         }
         "skip" => {
             if !p.eat("on") {
