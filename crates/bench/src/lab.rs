@@ -74,6 +74,9 @@ pub struct LabOpts {
     /// same source ports: xpfd with `match out on f1 nat-to 10.10.2.1 port 1024:65535`, the
     /// kernel with nftables `snat to 10.10.2.1`.
     pub nat: bool,
+    /// xpfd's keep-state rule logs every packet of its states (`pass log (all) all`) to a
+    /// pflog file: the cost of logging on a busy rule.
+    pub log: bool,
 }
 
 fn sh(args: &[&str]) -> Result<String, String> {
@@ -383,9 +386,10 @@ fn xpfctl(bin: &Path, args: &[&str]) -> Result<String, String> {
     sh(&r)
 }
 
-fn conf(keep: bool, limit: u64, nat: bool) -> String {
+fn conf(keep: bool, limit: u64, nat: bool, log: bool) -> String {
     format!(
-        "set limit states {limit}\nset timeout {{ udp.first 600, udp.single 600, udp.multiple 600 }}\npass all{}\n{}",
+        "set limit states {limit}\nset timeout {{ udp.first 600, udp.single 600, udp.multiple 600 }}\npass {}all{}\n{}",
+        if keep && log { "log (all) " } else { "" },
         if keep { "" } else { " no state" },
         // The kernel's snat range without a port spec: 1024-65535 (pf's default is 50001:65535).
         if keep && nat { "match out on f1 inet nat-to 10.10.2.1 port 1024:65535\n" } else { "" }
@@ -452,8 +456,10 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
     let limit = (maxp * 2 + 100_000).max(8_000_000);
     let keep = std::env::temp_dir().join("xpf-lab-keep.conf");
     let nostate = std::env::temp_dir().join("xpf-lab-nostate.conf");
-    std::fs::write(&keep, conf(true, limit, o.nat)).map_err(|e| e.to_string())?;
-    std::fs::write(&nostate, conf(false, limit, false)).map_err(|e| e.to_string())?;
+    std::fs::write(&keep, conf(true, limit, o.nat, o.log)).map_err(|e| e.to_string())?;
+    std::fs::write(&nostate, conf(false, limit, false, false)).map_err(|e| e.to_string())?;
+    let pflog = std::env::temp_dir().join("xpf-lab-pflog");
+    let _ = std::fs::remove_file(&pflog);
     let log = std::fs::File::create(std::env::temp_dir().join("xpf-lab-xpfd.log")).map_err(|e| e.to_string())?;
     let child = Command::new("ip")
         .args(["netns", "exec", NS[1]])
@@ -461,6 +467,7 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
         .args(["-f", &keep.to_string_lossy(), "-i", "f0", "-i", "f1", "--cpus", &FW_CPU.to_string(), "--socket", SOCK])
         .args(if o.busy_poll { &["--busy-poll"][..] } else { &[] })
         .args(if o.fastpath { &["--fastpath"][..] } else { &["--no-fastpath"][..] })
+        .args(["--pflog", &pflog.to_string_lossy()])
         .stderr(log)
         .spawn()
         .map_err(|e| format!("starting xpfd: {e}"))?;
@@ -487,6 +494,9 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
         println!(
             "translation: (a) with `match out on f1 nat-to 10.10.2.1`, (b) with nftables `oif f1 snat ip to 10.10.2.1`"
         );
+    }
+    if o.log {
+        println!("logging: (a) is `pass log (all) all`: every packet to pflog ({})", pflog.display());
     }
     if o.fastpath {
         println!("fast path on: (a) carries established UDP flows in XDP; (c) is the steering program forwarding everything (--steer bare)");
@@ -651,6 +661,16 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
         newrate = Some((sa, sb));
     }
     xpfctl(&o.bin, &["--steer", "on"]).ok();
+    if o.log {
+        // What logging every packet left: records written, lost (queue full), bytes.
+        let info: serde_json::Value =
+            serde_json::from_str(&xpfctl(&o.bin, &["-s", "info", "--json"])?).map_err(|e| e.to_string())?;
+        let p = &info["pflog"];
+        println!(
+            "pflog: {} packets logged, {} lost (queue full), {} bytes written\n",
+            p["logged"], p["dropped"], p["bytes"]
+        );
+    }
     if !points.is_empty() {
         let series = |f: &dyn Fn(&Point) -> &Summary, title: &'static str| crate::plot::Series {
             title,

@@ -45,6 +45,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("--busy-poll", "", "lab: start xpfd with --busy-poll (its sockets busy-poll instead of sleeping)"),
     ("--fastpath", "", "lab, real: start xpfd with --fastpath (established flows forwarded by its XDP program)"),
     ("--nat", "", "lab, real: both firewalls translate the sources (xpfd nat-to, nftables snat)"),
+    ("--log", "", "lab: xpfd's rule is `pass log (all) all` (every packet to pflog): logging's cost on a busy rule"),
     ("--rounds", "N", "real: kernel/xpfd rounds, alternated (default 3; 1 with --quick)"),
     ("--queues", "N", "real: queues a side on the veths (default: --workers)"),
     ("--out", "DIR", "where gnuplot data, the plot and the JSON go (default bench-results/out/<bench>)"),
@@ -72,6 +73,8 @@ pub struct Opts {
     pub fastpath: bool,
     /// lab: translation on both sides.
     pub nat: bool,
+    /// lab: xpfd's rule logs every packet (`pass log (all) all`) to pflog.
+    pub log: bool,
     pub rounds: Option<usize>,
     pub queues: Option<usize>,
     pub out: PathBuf,
@@ -136,6 +139,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         busy_poll: false,
         fastpath: false,
         nat: false,
+        log: false,
         rounds: None,
         queues: None,
         conf: None,
@@ -176,6 +180,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--busy-poll" => o.busy_poll = true,
             "--fastpath" => o.fastpath = true,
             "--nat" => o.nat = true,
+            "--log" => o.log = true,
             "--rounds" => o.rounds = Some(parse_num(a, &val()?)?.max(1) as usize),
             "--queues" => o.queues = Some(parse_num(a, &val()?)?.clamp(1, 64) as usize),
             "--out" => o.out = PathBuf::from(val()?),
@@ -260,6 +265,7 @@ fn lab(o: &Opts) -> Result<(), String> {
         busy_poll: o.busy_poll,
         fastpath: o.fastpath,
         nat: o.nat,
+        log: o.log,
     })
 }
 
