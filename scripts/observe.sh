@@ -41,6 +41,7 @@ export -f c try
 export P
 
 cat >"$DIR/pf.conf" <<'CONF'
+set loginterface fc
 block log all
 pass in log on fc inet proto tcp to 10.0.2.2 port 7000 label "web" keep state (pflow)
 pass in log (to pflog1) on fc inet proto udp to 10.0.2.2 port 7000 keep state (pflow)
@@ -92,6 +93,9 @@ check "a rule without log logs nothing (the ping passed, unlogged)" refused grep
 check "log (to pflog1): the UDP datagram is in pflog1, not in pflog" bash -c "
     tcpdump -n -e -r $DIR/pflog1 2>/dev/null | tee /dev/stderr | grep -qE 'rule 2/[^ ]*: pass in on fc: 10\.0\.1\.2\.[0-9]+ > 10\.0\.2\.2\.7000: UDP'
     ! grep -q 'UDP' $DIR/file.txt"
+check "set loginterface fc: -s info's Interface Stats count fc's packets passed and blocked" bash -c "
+    $CTL -s info | sed -n '/^Interface Stats for fc/,/^Forwarding/p' | tee /dev/stderr >$DIR/lif.txt
+    grep -A1 'Packets In' $DIR/lif.txt | grep -qE 'Passed +[1-9]' && grep -A2 'Packets In' $DIR/lif.txt | grep -qE 'Blocked +[1-9]'"
 check "-s info counts what was logged" bash -c "$CTL -s info | sed -n '/^Pflog/,/live readers/p' | tee /dev/stderr | grep -E 'logged +([3-9]|[1-9][0-9]+)$'"
 
 # Prometheus: the page, linted by promtool, then scraped by a Prometheus server.

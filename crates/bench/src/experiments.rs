@@ -146,10 +146,12 @@ pub fn states(o: &Opts) -> Result<(), String> {
     let mut out = Vec::new();
     for &n in &points {
         let g = if o.tcp { Gen::for_flows(n).tcp() } else { Gen::for_flows(n) };
-        eprintln!("  {n} states: xpf ...");
-        let x = xpf_measure(o, &g, None);
+        let x = {
+            let _s = crate::progress::step(format!("{n} states: xpf"));
+            xpf_measure(o, &g, None)
+        };
         let hm = o.baseline.then(|| {
-            eprintln!("  {n} states: HashMap ...");
+            let _s = crate::progress::step(format!("{n} states: HashMap"));
             shard_runs(&g, o.workers, o.runs, o.seconds, o.batch, o.shuffle, HashMapBaseline::new, |_| Vec::new())
         });
         let xs = Summary::of(&x.runs);
@@ -253,9 +255,10 @@ pub fn hashsize(o: &Opts) -> Result<(), String> {
     ));
     let mut out = Vec::new();
     for &r in &rows {
-        eprintln!("  {r} rows ...");
+        let step = crate::progress::step(format!("{r} rows"));
         let g = Gen::for_flows(n);
         let x = xpf_measure(&Opts { shared: false, ..o.clone() }, &g, Some(r));
+        drop(step);
         out.push(HashPoint {
             rows: r as u64,
             automatic: r == auto,
@@ -268,7 +271,7 @@ pub fn hashsize(o: &Opts) -> Result<(), String> {
         });
     }
     let reference = o.baseline.then(|| {
-        eprintln!("  HashMap reference ...");
+        let _s = crate::progress::step("HashMap reference");
         let g = Gen::for_flows(n);
         Summary::of(
             &shard_runs(&g, o.workers, o.runs, o.seconds, o.batch, o.shuffle, HashMapBaseline::new, |_| Vec::new())
@@ -672,9 +675,10 @@ pub fn nat(o: &Opts) -> Result<(), String> {
             let m = e.w.t4.memory().total() + e.w.t6.memory().total();
             vec![("table_bytes_per_state".to_string(), m as f64 / e.w.states().max(1) as f64)]
         };
-        eprintln!("  {n} states: plain ...");
+        let step = crate::progress::step(format!("{n} states: plain"));
         let plain = shard_runs(&g, 1, o.runs, o.seconds, o.batch, o.shuffle, |lim| XpfOut::new(lim, None), table);
-        eprintln!("  {n} states: nat-to ...");
+        drop(step);
+        let _s = crate::progress::step(format!("{n} states: nat-to"));
         let nat =
             shard_runs(&g, 1, o.runs, o.seconds, o.batch, o.shuffle, |lim| XpfOut::new(lim, Some(bench_pool())), table);
         let runs = o.runs.min(3);

@@ -507,6 +507,7 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
         if STOP.load(Ordering::Relaxed) {
             break;
         }
+        let step = crate::progress::step(format!("{n} states: warm, then {} runs of each setup", o.runs));
         let flows = (n / 2).max(1);
         let (srcs, dsts) = split(flows);
         g.flows(srcs, dsts, 1);
@@ -597,6 +598,7 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
                 return Err(format!("{n} states: {name} forwarded nothing to the sink: the lab is broken"));
             }
         }
+        drop(step);
         println!("{} states ({} flows; xpf holds {}, conntrack {}):", n, flows, p.xpf_states, p.kernel_entries);
         println!("{}", stats::header("setup", "packets/s into the sink"));
         println!("{}", stats::row("xpf", &p.xpf));

@@ -6,6 +6,7 @@ mod engines;
 mod experiments;
 mod lab;
 mod plot;
+mod progress;
 mod real;
 mod runner;
 mod shared;

@@ -255,7 +255,8 @@ pub fn run_bench(o: &RealOpts) -> Result<(), String> {
     let mut lab = Lab::up(o.fastpath, o.nat, o.queues)?;
     let mut rows: [Vec<[f64; 5]>; 2] = [Vec::new(), Vec::new()];
     println!("{:>7} {:>9} {:>9} {:>11} {:>9} {:>9}", "setup", "tcp1", "tcp4", "udp64", "p50 ms", "p99 ms");
-    for _ in 0..o.rounds {
+    for round in 0..o.rounds {
+        let step = crate::progress::step(format!("round {} of {}: the kernel, then xpfd", round + 1, o.rounds));
         for (i, name) in ["kernel", "xpfd"].into_iter().enumerate() {
             if i == 0 {
                 lab.kernel(true)?;
@@ -269,7 +270,7 @@ pub fn run_bench(o: &RealOpts) -> Result<(), String> {
                 lab.xpfd_off();
             }
             let r = r?;
-            println!("{name:>7} {:>9.2} {:>9.2} {:>11.0} {:>9.3} {:>9.3}", r[0], r[1], r[2], r[3], r[4]);
+            step.println(format!("{name:>7} {:>9.2} {:>9.2} {:>11.0} {:>9.3} {:>9.3}", r[0], r[1], r[2], r[3], r[4]));
             rows[i].push(r);
         }
     }

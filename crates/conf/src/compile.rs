@@ -429,6 +429,8 @@ pub struct Ruleset {
     pub nat_targets: Vec<Target>,
     /// The same, unmerged: what the hand-off between workers owns by (docs/nat.md).
     pub nat_owners: Vec<Target>,
+    /// `set loginterface`: its index (0: none, or not present when compiled).
+    pub loginterface: u16,
 }
 
 /// A destination translated traffic may have ([`Ruleset::nat_targets`]): packets of `proto`
@@ -1108,6 +1110,7 @@ impl Ruleset {
             marks,
             rare,
             urpf,
+            loginterface: p.loginterface.as_deref().and_then(ifindex).unwrap_or(0),
         })
     }
 

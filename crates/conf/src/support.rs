@@ -33,8 +33,10 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
             // `state-defaults` takes pflow and no-sync only (the parser refuses the rest);
             // xpfd refuses pflow without a collector.
             // `debug` is the level of xpfd's own messages (pfctl -x's).
+            // `loginterface`: xpfd counts its packets and bytes (-s info's Interface Stats).
             "block-policy"
             | "debug"
+            | "loginterface"
             | "state-defaults"
             | "timeout"
             | "limit"
@@ -355,7 +357,7 @@ mod tests {
         ("set optimization normal", Yes("ruleset-optimization")),
         ("set optimization aggressive", No("set optimization aggressive")),
         ("set ruleset-optimization basic", Yes("ruleset-optimization")),
-        ("set loginterface lo", No("set loginterface")),
+        ("set loginterface lo", Yes("set loginterface")),
         ("set hostid 1", Yes("hostid_names_the_sync_creator")),
         ("set state-defaults pflow", Yes("a_pflow_state_is_recorded_at_its_end_while_active_and_when_translated")),
         ("set state-defaults no-sync", Yes("--sync-dev")),

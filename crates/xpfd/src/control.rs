@@ -129,6 +129,11 @@ pub fn translation_fits(l: &Loaded, workers: usize, steers: &[(String, Steer)]) 
     Ok(())
 }
 
+/// Rows of (key, text, value) as a JSON object by key.
+fn by_key(rows: &[(&str, &str, u64)]) -> serde_json::Map<String, Value> {
+    rows.iter().map(|(k, _, v)| (k.to_string(), json!(v))).collect()
+}
+
 /// Refuses `pflow` (a rule's, or `set state-defaults pflow`) when no collector takes the
 /// flows: xpfd was started without --pflow.
 pub fn pflow_fits(l: &Loaded, exporting: bool) -> Result<(), String> {
@@ -395,7 +400,7 @@ impl Daemon {
         let text = std::fs::read_to_string(file).map_err(|e| vec![format!("{file}: {e}")])?;
         let l = Loaded::build(&text, file, &self.defines)?;
         for w in &l.warnings {
-            log::info!("{w}");
+            log::warn!("{w}");
         }
         if noaction {
             return Ok(self.slot.generation());
@@ -737,6 +742,26 @@ impl Daemon {
                 let mut text = info.render(uptime);
                 let steer: Vec<(String, [u64; 12])> =
                     self.steers.lock().unwrap().iter().map(|(n, s)| (n.clone(), s.counters())).collect();
+                let (_, cur) = self.slot.current();
+                if let Some(name) = self.loaded.parsed.loginterface.as_deref() {
+                    // pfctl -si's block for `set loginterface`.
+                    let l = &io.loginterface;
+                    let _ =
+                        writeln!(text, "{:<34}{:>16} {:>16}", format!("Interface Stats for {name}"), "IPv4", "IPv6");
+                    if cur.loginterface == 0 {
+                        let _ = writeln!(text, "  (not present when the ruleset was compiled)");
+                    }
+                    let row = |text: &mut String, k: &str, v: [u64; 2]| {
+                        let _ = writeln!(text, "  {k:<32}{:>16} {:>16}", v[0], v[1]);
+                    };
+                    row(&mut text, "Bytes In", [l.bytes[0][0], l.bytes[1][0]]);
+                    row(&mut text, "Bytes Out", [l.bytes[0][1], l.bytes[1][1]]);
+                    for (d, what) in [(0, "Packets In"), (1, "Packets Out")] {
+                        let _ = writeln!(text, "  {what}");
+                        row(&mut text, "  Passed", [l.passed[0][d], l.passed[1][d]]);
+                        row(&mut text, "  Blocked", [l.blocked[0][d], l.blocked[1][d]]);
+                    }
+                }
                 let _ = writeln!(text, "Forwarding");
                 let f = &io.fast;
                 let mut rows = vec![
@@ -827,16 +852,14 @@ impl Daemon {
                 }
                 let pflog = self.pflog.as_ref().map(|p| p.rows());
                 let pflow = self.pflow.as_ref().map(|p| p.rows());
-                if let Some(rows) = &pflow {
-                    let _ = writeln!(text, "Pflow");
-                    for (_, k, v) in rows {
-                        let _ = writeln!(text, "  {:<25} {:>14}", k, v);
-                    }
-                }
-                if let Some(rows) = &pflog {
-                    let _ = writeln!(text, "Pflog");
-                    for (_, k, v) in rows {
-                        let _ = writeln!(text, "  {:<25} {:>14}", k, v);
+                for (title, rows) in
+                    [("Pflow", pflow.as_ref().map(|r| &r[..])), ("Pflog", pflog.as_ref().map(|r| &r[..]))]
+                {
+                    if let Some(rows) = rows {
+                        let _ = writeln!(text, "{title}");
+                        for (_, k, v) in rows {
+                            let _ = writeln!(text, "  {:<25} {:>14}", k, v);
+                        }
                     }
                 }
                 let rx_dropped: u64 = xs.iter().map(|x| x.rx_drops()).sum();
@@ -881,8 +904,8 @@ impl Daemon {
                     "forwarding": io,
                     "syn_queue": {"received": syn_rx, "dropped": syn_dropped},
                     "sync": sync.map(|(_, v)| v),
-                    "pflog": pflog.map(|rows| rows.iter().map(|(k, _, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>()),
-                    "pflow": pflow.map(|rows| rows.iter().map(|(k, _, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>()),
+                    "pflog": pflog.map(|rows| by_key(&rows)),
+                    "pflow": pflow.map(|rows| by_key(&rows)),
                     "steering": steer.iter().map(|(n, c)| json!({"interface": n, "counters": keyed(&xpf_xdp::steer::COUNTERS, c), "fast_path_out": fast_out(n)})).collect::<Vec<_>>(),
                     "packet_mode": pc.iter().map(|(i, c)| json!({"ifindex": i, "counters": keyed(&xpf_xdp::packet::PACKET_COUNTERS, c)})).collect::<Vec<_>>(),
                     "sockets": xs.iter().map(|x| json!({"ifindex": x.ifindex, "queue": x.queue, "rx": x.rx, "tx": x.tx,

@@ -69,6 +69,47 @@ pub struct IoStats {
     pub fast: crate::fastpath::FastStats,
     /// The host's own traffic (worker 0).
     pub host: crate::host::HostStats,
+    /// `set loginterface`: pf's Interface Stats of that interface.
+    pub loginterface: LogIfStats,
+}
+
+/// pf's "Interface Stats" (`set loginterface`): by family (IPv4, IPv6) and direction (in,
+/// out), bytes, and packets passed and blocked.
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct LogIfStats {
+    pub bytes: [[u64; 2]; 2],
+    pub passed: [[u64; 2]; 2],
+    pub blocked: [[u64; 2]; 2],
+}
+
+impl LogIfStats {
+    fn add(&mut self, o: &LogIfStats) {
+        for (a, b) in [(&mut self.bytes, &o.bytes), (&mut self.passed, &o.passed), (&mut self.blocked, &o.blocked)] {
+            for f in 0..2 {
+                for d in 0..2 {
+                    a[f][d] += b[f][d];
+                }
+            }
+        }
+    }
+
+    /// Counts a batch the engine judged on the loginterface in direction `dir` (0 in, 1 out).
+    #[cold]
+    fn count(&mut self, frames: &[&[u8]], v: &[Verdict], dir: usize) {
+        for (f, v) in frames.iter().zip(v) {
+            let af = match f.get(14).map(|b| b >> 4) {
+                Some(4) => 0,
+                Some(6) => 1,
+                _ => continue,
+            };
+            self.bytes[af][dir] += f.len().saturating_sub(14) as u64;
+            if matches!(v, Verdict::Drop(_)) {
+                self.blocked[af][dir] += 1;
+            } else {
+                self.passed[af][dir] += 1;
+            }
+        }
+    }
 }
 
 impl IoStats {
@@ -94,6 +135,7 @@ impl IoStats {
         self.nat_to_host_shed += o.nat_to_host_shed;
         self.fast.add(&o.fast);
         self.host.add(&o.host);
+        self.loginterface.add(&o.loginterface);
     }
 }
 
@@ -615,6 +657,9 @@ impl Dataplane {
         let clock = Instant::now();
         self.worker.process_tagged(&frames[..n], inif as u16, Dir::In, inif as u16, now, &mut v_in, &mut tags, local);
         self.log_batch(&frames[..n], inif);
+        if self.worker.policy.current().1.loginterface as u32 == inif {
+            self.io.loginterface.count(&frames[..n], &v_in[..n], 0);
+        }
         // Defer mode: which frames made a state on the way in (the `out` pass may make more).
         let defer = self.sync.as_ref().is_some_and(|s| s.defer.is_some());
         let (created_in, ids_in) = if defer { (self.worker.created, self.worker.created_ids) } else { (0, [0; BATCH]) };
@@ -748,6 +793,9 @@ impl Dataplane {
                 0,
             );
             self.log_batch(&out_frames[..m], eg);
+            if self.worker.policy.current().1.loginterface as u32 == eg {
+                self.io.loginterface.count(&out_frames[..m], &v_out[..m], 1);
+            }
             spent += clock.elapsed();
             // A block out with return answers the sender, back where the packet came in.
             self.send_returns(p);

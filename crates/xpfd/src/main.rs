@@ -44,7 +44,7 @@ pub const DEFAULT_SOCKET: &str = "/run/xpfd.sock";
 
 const USAGE: &str = "usage: xpfd -f FILE -i IF [-i IF ...] [--io xdp|packet|auto] [--workers N] [--cpus LIST] \
                      [--socket PATH] [--busy-poll] [--fastpath FLOWS | --no-fastpath] [-D macro=value] \
-                     [--pflog FILE] [--pflog-size BYTES] [--log-level LEVEL] [--log-format text|json] [--syslog] [--metrics ADDR:PORT] [--pflow HOST:PORT [--pflow-proto 10|5] [--pflow-src ADDR] [--pflow-active SECS]] [--sync-dev IF [--sync-peer ADDR] [--sync-key FILE] [--sync-maxupd N] [--sync-hostid ID] [--sync-defer]]";
+                     [--pflog FILE] [--pflog-size BYTES] [--pflog-rate N] [--log-level LEVEL] [--log-format text|json] [--syslog] [--metrics ADDR:PORT] [--pflow HOST:PORT [--pflow-proto 10|5] [--pflow-src ADDR] [--pflow-active SECS]] [--sync-dev IF [--sync-peer ADDR] [--sync-key FILE] [--sync-maxupd N] [--sync-hostid ID] [--sync-defer]]";
 
 #[derive(Debug)]
 struct Args {
@@ -63,6 +63,8 @@ struct Args {
     /// Where `log` rules' packets go (pflog0's file; pflogN's is FILE followed by N).
     pflog: String,
     pflog_size: u64,
+    /// `--pflog-rate N`: records per logging rule per second (per worker), 0 for no limit.
+    pflog_rate: u32,
     /// Where Prometheus scrapes (`--metrics 127.0.0.1:9101`).
     metrics: Option<String>,
     /// Where `pflow` states' flows go (`--pflow 192.0.2.9:2055`), and how.
@@ -88,6 +90,7 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
         sync: None,
         pflog: "/var/log/pflog".into(),
         pflog_size: 16 << 20,
+        pflog_rate: 0,
         metrics: None,
         pflow: None,
         log_level: log::LevelFilter::Info,
@@ -128,6 +131,11 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
             }
             "--no-fastpath" => r.fastpath = Some(0),
             "--pflog" => r.pflog = val()?,
+            "--pflog-rate" => {
+                let v = val()?;
+                r.pflog_rate =
+                    v.parse().map_err(|_| format!("--pflog-rate {v}: records per rule per second (0: no limit)"))?;
+            }
             "--pflow" => {
                 let v = val()?;
                 flow_cfg.0 = Some(v.parse::<std::net::SocketAddr>().map_err(|_| {
@@ -402,7 +410,7 @@ fn run(a: Args) -> Result<(), String> {
     let loaded = Loaded::build(&text, &a.file, &a.defines).map_err(|e| e.join("\n"))?;
     log::info!("{}: {} rules, {} tables", a.file, loaded.parsed.rules.len(), loaded.parsed.tables.len());
     for w in &loaded.warnings {
-        log::info!("{w}");
+        log::warn!("{w}");
     }
     let limit = loaded.state_limit();
     let timeouts = loaded.timeouts();
@@ -555,6 +563,7 @@ fn run(a: Args) -> Result<(), String> {
         file: a.pflog.clone().into(),
         max_bytes: a.pflog_size,
         socket: pflog::socket_of(&a.socket),
+        rate: a.pflog_rate,
     })
     .map_err(|e| format!("pflog ({}): {e}", pflog::socket_of(&a.socket).display()))?;
     // pflow: the exporter runs when a collector is named; rules with `pflow` need one.

@@ -315,6 +315,34 @@ impl Daemon {
         let numbers = |v: &serde_json::Value| -> Vec<(String, u64)> {
             v.as_object().map_or(Vec::new(), |m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_u64()?))).collect())
         };
+        if let Some(name) = self.loaded.parsed.loginterface.as_deref() {
+            let l = &io.loginterface;
+            let fams = [(0, "inet"), (1, "inet6")];
+            let dirs = [(0, "in"), (1, "out")];
+            p.family("xpf_loginterface_bytes_total", Counter, "set loginterface: bytes by family and direction.");
+            for (f, af) in fams {
+                for (d, dir) in dirs {
+                    p.sample(
+                        "xpf_loginterface_bytes_total",
+                        &[("interface", name), ("af", af), ("direction", dir)],
+                        l.bytes[f][d],
+                    );
+                }
+            }
+            p.family(
+                "xpf_loginterface_packets_total",
+                Counter,
+                "set loginterface: packets by family, direction and action.",
+            );
+            for (f, af) in fams {
+                for (d, dir) in dirs {
+                    for (action, v) in [("pass", l.passed[f][d]), ("block", l.blocked[f][d])] {
+                        let labels = [("interface", name), ("af", af), ("direction", dir), ("action", action)];
+                        p.sample("xpf_loginterface_packets_total", &labels, v);
+                    }
+                }
+            }
+        }
         let fwd = numbers(&fwd);
         p.each(
             "xpf_forwarding_total",

@@ -43,11 +43,13 @@ pub struct Shared {
     pub bytes: AtomicU64,
     pub readers: AtomicU64,
     pub write_errors: AtomicU64,
+    /// Records not made: their rule was over `--pflog-rate` this second.
+    pub rate_limited: AtomicU64,
 }
 
 impl Shared {
     /// The counters: (key for JSON and metrics, text for `xpfctl -s info`, value).
-    pub fn rows(&self) -> [(&'static str, &'static str, u64); 6] {
+    pub fn rows(&self) -> [(&'static str, &'static str, u64); 7] {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         [
             ("logged", "logged", g(&self.logged)),
@@ -56,6 +58,7 @@ impl Shared {
             ("write_errors", "write errors", g(&self.write_errors)),
             ("readers", "live readers", g(&self.readers)),
             ("dropped_live", "lost by live readers", g(&self.dropped_live)),
+            ("rate_limited", "over a rule's rate", g(&self.rate_limited)),
         ]
     }
 }
@@ -65,9 +68,31 @@ impl Shared {
 pub struct Tx {
     tx: SyncSender<Box<Entry>>,
     pub shared: Arc<Shared>,
+    /// `--pflog-rate`: records per rule per second this worker makes at most (0: no limit),
+    /// and the count of each rule in the current second.
+    rate: u32,
+    seen: std::cell::RefCell<(u32, HashMap<u32, u32>)>,
 }
 
 impl Tx {
+    /// Whether rule `rule` may log one more record in second `sec` (per-rule limit).
+    fn admit(&self, rule: u32, sec: u32) -> bool {
+        if self.rate == 0 {
+            return true;
+        }
+        let mut s = self.seen.borrow_mut();
+        if s.0 != sec {
+            *s = (sec, HashMap::new());
+        }
+        let n = s.1.entry(rule).or_insert(0);
+        *n += 1;
+        if *n > self.rate {
+            self.shared.rate_limited.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
     /// Queues `e`; never waits.
     pub fn log(&self, e: Box<Entry>) {
         match self.tx.try_send(e) {
@@ -86,6 +111,8 @@ pub struct Config {
     pub max_bytes: u64,
     /// Where live readers connect.
     pub socket: PathBuf,
+    /// Records per rule per second and worker at most (0: no limit).
+    pub rate: u32,
 }
 
 /// The live socket's path for xpfd's control socket `control`.
@@ -101,8 +128,9 @@ pub fn start(cfg: Config) -> io::Result<Tx> {
     let (tx, rx) = mpsc::sync_channel(QUEUE);
     let shared = Arc::new(Shared::default());
     let s = shared.clone();
+    let rate = cfg.rate;
     std::thread::Builder::new().name("xpfd-pflog".into()).spawn(move || Writer::new(cfg, s).run(rx, l))?;
-    Ok(Tx { tx, shared })
+    Ok(Tx { tx, shared, rate, seen: Default::default() })
 }
 
 struct File {
@@ -280,6 +308,9 @@ pub fn log_frames<P: xpf_engine::Policy>(tx: &Tx, w: &xpf_engine::Worker<P>, fra
     let ts = (t.as_secs() as u32, t.subsec_micros());
     for i in (0..frames.len().min(64)).filter(|&i| m & (1 << i) != 0) {
         let l = w.logs[i];
+        if !tx.admit(l.rule, ts.0) {
+            continue;
+        }
         let f = frames[i];
         // The IP packet: after the Ethernet header and any 802.1Q tags.
         let mut at = 14;
@@ -321,12 +352,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_rule_logs_at_most_its_rate_per_second() {
+        let (tx, _rx) = mpsc::sync_channel(1);
+        let t = Tx { tx, shared: Arc::new(Shared::default()), rate: 3, seen: Default::default() };
+        let got: Vec<bool> = (0..5).map(|_| t.admit(7, 100)).collect();
+        assert_eq!(got, [true, true, true, false, false]);
+        assert!(t.admit(8, 100), "another rule has its own count");
+        assert!(t.admit(7, 101), "a new second starts again");
+        assert_eq!(t.shared.rate_limited.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
     fn files_rotate_and_a_foreign_file_is_moved_aside() {
         let dir = std::env::temp_dir().join(format!("xpf-pflog-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("pflog");
         std::fs::write(&path, b"not a pflog file").unwrap();
-        let cfg = Config { file: path.clone(), max_bytes: 4096, socket: dir.join("sock") };
+        let cfg = Config { file: path.clone(), max_bytes: 4096, socket: dir.join("sock"), rate: 0 };
         let mut w = Writer::new(cfg, Arc::new(Shared::default()));
         let hdr = Header { af: fmt::AF_INET, action: 1, rulenr: 3, dir: 1, ..Header::default() };
         let e = Entry { unit: 0, ifindex: 1, hdr, ts: (1, 2), len: 60, data: [0x45; SNAPLEN], orig_len: 60 };

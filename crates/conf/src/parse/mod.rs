@@ -82,6 +82,9 @@ pub struct Parsed {
     pub reassemble_no_df: bool,
     /// `set state-policy if-bound` (pf's default is floating).
     pub if_bound: bool,
+    /// `set loginterface`: the interface whose packets and bytes `-s info` counts (pf's
+    /// "Interface Stats").
+    pub loginterface: Option<String>,
     /// `set debug`: the level of xpfd's own messages from this load on.
     pub debug: Option<String>,
     /// `set state-defaults`: options every rule that keeps state takes (`pflow`, `no-sync`).

@@ -54,6 +54,7 @@ pub(super) fn set_option(p: &mut P, out: &mut Parsed) -> R<()> {
         "loginterface" => {
             let v = p.string()?;
             out.header.push(format!("set loginterface {v}"));
+            out.loginterface = (v != "none").then_some(v);
         }
         "hostid" => {
             let v = num(p)?;
