@@ -13,7 +13,7 @@ CTL="$BIN/xpfctl --socket $SOCK"
 DIR=$(mktemp -d /tmp/xpf-nat.XXXX)
 LOG=$DIR/xpfd.log
 . scripts/lib.sh
-needs nat ip iperf3 tcpdump traceroute python3
+needs nat ip iperf3 tcpdump traceroute python3 nfcapd nfdump
 
 . scripts/check.sh
 c() { ip netns exec ${P}client "$@"; }
@@ -43,6 +43,8 @@ cat > "$DIR/pf.conf" <<'CONF'
 in_if = "fc"
 out_if = "fs"
 table <pub> { 10.0.2.50 10.0.2.51 }
+# Every state's flow to the collector (pflow), NAT44 events included.
+set state-defaults pflow
 block all
 # The inside goes out as the firewall's (first) address; the last matching rule's
 # translation applies, as in pf: UDP to port 9999 gets a range three ports wide
@@ -78,7 +80,10 @@ while True:
 " >/dev/null 2>&1 &
 c python3 scripts/peer.py 10.0.1.2 7000 >/dev/null 2>&1 &
 c python3 scripts/peer.py fd00:1::2 7000 >/dev/null 2>&1 &
-ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --socket $SOCK 2>"$LOG" &
+mkdir -p "$DIR/flows"
+ip netns exec ${P}fw nfcapd -w "$DIR/flows" -b 127.0.0.1 -p 2056 -t 3600 >"$DIR/nfcapd.log" 2>&1 &
+NFCAPD=$!
+ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --socket $SOCK --pflow 127.0.0.1:2056 2>"$LOG" &
 XPFD=$!
 for _ in $(seq 100); do $CTL -s memory >/dev/null 2>&1 && break; sleep 0.1; done
 check "xpfd starts with translation rules" $CTL -s memory
@@ -95,6 +100,14 @@ import socket, sys
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
 s.sendto(bytes(range(256)) * 11 + bytes(184), ('10.0.2.2', 7005))
 d = s.recv(65535); print(len(d)); sys.exit(0 if len(d) == 3000 else 1)\" && cat $DIR/echo-peer && grep -qE '^10\.0\.2\.1 [0-9]+ 3000$' $DIR/echo-peer"
+# pflow's NAT44 events as FreeBSD sends them, read by nfdump: the inside source, the
+# translated one.
+sleep 0.5
+kill -TERM $NFCAPD; wait $NFCAPD 2>/dev/null
+check "pflow: nfdump lists the NAT44 session events (the client as 10.0.2.1) of the flows through nat-to" bash -c "
+    nfdump -R $DIR/flows -q -o nel 2>&1 | tee /dev/stderr > $DIR/nel.txt
+    grep -qE 'TCP +10\.0\.1\.2:[0-9]+ +-> +10\.0\.2\.2:7000 +10\.0\.2\.1:[0-9]+ +-> +10\.0\.2\.2:7000' $DIR/nel.txt &&
+    grep -qE 'UDP +10\.0\.1\.2:[0-9]+ +-> +10\.0\.2\.2:7000 +10\.0\.2\.1:[0-9]+ +-> +10\.0\.2\.2:7000' $DIR/nel.txt"
 check "ping through nat-to" c ping -c 2 -W 2 -i 0.2 10.0.2.2
 check "the server saw the echo requests from 10.0.2.1" bash -c "
     s timeout 5 tcpdump -n -i s0 -c 1 icmp[icmptype]==icmp-echo 2>/dev/null >$DIR/dump & sleep 1
