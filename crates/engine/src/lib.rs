@@ -1631,7 +1631,7 @@ fn state_marks(
     }
     let log = (a >> LOG_SHIFT) as u8;
     if log != 0 && i < BATCH {
-        logs[i] = LogMark { rule, unit: log - 1, dir: dir as u8 + 1, ..LogMark::default() };
+        logs[i] = LogMark::of(rule, log, dir);
         *logged |= 1 << i;
     }
 }
@@ -1661,7 +1661,7 @@ fn with_actions<K: Key, P: Policy>(t: &StateTable<K>, p: &P, r: u32, c: Ctx, v: 
             let log = (a >> LOG_SHIFT) as u8;
             if log != 0 {
                 let rule = t.state(r & ID_MASK).rule;
-                c.aux.log = Some(LogMark { rule, unit: log - 1, dir: c.dir as u8 + 1, ..LogMark::default() });
+                c.aux.log = Some(LogMark::of(rule, log, c.dir));
             }
             v
         }
@@ -1863,6 +1863,14 @@ pub struct LogMark {
     pub dir: u8,
 }
 
+impl LogMark {
+    /// Rule `rule`'s mark for pflog unit `log - 1` (a rule's `log`: unit + 1) in direction
+    /// `dir`; the action and reason come from the verdict after the batch.
+    fn of(rule: u32, log: u8, dir: Dir) -> LogMark {
+        LogMark { rule, unit: log - 1, dir: dir as u8 + 1, ..LogMark::default() }
+    }
+}
+
 const PF_PASS: u8 = 0;
 const PF_DROP: u8 = 1;
 
@@ -1951,7 +1959,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     if d.log != 0 {
         // Taken by the caller for the frame at hand; the action and reason are the verdict's,
         // noted after the batch.
-        c.aux.log = Some(LogMark { rule: d.rule, unit: d.log - 1, dir: c.dir as u8 + 1, ..LogMark::default() });
+        c.aux.log = Some(LogMark::of(d.rule, d.log, c.dir));
     }
     *c.tag = d.tag;
     if d.action == Action::Block {
