@@ -42,10 +42,11 @@ export P
 
 cat >"$DIR/pf.conf" <<'CONF'
 set loginterface fc
+table <inside> { 10.0.1.0/24 }
 block log all
 pass in log on fc inet proto tcp to 10.0.2.2 port 7000 label "web" keep state (pflow)
 pass in log (to pflog1) on fc inet proto udp to 10.0.2.2 port 7000 keep state (pflow)
-pass in on fc inet proto icmp
+pass in on fc inet proto icmp from <inside>
 pass out on fs
 CONF
 
@@ -110,7 +111,8 @@ check "the page has pf's counters, the state table, per-rule and per-socket seri
     grep -E '^xpf_states_limit 100000$' $DIR/metrics.txt &&
     grep -E '^xpf_rule_evaluations_total\{rule=\"1\",label=\"web\"\} [1-9]' $DIR/metrics.txt &&
     grep -E '^xpf_socket_received_packets_total\{interface=\"fc\",queue=\"0\"\} [1-9]' $DIR/metrics.txt &&
-    grep -E '^xpf_pflog_total\{counter=\"logged\"\} [1-9]' $DIR/metrics.txt"
+    grep -E '^xpf_pflog_total\{counter=\"logged\"\} [1-9]' $DIR/metrics.txt &&
+    grep -E '^xpf_table_matches_total\{table=\"inside\"\} [1-9]' $DIR/metrics.txt"
 check "anything but GET /metrics is refused (404, 405)" bash -c "
     [[ \$(fw curl -s -o /dev/null -w '%{http_code}' http://$METRICS/x) == 404 ]] &&
     [[ \$(fw curl -s -o /dev/null -w '%{http_code}' -X POST http://$METRICS/metrics) == 405 ]]"
@@ -186,7 +188,7 @@ check "without --pflow, a pflow rule is refused with FILE:LINE (a JSON log line 
 
 # log (all): every packet of the rule's states, both ways, into pflog2; `log` beside it
 # logs a state's first packet only.
-sed 's/^pass in on fc inet proto icmp$/pass in log (all, to pflog2) on fc inet proto udp to 10.0.2.2 port 7000\npass in on fc inet proto icmp/' \
+sed 's/^pass in on fc inet proto icmp from <inside>$/pass in log (all, to pflog2) on fc inet proto udp to 10.0.2.2 port 7000\n&/' \
     "$DIR/pf.conf" >"$DIR/all.conf"
 $CTL -f "$DIR/all.conf"
 c python3 -c "
@@ -207,7 +209,7 @@ cp "$DIR/pf.conf" "$DIR/pf2.conf"
 printf 'set debug debug\npass in on fc inet proto udp to 10.0.2.2 port 7001\n' >>"$DIR/pf2.conf"
 $CTL -f "$DIR/pf2.conf"
 check "a load logs one line of what changed (rules +1, set options)" bash -c "
-    grep -E 'xpfd: info: ruleset generation [0-9]+: rules 6 \(\+1 -0\), translation rules 0 \(\+0 -0\), tables 0, set options changed' $LOG"
+    grep -E 'xpfd: info: ruleset generation [0-9]+: rules 6 \(\+1 -0\), translation rules 0 \(\+0 -0\), tables 1, set options changed' $LOG"
 check "set debug debug: control requests are logged at debug; xpfctl -x info quiets them; -x refuses a bad level" bash -c "
     $CTL -s memory >/dev/null; n=\$(grep -c 'xpfd: debug: control: show memory' $LOG)
     $CTL -x info && $CTL -s memory >/dev/null

@@ -196,6 +196,13 @@ impl Table {
         v
     }
 
+    /// Packets that matched an entry, summed over the entries (their counters: since each
+    /// was added or zeroed).
+    pub fn matches(&self) -> u64 {
+        let m = |e: &Entry| e.matches.load(Ordering::Relaxed);
+        self.v4.values().map(m).sum::<u64>() + self.v6.values().map(m).sum::<u64>()
+    }
+
     pub fn len(&self) -> usize {
         self.v4.len() + self.v6.len()
     }

@@ -288,6 +288,14 @@ impl Daemon {
         for (n, t) in cur.tables.iter().filter(|(n, _)| !n.starts_with("__")) {
             p.sample("xpf_table_entries", &[("table", n)], t.len() as u64);
         }
+        p.family(
+            "xpf_table_matches_total",
+            Counter,
+            "Packets that matched an entry of each table (the entries' counters: -T zero resets them).",
+        );
+        for (n, t) in cur.tables.iter().filter(|(n, _)| !n.starts_with("__")) {
+            p.sample("xpf_table_matches_total", &[("table", n)], t.matches());
+        }
         let ports = self.nat_ports()?;
         if !ports.is_empty() {
             let proto = |c: u8| match c {
