@@ -220,6 +220,29 @@ check "set debug debug: control requests are logged at debug; xpfctl -x info qui
 printf 'pass in log (matches) proto tcp\n' >"$DIR/matches.conf"
 check "log (matches) is refused with FILE:LINE" bash -c "! $CTL -f $DIR/matches.conf 2>$DIR/err; cat $DIR/err; grep -q 'matches.conf:1:.*log (matches)' $DIR/err"
 
+# NetFlow v5 to the same collector: xpfd restarted with --pflow-proto 5, a UDP flow, its
+# records in nfdump as a v5 exporter's.
+kill "$XPFD"; wait "$XPFD" 2>/dev/null
+rm -rf "$DIR/flows5"; mkdir -p "$DIR/flows5"
+ip netns exec ${P}fw nfcapd -w "$DIR/flows5" -b 127.0.0.1 -p 2057 -t 3600 >"$DIR/nfcapd5.log" 2>&1 &
+NFCAPD=$!
+ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --socket $SOCK --pflog "$DIR/pflog" \
+    --pflow 127.0.0.1:2057 --pflow-proto 5 --pflow-active 1 2>>"$LOG" &
+XPFD=$!
+for _ in $(seq 100); do $CTL -s memory >/dev/null 2>&1 && break; sleep 0.1; done
+c python3 -c "
+import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('10.0.1.2', 47000)); s.settimeout(1)
+for i in range(3):
+    s.sendto(b'z' * 50, ('10.0.2.2', 7000))
+    try: s.recv(100)
+    except OSError: pass"
+sleep 2.5
+kill -TERM $NFCAPD; wait $NFCAPD 2>/dev/null
+check "NetFlow v5 (--pflow-proto 5): nfcapd takes it as v5, nfdump lists the flow's 3 datagrams each way" bash -c "
+    grep -q 'Process_v5: New exporter' $DIR/nfcapd5.log && nfdump -R $DIR/flows5 -q -N -o 'fmt:%pr %sa %sp %da %dp %pkt' | tee /dev/stderr > $DIR/v5.txt
+    [[ \$(awk '\$2 == \"10.0.1.2\" && \$3 == 47000 && \$5 == 7000 {s += \$6} END {print s+0}' $DIR/v5.txt) -eq 3 ]] &&
+    [[ \$(awk '\$2 == \"10.0.2.2\" && \$3 == 7000 && \$5 == 47000 {s += \$6} END {print s+0}' $DIR/v5.txt) -eq 3 ]]"
+
 [[ $fail -gt 0 ]] && sed "s/^/     xpfd: /" "$LOG" | tail -20
 echo "observe: $pass passed, $fail failed"
 [[ $fail -eq 0 ]]
