@@ -87,17 +87,17 @@ impl Page {
     }
 
     /// A family with one sample per (label value, value).
-    pub fn each<'a>(
+    pub fn each<S: AsRef<str>>(
         &mut self,
         name: &str,
         kind: Kind,
         help: &str,
         label: &str,
-        rows: impl IntoIterator<Item = (&'a str, u64)>,
+        rows: impl IntoIterator<Item = (S, u64)>,
     ) {
         self.family(name, kind, help);
         for (k, v) in rows {
-            self.sample(name, &[(label, k)], v);
+            self.sample(name, &[(label, k.as_ref())], v);
         }
     }
 }
@@ -351,22 +351,14 @@ impl Daemon {
                 }
             }
         }
-        let fwd = numbers(&fwd);
         p.each(
             "xpf_forwarding_total",
             Counter,
             "The I/O layer around the filter: forwarded, checksums finished, drops and hand-offs.",
             "counter",
-            fwd.iter().map(|(k, v)| (k.as_str(), *v)),
+            numbers(&fwd),
         );
-        let host = numbers(&host);
-        p.each(
-            "xpf_host_total",
-            Counter,
-            "The firewall's own traffic through the rules.",
-            "counter",
-            host.iter().map(|(k, v)| (k.as_str(), *v)),
-        );
+        p.each("xpf_host_total", Counter, "The firewall's own traffic through the rules.", "counter", numbers(&host));
         let fast = numbers(&fast);
         let is_level = |k: &str| matches!(k, "flows" | "tcp" | "last_pass_us" | "last_pass_entries");
         p.each(
@@ -374,14 +366,14 @@ impl Daemon {
             Gauge,
             "The XDP fast path now: flow directions in its tables (TCP among them), its last read-back pass.",
             "counter",
-            fast.iter().filter(|(k, _)| is_level(k)).map(|(k, v)| (k.as_str(), *v)),
+            fast.iter().filter(|(k, _)| is_level(k)).map(|(k, v)| (k, *v)),
         );
         p.each(
             "xpf_fastpath_total",
             Counter,
             "The XDP fast path: flows installed, removed, refused, TCP judged by xpfd, packets and bytes it forwarded.",
             "counter",
-            fast.iter().filter(|(k, _)| !is_level(k)).map(|(k, v)| (k.as_str(), *v)),
+            fast.iter().filter(|(k, _)| !is_level(k)).map(|(k, v)| (k, *v)),
         );
         let ifname = |i: u32| xpf_xdp::netlink::ifname(i).unwrap_or_else(|| format!("if{i}"));
         type Field = fn(&xpf_xdp::xsk::XskStats) -> u64;
@@ -446,9 +438,9 @@ impl Daemon {
                 Counter,
                 "State sync (pfsync): messages, refusals and states applied.",
                 "counter",
-                m.iter().map(|(k, v)| (k.as_str(), *v)),
+                m,
             );
-            let d = v["defer"]["stats"].clone();
+            let d = &v["defer"]["stats"];
             let waiting = d["waiting"].as_u64().unwrap_or(0);
             p.one("xpf_sync_deferred_waiting", Gauge, "Packets held for the peer's insert ack now (defer).", waiting);
             p.family("xpf_sync_ack_max_seconds", Gauge, "The longest a deferred packet waited for the peer's ack.");
