@@ -484,121 +484,221 @@ pub fn resize(o: &Opts) -> Result<(), String> {
     Ok(())
 }
 
-/// A campus-like ruleset of about `n` rules: per network a chain (block the network's inbound
-/// traffic, pass its web and mail servers, pass its users' outbound traffic with state), and
-/// per user a rule, in the style of the 1.6M-rule campus NAT that motivates xpf.
-pub fn campus_ruleset(n: usize) -> String {
-    let mut s = String::with_capacity(n * 64);
-    s.push_str("block all\n");
-    let per_net = 10;
-    let nets = n.div_ceil(per_net).max(1);
-    for k in 0..nets {
-        let (a, b) = ((k >> 8) & 0xff, k & 0xff);
-        let net = format!("10.{a}.{b}.0/24");
-        s.push_str(&format!("block in quick on em0 proto tcp from any to {net} port 23\n"));
-        s.push_str(&format!("pass in on em0 proto tcp from any to 10.{a}.{b}.10 port {{ 80 443 }}\n"));
-        s.push_str(&format!("pass in on em0 proto tcp from any to 10.{a}.{b}.25 port 25\n"));
-        // 1 block + 2 (web: two ports) + 1 mail + users + 1 network rule = per_net rules.
-        for u in 0..(per_net - 5) {
-            s.push_str(&format!("pass out on em0 proto tcp from 10.{a}.{b}.{} to any\n", 100 + u * 3));
-        }
-        s.push_str(&format!("pass out on em0 inet from {net} to any\n"));
-    }
-    s
-}
-
 #[derive(Serialize)]
 struct RulesPoint {
+    set: &'static str,
     rules: usize,
     parse_compile_seconds: f64,
-    evaluations_per_sec: Summary,
-    runs: Vec<f64>,
+    parse_seconds: f64,
+    /// Resident memory the compiled ruleset added (the parse tree freed).
+    rss_bytes: u64,
+    /// The classifier's shapes an IPv4 packet probes, its bytes, its longest list.
+    shapes: usize,
+    classifier_bytes: usize,
+    longest_list: usize,
+    walk_per_sec: Summary,
+    classify_per_sec: Summary,
 }
 
-/// First-packet rule evaluations per second for rulesets of 10, 1k, 100k and 1M rules.
-pub fn rules(o: &Opts) -> Result<(), String> {
+/// First packets for the random set: half from a rule (a host inside its prefixes, a port
+/// it names), half from the networks the rules are drawn from, as ClassBench's traces.
+fn random_probes(p: &xpf_conf::Parsed, n: usize, seed: u64) -> Vec<xpf_wire::PDesc> {
+    use xpf_conf::ast::{HostKind, PortOp};
+    let mut g = xpf_bench::rulegen::Rng::new(seed);
+    let pick = |h: &HostKind, g: &mut xpf_bench::rulegen::Rng| match h {
+        HostKind::Net(std::net::IpAddr::V4(a), l) => {
+            let host = if *l >= 32 { 0 } else { (g.bits() as u32) & (u32::MAX >> l) };
+            u32::from(*a) | host
+        }
+        _ => g.bits() as u32,
+    };
+    let port = |o: &Option<PortOp>, g: &mut xpf_bench::rulegen::Rng| match o {
+        Some(PortOp::Eq(p)) => *p,
+        Some(PortOp::Range(a, b)) => *a + (g.below((*b - *a) as u64 + 1) as u16),
+        _ => g.below(65535) as u16 + 1,
+    };
+    (0..n)
+        .map(|i| {
+            let r = &p.rules[1 + g.below(p.rules.len() as u64 - 1) as usize];
+            let own = i % 2 == 0;
+            let (src, dst) = if own {
+                (pick(&r.src.kind, &mut g), pick(&r.dst.kind, &mut g))
+            } else {
+                (g.bits() as u32, g.bits() as u32)
+            };
+            let proto = r.proto.unwrap_or(if g.chance(50) { 6 } else { 17 });
+            xpf_wire::PDesc {
+                src: xpf_wire::Addr::v4(src.to_be_bytes()),
+                dst: xpf_wire::Addr::v4(dst.to_be_bytes()),
+                sport: port(&r.src_port, &mut g),
+                dport: port(&r.dst_port, &mut g),
+                af: 4,
+                proto,
+                tcp_flags: if proto == 6 { xpf_wire::tcp::SYN } else { 0 },
+                flags: xpf_wire::pdesc::pdf::HAS_PORTS,
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+/// Evaluations per second of `r` over `pkts` (direction of each given), `runs` times.
+fn eval_rate(o: &Opts, r: &xpf_conf::Ruleset, pkts: &[(xpf_wire::PDesc, xpf_state::Dir)]) -> Vec<f64> {
     use std::time::Instant;
     use xpf_engine::Policy;
+    let mut runs = Vec::new();
+    for _ in 0..o.runs {
+        let (mut k, t) = (0usize, Instant::now());
+        while t.elapsed().as_secs_f64() < o.seconds || k < 16 {
+            for (pd, dir) in pkts.iter().cycle().skip(k % pkts.len()).take(16) {
+                std::hint::black_box(r.evaluate(pd, 1, *dir));
+            }
+            k += 16;
+        }
+        runs.push(k as f64 / t.elapsed().as_secs_f64());
+    }
+    runs
+}
+
+/// Writes the generated rulesets (`--campus N`: pf.conf and the two nftables forms;
+/// `--random N`: pf.conf) to `--out`.
+fn write_rulesets(o: &Opts) -> Result<(), String> {
+    let io = |e: std::io::Error| format!("writing {}: {e}", o.out.display());
+    std::fs::create_dir_all(&o.out).map_err(io)?;
+    if let Some(n) = o.campus {
+        let pol = xpf_bench::rulegen::campus(n, 1);
+        for (f, text) in [("pf.conf", &pol.pf), ("expert.nft", &pol.nft_expert), ("naive.nft", &pol.nft_naive)] {
+            let path = o.out.join(format!("campus-{n}.{f}"));
+            std::fs::write(&path, text).map_err(io)?;
+            say(o, format!("{} ({} bytes)", path.display(), text.len()));
+        }
+        say(o, format!("campus: {} members, {} rules as pf compiles them", pol.members, pol.compiled));
+    }
+    if let Some(n) = o.random {
+        let path = o.out.join(format!("random-{n}.pf.conf"));
+        let text = xpf_bench::rulegen::random(n, 1);
+        std::fs::write(&path, &text).map_err(io)?;
+        say(o, format!("{} ({} bytes)", path.display(), text.len()));
+    }
+    Ok(())
+}
+
+/// First-packet rule evaluations per second at 10 to 1.6M rules, for the campus set and
+/// the random set, walked with skip steps and through the classifier, on the same packets.
+pub fn rules(o: &Opts) -> Result<(), String> {
+    use std::time::Instant;
+    if o.campus.is_some() || o.random.is_some() {
+        return write_rulesets(o);
+    }
     let sizes: Vec<usize> = o
         .points
         .clone()
         .map(|v| v.into_iter().map(|x| x as usize).collect())
-        .unwrap_or(if o.quick { vec![10, 1_000, 100_000] } else { vec![10, 1_000, 100_000, 1_000_000] });
+        .unwrap_or(if o.quick { vec![10, 1_000, 100_000] } else { vec![10, 1_000, 100_000, 1_000_000, 1_600_000] });
     let e = env(o);
-    say(o, format!("xpf-bench rules: first-packet evaluations/s on campus-like rulesets (linear with skip steps), {} runs; commit {}", o.runs, e.commit));
+    say(o, format!("xpf-bench rules: first-packet evaluations/s, skip-step walk and classifier, campus and random sets, {} runs; commit {}", o.runs, e.commit));
+    let ifindex = |n: &str| match n {
+        "em0" => Some(1),
+        "em1" => Some(2),
+        _ => None,
+    };
     let mut out = Vec::new();
     for &n in &sizes {
-        let text = campus_ruleset(n);
-        let t = Instant::now();
-        let p = xpf_conf::parse(&text, "campus", &[]);
-        if let Some(err) = p.errors.first() {
-            return Err(format!("generated ruleset refused: {err}"));
-        }
-        let r = xpf_conf::Ruleset::compile(&p, &|n| (n == "em0").then_some(1)).map_err(|e| e.msg)?;
-        let pc = t.elapsed().as_secs_f64();
-        // Packets of new flows towards random hosts of the campus networks.
-        let nets = n.div_ceil(10).max(1) as u64;
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
-        let pkts: Vec<xpf_wire::PDesc> = (0..4096)
-            .map(|_| {
-                let k = next() % nets;
-                let (a, b) = (((k >> 8) & 0xff) as u8, (k & 0xff) as u8);
-                let out = next() % 2 == 0;
-                let host = [10, a, b, (next() % 254 + 1) as u8];
-                let peer = [198, 51, 100, (next() % 254 + 1) as u8];
-                let (s, d) = if out { (host, peer) } else { (peer, host) };
-                xpf_wire::PDesc {
-                    src: xpf_wire::Addr::v4(s),
-                    dst: xpf_wire::Addr::v4(d),
-                    sport: 40000,
-                    dport: [22, 25, 80, 443][(next() % 4) as usize],
-                    af: 4,
-                    proto: 6,
-                    tcp_flags: xpf_wire::tcp::SYN,
-                    flags: xpf_wire::pdesc::pdf::HAS_PORTS,
-                    ..Default::default()
-                }
-            })
-            .collect();
-        let mut runs = Vec::new();
-        for _ in 0..o.runs {
-            let (mut k, t) = (0usize, Instant::now());
-            while t.elapsed().as_secs_f64() < o.seconds || k < 64 {
-                for pd in pkts.iter().cycle().skip(k % pkts.len()).take(64) {
-                    let dir = if pd.src.0[0] == 10 { xpf_state::Dir::Out } else { xpf_state::Dir::In };
-                    std::hint::black_box(r.evaluate(pd, 1, dir));
-                }
-                k += 64;
+        for set in ["campus", "random"] {
+            // The text and the packets first; the clock and the memory count from the parse.
+            let (text, campus) = if set == "campus" {
+                let pol = xpf_bench::rulegen::campus(n, 1);
+                (pol.pf.clone(), Some(pol))
+            } else {
+                (xpf_bench::rulegen::random(n, 1), None)
+            };
+            let rss0 = crate::sys::rss();
+            let t = Instant::now();
+            let p = xpf_conf::parse(&text, set, &[]);
+            if let Some(err) = p.errors.first() {
+                return Err(format!("generated ruleset refused: {err}"));
             }
-            runs.push(k as f64 / t.elapsed().as_secs_f64());
+            let pkts: Vec<(xpf_wire::PDesc, xpf_state::Dir)> = match &campus {
+                Some(pol) => pol
+                    .probes(4096, 2)
+                    .iter()
+                    .map(|pr| {
+                        let pd = xpf_wire::PDesc {
+                            src: xpf_wire::Addr::v4(pr.src.to_be_bytes()),
+                            dst: xpf_wire::Addr::v4(pr.dst.to_be_bytes()),
+                            sport: 40000,
+                            dport: pr.dport,
+                            af: 4,
+                            proto: pr.proto,
+                            tcp_flags: if pr.proto == 6 { xpf_wire::tcp::SYN } else { 0 },
+                            flags: xpf_wire::pdesc::pdf::HAS_PORTS,
+                            ..Default::default()
+                        };
+                        (pd, if pr.inbound { xpf_state::Dir::In } else { xpf_state::Dir::Out })
+                    })
+                    .collect(),
+                None => random_probes(&p, 4096, 2)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, pd)| (pd, if i % 2 == 0 { xpf_state::Dir::In } else { xpf_state::Dir::Out }))
+                    .collect(),
+            };
+            let parse_s = t.elapsed().as_secs_f64();
+            let mut r = xpf_conf::Ruleset::compile(&p, &ifindex).map_err(|e| e.msg)?;
+            drop(p);
+            let pc = t.elapsed().as_secs_f64();
+            let rss = crate::sys::rss().saturating_sub(rss0);
+            r.set_lookup(xpf_conf::compile::Lookup::Classify);
+            let (shapes, cbytes, longest) = r.classifier_stats(4).unwrap_or((0, 0, 0));
+            let classify = eval_rate(o, &r, &pkts);
+            r.set_lookup(xpf_conf::compile::Lookup::Walk);
+            let walk = eval_rate(o, &r, &pkts);
+            say(
+                o,
+                format!(
+                    "  {set} {} rules: parsed and compiled in {pc:.2} s (parse {parse_s:.2} s), +{} MiB; classifier {shapes} shapes, {} MiB, longest list {longest}",
+                    r.len(),
+                    rss >> 20,
+                    cbytes >> 20
+                ),
+            );
+            out.push(RulesPoint {
+                set,
+                rules: r.len(),
+                parse_compile_seconds: pc,
+                parse_seconds: parse_s,
+                rss_bytes: rss,
+                shapes,
+                classifier_bytes: cbytes,
+                longest_list: longest,
+                walk_per_sec: Summary::of(&walk),
+                classify_per_sec: Summary::of(&classify),
+            });
         }
-        say(o, format!("  {} rules: parsed and compiled in {pc:.2} s", r.len()));
-        out.push(RulesPoint {
-            rules: r.len(),
-            parse_compile_seconds: pc,
-            evaluations_per_sec: Summary::of(&runs),
-            runs,
-        });
     }
-    say(o, stats::header("rules", "evaluations/s"));
+    say(o, stats::header("set / rules", "walk evaluations/s"));
     for p in &out {
-        say(o, stats::row(&p.rules.to_string(), &p.evaluations_per_sec));
+        say(o, stats::row(&format!("{} {}", p.set, p.rules), &p.walk_per_sec));
     }
-    let series = vec![Series {
-        title: "xpf (linear, skip steps)",
-        points: out
-            .iter()
+    say(o, stats::header("set / rules", "classifier evaluations/s"));
+    for p in &out {
+        say(o, stats::row(&format!("{} {}", p.set, p.rules), &p.classify_per_sec));
+    }
+    let line = |set: &str, classify: bool| -> Vec<(f64, f64, f64, f64)> {
+        out.iter()
+            .filter(|p| p.set == set)
             .map(|p| {
-                (p.rules as f64, p.evaluations_per_sec.median, p.evaluations_per_sec.min, p.evaluations_per_sec.max)
+                let s = if classify { &p.classify_per_sec } else { &p.walk_per_sec };
+                (p.rules as f64, s.median, s.min, s.max)
             })
-            .collect(),
-    }];
+            .collect()
+    };
+    let series = vec![
+        Series { title: "campus, classifier", points: line("campus", true) },
+        Series { title: "campus, skip-step walk", points: line("campus", false) },
+        Series { title: "random, classifier", points: line("random", true) },
+        Series { title: "random, skip-step walk", points: line("random", false) },
+    ];
     let report = Report { bench: o.bench.clone(), env: e, points: out, hashmap_reference: None };
     finish(o, &report, &series, "first-packet rule evaluations per second", "rules")
 }

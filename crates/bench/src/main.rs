@@ -49,6 +49,12 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("--log", "", "lab: xpfd's rule is `pass log (all) all` (every packet to pflog): logging's cost on a busy rule"),
     ("--rounds", "N", "real: kernel/xpfd rounds, alternated (default 3; 1 with --quick)"),
     ("--queues", "N", "real: queues a side on the veths (default: --workers)"),
+    (
+        "--campus",
+        "N",
+        "rules: write a campus ruleset of N rules (pf.conf, nftables expert and rule-by-rule forms) to --out",
+    ),
+    ("--random", "N", "rules: write a ClassBench-style random ruleset of N rules (pf.conf) to --out"),
     ("--out", "DIR", "where gnuplot data, the plot and the JSON go (default bench-results/out/<bench>)"),
 ];
 
@@ -83,6 +89,9 @@ pub struct Opts {
     pub conf: Option<PathBuf>,
     /// replay: capture files.
     pub files: Vec<PathBuf>,
+    /// rules: write the generated rulesets instead of measuring.
+    pub campus: Option<usize>,
+    pub random: Option<usize>,
 }
 
 fn usage() -> String {
@@ -145,6 +154,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         queues: None,
         conf: None,
         files: Vec::new(),
+        campus: None,
+        random: None,
     };
     let mut it = args[1..].iter();
     while let Some(a) = it.next() {
@@ -185,6 +196,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--rounds" => o.rounds = Some(parse_num(a, &val()?)?.max(1) as usize),
             "--queues" => o.queues = Some(parse_num(a, &val()?)?.clamp(1, 64) as usize),
             "--out" => o.out = PathBuf::from(val()?),
+            "--campus" => o.campus = Some(parse_num(a, &val()?)? as usize),
+            "--random" => o.random = Some(parse_num(a, &val()?)? as usize),
             "-h" | "--help" => return Err(usage()),
             other => return Err(format!("unknown option '{other}'\n\n{}", usage())),
         }

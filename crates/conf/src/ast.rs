@@ -156,20 +156,22 @@ pub struct Rule {
     pub state_opts: StateOpts,
     pub user: Option<PortOp>,
     pub group: Option<PortOp>,
-    pub nat: Option<Pool>,
-    pub rdr: Option<Pool>,
-    pub binat: Option<Pool>,
+    /// Boxed, as the other rare parts below: a rule is small unless it has them (a
+    /// 1.6M-rule ruleset parses into rules, not into room for pools).
+    pub nat: Option<Box<Pool>>,
+    pub rdr: Option<Box<Pool>>,
+    pub binat: Option<Box<Pool>>,
     pub scrub: Option<Scrub>,
     pub divert: Option<Divert>,
     pub rtable: Option<u32>,
     /// `af-to inet|inet6 from ADDR [to ADDR]`: translation to the other family.
-    pub af_to: Option<(Af, Host, Option<Host>)>,
+    pub af_to: Option<Box<(Af, Host, Option<Host>)>>,
     /// Nesting depth inside inline anchors (0 = the main ruleset).
     pub depth: u8,
     /// An anchor rule whose body (the rules of depth + 1 after it) follows inline.
     pub opens: bool,
     /// `route-to`, `reply-to`, `dup-to` and the pool.
-    pub route: Option<(RouteKind, Pool)>,
+    pub route: Option<Box<(RouteKind, Pool)>>,
     /// `set (prio a[, b])`, `set (queue a[, b])`, `set tos`.
     pub set_prio: Option<(u8, u8)>,
     pub set_queue: Option<(String, Option<String>)>,

@@ -7,6 +7,7 @@
 //! same way.
 
 use crate::ast::*;
+use crate::classify::{Candidates, Classifier, RuleKey};
 use crate::parse::{Parsed, TablePart};
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -359,6 +360,108 @@ const SKIP_SPORT: usize = 5;
 const SKIP_DST: usize = 6;
 const SKIP_DPORT: usize = 7;
 
+/// Rulesets of this many rules or more are looked up through the classifier; smaller ones
+/// walk with skip steps, which are faster there (docs/rules.md has the crossover).
+pub const CLASSIFY_FROM: usize = 64;
+
+/// How first packets find their rules: the walk with skip steps, or the classifier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    /// As the ruleset's size says ([`CLASSIFY_FROM`]).
+    Auto,
+    Walk,
+    Classify,
+}
+
+/// A list of rules' classifier, with each rule's enclosing anchor rule (u32::MAX: none).
+#[derive(Debug)]
+struct Classified {
+    class: Classifier,
+    parent: Vec<u32>,
+}
+
+impl Classified {
+    fn of(rules: &[CRule]) -> Classified {
+        let keys: Vec<RuleKey> = rules.iter().map(rule_key).collect();
+        let mut parent = vec![u32::MAX; rules.len()];
+        let mut open: Vec<(u32, u32)> = Vec::new();
+        for (i, r) in rules.iter().enumerate() {
+            while open.last().is_some_and(|&(_, end)| i as u32 >= end) {
+                open.pop();
+            }
+            parent[i] = open.last().map_or(u32::MAX, |o| o.0);
+            if r.anchor_end != 0 {
+                open.push((i as u32, r.anchor_end));
+            }
+        }
+        Classified { class: Classifier::build(&keys), parent }
+    }
+}
+
+/// One list of rules (the filter's, or the translation rules') with what its walk uses.
+#[derive(Debug, Clone)]
+struct List {
+    rules: Arc<Vec<CRule>>,
+    skip: Arc<Vec<[u32; 8]>>,
+    /// The classifier, for lists of [`CLASSIFY_FROM`] rules or more (None: the skip-step walk).
+    class: Option<Arc<Classified>>,
+    /// Evaluations (pfctl -s rules -v), per rule.
+    evaluations: Arc<Vec<AtomicU64>>,
+}
+
+impl List {
+    fn new(rules: Vec<CRule>, how: Lookup) -> List {
+        let mut l = List {
+            skip: Arc::new(skip_steps(&rules)),
+            evaluations: Arc::new((0..rules.len()).map(|_| AtomicU64::new(0)).collect()),
+            rules: Arc::new(rules),
+            class: None,
+        };
+        l.set_lookup(how);
+        l
+    }
+
+    fn set_lookup(&mut self, how: Lookup) {
+        let want = match how {
+            Lookup::Auto => self.rules.len() >= CLASSIFY_FROM,
+            Lookup::Walk => false,
+            Lookup::Classify => true,
+        };
+        self.class = want.then(|| Arc::new(Classified::of(&self.rules)));
+    }
+}
+
+/// What the classifier indexes of a rule: the fields it tests for equality or a prefix,
+/// not negated.
+fn rule_key(r: &CRule) -> RuleKey {
+    let net = |(neg, t): &(bool, AddrTest)| match (*neg, t) {
+        (false, AddrTest::V4(net, mask)) => Some((*net as u128, mask.count_ones() as u8)),
+        (false, AddrTest::V6(net, mask)) => Some((*net, mask.count_ones() as u8)),
+        _ => None,
+    };
+    let port = |p: Option<PortOp>| match p {
+        Some(PortOp::Eq(p)) => Some(p),
+        _ => None,
+    };
+    RuleKey {
+        ifidx: match r.on {
+            Some((false, i)) => i,
+            _ => 0,
+        },
+        dir: match r.dir {
+            Dir::In => 1,
+            Dir::Out => 2,
+            Dir::Both => 0,
+        },
+        af: r.af,
+        proto: r.proto,
+        src: net(&r.src),
+        dst: net(&r.dst),
+        sport: port(r.src_port),
+        dport: port(r.dst_port),
+    }
+}
+
 /// What a rule with `once` or `max-pkt-rate` keeps while it is in force: whether it fired,
 /// and its packet-rate meter (pf's `pf_threshold`, shared by every worker). A recompile of
 /// the same rules (a table or an address changed) keeps the marks ([`Ruleset::keep_marks`]);
@@ -404,17 +507,13 @@ struct Rare {
 /// The compiled ruleset; it is the engine's `Policy`.
 #[derive(Debug, Clone)]
 pub struct Ruleset {
-    rules: Arc<Vec<CRule>>,
-    skip: Arc<Vec<[u32; 8]>>,
+    /// The filter rules.
+    filter: List,
     /// FreeBSD's translation rules (a `binat` as its out and in halves), each `quick`: the
     /// first that matches decides. Empty for most rulesets.
-    xrules: Arc<Vec<CRule>>,
-    xskip: Arc<Vec<[u32; 8]>>,
-    xevaluations: Arc<Vec<AtomicU64>>,
+    xlate: List,
     pub tables: Vec<(String, Arc<Table>)>,
     tags: Vec<String>,
-    /// Evaluations (pfctl -s rules -v), per rule.
-    pub evaluations: Arc<Vec<AtomicU64>>,
     /// The state limits of the rules that have some.
     pub limits: Vec<RuleLimits>,
     /// `set skip on`: interfaces (indexes) whose packets pf does not look at.
@@ -518,7 +617,7 @@ fn xlate_halves_in_file_order(xrules: &[Rule]) -> Vec<(usize, Rule)> {
                 b.src_port = None;
                 b.dst = pl.host.clone();
                 b.dst_port = None;
-                b.rdr = Some(Pool::to(r.src.clone()));
+                b.rdr = Some(Box::new(Pool::to(r.src.clone())));
                 b
             });
             out.push((nr, h));
@@ -1035,8 +1134,8 @@ impl Ruleset {
                 },
                 depth: r.depth,
                 anchor_end,
-                nat: add_pool(r, r.nat.as_ref(), false, &tables, &mut pools, &mut pool_tables)?,
-                rdr: add_pool(r, r.rdr.as_ref(), true, &tables, &mut pools, &mut pool_tables)?,
+                nat: add_pool(r, r.nat.as_deref(), false, &tables, &mut pools, &mut pool_tables)?,
+                rdr: add_pool(r, r.rdr.as_deref(), true, &tables, &mut pools, &mut pool_tables)?,
                 natpass: r.xlate.is_some_and(|x| x.pass),
                 log: r.log.as_ref().map_or(0, |l| {
                     l.to.as_deref()
@@ -1080,10 +1179,6 @@ impl Ruleset {
                 }
             }
         }
-        let skip = Arc::new(skip_steps(&rules));
-        let evaluations = Arc::new((0..rules.len()).map(|_| AtomicU64::new(0)).collect());
-        let xskip = Arc::new(skip_steps(&xrules));
-        let xevaluations = Arc::new((0..xrules.len()).map(|_| AtomicU64::new(0)).collect());
         let now = unix_now();
         let tables = tables
             .into_iter()
@@ -1096,6 +1191,8 @@ impl Ruleset {
         // (pf's groups and absent interfaces), so it is not an error; a reload picks it up.
         let skip_ifs = p.skip.iter().filter_map(|n| ifindex(n)).collect();
         let random = rules.iter().any(|r| r.prob != 0);
+        let filter = List::new(rules, Lookup::Auto);
+        let xlate = List::new(xrules, Lookup::Auto);
         let urpf = Arc::new(urpf);
         let pools = Arc::new(pools);
         Ok(Ruleset {
@@ -1103,14 +1200,10 @@ impl Ruleset {
             pool_tables,
             nat_targets: merged,
             nat_owners: nat_targets,
-            rules: Arc::new(rules),
-            skip,
-            xrules: Arc::new(xrules),
-            xskip,
-            xevaluations,
+            filter,
+            xlate,
             tables,
             tags,
-            evaluations,
             limits,
             skip_ifs,
             random,
@@ -1119,6 +1212,17 @@ impl Ruleset {
             urpf,
             loginterface: p.loginterface.as_deref().and_then(ifindex).unwrap_or(0),
         })
+    }
+
+    /// Chooses how first packets find their rules (the bench compares the two).
+    pub fn set_lookup(&mut self, how: Lookup) {
+        self.filter.set_lookup(how);
+        self.xlate.set_lookup(how);
+    }
+
+    /// The classifier's shapes for a packet of family `af` and its bytes (None: the walk).
+    pub fn classifier_stats(&self, af: u8) -> Option<(usize, usize, usize)> {
+        self.filter.class.as_ref().map(|c| (c.class.shapes(af), c.class.bytes() + c.parent.len() * 4, c.class.longest))
     }
 
     /// Takes over `old`'s marks for the rules both have (`once` rules that fired stay
@@ -1169,24 +1273,30 @@ impl Ruleset {
 
     /// `pfctl -z`: every rule's evaluations back to 0.
     pub fn zero_evaluations(&self) {
-        for e in self.evaluations.iter().chain(self.xevaluations.iter()) {
+        for e in self.filter.evaluations.iter().chain(self.xlate.evaluations.iter()) {
             e.store(0, Ordering::Relaxed);
         }
     }
 
     /// Evaluations of translation rule `i` (both halves of a `binat`).
     pub fn xlate_evaluations(&self, i: usize) -> u64 {
-        self.xrules
+        self.xlate
+            .rules
             .iter()
-            .zip(self.xevaluations.iter())
+            .zip(self.xlate.evaluations.iter())
             .filter(|(r, _)| r.nr as usize == i)
             .map(|(_, e)| e.load(Ordering::Relaxed))
             .sum()
     }
 
+    /// Evaluations of filter rule `i` since the load or the last `-z`.
+    pub fn evaluations(&self, i: usize) -> u64 {
+        self.filter.evaluations.get(i).map_or(0, |e| e.load(Ordering::Relaxed))
+    }
+
     /// Whether rule `i` is a `once` rule that has fired (pfctl -s rules leaves it out).
     pub fn expired(&self, i: usize) -> bool {
-        self.mark(&self.rules[i]).is_some_and(|m| m.expired.load(Ordering::Relaxed))
+        self.mark(&self.filter.rules[i]).is_some_and(|m| m.expired.load(Ordering::Relaxed))
     }
 
     #[inline]
@@ -1195,11 +1305,11 @@ impl Ruleset {
     }
 
     pub fn len(&self) -> usize {
-        self.rules.len()
+        self.filter.rules.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rules.is_empty()
+        self.filter.rules.is_empty()
     }
 
     pub fn table(&self, name: &str) -> Option<&Table> {
@@ -1348,27 +1458,80 @@ impl Ruleset {
     /// The walk itself; `acc` gathers the scrub actions of the match rules that matched.
     #[inline]
     fn walk(&self, pd: &PDesc, at: &Context, acc: &mut Acts) -> (Option<usize>, u16) {
-        self.walk_list(&self.rules, &self.skip, &self.evaluations, pd, at, acc)
+        self.walk_in(&self.filter, pd, at, acc)
     }
 
-    /// [`Ruleset::walk`] over one list of rules (the filter's, or the translation rules').
+    /// The walk over one list, through its classifier when it has one.
     #[inline(always)]
-    fn walk_list(
+    fn walk_in(&self, l: &List, pd: &PDesc, at: &Context, acc: &mut Acts) -> (Option<usize>, u16) {
+        match &l.class {
+            Some(c) => self.walk_classified(l, c, pd, at, acc),
+            None => self.walk_list(l, pd, at, acc),
+        }
+    }
+
+    /// The walk over the classifier's candidates: the rules it leaves out cannot match, so
+    /// testing the rest in order, with anchors entered only when their rule matched, is the
+    /// walk over every rule.
+    #[inline]
+    fn walk_classified(
         &self,
-        rules: &[CRule],
-        skip: &[[u32; 8]],
-        evaluations: &[AtomicU64],
+        l: &List,
+        c: &Classified,
         pd: &PDesc,
         at: &Context,
         acc: &mut Acts,
     ) -> (Option<usize>, u16) {
+        // Plain slices: through the Arcs, every rule would reload the pointers (the
+        // counter's atomic add stands between them).
+        let (rules, evaluations) = (&l.rules[..], &l.evaluations[..]);
+        let mut tag = at.tag;
+        let mut last = None;
+        let mut cands = Candidates::new();
+        c.class.candidates(pd, at.ifidx, if at.dir == SDir::In { 1 } else { 2 }, &mut cands);
+        // Anchors entered: (anchor rule, end of body, quick, last match when entered).
+        let mut open: Vec<(u32, u32, bool, Option<usize>)> = Vec::new();
+        'rules: for &i in cands.as_slice() {
+            while let Some(&(_, end, quick, before)) = open.last() {
+                if i < end {
+                    break;
+                }
+                open.pop();
+                if quick && last != before {
+                    break 'rules;
+                }
+            }
+            let p = c.parent[i as usize];
+            if p != u32::MAX && open.last().is_none_or(|o| o.0 != p) {
+                continue;
+            }
+            let i = i as usize;
+            let r = &rules[i];
+            evaluations[i].fetch_add(1, Ordering::Relaxed);
+            if self.first_mismatch(r, pd, at, tag).is_some() {
+                continue;
+            }
+            if r.anchor_end != 0 {
+                open.push((i as u32, r.anchor_end, r.quick, last));
+                continue;
+            }
+            if matched(r, self.mark(r), i, &mut tag, &mut last, acc) {
+                break;
+            }
+        }
+        (last, tag)
+    }
+
+    /// [`Ruleset::walk`] over one list of rules (the filter's, or the translation rules').
+    #[inline(always)]
+    fn walk_list(&self, l: &List, pd: &PDesc, at: &Context, acc: &mut Acts) -> (Option<usize>, u16) {
+        // Plain slices, as in walk_classified.
+        let (rules, skip, evaluations) = (&l.rules[..], &l.skip[..], &l.evaluations[..]);
         let mut tag = at.tag;
         let mut last = None;
         let mut i = 0;
         // Quick anchors entered: (end of body, last match when entered).
         let mut quick: Vec<(usize, Option<usize>)> = Vec::new();
-        // Plain slices (the caller's): through the Arcs, every rule would reload the pointers
-        // (the counter's atomic add stands between them).
         while i < rules.len() {
             if let Some(&(end, before)) = quick.last() {
                 if i >= end {
@@ -1408,33 +1571,50 @@ impl Ruleset {
         (last, tag)
     }
 
-    /// The same evaluation without skip steps (the property test's model).
+    /// The same evaluation without skip steps or the classifier (the property tests' model):
+    /// every rule in order, an anchor's body entered when its rule matches.
     pub fn eval_naive(&self, pd: &PDesc, at: &Context) -> (Option<usize>, u16) {
-        let mut tag = at.tag;
-        let mut last = None;
-        let mut skip_to = 0usize;
-        for (i, r) in self.rules.iter().enumerate() {
-            if i < skip_to {
-                continue;
-            }
-            if r.anchor_end != 0 {
-                if self.first_mismatch(r, pd, at, tag).is_some() {
-                    skip_to = r.anchor_end as usize;
-                }
-                continue;
-            }
-            if self.first_mismatch(r, pd, at, tag).is_none()
-                && matched(r, self.mark(r), i, &mut tag, &mut last, &mut Acts::default())
-            {
-                break;
-            }
-        }
+        let (mut tag, mut last) = (at.tag, None);
+        self.naive_body(0, self.filter.rules.len(), pd, at, &mut tag, &mut last);
         (last, tag)
+    }
+
+    /// Rules `lo..hi` (one ruleset); true when evaluation stops (`quick`).
+    fn naive_body(
+        &self,
+        lo: usize,
+        hi: usize,
+        pd: &PDesc,
+        at: &Context,
+        tag: &mut u16,
+        last: &mut Option<usize>,
+    ) -> bool {
+        let mut i = lo;
+        while i < hi {
+            let r = &self.filter.rules[i];
+            let hit = self.first_mismatch(r, pd, at, *tag).is_none();
+            if r.anchor_end != 0 {
+                let before = *last;
+                // `anchor quick`: evaluation stops after the body if a rule in it decided.
+                if hit
+                    && (self.naive_body(i + 1, r.anchor_end as usize, pd, at, tag, last) || r.quick && *last != before)
+                {
+                    return true;
+                }
+                i = r.anchor_end as usize;
+                continue;
+            }
+            if hit && matched(r, self.mark(r), i, tag, last, &mut Acts::default()) {
+                return true;
+            }
+            i += 1;
+        }
+        false
     }
 
     /// The pf rule number of compiled rule `i` (its place in the printed ruleset).
     pub fn rule_nr(&self, i: usize) -> u32 {
-        self.rules[i].nr
+        self.filter.rules[i].nr
     }
 
     pub fn tag_name(&self, t: u16) -> Option<&str> {
@@ -1448,11 +1628,11 @@ impl Policy for Ruleset {
     }
 
     fn translation(&self, pd: &PDesc, at: &Context) -> Option<xpf_engine::policy::Xlate> {
-        if self.xrules.is_empty() {
+        if self.xlate.rules.is_empty() {
             return None;
         }
-        let (last, tag) = self.walk_list(&self.xrules, &self.xskip, &self.xevaluations, pd, at, &mut Acts::default());
-        let r = &self.xrules[last?];
+        let (last, tag) = self.walk_in(&self.xlate, pd, at, &mut Acts::default());
+        let r = &self.xlate.rules[last?];
         // `no nat`: the search ends, nothing is translated.
         (r.nat != 0 || r.rdr != 0).then_some(xpf_engine::policy::Xlate {
             nat: r.nat,
@@ -1504,7 +1684,7 @@ impl Policy for Ruleset {
                 Decision { keep_state: nat != 0 || rdr != 0, tag, scrub, nat, rdr, log: 0, ..Decision::PASS }
             }
             Some(i) => {
-                let r = &self.rules[i];
+                let r = &self.filter.rules[i];
                 let mut rate = 0;
                 if let Some(m) = self.mark(r) {
                     // The deciding `once` rule expires (one winner if workers race, as

@@ -7,6 +7,7 @@
 //! (docs/pfconf.md says what is covered).
 
 pub mod ast;
+pub mod classify;
 pub mod compile;
 pub mod ifaddr;
 pub mod lex;

@@ -364,7 +364,7 @@ pub fn rule(r: &Rule) -> String {
     if let Some((neg, t)) = &r.tagged {
         let _ = write!(s, "{} tagged {}", if *neg { " !" } else { "" }, word(t));
     }
-    if let Some((k, p)) = &r.route {
+    if let Some((k, p)) = r.route.as_deref() {
         let w = match k {
             RouteKind::RouteTo => "route-to",
             RouteKind::ReplyTo => "reply-to",
@@ -372,7 +372,7 @@ pub fn rule(r: &Rule) -> String {
         };
         pool(&mut s, w, p, false);
     }
-    if let Some((af, from, to)) = &r.af_to {
+    if let Some((af, from, to)) = r.af_to.as_deref() {
         let _ = write!(s, " af-to {} from {}", if *af == Af::Inet { "inet" } else { "inet6" }, host_label(from));
         if let Some(t) = to {
             let _ = write!(s, " to {}", host_label(t));

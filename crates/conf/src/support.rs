@@ -227,7 +227,7 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
         if af_to.is_some() {
             refuse("af-to");
         }
-        match route {
+        match route.as_deref() {
             None => {}
             Some((RouteKind::RouteTo, _)) => refuse("route-to"),
             Some((RouteKind::ReplyTo, _)) => refuse("reply-to"),

@@ -1080,3 +1080,140 @@ fn a_logging_rule_marks_its_frames_for_pflog() {
     w.process(&[&q[..]], 3, Dir::Out, 1, &mut v[..1]);
     assert_eq!((v[0], w.logged), (Verdict::Pass, 0));
 }
+
+/// A rule line for the classifier's property test: addresses of every shape the classifier
+/// files (prefixes between its levels, hosts, ranges, tables, negations), exact ports and
+/// ranges, interfaces, directions, tags, `match` and `quick`.
+fn class_line() -> impl Strategy<Value = String> {
+    let action = prop_oneof![3 => Just("pass"), 2 => Just("block"), 1 => Just("match")];
+    let dir = prop_oneof![Just(""), Just(" in"), Just(" out")];
+    let quick = prop_oneof![3 => Just(""), 1 => Just(" quick")];
+    let on = prop_oneof![2 => Just(""), 1 => Just(" on em0"), 1 => Just(" on em1"), 1 => Just(" on ! em1")];
+    let proto = prop_oneof![Just(""), Just(" proto tcp"), Just(" proto udp")];
+    let src = prop_oneof![
+        Just(" from any"),
+        Just(" from 10/8"),
+        Just(" from 10.1/16"),
+        Just(" from 10.1.2/24"),
+        Just(" from 10.1.2.0/28"),
+        Just(" from 10.1.2.3"),
+        Just(" from 10.1.2.2/31"),
+        Just(" from ! 10.1/16"),
+        Just(" from <t>"),
+        Just(" from 10.1.2.1 - 10.1.2.5"),
+    ];
+    let dst = prop_oneof![
+        Just(" to any"),
+        Just(" to 20/8"),
+        Just(" to 20.0.0/24"),
+        Just(" to 20.0.0.5"),
+        Just(" to 20.0.0.4/30"),
+        Just(" to ! 20.0.0.1"),
+        Just(" to 20.0.1.0/23"),
+    ];
+    let sport = prop_oneof![3 => Just(""), 1 => Just(" port 5"), 1 => Just(" port 100:200")];
+    let dport = prop_oneof![2 => Just(""), 2 => Just(" port 5"), 1 => Just(" port 6"), 1 => Just(" port != 5"), 1 => Just(" port { 5 7 }")];
+    let tag = prop_oneof![6 => Just(""), 2 => Just(" tag A"), 2 => Just(" tagged A"), 1 => Just(" probability 50%")];
+    (action, dir, quick, on, proto, src, dst, sport, dport, tag).prop_map(|(a, d, q, o, p, s, t, sp, dp, g)| {
+        let (sp, dp) = if p.is_empty() { ("", "") } else { (sp, dp) };
+        format!("{a}{d}{q}{o}{p}{s}{sp}{t}{dp}{g}\n")
+    })
+}
+
+/// Items of a ruleset: a rule, or an anchor (perhaps `quick`, perhaps with a nested one)
+/// with a few rules in it.
+fn class_item() -> impl Strategy<Value = String> {
+    let head = prop_oneof![
+        Just("anchor"),
+        Just("anchor quick"),
+        Just("anchor in on em0"),
+        Just("anchor proto tcp to 20.0.0/24"),
+        Just("anchor from 10.1/16"),
+    ];
+    prop_oneof![
+        4 => class_line(),
+        1 => (head.clone(), proptest::collection::vec(class_line(), 0..5), proptest::option::of((head, proptest::collection::vec(class_line(), 0..4))))
+            .prop_map(|(h, body, inner)| {
+                let inner = inner.map_or(String::new(), |(ih, ib)| format!("{ih} {{\n{}}}\n", ib.concat()));
+                format!("{h} {{\n{}{inner}}}\n", body.concat())
+            }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+    /// The classifier never changes a verdict: its candidates walked in order decide what
+    /// the naive walk over every rule decides (deciding rule, tag, and the match rules'
+    /// actions through the engine's decision).
+    #[test]
+    fn classifier_agrees_with_naive_evaluation(
+        items in proptest::collection::vec(class_item(), 1..40),
+        pkts in proptest::collection::vec((any::<bool>(), 0u8..4, 0u8..8, 0u8..3, 0usize..6, 0usize..6, any::<bool>(), 1u16..3, 0u16..3, any::<u32>()), 1..40),
+    ) {
+        let src = format!("table <t> {{ 10.1.2/24 !10.1.2.4/30 }}\n{}", items.concat());
+        let p = parse(&src, "t", &[]);
+        prop_assume!(p.errors.is_empty());
+        let walk = Ruleset::compile(&p, &ifindex).unwrap();
+        let mut class = walk.clone();
+        class.set_lookup(xpf_conf::compile::Lookup::Classify);
+        let ports = [5u16, 6, 7, 150, 250, 4];
+        for (tcp_, net, h, d, sp, dp, out, ifi, tg, rnd) in pkts {
+            let s = [[10, 1, 2, h], [10, 1, 3, h], [10, 2, 0, h], [11, 0, 0, h]][net as usize];
+            let dd = [[20, 0, 0, 5], [20, 0, 0, 1], [20, 0, 1, 9]][d as usize];
+            let pd = pkt(if tcp_ { IPPROTO_TCP } else { IPPROTO_UDP }, s, dd, ports[sp], ports[dp], tcp::SYN);
+            let dir = if out { Dir::Out } else { Dir::In };
+            let at = Context { tag: tg, rnd, ..Context::new(ifi, dir) };
+            prop_assert_eq!(class.eval_with(&pd, &at), walk.eval_naive(&pd, &at), "{}", src);
+            prop_assert_eq!(class.evaluate_in(&pd, &at), walk.evaluate_in(&pd, &at));
+        }
+    }
+}
+
+/// IPv6 through the classifier: prefixes at and between its levels, hosts, and rules for
+/// either family beside them, against the naive walk.
+#[test]
+fn classifier_agrees_with_naive_evaluation_for_ipv6() {
+    let mut text = String::from("block all\n");
+    let nets = ["2001:db8::/32", "2001:db8:1::/48", "2001:db8:1:2::/64", "2001:db8:1:2::5", "2001:db8:1::/52", "any"];
+    for (i, s) in nets.iter().enumerate() {
+        for (j, d) in nets.iter().enumerate() {
+            let q = if (i + j) % 5 == 0 { " quick" } else { "" };
+            let a = if (i * 7 + j) % 3 == 0 { "block" } else { "pass" };
+            text.push_str(&format!("{a} in{q} inet6 proto tcp from {s} to {d} port {}\n", 20 + (i + j) % 4));
+            text.push_str(&format!("pass out inet6 from {s} to {d}\n"));
+        }
+    }
+    text.push_str("block in proto tcp to port 22\npass proto udp\n");
+    // Last, so that they decide when they match: prefixes between the classifier's levels.
+    text.push_str("block in inet6 proto tcp from 2001:db8:1::/52 port 1000 to 2001:db8:1:2::/60\n");
+    text.push_str("match out inet6 from 2001:db8:1:f00::/57 to 2001:db8:1:2::4/126 tag L\n");
+    let walk = rs(&text);
+    assert!(walk.len() >= xpf_conf::compile::CLASSIFY_FROM);
+    let mut class = walk.clone();
+    class.set_lookup(xpf_conf::compile::Lookup::Classify);
+    let hosts: [[u8; 16]; 4] = [
+        "2001:db8:1:2::5".parse::<std::net::Ipv6Addr>().unwrap().octets(),
+        "2001:db8:1:2::6".parse::<std::net::Ipv6Addr>().unwrap().octets(),
+        "2001:db8:1:f00::1".parse::<std::net::Ipv6Addr>().unwrap().octets(),
+        "2001:db9::1".parse::<std::net::Ipv6Addr>().unwrap().octets(),
+    ];
+    let mut n = 0;
+    for s in hosts {
+        for d in hosts {
+            for (proto, port) in [(IPPROTO_TCP, 20), (IPPROTO_TCP, 21), (IPPROTO_TCP, 22), (IPPROTO_UDP, 23)] {
+                for dir in [Dir::In, Dir::Out] {
+                    let pd = PDesc {
+                        src: Addr(s),
+                        dst: Addr(d),
+                        af: xpf_wire::pdesc::AF_INET6,
+                        ..pkt(proto, [0; 4], [0; 4], 1000, port, tcp::SYN)
+                    };
+                    let at = Context::new(1, dir);
+                    assert_eq!(class.eval_with(&pd, &at), walk.eval_naive(&pd, &at), "{pd:?} {dir:?}");
+                    n += (class.eval_with(&pd, &at).0.is_some()) as usize;
+                }
+            }
+        }
+    }
+    assert!(n > 64, "most packets meet a rule: {n}");
+}

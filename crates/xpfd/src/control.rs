@@ -190,8 +190,13 @@ fn change_summary(old: &Parsed, old_r: &Ruleset, new: &Parsed, new_r: &Ruleset) 
     }
     let sets = old.header.iter().filter(|h| h.starts_with("set ")).collect::<Vec<_>>()
         != new.header.iter().filter(|h| h.starts_with("set ")).collect::<Vec<_>>();
+    // How first packets find their rules, and what the classifier holds.
+    let lookup = match new_r.classifier_stats(xpf_wire::pdesc::AF_INET) {
+        Some((shapes, bytes, _)) => format!(", classifier {shapes} shapes {} KiB", bytes >> 10),
+        None => String::new(),
+    };
     format!(
-        "rules {}, translation rules {}, tables {}{}{}",
+        "rules {}{lookup}, translation rules {}, tables {}{}{}",
         diff(&old.rules, &new.rules),
         diff(&old.xrules, &new.xrules),
         tb.len(),
@@ -1003,8 +1008,7 @@ impl Daemon {
                     } else {
                         let _ = writeln!(text, "{line}");
                     }
-                    let evals =
-                        cur.evaluations.get(i).map(|e| e.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(0);
+                    let evals = cur.evaluations(i);
                     let [p0, b0, p1, b1, states] = sums.get(&(i as u32)).copied().unwrap_or_default();
                     let (pk, by) = (p0 + p1, b0 + b1);
                     if verbose > 0 {
@@ -1028,8 +1032,7 @@ impl Daemon {
                 let mut data = Vec::new();
                 for (i, r) in self.loaded.parsed.rules.iter().enumerate() {
                     let Some(label) = r.label.as_deref().filter(|l| !l.is_empty()) else { continue };
-                    let evals =
-                        cur.evaluations.get(i).map(|e| e.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(0);
+                    let evals = cur.evaluations(i);
                     let [p0, b0, p1, b1, states] = per.get(&(i as u32)).copied().unwrap_or_default();
                     let _ = writeln!(text, "{label} {evals} {} {} {p0} {b0} {p1} {b1} {states}", p0 + p1, b0 + b1);
                     data.push(json!({"label": label, "nr": i, "evaluations": evals, "packets": p0 + p1,

@@ -244,7 +244,7 @@ impl Daemon {
         let (_, cur) = self.slot.current();
         let sums = self.rule_sums()?;
         let rules = &self.loaded.parsed.rules;
-        let ev = |i: usize| cur.evaluations.get(i).map_or(0, |e| e.load(std::sync::atomic::Ordering::Relaxed));
+        let ev = |i: usize| cur.evaluations(i);
         let labels: Vec<(String, &str)> =
             rules.iter().enumerate().map(|(i, r)| (i.to_string(), r.label.as_deref().unwrap_or(""))).collect();
         p.family("xpf_rule_evaluations_total", Counter, "Times each rule was evaluated, since the ruleset loaded.");

@@ -171,20 +171,23 @@ pub(super) fn expand(t: &Template, nr: &mut u32, parsed: &mut Parsed) -> Result<
                                             }
                                         });
                                         if let (Some(pool), Some(b)) = (&binat_pool, &t.binat) {
-                                            r.nat = pool.as_ref().map(|h| Pool {
-                                                host: h.clone(),
-                                                static_port: true,
-                                                list: None,
-                                                ..b.clone()
+                                            r.nat = pool.as_ref().map(|h| {
+                                                Box::new(Pool {
+                                                    host: h.clone(),
+                                                    static_port: true,
+                                                    list: None,
+                                                    ..b.clone()
+                                                })
                                             });
                                         }
-                                        let pool_af = [r.nat.as_ref(), r.rdr.as_ref(), r.route.as_ref().map(|x| &x.1)]
-                                            .into_iter()
-                                            .flatten()
-                                            .filter(|p| p.list.is_none())
-                                            .map(|p| p.host.af())
-                                            .find(|a| *a != Af::Any)
-                                            .unwrap_or(Af::Any);
+                                        let pool_af =
+                                            [r.nat.as_deref(), r.rdr.as_deref(), r.route.as_ref().map(|x| &x.1)]
+                                                .into_iter()
+                                                .flatten()
+                                                .filter(|p| p.list.is_none())
+                                                .map(|p| p.host.af())
+                                                .find(|a| *a != Af::Any)
+                                                .unwrap_or(Af::Any);
                                         for a in [s.af(), d.af(), pool_af] {
                                             if a != Af::Any {
                                                 if af == Af::Any {

@@ -104,8 +104,8 @@ pub(super) fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>>
         let mut inb = t.clone();
         let mut out = t;
         out.r.dir = Dir::Out;
-        out.binat = Some(b.clone());
-        out.r.nat = Some(Pool { static_port: true, list: None, endpoint_independent: false, ..b.clone() });
+        out.binat = Some((*b).clone());
+        out.r.nat = Some(Box::new(Pool { static_port: true, list: None, endpoint_independent: false, ..(*b).clone() }));
         inb.r.dir = Dir::In;
         inb.src = out.dst.clone();
         // The address the in half answers on: the target of the source's family.
@@ -113,7 +113,7 @@ pub(super) fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>>
         let back = b.list.iter().flatten().find(|h| fam == Af::Any || h.af() == fam).unwrap_or(&b.host);
         inb.dst = vec![back.clone()];
         let orig = out.src.first().cloned().unwrap_or(Host::ANY);
-        inb.r.rdr = Some(Pool { sticky: b.sticky, ..Pool::to(orig) });
+        inb.r.rdr = Some(Box::new(Pool { sticky: b.sticky, ..Pool::to(orig) }));
         return Ok(vec![out, inb]);
     }
     Ok(vec![t])
@@ -237,14 +237,14 @@ pub(super) fn xrule(p: &mut P, line: u32) -> R<Vec<Template>> {
         }
         let pl = pool(p, kind == XlateKind::Nat)?;
         match kind {
-            XlateKind::Nat => t.r.nat = Some(pl),
-            XlateKind::Rdr => t.r.rdr = Some(pl),
+            XlateKind::Nat => t.r.nat = Some(Box::new(pl)),
+            XlateKind::Rdr => t.r.rdr = Some(Box::new(pl)),
             XlateKind::Binat => {
                 if pl.port.is_some() || pl.kind != PoolKind::None || pl.sticky || pl.endpoint_independent {
                     return Err("syntax error".into());
                 }
                 t.binat = Some(pl.clone());
-                t.r.binat = Some(pl);
+                t.r.binat = Some(Box::new(pl));
             }
         }
     } else if !no {
@@ -524,14 +524,14 @@ pub(super) fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
                 "reply-to" => RouteKind::ReplyTo,
                 _ => RouteKind::DupTo,
             };
-            t.r.route = Some((kind, pool(p, false)?));
+            t.r.route = Some(Box::new((kind, pool(p, false)?)));
         } else if p.is("nat-to") || p.is("rdr-to") || p.is("binat-to") {
             let which = p.string()?;
             let pool = pool(p, which == "nat-to")?;
             match which.as_str() {
-                "nat-to" => t.r.nat = Some(pool),
-                "rdr-to" => t.r.rdr = Some(pool),
-                _ => t.r.binat = Some(pool),
+                "nat-to" => t.r.nat = Some(Box::new(pool)),
+                "rdr-to" => t.r.rdr = Some(Box::new(pool)),
+                _ => t.r.binat = Some(Box::new(pool)),
             }
         } else if p.eat("set") {
             // `set prio`, `set queue`, `set tos`, alone or in parentheses.
@@ -597,7 +597,7 @@ pub(super) fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
             }
             let from = host(p)?;
             let to = if p.eat("to") { Some(host(p)?) } else { None };
-            t.r.af_to = Some((af, from, to));
+            t.r.af_to = Some(Box::new((af, from, to)));
         } else if p.eat("rtable") {
             let v = p.string()?;
             t.r.rtable = Some(v.parse().map_err(|_| format!("invalid rtable id {v}"))?);

@@ -1,0 +1,419 @@
+//! First-packet classification for large rulesets: tuple-space search over coarse masks (the
+//! family of VPP's ACL plugin and TupleMerge; docs/rules.md has the candidates measured and
+//! why this one).
+//!
+//! Each rule is filed under a *shape* (which of interface, direction, protocol, ports are
+//! exact, and its source and destination prefix lengths rounded down to a few levels) and a
+//! key (its values under that shape's masks). A packet is looked up once per shape present:
+//! its fields under the shape's masks, hashed, give the rules filed there. What comes back
+//! is a superset of the rules whose indexed fields match, in rule order; the caller tests
+//! each one in full, in order, with pf's semantics (last match, `quick`, anchors, `match`,
+//! tags), so the classifier never decides a verdict: it only leaves out rules that cannot
+//! match. Fields it does not index (tables, negations, ranges, flags, tags, ...) are
+//! wildcards here and tested by the caller.
+//!
+//! The table stores a 64-bit hash per key, not the key: two keys with one hash share a list,
+//! which only adds candidates the full test then rejects.
+
+use std::collections::HashMap;
+use xpf_wire::pdesc::{AF_INET, AF_INET6};
+use xpf_wire::PDesc;
+
+/// What the classifier may index of one rule; `None`/0: any (a wildcard here).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RuleKey {
+    /// Interface index, 0: any (or a negated one).
+    pub ifidx: u16,
+    /// 1: in, 2: out, 0: either.
+    pub dir: u8,
+    /// AF_INET, AF_INET6, or 0 for either.
+    pub af: u8,
+    pub proto: Option<u8>,
+    /// Network (IPv4 in the low 32 bits) and prefix length.
+    pub src: Option<(u128, u8)>,
+    pub dst: Option<(u128, u8)>,
+    pub sport: Option<u16>,
+    pub dport: Option<u16>,
+}
+
+/// Prefix lengths a shape may have: a rule's length rounds down to the nearest (the rules
+/// between two levels share buckets; the full test tells them apart).
+const LEVELS4: [u8; 5] = [0, 8, 16, 24, 32];
+const LEVELS6: [u8; 7] = [0, 16, 32, 48, 56, 64, 128];
+
+fn level(af: u8, len: u8) -> u8 {
+    let levels: &[u8] = if af == AF_INET6 { &LEVELS6 } else { &LEVELS4 };
+    levels.iter().rev().copied().find(|&l| l <= len).unwrap_or(0)
+}
+
+fn mask(af: u8, len: u8) -> u128 {
+    let (bits, full) = if af == AF_INET6 { (128u32, u128::MAX) } else { (32, u32::MAX as u128) };
+    match len as u32 {
+        0 => 0,
+        l if l >= bits => full,
+        l => full & !(full >> l),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct ShapeId {
+    af: u8,
+    ifidx: bool,
+    dir: bool,
+    proto: bool,
+    src: u8,
+    dst: u8,
+    sport: bool,
+    dport: bool,
+}
+
+/// A shape with at least this share (1/N) of the rules, or [`COMMON_MIN`] rules, is kept as
+/// it is; the rules of rarer shapes may move into a wider one.
+const COMMON_SHARE: usize = 100;
+const COMMON_MIN: usize = 16;
+/// A rule moves into a wider shape only while the list it joins is shorter than this.
+pub const MERGE_LIMIT: usize = 8;
+
+fn shape_id(k: &RuleKey) -> ShapeId {
+    let af = if k.src.is_some() || k.dst.is_some() { k.af } else { 0 };
+    ShapeId {
+        af,
+        ifidx: k.ifidx != 0,
+        dir: k.dir != 0,
+        proto: k.proto.is_some(),
+        src: k.src.map_or(0, |(_, l)| level(af, l)),
+        dst: k.dst.map_or(0, |(_, l)| level(af, l)),
+        sport: k.sport.is_some(),
+        dport: k.dport.is_some(),
+    }
+}
+
+impl ShapeId {
+    /// Whether a rule of shape `r` can be filed under this one: every field here as wide as
+    /// the rule's or wider (a family-free shape holds rules of either family only when it
+    /// tests no address).
+    fn covers(&self, r: &ShapeId) -> bool {
+        (self.af == r.af || self.af == 0 && self.src == 0 && self.dst == 0)
+            && (!self.ifidx || r.ifidx)
+            && (!self.dir || r.dir)
+            && (!self.proto || r.proto)
+            && (!self.sport || r.sport)
+            && (!self.dport || r.dport)
+            && self.src <= r.src
+            && self.dst <= r.dst
+    }
+
+    /// The shape a new one is made as for a rule of this shape: direction and source port
+    /// left out (few rules differ only there), so that later rules fit it too.
+    fn relaxed(&self) -> ShapeId {
+        ShapeId { dir: false, sport: false, ..*self }
+    }
+
+    fn specificity(&self) -> u32 {
+        self.src as u32
+            + self.dst as u32
+            + 16 * (self.ifidx as u32 + self.dir as u32 + self.proto as u32 + self.sport as u32 + self.dport as u32)
+    }
+}
+
+/// A rule's key under shape `s`.
+fn key_hash(s: &Shape, k: &RuleKey) -> u64 {
+    let meta = meta_word(k.ifidx, k.dir, k.proto.unwrap_or(0), k.sport.unwrap_or(0), k.dport.unwrap_or(0));
+    let (sa, da) = (k.src.map_or(0, |x| x.0), k.dst.map_or(0, |x| x.0));
+    s.hash(meta, (sa as u64) << 32 | (da as u32) as u64, sa, da)
+}
+
+/// A shape with its masks, as the lookup uses it.
+#[derive(Debug, Clone)]
+struct Shape {
+    seed: u64,
+    /// The meta word's mask (interface, direction, protocol, ports).
+    meta: u64,
+    /// IPv4 shapes: source << 32 | destination mask. Family-free shapes: 0.
+    addr4: u64,
+    /// IPv6 shapes: the source's and destination's masks.
+    src6: u128,
+    dst6: u128,
+    wide: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    hash: u64,
+    start: u32,
+    len: u32,
+}
+
+/// The classifier of one list of rules.
+#[derive(Debug, Default)]
+pub struct Classifier {
+    /// The shapes an IPv4 (IPv6) packet probes: its family's and the family-free ones.
+    shapes4: Vec<Shape>,
+    shapes6: Vec<Shape>,
+    slots: Vec<Slot>,
+    ids: Vec<u32>,
+    /// The longest list (a measure of the worst lookup).
+    pub longest: usize,
+}
+
+#[inline(always)]
+fn prefetch<T>(p: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint; it reads nothing and faults on no address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p as *const T as *const i8, std::arch::x86_64::_MM_HINT_T0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+#[inline(always)]
+fn mix(x: u64, k: u64) -> u64 {
+    let m = (x ^ k) as u128 * 0x9e37_79b9_7f4a_7c15u128;
+    (m >> 64) as u64 ^ m as u64
+}
+
+#[inline(always)]
+fn meta_word(ifidx: u16, dir: u8, proto: u8, sport: u16, dport: u16) -> u64 {
+    ifidx as u64 | (dir as u64) << 16 | (proto as u64) << 24 | (sport as u64) << 32 | (dport as u64) << 48
+}
+
+impl Shape {
+    fn of(id: &ShapeId, n: usize) -> Shape {
+        let meta = meta_word(
+            if id.ifidx { u16::MAX } else { 0 },
+            if id.dir { 0xff } else { 0 },
+            if id.proto { 0xff } else { 0 },
+            if id.sport { u16::MAX } else { 0 },
+            if id.dport { u16::MAX } else { 0 },
+        );
+        let (s, d) = (mask(id.af, id.src), mask(id.af, id.dst));
+        Shape {
+            seed: mix(n as u64 + 1, 0x51_7cc1_b727_220a),
+            meta,
+            addr4: if id.af == AF_INET { (s as u64) << 32 | d as u64 } else { 0 },
+            src6: if id.af == AF_INET6 { s } else { 0 },
+            dst6: if id.af == AF_INET6 { d } else { 0 },
+            wide: id.af == AF_INET6,
+        }
+    }
+
+    #[inline(always)]
+    fn hash(&self, meta: u64, a4: u64, s6: u128, d6: u128) -> u64 {
+        let h = mix(self.seed, meta & self.meta);
+        let h = if self.wide {
+            let (s, d) = (s6 & self.src6, d6 & self.dst6);
+            mix(mix(mix(mix(h, (s >> 64) as u64), s as u64), (d >> 64) as u64), d as u64)
+        } else {
+            mix(h, a4 & self.addr4)
+        };
+        h | 1
+    }
+}
+
+/// Up to this many candidates stay on the stack.
+pub const INLINE: usize = 64;
+
+/// A lookup's candidates, in rule order.
+pub struct Candidates {
+    buf: [u32; INLINE],
+    n: usize,
+    more: Vec<u32>,
+}
+
+impl Candidates {
+    pub fn new() -> Candidates {
+        Candidates { buf: [0; INLINE], n: 0, more: Vec::new() }
+    }
+
+    #[inline]
+    fn extend(&mut self, ids: &[u32]) {
+        if self.more.is_empty() && self.n + ids.len() <= INLINE {
+            self.buf[self.n..self.n + ids.len()].copy_from_slice(ids);
+            self.n += ids.len();
+        } else {
+            if self.more.is_empty() {
+                self.more.extend_from_slice(&self.buf[..self.n]);
+            }
+            self.more.extend_from_slice(ids);
+        }
+    }
+
+    #[inline]
+    pub fn as_slice(&self) -> &[u32] {
+        if self.more.is_empty() {
+            &self.buf[..self.n]
+        } else {
+            &self.more
+        }
+    }
+
+    fn sort(&mut self) {
+        if self.more.is_empty() {
+            insertion_sort(&mut self.buf[..self.n]);
+        } else {
+            self.more.sort_unstable();
+        }
+    }
+}
+
+impl Default for Candidates {
+    fn default() -> Self {
+        Candidates::new()
+    }
+}
+
+#[inline]
+fn insertion_sort(v: &mut [u32]) {
+    for i in 1..v.len() {
+        let x = v[i];
+        let mut j = i;
+        while j > 0 && v[j - 1] > x {
+            v[j] = v[j - 1];
+            j -= 1;
+        }
+        v[j] = x;
+    }
+}
+
+impl Classifier {
+    /// Files every rule of `keys` (index = rule index). Shapes with many rules stay as
+    /// they are; a rule of a rare shape goes into the most specific common shape it fits
+    /// (one whose every field is as wide or wider) while that shape's list for its key holds
+    /// fewer than [`MERGE_LIMIT`] rules (TupleMerge's relaxation: fewer shapes to probe for
+    /// a few more candidates per probe); otherwise its own shape is kept.
+    pub fn build(keys: &[RuleKey]) -> Classifier {
+        let natural: Vec<ShapeId> = keys.iter().map(shape_id).collect();
+        let mut count: HashMap<ShapeId, usize> = HashMap::new();
+        for id in &natural {
+            *count.entry(*id).or_default() += 1;
+        }
+        let big = (keys.len() / COMMON_SHARE).max(COMMON_MIN);
+        // Shapes by size, then rule order inside each (stable).
+        let mut order: Vec<u32> = (0..keys.len() as u32).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(count[&natural[i as usize]]));
+        let mut chosen: Vec<(ShapeId, Shape)> = Vec::new();
+        let mut lists: HashMap<u64, Vec<u32>> = HashMap::new();
+        let intern = |chosen: &mut Vec<(ShapeId, Shape)>, id: ShapeId| -> usize {
+            match chosen.iter().position(|c| c.0 == id) {
+                Some(i) => i,
+                None => {
+                    let n = chosen.len();
+                    chosen.push((id, Shape::of(&id, n)));
+                    n
+                }
+            }
+        };
+        for i in order {
+            let k = &keys[i as usize];
+            let own = natural[i as usize];
+            let target = if count[&own] >= big {
+                intern(&mut chosen, own)
+            } else {
+                // The most specific chosen shape it fits, with room in its list.
+                let mut fits: Vec<usize> = (0..chosen.len()).filter(|&c| chosen[c].0.covers(&own)).collect();
+                fits.sort_by_key(|&c| std::cmp::Reverse(chosen[c].0.specificity()));
+                fits.into_iter()
+                    .find(|&c| lists.get(&key_hash(&chosen[c].1, k)).is_none_or(|l| l.len() < MERGE_LIMIT))
+                    .unwrap_or_else(|| intern(&mut chosen, own.relaxed()))
+            };
+            lists.entry(key_hash(&chosen[target].1, k)).or_default().push(i);
+        }
+        let cap = (lists.len() * 2).next_power_of_two().max(16);
+        let mut slots = vec![Slot::default(); cap];
+        let mut ids = Vec::with_capacity(keys.len());
+        let mut longest = 0;
+        for (h, mut list) in lists {
+            list.sort_unstable();
+            let mut j = h as usize & (cap - 1);
+            while slots[j].hash != 0 {
+                j = (j + 1) & (cap - 1);
+            }
+            slots[j] = Slot { hash: h, start: ids.len() as u32, len: list.len() as u32 };
+            longest = longest.max(list.len());
+            ids.extend_from_slice(&list);
+        }
+        let shapes4 = chosen.iter().filter(|(id, _)| id.af != AF_INET6).map(|x| x.1.clone()).collect();
+        let shapes6 = chosen.iter().filter(|(id, _)| id.af != AF_INET).map(|x| x.1.clone()).collect();
+        Classifier { shapes4, shapes6, slots, ids, longest }
+    }
+
+    /// How many shapes a packet of family `af` probes.
+    pub fn shapes(&self, af: u8) -> usize {
+        if af == AF_INET6 {
+            self.shapes6.len()
+        } else {
+            self.shapes4.len()
+        }
+    }
+
+    /// Bytes the classifier holds.
+    pub fn bytes(&self) -> usize {
+        self.slots.len() * std::mem::size_of::<Slot>()
+            + self.ids.len() * 4
+            + (self.shapes4.len() + self.shapes6.len()) * std::mem::size_of::<Shape>()
+    }
+
+    #[inline]
+    fn find(&self, h: u64) -> Option<&[u32]> {
+        let m = self.slots.len() - 1;
+        let mut j = h as usize & m;
+        loop {
+            let s = &self.slots[j];
+            if s.hash == h {
+                return Some(&self.ids[s.start as usize..(s.start + s.len) as usize]);
+            }
+            if s.hash == 0 {
+                return None;
+            }
+            j = (j + 1) & m;
+        }
+    }
+
+    /// The rules the packet may match on interface `ifidx` in direction `dir` (1 in, 2 out),
+    /// in rule order, into `out` (cleared first).
+    #[inline]
+    pub fn candidates(&self, pd: &PDesc, ifidx: u16, dir: u8, out: &mut Candidates) {
+        out.n = 0;
+        out.more.clear();
+        let meta = meta_word(ifidx, dir, pd.proto, pd.sport, pd.dport);
+        let (shapes, a4, s6, d6) = if pd.af == AF_INET {
+            (&self.shapes4, (pd.src.v4_u32() as u64) << 32 | pd.dst.v4_u32() as u64, 0, 0)
+        } else {
+            (&self.shapes6, 0, u128::from_be_bytes(pd.src.0), u128::from_be_bytes(pd.dst.0))
+        };
+        // Hashes first, each slot's line prefetched, then the probes: the loads overlap
+        // instead of waiting one by one.
+        let m = self.slots.len() - 1;
+        for chunk in shapes.chunks(16) {
+            let mut hs = [0u64; 16];
+            for (h, s) in hs.iter_mut().zip(chunk) {
+                *h = s.hash(meta, a4, s6, d6);
+                prefetch(&self.slots[*h as usize & m]);
+            }
+            for &h in &hs[..chunk.len()] {
+                if let Some(ids) = self.find(h) {
+                    out.extend(ids);
+                }
+            }
+        }
+        out.sort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_and_levels() {
+        assert_eq!(mask(AF_INET, 0), 0);
+        assert_eq!(mask(AF_INET, 8), 0xff00_0000);
+        assert_eq!(mask(AF_INET, 32), 0xffff_ffff);
+        assert_eq!(mask(AF_INET6, 128), u128::MAX);
+        assert_eq!(mask(AF_INET6, 64), u128::MAX << 64);
+        assert_eq!(level(AF_INET, 28), 24);
+        assert_eq!(level(AF_INET, 7), 0);
+        assert_eq!(level(AF_INET6, 60), 56);
+    }
+}
