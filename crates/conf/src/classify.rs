@@ -74,15 +74,23 @@ const COMMON_MIN: usize = 16;
 /// A rule moves into a wider shape only while the list it joins is shorter than this.
 pub const MERGE_LIMIT: usize = 8;
 
-fn shape_id(k: &RuleKey) -> ShapeId {
+/// A list longer than this gets an index of its own, over fine shapes (prefix lengths as
+/// they are), when that index is cheaper to probe than the list is to test.
+pub const SPLIT_FROM: usize = 32;
+/// In [`Slot::len`]: the slot's `start` is an index in [`Classifier::subs`].
+const SUB: u32 = 1 << 31;
+
+/// A rule's own shape: prefix lengths rounded down to the levels, or as they are (`fine`).
+fn shape_id(k: &RuleKey, fine: bool) -> ShapeId {
     let af = if k.src.is_some() || k.dst.is_some() { k.af } else { 0 };
+    let lv = |l: u8| if fine { l } else { level(af, l) };
     ShapeId {
         af,
         ifidx: k.ifidx != 0,
         dir: k.dir != 0,
         proto: k.proto.is_some(),
-        src: k.src.map_or(0, |(_, l)| level(af, l)),
-        dst: k.dst.map_or(0, |(_, l)| level(af, l)),
+        src: k.src.map_or(0, |(_, l)| lv(l)),
+        dst: k.dst.map_or(0, |(_, l)| lv(l)),
         sport: k.sport.is_some(),
         dport: k.dport.is_some(),
     }
@@ -152,6 +160,8 @@ pub struct Classifier {
     shapes6: Vec<Shape>,
     slots: Vec<Slot>,
     ids: Vec<u32>,
+    /// The indexes of long lists (their slots say which).
+    subs: Vec<Classifier>,
     /// The longest list (a measure of the worst lookup).
     pub longest: usize,
 }
@@ -282,8 +292,16 @@ impl Classifier {
     /// (one whose every field is as wide or wider) while that shape's list for its key holds
     /// fewer than [`MERGE_LIMIT`] rules (TupleMerge's relaxation: fewer shapes to probe for
     /// a few more candidates per probe); otherwise its own shape is kept.
+    ///
+    /// A list longer than [`SPLIT_FROM`] (rules that share every indexed field at the
+    /// levels) is indexed again over their own prefix lengths, directions and source ports
+    /// when that leaves shorter lists; only packets that reach it probe that index.
     pub fn build(keys: &[RuleKey]) -> Classifier {
-        let natural: Vec<ShapeId> = keys.iter().map(shape_id).collect();
+        Self::build_with(keys, false)
+    }
+
+    fn build_with(keys: &[RuleKey], fine: bool) -> Classifier {
+        let natural: Vec<ShapeId> = keys.iter().map(|k| shape_id(k, fine)).collect();
         let mut count: HashMap<ShapeId, usize> = HashMap::new();
         for id in &natural {
             *count.entry(*id).or_default() += 1;
@@ -307,7 +325,7 @@ impl Classifier {
         for i in order {
             let k = &keys[i as usize];
             let own = natural[i as usize];
-            let target = if count[&own] >= big {
+            let target = if fine || count[&own] >= big {
                 intern(&mut chosen, own)
             } else {
                 // The most specific chosen shape it fits, with room in its list.
@@ -323,11 +341,28 @@ impl Classifier {
         let mut slots = vec![Slot::default(); cap];
         let mut ids = Vec::with_capacity(keys.len());
         let mut longest = 0;
+        let mut subs = Vec::new();
         for (h, mut list) in lists {
             list.sort_unstable();
             let mut j = h as usize & (cap - 1);
             while slots[j].hash != 0 {
                 j = (j + 1) & (cap - 1);
+            }
+            if !fine && list.len() > SPLIT_FROM {
+                let sub_keys: Vec<RuleKey> = list.iter().map(|&i| keys[i as usize]).collect();
+                let mut sub = Classifier::build_with(&sub_keys, true);
+                // Worth it when its probes (a shape costs about three rules' tests) and its
+                // longest list cost less than testing the whole list.
+                if sub.shapes4.len().max(sub.shapes6.len()) * 3 + sub.longest < list.len() {
+                    // Its ids are positions in the list: the rules' own (in order still).
+                    for id in &mut sub.ids {
+                        *id = list[*id as usize];
+                    }
+                    slots[j] = Slot { hash: h, start: subs.len() as u32, len: SUB | list.len() as u32 };
+                    longest = longest.max(sub.longest);
+                    subs.push(sub);
+                    continue;
+                }
             }
             slots[j] = Slot { hash: h, start: ids.len() as u32, len: list.len() as u32 };
             longest = longest.max(list.len());
@@ -335,7 +370,7 @@ impl Classifier {
         }
         let shapes4 = chosen.iter().filter(|(id, _)| id.af != AF_INET6).map(|x| x.1.clone()).collect();
         let shapes6 = chosen.iter().filter(|(id, _)| id.af != AF_INET).map(|x| x.1.clone()).collect();
-        Classifier { shapes4, shapes6, slots, ids, longest }
+        Classifier { shapes4, shapes6, slots, ids, subs, longest }
     }
 
     /// How many shapes a packet of family `af` probes.
@@ -352,16 +387,17 @@ impl Classifier {
         self.slots.len() * std::mem::size_of::<Slot>()
             + self.ids.len() * 4
             + (self.shapes4.len() + self.shapes6.len()) * std::mem::size_of::<Shape>()
+            + self.subs.iter().map(Classifier::bytes).sum::<usize>()
     }
 
     #[inline]
-    fn find(&self, h: u64) -> Option<&[u32]> {
+    fn find(&self, h: u64) -> Option<&Slot> {
         let m = self.slots.len() - 1;
         let mut j = h as usize & m;
         loop {
             let s = &self.slots[j];
             if s.hash == h {
-                return Some(&self.ids[s.start as usize..(s.start + s.len) as usize]);
+                return Some(s);
             }
             if s.hash == 0 {
                 return None;
@@ -377,11 +413,18 @@ impl Classifier {
         out.n = 0;
         out.more.clear();
         let meta = meta_word(ifidx, dir, pd.proto, pd.sport, pd.dport);
-        let (shapes, a4, s6, d6) = if pd.af == AF_INET {
-            (&self.shapes4, (pd.src.v4_u32() as u64) << 32 | pd.dst.v4_u32() as u64, 0, 0)
+        if pd.af == AF_INET {
+            self.probe(false, meta, (pd.src.v4_u32() as u64) << 32 | pd.dst.v4_u32() as u64, 0, 0, out);
         } else {
-            (&self.shapes6, 0, u128::from_be_bytes(pd.src.0), u128::from_be_bytes(pd.dst.0))
-        };
+            self.probe(true, meta, 0, u128::from_be_bytes(pd.src.0), u128::from_be_bytes(pd.dst.0), out);
+        }
+        out.sort();
+    }
+
+    /// Every shape of the family probed with the packet's words; what is found, into `out`.
+    #[inline]
+    fn probe(&self, v6: bool, meta: u64, a4: u64, s6: u128, d6: u128, out: &mut Candidates) {
+        let shapes = if v6 { &self.shapes6 } else { &self.shapes4 };
         // Hashes first, each slot's line prefetched, then the probes: the loads overlap
         // instead of waiting one by one.
         let m = self.slots.len() - 1;
@@ -392,12 +435,13 @@ impl Classifier {
                 prefetch(&self.slots[*h as usize & m]);
             }
             for &h in &hs[..chunk.len()] {
-                if let Some(ids) = self.find(h) {
-                    out.extend(ids);
+                match self.find(h) {
+                    Some(s) if s.len & SUB != 0 => self.subs[s.start as usize].probe(v6, meta, a4, s6, d6, out),
+                    Some(s) => out.extend(&self.ids[s.start as usize..(s.start + s.len) as usize]),
+                    None => {}
                 }
             }
         }
-        out.sort();
     }
 }
 
