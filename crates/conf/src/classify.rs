@@ -306,12 +306,15 @@ impl Classifier {
         for id in &natural {
             *count.entry(*id).or_default() += 1;
         }
-        let big = (keys.len() / COMMON_SHARE).max(COMMON_MIN);
+        let size: Vec<u32> = natural.iter().map(|id| count[id] as u32).collect();
+        let big = (keys.len() / COMMON_SHARE).max(COMMON_MIN) as u32;
         // Shapes by size, then rule order inside each (stable).
         let mut order: Vec<u32> = (0..keys.len() as u32).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(count[&natural[i as usize]]));
+        order.sort_by_key(|&i| std::cmp::Reverse(size[i as usize]));
         let mut chosen: Vec<(ShapeId, Shape)> = Vec::new();
-        let mut lists: HashMap<u64, Vec<u32>> = HashMap::new();
+        // (key hash, rule) as filed, and each key's list length so far.
+        let mut filed: Vec<(u64, u32)> = Vec::with_capacity(keys.len());
+        let mut lens: HashMap<u64, u32> = HashMap::with_capacity(keys.len());
         let intern = |chosen: &mut Vec<(ShapeId, Shape)>, id: ShapeId| -> usize {
             match chosen.iter().position(|c| c.0 == id) {
                 Some(i) => i,
@@ -325,48 +328,54 @@ impl Classifier {
         for i in order {
             let k = &keys[i as usize];
             let own = natural[i as usize];
-            let target = if fine || count[&own] >= big {
+            let target = if fine || size[i as usize] >= big {
                 intern(&mut chosen, own)
             } else {
                 // The most specific chosen shape it fits, with room in its list.
                 let mut fits: Vec<usize> = (0..chosen.len()).filter(|&c| chosen[c].0.covers(&own)).collect();
                 fits.sort_by_key(|&c| std::cmp::Reverse(chosen[c].0.specificity()));
                 fits.into_iter()
-                    .find(|&c| lists.get(&key_hash(&chosen[c].1, k)).is_none_or(|l| l.len() < MERGE_LIMIT))
+                    .find(|&c| lens.get(&key_hash(&chosen[c].1, k)).is_none_or(|&l| (l as usize) < MERGE_LIMIT))
                     .unwrap_or_else(|| intern(&mut chosen, own.relaxed()))
             };
-            lists.entry(key_hash(&chosen[target].1, k)).or_default().push(i);
+            let h = key_hash(&chosen[target].1, k);
+            *lens.entry(h).or_default() += 1;
+            filed.push((h, i));
         }
-        let cap = (lists.len() * 2).next_power_of_two().max(16);
+        // Each list's rules together, in rule order.
+        filed.sort_unstable();
+        let cap = (lens.len() * 2).next_power_of_two().max(16);
+        drop(lens);
         let mut slots = vec![Slot::default(); cap];
         let mut ids = Vec::with_capacity(keys.len());
         let mut longest = 0;
         let mut subs = Vec::new();
-        for (h, mut list) in lists {
-            list.sort_unstable();
+        for group in filed.chunk_by(|a, b| a.0 == b.0) {
+            let h = group[0].0;
+            let rule = |k: usize| group[k].1;
             let mut j = h as usize & (cap - 1);
             while slots[j].hash != 0 {
                 j = (j + 1) & (cap - 1);
             }
-            if !fine && list.len() > SPLIT_FROM {
-                let sub_keys: Vec<RuleKey> = list.iter().map(|&i| keys[i as usize]).collect();
+            if !fine && group.len() > SPLIT_FROM {
+                let sub_keys: Vec<RuleKey> = group.iter().map(|&(_, i)| keys[i as usize]).collect();
                 let mut sub = Classifier::build_with(&sub_keys, true);
                 // Worth it when its probes (a shape costs about three rules' tests) and its
                 // longest list cost less than testing the whole list.
-                if sub.shapes4.len().max(sub.shapes6.len()) * 3 + sub.longest < list.len() {
+                if sub.shapes4.len().max(sub.shapes6.len()) * 3 + sub.longest < group.len() {
                     // Its ids are positions in the list: the rules' own (in order still).
                     for id in &mut sub.ids {
-                        *id = list[*id as usize];
+                        *id = rule(*id as usize);
                     }
-                    slots[j] = Slot { hash: h, start: subs.len() as u32, len: SUB | list.len() as u32 };
+                    slots[j] = Slot { hash: h, start: subs.len() as u32, len: SUB | group.len() as u32 };
                     longest = longest.max(sub.longest);
                     subs.push(sub);
                     continue;
                 }
             }
-            slots[j] = Slot { hash: h, start: ids.len() as u32, len: list.len() as u32 };
-            longest = longest.max(list.len());
-            ids.extend_from_slice(&list);
+            slots[j] = Slot { hash: h, start: ids.len() as u32, len: group.len() as u32 };
+            longest = longest.max(group.len());
+            ids.extend(group.iter().map(|x| x.1));
         }
         let shapes4 = chosen.iter().filter(|(id, _)| id.af != AF_INET6).map(|x| x.1.clone()).collect();
         let shapes6 = chosen.iter().filter(|(id, _)| id.af != AF_INET).map(|x| x.1.clone()).collect();

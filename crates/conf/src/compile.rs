@@ -373,6 +373,17 @@ pub enum Lookup {
     Classify,
 }
 
+impl Lookup {
+    /// Whether a list of `n` rules gets a classifier.
+    fn wants(self, n: usize) -> bool {
+        match self {
+            Lookup::Auto => n >= CLASSIFY_FROM,
+            Lookup::Walk => false,
+            Lookup::Classify => true,
+        }
+    }
+}
+
 /// A list of rules' classifier, with each rule's enclosing anchor rule (u32::MAX: none).
 #[derive(Debug)]
 struct Classified {
@@ -411,23 +422,28 @@ struct List {
 
 impl List {
     fn new(rules: Vec<CRule>, how: Lookup) -> List {
-        let mut l = List {
-            skip: Arc::new(skip_steps(&rules)),
+        // A large list's classifier is built on a second core while the skip steps are
+        // computed on this one.
+        let class = |rules: &[CRule]| how.wants(rules.len()).then(|| Arc::new(Classified::of(rules)));
+        let (skip, class) = if rules.len() >= 65_536 {
+            std::thread::scope(|s| {
+                let c = s.spawn(|| class(&rules));
+                let skip = skip_steps(&rules);
+                (skip, c.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            })
+        } else {
+            (skip_steps(&rules), class(&rules))
+        };
+        List {
+            skip: Arc::new(skip),
             evaluations: Arc::new((0..rules.len()).map(|_| AtomicU64::new(0)).collect()),
             rules: Arc::new(rules),
-            class: None,
-        };
-        l.set_lookup(how);
-        l
+            class,
+        }
     }
 
     fn set_lookup(&mut self, how: Lookup) {
-        let want = match how {
-            Lookup::Auto => self.rules.len() >= CLASSIFY_FROM,
-            Lookup::Walk => false,
-            Lookup::Classify => true,
-        };
-        self.class = want.then(|| Arc::new(Classified::of(&self.rules)));
+        self.class = how.wants(self.rules.len()).then(|| Arc::new(Classified::of(&self.rules)));
     }
 }
 

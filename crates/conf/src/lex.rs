@@ -134,8 +134,7 @@ fn lex_into(src: &str, line: u32, macros: &HashMap<String, String>, out: &mut Ve
             continue;
         }
         if i + 1 < cs.len() {
-            let two: String = cs[i..i + 2].iter().collect();
-            if let Some(p) = PUNCT2.iter().find(|p| **p == two) {
+            if let Some(p) = PUNCT2.iter().find(|p| p.chars().eq(cs[i..i + 2].iter().copied())) {
                 out.push(Token { tok: Tok::Punct(p), line });
                 i += 2;
                 continue;
@@ -165,22 +164,22 @@ fn lex_into(src: &str, line: u32, macros: &HashMap<String, String>, out: &mut Ve
 /// Groups physical lines into logical ones (a backslash before the newline continues): each
 /// logical line is its physical pieces with their line numbers, so that tokens keep the line
 /// they stand on, as pfctl reports them. Comments are left for the lexer.
-pub fn logical_lines(src: &str) -> Vec<Vec<(u32, String)>> {
-    let mut out = Vec::new();
-    let mut cur = Vec::new();
-    for (n, l) in src.lines().enumerate() {
-        let n = n as u32 + 1;
-        if let Some(stripped) = l.strip_suffix('\\') {
-            cur.push((n, stripped.to_string()));
-            continue;
+/// Borrowed from `src`, one logical line at a time.
+pub fn logical_lines(src: &str) -> impl Iterator<Item = Vec<(u32, &str)>> {
+    let mut lines = src.lines().enumerate();
+    std::iter::from_fn(move || {
+        let mut cur = Vec::new();
+        for (n, l) in lines.by_ref() {
+            let n = n as u32 + 1;
+            if let Some(stripped) = l.strip_suffix('\\') {
+                cur.push((n, stripped));
+                continue;
+            }
+            cur.push((n, l));
+            return Some(cur);
         }
-        cur.push((n, l.to_string()));
-        out.push(std::mem::take(&mut cur));
-    }
-    if !cur.is_empty() {
-        out.push(cur);
-    }
-    out
+        (!cur.is_empty()).then_some(cur)
+    })
 }
 
 #[cfg(test)]
@@ -251,10 +250,7 @@ mod tests {
 
     #[test]
     fn continuation_joins_lines() {
-        let l = logical_lines("pass in \\\n  all\nblock\n");
-        assert_eq!(
-            l,
-            vec![vec![(1, "pass in ".to_string()), (2, "  all".to_string())], vec![(3, "block".to_string())]]
-        );
+        let l: Vec<_> = logical_lines("pass in \\\n  all\nblock\n").collect();
+        assert_eq!(l, vec![vec![(1, "pass in "), (2, "  all")], vec![(3, "block")]]);
     }
 }
