@@ -56,6 +56,23 @@ pass in on $ext_if inet proto udp to 10.0.3.2 port 33434:33534
 block in on $int_if inet proto icmp
 CONF
 printf 'pass all\npass in on nosuchif0\n' > "$DIR/bad.conf"
+# A large ruleset (first packets through the classifier): the same policy, 6,000 rules for
+# other hosts' services (an anchor per /24, as a generator writes them), then a last quick
+# rule that blocks iperf3 from the client.
+{
+    cat "$DIR/pf.conf"
+    for n in $(seq 0 23); do
+        echo "anchor \"members/192.0.$n\" in on \$ext_if to 192.0.$n.0/24 {"
+        for h in $(seq 1 83); do
+            echo "pass in quick proto tcp to 192.0.$n.$h port { 22 443 }"
+        done
+        echo "}"
+        for h in $(seq 1 83); do
+            echo "block in quick on \$ext_if proto udp from 198.18.$n.$h to 10.0.2.2 port 53"
+        done
+    done
+    echo "block in quick on \$ext_if proto tcp from 10.0.1.2 to 10.0.2.2 port 5201"
+} > "$DIR/big.conf"
 
 scripts/topo.sh up $P
 ip netns exec ${P}server python3 -m http.server 80 --bind 10.0.2.2 >/dev/null 2>&1 &
@@ -148,6 +165,15 @@ check "after the refused reload, HTTP still passes" c curl -sf -m 5 -o /dev/null
 check "-f with a ruleset without HTTP loads" $CTL -f "$DIR/no-http.conf"
 check "new HTTP connections are now blocked" refused c curl -sf -m 2 -o /dev/null http://10.0.2.2/
 check "iperf3 (port 5201) still passes" c iperf3 -c 10.0.2.2 -t 1
+check "-f back to the full ruleset" $CTL -f "$DIR/pf.conf"
+# The same policy inside a 6,000-rule ruleset: xpfd looks first packets up in a classifier
+# (said in its log line), and the verdicts are the rules' (the last rule blocks iperf3).
+check "-f a 6,000-rule ruleset ($(grep -c . $DIR/big.conf) lines)" $CTL -f "$DIR/big.conf"
+check "xpfd's load line names the classifier" grep -Eq "rules 60[0-9]{2} .*classifier [0-9]+ shapes" "$LOG"
+check "HTTP passes through the large ruleset" c curl -sf -m 5 -o /dev/null http://10.0.2.2/
+check "iperf3 is blocked by its last rule (the negative control)" refused c iperf3 -c 10.0.2.2 -t 1 --connect-timeout 2000
+check "-s rules -v counts the blocking rule's evaluations" bash -c \
+    "$CTL -s rules -v | grep -A1 'from 10.0.1.2 to 10.0.2.2 port = 5201' | grep -Eq 'Evaluations: [1-9]'"
 check "-f back to the full ruleset" $CTL -f "$DIR/pf.conf"
 
 # -k kills the states of a host; a ruleset that passes nothing new proves they are gone.
