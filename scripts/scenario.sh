@@ -19,7 +19,7 @@ done
 
 cleanup() {
     [[ -n ${XPFD:-} ]] && kill "$XPFD" 2>/dev/null && wait "$XPFD" 2>/dev/null
-    for n in client server far; do ip netns pids ${P}$n 2>/dev/null | xargs -r kill 2>/dev/null; done
+    for n in client server far fw; do ip netns pids ${P}$n 2>/dev/null | xargs -r kill 2>/dev/null; done
     scripts/topo.sh down $P
     rm -rf "$SOCK" "$DIR"
 }
@@ -73,6 +73,9 @@ printf 'pass all\npass in on nosuchif0\n' > "$DIR/bad.conf"
     done
     echo "block in quick on \$ext_if proto tcp from 10.0.1.2 to 10.0.2.2 port 5201"
 } > "$DIR/big.conf"
+# A member's rules in an anchor loaded from its own file (`load anchor`).
+{ cat "$DIR/pf.conf"; echo 'anchor "members" in on $ext_if'; echo "load anchor \"members\" from \"$DIR/members.conf\""; } > "$DIR/anchor.conf"
+echo 'pass in proto tcp to 10.0.2.2 port 2222' > "$DIR/members.conf"
 
 scripts/topo.sh up $P
 ip netns exec ${P}server python3 -m http.server 80 --bind 10.0.2.2 >/dev/null 2>&1 &
@@ -174,6 +177,22 @@ check "HTTP passes through the large ruleset" c curl -sf -m 5 -o /dev/null http:
 check "iperf3 is blocked by its last rule (the negative control)" refused c iperf3 -c 10.0.2.2 -t 1 --connect-timeout 2000
 check "-s rules -v counts the blocking rule's evaluations" bash -c \
     "$CTL -s rules -v | grep -A1 'from 10.0.1.2 to 10.0.2.2 port = 5201' | grep -Eq 'Evaluations: [1-9]'"
+# `load anchor`: the member's file opens port 2222 (closed by the main rules, above). Its file
+# replaced and the ruleset loaded again while an iperf3 transfer runs: new connections meet the
+# new rules, the running transfer keeps its states.
+check "-f a ruleset that loads the members' anchor from a file" $CTL -f "$DIR/anchor.conf"
+check "the anchor's rule opens port 2222 (nc)" c nc -z -w 2 10.0.2.2 2222
+check "-s rules prints the loaded rules inside the anchor" bash -c \
+    "$CTL -s rules | grep -A1 '^anchor \"members\"' | grep -q 'port = 2222'"
+c iperf3 -c 10.0.2.2 -t 4 > "$DIR/iperf-long.log" 2>&1 &
+LONG=$!
+sleep 1
+echo 'block in quick proto tcp to 10.0.2.2 port { 2222 5201 }' > "$DIR/members.conf"
+check "-f again with the anchor's file replaced (mid-transfer)" $CTL -f "$DIR/anchor.conf"
+check "a new connection meets the new anchor: 2222 now blocked" refused c nc -z -w 2 10.0.2.2 2222
+wait $LONG
+check "the transfer that was running when the anchor changed completed" grep -q receiver "$DIR/iperf-long.log"
+check "a new iperf3 is blocked by the anchor's quick rule" refused c iperf3 -c 10.0.2.2 -t 1 --connect-timeout 2000
 check "-f back to the full ruleset" $CTL -f "$DIR/pf.conf"
 
 # -k kills the states of a host; a ruleset that passes nothing new proves they are gone.

@@ -1217,3 +1217,40 @@ fn classifier_agrees_with_naive_evaluation_for_ipv6() {
     }
     assert!(n > 64, "most packets meet a rule: {n}");
 }
+
+/// `load anchor NAME from FILE`: the file's rules are the body of the anchor rules named NAME,
+/// evaluated there; a load that no anchor rule takes, or a file that is not there, is an error
+/// naming the line.
+#[test]
+fn load_anchor_puts_a_files_rules_in_the_named_anchor() {
+    let dir = std::env::temp_dir().join(format!("xpf-load-anchor-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("members.conf"),
+        "pass in proto tcp to 20.0.0.5 port 8080\nblock in quick proto tcp to port 22\n",
+    )
+    .unwrap();
+    let main = format!(
+        "block all\npass in proto tcp to port 22\nanchor \"members\" in on em0\nload anchor \"members\" from \"{}\"\npass in proto udp\n",
+        dir.join("members.conf").display()
+    );
+    let r = rs(&main);
+    let web = pkt(IPPROTO_TCP, [1, 1, 1, 1], [20, 0, 0, 5], 999, 8080, tcp::SYN);
+    let ssh = pkt(IPPROTO_TCP, [1, 1, 1, 1], [20, 0, 0, 5], 999, 22, tcp::SYN);
+    assert_eq!(action(&r, &web, 1, Dir::In), Action::Pass, "the anchor's pass");
+    assert_eq!(action(&r, &ssh, 1, Dir::In), Action::Block, "the anchor's quick block overrides the pass before it");
+    // The anchor is for em0: on em1 its body is passed over.
+    assert_eq!(action(&r, &web, 2, Dir::In), Action::Block);
+    assert_eq!(action(&r, &ssh, 2, Dir::In), Action::Pass);
+    let p = parse(&main, "main", &[]);
+    let printed = xpf_conf::print::ruleset(&p.rules);
+    assert!(printed.contains("anchor \"members\" in on em0 all {\n  pass in"), "{printed}");
+    // Errors name the load line.
+    let missing = parse("anchor \"m\"\nload anchor \"m\" from \"/nonexistent/m.conf\"\n", "main", &[]);
+    assert_eq!(missing.errors.len(), 1);
+    assert_eq!((missing.errors[0].line, missing.errors[0].msg.contains("cannot open")), (2, true));
+    let nobody =
+        parse(&format!("pass\nload anchor \"other\" from \"{}\"\n", dir.join("members.conf").display()), "main", &[]);
+    assert!(nobody.errors.iter().any(|e| e.line == 2 && e.msg.contains("no anchor rule")), "{:?}", nobody.errors);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -95,6 +95,19 @@ pub struct Parsed {
     pub syncookies: Option<xpf_engine::syncookie::Mode>,
     /// Every `set` statement as pfctl -nv prints it, with the file and line it came from.
     pub settings: Vec<(String, std::sync::Arc<str>, u32)>,
+    /// `load anchor NAME from FILE`: the name, the file as written, and where it was said.
+    pub loads: Vec<Load>,
+}
+
+/// A `load anchor` statement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Load {
+    pub anchor: String,
+    pub path: String,
+    pub file: std::sync::Arc<str>,
+    pub line: u32,
+    /// Where a relative path is tried after the current directory (the file's own).
+    pub dir: Option<std::path::PathBuf>,
 }
 
 /// A table as declared (`table <name> ...`) or made for a list.
@@ -260,7 +273,56 @@ pub fn parse_in(src: &str, file: &str, defines: &[(String, String)], base: Optio
     }
     parse_source(src, file, base, &mut out, &mut st);
     check_queues(&mut out, file);
+    load_anchors(&mut out, defines);
     out
+}
+
+/// `load anchor NAME from FILE`: FILE's rules become the body of every anchor rule of the main
+/// ruleset named NAME that has no body of its own, as if written inline after it (they are
+/// evaluated there, and print there); pfctl reads such a file when it loads the main one, and
+/// so does every load here (a reload reads it again). A load naming no such anchor is an
+/// error: its rules would never be evaluated. A file with anything but rules and macros in it
+/// (tables, options, translation rules) is refused: pf keeps such things per anchor.
+fn load_anchors(out: &mut Parsed, defines: &[(String, String)]) {
+    for ld in std::mem::take(&mut out.loads) {
+        let err = |msg: String| ConfError { file: ld.file.to_string(), line: ld.line, msg, bare: false };
+        let mut tries = vec![std::path::PathBuf::from(&ld.path)];
+        if let Some(d) = &ld.dir {
+            tries.push(d.join(&ld.path));
+        }
+        let Some((found, text)) = tries.iter().find_map(|t| std::fs::read_to_string(t).ok().map(|s| (t.clone(), s)))
+        else {
+            out.errors.push(err(format!("load anchor \"{}\": cannot open {}", ld.anchor, ld.path)));
+            continue;
+        };
+        let dir = found.parent().map(|d| d.to_path_buf());
+        let sub = parse_in(&text, &ld.path, defines, dir.as_deref());
+        out.errors.extend(sub.errors);
+        if !sub.tables.is_empty() || !sub.settings.is_empty() || !sub.xrules.is_empty() || !sub.queues.is_empty() {
+            out.errors.push(err(format!(
+                "load anchor \"{}\": {} holds tables, options, queues or translation rules; xpf loads only filter rules into an anchor",
+                ld.anchor, ld.path
+            )));
+            continue;
+        }
+        let at: Vec<usize> = (0..out.rules.len())
+            .filter(|&i| out.rules[i].anchor.as_deref() == Some(ld.anchor.as_str()) && !out.rules[i].opens)
+            .collect();
+        if at.is_empty() {
+            out.errors.push(err(format!("load anchor \"{}\": no anchor rule without a body names it", ld.anchor)));
+            continue;
+        }
+        // From the last, so that the places before stay where they are.
+        for &i in at.iter().rev() {
+            let depth = out.rules[i].depth + 1;
+            out.rules[i].opens = true;
+            let body = sub.rules.iter().cloned().map(|mut r| {
+                r.depth += depth;
+                r
+            });
+            out.rules.splice(i + 1..i + 1, body);
+        }
+    }
 }
 
 /// What parsing carries across included files.
@@ -379,6 +441,20 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
                     Ok(mut q) => {
                         q.file = file.into();
                         out.queues.push(q);
+                        Ok(Vec::new())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Some("load") => {
+                p.next();
+                match load(&mut p) {
+                    Ok((anchor, path)) => {
+                        let dir = std::path::Path::new(file)
+                            .parent()
+                            .map(|d| d.to_path_buf())
+                            .or(base.map(|b| b.to_path_buf()));
+                        out.loads.push(Load { anchor, path, file: file.into(), line: last_line, dir });
                         Ok(Vec::new())
                     }
                     Err(e) => Err(e),
@@ -530,12 +606,28 @@ const SKIPPING: &str = "skipping rule due to errors";
 
 /// A pf.conf construct that pfctl accepts and xpf does not implement yet: said as such, so
 /// that nobody mistakes it for a mistake in the file.
+/// `anchor NAME from FILE` after `load`.
+fn load(p: &mut P) -> R<(String, String)> {
+    if !p.eat("anchor") {
+        return Err("syntax error".into());
+    }
+    let name = p.string()?;
+    if !p.eat("from") {
+        return Err("syntax error".into());
+    }
+    let path = p.string()?;
+    if !p.done() {
+        return Err("syntax error".into());
+    }
+    Ok((name, path))
+}
+
 fn unsupported(what: &str) -> String {
     format!("xpf does not support '{what}' yet")
 }
 
 /// Statements of pf.conf (OpenBSD's and the older FreeBSD dialect's) that xpf does not read yet.
-const UNSUPPORTED_STATEMENTS: &[&str] = &["load", "scrub", "altq", "scrub-anchor", "dummynet-anchor", "ether"];
+const UNSUPPORTED_STATEMENTS: &[&str] = &["scrub", "altq", "scrub-anchor", "dummynet-anchor", "ether"];
 
 /// Rule options pfctl knows that xpf does not implement yet.
 const UNSUPPORTED_OPTIONS: &[&str] = &["os", "prio", "queue", "fragment", "no-df", "rdomain", "pflow", "delay"];
