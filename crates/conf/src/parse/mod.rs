@@ -281,8 +281,9 @@ pub fn parse_in(src: &str, file: &str, defines: &[(String, String)], base: Optio
 /// ruleset named NAME that has no body of its own, as if written inline after it (they are
 /// evaluated there, and print there); pfctl reads such a file when it loads the main one, and
 /// so does every load here (a reload reads it again). A load naming no such anchor is an
-/// error: its rules would never be evaluated. A file with anything but rules and macros in it
-/// (tables, options, translation rules) is refused: pf keeps such things per anchor.
+/// error: its rules would never be evaluated. Its tables join the main ruleset's (a name both
+/// declare is an error: pf keeps an anchor's tables apart); options, queues and translation
+/// rules in it are refused.
 fn load_anchors(out: &mut Parsed, defines: &[(String, String)]) {
     for ld in std::mem::take(&mut out.loads) {
         let err = |msg: String| ConfError { file: ld.file.to_string(), line: ld.line, msg, bare: false };
@@ -298,13 +299,23 @@ fn load_anchors(out: &mut Parsed, defines: &[(String, String)]) {
         let dir = found.parent().map(|d| d.to_path_buf());
         let sub = parse_in(&text, &ld.path, defines, dir.as_deref());
         out.errors.extend(sub.errors);
-        if !sub.tables.is_empty() || !sub.settings.is_empty() || !sub.xrules.is_empty() || !sub.queues.is_empty() {
+        if !sub.settings.is_empty() || !sub.xrules.is_empty() || !sub.queues.is_empty() {
             out.errors.push(err(format!(
-                "load anchor \"{}\": {} holds tables, options, queues or translation rules; xpf loads only filter rules into an anchor",
+                "load anchor \"{}\": {} holds options, queues or translation rules; xpf loads only filter rules and tables into an anchor",
                 ld.anchor, ld.path
             )));
             continue;
         }
+        // pf keeps an anchor's tables apart; xpf has one namespace, so a name the main
+        // ruleset (or another anchor) already declares is an error, not a silent merge.
+        if let Some(t) = sub.tables.iter().find(|t| out.tables.iter().any(|o| o.name == t.name)) {
+            out.errors.push(err(format!(
+                "load anchor \"{}\": table <{}> is declared in the main ruleset too; xpf keeps one table namespace",
+                ld.anchor, t.name
+            )));
+            continue;
+        }
+        out.tables.extend(sub.tables);
         let at: Vec<usize> = (0..out.rules.len())
             .filter(|&i| out.rules[i].anchor.as_deref() == Some(ld.anchor.as_str()) && !out.rules[i].opens)
             .collect();
@@ -450,10 +461,9 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
                 p.next();
                 match load(&mut p) {
                     Ok((anchor, path)) => {
-                        let dir = std::path::Path::new(file)
-                            .parent()
-                            .map(|d| d.to_path_buf())
-                            .or(base.map(|b| b.to_path_buf()));
+                        // As `include`: the file's own directory, else the base one.
+                        let own = std::path::Path::new(file).parent().filter(|d| !d.as_os_str().is_empty());
+                        let dir = own.or(base).map(|d| d.to_path_buf());
                         out.loads.push(Load { anchor, path, file: file.into(), line: last_line, dir });
                         Ok(Vec::new())
                     }
