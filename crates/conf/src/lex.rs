@@ -39,7 +39,7 @@ pub fn is_word(s: &str) -> bool {
 }
 
 fn is_word_char(c: char) -> bool {
-    !(c.is_whitespace() || "(){}<>!=/#,\"".contains(c))
+    !(c.is_whitespace() || "(){}<>!=/#,\"'".contains(c))
 }
 
 /// Splits `src` into tokens, expanding `$macros` from `macros` (definitions met on the way are
@@ -79,18 +79,19 @@ fn lex_into(src: &str, line: u32, macros: &HashMap<String, String>, out: &mut Ve
             i += 1;
             continue;
         }
-        if c == '"' {
+        // pfctl's lexer quotes with either mark; a string ends at the mark it began with.
+        if c == '"' || c == '\'' {
             let mut s = String::new();
             i += 1;
             loop {
                 match cs.get(i) {
                     None => return Err(LexError { line, msg: "unterminated quote".into() }),
-                    Some('"') => {
+                    Some(&q) if q == c => {
                         i += 1;
                         break;
                     }
-                    Some('\\') if cs.get(i + 1) == Some(&'"') => {
-                        s.push('"');
+                    Some('\\') if cs.get(i + 1) == Some(&c) => {
+                        s.push(c);
                         i += 2;
                     }
                     Some(&ch) => {
@@ -191,6 +192,24 @@ mod tests {
         let mut v = Vec::new();
         lex_line(s, 1, &macros, &mut v)?;
         Ok(v.into_iter().map(|t| t.tok).collect())
+    }
+
+    #[test]
+    fn single_quotes_quote_as_pfctl_reads_them() {
+        let st = |s: &str| Tok::Str(s.into());
+        assert_eq!(
+            toks("load anchor 'a b' from '/etc/x.conf' label \"it's\"", &[]).unwrap(),
+            vec![
+                Tok::Word("load".into()),
+                Tok::Word("anchor".into()),
+                st("a b"),
+                Tok::Word("from".into()),
+                st("/etc/x.conf"),
+                Tok::Word("label".into()),
+                st("it's")
+            ]
+        );
+        assert!(toks("label 'open", &[]).is_err());
     }
 
     #[test]
