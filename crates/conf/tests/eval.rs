@@ -1254,3 +1254,13 @@ fn load_anchor_puts_a_files_rules_in_the_named_anchor() {
     assert!(nobody.errors.iter().any(|e| e.line == 2 && e.msg.contains("no anchor rule")), "{:?}", nobody.errors);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A file that loads itself into its own anchor stops at the nesting bound with an error.
+#[test]
+fn load_anchor_cycle_is_an_error() {
+    let f = std::env::temp_dir().join(format!("xpf-load-cycle-{}.conf", std::process::id()));
+    std::fs::write(&f, format!("anchor \"a\"\nload anchor \"a\" from \"{}\"\n", f.display())).unwrap();
+    let p = parse(&std::fs::read_to_string(&f).unwrap(), "main", &[]);
+    std::fs::remove_file(&f).unwrap();
+    assert!(p.errors.iter().any(|e| e.msg.contains("nesting too deep")), "{:?}", p.errors);
+}

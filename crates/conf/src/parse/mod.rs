@@ -265,6 +265,11 @@ pub fn parse(src: &str, file: &str, defines: &[(String, String)]) -> Parsed {
 /// As [`parse`], with `base` the directory relative `include` paths are tried in after the
 /// current one (the including file's directory; pfctl itself uses only the current one).
 pub fn parse_in(src: &str, file: &str, defines: &[(String, String)], base: Option<&std::path::Path>) -> Parsed {
+    parse_at(src, file, defines, base, 0)
+}
+
+/// [`parse_in`] for a file `loads` levels of `load anchor` deep.
+fn parse_at(src: &str, file: &str, defines: &[(String, String)], base: Option<&std::path::Path>, loads: u8) -> Parsed {
     let mut out = Parsed::default();
     let mut st =
         ParseState { fixed: defines.iter().map(|d| d.0.clone()).collect(), nr: 0, xnr: 0, depth: 0, includes: 0 };
@@ -273,7 +278,7 @@ pub fn parse_in(src: &str, file: &str, defines: &[(String, String)], base: Optio
     }
     parse_source(src, file, base, &mut out, &mut st);
     check_queues(&mut out, file);
-    load_anchors(&mut out, defines);
+    load_anchors(&mut out, defines, loads);
     out
 }
 
@@ -284,9 +289,14 @@ pub fn parse_in(src: &str, file: &str, defines: &[(String, String)], base: Optio
 /// error: its rules would never be evaluated. Its tables join the main ruleset's (a name both
 /// declare is an error: pf keeps an anchor's tables apart); options, queues and translation
 /// rules in it are refused.
-fn load_anchors(out: &mut Parsed, defines: &[(String, String)]) {
+fn load_anchors(out: &mut Parsed, defines: &[(String, String)], depth: u8) {
     for ld in std::mem::take(&mut out.loads) {
         let err = |msg: String| ConfError { file: ld.file.to_string(), line: ld.line, msg, bare: false };
+        // A file that loads itself (or a longer cycle) stops here, as includes do.
+        if depth >= MAX_INCLUDE_DEPTH {
+            out.errors.push(err(format!("load anchor \"{}\": nesting too deep at {}", ld.anchor, ld.path)));
+            continue;
+        }
         let mut tries = vec![std::path::PathBuf::from(&ld.path)];
         if let Some(d) = &ld.dir {
             tries.push(d.join(&ld.path));
@@ -297,7 +307,7 @@ fn load_anchors(out: &mut Parsed, defines: &[(String, String)]) {
             continue;
         };
         let dir = found.parent().map(|d| d.to_path_buf());
-        let sub = parse_in(&text, &ld.path, defines, dir.as_deref());
+        let sub = parse_at(&text, &ld.path, defines, dir.as_deref(), depth + 1);
         out.errors.extend(sub.errors);
         if !sub.settings.is_empty() || !sub.xrules.is_empty() || !sub.queues.is_empty() {
             out.errors.push(err(format!(
@@ -614,8 +624,6 @@ fn scrub_opts(p: &mut P) -> R<Scrub> {
 
 const SKIPPING: &str = "skipping rule due to errors";
 
-/// A pf.conf construct that pfctl accepts and xpf does not implement yet: said as such, so
-/// that nobody mistakes it for a mistake in the file.
 /// `anchor NAME from FILE` after `load`.
 fn load(p: &mut P) -> R<(String, String)> {
     if !p.eat("anchor") {
@@ -632,6 +640,8 @@ fn load(p: &mut P) -> R<(String, String)> {
     Ok((name, path))
 }
 
+/// A pf.conf construct that pfctl accepts and xpf does not implement yet: said as such, so
+/// that nobody mistakes it for a mistake in the file.
 fn unsupported(what: &str) -> String {
     format!("xpf does not support '{what}' yet")
 }
