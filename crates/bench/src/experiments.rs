@@ -606,15 +606,13 @@ pub fn rules(o: &Opts) -> Result<(), String> {
     for &n in &sizes {
         for set in ["campus", "random"] {
             // The text and the packets first; the clock and the memory count from the parse.
-            let (text, campus) = if set == "campus" {
-                let pol = xpf_bench::rulegen::campus(n, 1);
-                (pol.pf.clone(), Some(pol))
-            } else {
-                (xpf_bench::rulegen::random(n, 1), None)
-            };
+            let campus = (set == "campus").then(|| xpf_bench::rulegen::campus(n, 1));
+            let random = if campus.is_none() { xpf_bench::rulegen::random(n, 1) } else { String::new() };
+            let text = campus.as_ref().map_or(&random, |pol| &pol.pf);
             let rss0 = crate::sys::rss();
             let t = Instant::now();
-            let p = xpf_conf::parse(&text, set, &[]);
+            let p = xpf_conf::parse(text, set, &[]);
+            let parse_s = t.elapsed().as_secs_f64();
             if let Some(err) = p.errors.first() {
                 return Err(format!("generated ruleset refused: {err}"));
             }
@@ -622,20 +620,7 @@ pub fn rules(o: &Opts) -> Result<(), String> {
                 Some(pol) => pol
                     .probes(4096, 2)
                     .iter()
-                    .map(|pr| {
-                        let pd = xpf_wire::PDesc {
-                            src: xpf_wire::Addr::v4(pr.src.to_be_bytes()),
-                            dst: xpf_wire::Addr::v4(pr.dst.to_be_bytes()),
-                            sport: 40000,
-                            dport: pr.dport,
-                            af: 4,
-                            proto: pr.proto,
-                            tcp_flags: if pr.proto == 6 { xpf_wire::tcp::SYN } else { 0 },
-                            flags: xpf_wire::pdesc::pdf::HAS_PORTS,
-                            ..Default::default()
-                        };
-                        (pd, if pr.inbound { xpf_state::Dir::In } else { xpf_state::Dir::Out })
-                    })
+                    .map(|pr| (pr.pdesc(), if pr.inbound { xpf_state::Dir::In } else { xpf_state::Dir::Out }))
                     .collect(),
                 None => random_probes(&p, 4096, 2)
                     .into_iter()
@@ -643,10 +628,10 @@ pub fn rules(o: &Opts) -> Result<(), String> {
                     .map(|(i, pd)| (pd, if i % 2 == 0 { xpf_state::Dir::In } else { xpf_state::Dir::Out }))
                     .collect(),
             };
-            let parse_s = t.elapsed().as_secs_f64();
+            let t = Instant::now();
             let mut r = xpf_conf::Ruleset::compile(&p, &ifindex).map_err(|e| e.msg)?;
             drop(p);
-            let pc = t.elapsed().as_secs_f64();
+            let pc = parse_s + t.elapsed().as_secs_f64();
             let rss = crate::sys::rss().saturating_sub(rss0);
             r.set_lookup(xpf_conf::compile::Lookup::Classify);
             let (shapes, cbytes, longest) = r.classifier_stats(4).unwrap_or((0, 0, 0));

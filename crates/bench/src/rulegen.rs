@@ -576,6 +576,23 @@ pub struct Probe {
     pub dport: u16,
 }
 
+impl Probe {
+    /// The connection's first packet as the engine's descriptor (a TCP SYN, or a datagram).
+    pub fn pdesc(&self) -> xpf_wire::PDesc {
+        xpf_wire::PDesc {
+            src: xpf_wire::Addr::v4(self.src.to_be_bytes()),
+            dst: xpf_wire::Addr::v4(self.dst.to_be_bytes()),
+            sport: 40000,
+            dport: self.dport,
+            af: xpf_wire::pdesc::AF_INET,
+            proto: self.proto,
+            tcp_flags: if self.proto == 6 { xpf_wire::tcp::SYN } else { 0 },
+            flags: xpf_wire::pdesc::pdf::HAS_PORTS,
+            ..Default::default()
+        }
+    }
+}
+
 impl Policy {
     fn table(&self, t: &str) -> &[(u32, u8)] {
         &self.tables.iter().find(|x| x.0 == t).unwrap().1

@@ -2,33 +2,17 @@
 //! with skip steps and through the classifier) gives each new connection the verdict the
 //! nftables forms' first-match order gives it.
 
-use xpf_bench::rulegen::{campus, random, Probe};
+use xpf_bench::rulegen::{campus, random};
 use xpf_conf::compile::Lookup;
 use xpf_conf::{parse, Ruleset};
 use xpf_engine::{Action, Policy};
 use xpf_state::Dir;
-use xpf_wire::pdesc::{pdf, AF_INET};
-use xpf_wire::{tcp, Addr, PDesc};
 
 fn ifindex(n: &str) -> Option<u16> {
     match n {
         "em0" => Some(1),
         "em1" => Some(2),
         _ => None,
-    }
-}
-
-pub fn pdesc(p: &Probe) -> PDesc {
-    PDesc {
-        src: Addr::v4(p.src.to_be_bytes()),
-        dst: Addr::v4(p.dst.to_be_bytes()),
-        sport: 40000,
-        dport: p.dport,
-        af: AF_INET,
-        proto: p.proto,
-        tcp_flags: if p.proto == 6 { tcp::SYN } else { 0 },
-        flags: pdf::HAS_PORTS,
-        ..Default::default()
     }
 }
 
@@ -46,7 +30,7 @@ fn campus_pf_and_nftables_forms_agree() {
     walk.set_lookup(Lookup::Walk);
     let (mut passed, mut blocked) = (0, 0);
     for pr in pol.probes(20_000, 3) {
-        let pd = pdesc(&pr);
+        let pd = pr.pdesc();
         let dir = if pr.inbound { Dir::In } else { Dir::Out };
         let want = pol.first_match(&pr);
         let d = class.evaluate(&pd, 1, dir);

@@ -443,7 +443,11 @@ impl List {
     }
 
     fn set_lookup(&mut self, how: Lookup) {
-        self.class = how.wants(self.rules.len()).then(|| Arc::new(Classified::of(&self.rules)));
+        if !how.wants(self.rules.len()) {
+            self.class = None;
+        } else if self.class.is_none() {
+            self.class = Some(Arc::new(Classified::of(&self.rules)));
+        }
     }
 }
 
