@@ -193,6 +193,36 @@ check "a new connection meets the new anchor: 2222 now blocked" refused c nc -z 
 wait $LONG
 check "the transfer that was running when the anchor changed completed" grep -q receiver "$DIR/iperf-long.log"
 check "a new iperf3 is blocked by the anchor's quick rule" refused c iperf3 -c 10.0.2.2 -t 1 --connect-timeout 2000
+# `xpfctl -a members -f FILE`: the anchor's rules replaced on their own (nothing else is
+# compiled), in place of the body the main file gave it, while a transfer runs; until the main
+# ruleset is loaded again, which brings its own body back (as pfctl -f does).
+echo 'pass in proto tcp to 10.0.2.2 port 2222 label member-ssh' > "$DIR/member-a.conf"
+echo 'block in quick proto tcp to 10.0.2.2 port { 2222 5201 }' > "$DIR/member-b.conf"
+printf 'table <x> { 10.9.9.9 }\npass in proto tcp to <x>\n' > "$DIR/member-bad.conf"
+check "-a members -f: the anchor's rules replaced" $CTL -a members -f "$DIR/member-a.conf"
+check "xpfd logs the anchor's load and its time" grep -Eq 'anchor "members": 1 rules from .*member-a.conf in [0-9.]+ ms' "$LOG"
+check "the replaced anchor opens 2222 again" c nc -z -w 2 10.0.2.2 2222
+check "and no longer blocks iperf3" c iperf3 -c 10.0.2.2 -t 1
+check "-a members -s rules shows the anchor's rules" bash -c "$CTL -a members -s rules | grep -q 'port = 2222 .*label \"member-ssh\"'"
+check "-s rules shows them inside the anchor, the main file's body gone" bash -c \
+    "$CTL -s rules | grep -A1 '^anchor \"members\".* {\$' | grep -q 'label \"member-ssh\"' && ! $CTL -s rules | grep -q 'block in quick proto tcp from any to 10.0.2.2 port = 5201'"
+check "-s labels counts the loaded rule" bash -c "$CTL -s labels | grep -Eq '^member-ssh [1-9]'"
+c iperf3 -c 10.0.2.2 -t 4 > "$DIR/iperf-long.log" 2>&1 &
+LONG=$!
+sleep 1
+check "-a members -f again mid-transfer" $CTL -a members -f "$DIR/member-b.conf"
+check "a new connection meets the anchor's new rules: 2222 blocked" refused c nc -z -w 2 10.0.2.2 2222
+wait $LONG
+check "the transfer running across the anchor's replacement completed" grep -q receiver "$DIR/iperf-long.log"
+check "a new iperf3 is blocked by the anchor's new quick rule" refused c iperf3 -c 10.0.2.2 -t 1 --connect-timeout 2000
+check "-a with a file declaring a table is refused with FILE:LINE" bash -c \
+    "! $CTL -a members -f $DIR/member-bad.conf 2>$DIR/err && grep -q 'member-bad.conf:1: table <x>' $DIR/err"
+check "-a with a wildcard name is refused" bash -c "! $CTL -a 'members/*' -f $DIR/member-a.conf 2>/dev/null"
+check "-a members -F rules empties the anchor" $CTL -a members -F rules
+check "emptied, the anchor no longer blocks iperf3" c iperf3 -c 10.0.2.2 -t 1
+check "and the main rules close 2222 again" refused c nc -z -w 2 10.0.2.2 2222
+check "-f the main file again: its own body of the anchor is back" $CTL -f "$DIR/anchor.conf"
+check "the main file's anchor body blocks iperf3 again" refused c iperf3 -c 10.0.2.2 -t 1 --connect-timeout 2000
 check "-f back to the full ruleset" $CTL -f "$DIR/pf.conf"
 
 # -k kills the states of a host; a ruleset that passes nothing new proves they are gone.

@@ -498,6 +498,22 @@ struct RulesPoint {
     longest_list: usize,
     walk_per_sec: Summary,
     classify_per_sec: Summary,
+    /// `xpfctl -a`'s work for a 1,000-rule member anchor (campus only): its parse, compile
+    /// and the ruleset's new generation beside the rest, microseconds.
+    anchor_replace_us: Option<Summary>,
+}
+
+/// A member's anchor of the campus (`campus/in/44.0.0`, the first /24's inbound one) as a
+/// generator would write it anew: `n` quick passes to its hosts' services.
+fn member_anchor(n: usize) -> String {
+    let mut s = String::new();
+    for i in 0..n {
+        let _ = std::fmt::Write::write_fmt(
+            &mut s,
+            format_args!("pass in quick proto tcp to 44.0.0.{} port {}\n", 1 + i % 250, 1000 + i / 250),
+        );
+    }
+    s
 }
 
 /// First packets for the random set: half from a rule (a host inside its prefixes, a port
@@ -638,6 +654,22 @@ pub fn rules(o: &Opts) -> Result<(), String> {
             let classify = eval_rate(o, &r, &pkts);
             r.set_lookup(xpf_conf::compile::Lookup::Walk);
             let walk = eval_rate(o, &r, &pkts);
+            r.set_lookup(xpf_conf::compile::Lookup::Auto);
+            // One member's anchor replaced at run time, as `xpfctl -a` does it.
+            let anchor_replace_us = (set == "campus").then(|| {
+                let text = member_anchor(1000);
+                let us: Vec<f64> = (0..o.runs.max(3))
+                    .map(|k| {
+                        let t = Instant::now();
+                        let a = xpf_conf::parse(&text, "member", &[]);
+                        let next = r.with_anchor("campus/in/44.0.0", &a, (1 << 31) + k as u32 * 1000, &ifindex);
+                        let us = t.elapsed().as_secs_f64() * 1e6;
+                        drop(next.expect("the member's anchor compiles"));
+                        us
+                    })
+                    .collect();
+                Summary::of(&us)
+            });
             say(
                 o,
                 format!(
@@ -658,6 +690,7 @@ pub fn rules(o: &Opts) -> Result<(), String> {
                 longest_list: longest,
                 walk_per_sec: Summary::of(&walk),
                 classify_per_sec: Summary::of(&classify),
+                anchor_replace_us,
             });
         }
     }
@@ -668,6 +701,12 @@ pub fn rules(o: &Opts) -> Result<(), String> {
     say(o, stats::header("set / rules", "classifier evaluations/s"));
     for p in &out {
         say(o, stats::row(&format!("{} {}", p.set, p.rules), &p.classify_per_sec));
+    }
+    say(o, stats::header("set / rules", "us to replace a 1,000-rule anchor (xpfctl -a)"));
+    for p in &out {
+        if let Some(us) = &p.anchor_replace_us {
+            say(o, stats::row(&format!("{} {}", p.set, p.rules), us));
+        }
     }
     let line = |set: &str, classify: bool| -> Vec<(f64, f64, f64, f64)> {
         out.iter()

@@ -20,6 +20,10 @@ use xpf_state::{Overload, RuleLimits};
 use xpf_wire::pdesc::{pdf, AF_INET, AF_INET6, IPPROTO_TCP};
 use xpf_wire::{Addr, PDesc};
 
+mod anchor;
+use anchor::Anchors;
+pub use anchor::{anchor_paths, valid_anchor_path, AnchorInfo};
+
 /// A table: longest-prefix match over the entries, a negated entry excluding what it covers.
 /// Lookup walks only the prefix lengths present, longest first. A table in force is not
 /// changed in place: `xpfctl -T` builds the changed copy ([`Table::clone`] carries each
@@ -340,6 +344,9 @@ struct CRule {
     depth: u8,
     /// For an anchor rule: the index after its body (0: not an anchor).
     anchor_end: u32,
+    /// A named anchor's slot + 1 in `Ruleset::anchors` (0: none): rules loaded into the
+    /// anchor at run time are evaluated there instead of its body.
+    slot: u32,
     /// Translation pools (index + 1 in `Ruleset::pools`, 0 for none): `nat-to`, `rdr-to`.
     nat: u32,
     rdr: u32,
@@ -557,6 +564,8 @@ pub struct Ruleset {
     pub nat_owners: Vec<Target>,
     /// `set loginterface`: its index (0: none, or not present when compiled).
     pub loginterface: u16,
+    /// The named anchors, and the rules loaded into them at run time.
+    anchors: Anchors,
 }
 
 /// A destination translated traffic may have ([`Ruleset::nat_targets`]): packets of `proto`
@@ -653,7 +662,7 @@ fn targets_of(
     r: &Rule,
     nat: Option<&xpf_engine::nat::Pool>,
     rdr: Option<&xpf_engine::nat::Pool>,
-    tables: &[(String, Table)],
+    tables: &[(String, Arc<Table>)],
 ) -> Vec<Target> {
     use xpf_wire::pdesc::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_UDP};
     let mut out = Vec::new();
@@ -805,11 +814,11 @@ fn route_table(fib: &crate::routes::Fib, oif: Option<u32>) -> Table {
     tb
 }
 
-fn table_index(tables: &mut Vec<(String, Table)>, name: String, make: impl FnOnce() -> Table) -> usize {
+fn table_index(tables: &mut Vec<(String, Arc<Table>)>, name: String, make: impl FnOnce() -> Table) -> usize {
     match tables.iter().position(|t| t.0 == name) {
         Some(i) => i,
         None => {
-            tables.push((name, make()));
+            tables.push((name, Arc::new(make())));
             tables.len() - 1
         }
     }
@@ -827,7 +836,7 @@ fn add_pool(
     r: &Rule,
     pool: Option<&Pool>,
     rdr: bool,
-    tables: &[(String, Table)],
+    tables: &[(String, Arc<Table>)],
     pools: &mut Vec<xpf_engine::nat::Pool>,
     pool_tables: &mut Vec<(usize, String)>,
 ) -> Result<u32, CompileError> {
@@ -897,7 +906,7 @@ fn add_pool(
 
 fn addr_test(
     h: &Host,
-    tables: &mut Vec<(String, Table)>,
+    tables: &mut Vec<(String, Arc<Table>)>,
     fib: &crate::routes::Fib,
     urpf: &mut Vec<(u16, usize)>,
 ) -> (bool, AddrTest) {
@@ -928,7 +937,7 @@ fn addr_test(
                     for (a, l) in addrs {
                         tb.insert(a, l, false);
                     }
-                    tables.push((name, tb));
+                    tables.push((name, Arc::new(tb)));
                     AddrTest::Table(tables.len() - 1)
                 }
             }
@@ -937,7 +946,7 @@ fn addr_test(
             Some(i) => AddrTest::Table(i),
             None => {
                 // pf creates a rule's table when it is not declared (empty until filled).
-                tables.push((name.clone(), Table::default()));
+                tables.push((name.clone(), Arc::default()));
                 AddrTest::Table(tables.len() - 1)
             }
         },
@@ -957,6 +966,188 @@ fn addr_test(
         HostKind::Range(..) => AddrTest::Never,
     };
     (h.neg, t)
+}
+
+/// What compiling rules adds to besides the rules themselves: the ruleset's tables, tags,
+/// state limits, marks, rare tests and translation pools.
+struct Build<'a> {
+    p: &'a Parsed,
+    ifindex: &'a dyn Fn(&str) -> Option<u16>,
+    fib: &'a crate::routes::Fib,
+    tables: Vec<(String, Arc<Table>)>,
+    tags: Vec<String>,
+    limits: Vec<RuleLimits>,
+    seen: HashMap<u64, u32>,
+    seen_marks: HashMap<u64, u32>,
+    marks: HashMap<u32, Arc<Mark>>,
+    rare: Vec<Rare>,
+    pools: Vec<xpf_engine::nat::Pool>,
+    pool_tables: Vec<(usize, String)>,
+    nat_targets: Vec<Target>,
+    urpf: Vec<(u16, usize)>,
+}
+
+impl<'a> Build<'a> {
+    fn new(
+        p: &'a Parsed,
+        ifindex: &'a dyn Fn(&str) -> Option<u16>,
+        fib: &'a crate::routes::Fib,
+        tables: Vec<(String, Arc<Table>)>,
+        tags: Vec<String>,
+    ) -> Build<'a> {
+        Build {
+            p,
+            ifindex,
+            fib,
+            tables,
+            tags,
+            limits: Vec::new(),
+            seen: HashMap::new(),
+            seen_marks: HashMap::new(),
+            marks: HashMap::new(),
+            rare: Vec::new(),
+            pools: Vec::new(),
+            pool_tables: Vec::new(),
+            nat_targets: Vec::new(),
+            urpf: Vec::new(),
+        }
+    }
+
+    fn tag_id(&mut self, s: &str) -> u16 {
+        match self.tags.iter().position(|t| t == s) {
+            Some(i) => i as u16 + 1,
+            None => {
+                self.tags.push(s.to_string());
+                self.tags.len() as u16
+            }
+        }
+    }
+
+    /// Compiles rule `r` (pf number `nr`; `x`: a translation rule) with its anchor's end
+    /// (0: not an anchor) and its named anchor's slot + 1 (0: none).
+    fn rule(&mut self, r: &Rule, nr: u32, x: bool, anchor_end: u32, slot: u32) -> Result<CRule, CompileError> {
+        let p = self.p;
+        let ifindex = self.ifindex;
+        let on = match &r.on {
+            Some(i) if i.name == "any" => None,
+            Some(i) => Some((
+                i.neg,
+                ifindex(&i.name)
+                    .ok_or_else(|| CompileError { line: r.line, msg: format!("no such interface: {}", i.name) })?,
+            )),
+            None => None,
+        };
+        let rcv = match &r.received_on {
+            Some(i) => Some((
+                i.neg,
+                ifindex(&i.name)
+                    .ok_or_else(|| CompileError { line: r.line, msg: format!("no such interface: {}", i.name) })?,
+            )),
+            None => None,
+        };
+        let mark = (r.once || r.max_pkt_rate.is_some()).then(|| {
+            let m = Arc::new(Mark {
+                id: limiter_id(r, &mut self.seen_marks),
+                once: r.once,
+                expired: AtomicBool::new(false),
+                meter: r.max_pkt_rate.map(|(n, secs)| Mutex::new(Threshold::new(n, secs))),
+            });
+            self.marks.insert(m.id, m.clone());
+            m
+        });
+        // Route tests go to the rule's rare tests (see `Rare::routes`).
+        let (mut src, mut dst) = (
+            addr_test(&r.src, &mut self.tables, self.fib, &mut self.urpf),
+            addr_test(&r.dst, &mut self.tables, self.fib, &mut self.urpf),
+        );
+        let mut routes = [None, None];
+        for (side, t) in [&mut src, &mut dst].into_iter().enumerate() {
+            if matches!(t.1, AddrTest::NoRoute(_) | AddrTest::Urpf) {
+                routes[side] = Some(*t);
+                *t = (false, AddrTest::Any);
+            }
+        }
+        let tag = r.tag.as_deref().map(|t| self.tag_id(t));
+        let tagged = r.tagged.as_ref().map(|(n, t)| (*n, self.tag_id(t)));
+        let c = CRule {
+            nr,
+            action: r.action,
+            // A translation rule: the first match decides.
+            quick: r.quick || x,
+            dir: r.dir,
+            on,
+            af: match r.af {
+                Af::Inet => AF_INET,
+                Af::Inet6 => AF_INET6,
+                Af::Any => 0,
+            },
+            proto: r.proto,
+            src,
+            src_port: r.src_port,
+            dst,
+            dst_port: r.dst_port,
+            flags: match r.flags {
+                Some(Flags::Set { bits, mask }) => Some((bits, mask)),
+                _ => None,
+            },
+            icmp: r.icmp,
+            keep_state: r.state != StateKind::No,
+            ret: engine_return(&r.ret),
+            scrub: r.scrub.as_ref().map_or(EScrub::NONE, |s| EScrub {
+                no_df: s.no_df,
+                random_id: s.random_id,
+                min_ttl: s.min_ttl.unwrap_or(0),
+                set_tos: s.set_tos,
+                max_mss: s.max_mss.unwrap_or(0),
+                id: 0,
+            }),
+            tos: r.tos,
+            prob: r.probability.map_or(0, prob_threshold),
+            nosync: r.state_opts.no_sync || p.state_defaults.no_sync,
+            // `set state-policy if-bound` binds every state a rule does not make floating.
+            if_bound: r.state_opts.if_bound || (p.if_bound && !r.state_opts.floating),
+            allow_opts: r.allow_opts,
+            sloppy: r.state_opts.sloppy,
+            pflow: r.state_opts.pflow || p.state_defaults.pflow,
+            modulate: r.state == StateKind::Modulate,
+            synproxy: r.state == StateKind::Synproxy,
+            // A rule that does not ask for a bare SYN may pick a stream up in the middle.
+            pickup: match r.flags {
+                Some(Flags::Set { bits, mask }) => !(bits & 0x02 != 0 && mask & 0x10 != 0 && bits & 0x10 == 0),
+                _ => true,
+            },
+            limits: match rule_limits(&r.state_opts) {
+                Some(l) if r.action == Action::Pass && r.state != StateKind::No => {
+                    self.limits.push(RuleLimits { limiter: limiter_id(r, &mut self.seen), ..l });
+                    self.limits.len() as u32
+                }
+                _ => 0,
+            },
+            tag,
+            tagged,
+            rare: if rcv.is_some() || mark.is_some() || routes.iter().any(Option::is_some) {
+                self.rare.push(Rare { rcv, routes, mark });
+                self.rare.len() as u32
+            } else {
+                0
+            },
+            depth: r.depth,
+            anchor_end,
+            slot,
+            nat: add_pool(r, r.nat.as_deref(), false, &self.tables, &mut self.pools, &mut self.pool_tables)?,
+            rdr: add_pool(r, r.rdr.as_deref(), true, &self.tables, &mut self.pools, &mut self.pool_tables)?,
+            natpass: r.xlate.is_some_and(|x| x.pass),
+            log: r.log.as_ref().map_or(0, |l| {
+                l.to.as_deref().and_then(|t| t.strip_prefix("pflog")).and_then(|n| n.parse::<u8>().ok()).unwrap_or(0)
+                    + 1
+            }),
+            log_all: r.log.as_ref().is_some_and(|l| l.all),
+        };
+        let nat = (c.nat != 0).then(|| &self.pools[c.nat as usize - 1]);
+        let rdr = (c.rdr != 0).then(|| &self.pools[c.rdr as usize - 1]);
+        self.nat_targets.extend(targets_of(r, nat, rdr, &self.tables));
+        Ok(c)
+    }
 }
 
 impl Ruleset {
@@ -988,8 +1179,7 @@ impl Ruleset {
         ifindex: &dyn Fn(&str) -> Option<u16>,
         fib: &crate::routes::Fib,
     ) -> Result<Ruleset, CompileError> {
-        let mut tables: Vec<(String, Table)> = Vec::new();
-        let mut urpf = Vec::new();
+        let mut tables: Vec<(String, Arc<Table>)> = Vec::new();
         for t in &p.tables {
             let mut tb = Table::default();
             for part in &t.parts {
@@ -1018,28 +1208,13 @@ impl Ruleset {
                     }
                 }
             }
-            tables.push((t.name.clone(), tb));
+            tables.push((t.name.clone(), Arc::new(tb)));
         }
-        let mut tags: Vec<String> = Vec::new();
-        let mut tag_id = |s: &str| -> u16 {
-            match tags.iter().position(|t| t == s) {
-                Some(i) => i as u16 + 1,
-                None => {
-                    tags.push(s.to_string());
-                    tags.len() as u16
-                }
-            }
-        };
+        let mut b = Build::new(p, ifindex, fib, tables, Vec::new());
         let mut rules = Vec::new();
-        let mut limits = Vec::new();
-        let mut seen = HashMap::new();
-        let mut seen_marks = HashMap::new();
-        let mut marks = HashMap::new();
-        let mut rare = Vec::new();
-        let mut pools = Vec::new();
-        let mut pool_tables = Vec::new();
-        let mut nat_targets = Vec::new();
         let mut xrules = Vec::new();
+        let paths = anchor_paths(&p.rules);
+        let mut slots: HashMap<String, (u32, bool)> = HashMap::new();
         let halves = xlate_halves(&p.xrules);
         let jobs = p.rules.iter().enumerate().map(|(nr, r)| (false, nr, r));
         for (x, nr, r) in jobs.chain(halves.iter().map(|(nr, r)| (true, *nr, r))) {
@@ -1052,125 +1227,24 @@ impl Ruleset {
             } else {
                 0
             };
-            let on = match &r.on {
-                Some(i) if i.name == "any" => None,
-                Some(i) => Some((
-                    i.neg,
-                    ifindex(&i.name)
-                        .ok_or_else(|| CompileError { line: r.line, msg: format!("no such interface: {}", i.name) })?,
-                )),
-                None => None,
-            };
-            let rcv = match &r.received_on {
-                Some(i) => Some((
-                    i.neg,
-                    ifindex(&i.name)
-                        .ok_or_else(|| CompileError { line: r.line, msg: format!("no such interface: {}", i.name) })?,
-                )),
-                None => None,
-            };
-            let mark = (r.once || r.max_pkt_rate.is_some()).then(|| {
-                let m = Arc::new(Mark {
-                    id: limiter_id(r, &mut seen_marks),
-                    once: r.once,
-                    expired: AtomicBool::new(false),
-                    meter: r.max_pkt_rate.map(|(n, secs)| Mutex::new(Threshold::new(n, secs))),
-                });
-                marks.insert(m.id, m.clone());
-                m
-            });
-            // Route tests go to the rule's rare tests (see `Rare::routes`).
-            let (mut src, mut dst) =
-                (addr_test(&r.src, &mut tables, fib, &mut urpf), addr_test(&r.dst, &mut tables, fib, &mut urpf));
-            let mut routes = [None, None];
-            for (side, t) in [&mut src, &mut dst].into_iter().enumerate() {
-                if matches!(t.1, AddrTest::NoRoute(_) | AddrTest::Urpf) {
-                    routes[side] = Some(*t);
-                    *t = (false, AddrTest::Any);
+            // A named anchor's slot: where rules loaded into it at run time are found.
+            let slot = match paths.get(nr).filter(|_| !x).and_then(Option::as_ref) {
+                Some(path) => {
+                    let n = slots.len() as u32;
+                    let e = slots.entry(path.clone()).or_insert((n, false));
+                    e.1 |= r.opens;
+                    e.0 + 1
                 }
-            }
-            let list = if x { &mut xrules } else { &mut rules };
-            list.push(CRule {
-                nr: nr as u32,
-                action: r.action,
-                // A translation rule: the first match decides.
-                quick: r.quick || x,
-                dir: r.dir,
-                on,
-                af: match r.af {
-                    Af::Inet => AF_INET,
-                    Af::Inet6 => AF_INET6,
-                    Af::Any => 0,
-                },
-                proto: r.proto,
-                src,
-                src_port: r.src_port,
-                dst,
-                dst_port: r.dst_port,
-                flags: match r.flags {
-                    Some(Flags::Set { bits, mask }) => Some((bits, mask)),
-                    _ => None,
-                },
-                icmp: r.icmp,
-                keep_state: r.state != StateKind::No,
-                ret: engine_return(&r.ret),
-                scrub: r.scrub.as_ref().map_or(EScrub::NONE, |s| EScrub {
-                    no_df: s.no_df,
-                    random_id: s.random_id,
-                    min_ttl: s.min_ttl.unwrap_or(0),
-                    set_tos: s.set_tos,
-                    max_mss: s.max_mss.unwrap_or(0),
-                    id: 0,
-                }),
-                tos: r.tos,
-                prob: r.probability.map_or(0, prob_threshold),
-                nosync: r.state_opts.no_sync || p.state_defaults.no_sync,
-                // `set state-policy if-bound` binds every state a rule does not make floating.
-                if_bound: r.state_opts.if_bound || (p.if_bound && !r.state_opts.floating),
-                allow_opts: r.allow_opts,
-                sloppy: r.state_opts.sloppy,
-                pflow: r.state_opts.pflow || p.state_defaults.pflow,
-                modulate: r.state == StateKind::Modulate,
-                synproxy: r.state == StateKind::Synproxy,
-                // A rule that does not ask for a bare SYN may pick a stream up in the middle.
-                pickup: match r.flags {
-                    Some(Flags::Set { bits, mask }) => !(bits & 0x02 != 0 && mask & 0x10 != 0 && bits & 0x10 == 0),
-                    _ => true,
-                },
-                limits: match rule_limits(&r.state_opts) {
-                    Some(l) if r.action == Action::Pass && r.state != StateKind::No => {
-                        limits.push(RuleLimits { limiter: limiter_id(r, &mut seen), ..l });
-                        limits.len() as u32
-                    }
-                    _ => 0,
-                },
-                tag: r.tag.as_deref().map(&mut tag_id),
-                tagged: r.tagged.as_ref().map(|(n, t)| (*n, tag_id(t))),
-                rare: if rcv.is_some() || mark.is_some() || routes.iter().any(Option::is_some) {
-                    rare.push(Rare { rcv, routes, mark });
-                    rare.len() as u32
-                } else {
-                    0
-                },
-                depth: r.depth,
-                anchor_end,
-                nat: add_pool(r, r.nat.as_deref(), false, &tables, &mut pools, &mut pool_tables)?,
-                rdr: add_pool(r, r.rdr.as_deref(), true, &tables, &mut pools, &mut pool_tables)?,
-                natpass: r.xlate.is_some_and(|x| x.pass),
-                log: r.log.as_ref().map_or(0, |l| {
-                    l.to.as_deref()
-                        .and_then(|t| t.strip_prefix("pflog"))
-                        .and_then(|n| n.parse::<u8>().ok())
-                        .unwrap_or(0)
-                        + 1
-                }),
-                log_all: r.log.as_ref().is_some_and(|l| l.all),
-            });
-            let c = list.last().unwrap();
-            let nat = (c.nat != 0).then(|| &pools[c.nat as usize - 1]);
-            let rdr = (c.rdr != 0).then(|| &pools[c.rdr as usize - 1]);
-            nat_targets.extend(targets_of(r, nat, rdr, &tables));
+                None => 0,
+            };
+            let c = b.rule(r, nr as u32, x, anchor_end, slot)?;
+            if x {
+                xrules.push(c)
+            } else {
+                rules.push(c)
+            };
         }
+        let Build { tables, tags, limits, marks, rare, pools, pool_tables, nat_targets, urpf, .. } = b;
         // Several ranges for one protocol and network: the span of them (packets outside a
         // translation go back to the host). The program takes the longest prefix only: a
         // range for a wider network also widens every narrower one's.
@@ -1203,8 +1277,11 @@ impl Ruleset {
         let tables = tables
             .into_iter()
             .map(|(n, mut t)| {
-                t.zero(now);
-                (n, Arc::new(t))
+                // Every table is this compile's own: none is shared yet.
+                if let Some(t) = Arc::get_mut(&mut t) {
+                    t.zero(now);
+                }
+                (n, t)
             })
             .collect();
         // An interface `set skip on` names that the machine lacks is skipped when it appears
@@ -1231,6 +1308,7 @@ impl Ruleset {
             rare,
             urpf,
             loginterface: p.loginterface.as_deref().and_then(ifindex).unwrap_or(0),
+            anchors: Anchors::new(slots),
         })
     }
 
@@ -1238,6 +1316,7 @@ impl Ruleset {
     pub fn set_lookup(&mut self, how: Lookup) {
         self.filter.set_lookup(how);
         self.xlate.set_lookup(how);
+        self.set_anchors_lookup(how);
     }
 
     /// The classifier's shapes for a packet of family `af` and its bytes (None: the walk).
@@ -1293,7 +1372,8 @@ impl Ruleset {
 
     /// `pfctl -z`: every rule's evaluations back to 0.
     pub fn zero_evaluations(&self) {
-        for e in self.filter.evaluations.iter().chain(self.xlate.evaluations.iter()) {
+        let loaded = self.anchors.loaded.values().flat_map(|a| a.list.evaluations.iter());
+        for e in self.filter.evaluations.iter().chain(self.xlate.evaluations.iter()).chain(loaded) {
             e.store(0, Ordering::Relaxed);
         }
     }
@@ -1472,53 +1552,81 @@ impl Ruleset {
 
     /// [`Ruleset::eval`] in the packet's full [`Context`].
     pub fn eval_with(&self, pd: &PDesc, at: &Context) -> (Option<usize>, u16) {
-        self.walk(pd, at, &mut Acts::default())
+        let (last, tag) = self.walk(pd, at, &mut Acts::default());
+        (last.map(|r| r.nr as usize), tag)
     }
 
     /// The walk itself; `acc` gathers the scrub actions of the match rules that matched.
     #[inline]
-    fn walk(&self, pd: &PDesc, at: &Context, acc: &mut Acts) -> (Option<usize>, u16) {
-        self.walk_in(&self.filter, pd, at, acc)
+    fn walk(&self, pd: &PDesc, at: &Context, acc: &mut Acts) -> (Option<&CRule>, u16) {
+        let mut w = Walked { tag: at.tag, last: None };
+        self.walk_in(&self.filter, pd, at, acc, &mut w);
+        (w.last, w.tag)
     }
 
-    /// The walk over one list, through its classifier when it has one.
+    /// The walk over one list, through its classifier when it has one; true when evaluation
+    /// stops there (`quick`).
     #[inline(always)]
-    fn walk_in(&self, l: &List, pd: &PDesc, at: &Context, acc: &mut Acts) -> (Option<usize>, u16) {
+    fn walk_in<'a>(&'a self, l: &'a List, pd: &PDesc, at: &Context, acc: &mut Acts, w: &mut Walked<'a>) -> bool {
         match &l.class {
-            Some(c) => self.walk_classified(l, c, pd, at, acc),
-            None => self.walk_list(l, pd, at, acc),
+            Some(c) => self.walk_classified(l, c, pd, at, acc, w),
+            None => self.walk_list(l, pd, at, acc, w),
         }
+    }
+
+    /// Anchor rule `r` matched: the rulesets loaded into its anchor at run time are walked
+    /// (None: none is, its body in this list is). Some(true) when evaluation stops: a `quick`
+    /// rule in them matched, or the anchor is `quick` and a rule in them decided.
+    #[inline(never)]
+    fn walk_loaded<'a>(
+        &'a self,
+        r: &CRule,
+        pd: &PDesc,
+        at: &Context,
+        acc: &mut Acts,
+        w: &mut Walked<'a>,
+    ) -> Option<bool> {
+        let subs = self.loaded_into(r);
+        if subs.is_empty() {
+            return None;
+        }
+        let before = w.last.map(|x| x as *const CRule);
+        for a in subs {
+            if self.walk_in(&a.list, pd, at, acc, w) {
+                return Some(true);
+            }
+        }
+        Some(r.quick && w.last.map(|x| x as *const CRule) != before)
     }
 
     /// The walk over the classifier's candidates: the rules it leaves out cannot match, so
     /// testing the rest in order, with anchors entered only when their rule matched, is the
     /// walk over every rule.
     #[inline]
-    fn walk_classified(
-        &self,
-        l: &List,
+    fn walk_classified<'a>(
+        &'a self,
+        l: &'a List,
         c: &Classified,
         pd: &PDesc,
         at: &Context,
         acc: &mut Acts,
-    ) -> (Option<usize>, u16) {
+        w: &mut Walked<'a>,
+    ) -> bool {
         // Plain slices: through the Arcs, every rule would reload the pointers (the
         // counter's atomic add stands between them).
         let (rules, evaluations) = (&l.rules[..], &l.evaluations[..]);
-        let mut tag = at.tag;
-        let mut last = None;
         let mut cands = Candidates::new();
         c.class.candidates(pd, at.ifidx, if at.dir == SDir::In { 1 } else { 2 }, &mut cands);
         // Anchors entered: (anchor rule, end of body, quick, last match when entered).
-        let mut open: Vec<(u32, u32, bool, Option<usize>)> = Vec::new();
-        'rules: for &i in cands.as_slice() {
+        let mut open: Vec<(u32, u32, bool, Option<*const CRule>)> = Vec::new();
+        for &i in cands.as_slice() {
             while let Some(&(_, end, quick, before)) = open.last() {
                 if i < end {
                     break;
                 }
                 open.pop();
-                if quick && last != before {
-                    break 'rules;
+                if quick && w.last.map(|x| x as *const CRule) != before {
+                    return true;
                 }
             }
             let p = c.parent[i as usize];
@@ -1528,52 +1636,64 @@ impl Ruleset {
             let i = i as usize;
             let r = &rules[i];
             evaluations[i].fetch_add(1, Ordering::Relaxed);
-            if self.first_mismatch(r, pd, at, tag).is_some() {
+            if self.first_mismatch(r, pd, at, w.tag).is_some() {
                 continue;
             }
             if r.anchor_end != 0 {
-                open.push((i as u32, r.anchor_end, r.quick, last));
+                match self.walk_loaded(r, pd, at, acc, w) {
+                    Some(true) => return true,
+                    // Its body here is passed over: its rules' anchor is not open.
+                    Some(false) => {}
+                    None => open.push((i as u32, r.anchor_end, r.quick, w.last.map(|x| x as *const CRule))),
+                }
                 continue;
             }
-            if matched(r, self.mark(r), i, &mut tag, &mut last, acc) {
-                break;
+            if matched(r, self.mark(r), w, acc) {
+                return true;
             }
         }
-        (last, tag)
+        // Anchors still open end with the list.
+        open.iter().rev().any(|&(_, _, quick, before)| quick && w.last.map(|x| x as *const CRule) != before)
     }
 
-    /// [`Ruleset::walk`] over one list of rules (the filter's, or the translation rules').
+    /// [`Ruleset::walk`] over one list of rules (the filter's, the translation rules', an
+    /// anchor's loaded at run time).
     #[inline(always)]
-    fn walk_list(&self, l: &List, pd: &PDesc, at: &Context, acc: &mut Acts) -> (Option<usize>, u16) {
+    fn walk_list<'a>(&'a self, l: &'a List, pd: &PDesc, at: &Context, acc: &mut Acts, w: &mut Walked<'a>) -> bool {
         // Plain slices, as in walk_classified.
         let (rules, skip, evaluations) = (&l.rules[..], &l.skip[..], &l.evaluations[..]);
-        let mut tag = at.tag;
-        let mut last = None;
         let mut i = 0;
         // Quick anchors entered: (end of body, last match when entered).
-        let mut quick: Vec<(usize, Option<usize>)> = Vec::new();
-        while i < rules.len() {
+        let mut quick: Vec<(usize, Option<*const CRule>)> = Vec::new();
+        loop {
             if let Some(&(end, before)) = quick.last() {
                 if i >= end {
                     quick.pop();
-                    if last != before {
-                        break;
+                    if w.last.map(|x| x as *const CRule) != before {
+                        return true;
                     }
                     continue;
                 }
             }
+            if i >= rules.len() {
+                return false;
+            }
             let r = &rules[i];
             evaluations[i].fetch_add(1, Ordering::Relaxed);
-            let miss = self.first_mismatch(r, pd, at, tag);
+            let miss = self.first_mismatch(r, pd, at, w.tag);
             if r.anchor_end != 0 {
                 match miss {
                     Some(_) => i = r.anchor_end as usize,
-                    None => {
-                        if r.quick {
-                            quick.push((r.anchor_end as usize, last));
+                    None => match self.walk_loaded(r, pd, at, acc, w) {
+                        Some(true) => return true,
+                        Some(false) => i = r.anchor_end as usize,
+                        None => {
+                            if r.quick {
+                                quick.push((r.anchor_end as usize, w.last.map(|x| x as *const CRule)));
+                            }
+                            i += 1;
                         }
-                        i += 1;
-                    }
+                    },
                 }
                 continue;
             }
@@ -1581,50 +1701,55 @@ impl Ruleset {
                 Some(f) if f < 8 => i = skip[i][f] as usize,
                 Some(_) => i += 1,
                 None => {
-                    if matched(r, self.mark(r), i, &mut tag, &mut last, acc) {
-                        break;
+                    if matched(r, self.mark(r), w, acc) {
+                        return true;
                     }
                     i += 1;
                 }
             }
         }
-        (last, tag)
     }
 
     /// The same evaluation without skip steps or the classifier (the property tests' model):
-    /// every rule in order, an anchor's body entered when its rule matches.
+    /// every rule in order, an anchor's body entered when its rule matches (the rules loaded
+    /// into it at run time instead, when there are some).
     pub fn eval_naive(&self, pd: &PDesc, at: &Context) -> (Option<usize>, u16) {
-        let (mut tag, mut last) = (at.tag, None);
-        self.naive_body(0, self.filter.rules.len(), pd, at, &mut tag, &mut last);
-        (last, tag)
+        let mut w = Walked { tag: at.tag, last: None };
+        self.naive_body(&self.filter.rules, 0, self.filter.rules.len(), pd, at, &mut w);
+        (w.last.map(|r| r.nr as usize), w.tag)
     }
 
-    /// Rules `lo..hi` (one ruleset); true when evaluation stops (`quick`).
-    fn naive_body(
-        &self,
+    /// Rules `lo..hi` of `rules` (one ruleset); true when evaluation stops (`quick`).
+    fn naive_body<'a>(
+        &'a self,
+        rules: &'a [CRule],
         lo: usize,
         hi: usize,
         pd: &PDesc,
         at: &Context,
-        tag: &mut u16,
-        last: &mut Option<usize>,
+        w: &mut Walked<'a>,
     ) -> bool {
         let mut i = lo;
         while i < hi {
-            let r = &self.filter.rules[i];
-            let hit = self.first_mismatch(r, pd, at, *tag).is_none();
+            let r = &rules[i];
+            let hit = self.first_mismatch(r, pd, at, w.tag).is_none();
             if r.anchor_end != 0 {
-                let before = *last;
+                let before = w.last.map(|x| x as *const CRule);
+                let subs = self.loaded_into(r);
                 // `anchor quick`: evaluation stops after the body if a rule in it decided.
-                if hit
-                    && (self.naive_body(i + 1, r.anchor_end as usize, pd, at, tag, last) || r.quick && *last != before)
-                {
+                let stop = hit
+                    && (if subs.is_empty() {
+                        self.naive_body(rules, i + 1, r.anchor_end as usize, pd, at, w)
+                    } else {
+                        subs.iter().any(|a| self.naive_body(&a.list.rules, 0, a.list.rules.len(), pd, at, w))
+                    } || r.quick && w.last.map(|x| x as *const CRule) != before);
+                if stop {
                     return true;
                 }
                 i = r.anchor_end as usize;
                 continue;
             }
-            if hit && matched(r, self.mark(r), i, tag, last, &mut Acts::default()) {
+            if hit && matched(r, self.mark(r), w, &mut Acts::default()) {
                 return true;
             }
             i += 1;
@@ -1651,8 +1776,9 @@ impl Policy for Ruleset {
         if self.xlate.rules.is_empty() {
             return None;
         }
-        let (last, tag) = self.walk_in(&self.xlate, pd, at, &mut Acts::default());
-        let r = &self.xlate.rules[last?];
+        let mut w = Walked { tag: at.tag, last: None };
+        self.walk_in(&self.xlate, pd, at, &mut Acts::default(), &mut w);
+        let (r, tag) = (w.last?, w.tag);
         // `no nat`: the search ends, nothing is translated.
         (r.nat != 0 || r.rdr != 0).then_some(xpf_engine::policy::Xlate {
             nat: r.nat,
@@ -1703,8 +1829,7 @@ impl Policy for Ruleset {
                 let (nat, rdr) = translated(None);
                 Decision { keep_state: nat != 0 || rdr != 0, tag, scrub, nat, rdr, log: 0, ..Decision::PASS }
             }
-            Some(i) => {
-                let r = &self.filter.rules[i];
+            Some(r) => {
                 let mut rate = 0;
                 if let Some(m) = self.mark(r) {
                     // The deciding `once` rule expires (one winner if workers race, as
@@ -1755,22 +1880,21 @@ struct Acts {
     rdr: u32,
 }
 
+/// Where a walk stands: the packet's tag, and the deciding rule so far.
+struct Walked<'a> {
+    tag: u16,
+    last: Option<&'a CRule>,
+}
+
 /// What a matching rule does: set its tag, become the deciding rule unless it is a `match`
 /// rule; true when it is `quick` (evaluation stops).
 #[inline(always)]
-fn matched(
-    r: &CRule,
-    mark: Option<&Arc<Mark>>,
-    i: usize,
-    tag: &mut u16,
-    last: &mut Option<usize>,
-    acc: &mut Acts,
-) -> bool {
+fn matched<'a>(r: &'a CRule, mark: Option<&Arc<Mark>>, w: &mut Walked<'a>, acc: &mut Acts) -> bool {
     if let Some(t) = r.tag {
-        *tag = t;
+        w.tag = t;
     }
     if r.action != Action::Match {
-        *last = Some(i);
+        w.last = Some(r);
     } else {
         acc.scrub.merge(&r.scrub);
         if r.nat != 0 {

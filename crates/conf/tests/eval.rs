@@ -1140,6 +1140,24 @@ fn class_item() -> impl Strategy<Value = String> {
     ]
 }
 
+/// A first packet for the classifier's tests: TCP or UDP, from one of the sources the rules
+/// name (or none), to one of their destinations, ports among theirs, in or out, on em0 or
+/// em1, with a tag (1: A, 2: unknown) and a random number.
+type ClassPacket = (bool, u8, u8, u8, usize, usize, bool, u16, u16, u32);
+
+fn class_packet() -> impl Strategy<Value = ClassPacket> {
+    (any::<bool>(), 0u8..4, 0u8..8, 0u8..3, 0usize..6, 0usize..6, any::<bool>(), 1u16..3, 0u16..3, any::<u32>())
+}
+
+fn class_probe((tcp_, net, h, d, sp, dp, out, ifi, tg, rnd): ClassPacket) -> (PDesc, Context) {
+    let ports = [5u16, 6, 7, 150, 250, 4];
+    let s = [[10, 1, 2, h], [10, 1, 3, h], [10, 2, 0, h], [11, 0, 0, h]][net as usize];
+    let dd = [[20, 0, 0, 5], [20, 0, 0, 1], [20, 0, 1, 9]][d as usize];
+    let pd = pkt(if tcp_ { IPPROTO_TCP } else { IPPROTO_UDP }, s, dd, ports[sp], ports[dp], tcp::SYN);
+    let dir = if out { Dir::Out } else { Dir::In };
+    (pd, Context { tag: tg, rnd, ..Context::new(ifi, dir) })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(400))]
     /// The classifier never changes a verdict: its candidates walked in order decide what
@@ -1148,7 +1166,7 @@ proptest! {
     #[test]
     fn classifier_agrees_with_naive_evaluation(
         items in proptest::collection::vec(class_item(), 1..40),
-        pkts in proptest::collection::vec((any::<bool>(), 0u8..4, 0u8..8, 0u8..3, 0usize..6, 0usize..6, any::<bool>(), 1u16..3, 0u16..3, any::<u32>()), 1..40),
+        pkts in proptest::collection::vec(class_packet(), 1..40),
     ) {
         let src = format!("table <t> {{ 10.1.2/24 !10.1.2.4/30 }}\n{}", items.concat());
         let p = parse(&src, "t", &[]);
@@ -1156,13 +1174,7 @@ proptest! {
         let walk = Ruleset::compile(&p, &ifindex).unwrap();
         let mut class = walk.clone();
         class.set_lookup(xpf_conf::compile::Lookup::Classify);
-        let ports = [5u16, 6, 7, 150, 250, 4];
-        for (tcp_, net, h, d, sp, dp, out, ifi, tg, rnd) in pkts {
-            let s = [[10, 1, 2, h], [10, 1, 3, h], [10, 2, 0, h], [11, 0, 0, h]][net as usize];
-            let dd = [[20, 0, 0, 5], [20, 0, 0, 1], [20, 0, 1, 9]][d as usize];
-            let pd = pkt(if tcp_ { IPPROTO_TCP } else { IPPROTO_UDP }, s, dd, ports[sp], ports[dp], tcp::SYN);
-            let dir = if out { Dir::Out } else { Dir::In };
-            let at = Context { tag: tg, rnd, ..Context::new(ifi, dir) };
+        for (pd, at) in pkts.into_iter().map(class_probe) {
             prop_assert_eq!(class.eval_with(&pd, &at), walk.eval_naive(&pd, &at), "{}", src);
             prop_assert_eq!(class.evaluate_in(&pd, &at), walk.evaluate_in(&pd, &at));
         }
@@ -1263,4 +1275,96 @@ fn load_anchor_cycle_is_an_error() {
     let p = parse(&std::fs::read_to_string(&f).unwrap(), "main", &[]);
     std::fs::remove_file(&f).unwrap();
     assert!(p.errors.iter().any(|e| e.msg.contains("nesting too deep")), "{:?}", p.errors);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1500))]
+    /// Rules loaded into an anchor at run time decide as the same rules written inline there:
+    /// the anchor's match, `quick` on it and in it, tags set before and tested after, match
+    /// rules' actions, the rules after it; they replace the body the main ruleset gave it;
+    /// the walk, the classifier and the naive walk agree over both.
+    #[test]
+    fn an_anchor_loaded_at_run_time_decides_as_its_rules_inline(
+        before in proptest::collection::vec(class_item(), 0..12),
+        head in prop_oneof![Just(""), Just(" quick"), Just(" in on em0"), Just(" proto tcp to 20.0.0/24"), Just(" quick from 10.1/16")],
+        old in proptest::collection::vec(class_line(), 0..4),
+        body in proptest::collection::vec(class_item(), 0..12),
+        after in proptest::collection::vec(class_item(), 0..12),
+        classify in any::<bool>(),
+        pkts in proptest::collection::vec(class_packet(), 1..30),
+    ) {
+        let table = "table <t> { 10.1.2/24 !10.1.2.4/30 }\n";
+        // A probability rule's draw is keyed by its number, which differs between the two.
+        let unprob = |v: Vec<String>| v.concat().replace(" probability 50%", "");
+        let (b, a, body, old) = (unprob(before), unprob(after), unprob(body), unprob(old));
+        let inline = format!("{table}{b}anchor \"m\"{head} {{\n{body}}}\n{a}");
+        let runtime = format!("{table}{b}anchor \"m\"{head} {{\n{old}}}\n{a}");
+        let (pi, pr, pb) = (parse(&inline, "i", &[]), parse(&runtime, "r", &[]), parse(&body, "b", &[]));
+        prop_assume!(pi.errors.is_empty() && pr.errors.is_empty() && pb.errors.is_empty());
+        let first = 1u32 << 31;
+        let want = Ruleset::compile(&pi, &ifindex).unwrap();
+        let mut got = Ruleset::compile(&pr, &ifindex).unwrap().with_anchor("m", &pb, first, &ifindex).unwrap();
+        if classify {
+            got.set_lookup(xpf_conf::compile::Lookup::Classify);
+        }
+        // The deciding rule as printed: numbers differ (the loaded rules number apart).
+        let text_i = |n: Option<usize>| n.map(|n| xpf_conf::print::rule(&pi.rules[n]));
+        let text_r = |n: Option<usize>| n.map(|n| if n >= first as usize {
+            xpf_conf::print::rule(&pb.rules[n - first as usize])
+        } else {
+            xpf_conf::print::rule(&pr.rules[n])
+        });
+        for (pd, at) in pkts.into_iter().map(class_probe) {
+            let (wi, ti) = want.eval_naive(&pd, &at);
+            let (wr, tr) = got.eval_with(&pd, &at);
+            prop_assert_eq!(got.eval_naive(&pd, &at), (wr, tr));
+            prop_assert_eq!((text_r(wr), tr), (text_i(wi), ti), "{}\n-a m:\n{}", runtime, body);
+            let (di, dr) = (want.evaluate_in(&pd, &at), got.evaluate_in(&pd, &at));
+            prop_assert_eq!(xpf_engine::Decision { rule: 0, ..dr }, xpf_engine::Decision { rule: 0, ..di });
+        }
+    }
+}
+
+/// Anchors loaded at run time: an anchor rule without a body evaluates what is loaded into
+/// it; `P/*` evaluates every anchor loaded directly under P, in name order; an anchor removed
+/// is empty again; what such an anchor cannot hold is refused at its line.
+#[test]
+fn anchors_loaded_at_run_time_by_name_and_by_wildcard() {
+    let main = rs("block all\nanchor \"m\" in on em0\nanchor \"w/*\" in\n");
+    let p = |s: &str| parse(s, "a", &[]);
+    let first = 1u32 << 31;
+    let port = |n: u16| pkt(IPPROTO_TCP, [1, 1, 1, 1], [20, 0, 0, 5], 999, n, tcp::SYN);
+    assert_eq!(action(&main, &port(80), 1, Dir::In), Action::Block);
+    let r = main.with_anchor("m", &p("pass in proto tcp to port 80\n"), first, &ifindex).unwrap();
+    assert_eq!(action(&r, &port(80), 1, Dir::In), Action::Pass, "loaded into m, evaluated on em0");
+    assert_eq!(action(&r, &port(80), 2, Dir::In), Action::Block, "m's anchor rule is for em0 only");
+    assert_eq!(r.evaluate(&port(80), 1, Dir::In).rule, first, "the loaded rule decides, by its own number");
+    // Under the wildcard, a before b: b's quick block decides over a's pass.
+    let w = r
+        .with_anchor("w/b", &p("block in quick proto tcp to port 80\n"), first + 1, &ifindex)
+        .unwrap()
+        .with_anchor("w/a", &p("pass in proto tcp to port 80\npass in proto tcp to port 81\n"), first + 2, &ifindex)
+        .unwrap()
+        .with_anchor("w/x/y", &p("pass in proto tcp to port 82\n"), first + 4, &ifindex)
+        .unwrap();
+    assert_eq!(action(&w, &port(80), 2, Dir::In), Action::Block);
+    assert_eq!(action(&w, &port(81), 2, Dir::In), Action::Pass);
+    assert_eq!(action(&w, &port(82), 2, Dir::In), Action::Block, "w/* takes w's children, not their children");
+    assert!(w.anchor("w/a").unwrap().referenced && !w.anchor("w/x/y").unwrap().referenced);
+    let w = w.without_anchor("w/b");
+    assert_eq!(action(&w, &port(80), 2, Dir::In), Action::Pass, "w/b removed");
+    assert!(w.anchor("w/b").is_none() && !w.anchor_has_body("m"));
+    // Refused, at the line.
+    for (text, line, says) in [
+        ("pass\ntable <x> { 10.9.9.9 }\n", 2, "declare tables in the main ruleset"),
+        ("pass in on em0 received-on em1\n", 1, "received-on"),
+        ("pass proto tcp keep state (max 10)\n", 1, "state limits"),
+        ("pass\nanchor \"x\"\n", 2, "inline"),
+        ("pass out nat-to 192.0.2.1\n", 1, "translation"),
+    ] {
+        let e = main.with_anchor("m", &p(text), first, &ifindex).unwrap_err();
+        assert!(e.line == line && e.msg.contains(says), "{text}: {}: {}", e.line, e.msg);
+    }
+    assert!(main.with_anchor("m/*", &p("pass\n"), first, &ifindex).is_err(), "a wildcard is not loaded into");
+    assert!(main.with_anchor("", &p("pass\n"), first, &ifindex).is_err());
 }

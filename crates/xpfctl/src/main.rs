@@ -14,6 +14,7 @@ const SOCKET: &str = "/run/xpfd.sock";
 
 const USAGE: &str = "usage: xpfctl [-nv] [-D macro=value] [-o level] -f FILE      check (-n) or load a pf.conf (-f - : stdin)\n       \
                      xpfctl [-v[v]] -s info|states|memory|rules|nat|labels|timeouts|Tables|Interfaces|all\n       \
+                     xpfctl -a ANCHOR [-n] -f FILE | -F rules | [-v] -s rules   an anchor's rules: load, flush, show ('*': all)\n       \
                      xpfctl -z                                   zero the rules' evaluations\n       \
                      xpfctl -x level                             xpfd's log level: emerg .. err, warning, notice, info, debug\n       \
                      xpfctl -k host [-k host] | -k label NAME    kill states\n       \
@@ -47,6 +48,8 @@ struct Opts {
     steer: Option<(bool, bool)>,
     /// `-z`: zero the rules' evaluations.
     zero: bool,
+    /// `-a ANCHOR`: -f, -F rules and -s rules act on that anchor.
+    anchor: Option<String>,
 }
 
 fn parse_args(args: &[String]) -> Result<Opts, String> {
@@ -119,7 +122,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
                 'x' => o.debug = Some(val(&mut i)?),
                 't' => o.table = Some(val(&mut i)?),
                 'T' => o.table_cmd = Some(val(&mut i)?),
-                'a' => return Err(format!("-a {}: xpf has no anchors to load at run time yet", val(&mut i)?)),
+                'a' => o.anchor = Some(val(&mut i)?),
                 'h' => return Err(USAGE.to_string()),
                 other => return Err(format!("unknown option -{other}\n{USAGE}")),
             }
@@ -341,13 +344,19 @@ fn main() -> ExitCode {
         }
         return ExitCode::FAILURE;
     }
-    if !o.noaction {
+    // An anchor's rules are checked against the ruleset in force, by xpfd (-n: compiled,
+    // not loaded).
+    if !o.noaction || o.anchor.is_some() {
         if file == "-" {
             eprintln!("xpfctl: loading from stdin into xpfd: write the ruleset to a file and give its path");
             return ExitCode::from(2);
         }
         let path = std::fs::canonicalize(&file).unwrap_or_else(|_| file.clone().into());
-        return request(&o, json!({"op": "load", "file": path.to_string_lossy()}));
+        let mut req = json!({"op": "load", "file": path.to_string_lossy(), "noaction": o.noaction});
+        if let Some(a) = &o.anchor {
+            req["anchor"] = json!(a);
+        }
+        return request(&o, req);
     }
     ExitCode::SUCCESS
 }
@@ -414,7 +423,11 @@ fn daemon(o: &Opts) -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        rc = request(o, json!({"op": "flush", "what": what}));
+        let mut req = json!({"op": "flush", "what": what});
+        if let Some(a) = &o.anchor {
+            req["anchor"] = json!(a);
+        }
+        rc = request(o, req);
     }
     if let Some(l) = &o.label {
         rc = request(o, json!({"op": "kill", "label": l}));
@@ -479,7 +492,11 @@ fn daemon(o: &Opts) -> ExitCode {
             );
             return ExitCode::from(2);
         }
-        rc = request(o, json!({"op": "show", "what": full[0], "verbose": o.verbose}));
+        let mut req = json!({"op": "show", "what": full[0], "verbose": o.verbose});
+        if let Some(a) = &o.anchor {
+            req["anchor"] = json!(a);
+        }
+        rc = request(o, req);
     }
     rc
 }
@@ -510,5 +527,7 @@ mod tests {
         assert_eq!((o.table.as_deref(), o.table_cmd.as_deref()), (Some("bad"), Some("add")));
         assert_eq!(o.rest, vec!["192.0.2.1", "192.0.2.0/28"]);
         assert!(parse_args(&a("-s info --json")).unwrap().json);
+        let o = parse_args(&a("-a members/44.0.1 -f m.conf")).unwrap();
+        assert_eq!((o.anchor.as_deref(), o.file.as_deref()), (Some("members/44.0.1"), Some("m.conf")));
     }
 }

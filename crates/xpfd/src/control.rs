@@ -231,7 +231,9 @@ pub fn write_nat_targets(r: &Ruleset, steers: &[(String, Steer)]) -> Result<(), 
 
 pub struct Daemon {
     file: String,
-    defines: Vec<(String, String)>,
+    pub(crate) defines: Vec<(String, String)>,
+    /// Anchors loaded at run time (`xpfctl -a`).
+    pub(crate) anchors: crate::anchors::Anchors,
     pub(crate) loaded: Loaded,
     pub(crate) slot: Arc<Slot>,
     workers: Vec<Sender<Cmd>>,
@@ -364,6 +366,7 @@ impl Daemon {
         Daemon {
             file,
             defines,
+            anchors: Default::default(),
             loaded,
             slot,
             workers,
@@ -435,6 +438,7 @@ impl Daemon {
             return Err(vec![format!("{}: {e}", self.file)]);
         }
         let (r, l) = l.take_ruleset();
+        let (r, dropped) = self.anchors.apply(r)?;
         write_nat_targets(&r, &self.steers.lock().unwrap()).map_err(|e| vec![e])?;
         let summary = change_summary(&self.loaded.parsed, &self.slot.current().1, &l.parsed, &r);
         if let Some(level) = l.parsed.debug.as_deref().and_then(crate::logging::level_of) {
@@ -442,6 +446,7 @@ impl Daemon {
         }
         let g = self.slot.install(r);
         log::info!("ruleset generation {g}: {summary}");
+        self.anchors.forget(&dropped);
         self.loaded = l;
         Ok(g)
     }
@@ -526,11 +531,21 @@ impl Daemon {
                     Some("data") => Want::Data,
                     _ => Want::Both,
                 };
-                self.show(req["what"].as_str().unwrap_or(""), verbose, want)
+                let what = req["what"].as_str().unwrap_or("");
+                if what == "rules" {
+                    return self.show_rules(req["anchor"].as_str(), verbose);
+                }
+                if req["anchor"].is_string() {
+                    return Err(format!("-a with -s {what}: only -s rules shows an anchor"));
+                }
+                self.show(what, verbose, want)
             }
             "load" => {
                 let file = req["file"].as_str().ok_or("load: no file")?;
                 let noaction = req["noaction"].as_bool().unwrap_or(false);
+                if let Some(a) = req["anchor"].as_str() {
+                    return self.load_anchor(a, file, noaction);
+                }
                 match self.load(file, noaction) {
                     Ok(g) if noaction => Ok((String::new(), json!({"generation": g, "loaded": false}))),
                     Ok(g) => {
@@ -545,10 +560,9 @@ impl Daemon {
             "kill" => {
                 let mut sel = Select::default();
                 if let Some(label) = req["label"].as_str() {
-                    let rules: Vec<u32> = (0..self.loaded.parsed.rules.len())
-                        .filter(|&i| self.loaded.parsed.rules[i].label.as_deref() == Some(label))
-                        .map(|i| i as u32)
-                        .collect();
+                    let (_, cur) = self.slot.current();
+                    let rules: Vec<u32> =
+                        self.labelled(&cur).into_iter().filter(|(_, l, _)| l == label).map(|(nr, _, _)| nr).collect();
                     if rules.is_empty() {
                         return Err(format!("no rule has label \"{label}\""));
                     }
@@ -574,6 +588,12 @@ impl Daemon {
             }
             "flush" => {
                 let what = req["what"].as_str().unwrap_or("");
+                if let Some(a) = req["anchor"].as_str() {
+                    if what != "rules" {
+                        return Err(format!("-a {a} -F {what}: an anchor's rules only (-F rules)"));
+                    }
+                    return self.flush_anchor(a);
+                }
                 let mut text = String::new();
                 let mut data = json!({});
                 if matches!(what, "rules" | "all") {
@@ -996,40 +1016,7 @@ impl Daemon {
                 }
                 Ok((text, json!(data)))
             }
-            "rules" => {
-                let (_, cur) = self.slot.current();
-                let sums = if verbose > 0 { self.rule_sums()? } else { RuleSums::new() };
-                let mut text = String::new();
-                let mut data = Vec::new();
-                for (i, r) in self.loaded.parsed.rules.iter().enumerate() {
-                    let mut line = xpf_conf::print::rule(r);
-                    // A `once` rule that fired is gone, as pfctl shows it: only with -vv.
-                    let expired = i < cur.len() && cur.expired(i);
-                    if expired && verbose < 2 {
-                        continue;
-                    }
-                    if expired {
-                        line.push_str(" # expired");
-                    }
-                    if verbose > 1 {
-                        let _ = writeln!(text, "@{i} {line}");
-                    } else {
-                        let _ = writeln!(text, "{line}");
-                    }
-                    let evals = cur.evaluations(i);
-                    let [p0, b0, p1, b1, states] = sums.get(&(i as u32)).copied().unwrap_or_default();
-                    let (pk, by) = (p0 + p1, b0 + b1);
-                    if verbose > 0 {
-                        let _ = writeln!(
-                            text,
-                            "  [ Evaluations: {evals:<8} Packets: {pk:<10} Bytes: {by:<10} States: {states:<6}]"
-                        );
-                    }
-                    data.push(json!({"nr": i, "rule": line, "evaluations": evals, "states": states,
-                        "state_packets": pk, "state_bytes": by, "expired": expired}));
-                }
-                Ok((text, json!(data)))
-            }
+            "rules" => self.show_rules(None, verbose),
             "labels" => {
                 // pfctl -s labels: per rule with a label, "label evaluations packets bytes
                 // in-packets in-bytes out-packets out-bytes states" (the packets and bytes of
@@ -1038,10 +1025,8 @@ impl Daemon {
                 let per = self.rule_sums()?;
                 let mut text = String::new();
                 let mut data = Vec::new();
-                for (i, r) in self.loaded.parsed.rules.iter().enumerate() {
-                    let Some(label) = r.label.as_deref().filter(|l| !l.is_empty()) else { continue };
-                    let evals = cur.evaluations(i);
-                    let [p0, b0, p1, b1, states] = per.get(&(i as u32)).copied().unwrap_or_default();
+                for (i, label, evals) in self.labelled(&cur) {
+                    let [p0, b0, p1, b1, states] = per.get(&i).copied().unwrap_or_default();
                     let _ = writeln!(text, "{label} {evals} {} {} {p0} {b0} {p1} {b1} {states}", p0 + p1, b0 + b1);
                     data.push(json!({"label": label, "nr": i, "evaluations": evals, "packets": p0 + p1,
                         "bytes": b0 + b1, "packets_in": p0, "bytes_in": b0, "packets_out": p1, "bytes_out": b1,

@@ -15,6 +15,7 @@
 //! programs attached with no socket behind them: forwarded traffic is dropped until xpfd
 //! starts again (fail closed).
 
+mod anchors;
 mod control;
 mod dataplane;
 mod defer;

@@ -243,17 +243,17 @@ impl Daemon {
         // Per rule: evaluations since load; the states in the table now and what they carried.
         let (_, cur) = self.slot.current();
         let sums = self.rule_sums()?;
-        let rules = &self.loaded.parsed.rules;
-        let ev = |i: usize| cur.evaluations(i);
-        let labels: Vec<(String, &str)> =
-            rules.iter().enumerate().map(|(i, r)| (i.to_string(), r.label.as_deref().unwrap_or(""))).collect();
+        // The main ruleset's rules and those loaded into anchors at run time.
+        let every = self.every_rule(&cur);
+        let labels: Vec<(u32, String, &str)> =
+            every.iter().map(|(i, r, _)| (*i, i.to_string(), r.label.as_deref().unwrap_or(""))).collect();
         p.family("xpf_rule_evaluations_total", Counter, "Times each rule was evaluated, since the ruleset loaded.");
-        for (i, (nr, label)) in labels.iter().enumerate() {
-            p.sample("xpf_rule_evaluations_total", &[("rule", nr), ("label", label)], ev(i));
+        for ((_, nr, label), (_, _, ev)) in labels.iter().zip(&every) {
+            p.sample("xpf_rule_evaluations_total", &[("rule", nr), ("label", label)], *ev);
         }
         p.family("xpf_rule_states", Gauge, "States each rule made, in the table now.");
-        for (i, (nr, label)) in labels.iter().enumerate() {
-            let n = sums.get(&(i as u32)).map_or(0, |s| s[4]);
+        for (i, nr, label) in &labels {
+            let n = sums.get(i).map_or(0, |s| s[4]);
             p.sample("xpf_rule_states", &[("rule", nr), ("label", label)], n);
         }
         for (name, what, at) in [("xpf_rule_state_packets", "Packets", 0), ("xpf_rule_state_bytes", "Bytes", 1)] {
@@ -264,8 +264,8 @@ impl Daemon {
                     "{what} carried by each rule's states in the table now (in: from the side that made the state)."
                 ),
             );
-            for (i, (nr, label)) in labels.iter().enumerate() {
-                let s = sums.get(&(i as u32)).copied().unwrap_or_default();
+            for (i, nr, label) in &labels {
+                let s = sums.get(i).copied().unwrap_or_default();
                 p.sample(name, &[("rule", nr), ("label", label), ("direction", "in")], s[at]);
                 p.sample(name, &[("rule", nr), ("label", label), ("direction", "out")], s[at + 2]);
             }

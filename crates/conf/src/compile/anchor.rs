@@ -1,0 +1,223 @@
+//! Anchors loaded at run time (`xpfctl -a NAME -f FILE`): each is a ruleset of its own (its
+//! rules, skip steps or classifier, evaluations), found through the slot of the main ruleset's
+//! anchor rules that name it, so that replacing one compiles only its own rules. The main
+//! ruleset's inline bodies stay flat in its list (one classifier over all of them, measured
+//! fastest); rules loaded into such an anchor are evaluated in place of its body until the
+//! main ruleset is loaded again, which brings its own definition back, as pfctl -f does.
+
+use super::*;
+use std::collections::BTreeMap;
+
+/// The rules loaded into one anchor at run time.
+#[derive(Debug, Clone)]
+pub(crate) struct Anchored {
+    pub(super) list: List,
+    /// The number of its first rule (states and counters name rules by number).
+    first_nr: u32,
+}
+
+/// The main ruleset's named anchors and what is loaded into them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Anchors {
+    /// Each named anchor's path: its slot, and whether the main ruleset gives it a body.
+    pub(super) slots: Arc<HashMap<String, (u32, bool)>>,
+    /// Every anchor loaded at run time, by path (referenced by the main ruleset or not yet).
+    pub(super) loaded: Arc<BTreeMap<String, Arc<Anchored>>>,
+    /// By slot: the rulesets its anchor rules evaluate (one; a wildcard's children in name
+    /// order; none: the body in the main ruleset).
+    pub(super) by_slot: Arc<Vec<Vec<Arc<Anchored>>>>,
+}
+
+impl Anchors {
+    pub(super) fn new(slots: HashMap<String, (u32, bool)>) -> Anchors {
+        Anchors { slots: Arc::new(slots), ..Anchors::default() }
+    }
+
+    /// What the anchor at slot path `at` evaluates: the anchor loaded there, or for `P/*`
+    /// (`*`) every anchor loaded directly under P (at the top), in name order.
+    fn evaluated(&self, at: &str) -> Vec<Arc<Anchored>> {
+        let prefix = match at.strip_suffix('*') {
+            Some(p) if p.is_empty() || p.ends_with('/') => p,
+            _ => return self.loaded.get(at).cloned().into_iter().collect(),
+        };
+        self.loaded
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .filter(|(k, _)| !k[prefix.len()..].contains('/'))
+            .map(|(_, a)| a.clone())
+            .collect()
+    }
+
+    /// `loaded` with `path` set to `a` (None: removed), the slots it is evaluated at updated.
+    fn with(&self, path: &str, a: Option<Arc<Anchored>>) -> Anchors {
+        let mut loaded = (*self.loaded).clone();
+        match a {
+            Some(a) => loaded.insert(path.to_string(), a),
+            None => loaded.remove(path),
+        };
+        let mut out = Anchors { slots: self.slots.clone(), loaded: Arc::new(loaded), by_slot: Arc::default() };
+        let mut by_slot = (*self.by_slot).clone();
+        by_slot.resize(self.slots.len(), Vec::new());
+        let parent = path.rsplit_once('/').map_or(String::new(), |(p, _)| format!("{p}/"));
+        for at in [path.to_string(), format!("{parent}*")] {
+            if let Some(&(slot, _)) = self.slots.get(&at) {
+                by_slot[slot as usize] = out.evaluated(&at);
+            }
+        }
+        out.by_slot = Arc::new(by_slot);
+        out
+    }
+}
+
+/// What `-s rules -a NAME` shows of an anchor loaded at run time.
+#[derive(Debug, Clone)]
+pub struct AnchorInfo {
+    pub first_nr: u32,
+    pub evaluations: Vec<u64>,
+    /// Whether an anchor rule of the main ruleset evaluates it (by its name or a wildcard).
+    pub referenced: bool,
+}
+
+/// For each rule, the path of the anchor it names (None: not an anchor, an unnamed one, or
+/// one inside an unnamed one): its name, under the path of the anchor whose body holds it.
+pub fn anchor_paths(rules: &[Rule]) -> Vec<Option<String>> {
+    let mut stack: Vec<Option<String>> = Vec::new();
+    rules
+        .iter()
+        .map(|r| {
+            let d = r.depth as usize;
+            stack.truncate(d);
+            let parent = if d == 0 { Some(String::new()) } else { stack.get(d - 1).cloned().flatten() };
+            let path = match (r.anchor.as_deref(), parent) {
+                (Some(n), Some(p)) if !n.is_empty() && r.xlate.is_none() => {
+                    Some(if p.is_empty() { n.to_string() } else { format!("{p}/{n}") })
+                }
+                _ => None,
+            };
+            if r.opens && stack.len() == d {
+                stack.push(path.clone());
+            }
+            path
+        })
+        .collect()
+}
+
+/// Whether `path` names an anchor rules can be loaded into: names joined by `/`, no wildcard.
+pub fn valid_anchor_path(path: &str) -> bool {
+    !path.is_empty() && path.split('/').all(|c| !c.is_empty() && c != "*" && c != "." && c != "..")
+}
+
+impl Ruleset {
+    /// This ruleset with `p`'s rules loaded into anchor `path` (replacing what was loaded
+    /// there), numbered from `first_nr`; everything else shared. Interfaces as `ifindex` has
+    /// them. What an anchor loaded at run time cannot hold is an error at its line: tables,
+    /// options, translation, state limits, and the tests kept outside the rule walk
+    /// (`received-on`, `once`, `max-pkt-rate`, `no-route`, `urpf-failed`); and anchors
+    /// without a body (nothing would ever be loaded into them).
+    pub fn with_anchor(
+        &self,
+        path: &str,
+        p: &Parsed,
+        first_nr: u32,
+        ifindex: &dyn Fn(&str) -> Option<u16>,
+    ) -> Result<Ruleset, CompileError> {
+        let err = |line: u32, msg: &str| CompileError { line, msg: msg.to_string() };
+        if !valid_anchor_path(path) {
+            return Err(err(0, &format!("anchor \"{path}\": not a name rules can be loaded into")));
+        }
+        if let Some(t) = p.tables.first() {
+            return Err(err(t.line, &format!("table <{}>: declare tables in the main ruleset", t.name)));
+        }
+        if let Some((s, _, line)) = p.settings.first() {
+            return Err(err(*line, &format!("{s}: options belong in the main ruleset")));
+        }
+        if let Some(r) = p.xrules.first() {
+            return Err(err(r.line, "translation rules belong in the main ruleset"));
+        }
+        if let Some(q) = p.queues.first() {
+            return Err(err(q.line, "queues belong in the main ruleset"));
+        }
+        let fib = crate::routes::Fib::default();
+        let mut b = Build::new(p, ifindex, &fib, self.tables.clone(), self.tags.clone());
+        let mut rules = Vec::with_capacity(p.rules.len());
+        for (j, r) in p.rules.iter().enumerate() {
+            let anchor_end = if r.anchor.is_some() {
+                if !r.opens {
+                    return Err(err(r.line, "an anchor loaded with -a holds its anchors' rules inline"));
+                }
+                p.rules[j + 1..].iter().position(|x| x.depth <= r.depth).map_or(p.rules.len(), |k| j + 1 + k) as u32
+            } else {
+                0
+            };
+            let c = b.rule(r, first_nr.wrapping_add(j as u32), false, anchor_end, 0)?;
+            let what = if c.rare != 0 {
+                "received-on, once, max-pkt-rate, no-route and urpf-failed"
+            } else if c.limits != 0 {
+                "state limits"
+            } else if c.nat != 0 || c.rdr != 0 {
+                "translation (nat-to, rdr-to, binat-to)"
+            } else {
+                ""
+            };
+            if !what.is_empty() {
+                return Err(err(
+                    r.line,
+                    &format!("{what}: not in an anchor loaded with -a (the main ruleset has them)"),
+                ));
+            }
+            rules.push(c);
+        }
+        let mut out = self.clone();
+        out.random |= rules.iter().any(|r| r.prob != 0);
+        out.tables = b.tables;
+        out.tags = b.tags;
+        let a = Anchored { list: List::new(rules, Lookup::Auto), first_nr };
+        out.anchors = self.anchors.with(path, Some(Arc::new(a)));
+        Ok(out)
+    }
+
+    /// This ruleset without the rules loaded into anchor `path` (its body in the main
+    /// ruleset, if it has one, is evaluated again).
+    pub fn without_anchor(&self, path: &str) -> Ruleset {
+        let mut out = self.clone();
+        out.anchors = self.anchors.with(path, None);
+        out
+    }
+
+    /// The anchor loaded at run time at `path`: its rules' first number and evaluations.
+    pub fn anchor(&self, path: &str) -> Option<AnchorInfo> {
+        let a = self.anchors.loaded.get(path)?;
+        let parent = path.rsplit_once('/').map_or(String::new(), |(p, _)| format!("{p}/"));
+        Some(AnchorInfo {
+            first_nr: a.first_nr,
+            evaluations: a.list.evaluations.iter().map(|e| e.load(Ordering::Relaxed)).collect(),
+            referenced: self.anchors.slots.contains_key(path) || self.anchors.slots.contains_key(&format!("{parent}*")),
+        })
+    }
+
+    /// [`Ruleset::set_lookup`] for the anchors loaded at run time.
+    pub(super) fn set_anchors_lookup(&mut self, how: Lookup) {
+        let mut a = self.anchors.clone();
+        for path in self.anchors.loaded.keys() {
+            let mut x = (*self.anchors.loaded[path]).clone();
+            x.list.set_lookup(how);
+            a = a.with(path, Some(Arc::new(x)));
+        }
+        self.anchors = a;
+    }
+
+    /// Whether the main ruleset gives anchor `path` a body of its own (inline or `load
+    /// anchor`): loading the main ruleset again brings that body back.
+    pub fn anchor_has_body(&self, path: &str) -> bool {
+        self.anchors.slots.get(path).is_some_and(|s| s.1)
+    }
+
+    /// The rulesets loaded into the anchor rule `r` names (empty: its body is evaluated).
+    #[inline]
+    pub(super) fn loaded_into(&self, r: &CRule) -> &[Arc<Anchored>] {
+        match self.anchors.by_slot.get((r.slot as usize).wrapping_sub(1)) {
+            Some(v) => v,
+            None => &[],
+        }
+    }
+}
