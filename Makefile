@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN := target/release
 
-.PHONY: all deps build demo test failover lab bench-real bench-synflood bench bench-states bench-hashsize bench-insert bench-resize bench-rules bench-nat bench-workers fuzz fuzz-long fmt clean
+.PHONY: all deps build demo test failover lab bench-real bench-synflood bench bench-states bench-hashsize bench-insert bench-resize bench-rules bench-reload bench-nat bench-workers fuzz fuzz-long fmt clean
 
 all: build
 
@@ -70,6 +70,11 @@ bench-nat: build
 
 bench-rules: build
 	$(BIN)/xpf-bench rules
+
+# Reloads under load: the 1.6M-rule campus loaded again and a member's anchor replaced while
+# iperf3 and ping run through xpfd; table deltas of 100,000 and a million entries.
+bench-reload: build
+	bash scripts/reload-lab.sh
 
 bench-workers: build
 	$(BIN)/xpf-bench states --workers 2 --points 9800,1M,10M --out bench-results/out/states-2w-shard

@@ -1211,7 +1211,7 @@ impl Ruleset {
             tables.push((t.name.clone(), Arc::new(tb)));
         }
         let mut b = Build::new(p, ifindex, fib, tables, Vec::new());
-        let mut rules = Vec::new();
+        let mut rules = Vec::with_capacity(p.rules.len());
         let mut xrules = Vec::new();
         let paths = anchor_paths(&p.rules);
         let mut slots: HashMap<String, (u32, bool)> = HashMap::new();

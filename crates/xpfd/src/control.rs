@@ -552,7 +552,7 @@ impl Daemon {
                         if file != self.file {
                             log::info!("loaded {file} (generation {g})");
                         }
-                        Ok((String::new(), json!({"generation": g, "loaded": true})))
+                        Ok((String::new(), json!({"generation": g, "loaded": true, "warnings": self.loaded.warnings})))
                     }
                     Err(e) => Err(e.join("\n")),
                 }
