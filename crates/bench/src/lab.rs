@@ -31,6 +31,8 @@ use std::time::{Duration, Instant};
 use xpf_xdp::bpf::{objects, Program, TEST_XDP_LIVE_FRAMES};
 use xpf_xdp::netlink;
 
+mod rules;
+
 const NS: [&str; 3] = ["xl-gen", "xl-fw", "xl-sink"];
 const SOCK: &str = "/run/xpf-lab.sock";
 const GEN_CPU: usize = 0;
@@ -77,6 +79,9 @@ pub struct LabOpts {
     /// xpfd's keep-state rule logs every packet of its states (`pass log (all) all`) to a
     /// pflog file: the cost of logging on a busy rule.
     pub log: bool,
+    /// New connections/s through campus rulesets of these sizes instead of the state points
+    /// (lab/rules.rs).
+    pub rules: Vec<usize>,
 }
 
 fn sh(args: &[&str]) -> Result<String, String> {
@@ -487,6 +492,11 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
     // thread beside the generator, it starved and dropped in f1's transmit.
     pin_napi_threads();
 
+    if !o.rules.is_empty() {
+        let done = rules::run(o, &g, &s, limit, &keep);
+        drop(r);
+        return done;
+    }
     println!("xpf-bench lab: gen -- fw -- sink in network namespaces; firewall work on CPU {FW_CPU}, generator on CPU {GEN_CPU}");
     println!("firewalls: (a) xpfd, pass all keep state; (b) kernel nftables + conntrack; ceilings: (c) xpfd pass all no state,");
     println!("(d) the kernel forwarding with no nftables table (no conntrack hooks)");

@@ -55,6 +55,11 @@ const FLAGS: &[(&str, &str, &str)] = &[
         "rules: write a campus ruleset of N rules (pf.conf, nftables expert and rule-by-rule forms) to --out",
     ),
     ("--random", "N", "rules: write a ClassBench-style random ruleset of N rules (pf.conf) to --out"),
+    (
+        "--rules",
+        "N,N,..",
+        "lab: new connections/s through campus rulesets of these sizes, xpfd against nftables (both forms)",
+    ),
     ("--out", "DIR", "where gnuplot data, the plot and the JSON go (default bench-results/out/<bench>)"),
 ];
 
@@ -69,6 +74,7 @@ pub struct Opts {
     pub quick: bool,
     pub big: bool,
     pub points: Option<Vec<u64>>,
+    pub rules: Vec<usize>,
     pub states: Option<u64>,
     pub rows: Option<Vec<u32>>,
     pub baseline: bool,
@@ -139,6 +145,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         quick: false,
         big: false,
         points: None,
+        rules: Vec::new(),
         states: None,
         rows: None,
         baseline: true,
@@ -180,6 +187,9 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--conf" => o.conf = Some(PathBuf::from(val()?)),
             "--big" => o.big = true,
             "--points" => o.points = Some(val()?.split(',').map(|x| parse_num(a, x)).collect::<Result<_, _>>()?),
+            "--rules" => {
+                o.rules = val()?.split(',').map(|x| parse_num(a, x).map(|n| n as usize)).collect::<Result<_, _>>()?
+            }
             "--states" => o.states = Some(parse_num(a, &val()?)?),
             "--rows" => {
                 o.rows = Some(val()?.split(',').map(|x| parse_num(a, x).map(|v| v as u32)).collect::<Result<_, _>>()?)
@@ -280,6 +290,7 @@ fn lab(o: &Opts) -> Result<(), String> {
         fastpath: o.fastpath,
         nat: o.nat,
         log: o.log,
+        rules: o.rules.clone(),
     })
 }
 

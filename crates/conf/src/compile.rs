@@ -22,7 +22,7 @@ use xpf_wire::{Addr, PDesc};
 
 mod anchor;
 use anchor::Anchors;
-pub use anchor::{anchor_paths, valid_anchor_path, AnchorInfo};
+pub use anchor::{anchor_paths, body_end, child_of, valid_anchor_path, wildcard, AnchorInfo};
 
 /// A table: longest-prefix match over the entries, a negated entry excluding what it covers.
 /// Lookup walks only the prefix lengths present, longest first. A table in force is not
@@ -1220,13 +1220,7 @@ impl Ruleset {
         for (x, nr, r) in jobs.chain(halves.iter().map(|(nr, r)| (true, *nr, r))) {
             // An anchor's body is the rules after it one level deeper; one loaded from elsewhere
             // has none here yet, and is empty.
-            let anchor_end = if r.anchor.is_some() && !x {
-                let end =
-                    p.rules[nr + 1..].iter().position(|x| x.depth <= r.depth).map_or(p.rules.len(), |k| nr + 1 + k);
-                end as u32
-            } else {
-                0
-            };
+            let anchor_end = if r.anchor.is_some() && !x { body_end(&p.rules, nr) as u32 } else { 0 };
             // A named anchor's slot: where rules loaded into it at run time are found.
             let slot = match paths.get(nr).filter(|_| !x).and_then(Option::as_ref) {
                 Some(path) => {
@@ -1590,13 +1584,13 @@ impl Ruleset {
         if subs.is_empty() {
             return None;
         }
-        let before = w.last.map(|x| x as *const CRule);
+        let before = w.decided();
         for a in subs {
             if self.walk_in(&a.list, pd, at, acc, w) {
                 return Some(true);
             }
         }
-        Some(r.quick && w.last.map(|x| x as *const CRule) != before)
+        Some(r.quick && w.decided() != before)
     }
 
     /// The walk over the classifier's candidates: the rules it leaves out cannot match, so
@@ -1625,7 +1619,7 @@ impl Ruleset {
                     break;
                 }
                 open.pop();
-                if quick && w.last.map(|x| x as *const CRule) != before {
+                if quick && w.decided() != before {
                     return true;
                 }
             }
@@ -1644,7 +1638,7 @@ impl Ruleset {
                     Some(true) => return true,
                     // Its body here is passed over: its rules' anchor is not open.
                     Some(false) => {}
-                    None => open.push((i as u32, r.anchor_end, r.quick, w.last.map(|x| x as *const CRule))),
+                    None => open.push((i as u32, r.anchor_end, r.quick, w.decided())),
                 }
                 continue;
             }
@@ -1653,7 +1647,7 @@ impl Ruleset {
             }
         }
         // Anchors still open end with the list.
-        open.iter().rev().any(|&(_, _, quick, before)| quick && w.last.map(|x| x as *const CRule) != before)
+        open.iter().rev().any(|&(_, _, quick, before)| quick && w.decided() != before)
     }
 
     /// [`Ruleset::walk`] over one list of rules (the filter's, the translation rules', an
@@ -1669,7 +1663,7 @@ impl Ruleset {
             if let Some(&(end, before)) = quick.last() {
                 if i >= end {
                     quick.pop();
-                    if w.last.map(|x| x as *const CRule) != before {
+                    if w.decided() != before {
                         return true;
                     }
                     continue;
@@ -1689,7 +1683,7 @@ impl Ruleset {
                         Some(false) => i = r.anchor_end as usize,
                         None => {
                             if r.quick {
-                                quick.push((r.anchor_end as usize, w.last.map(|x| x as *const CRule)));
+                                quick.push((r.anchor_end as usize, w.decided()));
                             }
                             i += 1;
                         }
@@ -1734,7 +1728,7 @@ impl Ruleset {
             let r = &rules[i];
             let hit = self.first_mismatch(r, pd, at, w.tag).is_none();
             if r.anchor_end != 0 {
-                let before = w.last.map(|x| x as *const CRule);
+                let before = w.decided();
                 let subs = self.loaded_into(r);
                 // `anchor quick`: evaluation stops after the body if a rule in it decided.
                 let stop = hit
@@ -1742,7 +1736,7 @@ impl Ruleset {
                         self.naive_body(rules, i + 1, r.anchor_end as usize, pd, at, w)
                     } else {
                         subs.iter().any(|a| self.naive_body(&a.list.rules, 0, a.list.rules.len(), pd, at, w))
-                    } || r.quick && w.last.map(|x| x as *const CRule) != before);
+                    } || r.quick && w.decided() != before);
                 if stop {
                     return true;
                 }
@@ -1884,6 +1878,14 @@ struct Acts {
 struct Walked<'a> {
     tag: u16,
     last: Option<&'a CRule>,
+}
+
+impl Walked<'_> {
+    /// The deciding rule's identity, to tell later whether a rule decided since.
+    #[inline(always)]
+    fn decided(&self) -> Option<*const CRule> {
+        self.last.map(|x| x as *const CRule)
+    }
 }
 
 /// What a matching rule does: set its tag, become the deciding rule unless it is a `match`

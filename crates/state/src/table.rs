@@ -272,9 +272,11 @@ pub struct StateTable<K: Key> {
     /// and the sync side sends what is queued at once.
     pub sync_max: u8,
     pub sync_push: bool,
-    /// The actions of the states that have some (few: only rules with `tag` or `scrub` make
-    /// them), by id.
-    pub actions: std::collections::HashMap<u32, Actions>,
+    /// The actions of the states that have some (only rules with `tag` or `scrub` make them,
+    /// or `match` rules with those before them: then every state of theirs), by id. Hashed
+    /// with foldhash: SipHash cost a SYN flood through a ruleset with `scrub (max-mss)` 9%
+    /// of the worker (docs/state-table.md).
+    pub actions: std::collections::HashMap<u32, Actions, foldhash::fast::RandomState>,
     /// The keys (wire, stack) and flags of the translated states removed since the engine
     /// last took them: their ports go back to the translation's allocator.
     pub nat_gone: Vec<(K, K, u8)>,

@@ -4,7 +4,7 @@
 //! main ruleset, except where the main file gives the anchor a body of its own (pfctl -f loads
 //! that body, as pf does).
 
-use crate::control::Daemon;
+use crate::control::{ifindex_of, Daemon};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -33,10 +33,6 @@ impl Default for Anchors {
     fn default() -> Anchors {
         Anchors { loads: BTreeMap::new(), next_nr: FIRST_NR }
     }
-}
-
-fn ifindex_of(name: &str) -> Option<u16> {
-    xpf_xdp::netlink::ifindex(name).ok().and_then(|i| u16::try_from(i).ok())
 }
 
 impl Anchors {
@@ -144,12 +140,8 @@ impl Daemon {
                     else {
                         return Err(format!("-a {path}: no such anchor"));
                     };
-                    let end = rules[i + 1..]
-                        .iter()
-                        .position(|x| x.depth <= rules[i].depth)
-                        .map_or(rules.len(), |k| i + 1 + k);
-                    let d = rules[i].depth + 1;
-                    self.rows_of_main(&cur, i + 1, end, d, &mut out);
+                    let end = xpf_conf::compile::body_end(rules, i);
+                    self.rows_of_main(&cur, i + 1, end, rules[i].depth + 1, &mut out);
                 }
             },
         }
@@ -187,7 +179,7 @@ impl Daemon {
                         out.close(&mut open, dd - 1);
                     }
                 }
-                i = rules[i + 1..].iter().position(|x| x.depth <= r.depth).map_or(rules.len(), |k| i + 1 + k);
+                i = xpf_conf::compile::body_end(rules, i);
                 out.close(&mut open, d);
                 continue;
             }
@@ -206,22 +198,14 @@ impl Daemon {
         cur: &Ruleset,
         path: &str,
     ) -> Vec<(Option<&'a str>, xpf_conf::compile::AnchorInfo, &'a AnchorLoad)> {
-        let prefix = match path.strip_suffix('*') {
-            Some(p) if p.is_empty() || p.ends_with('/') => p,
-            _ => {
-                return cur
-                    .anchor(path)
-                    .zip(self.anchors.loads.get(path))
-                    .map(|(i, a)| (None, i, a))
-                    .into_iter()
-                    .collect()
-            }
+        let Some(prefix) = xpf_conf::compile::wildcard(path) else {
+            return cur.anchor(path).zip(self.anchors.loads.get(path)).map(|(i, a)| (None, i, a)).into_iter().collect();
         };
         self.anchors
             .loads
             .iter()
-            .filter(|(k, _)| k.starts_with(prefix) && !k[prefix.len()..].contains('/'))
-            .filter_map(|(k, a)| cur.anchor(k).map(|i| (Some(&k[prefix.len()..]), i, a)))
+            .filter_map(|(k, a)| Some((xpf_conf::compile::child_of(prefix, k)?, a, k)))
+            .filter_map(|(name, a, k)| cur.anchor(k).map(|i| (Some(name), i, a)))
             .collect()
     }
 

@@ -37,7 +37,7 @@ pub struct Loaded {
     pub warnings: Vec<String>,
 }
 
-fn ifindex_of(name: &str) -> Option<u16> {
+pub(crate) fn ifindex_of(name: &str) -> Option<u16> {
     xpf_xdp::netlink::ifindex(name).ok().and_then(|i| u16::try_from(i).ok())
 }
 

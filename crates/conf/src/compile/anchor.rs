@@ -36,14 +36,11 @@ impl Anchors {
     /// What the anchor at slot path `at` evaluates: the anchor loaded there, or for `P/*`
     /// (`*`) every anchor loaded directly under P (at the top), in name order.
     fn evaluated(&self, at: &str) -> Vec<Arc<Anchored>> {
-        let prefix = match at.strip_suffix('*') {
-            Some(p) if p.is_empty() || p.ends_with('/') => p,
-            _ => return self.loaded.get(at).cloned().into_iter().collect(),
-        };
+        let Some(prefix) = wildcard(at) else { return self.loaded.get(at).cloned().into_iter().collect() };
         self.loaded
             .range(prefix.to_string()..)
             .take_while(|(k, _)| k.starts_with(prefix))
-            .filter(|(k, _)| !k[prefix.len()..].contains('/'))
+            .filter(|(k, _)| child_of(prefix, k).is_some())
             .map(|(_, a)| a.clone())
             .collect()
     }
@@ -58,8 +55,7 @@ impl Anchors {
         let mut out = Anchors { slots: self.slots.clone(), loaded: Arc::new(loaded), by_slot: Arc::default() };
         let mut by_slot = (*self.by_slot).clone();
         by_slot.resize(self.slots.len(), Vec::new());
-        let parent = path.rsplit_once('/').map_or(String::new(), |(p, _)| format!("{p}/"));
-        for at in [path.to_string(), format!("{parent}*")] {
+        for at in [path.to_string(), wildcard_of(path)] {
             if let Some(&(slot, _)) = self.slots.get(&at) {
                 by_slot[slot as usize] = out.evaluated(&at);
             }
@@ -100,6 +96,27 @@ pub fn anchor_paths(rules: &[Rule]) -> Vec<Option<String>> {
             path
         })
         .collect()
+}
+
+/// The wildcard that takes anchor `path` in: `P/*` for `P/name`, `*` for a top-level one.
+fn wildcard_of(path: &str) -> String {
+    path.rsplit_once('/').map_or("*".to_string(), |(p, _)| format!("{p}/*"))
+}
+
+/// For an anchor path `P/*` (or `*`): `P/` (or ""), what its children's paths start with.
+pub fn wildcard(path: &str) -> Option<&str> {
+    path.strip_suffix('*').filter(|p| p.is_empty() || p.ends_with('/'))
+}
+
+/// `path`'s name under `prefix` (from [`wildcard`]) when it is directly under it.
+pub fn child_of<'a>(prefix: &str, path: &'a str) -> Option<&'a str> {
+    path.strip_prefix(prefix).filter(|rest| !rest.is_empty() && !rest.contains('/'))
+}
+
+/// The end of the body of anchor rule `i` (the index after it): the rules after it one level
+/// deeper.
+pub fn body_end(rules: &[Rule], i: usize) -> usize {
+    rules[i + 1..].iter().position(|x| x.depth <= rules[i].depth).map_or(rules.len(), |k| i + 1 + k)
 }
 
 /// Whether `path` names an anchor rules can be loaded into: names joined by `/`, no wildcard.
@@ -145,7 +162,7 @@ impl Ruleset {
                 if !r.opens {
                     return Err(err(r.line, "an anchor loaded with -a holds its anchors' rules inline"));
                 }
-                p.rules[j + 1..].iter().position(|x| x.depth <= r.depth).map_or(p.rules.len(), |k| j + 1 + k) as u32
+                body_end(&p.rules, j) as u32
             } else {
                 0
             };
@@ -187,11 +204,10 @@ impl Ruleset {
     /// The anchor loaded at run time at `path`: its rules' first number and evaluations.
     pub fn anchor(&self, path: &str) -> Option<AnchorInfo> {
         let a = self.anchors.loaded.get(path)?;
-        let parent = path.rsplit_once('/').map_or(String::new(), |(p, _)| format!("{p}/"));
         Some(AnchorInfo {
             first_nr: a.first_nr,
             evaluations: a.list.evaluations.iter().map(|e| e.load(Ordering::Relaxed)).collect(),
-            referenced: self.anchors.slots.contains_key(path) || self.anchors.slots.contains_key(&format!("{parent}*")),
+            referenced: self.anchors.slots.contains_key(path) || self.anchors.slots.contains_key(&wildcard_of(path)),
         })
     }
 
