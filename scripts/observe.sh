@@ -48,6 +48,9 @@ pass in log on fc inet proto tcp to 10.0.2.2 port 7000 label "web" keep state (p
 pass in log (to pflog1) on fc inet proto udp to 10.0.2.2 port 7000 keep state (pflow)
 pass in on fc inet proto icmp from <inside>
 pass out on fs
+anchor "obs" in on fc {
+  pass in log on fc inet proto tcp to 10.0.2.2 port 7003
+}
 CONF
 
 scripts/topo.sh up $P
@@ -91,6 +94,18 @@ check "ssh to the firewall itself is in it: rule 0, block in on fc, to 10.0.1.1.
 check "only the connection's first packet (the state's later ones are not the rule's)" \
     bash -c "[[ \$(grep -c '> 10.0.2.2.7000' $DIR/file.txt) -eq 1 ]]"
 check "a rule without log logs nothing (the ping passed, unlogged)" refused grep -q 'ICMP echo' "$DIR/file.txt"
+# A rule in an anchor is logged as pf logs it (tcpdump: rule N.ANCHOR.M/): under the main
+# ruleset's anchor rule (5), with its number in the anchor (0); the same once the anchor's
+# rules are replaced with xpfctl -a (the loaded rule numbered 1 in it).
+try tcp 7003
+printf 'pass in on fc inet proto tcp to 10.0.2.2 port 7005\npass in log on fc inet proto tcp to 10.0.2.2 port 7004\n' >"$DIR/obs.conf"
+$CTL -a obs -f "$DIR/obs.conf"
+try tcp 7004
+sleep 0.5
+check "a logged rule in an anchor: rule 5.obs.0, pass in on fc" bash -c "
+    tcpdump -n -e -r $DIR/pflog 2>/dev/null | grep -E 'rule 5\.obs\.0/[^ ]*: pass in on fc: 10\.0\.1\.2\.[0-9]+ > 10\.0\.2\.2\.7003: Flags \[S\]'"
+check "a logged rule loaded into the anchor with -a: rule 5.obs.1" bash -c "
+    tcpdump -n -e -r $DIR/pflog 2>/dev/null | grep -E 'rule 5\.obs\.1/[^ ]*: pass in on fc: 10\.0\.1\.2\.[0-9]+ > 10\.0\.2\.2\.7004: Flags \[S\]'"
 check "log (to pflog1): the UDP datagram is in pflog1, not in pflog" bash -c "
     tcpdump -n -e -r $DIR/pflog1 2>/dev/null | tee /dev/stderr | grep -qE 'rule 2/[^ ]*: pass in on fc: 10\.0\.1\.2\.[0-9]+ > 10\.0\.2\.2\.7000: UDP'
     ! grep -q 'UDP' $DIR/file.txt"
@@ -140,7 +155,7 @@ check "-z zeroes the rules' evaluations" bash -c "$CTL -z && $CTL -s labels | te
 check "-s Interfaces lists the filtered interfaces; -v the states and rules of each (floating states under all)" bash -c "
     $CTL -s Interfaces | tee /dev/stderr | grep -qx fc && $CTL -s Interfaces -v >$DIR/ifs.txt && cat $DIR/ifs.txt &&
         grep -A1 '^all\$' $DIR/ifs.txt | grep -qE 'States: +[1-9][0-9]* +Rules: +1 ' &&
-        grep -A2 '^fc\$' $DIR/ifs.txt | grep -qE 'States: +0 +Rules: +3 ' && grep -A2 '^fc\$' $DIR/ifs.txt | grep -qE 'Received: +[1-9]'"
+        grep -A2 '^fc\$' $DIR/ifs.txt | grep -qE 'States: +0 +Rules: +5 ' && grep -A2 '^fc\$' $DIR/ifs.txt | grep -qE 'Received: +[1-9]'"
 check "xpfctl --help and xpfd --help print their usage (log, --pflog)" \
     bash -c "$BIN/xpfctl --help | grep -q 'xpfctl log' && $BIN/xpfd --help | grep -q -- '--pflog FILE'"
 
@@ -209,7 +224,7 @@ cp "$DIR/pf.conf" "$DIR/pf2.conf"
 printf 'set debug debug\npass in on fc inet proto udp to 10.0.2.2 port 7001\n' >>"$DIR/pf2.conf"
 $CTL -f "$DIR/pf2.conf"
 check "a load logs one line of what changed (rules +1, set options)" bash -c "
-    grep -E 'xpfd: info: ruleset generation [0-9]+: rules 6 \(\+1 -0\), translation rules 0 \(\+0 -0\), tables 1, set options changed' $LOG"
+    grep -E 'xpfd: info: ruleset generation [0-9]+: rules 8 \(\+1 -0\), translation rules 0 \(\+0 -0\), tables 1, set options changed' $LOG"
 check "set debug debug: control requests are logged at debug; xpfctl -x info quiets them; -x refuses a bad level" bash -c "
     $CTL -s memory >/dev/null; n=\$(grep -c 'xpfd: debug: control: show memory' $LOG)
     $CTL -x info && $CTL -s memory >/dev/null

@@ -21,8 +21,8 @@ use xpf_wire::pdesc::{pdf, AF_INET, AF_INET6, IPPROTO_TCP};
 use xpf_wire::{Addr, PDesc};
 
 mod anchor;
-use anchor::Anchors;
 pub use anchor::{anchor_paths, body_end, child_of, valid_anchor_path, wildcard, AnchorInfo};
+use anchor::{Anchors, RuleLog};
 
 /// A table: longest-prefix match over the entries, a negated entry excluding what it covers.
 /// Lookup walks only the prefix lengths present, longest first. A table in force is not
@@ -566,6 +566,9 @@ pub struct Ruleset {
     pub loginterface: u16,
     /// The named anchors, and the rules loaded into them at run time.
     anchors: Anchors,
+    /// The filter rules' names in pflog, for a ruleset with anchors (None: a rule's number is
+    /// its index).
+    rule_log: Option<Arc<RuleLog>>,
 }
 
 /// A destination translated traffic may have ([`Ruleset::nat_targets`]): packets of `proto`
@@ -1215,6 +1218,7 @@ impl Ruleset {
         let mut xrules = Vec::new();
         let paths = anchor_paths(&p.rules);
         let mut slots: HashMap<String, (u32, bool)> = HashMap::new();
+        let mut first_of_slot: Vec<u32> = Vec::new();
         let halves = xlate_halves(&p.xrules);
         let jobs = p.rules.iter().enumerate().map(|(nr, r)| (false, nr, r));
         for (x, nr, r) in jobs.chain(halves.iter().map(|(nr, r)| (true, *nr, r))) {
@@ -1227,6 +1231,9 @@ impl Ruleset {
                     let n = slots.len() as u32;
                     let e = slots.entry(path.clone()).or_insert((n, false));
                     e.1 |= r.opens;
+                    if e.0 == n {
+                        first_of_slot.push(nr as u32);
+                    }
                     e.0 + 1
                 }
                 None => 0,
@@ -1302,7 +1309,8 @@ impl Ruleset {
             rare,
             urpf,
             loginterface: p.loginterface.as_deref().and_then(ifindex).unwrap_or(0),
-            anchors: Anchors::new(slots),
+            anchors: Anchors::new(slots, first_of_slot),
+            rule_log: RuleLog::of(&p.rules, "").map(Arc::new),
         })
     }
 
@@ -1762,6 +1770,10 @@ impl Ruleset {
 }
 
 impl Policy for Ruleset {
+    fn log_name(&self, rule: u32) -> xpf_engine::LogName {
+        Ruleset::log_name(self, rule)
+    }
+
     fn pool(&self, i: u32) -> Option<&xpf_engine::nat::Pool> {
         self.pools.get((i as usize).wrapping_sub(1))
     }

@@ -1368,3 +1368,30 @@ fn anchors_loaded_at_run_time_by_name_and_by_wildcard() {
     assert!(main.with_anchor("m/*", &p("pass\n"), first, &ifindex).is_err(), "a wildcard is not loaded into");
     assert!(main.with_anchor("", &p("pass\n"), first, &ifindex).is_err());
 }
+
+/// pflog names a rule as pf does: a rule of the main ruleset by its number there (anchor
+/// bodies are not counted in it); a rule in an anchor by the main ruleset's (outermost) anchor
+/// rule, its own number in its anchor and that anchor's path (an unnamed one is `_1`, `_2`,
+/// ...); a rule loaded at run time the same way, under the anchor rule that evaluates it.
+#[test]
+fn pflog_names_rules_in_anchors_as_pf_does() {
+    use xpf_engine::LogName;
+    let r = rs("block all\nanchor \"a\" in {\n pass in proto tcp\n anchor {\n  pass in proto tcp\n  block in proto udp\n }\n}\npass out\nanchor \"m\"\n");
+    let name = |rulenr: u32, sub: u32, path: &str| {
+        let mut ruleset = [0u8; 16];
+        ruleset[..path.len()].copy_from_slice(path.as_bytes());
+        LogName { rulenr, subrulenr: Some(sub), ruleset }
+    };
+    // Flat: 0 block, 1 anchor a, 2 pass, 3 anchor _1, 4 pass, 5 block, 6 pass out, 7 anchor m.
+    assert_eq!(r.log_name(0), LogName::main(0));
+    assert_eq!(r.log_name(1), LogName::main(1));
+    assert_eq!(r.log_name(6), LogName::main(2), "the bodies are not counted in the main ruleset");
+    assert_eq!(r.log_name(7), LogName::main(3));
+    assert_eq!(r.log_name(2), name(1, 0, "a"));
+    assert_eq!(r.log_name(3), name(1, 1, "a"));
+    assert_eq!(r.log_name(5), name(1, 1, "a/_1"), "under the outermost anchor rule, in the inner ruleset");
+    let w = r.with_anchor("m", &parse("pass\nblock in proto udp\n", "m", &[]), 1 << 31, &ifindex).unwrap();
+    assert_eq!(w.log_name((1 << 31) + 1), name(3, 1, "m"));
+    // Without anchors a rule's number is its index.
+    assert_eq!(rs("block all\npass out\n").log_name(1), LogName::main(1));
+}

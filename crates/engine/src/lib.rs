@@ -16,7 +16,7 @@ pub mod reply;
 pub mod syncookie;
 pub mod synproxy;
 
-pub use policy::{Action, BlockAll, Context, Decision, PassAll, Policy, Return, Scrub};
+pub use policy::{Action, BlockAll, Context, Decision, LogName, PassAll, Policy, Return, Scrub};
 
 use nat::Rewrite;
 use rand_chacha::ChaCha20Rng;

@@ -152,8 +152,31 @@ pub struct Xlate {
     pub log: u8,
 }
 
+/// How pf names a rule in its log (pflog's rulenr, subrulenr and ruleset): a rule of the main
+/// ruleset by its number there; a rule in an anchor by the number of the main ruleset's anchor
+/// rule that led there, its own number in the anchor, and the anchor's path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogName {
+    pub rulenr: u32,
+    pub subrulenr: Option<u32>,
+    /// The anchor's path, NUL-padded, at most 15 bytes kept (pf's field).
+    pub ruleset: [u8; 16],
+}
+
+impl LogName {
+    /// Rule `nr` of the main ruleset.
+    pub fn main(nr: u32) -> LogName {
+        LogName { rulenr: nr, subrulenr: None, ruleset: [0; 16] }
+    }
+}
+
 pub trait Policy {
     fn evaluate(&self, pd: &PDesc, ifidx: u16, dir: Dir) -> Decision;
+
+    /// How pflog names rule `rule` (a `Decision::rule`).
+    fn log_name(&self, rule: u32) -> LogName {
+        LogName::main(rule)
+    }
     /// [`Policy::evaluate`] with the packet's [`Context`]. A policy without tags keeps the
     /// packet's.
     fn evaluate_in(&self, pd: &PDesc, at: &Context) -> Decision {

@@ -35,7 +35,13 @@ pub struct Header {
     pub reason: u8,
     /// The interface the packet was seen on (at most 15 bytes are kept).
     pub ifname: [u8; 16],
+    /// The rule's number in the main ruleset; for a rule in an anchor, the number of the main
+    /// ruleset's anchor rule that led there.
     pub rulenr: u32,
+    /// For a rule in an anchor: its number there (None: a rule of the main ruleset).
+    pub subrulenr: Option<u32>,
+    /// For a rule in an anchor: the anchor's path (at most 15 bytes kept, as pf's).
+    pub ruleset: [u8; 16],
     /// PF_IN (1) or PF_OUT (2).
     pub dir: u8,
     /// The translated packet's addresses and ports, if a translation rewrote it.
@@ -43,7 +49,7 @@ pub struct Header {
 }
 
 impl Header {
-    /// The interface name field from a name (cut to 15 bytes, NUL-padded).
+    /// The interface name (or ruleset) field from a name (cut to 15 bytes, NUL-padded).
     pub fn ifname_of(name: &str) -> [u8; 16] {
         let mut b = [0u8; 16];
         let n = name.len().min(15);
@@ -59,9 +65,10 @@ impl Header {
         h[2] = self.action;
         h[3] = self.reason;
         h[4..20].copy_from_slice(&self.ifname);
-        // ruleset (20..36): empty, the main ruleset.
+        h[20..36].copy_from_slice(&self.ruleset);
+        h[35] = 0;
         h[36..40].copy_from_slice(&self.rulenr.to_be_bytes());
-        h[40..44].copy_from_slice(&NO_SUBRULE.to_be_bytes());
+        h[40..44].copy_from_slice(&self.subrulenr.unwrap_or(NO_SUBRULE).to_be_bytes());
         h[44..48].copy_from_slice(&NO_UID.to_be_bytes());
         h[48..52].copy_from_slice(&NO_PID.to_be_bytes());
         h[52..56].copy_from_slice(&NO_UID.to_be_bytes());
@@ -103,7 +110,20 @@ impl Header {
             let port = |at: usize| u16::from_be_bytes([b[at], b[at + 1]]);
             ([addr(64), addr(80)], [port(96), port(98)])
         });
-        Some(Header { af: b[1], action: b[2], reason: b[3], ifname, rulenr: be32(36), dir: b[60], rewritten })
+        let mut ruleset = [0u8; 16];
+        ruleset.copy_from_slice(&b[20..36]);
+        let subrulenr = Some(be32(40)).filter(|&n| n != NO_SUBRULE);
+        Some(Header {
+            af: b[1],
+            action: b[2],
+            reason: b[3],
+            ifname,
+            rulenr: be32(36),
+            subrulenr,
+            ruleset,
+            dir: b[60],
+            rewritten,
+        })
     }
 }
 
@@ -147,6 +167,8 @@ mod tests {
             reason: 0,
             ifname: Header::ifname_of("a-very-long-interface-name"),
             rulenr: 7,
+            subrulenr: Some(2),
+            ruleset: Header::ifname_of("campus/in/44.0.0"),
             dir: 1,
             rewritten: Some(([Addr::v4([192, 0, 2, 1]), Addr::v4([198, 51, 100, 1])], [50001, 53])),
         };
@@ -163,5 +185,8 @@ mod tests {
         assert_eq!(back, Header { ifname: Header::ifname_of("a-very-long-int"), ..hdr });
         assert_eq!(&back.ifname[..15], b"a-very-long-int");
         assert_eq!(back.ifname[15], 0);
+        assert_eq!((back.rulenr, back.subrulenr, &back.ruleset[..15]), (7, Some(2), &b"campus/in/44.0."[..]));
+        let main = Header { subrulenr: None, ruleset: [0; 16], ..hdr };
+        assert_eq!(Header::parse(&main.bytes()).unwrap().subrulenr, None, "a main rule: no subrule number");
     }
 }

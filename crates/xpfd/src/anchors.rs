@@ -124,7 +124,7 @@ impl Daemon {
     pub(crate) fn show_rules(&self, anchor: Option<&str>, verbose: u8) -> Result<(String, Value), String> {
         let (_, cur) = self.slot.current();
         let sums = if verbose > 0 { self.rule_sums()? } else { Default::default() };
-        let mut out = Rows { text: String::new(), data: Vec::new(), verbose, sums };
+        let mut out = Rows { text: String::new(), data: Vec::new(), verbose, sums, counts: Vec::new() };
         match anchor {
             None | Some("*") => self.rows_of_main(&cur, 0, self.loaded.parsed.rules.len(), 0, &mut out),
             Some(path) => match cur.anchor(path) {
@@ -251,6 +251,8 @@ struct Rows {
     data: Vec<Value>,
     verbose: u8,
     sums: crate::dataplane::RuleSums,
+    /// Rules written so far at each depth of the bodies open.
+    counts: Vec<u32>,
 }
 
 impl Rows {
@@ -274,8 +276,14 @@ impl Rows {
         }
         let pad = "  ".repeat(depth as usize);
         let brace = if opens { " {" } else { "" };
+        // pf numbers each ruleset from 0 (an anchor's body has its own count).
+        let d = depth as usize;
+        self.counts.truncate(d + 1);
+        self.counts.resize(d + 1, 0);
+        let own = self.counts[d];
+        self.counts[d] += 1;
         if self.verbose > 1 {
-            let _ = writeln!(self.text, "{pad}@{nr} {line}{brace}");
+            let _ = writeln!(self.text, "{pad}@{own} {line}{brace}");
         } else {
             let _ = writeln!(self.text, "{pad}{line}{brace}");
         }

@@ -324,6 +324,8 @@ pub fn log_frames<P: xpf_engine::Policy>(tx: &Tx, w: &xpf_engine::Worker<P>, fra
             _ => continue,
         };
         let rewritten = (w.translated & (1 << i) != 0).then(|| (w.rewrites[i].addr, w.rewrites[i].port));
+        // pf's names: a rule in an anchor is logged under the main ruleset's anchor rule.
+        let name = w.policy.log_name(l.rule);
         let len = ip.len().min(fmt::SNAPLEN);
         let mut e = Box::new(Entry {
             unit: l.unit,
@@ -333,7 +335,9 @@ pub fn log_frames<P: xpf_engine::Policy>(tx: &Tx, w: &xpf_engine::Worker<P>, fra
                 action: l.action,
                 reason: l.reason,
                 ifname: [0; 16],
-                rulenr: l.rule,
+                rulenr: name.rulenr,
+                subrulenr: name.subrulenr,
+                ruleset: name.ruleset,
                 dir: l.dir,
                 rewritten,
             },

@@ -47,6 +47,10 @@ impl Policy for Live {
         self.rules.limits(i)
     }
 
+    fn log_name(&self, rule: u32) -> xpf_engine::LogName {
+        self.rules.log_name(rule)
+    }
+
     #[inline]
     fn skip(&self, ifidx: u16) -> bool {
         self.rules.skip(ifidx)

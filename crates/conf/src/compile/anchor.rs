@@ -14,6 +14,84 @@ pub(crate) struct Anchored {
     pub(super) list: List,
     /// The number of its first rule (states and counters name rules by number).
     first_nr: u32,
+    /// Its rules' names in pflog (their inline anchors' included).
+    log: Arc<RuleLog>,
+}
+
+/// What pflog names a list's rules by (pf numbers each ruleset from 0, and an anchor's rules
+/// are logged with the anchor's path): per rule, its number in its ruleset and the index of
+/// the anchor rule whose body holds it (u32::MAX: none); per anchor rule, the path of the
+/// ruleset it opens. Built only for lists with anchors (without, a rule's number is its index).
+#[derive(Debug, Default)]
+pub(super) struct RuleLog {
+    own: Vec<u32>,
+    outer: Vec<u32>,
+    paths: HashMap<u32, String>,
+}
+
+impl RuleLog {
+    /// For `rules` (parsed, one list) in the ruleset at `path` ("": the main one).
+    pub(super) fn of(rules: &[Rule], path: &str) -> Option<RuleLog> {
+        if !rules.iter().any(|r| r.opens) {
+            return None;
+        }
+        let mut l = RuleLog {
+            own: Vec::with_capacity(rules.len()),
+            outer: Vec::with_capacity(rules.len()),
+            ..RuleLog::default()
+        };
+        // Per depth: rules counted, unnamed anchors counted (pfctl names them _1, _2, ...);
+        // the anchor rules open around the rule.
+        let (mut counts, mut unnamed, mut open): (Vec<u32>, Vec<u32>, Vec<u32>) = (vec![0], vec![0], Vec::new());
+        for (i, r) in rules.iter().enumerate() {
+            let d = r.depth as usize;
+            for v in [&mut counts, &mut unnamed] {
+                v.resize(d + 1, 0);
+            }
+            open.truncate(d);
+            l.own.push(counts[d]);
+            counts[d] += 1;
+            l.outer.push(open.last().copied().unwrap_or(u32::MAX));
+            if r.opens {
+                let parent = open.last().map_or(path, |&a| l.paths[&a].as_str());
+                let name = match r.anchor.as_deref() {
+                    Some(n) if !n.is_empty() => n.to_string(),
+                    _ => {
+                        unnamed[d] += 1;
+                        format!("_{}", unnamed[d])
+                    }
+                };
+                let full = if parent.is_empty() { name } else { format!("{parent}/{name}") };
+                l.paths.insert(i as u32, full);
+                open.push(i as u32);
+                counts.push(0);
+                unnamed.push(0);
+            }
+        }
+        Some(l)
+    }
+
+    /// Rule `i`: (its number, the anchor rule around it, outermost first walk's end).
+    fn name(&self, i: usize) -> (u32, Option<(u32, &str)>) {
+        match self.outer[i] {
+            u32::MAX => (self.own[i], None),
+            a => {
+                // pf logs the main ruleset's anchor rule: the outermost one.
+                let mut top = a;
+                while self.outer[top as usize] != u32::MAX {
+                    top = self.outer[top as usize];
+                }
+                (self.own[i], Some((top, self.paths[&a].as_str())))
+            }
+        }
+    }
+}
+
+fn ruleset_field(path: &str) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    let n = path.len().min(15);
+    b[..n].copy_from_slice(&path.as_bytes()[..n]);
+    b
 }
 
 /// The main ruleset's named anchors and what is loaded into them.
@@ -21,6 +99,8 @@ pub(crate) struct Anchored {
 pub(crate) struct Anchors {
     /// Each named anchor's path: its slot, and whether the main ruleset gives it a body.
     pub(super) slots: Arc<HashMap<String, (u32, bool)>>,
+    /// Per slot, the index of the first anchor rule naming it (pflog names its rules by it).
+    first: Arc<Vec<u32>>,
     /// Every anchor loaded at run time, by path (referenced by the main ruleset or not yet).
     pub(super) loaded: Arc<BTreeMap<String, Arc<Anchored>>>,
     /// By slot: the rulesets its anchor rules evaluate (one; a wildcard's children in name
@@ -29,8 +109,10 @@ pub(crate) struct Anchors {
 }
 
 impl Anchors {
-    pub(super) fn new(slots: HashMap<String, (u32, bool)>) -> Anchors {
-        Anchors { slots: Arc::new(slots), ..Anchors::default() }
+    /// `slots`: each named anchor's path, its slot, whether the main ruleset gives it a body;
+    /// `first`: per slot, the index of the first anchor rule naming it.
+    pub(super) fn new(slots: HashMap<String, (u32, bool)>, first: Vec<u32>) -> Anchors {
+        Anchors { slots: Arc::new(slots), first: Arc::new(first), ..Anchors::default() }
     }
 
     /// What the anchor at slot path `at` evaluates: the anchor loaded there, or for `P/*`
@@ -52,7 +134,12 @@ impl Anchors {
             Some(a) => loaded.insert(path.to_string(), a),
             None => loaded.remove(path),
         };
-        let mut out = Anchors { slots: self.slots.clone(), loaded: Arc::new(loaded), by_slot: Arc::default() };
+        let mut out = Anchors {
+            slots: self.slots.clone(),
+            first: self.first.clone(),
+            loaded: Arc::new(loaded),
+            by_slot: Arc::default(),
+        };
         let mut by_slot = (*self.by_slot).clone();
         by_slot.resize(self.slots.len(), Vec::new());
         for at in [path.to_string(), wildcard_of(path)] {
@@ -188,7 +275,8 @@ impl Ruleset {
         out.random |= rules.iter().any(|r| r.prob != 0);
         out.tables = b.tables;
         out.tags = b.tags;
-        let a = Anchored { list: List::new(rules, Lookup::Auto), first_nr };
+        let log = Arc::new(RuleLog::of(&p.rules, path).unwrap_or_default());
+        let a = Anchored { list: List::new(rules, Lookup::Auto), first_nr, log };
         out.anchors = self.anchors.with(path, Some(Arc::new(a)));
         Ok(out)
     }
@@ -226,6 +314,48 @@ impl Ruleset {
     /// anchor`): loading the main ruleset again brings that body back.
     pub fn anchor_has_body(&self, path: &str) -> bool {
         self.anchors.slots.get(path).is_some_and(|s| s.1)
+    }
+
+    /// How pflog names rule `nr` (pf's rulenr, subrulenr and ruleset).
+    pub fn log_name(&self, nr: u32) -> xpf_engine::LogName {
+        use xpf_engine::LogName;
+        // The main ruleset's rule `i` (its own number, and its outermost anchor's).
+        let main = |i: usize| -> (u32, Option<(u32, String)>) {
+            match &self.rule_log {
+                None => (i as u32, None),
+                Some(l) => {
+                    let (own, at) = l.name(i);
+                    (own, at.map(|(top, p)| (l.own[top as usize], p.to_string())))
+                }
+            }
+        };
+        if (nr as usize) < self.filter.rules.len() {
+            return match main(nr as usize) {
+                (own, None) => LogName::main(own),
+                (own, Some((top, path))) => {
+                    LogName { rulenr: top, subrulenr: Some(own), ruleset: ruleset_field(&path) }
+                }
+            };
+        }
+        // A rule loaded at run time: under the main ruleset's anchor rule that evaluates it.
+        let Some((path, a)) = self
+            .anchors
+            .loaded
+            .iter()
+            .find(|(_, a)| nr >= a.first_nr && ((nr - a.first_nr) as usize) < a.list.rules.len())
+        else {
+            return LogName::main(nr);
+        };
+        let j = (nr - a.first_nr) as usize;
+        let slot = self.anchors.slots.get(path.as_str()).or_else(|| self.anchors.slots.get(&wildcard_of(path)));
+        let rulenr =
+            slot.and_then(|s| self.anchors.first.get(s.0 as usize)).map_or(u32::MAX, |&i| match main(i as usize) {
+                (own, None) => own,
+                (_, Some((top, _))) => top,
+            });
+        let (own, inner) = if a.log.own.is_empty() { (j as u32, None) } else { a.log.name(j) };
+        let ruleset = inner.map_or(path.as_str(), |(_, p)| p);
+        LogName { rulenr, subrulenr: Some(own), ruleset: ruleset_field(ruleset) }
     }
 
     /// The rulesets loaded into the anchor rule `r` names (empty: its body is evaluated).
