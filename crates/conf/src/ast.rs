@@ -153,7 +153,7 @@ pub struct Rule {
     pub label: Option<String>,
     pub tag: Option<String>,
     pub tagged: Option<(bool, String)>,
-    pub state_opts: StateOpts,
+    pub state_opts: StateOptsBox,
     pub user: Option<PortOp>,
     pub group: Option<PortOp>,
     /// Boxed, as the other rare parts below: a rule is small unless it has them (a
@@ -174,13 +174,13 @@ pub struct Rule {
     pub route: Option<Box<(RouteKind, Pool)>>,
     /// `set (prio a[, b])`, `set (queue a[, b])`, `set tos`.
     pub set_prio: Option<(u8, u8)>,
-    pub set_queue: Option<(String, Option<String>)>,
+    pub set_queue: Option<Box<(String, Option<String>)>>,
     pub set_tos: Option<u8>,
     /// `probability`, in percent.
     pub probability: Option<f64>,
     /// `[!] received-on IFACE`: the interface the packet came in on (an `out` pass of
     /// forwarded traffic included).
-    pub received_on: Option<Iface>,
+    pub received_on: Option<Box<Iface>>,
     /// `once`: the rule expires at its first match.
     pub once: bool,
     /// `max-pkt-rate N/S`: the rule (and its states, in their first direction) stops
@@ -289,7 +289,56 @@ pub struct StateOpts {
 
 impl StateOpts {
     pub fn is_empty(&self) -> bool {
-        *self == StateOpts::default()
+        *self == NO_STATE_OPTS
+    }
+}
+
+static NO_STATE_OPTS: StateOpts = StateOpts {
+    max: None,
+    no_sync: false,
+    pflow: false,
+    source_track: None,
+    max_src_states: None,
+    max_src_conn: None,
+    max_src_conn_rate: None,
+    max_src_nodes: None,
+    overload: None,
+    if_bound: false,
+    floating: false,
+    sloppy: false,
+    timeouts: Vec::new(),
+};
+
+/// A rule's `keep state (...)` options, kept out of line: most rules give none, and a
+/// 1.6M-rule ruleset held 112 bytes a rule for them. Reads as the options (pf's defaults when
+/// none were given); writing to them allocates them.
+#[derive(Clone, Default)]
+pub struct StateOptsBox(Option<Box<StateOpts>>);
+
+impl std::ops::Deref for StateOptsBox {
+    type Target = StateOpts;
+    fn deref(&self) -> &StateOpts {
+        self.0.as_deref().unwrap_or(&NO_STATE_OPTS)
+    }
+}
+
+impl std::ops::DerefMut for StateOptsBox {
+    fn deref_mut(&mut self) -> &mut StateOpts {
+        self.0.get_or_insert_with(Default::default)
+    }
+}
+
+impl PartialEq for StateOptsBox {
+    fn eq(&self, o: &StateOptsBox) -> bool {
+        **self == **o
+    }
+}
+
+impl Eq for StateOptsBox {}
+
+impl std::fmt::Debug for StateOptsBox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
     }
 }
 

@@ -245,7 +245,7 @@ pub fn rule(r: &Rule) -> String {
             Some((a, b)) => v.push(format!("prio({a}, {b})")),
             None => {}
         }
-        match &r.set_queue {
+        match r.set_queue.as_deref() {
             Some((a, Some(b))) => v.push(format!("queue({a}, {b})")),
             Some((a, None)) => v.push(format!("queue {a}")),
             None => {}

@@ -182,7 +182,7 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
             floating: _,
             sloppy: _,
             timeouts: _,
-        } = state_opts;
+        } = &**state_opts;
         if user.is_some() {
             refuse("user");
         }

@@ -90,8 +90,8 @@ pub(super) fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>>
         }
     }
     // Adaptive timeouts follow a rule's `max` unless given (pfctl: 60% and 120% of it).
-    let o = &mut t.r.state_opts;
-    if let Some(m) = o.max {
+    if let Some(m) = t.r.state_opts.max {
+        let o = &mut *t.r.state_opts;
         let has = |o: &StateOpts, x| o.timeouts.iter().any(|(t, _)| *t == x);
         if !has(o, xpf_state::Timeout::AdaptiveStart) && !has(o, xpf_state::Timeout::AdaptiveEnd) {
             o.timeouts.push((xpf_state::Timeout::AdaptiveStart, m / 10 * 6));
@@ -354,7 +354,7 @@ pub(super) fn rule_shell(action: Action, line: u32) -> Rule {
         label: None,
         tag: None,
         tagged: None,
-        state_opts: StateOpts::default(),
+        state_opts: StateOptsBox::default(),
         user: None,
         group: None,
         nat: None,
@@ -568,9 +568,9 @@ pub(super) fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
                             p.expect_punct(",")?;
                             let b = p.string()?;
                             p.expect_punct(")")?;
-                            t.r.set_queue = Some((a, Some(b)));
+                            t.r.set_queue = Some(Box::new((a, Some(b))));
                         } else {
-                            t.r.set_queue = Some((p.string()?, None));
+                            t.r.set_queue = Some(Box::new((p.string()?, None)));
                         }
                     }
                     "tos" => {
@@ -625,7 +625,7 @@ pub(super) fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
         } else if p.eat("once") {
             t.r.once = true;
         } else if p.eat("received-on") {
-            t.r.received_on = Some(received_on(p, false)?);
+            t.r.received_on = Some(Box::new(received_on(p, false)?));
         } else if p.eat("max-pkt-rate") {
             let n = |p: &mut P| -> R<u32> { p.string()?.parse().map_err(|_| "syntax error".to_string()) };
             let a = n(p)?;
@@ -637,7 +637,7 @@ pub(super) fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
             t.r.max_pkt_rate = Some((a, b));
         } else if p.eat_punct("!") {
             if p.eat("received-on") {
-                t.r.received_on = Some(received_on(p, true)?);
+                t.r.received_on = Some(Box::new(received_on(p, true)?));
                 continue;
             }
             if !p.eat("tagged") {

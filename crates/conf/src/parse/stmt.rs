@@ -273,7 +273,7 @@ pub(super) fn check_queues(out: &mut Parsed, file: &str) {
         }
     }
     for r in &out.rules {
-        if let Some((a, b)) = &r.set_queue {
+        if let Some((a, b)) = r.set_queue.as_deref() {
             for n in std::iter::once(a).chain(b.iter()) {
                 if !qs.iter().any(|q| &q.name == n) {
                     out.errors.push(ConfError {
