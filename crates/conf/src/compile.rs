@@ -569,6 +569,23 @@ pub struct Ruleset {
     /// The filter rules' names in pflog, for a ruleset with anchors (None: a rule's number is
     /// its index).
     rule_log: Option<Arc<RuleLog>>,
+    /// What every rule takes from the main file's options (anchors loaded later too).
+    globals: Globals,
+}
+
+/// The main file's options every rule takes: `set state-defaults no-sync, pflow`, `set
+/// state-policy if-bound`.
+#[derive(Debug, Clone, Copy, Default)]
+struct Globals {
+    no_sync: bool,
+    pflow: bool,
+    if_bound: bool,
+}
+
+impl Globals {
+    fn of(p: &Parsed) -> Globals {
+        Globals { no_sync: p.state_defaults.no_sync, pflow: p.state_defaults.pflow, if_bound: p.if_bound }
+    }
 }
 
 /// A destination translated traffic may have ([`Ruleset::nat_targets`]): packets of `proto`
@@ -974,7 +991,8 @@ fn addr_test(
 /// What compiling rules adds to besides the rules themselves: the ruleset's tables, tags,
 /// state limits, marks, rare tests and translation pools.
 struct Build<'a> {
-    p: &'a Parsed,
+    /// The ruleset-wide defaults rules take: `set state-defaults`, `set state-policy`.
+    globals: &'a Globals,
     ifindex: &'a dyn Fn(&str) -> Option<u16>,
     fib: &'a crate::routes::Fib,
     tables: Vec<(String, Arc<Table>)>,
@@ -992,14 +1010,14 @@ struct Build<'a> {
 
 impl<'a> Build<'a> {
     fn new(
-        p: &'a Parsed,
+        globals: &'a Globals,
         ifindex: &'a dyn Fn(&str) -> Option<u16>,
         fib: &'a crate::routes::Fib,
         tables: Vec<(String, Arc<Table>)>,
         tags: Vec<String>,
     ) -> Build<'a> {
         Build {
-            p,
+            globals,
             ifindex,
             fib,
             tables,
@@ -1029,7 +1047,7 @@ impl<'a> Build<'a> {
     /// Compiles rule `r` (pf number `nr`; `x`: a translation rule) with its anchor's end
     /// (0: not an anchor) and its named anchor's slot + 1 (0: none).
     fn rule(&mut self, r: &Rule, nr: u32, x: bool, anchor_end: u32, slot: u32) -> Result<CRule, CompileError> {
-        let p = self.p;
+        let g = self.globals;
         let ifindex = self.ifindex;
         let on = match &r.on {
             Some(i) if i.name == "any" => None,
@@ -1106,12 +1124,12 @@ impl<'a> Build<'a> {
             }),
             tos: r.tos,
             prob: r.probability.map_or(0, prob_threshold),
-            nosync: r.state_opts.no_sync || p.state_defaults.no_sync,
+            nosync: r.state_opts.no_sync || g.no_sync,
             // `set state-policy if-bound` binds every state a rule does not make floating.
-            if_bound: r.state_opts.if_bound || (p.if_bound && !r.state_opts.floating),
+            if_bound: r.state_opts.if_bound || (g.if_bound && !r.state_opts.floating),
             allow_opts: r.allow_opts,
             sloppy: r.state_opts.sloppy,
-            pflow: r.state_opts.pflow || p.state_defaults.pflow,
+            pflow: r.state_opts.pflow || g.pflow,
             modulate: r.state == StateKind::Modulate,
             synproxy: r.state == StateKind::Synproxy,
             // A rule that does not ask for a bare SYN may pick a stream up in the middle.
@@ -1213,7 +1231,8 @@ impl Ruleset {
             }
             tables.push((t.name.clone(), Arc::new(tb)));
         }
-        let mut b = Build::new(p, ifindex, fib, tables, Vec::new());
+        let globals = Globals::of(p);
+        let mut b = Build::new(&globals, ifindex, fib, tables, Vec::new());
         let mut rules = Vec::with_capacity(p.rules.len());
         let mut xrules = Vec::new();
         let paths = anchor_paths(&p.rules);
@@ -1311,6 +1330,7 @@ impl Ruleset {
             loginterface: p.loginterface.as_deref().and_then(ifindex).unwrap_or(0),
             anchors: Anchors::new(slots, first_of_slot),
             rule_log: RuleLog::of(&p.rules, "").map(Arc::new),
+            globals,
         })
     }
 

@@ -1366,6 +1366,10 @@ fn anchors_loaded_at_run_time_by_name_and_by_wildcard() {
         assert!(e.line == line && e.msg.contains(says), "{text}: {}: {}", e.line, e.msg);
     }
     assert!(main.with_anchor("m/*", &p("pass\n"), first, &ifindex).is_err(), "a wildcard is not loaded into");
+    // The main file's `set state-policy` and `set state-defaults` hold for them too.
+    let bound = rs("set state-policy if-bound\nset state-defaults no-sync\nblock all\nanchor \"m\" in on em0\n");
+    let d = bound.with_anchor("m", &p("pass in proto tcp\n"), first, &ifindex).unwrap().evaluate(&port(80), 1, Dir::In);
+    assert!(d.if_bound && d.nosync && d.keep_state, "{d:?}");
     assert!(main.with_anchor("", &p("pass\n"), first, &ifindex).is_err());
 }
 

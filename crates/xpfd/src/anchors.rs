@@ -84,6 +84,7 @@ impl Daemon {
         for w in &warnings {
             log::warn!("{file}: warning: {w}");
         }
+        crate::control::pflow_fits(&parsed, self.pflow.is_some())?;
         let n = parsed.rules.len() as u32;
         let first = self.anchors.next_nr;
         let next = first.checked_add(n).ok_or("rule numbers for anchors are used up: restart xpfd")?;

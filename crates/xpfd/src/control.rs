@@ -136,17 +136,16 @@ fn by_key(rows: &[(&str, &str, u64)]) -> serde_json::Map<String, Value> {
 
 /// Refuses `pflow` (a rule's, or `set state-defaults pflow`) when no collector takes the
 /// flows: xpfd was started without --pflow.
-pub fn pflow_fits(l: &Loaded, exporting: bool) -> Result<(), String> {
+pub fn pflow_fits(p: &Parsed, exporting: bool) -> Result<(), String> {
     if exporting {
         return Ok(());
     }
     let why = "pflow: xpfd exports flows only to a collector: start it with --pflow HOST:PORT";
-    if let Some(r) = l.parsed.rules.iter().find(|r| r.state_opts.pflow) {
+    if let Some(r) = p.rules.iter().find(|r| r.state_opts.pflow) {
         return Err(format!("{}:{}: {why}", r.file, r.line));
     }
-    if l.parsed.state_defaults.pflow {
-        let (file, line) = l
-            .parsed
+    if p.state_defaults.pflow {
+        let (file, line) = p
             .settings
             .iter()
             .find(|s| s.0.starts_with("set state-defaults"))
@@ -426,7 +425,7 @@ impl Daemon {
 
     fn install(&mut self, l: Loaded) -> Result<u64, Vec<String>> {
         // What xpfd cannot keep is refused before anything changes.
-        pflow_fits(&l, self.pflow.is_some()).map_err(|e| vec![e])?;
+        pflow_fits(&l.parsed, self.pflow.is_some()).map_err(|e| vec![e])?;
         translation_fits(&l, self.workers.len(), &self.steers.lock().unwrap()).map_err(|e| vec![e])?;
         let per = (l.state_limit() / self.workers.len() as u32).max(1);
         let t = l.timeouts();

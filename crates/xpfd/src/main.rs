@@ -480,7 +480,7 @@ fn run(a: Args) -> Result<(), String> {
         log::warn!("--fastpath needs XDP; packet mode forwards everything in xpfd");
     }
     control::translation_fits(&loaded, workers, &steers)?;
-    control::pflow_fits(&loaded, a.pflow.is_some())?;
+    control::pflow_fits(&loaded.parsed, a.pflow.is_some())?;
     control::write_nat_targets(&slot.current().1, &steers)?;
     let steers = Arc::new(Mutex::new(steers));
 

@@ -71,7 +71,8 @@ impl RuleLog {
         Some(l)
     }
 
-    /// Rule `i`: (its number, the anchor rule around it, outermost first walk's end).
+    /// Rule `i`: its number in its ruleset, and for a rule in an anchor, the outermost anchor
+    /// rule around it and the path of the innermost.
     fn name(&self, i: usize) -> (u32, Option<(u32, &str)>) {
         match self.outer[i] {
             u32::MAX => (self.own[i], None),
@@ -242,7 +243,9 @@ impl Ruleset {
             return Err(err(q.line, "queues belong in the main ruleset"));
         }
         let fib = crate::routes::Fib::default();
-        let mut b = Build::new(p, ifindex, &fib, self.tables.clone(), self.tags.clone());
+        // The main file's `set state-defaults` and `set state-policy` hold for them too.
+        let globals = self.globals;
+        let mut b = Build::new(&globals, ifindex, &fib, self.tables.clone(), self.tags.clone());
         let mut rules = Vec::with_capacity(p.rules.len());
         for (j, r) in p.rules.iter().enumerate() {
             let anchor_end = if r.anchor.is_some() {
