@@ -378,14 +378,17 @@ impl Daemon {
         }
     }
 
-    /// Whether the ruleset in force names `self` or `(if)` addresses, which follow the
-    /// interfaces' addresses.
+    /// Whether the ruleset in force (its anchors loaded with -a included) names `self` or
+    /// `(if)` addresses, which follow the interfaces' addresses.
     pub fn follows_addresses(&self) -> bool {
         use xpf_conf::ast::HostKind::{Dynamic, SelfAddr};
+        // The anchors loaded with -a too: a recompile compiles them again.
+        let anchored = self.anchors.loads.values().flat_map(|a| a.parsed.rules.iter());
         self.loaded
             .parsed
             .rules
             .iter()
+            .chain(anchored)
             .any(|r| [&r.src, &r.dst].iter().any(|h| matches!(h.kind, SelfAddr | Dynamic { .. })))
     }
 
