@@ -221,6 +221,9 @@ check "-a with a wildcard name is refused" bash -c "! $CTL -a 'members/*' -f $DI
 check "-a members -F rules empties the anchor" $CTL -a members -F rules
 check "emptied, the anchor no longer blocks iperf3" c iperf3 -c 10.0.2.2 -t 1
 check "and the main rules close 2222 again" refused c nc -z -w 2 10.0.2.2 2222
+echo 'pass in proto tcp to 10.0.2.2 port $svc' > "$DIR/member-d.conf"
+check "-a members -D svc=2222 -f: xpfctl's macro goes with the load" $CTL -a members -D svc=2222 -f "$DIR/member-d.conf"
+check "the anchor's rule with the macro opens 2222" c nc -z -w 2 10.0.2.2 2222
 check "-f the main file again: its own body of the anchor is back" $CTL -f "$DIR/anchor.conf"
 check "the main file's anchor body blocks iperf3 again" refused c iperf3 -c 10.0.2.2 -t 1 --connect-timeout 2000
 check "-f back to the full ruleset" $CTL -f "$DIR/pf.conf"

@@ -291,10 +291,10 @@ fn main() -> ExitCode {
         eprintln!("{USAGE}");
         return ExitCode::from(2);
     };
-    // A plain load is parsed by xpfd alone (errors name the file and line the same way, and
-    // its warnings come back): a 1.6M-rule file took seconds to parse here first. -n and -v
-    // print what was parsed, and -D macros are this command's: those parse here.
-    if !o.noaction && o.verbose == 0 && o.defines.is_empty() && file != "-" {
+    // A plain load is parsed by xpfd alone (errors name the file and line the same way, its
+    // warnings come back, -D goes with it): a 1.6M-rule file took seconds to parse here
+    // first. -n and -v print what was parsed: those parse here.
+    if !o.noaction && o.verbose == 0 && file != "-" {
         return load_request(&o, &file);
     }
     let (name, src) = if file == "-" {
@@ -365,7 +365,8 @@ fn main() -> ExitCode {
 /// Asks xpfd to load `file` (into the anchor of -a; -n: compiled, not installed).
 fn load_request(o: &Opts, file: &str) -> ExitCode {
     let path = std::fs::canonicalize(file).unwrap_or_else(|_| file.into());
-    let mut req = json!({"op": "load", "file": path.to_string_lossy(), "noaction": o.noaction});
+    let defines: Vec<[&str; 2]> = o.defines.iter().map(|(k, v)| [k.as_str(), v.as_str()]).collect();
+    let mut req = json!({"op": "load", "file": path.to_string_lossy(), "noaction": o.noaction, "defines": defines});
     if let Some(a) = &o.anchor {
         req["anchor"] = json!(a);
     }

@@ -64,16 +64,22 @@ impl Anchors {
 }
 
 impl Daemon {
-    /// `xpfctl -a PATH -f FILE`: FILE's rules replace anchor PATH's, compiled on their own;
-    /// nothing else is recompiled. On any error nothing changes.
-    pub fn load_anchor(&mut self, path: &str, file: &str, noaction: bool) -> Result<(String, Value), String> {
+    /// `xpfctl -a PATH -f FILE` (`defines`: its -D): FILE's rules replace anchor PATH's,
+    /// compiled on their own; nothing else is recompiled. On any error nothing changes.
+    pub fn load_anchor(
+        &mut self,
+        path: &str,
+        file: &str,
+        noaction: bool,
+        defines: &[(String, String)],
+    ) -> Result<(String, Value), String> {
         let t0 = Instant::now();
         if !xpf_conf::compile::valid_anchor_path(path) {
             return Err(format!("-a {path}: not an anchor rules can be loaded into (names joined by /, no wildcard)"));
         }
         let text = std::fs::read_to_string(file).map_err(|e| format!("{file}: {e}"))?;
         let base = std::path::Path::new(file).parent().map(|d| d.to_path_buf());
-        let parsed = xpf_conf::parse::parse_in(&text, file, &self.defines, base.as_deref());
+        let parsed = xpf_conf::parse::parse_in(&text, file, &self.defines_with(defines), base.as_deref());
         if !parsed.errors.is_empty() {
             return Err(parsed.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"));
         }

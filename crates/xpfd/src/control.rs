@@ -230,7 +230,7 @@ pub fn write_nat_targets(r: &Ruleset, steers: &[(String, Steer)]) -> Result<(), 
 
 pub struct Daemon {
     file: String,
-    pub(crate) defines: Vec<(String, String)>,
+    defines: Vec<(String, String)>,
     /// Anchors loaded at run time (`xpfctl -a`).
     pub(crate) anchors: crate::anchors::Anchors,
     pub(crate) loaded: Loaded,
@@ -410,13 +410,14 @@ impl Daemon {
     /// Loads the daemon's own file again (SIGHUP).
     pub fn reload_file(&mut self) -> Result<u64, Vec<String>> {
         let f = self.file.clone();
-        self.load(&f, false)
+        self.load(&f, false, &[])
     }
 
     /// Parses, compiles and installs `file`; on any error nothing changes.
-    pub fn load(&mut self, file: &str, noaction: bool) -> Result<u64, Vec<String>> {
+    /// `defines`: xpfctl's -D for this load, over xpfd's own.
+    pub fn load(&mut self, file: &str, noaction: bool, defines: &[(String, String)]) -> Result<u64, Vec<String>> {
         let text = std::fs::read_to_string(file).map_err(|e| vec![format!("{file}: {e}")])?;
-        let l = Loaded::build(&text, file, &self.defines)?;
+        let l = Loaded::build(&text, file, &self.defines_with(defines))?;
         for w in &l.warnings {
             log::warn!("{w}");
         }
@@ -424,6 +425,14 @@ impl Daemon {
             return Ok(self.slot.generation());
         }
         self.install(l)
+    }
+
+    /// xpfd's -D macros with `extra` over them (a name in both takes `extra`'s value).
+    pub(crate) fn defines_with(&self, extra: &[(String, String)]) -> Vec<(String, String)> {
+        let mut d: Vec<(String, String)> =
+            self.defines.iter().filter(|(k, _)| !extra.iter().any(|(e, _)| e == k)).cloned().collect();
+        d.extend(extra.iter().cloned());
+        d
     }
 
     fn install(&mut self, l: Loaded) -> Result<u64, Vec<String>> {
@@ -545,10 +554,17 @@ impl Daemon {
             "load" => {
                 let file = req["file"].as_str().ok_or("load: no file")?;
                 let noaction = req["noaction"].as_bool().unwrap_or(false);
+                // xpfctl's -D: [[name, value], ...].
+                let defines: Vec<(String, String)> = req["defines"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|d| Some((d[0].as_str()?.to_string(), d[1].as_str()?.to_string())))
+                    .collect();
                 if let Some(a) = req["anchor"].as_str() {
-                    return self.load_anchor(a, file, noaction);
+                    return self.load_anchor(a, file, noaction, &defines);
                 }
-                match self.load(file, noaction) {
+                match self.load(file, noaction, &defines) {
                     Ok(g) if noaction => Ok((String::new(), json!({"generation": g, "loaded": false}))),
                     Ok(g) => {
                         if file != self.file {
