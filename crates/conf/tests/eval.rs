@@ -1381,11 +1381,7 @@ fn anchors_loaded_at_run_time_by_name_and_by_wildcard() {
 fn pflog_names_rules_in_anchors_as_pf_does() {
     use xpf_engine::LogName;
     let r = rs("block all\nanchor \"a\" in {\n pass in proto tcp\n anchor {\n  pass in proto tcp\n  block in proto udp\n }\n}\npass out\nanchor \"m\"\n");
-    let name = |rulenr: u32, sub: u32, path: &str| {
-        let mut ruleset = [0u8; 16];
-        ruleset[..path.len()].copy_from_slice(path.as_bytes());
-        LogName { rulenr, subrulenr: Some(sub), ruleset }
-    };
+    let name = LogName::in_anchor;
     // Flat: 0 block, 1 anchor a, 2 pass, 3 anchor _1, 4 pass, 5 block, 6 pass out, 7 anchor m.
     assert_eq!(r.log_name(0), LogName::main(0));
     assert_eq!(r.log_name(1), LogName::main(1));

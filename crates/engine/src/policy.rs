@@ -168,6 +168,15 @@ impl LogName {
     pub fn main(nr: u32) -> LogName {
         LogName { rulenr: nr, subrulenr: None, ruleset: [0; 16] }
     }
+
+    /// Rule `sub` of the anchor at `path`, reached through the main ruleset's anchor rule
+    /// `rulenr` (the path cut to 15 bytes, as pf's field).
+    pub fn in_anchor(rulenr: u32, sub: u32, path: &str) -> LogName {
+        let mut ruleset = [0u8; 16];
+        let n = path.len().min(15);
+        ruleset[..n].copy_from_slice(&path.as_bytes()[..n]);
+        LogName { rulenr, subrulenr: Some(sub), ruleset }
+    }
 }
 
 pub trait Policy {

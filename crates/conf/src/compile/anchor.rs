@@ -88,13 +88,6 @@ impl RuleLog {
     }
 }
 
-fn ruleset_field(path: &str) -> [u8; 16] {
-    let mut b = [0u8; 16];
-    let n = path.len().min(15);
-    b[..n].copy_from_slice(&path.as_bytes()[..n]);
-    b
-}
-
 /// The main ruleset's named anchors and what is loaded into them.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Anchors {
@@ -335,9 +328,7 @@ impl Ruleset {
         if (nr as usize) < self.filter.rules.len() {
             return match main(nr as usize) {
                 (own, None) => LogName::main(own),
-                (own, Some((top, path))) => {
-                    LogName { rulenr: top, subrulenr: Some(own), ruleset: ruleset_field(&path) }
-                }
+                (own, Some((top, path))) => LogName::in_anchor(top, own, &path),
             };
         }
         // A rule loaded at run time: under the main ruleset's anchor rule that evaluates it.
@@ -358,7 +349,7 @@ impl Ruleset {
             });
         let (own, inner) = if a.log.own.is_empty() { (j as u32, None) } else { a.log.name(j) };
         let ruleset = inner.map_or(path.as_str(), |(_, p)| p);
-        LogName { rulenr, subrulenr: Some(own), ruleset: ruleset_field(ruleset) }
+        LogName::in_anchor(rulenr, own, ruleset)
     }
 
     /// The rulesets loaded into the anchor rule `r` names (empty: its body is evaluated).
