@@ -29,6 +29,7 @@ test: build
 	scripts/scenario.sh
 	scripts/nat.sh
 	scripts/observe.sh
+	scripts/shaper.sh
 	scripts/workers.sh
 	FASTPATH=1 scripts/workers.sh
 	scripts/failover.sh 8 14 --key

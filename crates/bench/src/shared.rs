@@ -135,6 +135,7 @@ impl Shared {
                         rate: 0,
                         pflow: false,
                         log: 0,
+                        queue: 0,
                     };
                     match t.insert(hs[i], ns, now) {
                         Ok(id) => {

@@ -21,6 +21,7 @@ use xpf_wire::pdesc::{pdf, AF_INET, AF_INET6, IPPROTO_TCP};
 use xpf_wire::{Addr, PDesc};
 
 mod anchor;
+pub mod queues;
 pub use anchor::{anchor_paths, body_end, child_of, valid_anchor_path, wildcard, AnchorInfo};
 use anchor::{Anchors, RuleLog};
 
@@ -338,6 +339,8 @@ struct CRule {
     limits: u32,
     tag: Option<u16>,
     tagged: Option<(bool, u16)>,
+    /// `set queue (q, ack)`: the queue ids, `q | ack << 16` (0: none).
+    queue: u32,
     /// Index + 1 in `Ruleset::rare` of the tests few rules have (`received-on`, `once`,
     /// `max-pkt-rate`), 0 for none: one test on the walk for the rules without.
     rare: u32,
@@ -564,6 +567,8 @@ pub struct Ruleset {
     pub nat_owners: Vec<Target>,
     /// `set loginterface`: its index (0: none, or not present when compiled).
     pub loginterface: u16,
+    /// The queue trees, one per interface, for the shaper.
+    pub queues: Arc<queues::Queues>,
     /// The named anchors, and the rules loaded into them at run time.
     anchors: Anchors,
     /// The filter rules' names in pflog, for a ruleset with anchors (None: a rule's number is
@@ -1006,6 +1011,8 @@ struct Build<'a> {
     pool_tables: Vec<(usize, String)>,
     nat_targets: Vec<Target>,
     urpf: Vec<(u16, usize)>,
+    /// The queues by name (`set queue`).
+    queue_ids: HashMap<String, u16>,
 }
 
 impl<'a> Build<'a> {
@@ -1031,6 +1038,7 @@ impl<'a> Build<'a> {
             pool_tables: Vec::new(),
             nat_targets: Vec::new(),
             urpf: Vec::new(),
+            queue_ids: HashMap::new(),
         }
     }
 
@@ -1146,6 +1154,20 @@ impl<'a> Build<'a> {
             },
             tag,
             tagged,
+            queue: match r.set_queue.as_deref() {
+                None => 0,
+                Some((q, ack)) => {
+                    let id = |n: &str| {
+                        self.queue_ids
+                            .get(n)
+                            .copied()
+                            .ok_or_else(|| CompileError { line: r.line, msg: format!("queue {n} is not defined") })
+                    };
+                    let q = id(q)? as u32;
+                    // pf: without an ACK queue, the ACKs go with the rest.
+                    q | ack.as_deref().map_or(Ok(q), |a| id(a).map(u32::from))? << 16
+                }
+            },
             rare: if rcv.is_some() || mark.is_some() || routes.iter().any(Option::is_some) {
                 self.rare.push(Rare { rcv, routes, mark });
                 self.rare.len() as u32
@@ -1232,7 +1254,9 @@ impl Ruleset {
             tables.push((t.name.clone(), Arc::new(tb)));
         }
         let globals = Globals::of(p);
+        let queues = queues::compile(&p.queues)?;
         let mut b = Build::new(&globals, ifindex, fib, tables, Vec::new());
+        b.queue_ids = queues.ids.clone();
         let mut rules = Vec::with_capacity(p.rules.len());
         let mut xrules = Vec::new();
         let paths = anchor_paths(&p.rules);
@@ -1328,6 +1352,7 @@ impl Ruleset {
             rare,
             urpf,
             loginterface: p.loginterface.as_deref().and_then(ifindex).unwrap_or(0),
+            queues: Arc::new(queues),
             anchors: Anchors::new(slots, first_of_slot),
             rule_log: RuleLog::of(&p.rules, "").map(Arc::new),
             globals,
@@ -1841,7 +1866,7 @@ impl Policy for Ruleset {
 
     fn evaluate_in(&self, pd: &PDesc, at: &Context) -> Decision {
         // pf_rule_to_actions: the match rules' actions as they matched, then the deciding rule's.
-        let mut acts = Acts { scrub: EScrub::NONE, nat: 0, rdr: 0 };
+        let mut acts = Acts { scrub: EScrub::NONE, nat: 0, rdr: 0, queue: 0 };
         let (last, tag) = self.walk(pd, at, &mut acts);
         let mut scrub = acts.scrub;
         // A translation makes a state whatever the deciding rule says (pf_test_rule).
@@ -1853,7 +1878,8 @@ impl Policy for Ruleset {
         match last {
             None => {
                 let (nat, rdr) = translated(None);
-                Decision { keep_state: nat != 0 || rdr != 0, tag, scrub, nat, rdr, log: 0, ..Decision::PASS }
+                let queue = acts.queue;
+                Decision { keep_state: nat != 0 || rdr != 0, tag, scrub, nat, rdr, log: 0, queue, ..Decision::PASS }
             }
             Some(r) => {
                 let mut rate = 0;
@@ -1892,6 +1918,7 @@ impl Policy for Ruleset {
                     rate,
                     log: r.log,
                     log_all: r.log_all,
+                    queue: if r.queue != 0 { r.queue } else { acts.queue },
                 }
             }
         }
@@ -1904,6 +1931,7 @@ struct Acts {
     scrub: EScrub,
     nat: u32,
     rdr: u32,
+    queue: u32,
 }
 
 /// Where a walk stands: the packet's tag, and the deciding rule so far.
@@ -1936,6 +1964,9 @@ fn matched<'a>(r: &'a CRule, mark: Option<&Arc<Mark>>, w: &mut Walked<'a>, acc: 
         }
         if r.rdr != 0 {
             acc.rdr = r.rdr;
+        }
+        if r.queue != 0 {
+            acc.queue = r.queue;
         }
         if let Some(m) = mark.filter(|m| m.once) {
             m.expired.store(true, Ordering::Relaxed);

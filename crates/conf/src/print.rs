@@ -535,7 +535,7 @@ pub fn table(t: &crate::parse::Table) -> String {
     s
 }
 
-fn bandwidth(b: Bandwidth) -> String {
+pub(crate) fn bandwidth(b: Bandwidth) -> String {
     match b {
         Bandwidth::Percent(p) => format!("{p}%"),
         Bandwidth::Bits(n) => {

@@ -52,9 +52,6 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
             w => no(file, *line, &format!("set {w}")),
         }
     }
-    for q in &p.queues {
-        no(&q.file, q.line, "queue");
-    }
     // FreeBSD's translation rules translate before the filter rules see the packet; a filter
     // rule's own translation on top of that is not something xpf does.
     let xlating = p.xrules.iter().any(|r| r.xlate.is_some_and(|x| !x.no) && r.anchor.is_none());
@@ -236,9 +233,8 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
         if set_prio.is_some() {
             refuse("set prio");
         }
-        if set_queue.is_some() {
-            refuse("set queue");
-        }
+        // Enforced: the state keeps the queue; the egress interface's shaper holds to it.
+        let _ = set_queue;
         if set_tos.is_some() {
             refuse("set tos");
         }
@@ -263,6 +259,7 @@ mod tests {
         include_str!("../../../scripts/failover.sh"),
         include_str!("../../../scripts/observe.sh"),
         include_str!("../../xpfd/src/logging.rs"),
+        include_str!("../../shape/src/tests.rs"),
     ];
 
     enum Expect {
@@ -339,14 +336,14 @@ mod tests {
         ("pass in on lo reply-to 127.0.0.2", No("reply-to")),
         ("pass out on lo dup-to 127.0.0.2", No("dup-to")),
         ("pass in set prio 3", No("set prio")),
-        ("pass in set queue q", No("set queue")),
+        ("pass in set queue root", Yes("set_queue_is_kept_in_the_state_and_pure_acks_take_the_ack_queue")),
         ("pass in set tos 0x10", No("set tos")),
         ("pass in probability 50%", Yes("probability_passes_about_its_share")),
         ("pass out on lo received-on lo", Yes("received_on_matches_the_interface_the_packet_came_in_on")),
         ("pass out on lo !received-on lo", Yes("received_on_matches_the_interface_the_packet_came_in_on")),
         ("pass in proto tcp once", Yes("a_once_rule_expires_at_its_first_match")),
         ("pass in proto icmp max-pkt-rate 100/10", Yes("max_pkt_rate_stops_the_rule_and_its_states_over_the_rate")),
-        ("queue q on lo bandwidth 10M default", No("queue")),
+        ("queue q on lo bandwidth 10M default", Yes("siblings_share_by_bandwidth_and_the_root_caps")),
         ("set skip on lo", Yes("set_skip_on_leaves_an_interface_unfiltered")),
         ("set state-policy if-bound", Yes("state_policy_if_bound_binds_states_a_rule_does_not_float")),
         ("set block-policy return", Yes("block_return_answers_tcp_with_a_rst_and_udp_with_port_unreachable")),

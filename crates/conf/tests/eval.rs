@@ -1395,3 +1395,60 @@ fn pflog_names_rules_in_anchors_as_pf_does() {
     // Without anchors a rule's number is its index.
     assert_eq!(rs("block all\npass out\n").log_name(1), LogName::main(1));
 }
+
+/// `set queue (q, ack)`: the rule that makes the state decides its queue once; every packet
+/// of the state then carries it (both directions, no rule evaluated), a match rule's queue
+/// holds unless the deciding rule names one, and pure ACKs go to the ACK queue.
+#[test]
+fn set_queue_is_kept_in_the_state_and_pure_acks_take_the_ack_queue() {
+    let conf = "queue root on em1 bandwidth 100M\nqueue bulk parent root bandwidth 60M default\n\
+                queue web parent root bandwidth 30M\nqueue ack parent root bandwidth 10M\n\
+                match out proto udp set queue bulk\npass\npass proto tcp to port 80 set queue (web, ack)\n";
+    let r = rs(conf);
+    let ids = &r.queues.ids;
+    let (web, ack, bulk) = (ids["web"], ids["ack"], ids["bulk"]);
+    assert_eq!(r.queues.trees.len(), 1);
+    assert_eq!(
+        r.queues.trees[0].classes.iter().map(|c| c.bandwidth).collect::<Vec<_>>(),
+        [100_000_000, 60_000_000, 30_000_000, 10_000_000]
+    );
+    let mut w = worker(r);
+    let mut v = [Verdict::Pass; 1];
+    let syn = tcp_frame([10, 0, 0, 1], [10, 1, 0, 1], 40000, 80, 1, 0, tcp::SYN, 0, None);
+    w.process(&[&syn], 1, Dir::In, 1, &mut v);
+    assert_eq!(v[0], Verdict::Pass);
+    assert_eq!(w.queue_of(0), web, "a SYN is not a pure ACK");
+    w.process(&[&syn], 2, Dir::Out, 1, &mut v);
+    assert_eq!((v[0], w.queue_of(0)), (Verdict::Pass, web), "out on em1");
+    let synack = tcp_frame([10, 1, 0, 1], [10, 0, 0, 1], 80, 40000, 900, 2, tcp::SYN | tcp::ACK, 0, None);
+    w.process(&[&synack], 2, Dir::In, 2, &mut v);
+    assert_eq!(v[0], Verdict::Pass);
+    assert_eq!(w.queue_of(0), ack, "the reply meets the state's queues (no data, an ACK: pf's ACK queue)");
+    let ackf = tcp_frame([10, 0, 0, 1], [10, 1, 0, 1], 40000, 80, 2, 901, tcp::ACK, 0, None);
+    w.process(&[&ackf], 1, Dir::In, 1, &mut v);
+    assert_eq!(w.queue_of(0), ack, "a pure ACK");
+    let data = tcp_frame([10, 0, 0, 1], [10, 1, 0, 1], 40000, 80, 2, 901, tcp::ACK | tcp::PSH, 100, None);
+    w.process(&[&data], 1, Dir::In, 1, &mut v);
+    assert_eq!(w.queue_of(0), web, "data");
+    // Out on em1: a match rule's queue for UDP; none for the rest (the default queue).
+    let u = udp([10, 0, 0, 1], [10, 1, 0, 1], 5000, 53);
+    w.process(&[&u], 2, Dir::Out, 1, &mut v);
+    assert_eq!(w.queue_of(0), bulk);
+    let t = tcp_frame([10, 0, 0, 1], [10, 1, 0, 1], 40001, 22, 1, 0, tcp::SYN, 0, None);
+    w.process(&[&t], 2, Dir::Out, 1, &mut v);
+    assert_eq!(w.queue_of(0), 0);
+    // The checks pfctl leaves to the kernel, at the queue's line.
+    for (bad, want) in [
+        ("queue r on em1 bandwidth 10M\nqueue a parent r bandwidth 8M default\nqueue b parent r bandwidth 4M\n", "higher than its own"),
+        ("queue r on em1 bandwidth 10M\nqueue a parent r bandwidth 8M min 1M default\nqueue a1 parent a bandwidth 1M\n", "min on a queue with children"),
+        ("queue r on em1 bandwidth 50%\nqueue a parent r bandwidth 1M default\n", "percent"),
+        ("queue r on em1 bandwidth 10M\nqueue s on em1 bandwidth 10M\nqueue a parent r bandwidth 1M default\n", "root queue already"),
+    ] {
+        let p = parse(bad, "test", &[]);
+        let e = match Ruleset::compile(&p, &ifindex) {
+            Err(e) => e,
+            Ok(_) => panic!("{bad} compiled"),
+        };
+        assert!(e.msg.contains(want) && e.line > 0, "{bad}: {e:?}");
+    }
+}

@@ -171,6 +171,10 @@ pub struct Worker<P: Policy> {
     /// pflog records of them ([`LogMark`]).
     pub logged: u64,
     pub logs: [LogMark; BATCH],
+    /// `set queue`: the queue ids (`q | ack << 16`, 0: none) of each frame of the last
+    /// batch, from its state or, on a miss, its rules; the shaper of the interface the frame
+    /// leaves by takes it (two more slots: a reassembled datagram's miss writes past BATCH).
+    pub queues: [u32; BATCH + 2],
     /// The pools' round-robin positions and the source-port allocators.
     pub nat: nat::Nat,
     /// The batch's frames addressed to this host ([`Worker::process_tagged`]'s `local`).
@@ -256,6 +260,7 @@ impl<P: Policy> Worker<P> {
             translated: 0,
             logged: 0,
             logs: [LogMark::default(); BATCH],
+            queues: [0; BATCH + 2],
             rewrites: [Rewrite::default(); BATCH],
             nat: nat::Nat::default(),
             local: 0,
@@ -369,6 +374,7 @@ impl<P: Policy> Worker<P> {
         self.translated = 0;
         self.logged = 0;
         self.released_translated = 0;
+        self.queues[..n].fill(0);
         if self.policy.skip(ifidx) {
             return self.skipped(&frames[..n], verdicts);
         }
@@ -430,7 +436,15 @@ impl<P: Policy> Worker<P> {
                     let out = Some((&mut self.rewrites, &mut self.translated, i));
                     let local = self.local & (1 << i) != 0;
                     hit_nat(&mut self.t4, self.r4[j], pd, dir, now, &mut self.aux, out, local).map(|v| {
-                        match state_actions(&self.t4, &self.policy, self.r4[j], dir, now, &mut tags[i]) {
+                        match state_actions(
+                            &self.t4,
+                            &self.policy,
+                            self.r4[j],
+                            dir,
+                            now,
+                            &mut tags[i],
+                            &mut self.queues[i],
+                        ) {
                             Ok(0) => v,
                             Ok(a) => {
                                 let rule = self.t4.state(self.r4[j] & ID_MASK).rule;
@@ -477,7 +491,15 @@ impl<P: Policy> Worker<P> {
                     let out = Some((&mut self.rewrites, &mut self.translated, i));
                     let local = self.local & (1 << i) != 0;
                     hit_nat(&mut self.t6, self.r6[j], pd, dir, now, &mut self.aux, out, local).map(|v| {
-                        match state_actions(&self.t6, &self.policy, self.r6[j], dir, now, &mut tags[i]) {
+                        match state_actions(
+                            &self.t6,
+                            &self.policy,
+                            self.r6[j],
+                            dir,
+                            now,
+                            &mut tags[i],
+                            &mut self.queues[i],
+                        ) {
                             Ok(0) => v,
                             Ok(a) => {
                                 let rule = self.t6.state(self.r6[j] & ID_MASK).rule;
@@ -662,6 +684,22 @@ impl<P: Policy> Worker<P> {
     fn take_proxy(&mut self, i: usize, family: u32) {
         if let Some((id, a)) = self.aux.proxy.take() {
             self.proxies.push((i as u8, id | family, a));
+        }
+    }
+
+    /// The queue frame `i` of the last batch goes to (0: none, the interface's default):
+    /// `set queue (q, ack)`'s second for a TCP segment with no data but its ACK, or a packet
+    /// whose TOS asks for low delay, as pf does; the first otherwise.
+    pub fn queue_of(&self, i: usize) -> u16 {
+        let q = self.queues[i];
+        let ack = (q >> 16) as u16;
+        let pd = &self.pd[i];
+        let prio =
+            pd.tos & 0x10 != 0 || (pd.proto == IPPROTO_TCP && pd.tcp_flags & tcp::ACK != 0 && pd.payload_len == 0);
+        if prio && ack != 0 {
+            ack
+        } else {
+            q as u16
         }
     }
 
@@ -1184,6 +1222,7 @@ macro_rules! ctx {
             },
             local: ($i < BATCH && $w.local & (1u64 << $i) != 0) || ($rw == DGRAM && $w.dgram_local),
             tag: $tag,
+            queue: &mut $w.queues[$i.min(BATCH + 1)],
             ret: if $i < BATCH { Some((&mut $w.ret, &mut $w.ret_mask, $i)) } else { None },
             scrub: if $i < BATCH { Some((&mut $w.scrubs, &mut $w.scrubbed, $i)) } else { None },
             limit: $w.limit,
@@ -1222,6 +1261,8 @@ struct Ctx<'a> {
     local: bool,
     /// The packet's tag: in from an earlier pass, out as the rules or the state leave it.
     tag: &'a mut u16,
+    /// Where the packet's queue ids are noted (from the rules or the state).
+    queue: &'a mut u32,
     /// Where a `block return` decision for frame i of the batch is noted (None: a packet
     /// outside the batch, e.g. a reassembled datagram, which gets no answer).
     ret: Option<(&'a mut [Return; BATCH], &'a mut u64, usize)>,
@@ -1596,6 +1637,7 @@ fn state_actions<K: Key, P: Policy>(
     dir: Dir,
     now: u32,
     tag: &mut u16,
+    queue: &mut u32,
 ) -> Result<u64, Reason> {
     if t.actions.is_empty() {
         return Ok(0);
@@ -1605,6 +1647,7 @@ fn state_actions<K: Key, P: Policy>(
             if a.tag != 0 {
                 *tag = a.tag;
             }
+            *queue = a.queue;
             if a.rate != 0 && first_direction(t.state(r & ID_MASK).flags, dir) && p.rate_exceeded(a.rate, now) {
                 return Err(Reason::PktRate);
             }
@@ -1655,7 +1698,7 @@ fn note_scrub(at: Option<(&mut [Scrub; BATCH], &mut u64, usize)>, s: Scrub) {
 /// hit's verdict `v` with the state's actions.
 #[inline]
 fn with_actions<K: Key, P: Policy>(t: &StateTable<K>, p: &P, r: u32, c: Ctx, v: Verdict) -> Verdict {
-    match state_actions(t, p, r, c.dir, c.now, c.tag) {
+    match state_actions(t, p, r, c.dir, c.now, c.tag, c.queue) {
         Ok(a) => {
             note_scrub(c.scrub, Scrub::unpack(a & SCRUB_BITS));
             let log = (a >> LOG_SHIFT) as u8;
@@ -1976,6 +2019,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     }
     *c.rule_passes += 1;
     note_scrub(c.scrub, d.scrub);
+    *c.queue = d.queue;
     if !d.keep_state || !proto::may_create(pd, d.pickup) {
         // pf: a proven cookie makes a state or nothing (the rule keeps no state). A translated
         // packet without a state would leave untranslated: it does not leave.
@@ -2073,6 +2117,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         rate: d.rate,
         pflow: d.pflow,
         log: if d.log_all { d.log } else { 0 },
+        queue: d.queue,
     };
     let inserted = t.insert(wire_h, ns, c.now);
     if let (Err(_), Some((a, port))) = (&inserted, held) {

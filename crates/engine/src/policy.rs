@@ -59,6 +59,9 @@ pub struct Decision {
     /// `log (all)`: every packet of the state it makes goes to pflog (unit `log`), not only
     /// the first.
     pub log_all: bool,
+    /// `set queue (q, ack)`: the queue ids, `q | ack << 16`, of the last matching rule that
+    /// sets one, the deciding rule's first (0: none); kept in the state it makes.
+    pub queue: u32,
 }
 
 impl Decision {
@@ -84,6 +87,7 @@ impl Decision {
         log: 0,
         pflow: false,
         log_all: false,
+        queue: 0,
     };
     /// `block` (drop).
     pub const BLOCK: Decision = Decision { action: Action::Block, keep_state: false, ..Decision::PASS };

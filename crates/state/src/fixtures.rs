@@ -22,5 +22,6 @@ pub fn established_tcp<K: Key>(key: K, peers: [Peer; 2]) -> NewState<K> {
         rate: 0,
         pflow: false,
         log: 0,
+        queue: 0,
     }
 }

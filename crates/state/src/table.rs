@@ -154,6 +154,8 @@ pub struct NewState<K: Key> {
     pub pflow: bool,
     /// `log (all)`: the pflog unit + 1 the state's packets go to (0: none).
     pub log: u8,
+    /// `set queue`: the queue ids (`q | ack << 16`) the state's packets go to (0: none).
+    pub queue: u32,
 }
 
 /// What a state keeps of the rules that made it besides its key and counters (pf's tag,
@@ -165,6 +167,8 @@ pub struct Actions {
     pub rate: u32,
     /// `log (all)`: the pflog unit + 1 every packet of the state goes to (0: none).
     pub log: u8,
+    /// `set queue`: `q | ack << 16` (0: none).
+    pub queue: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -667,8 +671,8 @@ impl<K: Key> StateTable<K> {
             bytes: [0; 2],
         };
         self.index.insert(h, id);
-        if s.tag != 0 || s.scrub != 0 || s.rate != 0 || s.log != 0 {
-            self.actions.insert(id, Actions { tag: s.tag, scrub: s.scrub, rate: s.rate, log: s.log });
+        if s.tag != 0 || s.scrub != 0 || s.rate != 0 || s.log != 0 || s.queue != 0 {
+            self.actions.insert(id, Actions { tag: s.tag, scrub: s.scrub, rate: s.rate, log: s.log, queue: s.queue });
         }
         if let Some(hs) = hs {
             self.index.insert(hs, id | STACK);

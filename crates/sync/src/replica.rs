@@ -701,6 +701,7 @@ fn import<K: Key>(t: &mut StateTable<K>, r: &StateRec, kif: u16, class: Timeout,
         // both would count it twice; the counts synced are the peer's).
         pflow: false,
         log: 0,
+        queue: 0,
     };
     let h = t.hash(&key);
     let slot = t.insert(h, ns, now).ok()?;

@@ -495,7 +495,8 @@ fn daemon(o: &Opts) -> ExitCode {
     }
     if let Some(what) = &o.show {
         // pfctl accepts any unambiguous prefix: -s i, -s st, -s r ...
-        let names = ["info", "states", "memory", "rules", "nat", "labels", "timeouts", "Tables", "Interfaces", "all"];
+        let names =
+            ["info", "states", "memory", "rules", "nat", "labels", "queue", "timeouts", "Tables", "Interfaces", "all"];
         let full: Vec<&&str> = names.iter().filter(|n| n.starts_with(what.as_str())).collect();
         let full = if names.contains(&what.as_str()) {
             vec![names.iter().find(|n| **n == what.as_str()).unwrap()]
@@ -504,7 +505,7 @@ fn daemon(o: &Opts) -> ExitCode {
         };
         if full.len() != 1 {
             eprintln!(
-                "xpfctl: -s {what}: one of info, states, memory, rules, nat, labels, timeouts, Tables, Interfaces, all"
+                "xpfctl: -s {what}: one of info, states, memory, rules, nat, labels, queue, timeouts, Tables, Interfaces, all"
             );
             return ExitCode::from(2);
         }

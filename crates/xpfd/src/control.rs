@@ -129,6 +129,44 @@ pub fn translation_fits(l: &Loaded, workers: usize, steers: &[(String, Steer)]) 
     Ok(())
 }
 
+/// Refuses queues xpfd cannot keep: on an interface it does not forward on (nothing would
+/// leave through them), and with several workers (each worker would shape to the whole
+/// rate). Names the queue's line.
+pub fn queues_fit(p: &Parsed, workers: usize, ifaces: &[String]) -> Result<(), String> {
+    let Some(first) = p.queues.first() else { return Ok(()) };
+    if workers > 1 {
+        return Err(format!(
+            "{}:{}: queues run on one worker for now: start xpfd with --workers 1",
+            first.file, first.line
+        ));
+    }
+    for q in p.queues.iter().filter(|q| q.parent.is_none()) {
+        if let Some(on) = q.on.as_deref().filter(|on| !ifaces.iter().any(|i| i == on)) {
+            return Err(format!(
+                "{}:{}: queue {} on {on}: xpfd forwards on {} only",
+                q.file,
+                q.line,
+                q.name,
+                ifaces.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Queue counters by (interface, queue), summed over the workers.
+type QueueSums = std::collections::HashMap<(String, String), xpf_shape::QueueStats>;
+
+/// A rate in bits per second as pfctl shows one (`12.34Mb`).
+fn rate_text(bps: f64) -> String {
+    for (m, u) in [(1e9, "Gb"), (1e6, "Mb"), (1e3, "Kb")] {
+        if bps >= m {
+            return format!("{:.2}{u}", bps / m);
+        }
+    }
+    format!("{bps:.2}b")
+}
+
 /// Rows of (key, text, value) as a JSON object by key.
 fn by_key(rows: &[(&str, &str, u64)]) -> serde_json::Map<String, Value> {
     rows.iter().map(|(k, _, v)| (k.to_string(), json!(v))).collect()
@@ -237,6 +275,10 @@ pub struct Daemon {
     pub(crate) slot: Arc<Slot>,
     workers: Vec<Sender<Cmd>>,
     pub(crate) steers: Arc<Mutex<Vec<(String, Steer)>>>,
+    /// The interfaces xpfd filters (queues go on these only).
+    pub ifaces: Vec<String>,
+    /// The queues' counters at the last `-s queue` (what -v measures against).
+    queues_seen: Option<(Instant, QueueSums)>,
     pub(crate) start: Instant,
     /// State sync's counters, when --sync-dev is on.
     pub sync: Option<Arc<crate::sync::Shared>>,
@@ -370,6 +412,8 @@ impl Daemon {
             slot,
             workers,
             steers,
+            ifaces: Vec::new(),
+            queues_seen: None,
             start: Instant::now(),
             sync: None,
             egresses: None,
@@ -439,6 +483,7 @@ impl Daemon {
         // What xpfd cannot keep is refused before anything changes.
         pflow_fits(&l.parsed, self.pflow.is_some()).map_err(|e| vec![e])?;
         translation_fits(&l, self.workers.len(), &self.steers.lock().unwrap()).map_err(|e| vec![e])?;
+        queues_fit(&l.parsed, self.workers.len(), &self.ifaces).map_err(|e| vec![e])?;
         let per = (l.state_limit() / self.workers.len() as u32).max(1);
         let t = l.timeouts();
         let frags = l.frags(self.workers.len());
@@ -785,6 +830,72 @@ impl Daemon {
         }
     }
 
+    /// pfctl -s queue: each queue as pfctl prints it; with -v its counters (pkts, bytes,
+    /// drops, queue length) and what it measured since the last look.
+    fn show_queues(&mut self, verbose: u8) -> Result<(String, Value), String> {
+        use std::collections::HashMap;
+        let mut sums = QueueSums::new();
+        for v in ask(&self.workers, Cmd::Queues)? {
+            for (i, n, s) in v {
+                sums.entry((i, n)).or_default().add(&s);
+            }
+        }
+        let (_, cur) = self.slot.current();
+        let now = Instant::now();
+        let before = self.queues_seen.take();
+        let mut text = String::new();
+        let mut data = Vec::new();
+        let parsed = &self.loaded.parsed.queues;
+        for t in &cur.queues.trees {
+            for c in &t.classes {
+                let Some(q) = parsed.iter().find(|q| q.name == c.name) else { continue };
+                let st = sums.get(&(t.ifname.clone(), c.name.clone())).copied().unwrap_or_default();
+                let mut line = xpf_conf::print::queue(q);
+                if q.parent.is_some() && q.on.is_none() {
+                    // pfctl names the interface of every queue.
+                    line =
+                        line.replacen(&format!("queue {} ", q.name), &format!("queue {} on {} ", q.name, t.ifname), 1);
+                }
+                let _ = writeln!(text, "{line}");
+                let qlimit = match c.qlimit {
+                    0 if c.flows > 0 => xpf_shape::DEFAULT_FQ_QLIMIT,
+                    0 => xpf_shape::DEFAULT_QLIMIT,
+                    n => n,
+                };
+                let measured = before.as_ref().and_then(
+                    |(t0, old): &(Instant, HashMap<(String, String), xpf_shape::QueueStats>)| {
+                        let dt = now.duration_since(*t0).as_secs_f64();
+                        let o = old.get(&(t.ifname.clone(), c.name.clone()))?;
+                        (dt >= 0.2).then(|| {
+                            (
+                                (st.pkts.saturating_sub(o.pkts)) as f64 / dt,
+                                (st.bytes.saturating_sub(o.bytes)) as f64 * 8.0 / dt,
+                            )
+                        })
+                    },
+                );
+                if verbose > 0 {
+                    let _ = writeln!(
+                        text,
+                        "  [ pkts: {:>10}  bytes: {:>10}  dropped pkts: {:>6} bytes: {:>6} ]",
+                        st.pkts, st.bytes, st.drop_pkts, st.drop_bytes
+                    );
+                    let _ = writeln!(text, "  [ qlength: {:>3}/{:>3} ]", st.qlen, qlimit);
+                    if let Some((pps, bps)) = measured {
+                        let _ = writeln!(text, "  [ measured: {pps:>9.1} packets/s, {}/s ]", rate_text(bps));
+                    }
+                }
+                data.push(json!({"interface": t.ifname, "queue": c.name, "parent": c.parent.map(|p| t.classes[p].name.clone()),
+                    "bandwidth": c.bandwidth, "min": c.min, "max": c.max, "qlimit": qlimit, "flows": c.flows,
+                    "default": c.default, "packets": st.pkts, "bytes": st.bytes, "dropped_packets": st.drop_pkts,
+                    "dropped_bytes": st.drop_bytes, "qlength": st.qlen,
+                    "measured_pps": measured.map(|m| m.0), "measured_bps": measured.map(|m| m.1)}));
+            }
+        }
+        self.queues_seen = Some((now, sums));
+        Ok((text, json!(data)))
+    }
+
     fn show(&mut self, what: &str, verbose: u8, want: Want) -> Result<(String, Value), String> {
         let uptime = self.start.elapsed().as_secs();
         match what {
@@ -819,6 +930,7 @@ impl Daemon {
                     ("forwarded", io.forwarded),
                     ("checksum offload asked", io.csum_offloaded),
                     ("checksum finished here", io.csum_finished),
+                    ("queued (queue trees)", io.shaped),
                     ("no-neighbour", io.no_neighbour),
                     ("egress-not-filtered", io.egress_not_filtered),
                     ("tx-ring-full", io.tx_full),
@@ -1052,6 +1164,7 @@ impl Daemon {
                 }
                 Ok((text, json!(data)))
             }
+            "queue" | "queues" => self.show_queues(verbose),
             "Interfaces" | "interfaces" => {
                 // pfctl -s Interfaces: the interfaces xpfd filters (and `all`); with -v, what
                 // xpf knows of each: the states bound to it, the rules that name it, its

@@ -50,6 +50,9 @@ pub struct IoStats {
     /// finished by the transmit path on request, or by xpfd.
     pub csum_offloaded: u64,
     pub csum_finished: u64,
+    /// Forwarded frames held in a queue of the egress interface's tree (`queue`); sent ones
+    /// count in `forwarded` when they leave, dropped ones in the queue's counters.
+    pub shaped: u64,
     pub rx_batches: u64,
     /// Packets through the engine (a forwarded packet counts once: `in` and `out` together)
     /// and the worker's time inside it: the filter's cost per packet, clocked per batch.
@@ -126,6 +129,7 @@ impl IoStats {
         self.forwarded += o.forwarded;
         self.csum_offloaded += o.csum_offloaded;
         self.csum_finished += o.csum_finished;
+        self.shaped += o.shaped;
         self.rx_batches += o.rx_batches;
         self.filtered += o.filtered;
         self.filter_ns += o.filter_ns;
@@ -210,6 +214,8 @@ pub enum Cmd {
     Sync(Vec<xpf_sync::Msg>),
     /// Send every state to the sync peer (a bulk update).
     SyncBulk,
+    /// The queues' counters: (interface, queue, counters).
+    Queues(Sender<Vec<(String, String, xpf_shape::QueueStats)>>),
 }
 
 pub struct Port {
@@ -253,6 +259,8 @@ pub struct Dataplane {
     pub handoff: Option<crate::handoff::Handoff>,
     /// Frames taken from the other workers this round (kept to reuse its allocation).
     handed: Vec<crate::handoff::Item>,
+    /// pf's queues: the shapers of this worker's interfaces that have a queue tree.
+    pub shaping: crate::shaping::Shaping,
     /// Translation: routes for rewritten destinations (the kernel's FIB, cached), the way
     /// back into the kernel for the host's packets, and the loopback way for translated
     /// packets to this host (opened when first needed).
@@ -390,6 +398,7 @@ impl Dataplane {
             last_resolve: Vec::new(),
             handoff: None,
             handed: Vec::new(),
+            shaping: Default::default(),
             router: Default::default(),
             inject: None,
             raw: None,
@@ -430,6 +439,8 @@ impl Dataplane {
             let now = self.now();
             // A new ruleset applies from the next packet on: one atomic load per round.
             self.worker.policy.refresh();
+            let ns = self.start.elapsed().as_nanos() as u64;
+            self.shaping.refresh(&self.worker.policy.current().1.queues, &self.ports, ns);
             // Frames other workers passed here came in before this round's own: first, so that
             // the flows' packets keep their order across the hand-off as far as it can tell
             // (a connection's FIN handed off, then the next connection's SYN on this queue).
@@ -453,6 +464,11 @@ impl Dataplane {
             }
             for p in self.ports.iter_mut() {
                 p.io.flush();
+            }
+            // Queued frames the queue trees let go now.
+            if self.shaping.due.is_some() {
+                let ns = self.start.elapsed().as_nanos() as u64;
+                self.shaping.drain(&mut self.ports, &mut self.io, ns);
             }
             // The host's own traffic: looked at every round while it comes, every 4th otherwise.
             if let Some(h) = &mut self.host {
@@ -491,7 +507,15 @@ impl Dataplane {
                     // Held packets (defer mode) time out 20 ms after they came: sleep less.
                     let holding =
                         self.sync.as_ref().and_then(|s| s.defer.as_ref()).is_some_and(|d| d.stats.waiting > 0);
-                    self.wait(Duration::from_millis(if holding { 1 } else { 10 }));
+                    let mut d = Duration::from_millis(if holding { 1 } else { 10 });
+                    // Queued frames: up to when the next may leave.
+                    if let Some(due) = self.shaping.due {
+                        let ns = self.start.elapsed().as_nanos() as u64;
+                        d = d.min(Duration::from_nanos(due.saturating_sub(ns)));
+                    }
+                    if !d.is_zero() {
+                        self.wait(d);
+                    }
                 }
             } else {
                 idle_rounds = 0;
@@ -524,8 +548,10 @@ impl Dataplane {
         if let Some(h) = &self.host {
             fds.push(libc::pollfd { fd: h.fd(), events: libc::POLLIN, revents: 0 });
         }
-        // SAFETY: fds is a live array of pollfd of the length passed.
-        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, d.as_millis() as i32) };
+        // ppoll: a queued frame's time is finer than poll's milliseconds.
+        let ts = libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as libc::c_long };
+        // SAFETY: fds is a live array of pollfd of the length passed; ts lives across the call.
+        unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
         if let Some(w) = &self.wake {
             w.clear();
         }
@@ -659,6 +685,13 @@ impl Dataplane {
         self.log_batch(&frames[..n], inif);
         if self.worker.policy.current().1.loginterface as u32 == inif {
             self.io.loginterface.count(&frames[..n], &v_in[..n], 0);
+        }
+        // pf's queue of the `in` pass holds unless the `out` pass names one (as the tag).
+        let mut q_in = [0u16; BATCH];
+        if self.shaping.any() {
+            for (i, q) in q_in.iter_mut().enumerate().take(n) {
+                *q = self.worker.queue_of(i);
+            }
         }
         // Defer mode: which frames made a state on the way in (the `out` pass may make more).
         let defer = self.sync.as_ref().is_some_and(|s| s.defer.is_some());
@@ -826,6 +859,36 @@ impl Dataplane {
                         }
                         self.held_now = true;
                     }
+                    // A queue tree on the egress: held in the queue the state (or the rules)
+                    // named, sent when the tree lets it go.
+                    Route::Forward { dmac, smac, .. } if self.shaping.on(ep) => {
+                        let o = opts[sel[k]];
+                        let qid = match self.worker.queue_of(k) {
+                            0 => q_in[sel[k]],
+                            q => q,
+                        };
+                        let gso = match partial {
+                            Some(pc) if gso_type(o) != 0 => crate::shaping::gso_meta(o, pc.start, pc.offset),
+                            _ => 0,
+                        };
+                        let w = &self.worker;
+                        let ns = self.start.elapsed().as_nanos() as u64;
+                        self.shaping.hold(ep, qid, gso, ns, |b| {
+                            b.extend_from_slice(frame_k);
+                            outgoing(b, w, k, sel[k], &scrub_in, &dmac, &smac);
+                            // Held frames leave by plain copy (or whole, GSO): checksums
+                            // finished here, or prepared for the kernel to finish.
+                            match partial {
+                                Some(_) if gso != 0 => xpf_wire::offload::prepare(b),
+                                Some(_) => xpf_wire::offload::finish(b),
+                                None => {}
+                            }
+                        });
+                        if partial.is_some() && gso == 0 {
+                            self.io.csum_finished += 1;
+                        }
+                        self.io.shaped += 1;
+                    }
                     // Packet mode: a GSO packet (its sender left segmentation to offload)
                     // goes out whole, for the kernel to segment and checksum.
                     Route::Forward { dmac, smac, .. } if gso_type(opts[sel[k]]) != 0 => {
@@ -865,7 +928,8 @@ impl Dataplane {
                                     }
                                 }
                                 self.io.forwarded += 1;
-                                if let Some(fp) = &mut self.fast {
+                                // A flow of a shaped interface stays here, in its queue.
+                                if let Some(fp) = self.fast.as_mut().filter(|_| !self.shaping.any()) {
                                     fp.offer(&mut self.worker, frame_k, inif, eg);
                                 }
                             }
@@ -1075,6 +1139,9 @@ impl Dataplane {
     fn command(&mut self, c: Cmd) {
         let now = self.now();
         match c {
+            Cmd::Queues(tx) => {
+                let _ = tx.send(self.shaping.stats());
+            }
             Cmd::Snapshot(tx) => {
                 let x: Vec<XskStats> = self.ports.iter_mut().map(|p| p.io.kernel_stats()).collect();
                 let c = self.ports.iter().filter_map(|p| Some((p.ifindex, p.io.packet_counters()?))).collect();

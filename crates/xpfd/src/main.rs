@@ -27,6 +27,7 @@ mod metrics;
 mod pflog;
 mod pflow;
 mod policy;
+mod shaping;
 mod sync;
 
 use control::{Daemon, Loaded};
@@ -481,6 +482,7 @@ fn run(a: Args) -> Result<(), String> {
     }
     control::translation_fits(&loaded, workers, &steers)?;
     control::pflow_fits(&loaded.parsed, a.pflow.is_some())?;
+    control::queues_fit(&loaded.parsed, workers, &a.ifaces)?;
     control::write_nat_targets(&slot.current().1, &steers)?;
     let steers = Arc::new(Mutex::new(steers));
 
@@ -673,6 +675,7 @@ fn run(a: Args) -> Result<(), String> {
     }
     let mut d = Daemon::new(a.file.clone(), a.defines.clone(), loaded, slot, txs, steers.clone());
     d.sync = sync_shared.clone();
+    d.ifaces = a.ifaces.clone();
     d.egresses = egresses.clone();
     d.pflog = Some(pflog.shared.clone());
     d.pflow = pflow.as_ref().map(|p| p.shared.clone());

@@ -239,6 +239,7 @@ impl Ruleset {
         // The main file's `set state-defaults` and `set state-policy` hold for them too.
         let globals = self.globals;
         let mut b = Build::new(&globals, ifindex, &fib, self.tables.clone(), self.tags.clone());
+        b.queue_ids = self.queues.ids.clone();
         let mut rules = Vec::with_capacity(p.rules.len());
         for (j, r) in p.rules.iter().enumerate() {
             let anchor_end = if r.anchor.is_some() {

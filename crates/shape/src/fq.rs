@@ -1,0 +1,233 @@
+//! FQ-CoDel inside one queue (`flows N [quantum Q]`, RFC 8290): packets hashed by flow into
+//! N sub-queues served by deficit round robin, new flows first; each sub-queue drops at its
+//! head by CoDel (RFC 8289) once its packets have waited over `TARGET` for an `INTERVAL`.
+
+use crate::Pkt;
+use std::collections::VecDeque;
+
+/// CoDel's target sojourn time and interval (RFC 8289 section 4.2, 4.3), in ns.
+pub const TARGET: u64 = 5_000_000;
+pub const INTERVAL: u64 = 100_000_000;
+
+#[derive(Default)]
+struct Codel {
+    /// When the sojourn time went above target, plus an interval (0: below).
+    first_above: u64,
+    drop_next: u64,
+    count: u32,
+    lastcount: u32,
+    dropping: bool,
+}
+
+#[derive(Default)]
+struct Flow {
+    q: VecDeque<Pkt>,
+    bytes: u64,
+    deficit: i64,
+    codel: Codel,
+    /// On the new or the old list.
+    listed: bool,
+}
+
+pub(crate) struct Fq {
+    flows: Vec<Flow>,
+    new: VecDeque<u32>,
+    old: VecDeque<u32>,
+    quantum: i64,
+    /// The largest packet seen: CoDel does not drop from a sub-queue holding at most one.
+    mtu: u64,
+}
+
+/// What a dequeue dropped on the way (CoDel), to count and recycle.
+pub(crate) type Dropped = Vec<Pkt>;
+
+impl Fq {
+    pub(crate) fn new(flows: u32, quantum: u32) -> Fq {
+        let mut v = Vec::new();
+        v.resize_with(flows.max(1) as usize, Flow::default);
+        Fq { flows: v, new: VecDeque::new(), old: VecDeque::new(), quantum: quantum.max(1) as i64, mtu: 1514 }
+    }
+
+    pub(crate) fn push(&mut self, p: Pkt, hash: u32) {
+        let i = (hash as usize) % self.flows.len();
+        self.mtu = self.mtu.max(p.buf.len() as u64);
+        let f = &mut self.flows[i];
+        f.bytes += p.buf.len() as u64;
+        f.q.push_back(p);
+        if !f.listed {
+            f.listed = true;
+            f.deficit = self.quantum;
+            self.new.push_back(i as u32);
+        }
+    }
+
+    /// Overflow: the head packet of the sub-queue holding the most bytes (RFC 8290 section
+    /// 4.1: drop from the fattest flow, not the newcomer).
+    pub(crate) fn drop_fattest(&mut self) -> Option<Pkt> {
+        let i = (0..self.flows.len()).max_by_key(|&i| self.flows[i].bytes)?;
+        let f = &mut self.flows[i];
+        let p = f.q.pop_front()?;
+        f.bytes -= p.buf.len() as u64;
+        Some(p)
+    }
+
+    pub(crate) fn pop(&mut self, now: u64, dropped: &mut Dropped) -> Option<Pkt> {
+        loop {
+            let (from_new, i) = match (self.new.front(), self.old.front()) {
+                (Some(&i), _) => (true, i),
+                (None, Some(&i)) => (false, i),
+                (None, None) => return None,
+            };
+            let f = &mut self.flows[i as usize];
+            if f.deficit <= 0 {
+                f.deficit += self.quantum;
+                if from_new {
+                    self.new.pop_front();
+                } else {
+                    self.old.pop_front();
+                }
+                self.old.push_back(i);
+                continue;
+            }
+            match codel_pop(f, now, self.mtu, dropped) {
+                Some(p) => {
+                    f.deficit -= p.buf.len() as i64;
+                    return Some(p);
+                }
+                None => {
+                    // Empty: a new flow goes to the old list once (RFC 8290 section 4.2),
+                    // an old one leaves.
+                    if from_new {
+                        self.new.pop_front();
+                        self.old.push_back(i);
+                    } else {
+                        self.old.pop_front();
+                        f.listed = false;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn head(f: &mut Flow, now: u64, mtu: u64) -> Option<(Pkt, bool)> {
+    let p = f.q.pop_front()?;
+    f.bytes -= p.buf.len() as u64;
+    let sojourn = now.saturating_sub(p.enq);
+    let ok = if sojourn < TARGET || f.bytes <= mtu {
+        f.codel.first_above = 0;
+        false
+    } else if f.codel.first_above == 0 {
+        f.codel.first_above = now + INTERVAL;
+        false
+    } else {
+        now >= f.codel.first_above
+    };
+    Some((p, ok))
+}
+
+fn control_law(t: u64, count: u32) -> u64 {
+    t + (INTERVAL as f64 / (count.max(1) as f64).sqrt()) as u64
+}
+
+/// CoDel's dequeue (RFC 8289 section 5): the next packet to send, the ones it drops to
+/// `dropped`.
+fn codel_pop(f: &mut Flow, now: u64, mtu: u64, dropped: &mut Dropped) -> Option<Pkt> {
+    let Some((mut p, mut ok)) = head(f, now, mtu) else {
+        f.codel.dropping = false;
+        return None;
+    };
+    if f.codel.dropping {
+        if !ok {
+            f.codel.dropping = false;
+        }
+        while f.codel.dropping && now >= f.codel.drop_next {
+            dropped.push(p);
+            f.codel.count += 1;
+            match head(f, now, mtu) {
+                None => {
+                    f.codel.dropping = false;
+                    return None;
+                }
+                Some((q, o)) => {
+                    p = q;
+                    ok = o;
+                }
+            }
+            if !ok {
+                f.codel.dropping = false;
+            } else {
+                f.codel.drop_next = control_law(f.codel.drop_next, f.codel.count);
+            }
+        }
+    } else if ok {
+        dropped.push(p);
+        let next = head(f, now, mtu);
+        f.codel.dropping = true;
+        let delta = f.codel.count.wrapping_sub(f.codel.lastcount);
+        f.codel.count = if delta > 1 && now.saturating_sub(f.codel.drop_next) < 16 * INTERVAL { delta } else { 1 };
+        f.codel.drop_next = control_law(now, f.codel.count);
+        f.codel.lastcount = f.codel.count;
+        return next.map(|(q, _)| q);
+    }
+    Some(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pkt(len: usize, enq: u64, tag: u8) -> Pkt {
+        Pkt { buf: vec![tag; len], enq, meta: 0 }
+    }
+
+    #[test]
+    fn a_new_sparse_flow_goes_before_a_backlogged_one() {
+        let mut fq = Fq::new(64, 1514);
+        for _ in 0..20 {
+            fq.push(pkt(1500, 0, 1), 1);
+        }
+        let mut d = Vec::new();
+        // The bulk flow has been served; a ping arrives.
+        let _ = fq.pop(1, &mut d);
+        let _ = fq.pop(1, &mut d);
+        fq.push(pkt(100, 1, 2), 2);
+        let next = fq.pop(2, &mut d).unwrap();
+        assert_eq!(next.buf[0], 2, "the sparse flow waits behind the bulk flow");
+    }
+
+    #[test]
+    fn codel_drops_from_a_standing_queue_and_not_from_a_short_one() {
+        let mut fq = Fq::new(1, 1514);
+        let mut d = Vec::new();
+        // Packets that waited 1 ms: nothing dropped.
+        for t in 0..200u64 {
+            fq.push(pkt(1500, t * 1_000_000, 0), 0);
+            fq.pop(t * 1_000_000 + 1_000_000, &mut d).unwrap();
+        }
+        assert!(d.is_empty());
+        // A standing queue of 50 ms for 1 s: CoDel drops.
+        let mut fq = Fq::new(1, 1514);
+        let mut t = 0u64;
+        for _ in 0..50 {
+            fq.push(pkt(1500, 0, 0), 0);
+        }
+        while t < 1_000_000_000 {
+            fq.push(pkt(1500, t, 0), 0);
+            t += 1_000_000;
+            fq.pop(t + 50_000_000, &mut d);
+        }
+        assert!(d.len() > 5, "codel dropped {} of a 50 ms standing queue", d.len());
+    }
+
+    #[test]
+    fn overflow_drops_from_the_fattest_flow() {
+        let mut fq = Fq::new(8, 1514);
+        for _ in 0..10 {
+            fq.push(pkt(1500, 0, 1), 1);
+        }
+        fq.push(pkt(100, 0, 2), 2);
+        let p = fq.drop_fattest().unwrap();
+        assert_eq!(p.buf[0], 1);
+    }
+}

@@ -1,0 +1,266 @@
+//! The tree's rates in simulated time: sources that keep their queues full, a worker that
+//! takes what may go every 100 us (as xpfd's loop does), bytes counted per queue.
+
+use super::*;
+
+const M: u64 = 1_000_000;
+
+fn class(name: &str, qid: u16, parent: Option<usize>, bw: u64) -> ClassSpec {
+    ClassSpec {
+        name: name.into(),
+        qid,
+        parent,
+        bandwidth: bw,
+        min: 0,
+        max: 0,
+        qlimit: 0,
+        flows: 0,
+        quantum: 0,
+        default: false,
+    }
+}
+
+fn tree(classes: Vec<ClassSpec>) -> TreeSpec {
+    TreeSpec { ifname: "test0".into(), classes }
+}
+
+/// Runs `secs` seconds with the sources `(qid, packet length, bits/s offered; 0: always
+/// full)`; returns bits/s per qid.
+fn run(sh: &mut Shaper, sources: &[(u16, usize, u64)], secs: f64, step: u64) -> Vec<f64> {
+    let max_qid = sources.iter().map(|s| s.0).max().unwrap_or(0) as usize;
+    let mut sent = vec![0u64; max_qid + 1];
+    let mut offered = vec![0f64; sources.len()];
+    let end = (secs * 1e9) as u64;
+    let mut now = 0;
+    while now < end {
+        for (k, &(qid, len, rate)) in sources.iter().enumerate() {
+            let n = if rate == 0 {
+                8
+            } else {
+                offered[k] += rate as f64 * step as f64 / 1e9 / 8.0 / len as f64;
+                let n = offered[k] as usize;
+                offered[k] -= n as f64;
+                n
+            };
+            for _ in 0..n {
+                let mut b = sh.buffer();
+                b.resize(len, 0);
+                sh.enqueue(qid, Pkt { buf: b, enq: 0, meta: qid as u64 }, qid as u32 * 7919, now);
+            }
+        }
+        while let Out::Packet(p) = sh.dequeue(now) {
+            sent[p.meta as usize] += p.buf.len() as u64;
+            sh.recycle(p.buf);
+        }
+        now += step;
+    }
+    sent.iter().map(|&b| b as f64 * 8.0 / secs).collect()
+}
+
+fn near(got: f64, want: u64, tol: f64) -> bool {
+    (got - want as f64).abs() <= want as f64 * tol
+}
+
+#[test]
+fn siblings_share_by_bandwidth_and_the_root_caps() {
+    let spec = tree(vec![
+        ClassSpec { default: true, ..class("root", 1, None, 40 * M) },
+        class("a", 2, Some(0), 10 * M),
+        ClassSpec { default: true, ..class("b", 3, Some(0), 30 * M) },
+    ]);
+    let mut sh = Shaper::new(&spec);
+    let r = run(&mut sh, &[(2, 1500, 0), (3, 1500, 0)], 10.0, 100_000);
+    assert!(near(r[2], 10 * M, 0.01) && near(r[3], 30 * M, 0.01), "{r:?}");
+}
+
+#[test]
+fn what_one_leaves_the_other_takes_and_max_caps() {
+    let spec = tree(vec![
+        class("root", 1, None, 40 * M),
+        class("a", 2, Some(0), 10 * M),
+        ClassSpec { default: true, max: 15 * M, ..class("b", 3, Some(0), 30 * M) },
+    ]);
+    // a alone: the whole root.
+    let mut sh = Shaper::new(&spec);
+    let r = run(&mut sh, &[(2, 1500, 0)], 5.0, 100_000);
+    assert!(near(r[2], 40 * M, 0.01), "{r:?}");
+    // b alone: its max.
+    let mut sh = Shaper::new(&spec);
+    let r = run(&mut sh, &[(3, 1500, 0)], 5.0, 100_000);
+    assert!(near(r[3], 15 * M, 0.01), "{r:?}");
+    // Both: b capped at 15 leaves a 25.
+    let mut sh = Shaper::new(&spec);
+    let r = run(&mut sh, &[(2, 1500, 0), (3, 1500, 0)], 5.0, 100_000);
+    assert!(near(r[2], 25 * M, 0.01) && near(r[3], 15 * M, 0.01), "{r:?}");
+    // a sends 4 Mbit/s only: b takes up to its cap, a gets all it sends.
+    let mut sh = Shaper::new(&spec);
+    let r = run(&mut sh, &[(2, 1000, 4 * M), (3, 1500, 0)], 5.0, 100_000);
+    assert!(near(r[2], 4 * M, 0.01) && near(r[3], 15 * M, 0.01), "{r:?}");
+}
+
+#[test]
+fn shares_hold_down_the_hierarchy() {
+    // root 100: A 60 (a1 30, a2 30), B 40. a1 and B busy: a1 takes A's whole share.
+    let spec = tree(vec![
+        class("root", 1, None, 100 * M),
+        class("A", 2, Some(0), 60 * M),
+        class("a1", 3, Some(1), 30 * M),
+        class("a2", 4, Some(1), 30 * M),
+        ClassSpec { default: true, ..class("B", 5, Some(0), 40 * M) },
+    ]);
+    let mut sh = Shaper::new(&spec);
+    let r = run(&mut sh, &[(3, 1500, 0), (5, 1500, 0)], 5.0, 100_000);
+    assert!(near(r[3], 60 * M, 0.01) && near(r[5], 40 * M, 0.01), "{r:?}");
+    let mut sh = Shaper::new(&spec);
+    let r = run(&mut sh, &[(3, 1500, 0), (4, 300, 0), (5, 1500, 0)], 5.0, 100_000);
+    assert!(near(r[3], 30 * M, 0.01) && near(r[4], 30 * M, 0.01) && near(r[5], 40 * M, 0.01), "{r:?}");
+}
+
+#[test]
+fn min_is_served_before_the_shares() {
+    // a's share would be 4 of 40; its min guarantees 12.
+    let spec = tree(vec![
+        class("root", 1, None, 40 * M),
+        ClassSpec { min: 12 * M, ..class("a", 2, Some(0), 4 * M) },
+        ClassSpec { default: true, ..class("b", 3, Some(0), 36 * M) },
+    ]);
+    let mut sh = Shaper::new(&spec);
+    let r = run(&mut sh, &[(2, 1500, 0), (3, 1500, 0)], 5.0, 100_000);
+    assert!(r[2] >= 12.0 * M as f64 * 0.99 && near(r[2] + r[3], 40 * M, 0.01), "{r:?}");
+}
+
+#[test]
+fn unknown_queues_go_to_the_default_and_full_queues_drop_counted() {
+    let spec = tree(vec![
+        class("root", 1, None, 8 * M),
+        ClassSpec { qlimit: 10, ..class("a", 2, Some(0), 4 * M) },
+        ClassSpec { default: true, ..class("d", 3, Some(0), 4 * M) },
+    ]);
+    let mut sh = Shaper::new(&spec);
+    assert_eq!(sh.leaf_of(0), 2);
+    assert_eq!(sh.leaf_of(99), 2);
+    assert_eq!(sh.leaf_of(1), 2, "an inner queue is not a leaf: the default");
+    for _ in 0..25 {
+        sh.enqueue(2, Pkt { buf: vec![0; 1000], enq: 0, meta: 0 }, 0, 0);
+    }
+    let a = sh.stats().nth(1).unwrap().1;
+    assert_eq!((a.qlen, a.drop_pkts, a.drop_bytes), (10, 15, 15_000));
+    assert_eq!(sh.backlog(), 10);
+}
+
+#[test]
+fn many_classes_each_get_their_rate() {
+    // 500 members of 400 kbit/s to 4 Mbit/s under a root that holds them all.
+    let mut classes = vec![class("root", 1, None, 0)];
+    let mut total = 0;
+    for i in 0..500u64 {
+        let bw = 400_000 + (i % 10) * 400_000;
+        total += bw;
+        classes.push(ClassSpec { default: i == 0, ..class(&format!("m{i}"), i as u16 + 2, Some(0), bw) });
+    }
+    classes[0].bandwidth = total;
+    let spec = tree(classes.clone());
+    let mut sh = Shaper::new(&spec);
+    let srcs: Vec<(u16, usize, u64)> = (0..500u16).map(|i| (i + 2, 1500, 0)).collect();
+    let r = run(&mut sh, &srcs, 8.0, 200_000);
+    let err = |i: usize| (r[i + 2] - classes[i + 1].bandwidth as f64).abs() / classes[i + 1].bandwidth as f64;
+    let worst = (0..500).max_by(|&a, &b| err(a).total_cmp(&err(b))).unwrap();
+    assert!(
+        err(worst) < 0.02,
+        "worst class m{worst} error {:.2}%: {} for {}",
+        err(worst) * 100.0,
+        r[worst + 2],
+        classes[worst + 1].bandwidth
+    );
+}
+
+#[test]
+fn a_flows_queue_keeps_a_sparse_flow_ahead_of_a_bulk_one() {
+    // 10 Mbit/s with FQ-CoDel: a bulk flow keeps it full; a ping every 10 ms waits little.
+    let spec = tree(vec![
+        class("root", 1, None, 10 * M),
+        ClassSpec { default: true, flows: 1024, ..class("q", 2, Some(0), 10 * M) },
+    ]);
+    let mut sh = Shaper::new(&spec);
+    let mut now = 0u64;
+    let mut waits = Vec::new();
+    while now < 2_000_000_000 {
+        while sh.backlog() < 40 {
+            let mut b = sh.buffer();
+            b.resize(1500, 1);
+            sh.enqueue(2, Pkt { buf: b, enq: 0, meta: 0 }, 1, now);
+        }
+        if now.is_multiple_of(10_000_000) {
+            sh.enqueue(2, Pkt { buf: vec![2; 100], enq: 0, meta: now }, 2, now);
+        }
+        while let Out::Packet(p) = sh.dequeue(now) {
+            if p.buf[0] == 2 {
+                waits.push(now - p.meta);
+            }
+            sh.recycle(p.buf);
+        }
+        now += 100_000;
+    }
+    waits.sort();
+    let p99 = waits[waits.len() * 99 / 100];
+    assert!(p99 <= 2_000_000, "ping p99 waited {p99} ns");
+    // Without flows, the ping waits behind the FIFO's 50 packets (60 ms at 10 Mbit/s).
+    let spec =
+        tree(vec![class("root", 1, None, 10 * M), ClassSpec { default: true, ..class("q", 2, Some(0), 10 * M) }]);
+    let mut sh = Shaper::new(&spec);
+    let mut now = 0u64;
+    let mut waits = Vec::new();
+    while now < 1_000_000_000 {
+        while sh.backlog() < 40 {
+            sh.enqueue(2, Pkt { buf: vec![1; 1500], enq: 0, meta: 0 }, 1, now);
+        }
+        if now.is_multiple_of(10_000_000) {
+            sh.enqueue(2, Pkt { buf: vec![2; 100], enq: 0, meta: now }, 2, now);
+        }
+        while let Out::Packet(p) = sh.dequeue(now) {
+            if p.buf[0] == 2 {
+                waits.push(now - p.meta);
+            }
+        }
+        now += 100_000;
+    }
+    waits.sort();
+    assert!(waits.len() > 90 && waits[waits.len() / 2] > 20_000_000, "a FIFO did not delay the ping: {waits:?}");
+}
+
+/// The scheduler's own cost with the campus's 24,000 member queues all busy, and each one's
+/// rate error over 10 simulated seconds (`cargo test --release -p xpf-shape -- --ignored
+/// --nocapture campus`; figures in docs/shaper.md).
+#[test]
+#[ignore]
+fn campus_24000_queues_cost_and_accuracy() {
+    let n = 24_000u64;
+    let mut classes = vec![class("root", 1, None, 0)];
+    let mut total = 0;
+    for i in 0..n {
+        let bw = 100_000 + (i % 20) * 100_000;
+        total += bw;
+        classes.push(ClassSpec { default: i == 0, ..class(&format!("m{i}"), (i + 2) as u16, Some(0), bw) });
+    }
+    classes[0].bandwidth = total;
+    let mut sh = Shaper::new(&tree(classes.clone()));
+    // Each member offers 20% over its rate: every queue stays busy, few packets are dropped.
+    let srcs: Vec<(u16, usize, u64)> =
+        (0..n as usize).map(|i| (i as u16 + 2, 1500, classes[i + 1].bandwidth * 6 / 5)).collect();
+    let t = std::time::Instant::now();
+    let r = run(&mut sh, &srcs, 10.0, 1_000_000);
+    let el = t.elapsed();
+    let pkts: u64 = sh.stats().skip(1).map(|(_, s)| s.pkts + s.drop_pkts).sum();
+    let sent: u64 = sh.stats().skip(1).map(|(_, s)| s.pkts).sum();
+    let err = |i: usize| (r[i + 2] - classes[i + 1].bandwidth as f64).abs() / classes[i + 1].bandwidth as f64;
+    let worst = (0..n as usize).map(err).fold(0.0, f64::max);
+    println!(
+        "24,000 queues, {:.2} Gbit/s: {} packets sent, {} offered, {:.0} ns per packet (enqueue, dequeue, test harness), worst class error {:.3}%",
+        total as f64 / 1e9,
+        sent,
+        pkts,
+        el.as_nanos() as f64 / pkts as f64,
+        worst * 100.0
+    );
+    assert!(worst < 0.02);
+}

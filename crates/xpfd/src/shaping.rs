@@ -1,0 +1,189 @@
+//! The worker's side of pf's queues: a [`Shaper`] per filtered interface that has a queue
+//! tree, built from the ruleset in force (rebuilt when a load changes the trees, the packets
+//! waiting carried over), filled with the frames that leave by that interface and emptied
+//! into its transmit ring as the tree allows. The worker wakes for the next packet due.
+
+use crate::dataplane::{IoStats, Port};
+use std::sync::Arc;
+use xpf_conf::compile::queues::Queues;
+use xpf_shape::{Out, Pkt, QueueStats, Shaper};
+use xpf_xdp::packet::offload::{gso_size, gso_type};
+
+/// A held frame that goes out as a GSO packet: its offload fields in [`Pkt::meta`].
+const GSO: u64 = 1 << 63;
+
+#[derive(Default)]
+pub struct Shaping {
+    /// By port index.
+    shapers: Vec<Option<Shaper>>,
+    from: Option<Arc<Queues>>,
+    /// When the next held packet may leave (ns since the worker's start), if any waits.
+    pub due: Option<u64>,
+}
+
+/// A flow's hash for FQ-CoDel: protocol, addresses and ports (IPv4 or IPv6; the ports
+/// where a header without options or extensions puts them).
+fn flow_hash(f: &[u8]) -> u32 {
+    let (proto, from, to) = match f.get(12..14) {
+        Some([8, 0]) => {
+            let ports = 14 + (f.get(14).map_or(5, |b| b & 0x0f) as usize) * 4;
+            (14 + 9, 14 + 12, ports + 4)
+        }
+        Some([0x86, 0xdd]) => (14 + 6, 14 + 8, 14 + 44),
+        _ => (0, 0, 0),
+    };
+    let mut h: u32 = 0x811c_9dc5;
+    let bytes = f.get(proto..proto + 1).unwrap_or(&[]).iter().chain(f.get(from..to).unwrap_or(&[]));
+    for &b in bytes {
+        h = (h ^ b as u32).wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+impl Shaping {
+    /// Whether any interface of this worker is shaped.
+    pub fn any(&self) -> bool {
+        self.shapers.iter().any(Option::is_some)
+    }
+
+    #[inline]
+    pub fn on(&self, port: usize) -> bool {
+        self.shapers.get(port).is_some_and(Option::is_some)
+    }
+
+    /// Follows the ruleset's queue trees: unchanged trees keep their shapers; changed ones
+    /// are built anew with the packets waiting moved over (by queue id, the default queue
+    /// for one that is gone).
+    pub fn refresh(&mut self, queues: &Arc<Queues>, ports: &[Port], now: u64) {
+        if self.from.as_ref().is_some_and(|q| Arc::ptr_eq(q, queues)) {
+            return;
+        }
+        if self.from.as_deref() == Some(&**queues) {
+            self.from = Some(queues.clone());
+            return;
+        }
+        let mut old = std::mem::take(&mut self.shapers);
+        self.shapers = ports
+            .iter()
+            .map(|p| {
+                let name = ifname(p.ifindex)?;
+                queues.trees.iter().find(|t| t.ifname == name).map(Shaper::new)
+            })
+            .collect();
+        for (i, o) in old.iter_mut().enumerate() {
+            let (Some(o), Some(Some(n))) = (o.as_mut(), self.shapers.get_mut(i)) else { continue };
+            while let Some(p) = o.take_any() {
+                let h = flow_hash(&p.buf);
+                n.enqueue(p.meta as u16, p, h, now);
+            }
+        }
+        self.from = Some(queues.clone());
+    }
+
+    /// Holds frame `f` (built by `fill` into a buffer of the shaper's) in queue `qid` of
+    /// port `port`'s tree. `gso`: the frame goes out as a GSO packet (see [`gso_meta`]).
+    pub fn hold(&mut self, port: usize, qid: u16, gso: u64, now: u64, fill: impl FnOnce(&mut Vec<u8>)) {
+        let Some(Some(sh)) = self.shapers.get_mut(port) else { return };
+        let mut b = sh.buffer();
+        fill(&mut b);
+        let h = flow_hash(&b);
+        sh.enqueue(qid, Pkt { buf: b, enq: now, meta: gso | qid as u64 }, h, now);
+        self.due = Some(now);
+    }
+
+    /// Sends what the trees let go now; notes when the next may.
+    pub fn drain(&mut self, ports: &mut [Port], io: &mut IoStats, now: u64) {
+        if self.due.is_none_or(|d| d > now) {
+            return;
+        }
+        let mut due: Option<u64> = None;
+        for (p, sh) in self.shapers.iter_mut().enumerate() {
+            let Some(sh) = sh else { continue };
+            let port = &mut ports[p].io;
+            loop {
+                if sh.backlog() > 0 && !port.room_for_answers() {
+                    // The ring is full: again at the next round.
+                    due = Some(now);
+                    break;
+                }
+                match sh.dequeue(now) {
+                    Out::Packet(pkt) => {
+                        let sent = if pkt.meta & GSO != 0 {
+                            let m = pkt.meta;
+                            let (o, start, off) =
+                                (((m >> 16) as u32 & 0xff_ffff) << 8, (m >> 40) as u16, (m >> 56) as u16 & 0x3f);
+                            let l4 = pkt.buf.get(start as usize..).unwrap_or(&[]);
+                            let hl = if off == 16 { (l4.get(12).copied().unwrap_or(0x50) >> 4) as u16 * 4 } else { 8 };
+                            port.tx_gso(&pkt.buf, gso_type(o), gso_size(o), start, off, start + hl)
+                        } else {
+                            port.tx_copy(&pkt.buf).is_some()
+                        };
+                        if sent {
+                            io.forwarded += 1;
+                        } else {
+                            io.tx_full += 1;
+                        }
+                        sh.recycle(pkt.buf);
+                    }
+                    Out::Wait(t) => {
+                        due = Some(due.map_or(t, |d| d.min(t)));
+                        break;
+                    }
+                    Out::Empty => break,
+                }
+            }
+            port.flush();
+        }
+        self.due = due;
+    }
+
+    /// Each queue's interface, name and counters.
+    pub fn stats(&self) -> Vec<(String, String, QueueStats)> {
+        let mut v = Vec::new();
+        for sh in self.shapers.iter().flatten() {
+            for (name, s) in sh.stats() {
+                v.push((sh.ifname().to_string(), name.to_string(), s));
+            }
+        }
+        v
+    }
+}
+
+/// [`Pkt::meta`] above the queue id (bits 0-15) for a GSO packet: packet mode's options word
+/// (its type and segment size, bits 8-31) at 16, the checksum's start at 40 and offset
+/// (6 or 16) at 56.
+pub fn gso_meta(opts: u32, start: u16, offset: u16) -> u64 {
+    GSO | ((opts as u64 >> 8) << 16) | (start as u64) << 40 | ((offset as u64 & 0x3f) << 56)
+}
+
+fn ifname(ifindex: u32) -> Option<String> {
+    let mut buf = [0u8; libc::IF_NAMESIZE];
+    // SAFETY: buf holds IF_NAMESIZE bytes, as if_indextoname requires.
+    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr().cast()) };
+    if p.is_null() {
+        return None;
+    }
+    let n = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A flow's packets share a sub-queue whatever their IP ID and checksum (a hash over
+    /// them made every packet a flow of its own, and FQ-CoDel did nothing).
+    #[test]
+    fn a_flows_packets_hash_alike_whatever_their_ip_id() {
+        let frame = |id: u16, sport: u16| {
+            let mut f = vec![0u8; 60];
+            f[12] = 8;
+            xpf_wire::ipv4::emit_header(&mut f[14..], [10, 0, 0, 1], [10, 0, 0, 2], 6, 46, 64, id);
+            f[34..36].copy_from_slice(&sport.to_be_bytes());
+            f[36..38].copy_from_slice(&80u16.to_be_bytes());
+            f
+        };
+        assert_eq!(flow_hash(&frame(1, 4000)), flow_hash(&frame(999, 4000)));
+        assert_ne!(flow_hash(&frame(1, 4000)), flow_hash(&frame(1, 4001)));
+    }
+}

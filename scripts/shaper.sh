@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Shaper scenario: pf's queues in xpfd with real clients (iperf3, ping) on default veths.
+#   client (10.0.1.2) -- [fc] xpfd [fs] -- server (10.0.2.2); the queue tree is on fs.
+# Each check prints ok/FAIL; the last line is the tally. Needs root; cleans up after itself.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-target/release}
+P=xq-
+SOCK=/run/xpf-shaper.sock
+CTL="$BIN/xpfctl --socket $SOCK"
+LOG=$(mktemp /tmp/xpf-shaper-xpfd.XXXX.log)
+DIR=$(mktemp -d /tmp/xpf-shaper.XXXX)
+. scripts/lib.sh
+needs shaper ip iperf3 ping python3
+. scripts/check.sh
+c() { ip netns exec ${P}client "$@"; }
+
+# Two members' queues of 10 and 30 Mbit/s under a root of 40 on the server side; iperf3 on
+# port 5201 goes to `a`, on 5202 to `b`; port 5203 is blocked (the negative control).
+tree() { # $1: options of queue b
+    cat <<CONF
+queue root on fs bandwidth 40M
+queue a parent root bandwidth 10M
+queue b parent root bandwidth 30M $1 default
+block all
+pass in on fc inet proto icmp icmp-type echoreq
+pass in on fc inet proto tcp to 10.0.2.2 port 5201 set queue a
+pass in on fc inet proto tcp to 10.0.2.2 port 5202 set queue b
+pass out on fs
+pass in on fs
+pass out on fc
+CONF
+}
+tree "" > "$DIR/pf.conf"
+tree "max 15M" > "$DIR/max.conf"
+tree "flows 1024" > "$DIR/flows.conf"
+printf 'queue root on fs bandwidth 40M\nqueue a parent root bandwidth 30M default\nqueue b parent root bandwidth 20M\npass all\n' > "$DIR/over.conf"
+
+scripts/topo.sh up $P
+for port in 5201 5202 5203; do ip netns exec ${P}server iperf3 -s -D -p $port --bind 10.0.2.2 >/dev/null; done
+ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --workers 1 --socket $SOCK 2>"$LOG" &
+XPFD=$!
+for _ in $(seq 100); do $CTL -s memory >/dev/null 2>&1 && break; sleep 0.1; done
+check "xpfd starts with a queue tree on fs" $CTL -s queue
+c ping -c 1 -W 1 10.0.2.2 >/dev/null 2>&1
+
+# Receiver-side Mbit/s of an iperf3 JSON result.
+mbps() { python3 -c "import json,sys; print(round(json.load(open('$1'))['end']['sum_received']['bits_per_second']/1e6, 2))" 2>/dev/null || echo 0; }
+# A queue's rate is of whole frames, as pf's and tc's are: iperf3's goodput is 1448 bytes of
+# each 1514-byte frame (TCP with timestamps). `within GOT RATE PCT`: GOT is RATE's goodput.
+within() { python3 -c "import sys; g,w,t=map(float,sys.argv[1:]); w*=1448/1514; sys.exit(0 if abs(g-w)<=w*t/100 else 1)" "$@"; }
+
+# Both members busy: each gets its bandwidth.
+c iperf3 -c 10.0.2.2 -p 5201 -t 10 -O 2 -J > "$DIR/a.json" 2>&1 &
+A=$!
+c iperf3 -c 10.0.2.2 -p 5202 -t 10 -O 2 -J > "$DIR/b.json" 2>&1
+wait $A
+a=$(mbps "$DIR/a.json"); b=$(mbps "$DIR/b.json")
+check "two members at once: a gets its 10 Mbit/s ($a) within 5%" within "$a" 10 5
+check "... and b its 30 Mbit/s ($b) within 5%" within "$b" 30 5
+check "-s queue -v counts a's packets and its queue length" bash -c "$CTL -s queue -v | grep -A2 '^queue a on fs' | grep -Eq 'pkts: +[1-9][0-9]{3,}'"
+
+# One member alone borrows what the other leaves.
+c iperf3 -c 10.0.2.2 -p 5201 -t 6 -O 2 -J > "$DIR/alone.json" 2>&1
+a=$(mbps "$DIR/alone.json")
+check "a alone borrows up to the root's 40 Mbit/s ($a) within 5%" within "$a" 40 5
+
+# A reload changes a rate live: b runs alone at 40; mid-transfer b gets max 15.
+c iperf3 -c 10.0.2.2 -p 5202 -t 12 -i 1 -J > "$DIR/live.json" 2>&1 &
+B=$!
+sleep 5
+check "a reload with b capped at max 15M loads while b runs" $CTL -f "$DIR/max.conf"
+wait $B
+read -r before after < <(python3 -c "
+import json; iv=json.load(open('$DIR/live.json'))['intervals']
+r=[i['sum']['bits_per_second']/1e6 for i in iv]
+print(round(sum(r[1:4])/3,2), round(sum(r[7:11])/4,2))" 2>/dev/null || echo "0 0")
+check "before the reload b borrowed the root's 40 ($before)" within "$before" 40 7
+check "after it, max caps b at 15 Mbit/s ($after) within 5%" within "$after" 15 5
+check "the transfer went on across the reload (iperf3 finished)" python3 -c "import json; json.load(open('$DIR/live.json'))['end']['sum_received']"
+
+# FQ-CoDel in b: a ping keeps a low RTT beside a bulk transfer; without flows it waits behind
+# the FIFO's 50 packets (the control).
+rtt() { # $1 conf: ping p50 in ms while a bulk transfer fills b
+    $CTL -f "$1" >/dev/null || return
+    c iperf3 -c 10.0.2.2 -p 5202 -t 8 -P 4 >/dev/null 2>&1 &
+    local I=$!
+    sleep 2
+    c ping -c 40 -i 0.1 10.0.2.2 | python3 -c "
+import re,sys; v=sorted(float(x) for x in re.findall(r'time=([0-9.]+)', sys.stdin.read()))
+print(v[len(v)//2] if len(v) >= 30 else 999)"
+    wait $I
+}
+fifo=$(rtt "$DIR/pf.conf")
+fq=$(rtt "$DIR/flows.conf")
+check "without flows a ping waits behind the bulk transfer (p50 $fifo ms > 5)" python3 -c "import sys; sys.exit(0 if $fifo > 5 else 1)"
+check "with flows 1024 the ping's p50 stays low ($fq ms <= 2)" python3 -c "import sys; sys.exit(0 if $fq <= 2 else 1)"
+
+# The negative control: a port no rule passes stays blocked through the shaped interface.
+check "iperf3 to port 5203 is blocked (no rule passes it)" refused c iperf3 -c 10.0.2.2 -p 5203 -t 1 --connect-timeout 2000
+# Refusals at load, with the file and line.
+check "children over their parent's bandwidth are refused with FILE:LINE" bash -c \
+    "! $CTL -f $DIR/over.conf 2>$DIR/err && grep -q 'over.conf:1:.*higher than its own' $DIR/err"
+# Two workers (veths of two queues a side): each would shape to the whole rate, so refused.
+kill "$XPFD"; wait "$XPFD" 2>/dev/null; XPFD=
+QUEUES=2 scripts/topo.sh up $P
+check "xpfd with two workers refuses queues, naming the line" bash -c \
+    "! timeout 10 ip netns exec ${P}fw $BIN/xpfd -f $DIR/pf.conf -i fc -i fs --workers 2 --socket $SOCK 2>$DIR/err2; grep -q 'pf.conf:1: queues run on one worker' $DIR/err2"
+echo "shaper: $pass passed, $fail failed"
+[[ $fail -eq 0 ]]
