@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN := target/release
 
-.PHONY: all deps build demo test failover lab bench-real bench-synflood bench bench-states bench-hashsize bench-insert bench-resize bench-rules bench-reload bench-nat bench-workers fuzz fuzz-long fmt clean
+.PHONY: all deps build demo test failover lab bench-real bench-synflood bench-shaper bench bench-states bench-hashsize bench-insert bench-resize bench-rules bench-reload bench-nat bench-workers fuzz fuzz-long fmt clean
 
 all: build
 
@@ -76,6 +76,11 @@ bench-rules: build
 # iperf3 and ping run through xpfd; table deltas of 100,000 and a million entries.
 bench-reload: build
 	bash scripts/reload-lab.sh
+
+# The shaper lab: 24,000 member queues under one root, xpfd against tc HTB in the same run:
+# throughput at saturation, each member's rate, an idle member's ping, CPU per Gbit/s (~10 min).
+bench-shaper: build
+	$(BIN)/xpf-bench lab --shaper 24000 --runs 2 --seconds 30
 
 bench-workers: build
 	$(BIN)/xpf-bench states --workers 2 --points 9800,1M,10M --out bench-results/out/states-2w-shard

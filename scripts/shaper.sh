@@ -101,10 +101,33 @@ check "iperf3 to port 5203 is blocked (no rule passes it)" refused c iperf3 -c 1
 # Refusals at load, with the file and line.
 check "children over their parent's bandwidth are refused with FILE:LINE" bash -c \
     "! $CTL -f $DIR/over.conf 2>$DIR/err && grep -q 'over.conf:1:.*higher than its own' $DIR/err"
-# Two workers (veths of two queues a side): each would shape to the whole rate, so refused.
+# Two workers (veths of two queues a side): each shapes the flows it holds, and the
+# coordinator shares the tree's rates between them by demand, so that the members still get
+# 10 and 30 whichever worker their flows land on.
 kill "$XPFD"; wait "$XPFD" 2>/dev/null; XPFD=
 QUEUES=2 scripts/topo.sh up $P
-check "xpfd with two workers refuses queues, naming the line" bash -c \
-    "! timeout 10 ip netns exec ${P}fw $BIN/xpfd -f $DIR/pf.conf -i fc -i fs --workers 2 --socket $SOCK 2>$DIR/err2; grep -q 'pf.conf:1: queues run on one worker' $DIR/err2"
+for port in 5201 5202 5203; do ip netns exec ${P}server iperf3 -s -D -p $port --bind 10.0.2.2 >/dev/null; done
+ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --workers 2 --socket $SOCK 2>"$LOG" &
+XPFD=$!
+for _ in $(seq 100); do $CTL -s memory >/dev/null 2>&1 && break; sleep 0.1; done
+check "xpfd starts with two workers and the queue tree" bash -c "$CTL -s queue && grep -q 'worker 1 on CPU' $LOG"
+c ping -c 1 -W 1 10.0.2.2 >/dev/null 2>&1
+rx() { $CTL -s info --json | python3 -c "
+import json,sys; d=json.load(sys.stdin)
+print(sum(s['rx'] for s in d['sockets'] if s['queue'] == $1))"; }
+q0=$(rx 0); q1=$(rx 1)
+c iperf3 -c 10.0.2.2 -p 5201 -t 10 -O 2 -P 4 -J > "$DIR/a2.json" 2>&1 &
+A=$!
+c iperf3 -c 10.0.2.2 -p 5202 -t 10 -O 2 -P 4 -J > "$DIR/b2.json" 2>&1
+wait $A
+a=$(mbps "$DIR/a2.json"); b=$(mbps "$DIR/b2.json")
+q0=$(( $(rx 0) - q0 )); q1=$(( $(rx 1) - q1 ))
+check "the streams came in on both queues, so both workers shaped ($q0 and $q1 frames)" test $q0 -gt 1000 -a $q1 -gt 1000
+check "two workers: a gets its 10 Mbit/s ($a) within 5%" within "$a" 10 5
+check "... and b its 30 Mbit/s ($b) within 5%" within "$b" 30 5
+c iperf3 -c 10.0.2.2 -p 5201 -t 6 -O 2 -P 4 -J > "$DIR/alone2.json" 2>&1
+a=$(mbps "$DIR/alone2.json")
+check "two workers: a alone borrows the root's 40 Mbit/s ($a) within 5%" within "$a" 40 5
+check "two workers: port 5203 is still blocked" refused c iperf3 -c 10.0.2.2 -p 5203 -t 1 --connect-timeout 2000
 echo "shaper: $pass passed, $fail failed"
 [[ $fail -eq 0 ]]

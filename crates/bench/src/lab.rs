@@ -32,6 +32,7 @@ use xpf_xdp::bpf::{objects, Program, TEST_XDP_LIVE_FRAMES};
 use xpf_xdp::netlink;
 
 mod rules;
+mod shaper;
 
 const NS: [&str; 3] = ["xl-gen", "xl-fw", "xl-sink"];
 const SOCK: &str = "/run/xpf-lab.sock";
@@ -82,6 +83,8 @@ pub struct LabOpts {
     /// New connections/s through campus rulesets of these sizes instead of the state points
     /// (lab/rules.rs).
     pub rules: Vec<usize>,
+    /// The shaper lab with this many member queues instead (lab/shaper.rs); 0: not.
+    pub shaper: u32,
 }
 
 fn sh(args: &[&str]) -> Result<String, String> {
@@ -494,6 +497,11 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
 
     if !o.rules.is_empty() {
         let done = rules::run(o, &g, &s, limit, &keep);
+        drop(r);
+        return done;
+    }
+    if o.shaper > 0 {
+        let done = shaper::run(o, &g, &s, limit, &keep);
         drop(r);
         return done;
     }

@@ -60,6 +60,11 @@ const FLAGS: &[(&str, &str, &str)] = &[
         "N,N,..",
         "lab: new connections/s through campus rulesets of these sizes, xpfd against nftables (both forms)",
     ),
+    (
+        "--shaper",
+        "N",
+        "lab: N member queues under one root, xpfd's queues against tc HTB with an nftables mark and the fw classifier",
+    ),
     ("--out", "DIR", "where gnuplot data, the plot and the JSON go (default bench-results/out/<bench>)"),
 ];
 
@@ -75,6 +80,8 @@ pub struct Opts {
     pub big: bool,
     pub points: Option<Vec<u64>>,
     pub rules: Vec<usize>,
+    /// lab: member queues of the shaper lab (0: not that lab).
+    pub shaper: u32,
     pub states: Option<u64>,
     pub rows: Option<Vec<u32>>,
     pub baseline: bool,
@@ -146,6 +153,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         big: false,
         points: None,
         rules: Vec::new(),
+        shaper: 0,
         states: None,
         rows: None,
         baseline: true,
@@ -190,6 +198,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--rules" => {
                 o.rules = val()?.split(',').map(|x| parse_num(a, x).map(|n| n as usize)).collect::<Result<_, _>>()?
             }
+            "--shaper" => o.shaper = parse_num(a, &val()?)?.min(60_000) as u32,
             "--states" => o.states = Some(parse_num(a, &val()?)?),
             "--rows" => {
                 o.rows = Some(val()?.split(',').map(|x| parse_num(a, x).map(|v| v as u32)).collect::<Result<_, _>>()?)
@@ -291,6 +300,7 @@ fn lab(o: &Opts) -> Result<(), String> {
         nat: o.nat,
         log: o.log,
         rules: o.rules.clone(),
+        shaper: o.shaper,
     })
 }
 

@@ -4,13 +4,17 @@
 //!
 //! The meaning is pf's (OpenBSD's HFSC as pf.conf states it): a queue's `bandwidth` is its
 //! share of its parent when siblings compete (work-conserving: what one leaves, the others
-//! take), `max` caps it, `min` is served first (leaf queues), the root's bandwidth caps the
-//! interface. Scheduling is a deficit round robin per parent with quanta in proportion to the
-//! children's bandwidth (exact shares over time, O(1) per packet), caps as GCRA timers (one
-//! number per cap), capped classes parked in a timer heap until they conform, `min` as a
-//! GCRA-ordered heap of leaves served before the shares. A leaf is a FIFO of `qlimit`
-//! packets (tail drop) or FQ-CoDel ([`fq`]). Design and figures: docs/shaper.md.
+//! take), `max` caps it, `min` is guaranteed (leaf queues), the root's bandwidth caps the
+//! interface. Leaves are served in three tiers: within their `min`, then within their
+//! `bandwidth` (children never add up to more than their parent, so every leaf's can be
+//! kept), each tier earliest due first from a heap ordered by the leaves' GCRA timers (a
+//! queue that was idle sends at once, whatever the number of queues); what they leave is
+//! borrowed by a deficit round robin per parent with quanta in proportion to the children's
+//! bandwidth. Caps are GCRA timers too (one number per cap); capped classes wait in a timer
+//! heap until they conform. A leaf is a FIFO of `qlimit` packets (tail drop) or
+//! FQ-CoDel ([`fq`]). Design and figures: docs/shaper.md.
 
+pub mod coord;
 pub mod fq;
 
 use std::cmp::Reverse;
@@ -54,9 +58,13 @@ pub struct TreeSpec {
 pub const DEFAULT_QLIMIT: u32 = 50;
 pub const DEFAULT_FQ_QLIMIT: u32 = 1024;
 
-/// How far ahead of its rate a capped class (and the root) may send, in ns: the worker's
-/// wake-ups come late by up to about a millisecond, and a cap must not lose that time.
+/// How far ahead of its rate a class may send, in ns: the worker's wake-ups come late by up
+/// to about a millisecond, and a rate must not lose that time.
 pub const TOLERANCE_NS: u64 = 2_000_000;
+/// The root's (the interface's): a worker preempted for up to this long (its core shared
+/// with the kernel's packet work) sends what it could not meanwhile, and the interface keeps
+/// its rate (2 ms lost 10% of it in the shaper lab, its worker at saturation).
+pub const ROOT_TOLERANCE_NS: u64 = 10_000_000;
 
 /// Per queue counters, as `pfctl -s queue` shows them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -66,6 +74,8 @@ pub struct QueueStats {
     pub drop_pkts: u64,
     pub drop_bytes: u64,
     pub qlen: u32,
+    /// The longest a packet waited in the queue, ns.
+    pub wait_max: u64,
 }
 
 impl QueueStats {
@@ -75,6 +85,7 @@ impl QueueStats {
         self.drop_pkts += o.drop_pkts;
         self.drop_bytes += o.drop_bytes;
         self.qlen += o.qlen;
+        self.wait_max = self.wait_max.max(o.wait_max);
     }
 }
 
@@ -84,6 +95,8 @@ struct Gcra {
     /// ns per byte << 20; 0: no rate.
     cost: u64,
     tat: u64,
+    /// How far ahead of `now` the theoretical time may run ([`TOLERANCE_NS`]).
+    tol: u64,
 }
 
 impl Gcra {
@@ -91,24 +104,34 @@ impl Gcra {
         if bits == 0 {
             return Gcra::default();
         }
-        Gcra { cost: ((8_000_000_000u128 << 20) / bits as u128).max(1) as u64, tat: 0 }
+        Gcra { cost: ((8_000_000_000u128 << 20) / bits as u128).max(1) as u64, tat: 0, tol: TOLERANCE_NS }
     }
     fn on(&self) -> bool {
         self.cost != 0
     }
     #[inline]
     fn conforms(&self, now: u64) -> bool {
-        self.cost == 0 || self.tat <= now + TOLERANCE_NS
+        self.cost == 0 || self.tat <= now + self.tol
     }
     /// When it conforms again.
     fn next(&self) -> u64 {
-        self.tat.saturating_sub(TOLERANCE_NS)
+        self.tat.saturating_sub(self.tol)
     }
     #[inline]
     fn charge(&mut self, now: u64, len: usize) {
         if self.cost != 0 {
             self.tat = self.tat.max(now) + ((len as u64 * self.cost) >> 20);
         }
+    }
+    /// When a packet of `len` bytes sent from now on at this rate would be done: its deadline.
+    #[inline]
+    fn finish(&self, now: u64, len: usize) -> u64 {
+        self.tat.max(now) + ((len as u64 * self.cost) >> 20)
+    }
+    /// A new rate (bits/s, 0: none), keeping what was sent ahead.
+    fn set_rate(&mut self, bits: u64) {
+        // 1 kbit/s at least: a cost per byte that a 64 KB packet cannot overflow.
+        self.cost = Gcra::new(bits.max(1000)).cost;
     }
 }
 
@@ -135,8 +158,17 @@ struct Class {
     quantum: i64,
     deficit: i64,
     cap: Gcra,
-    min: Gcra,
-    in_rt: bool,
+    /// The configured cap (`max`; the root's bandwidth), bits/s, 0: none; a worker's share
+    /// ([`Shaper::sync`]) never raises it.
+    cap_bits: u64,
+    /// Bytes offered (sent, waiting or dropped), and the drops at the last report.
+    offered: u64,
+    seen_drops: u64,
+    /// The leaf's tiers: its `min` and its `bandwidth` as rates (none for inner classes and
+    /// a root leaf), bits/s as configured, and whether it is in the tier's heap.
+    tier: [Gcra; 2],
+    tier_bits: [u64; 2],
+    in_tier: [bool; 2],
     /// Active children (inner classes).
     ring: VecDeque<u32>,
     leaf: Option<Leaf>,
@@ -172,23 +204,31 @@ pub struct Shaper {
     default: u32,
     root: u32,
     capped: BinaryHeap<Reverse<(u64, u32)>>,
-    rt: BinaryHeap<Reverse<(u64, u32)>>,
+    /// Per tier, the leaves with packets: those their rate lets send, by the deadline of their
+    /// next packet (earliest deadline first: a queue of a high rate that was idle goes before
+    /// the first packets of many slow ones), and those it does not yet, by when it will.
+    ready: [BinaryHeap<Reverse<(u64, u32)>>; 2],
+    pending: [BinaryHeap<Reverse<(u64, u32)>>; 2],
     backlog: u32,
     spare: Vec<Vec<u8>>,
     dropped: Vec<Pkt>,
+    /// Turns the round robin gave (a class moved to its ring's back): its cost.
+    turns: u64,
 }
 
-/// The quanta of siblings with these bandwidths: in proportion, the smallest one an MTU,
-/// the largest at most 256 MTUs (beyond a ratio of 256 the small ones get less than an MTU
-/// per round and wait more rounds: still exact over time).
+/// The quanta of siblings with these bandwidths, in proportion: the smallest `BASE` bytes, the
+/// largest at most 4,096 of those (beyond that ratio the small ones get less per turn and wait
+/// more turns: still exact over time). A quantum below an MTU costs a few more turns per large
+/// packet; one of an MTU handed what is borrowed out in lumps of 25 small packets, so that
+/// with many members each one's borrowed rate was off by a tenth over 10 s (the shaper lab).
 fn quanta(bws: &[u64]) -> Vec<i64> {
-    const MTU: u128 = 1514;
+    const BASE: u128 = 256;
     let lo = bws.iter().copied().filter(|&b| b > 0).min().unwrap_or(1) as u128;
     let hi = bws.iter().copied().max().unwrap_or(1).max(1) as u128;
     bws.iter()
         .map(|&b| {
             let b = b.max(1) as u128;
-            let q = if hi / lo <= 256 { b * MTU / lo } else { b * 256 * MTU / hi };
+            let q = if hi / lo <= 4096 { b * BASE / lo } else { b * 4096 * BASE / hi };
             q.max(16) as i64
         })
         .collect()
@@ -198,7 +238,13 @@ impl Shaper {
     pub fn new(spec: &TreeSpec) -> Shaper {
         let n = spec.classes.len();
         let mut classes = Vec::with_capacity(n);
-        let is_parent = |i: usize| spec.classes.iter().any(|c| c.parent == Some(i));
+        let mut kids: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (i, c) in spec.classes.iter().enumerate() {
+            if let Some(p) = c.parent.filter(|&p| p < n) {
+                kids[p].push(i);
+            }
+        }
+        let is_parent = |i: usize| !kids[i].is_empty();
         for (i, c) in spec.classes.iter().enumerate() {
             let leaf = (!is_parent(i)).then(|| {
                 if c.flows > 0 {
@@ -212,6 +258,7 @@ impl Shaper {
                 0 => DEFAULT_QLIMIT,
                 q => q,
             };
+            let tiers = if leaf.is_some() && c.parent.is_some() { [c.min, c.bandwidth] } else { [0, 0] };
             // The root's bandwidth is the interface's: a cap. Below it, bandwidth is a share.
             let cap = match (c.parent, c.max) {
                 (None, 0) => c.bandwidth,
@@ -223,17 +270,20 @@ impl Shaper {
                 st: St::Idle,
                 quantum: 1514,
                 deficit: 0,
-                cap: Gcra::new(cap),
-                min: if leaf.is_some() { Gcra::new(c.min) } else { Gcra::default() },
-                in_rt: false,
+                cap: Gcra { tol: if c.parent.is_none() { ROOT_TOLERANCE_NS } else { TOLERANCE_NS }, ..Gcra::new(cap) },
+                cap_bits: cap,
+                offered: 0,
+                seen_drops: 0,
+                tier: tiers.map(Gcra::new),
+                tier_bits: tiers,
+                in_tier: [false; 2],
                 ring: VecDeque::new(),
                 leaf,
                 qlimit,
                 stats: QueueStats::default(),
             });
         }
-        for p in 0..n {
-            let kids: Vec<usize> = (0..n).filter(|&k| spec.classes[k].parent == Some(p)).collect();
+        for kids in &kids {
             let bws: Vec<u64> = kids.iter().map(|&k| spec.classes[k].bandwidth).collect();
             for (k, q) in kids.iter().zip(quanta(&bws)) {
                 classes[*k].quantum = q;
@@ -257,10 +307,12 @@ impl Shaper {
             default,
             root,
             capped: BinaryHeap::new(),
-            rt: BinaryHeap::new(),
+            ready: [BinaryHeap::new(), BinaryHeap::new()],
+            pending: [BinaryHeap::new(), BinaryHeap::new()],
             backlog: 0,
             spare: Vec::new(),
             dropped: Vec::new(),
+            turns: 0,
         }
     }
 
@@ -323,6 +375,7 @@ impl Shaper {
         p.enq = now;
         let len = p.buf.len() as u64;
         let cl = &mut self.classes[c];
+        cl.offered += len;
         if cl.stats.qlen >= cl.qlimit {
             match cl.leaf.as_mut() {
                 Some(Leaf::Fq(f)) => {
@@ -351,11 +404,13 @@ impl Shaper {
         }
         cl.stats.qlen += 1;
         self.backlog += 1;
-        if cl.min.on() && !cl.in_rt {
-            cl.in_rt = true;
-            let t = cl.min.next();
-            self.rt.push(Reverse((t, c as u32)));
+        for k in 0..2 {
+            if self.classes[c].tier[k].on() && !self.classes[c].in_tier[k] {
+                self.classes[c].in_tier[k] = true;
+                self.file_tier(c, k, now);
+            }
         }
+        let cl = &mut self.classes[c];
         if cl.st == St::Idle {
             self.activate(c as u32, now);
         }
@@ -412,6 +467,9 @@ impl Shaper {
             Leaf::Fq(f) => f.pop(now, &mut self.dropped),
         };
         let gone = self.dropped.len() as u32 + p.is_some() as u32;
+        if let Some(p) = &p {
+            cl.stats.wait_max = cl.stats.wait_max.max(now.saturating_sub(p.enq));
+        }
         cl.stats.qlen -= gone;
         self.backlog -= gone;
         for d in std::mem::take(&mut self.dropped) {
@@ -424,12 +482,20 @@ impl Shaper {
         p
     }
 
-    /// Charges a packet of `len` bytes sent from leaf `c` to it and every class above.
-    fn charge(&mut self, mut c: u32, len: usize, now: u64) {
-        self.classes[c as usize].min.charge(now, len);
+    /// Charges a packet of `len` bytes sent from leaf `c` to it and every class above; to
+    /// the round robin's deficits only when it was `borrowed` (the round robin shares what the
+    /// tiers leave: a class the tiers served would otherwise owe the round robin what it
+    /// got, and every turn of it would add one quantum: with 24,000 members a pick went round
+    /// the ring for hundreds of milliseconds).
+    fn charge(&mut self, mut c: u32, len: usize, now: u64, borrowed: bool) {
+        for t in self.classes[c as usize].tier.iter_mut() {
+            t.charge(now, len);
+        }
         while c != NONE {
             let cl = &mut self.classes[c as usize];
-            cl.deficit -= len as i64;
+            if borrowed {
+                cl.deficit -= len as i64;
+            }
             cl.cap.charge(now, len);
             cl.stats.pkts += 1;
             cl.stats.bytes += len as u64;
@@ -472,6 +538,7 @@ impl Shaper {
             }
             if cl.deficit <= 0 {
                 cl.deficit += cl.quantum;
+                self.turns += 1;
                 let ring = &mut self.classes[node as usize].ring;
                 ring.pop_front();
                 ring.push_back(c);
@@ -484,6 +551,86 @@ impl Shaper {
         }
     }
 
+    /// The length of leaf `c`'s next packet (an MTU when FQ-CoDel's is not known).
+    fn head_len(&self, c: usize) -> usize {
+        match &self.classes[c].leaf {
+            Some(Leaf::Fifo(q)) => q.front().map_or(1514, |p| p.buf.len()),
+            _ => 1514,
+        }
+    }
+
+    /// Files leaf `c` (with packets) in tier `k`: ready by its next packet's deadline if its
+    /// rate lets it send now, else pending until it does.
+    fn file_tier(&mut self, c: usize, k: usize, now: u64) {
+        let t = &self.classes[c].tier[k];
+        if t.conforms(now) {
+            let d = t.finish(now, self.head_len(c));
+            self.ready[k].push(Reverse((d, c as u32)));
+        } else {
+            self.pending[k].push(Reverse((t.next(), c as u32)));
+        }
+    }
+
+    /// A packet of tier `k`'s leaf with the earliest deadline among those its rate lets send
+    /// now, if any.
+    fn serve_tier(&mut self, k: usize, now: u64) -> Option<Pkt> {
+        while let Some(&Reverse((t, c))) = self.pending[k].peek() {
+            if t > now {
+                break;
+            }
+            self.pending[k].pop();
+            let c = c as usize;
+            if self.classes[c].stats.qlen == 0 {
+                self.classes[c].in_tier[k] = false;
+            } else {
+                self.file_tier(c, k, now);
+            }
+        }
+        while let Some(Reverse((_, c))) = self.ready[k].pop() {
+            let c = c as usize;
+            let cl = &self.classes[c];
+            if cl.stats.qlen == 0 {
+                self.classes[c].in_tier[k] = false;
+                continue;
+            }
+            if !cl.tier[k].conforms(now) {
+                // Served meanwhile (by another tier or the shares): pending again.
+                self.pending[k].push(Reverse((cl.tier[k].next(), c as u32)));
+                continue;
+            }
+            // Within its own and its parents' caps (the root's is checked already).
+            if let Some(t) = self.capped_above(c, now) {
+                self.pending[k].push(Reverse((t, c as u32)));
+                continue;
+            }
+            let Some(p) = self.pop_leaf(c, now) else {
+                // FQ-CoDel dropped what it held.
+                self.classes[c].in_tier[k] = false;
+                continue;
+            };
+            self.charge(c as u32, p.buf.len(), now, false);
+            if self.classes[c].stats.qlen > 0 {
+                self.file_tier(c, k, now);
+            } else {
+                self.classes[c].in_tier[k] = false;
+            }
+            return Some(p);
+        }
+        None
+    }
+
+    /// When leaf `c` or a class above it (the root aside) is over its cap: when it conforms.
+    fn capped_above(&self, mut c: usize, now: u64) -> Option<u64> {
+        while c != self.root as usize && c != NONE as usize {
+            let cl = &self.classes[c];
+            if !cl.cap.conforms(now) {
+                return Some(cl.cap.next());
+            }
+            c = cl.parent as usize;
+        }
+        None
+    }
+
     /// The next packet that may leave now, or when one may.
     pub fn dequeue(&mut self, now: u64) -> Out {
         if self.backlog == 0 {
@@ -494,36 +641,15 @@ impl Shaper {
         if !root.cap.conforms(now) {
             return Out::Wait(root.cap.next());
         }
-        // `min` first: the leaf whose guarantee is due earliest.
-        while let Some(&Reverse((t, c))) = self.rt.peek() {
-            if t > now {
-                break;
-            }
-            self.rt.pop();
-            let c = c as usize;
-            let cl = &self.classes[c];
-            if cl.stats.qlen > 0 && !cl.min.conforms(now) {
-                // The shares served it meanwhile: due later.
-                let t = cl.min.next();
-                self.rt.push(Reverse((t, c as u32)));
-                continue;
-            }
-            if let Some(p) = self.pop_leaf(c, now) {
-                self.charge(c as u32, p.buf.len(), now);
-                let cl = &mut self.classes[c];
-                if cl.stats.qlen > 0 {
-                    let t = cl.min.next();
-                    self.rt.push(Reverse((t, c as u32)));
-                } else {
-                    cl.in_rt = false;
-                }
+        // The tiers first, `min` then `bandwidth`: the leaf due earliest.
+        for k in 0..2 {
+            if let Some(p) = self.serve_tier(k, now) {
                 return Out::Packet(p);
             }
-            self.classes[c].in_rt = false;
         }
         while let Some(c) = self.pick(now) {
             if let Some(p) = self.pop_leaf(c, now) {
-                self.charge(c as u32, p.buf.len(), now);
+                self.charge(c as u32, p.buf.len(), now, true);
                 return Out::Packet(p);
             }
         }
@@ -531,8 +657,31 @@ impl Shaper {
             return Out::Empty;
         }
         let a = self.capped.peek().map_or(u64::MAX, |r| r.0 .0);
-        let b = self.rt.peek().map_or(u64::MAX, |r| r.0 .0);
+        let b = self.pending.iter().filter_map(|h| h.peek()).map(|r| r.0 .0).min().unwrap_or(u64::MAX);
         Out::Wait(a.min(b).max(now))
+    }
+
+    /// Reports to `coord` what worker `w`'s tree was offered, and takes this worker's share
+    /// of every rate from it (each within its configured cap).
+    pub fn sync(&mut self, coord: &coord::Coord, w: usize) {
+        if coord.classes() != self.classes.len() {
+            return;
+        }
+        for (c, cl) in self.classes.iter_mut().enumerate() {
+            let waiting = cl.stats.qlen > 0 || cl.stats.drop_pkts != cl.seen_drops;
+            cl.seen_drops = cl.stats.drop_pkts;
+            coord.report(w, c, cl.offered, waiting);
+            let share = coord.cap(w, c);
+            if share != 0 {
+                cl.cap.set_rate(if cl.cap_bits == 0 { share } else { share.min(cl.cap_bits) });
+                // This worker's part of the tiers' rates: each worker would keep the whole.
+                for k in 0..2 {
+                    if cl.tier_bits[k] != 0 {
+                        cl.tier[k].set_rate(share.min(cl.tier_bits[k]));
+                    }
+                }
+            }
+        }
     }
 
     /// Each queue's name and counters, in the tree's order.

@@ -57,6 +57,37 @@ fn run(sh: &mut Shaper, sources: &[(u16, usize, u64)], secs: f64, step: u64) -> 
     sent.iter().map(|&b| b as f64 * 8.0 / secs).collect()
 }
 
+/// Runs `sh` from `start` for `secs` in steps of `step` ns: `fill` tops the busy queues up
+/// each step (their packets start with byte 1); a ping of `len` bytes goes to queue `qid`
+/// whenever `now % every == at`. Returns each ping's wait in ns, sorted.
+#[allow(clippy::too_many_arguments)]
+fn ping_waits(
+    sh: &mut Shaper,
+    start: u64,
+    secs: f64,
+    step: u64,
+    (qid, len, every, at): (u16, usize, u64, u64),
+    mut fill: impl FnMut(&mut Shaper, u64),
+) -> Vec<u64> {
+    let mut waits = Vec::new();
+    let mut now = start;
+    while now < start + (secs * 1e9) as u64 {
+        fill(sh, now);
+        if now % every == at {
+            sh.enqueue(qid, Pkt { buf: vec![2; len], enq: 0, meta: now }, 0, now);
+        }
+        while let Out::Packet(p) = sh.dequeue(now) {
+            if p.buf[0] == 2 {
+                waits.push(now - p.meta);
+            }
+            sh.recycle(p.buf);
+        }
+        now += step;
+    }
+    waits.sort();
+    waits
+}
+
 fn near(got: f64, want: u64, tol: f64) -> bool {
     (got - want as f64).abs() <= want as f64 * tol
 }
@@ -181,50 +212,20 @@ fn a_flows_queue_keeps_a_sparse_flow_ahead_of_a_bulk_one() {
         class("root", 1, None, 10 * M),
         ClassSpec { default: true, flows: 1024, ..class("q", 2, Some(0), 10 * M) },
     ]);
-    let mut sh = Shaper::new(&spec);
-    let mut now = 0u64;
-    let mut waits = Vec::new();
-    while now < 2_000_000_000 {
+    let bulk = |sh: &mut Shaper, now: u64| {
         while sh.backlog() < 40 {
             let mut b = sh.buffer();
             b.resize(1500, 1);
             sh.enqueue(2, Pkt { buf: b, enq: 0, meta: 0 }, 1, now);
         }
-        if now.is_multiple_of(10_000_000) {
-            sh.enqueue(2, Pkt { buf: vec![2; 100], enq: 0, meta: now }, 2, now);
-        }
-        while let Out::Packet(p) = sh.dequeue(now) {
-            if p.buf[0] == 2 {
-                waits.push(now - p.meta);
-            }
-            sh.recycle(p.buf);
-        }
-        now += 100_000;
-    }
-    waits.sort();
+    };
+    let waits = ping_waits(&mut Shaper::new(&spec), 0, 2.0, 100_000, (2, 100, 10_000_000, 0), bulk);
     let p99 = waits[waits.len() * 99 / 100];
     assert!(p99 <= 2_000_000, "ping p99 waited {p99} ns");
     // Without flows, the ping waits behind the FIFO's 50 packets (60 ms at 10 Mbit/s).
     let spec =
         tree(vec![class("root", 1, None, 10 * M), ClassSpec { default: true, ..class("q", 2, Some(0), 10 * M) }]);
-    let mut sh = Shaper::new(&spec);
-    let mut now = 0u64;
-    let mut waits = Vec::new();
-    while now < 1_000_000_000 {
-        while sh.backlog() < 40 {
-            sh.enqueue(2, Pkt { buf: vec![1; 1500], enq: 0, meta: 0 }, 1, now);
-        }
-        if now.is_multiple_of(10_000_000) {
-            sh.enqueue(2, Pkt { buf: vec![2; 100], enq: 0, meta: now }, 2, now);
-        }
-        while let Out::Packet(p) = sh.dequeue(now) {
-            if p.buf[0] == 2 {
-                waits.push(now - p.meta);
-            }
-        }
-        now += 100_000;
-    }
-    waits.sort();
+    let waits = ping_waits(&mut Shaper::new(&spec), 0, 1.0, 100_000, (2, 100, 10_000_000, 0), bulk);
     assert!(waits.len() > 90 && waits[waits.len() / 2] > 20_000_000, "a FIFO did not delay the ping: {waits:?}");
 }
 
@@ -263,4 +264,152 @@ fn campus_24000_queues_cost_and_accuracy() {
         worst * 100.0
     );
     assert!(worst < 0.02);
+}
+
+/// Two workers, each its own tree of `spec` and its own sources `(worker, qid, bits/s
+/// offered; 0: always full)`, coordinated every 2 ms: bits/s per qid, all workers together.
+fn run2(spec: &TreeSpec, sources: &[(usize, u16, u64)], secs: f64) -> Vec<f64> {
+    let coord = coord::Coord::new(spec, 2);
+    let mut sh = [Shaper::new(spec), Shaper::new(spec)];
+    let max_qid = sources.iter().map(|s| s.1).max().unwrap_or(0) as usize;
+    let mut sent = vec![0u64; max_qid + 1];
+    let mut offered = vec![0f64; sources.len()];
+    let (step, period) = (100_000u64, 2_000_000u64);
+    let end = (secs * 1e9) as u64;
+    let mut now = 0;
+    while now < end {
+        for (k, &(w, qid, rate)) in sources.iter().enumerate() {
+            let n = if rate == 0 {
+                8
+            } else {
+                offered[k] += rate as f64 * step as f64 / 1e9 / 8.0 / 1500.0;
+                let n = offered[k] as usize;
+                offered[k] -= n as f64;
+                n
+            };
+            for _ in 0..n {
+                sh[w].enqueue(qid, Pkt { buf: vec![0; 1500], enq: 0, meta: qid as u64 }, qid as u32, now);
+            }
+        }
+        for s in sh.iter_mut() {
+            while let Out::Packet(p) = s.dequeue(now) {
+                sent[p.meta as usize] += p.buf.len() as u64;
+            }
+        }
+        now += step;
+        if now.is_multiple_of(period) {
+            sh[0].sync(&coord, 0);
+            sh[1].sync(&coord, 1);
+            coord.tick(period);
+        }
+    }
+    sent.iter().map(|&b| b as f64 * 8.0 / secs).collect()
+}
+
+#[test]
+fn two_workers_keep_the_shares_of_one_tree() {
+    let spec = tree(vec![
+        class("root", 1, None, 40 * M),
+        class("a", 2, Some(0), 10 * M),
+        ClassSpec { default: true, ..class("b", 3, Some(0), 30 * M) },
+    ]);
+    // Each member on its own worker: 10 and 30, not half the root each.
+    let r = run2(&spec, &[(0, 2, 0), (1, 3, 0)], 5.0);
+    assert!(near(r[2], 10 * M, 0.02) && near(r[3], 30 * M, 0.02), "a on w0, b on w1: {r:?}");
+    // a's flows on both workers, b on one.
+    let r = run2(&spec, &[(0, 2, 0), (1, 2, 0), (0, 3, 0)], 5.0);
+    assert!(near(r[2], 10 * M, 0.02) && near(r[3], 30 * M, 0.02), "a on both: {r:?}");
+    // a alone, on one worker: the whole root (borrowing across workers).
+    let r = run2(&spec, &[(1, 2, 0)], 5.0);
+    assert!(near(r[2], 40 * M, 0.02), "a alone: {r:?}");
+    // a sends 4 Mbit/s on w0; b, on both workers, takes the rest.
+    let r = run2(&spec, &[(0, 2, 4 * M), (0, 3, 0), (1, 3, 0)], 5.0);
+    assert!(near(r[2], 4 * M, 0.02) && near(r[3], 36 * M, 0.02), "a light: {r:?}");
+    // max caps across workers.
+    let capped = tree(vec![
+        class("root", 1, None, 40 * M),
+        class("a", 2, Some(0), 10 * M),
+        ClassSpec { default: true, max: 15 * M, ..class("b", 3, Some(0), 30 * M) },
+    ]);
+    let r = run2(&capped, &[(0, 3, 0), (1, 3, 0)], 5.0);
+    assert!(near(r[3], 15 * M, 0.02), "b max 15 on both: {r:?}");
+}
+
+/// A member that was idle sends at once, however many others are busy: its rate is its own
+/// (a round robin alone made it wait its turn after every busy member: 0.6 s with 2,000 of
+/// them in the shaper lab).
+#[test]
+fn an_idle_member_waits_for_no_round_of_the_busy_ones() {
+    let n = 2000u16;
+    let mut classes = vec![class("root", 1, None, 24_000_000)];
+    classes.push(ClassSpec { default: true, ..class("idle", 2, Some(0), 240_000) });
+    for i in 0..n {
+        classes.push(class(&format!("m{i}"), i + 3, Some(0), 11_000));
+    }
+    let busy = |sh: &mut Shaper, now: u64| {
+        for i in 0..n {
+            if sh.classes[i as usize + 2].stats.qlen < 4 {
+                sh.enqueue(i + 3, Pkt { buf: vec![1; 60], enq: 0, meta: 0 }, i as u32, now);
+            }
+        }
+    };
+    let waits = ping_waits(&mut Shaper::new(&tree(classes)), 0, 3.0, 100_000, (2, 98, 50_000_000, 0), busy);
+    assert!(waits.len() >= 55 && waits[waits.len() - 1] <= 1_000_000, "the idle member waited {waits:?} ns");
+}
+
+/// The round robin shares only what the tiers leave: its turns per borrowed packet stay a
+/// few with 24,000 busy members (when it also counted what the tiers served, each member
+/// owed it that much, and one pick went round the ring thousands of times).
+#[test]
+fn the_round_robin_turns_a_few_times_per_packet_with_24000_members() {
+    let n = 24_000u16;
+    let mut classes = vec![class("root", 1, None, 17_000_000)];
+    classes.push(ClassSpec { default: true, ..class("idle", 2, Some(0), 170_000) });
+    for i in 0..n {
+        // 1 to 4 parts: 99% of the root in all, the idle member's 1% borrowed.
+        classes.push(class(&format!("m{i}"), i + 3, Some(0), 16_830_000 / 60_000 * (1 + i as u64 % 4)));
+    }
+    let mut sh = Shaper::new(&tree(classes));
+    let mut now = 0u64;
+    let mut sent = 0u64;
+    while now < 20_000_000_000 {
+        for i in 0..n {
+            if sh.classes[i as usize + 2].stats.qlen < 2 {
+                sh.enqueue(i + 3, Pkt { buf: vec![1; 60], enq: 0, meta: 0 }, i as u32, now);
+            }
+        }
+        while let Out::Packet(_) = sh.dequeue(now) {
+            sent += 1;
+        }
+        now += 10_000_000;
+    }
+    assert!(sent > 30_000, "sent {sent}");
+    assert!(sh.turns <= sent * 8, "{} turns for {sent} packets", sh.turns);
+}
+
+/// 24,000 members start at once, each with its first packet due: an idle member's ping a
+/// moment later goes before them (the earliest deadline, not the earliest eligibility: by
+/// eligibility it waited for all 24,000 first packets, 0.68 s at this root, in the shaper lab).
+#[test]
+fn a_ping_goes_before_the_first_packets_of_24000_members_starting_at_once() {
+    let n = 24_000u16;
+    let mut classes = vec![class("root", 1, None, 17_000_000)];
+    classes.push(ClassSpec { default: true, ..class("idle", 2, Some(0), 170_000) });
+    for i in 0..n {
+        classes.push(class(&format!("m{i}"), i + 3, Some(0), 16_830_000 / 60_000 * (1 + i as u64 % 4)));
+    }
+    // The members' first packets, all at once at 1 s; a ping every 50 ms from 1.005 s.
+    let start = 1_000_000_000u64;
+    let burst = |sh: &mut Shaper, now: u64| {
+        if now == start {
+            for i in 0..n {
+                for _ in 0..4 {
+                    sh.enqueue(i + 3, Pkt { buf: vec![1; 60], enq: 0, meta: 0 }, i as u32, now);
+                }
+            }
+        }
+    };
+    let waits =
+        ping_waits(&mut Shaper::new(&tree(classes)), start, 2.0, 1_000_000, (2, 98, 50_000_000, 5_000_000), burst);
+    assert!(waits.len() >= 39 && waits.iter().all(|&w| w <= 10_000_000), "the ping waited {waits:?} ns");
 }

@@ -598,7 +598,7 @@ mod tests {
         for (o, maps) in [
             (objects::STEER, &["xsks", "steer_stats"][..]),
             (objects::GEN, &["gen_cfg", "gen_count"][..]),
-            (objects::SINK, &["sink_count"][..]),
+            (objects::SINK, &["sink_count", "sink_src"][..]),
         ] {
             let e = Elf::parse(o).unwrap();
             let ms = e.section("maps").unwrap();

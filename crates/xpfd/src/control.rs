@@ -129,17 +129,9 @@ pub fn translation_fits(l: &Loaded, workers: usize, steers: &[(String, Steer)]) 
     Ok(())
 }
 
-/// Refuses queues xpfd cannot keep: on an interface it does not forward on (nothing would
-/// leave through them), and with several workers (each worker would shape to the whole
-/// rate). Names the queue's line.
-pub fn queues_fit(p: &Parsed, workers: usize, ifaces: &[String]) -> Result<(), String> {
-    let Some(first) = p.queues.first() else { return Ok(()) };
-    if workers > 1 {
-        return Err(format!(
-            "{}:{}: queues run on one worker for now: start xpfd with --workers 1",
-            first.file, first.line
-        ));
-    }
+/// Refuses queues on an interface xpfd does not forward on (nothing would leave through
+/// them), naming the queue's line.
+pub fn queues_fit(p: &Parsed, ifaces: &[String]) -> Result<(), String> {
     for q in p.queues.iter().filter(|q| q.parent.is_none()) {
         if let Some(on) = q.on.as_deref().filter(|on| !ifaces.iter().any(|i| i == on)) {
             return Err(format!(
@@ -483,7 +475,7 @@ impl Daemon {
         // What xpfd cannot keep is refused before anything changes.
         pflow_fits(&l.parsed, self.pflow.is_some()).map_err(|e| vec![e])?;
         translation_fits(&l, self.workers.len(), &self.steers.lock().unwrap()).map_err(|e| vec![e])?;
-        queues_fit(&l.parsed, self.workers.len(), &self.ifaces).map_err(|e| vec![e])?;
+        queues_fit(&l.parsed, &self.ifaces).map_err(|e| vec![e])?;
         let per = (l.state_limit() / self.workers.len() as u32).max(1);
         let t = l.timeouts();
         let frags = l.frags(self.workers.len());
@@ -888,7 +880,7 @@ impl Daemon {
                 data.push(json!({"interface": t.ifname, "queue": c.name, "parent": c.parent.map(|p| t.classes[p].name.clone()),
                     "bandwidth": c.bandwidth, "min": c.min, "max": c.max, "qlimit": qlimit, "flows": c.flows,
                     "default": c.default, "packets": st.pkts, "bytes": st.bytes, "dropped_packets": st.drop_pkts,
-                    "dropped_bytes": st.drop_bytes, "qlength": st.qlen,
+                    "dropped_bytes": st.drop_bytes, "qlength": st.qlen, "wait_max_us": st.wait_max / 1000,
                     "measured_pps": measured.map(|m| m.0), "measured_bps": measured.map(|m| m.1)}));
             }
         }

@@ -441,6 +441,7 @@ impl Dataplane {
             self.worker.policy.refresh();
             let ns = self.start.elapsed().as_nanos() as u64;
             self.shaping.refresh(&self.worker.policy.current().1.queues, &self.ports, ns);
+            self.shaping.coordinate(ns);
             // Frames other workers passed here came in before this round's own: first, so that
             // the flows' packets keep their order across the hand-off as far as it can tell
             // (a connection's FIN handed off, then the next connection's SYN on this queue).

@@ -482,12 +482,26 @@ fn run(a: Args) -> Result<(), String> {
     }
     control::translation_fits(&loaded, workers, &steers)?;
     control::pflow_fits(&loaded.parsed, a.pflow.is_some())?;
-    control::queues_fit(&loaded.parsed, workers, &a.ifaces)?;
+    control::queues_fit(&loaded.parsed, &a.ifaces)?;
     control::write_nat_targets(&slot.current().1, &steers)?;
     let steers = Arc::new(Mutex::new(steers));
 
     // Workers.
     let stop = Arc::new(AtomicBool::new(false));
+    // Several workers shape one tree together: a coordinator shares its rates between them.
+    let shape_board = (workers > 1).then(|| {
+        let b = Arc::new(shaping::Board::default());
+        let (b2, slot, stop) = (b.clone(), slot.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("xpf-shaper".into())
+            .spawn(move || shaping::coordinate(b2, slot, workers, stop))
+            .map(|_| b)
+    });
+    let shape_board = match shape_board {
+        Some(Ok(b)) => Some(b),
+        Some(Err(e)) => return Err(format!("the shaper's coordinator: {e}")),
+        None => None,
+    };
     let per_worker = (limit / workers as u32).max(1);
     let mut txs = Vec::new();
     let mut handles = Vec::new();
@@ -615,6 +629,7 @@ fn run(a: Args) -> Result<(), String> {
         let overload = overload_tx.clone();
         let logger = pflog.clone();
         let flows = pflow.clone();
+        let board = shape_board.clone();
         // Worker 0 filters the host's own traffic too: the queue is bound before the rules
         // that fill it are installed (below), so nothing is queued with no reader.
         let host = if w == 0 {
@@ -635,6 +650,7 @@ fn run(a: Args) -> Result<(), String> {
                     dp.sync = wsync;
                     dp.wake = Some(wake);
                     dp.handoff = handoff;
+                    dp.shaping.board = board.map(|b| (b, w));
                     if let Some((t, e)) = fast {
                         dp.fast = Some(fastpath::FastPath::new(t, e, w as u32));
                     }

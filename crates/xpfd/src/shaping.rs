@@ -4,8 +4,11 @@
 //! into its transmit ring as the tree allows. The worker wakes for the next packet due.
 
 use crate::dataplane::{IoStats, Port};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use xpf_conf::compile::queues::Queues;
+use xpf_shape::coord::Coord;
 use xpf_shape::{Out, Pkt, QueueStats, Shaper};
 use xpf_xdp::packet::offload::{gso_size, gso_type};
 
@@ -19,6 +22,67 @@ pub struct Shaping {
     from: Option<Arc<Queues>>,
     /// When the next held packet may leave (ns since the worker's start), if any waits.
     pub due: Option<u64>,
+    /// Several workers: where the trees' coordination is published, this worker's index,
+    /// the board's generation taken, the coordination of each port's tree, and when this
+    /// worker reports next.
+    pub board: Option<(Arc<Board>, usize)>,
+    seen: u64,
+    coords: Vec<Option<Arc<Coord>>>,
+    next_sync: u64,
+}
+
+/// The trees' coordination for a ruleset's queues (several workers): published by the
+/// coordinator thread, taken by the workers when its generation changes.
+#[derive(Default)]
+pub struct Board {
+    generation: AtomicU64,
+    current: Mutex<Option<Arc<Coordination>>>,
+    /// The coordinator's period, ns (the workers report at the same pace).
+    period: AtomicU64,
+}
+
+pub struct Coordination {
+    queues: Arc<Queues>,
+    trees: Vec<(String, Arc<Coord>)>,
+}
+
+/// The coordinator's shortest period: each worker's rates follow the others' demand this
+/// often (a TCP flow's RTT through a firewall is longer).
+pub const PERIOD: Duration = Duration::from_millis(2);
+
+/// The coordinator thread: follows the ruleset's queue trees, and every period turns the
+/// workers' reports into each worker's rates. Its period grows with the trees so that it
+/// takes at most about 5% of a core.
+pub fn coordinate(board: Arc<Board>, slot: Arc<xpf_conf::reload::Slot>, workers: usize, stop: Arc<AtomicBool>) {
+    let mut last = Instant::now();
+    let mut period = PERIOD;
+    board.period.store(period.as_nanos() as u64, Ordering::Relaxed);
+    let mut followed: Option<Arc<Queues>> = None;
+    while !stop.load(Ordering::Relaxed) {
+        let (_, r) = slot.current();
+        let cur = board.current.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        // A reload that left the trees as they were keeps their coordination.
+        let same = followed.as_ref().is_some_and(|f| Arc::ptr_eq(f, &r.queues))
+            || cur.as_ref().is_some_and(|c| *c.queues == *r.queues);
+        followed = Some(r.queues.clone());
+        if !same {
+            let trees = r.queues.trees.iter().map(|t| (t.ifname.clone(), Arc::new(Coord::new(t, workers)))).collect();
+            *board.current.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(Arc::new(Coordination { queues: r.queues.clone(), trees }));
+            board.generation.fetch_add(1, Ordering::Release);
+        } else if let Some(c) = cur {
+            let t = Instant::now();
+            let dt = t.duration_since(last).as_nanos() as u64;
+            for (_, k) in &c.trees {
+                k.tick(dt);
+            }
+            let cost = t.elapsed();
+            period = PERIOD.max(cost * 20);
+            board.period.store(period.as_nanos() as u64, Ordering::Relaxed);
+            last = t;
+        }
+        std::thread::sleep(period);
+    }
 }
 
 /// A flow's hash for FQ-CoDel: protocol, addresses and ports (IPv4 or IPv6; the ports
@@ -63,6 +127,8 @@ impl Shaping {
             return;
         }
         let mut old = std::mem::take(&mut self.shapers);
+        self.coords.clear();
+        self.seen = 0;
         self.shapers = ports
             .iter()
             .map(|p| {
@@ -89,6 +155,42 @@ impl Shaping {
         let h = flow_hash(&b);
         sh.enqueue(qid, Pkt { buf: b, enq: now, meta: gso | qid as u64 }, h, now);
         self.due = Some(now);
+    }
+
+    /// Several workers: takes a new coordination when one is published, and every period
+    /// reports this worker's queues and takes its rates.
+    pub fn coordinate(&mut self, now: u64) {
+        let Some((board, w)) = &self.board else { return };
+        let g = board.generation.load(Ordering::Acquire);
+        if g != self.seen {
+            let cur = board.current.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            // The coordination of the trees this worker has (else it waits for the next).
+            if let Some(c) = cur.filter(|c| self.from.as_deref() == Some(&*c.queues)) {
+                self.coords = self
+                    .shapers
+                    .iter()
+                    .map(|sh| {
+                        let name = sh.as_ref()?.ifname();
+                        c.trees.iter().find(|(i, _)| i == name).map(|(_, k)| k.clone())
+                    })
+                    .collect();
+                self.seen = g;
+            }
+        }
+        if now < self.next_sync {
+            return;
+        }
+        self.next_sync = now + board.period.load(Ordering::Relaxed);
+        let w = *w;
+        for (sh, k) in self.shapers.iter_mut().zip(&self.coords) {
+            if let (Some(sh), Some(k)) = (sh, k) {
+                sh.sync(k, w);
+            }
+        }
+        // A new rate may let a waiting packet go sooner.
+        if self.due.is_some() {
+            self.due = Some(now);
+        }
     }
 
     /// Sends what the trees let go now; notes when the next may.

@@ -41,12 +41,23 @@ pub fn compile(qs: &[Queue]) -> Result<Queues, CompileError> {
             iface_of[i] = Some(on.clone());
         }
     }
-    // Parents come first in a pf.conf (pfctl refuses a parent it has not read).
+    // Parents come first in a pf.conf (pfctl refuses a parent it has not read): each queue's
+    // parent is the last queue of that name before it.
+    let mut latest: HashMap<&str, usize> = HashMap::new();
+    let mut parent_of: Vec<Option<usize>> = vec![None; qs.len()];
+    let mut children: Vec<Vec<usize>> = vec![Vec::new(); qs.len()];
     for (i, q) in qs.iter().enumerate() {
-        let Some(p) = &q.parent else { continue };
-        let Some(pi) = qs[..i].iter().rposition(|o| &o.name == p) else {
-            return Err(err(q, format!("parent {p} is not defined before it")));
-        };
+        if let Some(p) = &q.parent {
+            let Some(&pi) = latest.get(p.as_str()) else {
+                return Err(err(q, format!("parent {p} is not defined before it")));
+            };
+            parent_of[i] = Some(pi);
+            children[pi].push(i);
+        }
+        latest.insert(q.name.as_str(), i);
+    }
+    for (i, q) in qs.iter().enumerate() {
+        let (Some(p), Some(pi)) = (&q.parent, parent_of[i]) else { continue };
         let on = iface_of[pi].clone();
         if let (Some(mine), Some(theirs)) = (&q.on, &on) {
             if mine != theirs {
@@ -63,10 +74,7 @@ pub fn compile(qs: &[Queue]) -> Result<Queues, CompileError> {
         let mut todo = vec![i];
         while let Some(k) = todo.pop() {
             let q = &qs[k];
-            let parent = q.parent.as_ref().and_then(|_| {
-                let pi = qs[..k].iter().rposition(|o| Some(&o.name) == q.parent.as_ref())?;
-                index.get(&pi).copied()
-            });
+            let parent = parent_of[k].and_then(|pi| index.get(&pi).copied());
             let base = parent.map(|p| classes[p].bandwidth);
             let abs = |b: Option<Bandwidth>, what: &str| -> Result<u64, CompileError> {
                 match (b, base) {
@@ -101,9 +109,7 @@ pub fn compile(qs: &[Queue]) -> Result<Queues, CompileError> {
                 quantum: q.quantum.unwrap_or(0),
                 default: q.default,
             });
-            let kids: Vec<usize> = (0..qs.len())
-                .filter(|&c| iface_of[c] == iface_of[i] && qs[c].parent.as_deref() == Some(&q.name) && c > k)
-                .collect();
+            let kids = &children[k];
             if q.min.is_some() && !kids.is_empty() {
                 return Err(err(q, "min on a queue with children (a guarantee is a leaf's)".into()));
             }
@@ -125,7 +131,7 @@ pub fn compile(qs: &[Queue]) -> Result<Queues, CompileError> {
                     ),
                 ));
             }
-            todo.extend(kids.into_iter().rev());
+            todo.extend(kids.iter().rev());
         }
         if !classes.iter().any(|c| c.default) && classes.len() > 1 {
             return Err(err(root, format!("no default queue on {ifname}")));
