@@ -439,7 +439,10 @@ impl Dataplane {
             let now = self.now();
             // A new ruleset applies from the next packet on: one atomic load per round.
             self.worker.policy.refresh();
-            let ns = self.start.elapsed().as_nanos() as u64;
+            // The queue trees: one pointer compare per round unless they changed (no clock
+            // read without queues).
+            let start = self.start;
+            let ns = || start.elapsed().as_nanos() as u64;
             self.shaping.refresh(&self.worker.policy.current().1.queues, &self.ports, ns);
             self.shaping.coordinate(ns);
             // Frames other workers passed here came in before this round's own: first, so that

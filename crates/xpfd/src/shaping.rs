@@ -118,10 +118,11 @@ impl Shaping {
     /// Follows the ruleset's queue trees: unchanged trees keep their shapers; changed ones
     /// are built anew with the packets waiting moved over (by queue id, the default queue
     /// for one that is gone).
-    pub fn refresh(&mut self, queues: &Arc<Queues>, ports: &[Port], now: u64) {
+    pub fn refresh(&mut self, queues: &Arc<Queues>, ports: &[Port], now: impl FnOnce() -> u64) {
         if self.from.as_ref().is_some_and(|q| Arc::ptr_eq(q, queues)) {
             return;
         }
+        let now = now();
         if self.from.as_deref() == Some(&**queues) {
             self.from = Some(queues.clone());
             return;
@@ -159,8 +160,12 @@ impl Shaping {
 
     /// Several workers: takes a new coordination when one is published, and every period
     /// reports this worker's queues and takes its rates.
-    pub fn coordinate(&mut self, now: u64) {
+    pub fn coordinate(&mut self, now: impl FnOnce() -> u64) {
         let Some((board, w)) = &self.board else { return };
+        if !self.shapers.iter().any(Option::is_some) {
+            return;
+        }
+        let now = now();
         let g = board.generation.load(Ordering::Acquire);
         if g != self.seen {
             let cur = board.current.lock().unwrap_or_else(|e| e.into_inner()).clone();
