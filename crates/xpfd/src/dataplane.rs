@@ -692,10 +692,13 @@ impl Dataplane {
         }
         // pf's queue of the `in` pass holds unless the `out` pass names one (as the tag).
         let mut q_in = [0u16; BATCH];
+        // Frames held by a queue tree are stamped with the batch's time (one clock read).
+        let mut shaped_at = 0;
         if self.shaping.any() {
             for (i, q) in q_in.iter_mut().enumerate().take(n) {
                 *q = self.worker.queue_of(i);
             }
+            shaped_at = self.start.elapsed().as_nanos() as u64;
         }
         // Defer mode: which frames made a state on the way in (the `out` pass may make more).
         let defer = self.sync.as_ref().is_some_and(|s| s.defer.is_some());
@@ -876,8 +879,7 @@ impl Dataplane {
                             _ => 0,
                         };
                         let w = &self.worker;
-                        let ns = self.start.elapsed().as_nanos() as u64;
-                        self.shaping.hold(ep, qid, gso, ns, |b| {
+                        self.shaping.hold(ep, qid, gso, shaped_at, |b| {
                             b.extend_from_slice(frame_k);
                             outgoing(b, w, k, sel[k], &scrub_in, &dmac, &smac);
                             // Held frames leave by plain copy (or whole, GSO): checksums

@@ -154,7 +154,7 @@ impl Shaping {
         let mut b = sh.buffer();
         fill(&mut b);
         let h = flow_hash(&b);
-        sh.enqueue(qid, Pkt { buf: b, enq: now, meta: gso | qid as u64 }, h, now);
+        sh.enqueue(qid, Pkt { buf: b, enq: 0, meta: gso | qid as u64 }, h, now);
         self.due = Some(now);
     }
 

@@ -176,28 +176,11 @@ fn shaped_run(
                 .ok()
         })
         .flatten();
-    let fwd = |k: &str| -> u64 {
-        xpfctl(&o.bin, &["-s", "info", "--json"])
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .and_then(|v| v["forwarding"][k].as_u64())
-            .unwrap_or(0)
-    };
-    let debug = std::env::var_os("XPF_LAB_DEBUG").is_some() && xpf;
-    let (tf0, sh0, fw0) = if debug { (fwd("tx_full"), fwd("shaped"), fwd("forwarded")) } else { (0, 0, 0) };
     let m0 = per_member(s, n);
     let (c0, t0) = (cpu_time(FW_CPU), Instant::now());
     let pps = measure(g, s, secs)?;
     let (c1, el) = (cpu_time(FW_CPU), t0.elapsed().as_secs_f64());
     let m1 = per_member(s, n);
-    if debug {
-        eprintln!(
-            "tx_full {} shaped {} forwarded {}",
-            fwd("tx_full") - tf0,
-            fwd("shaped") - sh0,
-            fwd("forwarded") - fw0
-        );
-    }
     // Every member's queue full (50 packets, both shapers) at the root's rate, and 2 s more.
     drain(s, Duration::from_secs_f64((n as f64 + 1.0) * 50.0 * FRAME_BITS / root.max(1) as f64 * 1.2 + 2.0));
     let members = m0.iter().zip(&m1).map(|(a, b)| (b - a) as f64 * FRAME_BITS / el).collect();
@@ -213,23 +196,6 @@ fn shaped_run(
                 .collect()
         })
         .unwrap_or_default();
-    if debug || (std::env::var_os("XPF_LAB_DEBUG").is_some() && ping) {
-        let mut r: Vec<(f64, usize)> = rtt_ms.iter().copied().zip(0..).collect();
-        r.sort_by(|a, b| a.0.total_cmp(&b.0));
-        eprintln!(
-            "{} rtt worst (ms, ping number) {:?} of {}",
-            if xpf { "xpf" } else { "kernel" },
-            &r[r.len().saturating_sub(8)..],
-            r.len()
-        );
-        if xpf {
-            let q = xpfctl(&o.bin, &["-s", "queue", "--json"]).unwrap_or_default();
-            let v: serde_json::Value = serde_json::from_str(&q).unwrap_or_default();
-            let idle = v.as_array().and_then(|a| a.iter().find(|x| x["queue"] == "idle").cloned());
-            let worst = v.as_array().map(|a| a.iter().filter_map(|x| x["wait_max_us"].as_u64()).max());
-            eprintln!("idle queue {idle:?}; longest wait of any queue {worst:?} us");
-        }
-    }
     Ok(Run { pps, cpu_per_gbit: if gbit > 0.0 { busy / gbit } else { f64::NAN }, members, rtt_ms })
 }
 
