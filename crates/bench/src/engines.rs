@@ -4,6 +4,7 @@
 
 use hashbrown::HashMap;
 use xpf_engine::{PassAll, Verdict, Worker, WorkerConfig, BATCH};
+use xpf_io::gen::FRAME_LEN;
 use xpf_state::{Dir, Key, Key4, Seed};
 use xpf_wire::{parse_ether, PDesc};
 
@@ -12,8 +13,14 @@ pub trait Engine: Send {
     fn process(&mut self, frames: &[&[u8]], now: u32) -> usize;
     fn states(&self) -> u64;
     fn inserts(&self) -> u64;
+    /// The caller's transmit stage after `process`: writes what the batch's rewrites say into
+    /// its frames, in place, as a zero-copy transmit does (nothing without translation).
+    fn transmit(&mut self, _frames: &mut [[u8; FRAME_LEN]]) {}
     /// Background work between chunks (expiry; nothing for the baseline).
     fn maintain(&mut self, _now: u32) {}
+    /// After the warm-up: runs any index resize the warm-up started to its end, so that the
+    /// runs measure the table as a daemon has it once its background work is done.
+    fn settle(&mut self) {}
 }
 
 pub struct Xpf {
@@ -55,6 +62,10 @@ impl Engine for Xpf {
     fn maintain(&mut self, now: u32) {
         self.w.maintain(now, 64);
     }
+    fn settle(&mut self) {
+        self.w.t4.finish_resize();
+        self.w.t6.finish_resize();
+    }
 }
 
 /// The policy of the translation bench: pass, keep state, and (with a pool) `nat-to` it.
@@ -70,12 +81,13 @@ impl xpf_engine::Policy for NatPolicy {
 }
 
 /// xpf's worker filtering `out` (where `nat-to` translates) under [`NatPolicy`]: the frames a
-/// translation rewrites are rewritten into a scratch frame ([`xpf_wire::translate::apply`],
-/// incremental checksums), as xpfd does into its transmit frame, so the figure holds both.
+/// translation rewrites are rewritten in place by [`Engine::transmit`]
+/// ([`xpf_wire::translate::apply`], incremental checksums), as a zero-copy transmit does (in
+/// copy mode xpfd applies it to the transmit copy every forwarded frame gets, translated or
+/// not), so the figure holds the rewrite and not a copy only translated frames would pay.
 pub struct XpfOut {
     pub w: Worker<NatPolicy>,
     verdicts: [Verdict; BATCH],
-    scratch: [u8; 128],
 }
 
 impl XpfOut {
@@ -90,11 +102,7 @@ impl XpfOut {
             prefault: true,
             secret: xpf_state::os_random(),
         };
-        XpfOut {
-            w: Worker::new(cfg, NatPolicy(pool)).expect("state table memory"),
-            verdicts: [Verdict::Pass; BATCH],
-            scratch: [0; 128],
-        }
+        XpfOut { w: Worker::new(cfg, NatPolicy(pool)).expect("state table memory"), verdicts: [Verdict::Pass; BATCH] }
     }
 }
 
@@ -102,21 +110,29 @@ impl Engine for XpfOut {
     #[inline]
     fn process(&mut self, frames: &[&[u8]], now: u32) -> usize {
         self.w.process(frames, 1, Dir::Out, now, &mut self.verdicts);
+        self.verdicts[..frames.len()].iter().filter(|v| **v == Verdict::Pass).count()
+    }
+    #[inline]
+    fn transmit(&mut self, frames: &mut [[u8; FRAME_LEN]]) {
         let mut m = self.w.translated;
         while m != 0 {
             let i = m.trailing_zeros() as usize;
             m &= m - 1;
-            let f = &mut self.scratch[..frames[i].len()];
-            f.copy_from_slice(frames[i]);
-            xpf_wire::translate::apply(f, &self.w.rewrites[i]);
+            xpf_wire::translate::apply(&mut frames[i], &self.w.rewrites[i]);
         }
-        self.verdicts[..frames.len()].iter().filter(|v| **v == Verdict::Pass).count()
     }
     fn states(&self) -> u64 {
         self.w.states() as u64
     }
     fn inserts(&self) -> u64 {
         self.w.t4.counters.inserts + self.w.t6.counters.inserts
+    }
+    fn maintain(&mut self, now: u32) {
+        self.w.maintain(now, 64);
+    }
+    fn settle(&mut self) {
+        self.w.t4.finish_resize();
+        self.w.t6.finish_resize();
     }
 }
 

@@ -71,13 +71,18 @@ pub fn pump<E: Engine>(e: &mut E, feed: &mut Feed, min_pkts: u64, min_secs: f64,
     while p.packets < min_pkts || p.secs < min_secs {
         let k = if min_secs == 0.0 { ((min_pkts - p.packets) as usize).min(CHUNK) } else { CHUNK };
         feed.fill(k);
-        let mut frames: [&[u8]; 64] = [&[]; 64];
         let t = Instant::now();
-        for c in feed.buf[..k].chunks(batch) {
-            for (f, b) in frames.iter_mut().zip(c) {
-                *f = &b[..];
+        for c in feed.buf[..k].chunks_mut(batch) {
+            // The batch's frames as slices, made afresh for each batch (the transmit stage
+            // below writes into them) without initialising all 64.
+            let mut frames = [std::mem::MaybeUninit::<&[u8]>::uninit(); 64];
+            for (f, b) in frames.iter_mut().zip(c.iter()) {
+                f.write(&b[..]);
             }
-            p.passed += e.process(&frames[..c.len()], now) as u64;
+            // SAFETY: the first c.len() (<= 64, the batch) were written just above.
+            let frames = unsafe { std::slice::from_raw_parts(frames.as_ptr() as *const &[u8], c.len()) };
+            p.passed += e.process(frames, now) as u64;
+            e.transmit(c);
         }
         e.maintain(now);
         p.secs += t.elapsed().as_secs_f64();
@@ -127,6 +132,7 @@ pub fn shard_runs<E: Engine + 'static>(
             let count = feed.count;
             let warm = pump(&mut e, &mut feed, count, 0.0, batch, 1);
             assert_eq!(e.states(), feed.count, "warm-up must create one state per flow");
+            e.settle();
             let extra = if w == 0 { inspect(&e) } else { Vec::new() };
             feed.gen.established();
             if shuffle {

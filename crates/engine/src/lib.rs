@@ -1357,7 +1357,7 @@ fn icmp_error<K: Key>(
 /// `r & STACK`) going `dir` is rewritten to: going in it must have matched the wire key and
 /// takes the stack key, going out the reverse. None for a packet on the wrong side (pf does
 /// not match it to the state).
-#[inline]
+#[inline(always)]
 fn other_key<K: Key>(t: &StateTable<K>, r: u32, dir: Dir) -> Option<K> {
     let id = r & ID_MASK;
     match (dir, r & STACK != 0) {
@@ -1392,7 +1392,7 @@ fn hit_nat<K: Key>(
     translated_hit(t, r, pd, dir, now, aux, out)
 }
 
-#[inline(never)]
+#[inline(always)]
 fn translated_hit<K: Key>(
     t: &mut StateTable<K>,
     r: u32,
@@ -1406,7 +1406,8 @@ fn translated_hit<K: Key>(
     let Some((rws, mask, i)) = out else { return Some(Verdict::Drop(Reason::Translate)) };
     let v = hit(t, r, pd, dir, now, aux)?;
     if v == Verdict::Pass {
-        rws[i] = Rewrite::prepared(pd, &nat::of_packet(pd), &nat::oriented(&other, dir));
+        let (a, b) = if dir == Dir::In { (0, 1) } else { (1, 0) };
+        rws[i].prepare(pd, [other.addr(a), other.addr(b)], [other.port(a), other.port(b)]);
         *mask |= 1 << i;
     }
     Some(v)
@@ -2129,7 +2130,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
                 t.attach(id, l, pd.src, c.now);
             }
             if let (Some(rw), Some((rws, mask, i))) = (rewrite, slot(&mut c.rw)) {
-                rws[i] = Rewrite::prepared(pd, &nat::of_packet(pd), &rw);
+                rws[i].prepare(pd, rw.addr, rw.port);
                 *mask |= 1 << i;
                 c.nat.counters.translated += 1;
                 note_translation(p, c.nat, pd, &d, &rw);

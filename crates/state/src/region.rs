@@ -262,6 +262,15 @@ impl<T: Zeroable> Side<T> {
     pub(crate) fn bytes(&self) -> usize {
         self.hwm as usize * core::mem::size_of::<T>() + self.free.capacity() * 4
     }
+    /// Whether a record was ever taken.
+    #[inline(always)]
+    pub(crate) fn used(&self) -> bool {
+        self.hwm != 0
+    }
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, i: u32) {
+        self.v.prefetch(i as usize);
+    }
 }
 
 #[cfg(test)]

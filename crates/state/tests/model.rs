@@ -346,3 +346,56 @@ fn index_started_small_grows_with_load() {
     assert!(t.rows() <= auto_rows(60_000));
     assert_eq!(t.len(), 5000);
 }
+
+#[test]
+fn translated_states_double_the_index_once_they_fill_it() {
+    let limit = 12_000u32;
+    let new = || {
+        StateTable::<Key4>::new(Config {
+            limit,
+            rows: None,
+            seed: Seed::fixed(9),
+            events: 0,
+            now: 0,
+            grow_from: None,
+            prefault: false,
+        })
+        .unwrap()
+    };
+    let wire = |i: u32| Key4 {
+        addr: [[10, 0, (i >> 8) as u8, i as u8], [1, 1, 1, 1]],
+        port: [i as u16, 53],
+        proto: 17,
+        _pad: 0,
+        kif: 0,
+    };
+    let stack = |i: u32| Key4 { addr: [[192, 0, (i >> 8) as u8, i as u8], [1, 1, 1, 1]], ..wire(i) };
+    // Plain states to the limit: one entry each, the index stays as the limit made it.
+    let mut t = new();
+    for i in 0..limit {
+        let k = wire(i);
+        t.insert(t.hash(&k), udp_state(k, Timeout::UdpFirst), 0).unwrap();
+        t.maintain(0, 64);
+    }
+    t.finish_resize();
+    assert_eq!(t.rows(), auto_rows(limit));
+    // Translated ones: two entries each; past the limit's load the index doubles (online,
+    // every state found throughout), to two entries a state at the limit.
+    let mut t = new();
+    for i in 0..limit {
+        let k = wire(i);
+        let ns = NewState { stack: Some(stack(i)), ..udp_state(k, Timeout::UdpFirst) };
+        t.insert(t.hash(&k), ns, 0).unwrap();
+        t.maintain(0, 64);
+        if i % 997 == 0 {
+            for j in (0..=i).step_by(101) {
+                assert!(t.lookup(&wire(j)).is_some() && t.lookup(&stack(j)).is_some(), "lost {j}");
+            }
+        }
+    }
+    t.finish_resize();
+    assert_eq!(t.rows(), auto_rows(2 * limit));
+    for i in 0..limit {
+        assert_eq!(t.lookup(&wire(i)), t.lookup(&stack(i)).map(|r| r & !xpf_state::table::STACK));
+    }
+}

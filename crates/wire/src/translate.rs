@@ -15,7 +15,7 @@ use crate::{parse_ether, PDesc};
 
 /// What a translated packet becomes: its source and destination address and port (for an
 /// ICMP query or reply both ports are the identifier); for an ICMP error (`quoted`), those
-/// of the packet it quotes. With `at` (see [`Rewrite::prepared`]) the frame is not parsed
+/// of the packet it quotes. With `at` (see [`Rewrite::prepare`]) the frame is not parsed
 /// again: the headers' places and the checksums' changes come with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Rewrite {
@@ -38,52 +38,61 @@ pub struct At {
     l4_delta: u16,
 }
 
-/// The ones' complement sum of `new`'s 16-bit words less `old`'s.
+/// The 16-bit words of the first `N` bytes of `a`, added (not folded).
 #[inline(always)]
-fn delta(old: &[u8], new: &[u8], acc: u32) -> u32 {
-    let mut acc = acc;
-    for i in (0..old.len()).step_by(2) {
-        acc += !u16::from_be_bytes([old[i], old[i + 1]]) as u32 + u16::from_be_bytes([new[i], new[i + 1]]) as u32;
+fn words<const N: usize>(a: &[u8; 16]) -> u32 {
+    let mut s = 0;
+    for i in (0..N).step_by(2) {
+        s += u16::from_be_bytes([a[i], a[i + 1]]) as u32;
     }
-    acc
+    s
+}
+
+/// The ones' complement sum of the changes from addresses `old` to `new` (both of one family,
+/// `N` bytes each): the sum of `!o + n` over their 16-bit words, which is `sum(n) - sum(o)`
+/// plus 0xffff for each word pair, computed without a per-word loop over both.
+#[inline(always)]
+fn addr_delta<const N: usize>(old: &[Addr; 2], new: &[Addr; 2]) -> u32 {
+    let o = words::<N>(&old[0].0) + words::<N>(&old[1].0);
+    let n = words::<N>(&new[0].0) + words::<N>(&new[1].0);
+    n + N as u32 * 0xffff - o
 }
 
 impl Rewrite {
-    /// The rewrite of the packet `pd` describes (its addresses and ports `from` as in
-    /// [`Rewrite`]'s order) to `to`, with its headers' places and checksum changes computed
-    /// now, so that [`apply`] only writes.
-    #[inline]
-    pub fn prepared(pd: &PDesc, from: &Rewrite, to: &Rewrite) -> Rewrite {
+    /// Makes this the rewrite of the packet `pd` describes to addresses `addr` and ports
+    /// `port` (source first), with its headers' places and checksum changes computed now, so
+    /// that [`apply`] only writes. Written in place, field by field: the per-packet path
+    /// builds no rewrite on its stack to copy (a wide copy of one built by narrow stores
+    /// waits for them to reach the cache).
+    #[inline(always)]
+    pub fn prepare(&mut self, pd: &PDesc, addr: [Addr; 2], port: [u16; 2]) {
         let v4 = pd.af == AF_INET;
-        let alen = if v4 { 4 } else { 16 };
-        let mut ip = 0u32;
-        for s in 0..2 {
-            ip = delta(&from.addr[s].0[..alen], &to.addr[s].0[..alen], ip);
-        }
+        let old = [pd.src, pd.dst];
+        let ip = if v4 { addr_delta::<4>(&old, &addr) } else { addr_delta::<16>(&old, &addr) };
         let ports = pd.flags & pdf::HAS_PORTS != 0 && pd.flags & pdf::NOT_FIRST_FRAG == 0;
         let mut l4 = match pd.proto {
             IPPROTO_TCP | IPPROTO_UDP | IPPROTO_ICMPV6 => ip,
             _ => 0,
         };
         if ports {
-            let n = if matches!(pd.proto, IPPROTO_ICMP | IPPROTO_ICMPV6) { 1 } else { 2 };
-            for s in 0..n {
-                l4 = delta(&from.port[s].to_be_bytes(), &to.port[s].to_be_bytes(), l4);
+            // The ICMP query identifier stands for both ports: counted once.
+            l4 += !pd.sport as u32 + port[0] as u32;
+            if !matches!(pd.proto, IPPROTO_ICMP | IPPROTO_ICMPV6) {
+                l4 += !pd.dport as u32 + port[1] as u32;
             }
         }
-        let fold = |x: u32| crate::checksum::fold(x);
-        Rewrite {
-            at: Some(At {
-                l3: pd.l3_off,
-                l4: pd.l4_off,
-                v4,
-                proto: pd.proto,
-                ports,
-                ip_delta: fold(ip),
-                l4_delta: fold(l4),
-            }),
-            ..*to
-        }
+        self.addr = addr;
+        self.port = port;
+        self.quoted = false;
+        self.at = Some(At {
+            l3: pd.l3_off,
+            l4: pd.l4_off,
+            v4,
+            proto: pd.proto,
+            ports,
+            ip_delta: crate::checksum::fold(ip),
+            l4_delta: crate::checksum::fold(l4),
+        });
     }
 }
 
@@ -93,18 +102,21 @@ fn add(c: u16, d: u16) -> u16 {
     !crate::checksum::fold((!c) as u32 + d as u32)
 }
 
-/// [`apply`] with the places and sums [`Rewrite::prepared`] computed.
+/// [`apply`] with the places and sums [`Rewrite::prepare`] computed.
 #[inline(always)]
 fn apply_at(f: &mut [u8], rw: &Rewrite, at: &At) -> bool {
     let (l3, l4) = (at.l3 as usize, at.l4 as usize);
-    let alen = if at.v4 { 4 } else { 16 };
-    let src = l3 + if at.v4 { 12 } else { 8 };
-    let Some(b) = f.get_mut(src..src + 2 * alen) else { return false };
-    b[..alen].copy_from_slice(&rw.addr[0].0[..alen]);
-    b[alen..].copy_from_slice(&rw.addr[1].0[..alen]);
+    // Sizes known here, so that the copies are moves, not calls.
     if at.v4 {
+        let Some(b) = f.get_mut(l3 + 12..l3 + 20) else { return false };
+        b[..4].copy_from_slice(&rw.addr[0].0[..4]);
+        b[4..].copy_from_slice(&rw.addr[1].0[..4]);
         let c = get16(f, l3 + 10);
         put16(f, l3 + 10, add(c, at.ip_delta));
+    } else {
+        let Some(b) = f.get_mut(l3 + 8..l3 + 40) else { return false };
+        b[..16].copy_from_slice(&rw.addr[0].0);
+        b[16..].copy_from_slice(&rw.addr[1].0);
     }
     let (sum_at, id) = match at.proto {
         IPPROTO_TCP => (l4 + 16, false),
@@ -428,7 +440,9 @@ mod tests {
             to.port = [pd.sport ^ 0x1234, pd.dport.wrapping_add(7)];
             let (mut slow, mut fast) = (f.clone(), f.clone());
             assert!(apply(&mut slow, &to));
-            assert!(apply(&mut fast, &Rewrite::prepared(&pd, &from, &to)));
+            let mut rw = Rewrite::default();
+            rw.prepare(&pd, to.addr, to.port);
+            assert!(apply(&mut fast, &rw));
             assert_eq!(slow, fast);
         }
     }
