@@ -81,6 +81,7 @@ bench-reload: build
 # throughput at saturation, each member's rate, an idle member's ping, CPU per Gbit/s (~10 min).
 bench-shaper: build
 	$(BIN)/xpf-bench lab --shaper 24000 --runs 2 --seconds 30
+	$(BIN)/xpf-bench shaper --runs 5
 
 bench-workers: build
 	$(BIN)/xpf-bench states --workers 2 --points 9800,1M,10M --out bench-results/out/states-2w-shard

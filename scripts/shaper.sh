@@ -35,6 +35,9 @@ tree "" > "$DIR/pf.conf"
 tree "max 15M" > "$DIR/max.conf"
 tree "flows 1024" > "$DIR/flows.conf"
 printf 'queue root on fs bandwidth 40M\nqueue a parent root bandwidth 30M default\nqueue b parent root bandwidth 20M\npass all\n' > "$DIR/over.conf"
+# a with pf.conf(5)'s burst; b held to its share (max), so that it is not ahead of its rate
+# when a starts.
+tree "max 30M" | sed 's/^queue a parent root bandwidth 10M$/queue a parent root bandwidth 10M burst 30M for 500ms/' > "$DIR/burst.conf"
 
 scripts/topo.sh up $P
 for port in 5201 5202 5203; do ip netns exec ${P}server iperf3 -s -D -p $port --bind 10.0.2.2 >/dev/null; done
@@ -95,6 +98,26 @@ fifo=$(rtt "$DIR/pf.conf")
 fq=$(rtt "$DIR/flows.conf")
 check "without flows a ping waits behind the bulk transfer (p50 $fifo ms > 5)" python3 -c "import sys; sys.exit(0 if $fifo > 5 else 1)"
 check "with flows 1024 the ping's p50 stays low ($fq ms <= 2)" python3 -c "import sys; sys.exit(0 if $fq <= 2 else 1)"
+
+# A burst: b busy, a starts 2 s later and goes at its burst for 500 ms (beside b's 30 under
+# the root's 40: about 20), then at its 10. What the shaper sent of a (its queue's bytes),
+# over its first 400 ms and over a second later on.
+check "a burst loads, and -s queue prints it as pfctl does" bash -c \
+    "$CTL -f $DIR/burst.conf && $CTL -s queue | grep -q '^queue a on fs parent root bandwidth 10M burst 30M for 500ms'"
+abytes() { $CTL -s queue --json | python3 -c "import json,sys,time; print(time.time(), [q['bytes'] for q in json.load(sys.stdin) if q['queue']=='a'][0])"; }
+rate() { python3 -c "import sys; t0,b0,t1,b1=map(float,sys.argv[1:]); print(round((b1-b0)*8/(t1-t0)/1e6, 2))" $1 $2; }
+c iperf3 -c 10.0.2.2 -p 5202 -t 6 > /dev/null 2>&1 &
+B=$!
+sleep 2
+c iperf3 -c 10.0.2.2 -p 5201 -t 4 > /dev/null 2>&1 &
+A=$!
+sleep 0.05; s0=$(abytes); sleep 0.4; s1=$(abytes)
+sleep 1.5; s2=$(abytes); sleep 1; s3=$(abytes)
+wait $A $B
+first=$(rate "$s0" "$s1"); later=$(rate "$s2" "$s3")
+check "a's first 400 ms go at its burst, over its 10 Mbit/s ($first > 14)" python3 -c "import sys; sys.exit(0 if $first > 14 else 1)"
+check "... then its 10 Mbit/s ($later) within 10%" python3 -c "import sys; sys.exit(0 if abs($later - 10) <= 1 else 1)"
+$CTL -f "$DIR/pf.conf" >/dev/null
 
 # The negative control: a port no rule passes stays blocked through the shaped interface.
 check "iperf3 to port 5203 is blocked (no rule passes it)" refused c iperf3 -c 10.0.2.2 -p 5203 -t 1 --connect-timeout 2000

@@ -283,6 +283,8 @@ struct Gen {
     ifindex: u32,
     dmac: [u8; 6],
     smac: [u8; 6],
+    /// Whether gen.c paces the frames (then a run is longer).
+    paced: AtomicBool,
 }
 
 fn frame(dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
@@ -305,7 +307,7 @@ impl Gen {
         let prog = Program::load("xpf_gen", objects::GEN).map_err(|e| e.to_string())?;
         let ifindex = in_ns(NS[0], || netlink::ifindex("g0"))?.map_err(|e| e.to_string())?;
         let (dmac, smac) = (mac(NS[1], "f0")?, mac(NS[0], "g0")?);
-        Ok(Gen { prog, frame: frame(dmac, smac), ifindex, dmac, smac })
+        Ok(Gen { prog, frame: frame(dmac, smac), ifindex, dmac, smac, paced: AtomicBool::new(false) })
     }
 
     /// Flows: `srcs` x `dsts` x `ports` (source port varies fastest).
@@ -313,18 +315,28 @@ impl Gen {
         gen_config(&self.prog, [0xc612_0000u32, 0xc613_0000, srcs, dsts, ports, 1024], self.dmac, self.smac, 17, 2000);
     }
 
-    /// Sends for `d` from the generator's core.
+    /// Later runs send at `pps` frames per second (None: the generator's full rate).
+    fn pace(&self, pps: Option<f64>) {
+        let gap = pps.filter(|p| *p > 0.0).map_or(0u64, |p| (1e9 / p) as u64);
+        let mut v = gap.to_ne_bytes().to_vec();
+        v.extend_from_slice(&0u64.to_ne_bytes());
+        self.prog.map("gen_pace").update(&0u32.to_ne_bytes(), &v).expect("gen pace");
+        self.paced.store(gap != 0, Ordering::Relaxed);
+    }
+
+    /// Sends for `d` from the generator's core, as fast as the runs go or at the pace set
+    /// (gen.c spaces the frames; a run then lasts ~0.1 s, so that `d` is kept).
     fn run(&self, d: Duration) -> Result<(), String> {
         let fd = self.prog.fd.try_clone().map_err(|e| e.to_string())?;
         let frame = self.frame.clone();
         let ifindex = self.ifindex;
+        let repeat = if self.paced.load(Ordering::Relaxed) { 1 << 21 } else { 1 << 16 };
         in_ns(NS[0], move || {
             crate::sys::pin(GEN_CPU);
             let p = Program { name: "xpf_gen".into(), fd, maps: Vec::new() };
             let t = Instant::now();
             while t.elapsed() < d && !STOP.load(Ordering::Relaxed) {
-                p.test_run(&frame, ifindex, 1 << 16, 64, TEST_XDP_LIVE_FRAMES)
-                    .map_err(|e| format!("generator: {e}"))?;
+                p.test_run(&frame, ifindex, repeat, 64, TEST_XDP_LIVE_FRAMES).map_err(|e| format!("generator: {e}"))?;
             }
             Ok::<(), String>(())
         })?

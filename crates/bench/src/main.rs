@@ -9,6 +9,7 @@ mod plot;
 mod progress;
 mod real;
 mod runner;
+mod shaperbench;
 mod shared;
 mod stats;
 mod syncbench;
@@ -63,7 +64,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
     (
         "--shaper",
         "N",
-        "lab: N member queues under one root, xpfd's queues against tc HTB with an nftables mark and the fw classifier",
+        "lab: N member queues under one root, xpfd's queues against tc HTB (nftables sets each member's class); shaper: N member queues (default 24,000)",
     ),
     ("--out", "DIR", "where gnuplot data, the plot and the JSON go (default bench-results/out/<bench>)"),
 ];
@@ -109,7 +110,7 @@ pub struct Opts {
 
 fn usage() -> String {
     let mut s = String::from(
-        "usage: xpf-bench states|hashsize|insert|resize|rules|nat|lab|real|sync [options]\n       xpf-bench replay FILE.pcap...\n       xpf-bench flood [--seconds S] NETNS DEV NEXTHOP-MAC DST PORT   (a SYN flood, every packet a new source)\n\noptions:\n",
+        "usage: xpf-bench states|hashsize|insert|resize|rules|nat|lab|real|sync|shaper [options]\n       xpf-bench replay FILE.pcap...\n       xpf-bench flood [--seconds S] NETNS DEV NEXTHOP-MAC DST PORT   (a SYN flood, every packet a new source)\n\noptions:\n",
     );
     for (f, v, h) in FLAGS {
         s.push_str(&format!("  {:<24} {h}\n", format!("{f} {v}")));
@@ -136,7 +137,7 @@ fn parse_num(flag: &str, v: &str) -> Result<u64, String> {
 
 fn parse(args: &[String]) -> Result<Opts, String> {
     let bench = args.first().ok_or_else(usage)?.clone();
-    if !["states", "hashsize", "insert", "resize", "rules", "nat", "replay", "lab", "real", "sync", "flood"]
+    if !["states", "hashsize", "insert", "resize", "rules", "nat", "replay", "lab", "real", "sync", "flood", "shaper"]
         .contains(&bench.as_str())
     {
         return Err(format!("unknown bench '{bench}'\n\n{}", usage()));
@@ -362,6 +363,7 @@ fn main() -> ExitCode {
         "real" => real(&o),
         "flood" => flood(&o),
         "sync" => syncbench::run(&o),
+        "shaper" => shaperbench::bench(&o),
         _ => experiments::insert(&o),
     };
     match r {

@@ -363,6 +363,8 @@ pub struct Queue {
     pub bandwidth: Option<Bandwidth>,
     pub min: Option<Bandwidth>,
     pub max: Option<Bandwidth>,
+    /// `burst M for T ms` after `min`, `bandwidth` and `max`, in that order.
+    pub burst: [Option<(Bandwidth, u32)>; 3],
     pub flows: Option<u32>,
     pub quantum: Option<u32>,
     pub qlimit: Option<u32>,

@@ -567,20 +567,27 @@ pub fn queue(q: &Queue) -> String {
             let _ = write!(s, " quantum {qt}");
         }
     }
-    if let Some(l) = q.qlimit {
-        let _ = write!(s, " qlimit {l}");
-    }
+    // A rate and its burst (print_scspec).
+    let rate = |s: &mut String, prefix: &str, b: Bandwidth, burst: Option<(Bandwidth, u32)>| {
+        let _ = write!(s, "{prefix}{}", bandwidth(b));
+        if let Some((m, ms)) = burst {
+            let _ = write!(s, " burst {} for {ms}ms", bandwidth(m));
+        }
+    };
     if let Some(b) = q.bandwidth {
-        let _ = write!(s, " bandwidth {}", bandwidth(b));
+        rate(&mut s, " bandwidth ", b, q.burst[1]);
         if let Some(m) = q.min {
-            let _ = write!(s, ", min {}", bandwidth(m));
+            rate(&mut s, ", min ", m, q.burst[0]);
         }
         if let Some(m) = q.max {
-            let _ = write!(s, ", max {}", bandwidth(m));
+            rate(&mut s, ", max ", m, q.burst[2]);
         }
     }
     if q.default {
         s.push_str(" default");
+    }
+    if let Some(l) = q.qlimit {
+        let _ = write!(s, " qlimit {l}");
     }
     s
 }

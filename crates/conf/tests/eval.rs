@@ -1443,6 +1443,9 @@ fn set_queue_is_kept_in_the_state_and_pure_acks_take_the_ack_queue() {
         ("queue r on em1 bandwidth 10M\nqueue a parent r bandwidth 8M min 1M default\nqueue a1 parent a bandwidth 1M\n", "min on a queue with children"),
         ("queue r on em1 bandwidth 50%\nqueue a parent r bandwidth 1M default\n", "percent"),
         ("queue r on em1 bandwidth 10M\nqueue s on em1 bandwidth 10M\nqueue a parent r bandwidth 1M default\n", "root queue already"),
+        ("queue r on em1 bandwidth 10M burst 20M for 10ms\nqueue a parent r bandwidth 1M default\n", "burst on a root"),
+        ("queue r on em1 bandwidth 10M\nqueue a parent r bandwidth 4M burst 2M for 10ms default\n", "not above its rate"),
+        ("queue r on em1 bandwidth 10M\nqueue a parent r bandwidth 4M burst 8M for 0ms default\n", "for 0ms"),
     ] {
         let p = parse(bad, "test", &[]);
         let e = match Ruleset::compile(&p, &ifindex) {
@@ -1451,4 +1454,38 @@ fn set_queue_is_kept_in_the_state_and_pure_acks_take_the_ack_queue() {
         };
         assert!(e.msg.contains(want) && e.line > 0, "{bad}: {e:?}");
     }
+}
+
+#[test]
+fn a_burst_loads_and_prints_as_pfctl_prints_it() {
+    // pf.conf(5)'s example, and a burst on min and max.
+    let src = "queue rootq on em0 bandwidth 100M max 100M\n\
+               queue http parent rootq bandwidth 60M burst 90M for 100ms\n\
+               queue developers parent http bandwidth 45M\n\
+               queue employees parent http bandwidth 15M\n\
+               queue mail parent rootq bandwidth 10M, min 5M burst 8M for 50ms, max 20M burst 30M for 20ms qlimit 80 default\n";
+    let p = parse(src, "test", &[]);
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    let printed: Vec<String> = p.queues.iter().map(xpf_conf::print::queue).collect();
+    assert_eq!(printed[1], "queue http parent rootq bandwidth 60M burst 90M for 100ms");
+    assert_eq!(
+        printed[4],
+        "queue mail parent rootq bandwidth 10M, min 5M burst 8M for 50ms, max 20M burst 30M for 20ms default qlimit 80"
+    );
+    // Bursts are the leaves': the example's `http` has children, and is refused at its line.
+    let e = xpf_conf::compile::queues::compile(&p.queues).expect_err("a burst on a parent");
+    assert!(e.line == 2 && e.msg.contains("burst on a queue with children"), "{e:?}");
+    let leaf = parse(
+        &src.replace("queue developers parent http bandwidth 45M\n", "")
+            .replace("queue employees parent http bandwidth 15M\n", ""),
+        "test",
+        &[],
+    );
+    let q = xpf_conf::compile::queues::compile(&leaf.queues).expect("compiles");
+    let http = &q.trees[0].classes.iter().find(|c| c.name == "http").unwrap();
+    assert_eq!(http.burst[1], xpf_shape::Burst { bits: 90_000_000, ms: 100 });
+    assert!(parse("queue r on em0 bandwidth 1M\nqueue a parent r bandwidth 1M burst 2M for 10 default\n", "t", &[])
+        .errors
+        .iter()
+        .any(|e| e.msg.contains("must be in ms")));
 }

@@ -45,6 +45,36 @@ pub struct ClassSpec {
     pub flows: u32,
     pub quantum: u32,
     pub default: bool,
+    /// `burst M for T ms` on `min`, `bandwidth` and `max`, in that order (none: zero).
+    pub burst: [Burst; 3],
+}
+
+impl ClassSpec {
+    /// A queue with a bandwidth and nothing else set (`queue NAME parent P bandwidth B`).
+    pub fn new(name: impl Into<String>, qid: u16, parent: Option<usize>, bandwidth: u64) -> ClassSpec {
+        ClassSpec {
+            name: name.into(),
+            qid,
+            parent,
+            bandwidth,
+            min: 0,
+            max: 0,
+            qlimit: 0,
+            flows: 0,
+            quantum: 0,
+            default: false,
+            burst: Default::default(),
+        }
+    }
+}
+
+/// A rate's `burst M for T ms` (HFSC's two-piece service curve): a class that starts sending
+/// after an idle spell goes at M for up to T, then at its rate. M is above the rate (the
+/// configuration refuses a lower one).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Burst {
+    pub bits: u64,
+    pub ms: u32,
 }
 
 /// One interface's queue tree.
@@ -135,6 +165,73 @@ impl Gcra {
     }
 }
 
+/// A rate's `burst` in effect: kept apart from the rates (a class's hot part stays small
+/// for the classes without one; 24,000 classes measured 11% slower with it inline).
+#[derive(Debug, Clone, Copy, Default)]
+struct Bursting {
+    /// Configured (bits/s): the burst's and its rate's, so that a worker's share scales both.
+    bits: u64,
+    rate_bits: u64,
+    /// The rate's cost and the burst's now (0: no burst on this rate).
+    base: u64,
+    cost: u64,
+    /// The longest spell (ns), and when the current one ends (0: none).
+    ns: u64,
+    until: u64,
+}
+
+impl Bursting {
+    fn new(b: Burst, bits: u64) -> Bursting {
+        if bits == 0 || b.ms == 0 || b.bits <= bits {
+            return Bursting::default();
+        }
+        Bursting {
+            bits: b.bits,
+            rate_bits: bits,
+            base: Gcra::new(bits).cost,
+            cost: Gcra::new(b.bits).cost,
+            ns: b.ms as u64 * 1_000_000,
+            until: 0,
+        }
+    }
+    /// The class has something to send after an idle spell: the burst, for as long as the
+    /// spell earned, at most its time. HFSC re-anchors the two-piece curve now, and it meets
+    /// the rate's line left behind once the burst has used the service the spell left unused
+    /// (idle x rate): after idle x rate / (M - rate).
+    #[inline]
+    fn start(&mut self, g: &mut Gcra, now: u64) {
+        // A spell under way goes on (HFSC keeps the curve that gives more): a flow whose
+        // queue empties between its packets starts it once.
+        if self.cost == 0 || self.until > now || g.tat >= now {
+            return;
+        }
+        let earned =
+            ((now - g.tat) as u128 * self.cost as u128 / self.base.saturating_sub(self.cost).max(1) as u128) as u64;
+        self.until = now + earned.min(self.ns).max(1);
+        g.cost = self.cost;
+    }
+    /// After a packet: the rate again once the spell is over.
+    #[inline]
+    fn end(&mut self, g: &mut Gcra, now: u64) {
+        if self.until != 0 && now >= self.until {
+            self.until = 0;
+            g.cost = self.base;
+        }
+    }
+    /// The rate was set to `bits` (a worker's share): the burst scales with it.
+    fn rescale(&mut self, g: &mut Gcra, bits: u64) {
+        if self.cost == 0 {
+            return;
+        }
+        self.base = g.cost;
+        let m1 = (self.bits as u128 * bits.max(1000) as u128 / self.rate_bits.max(1) as u128) as u64;
+        self.cost = Gcra::new(m1.max(1000)).cost;
+        if self.until != 0 {
+            g.cost = self.cost;
+        }
+    }
+}
+
 const NONE: u32 = u32::MAX;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,7 +252,8 @@ enum Leaf {
 struct Class {
     parent: u32,
     st: St,
-    quantum: i64,
+    /// Bytes a turn of the parent's round robin adds (at most 4,096 x 256: an i32).
+    quantum: i32,
     deficit: i64,
     cap: Gcra,
     /// The configured cap (`max`; the root's bandwidth), bits/s, 0: none; a worker's share
@@ -163,12 +261,14 @@ struct Class {
     cap_bits: u64,
     /// Bytes offered (sent, waiting or dropped), and the drops at the last report.
     offered: u64,
-    seen_drops: u64,
+    seen_drops: u32,
     /// The leaf's tiers: its `min` and its `bandwidth` as rates (none for inner classes and
     /// a root leaf), bits/s as configured, and whether it is in the tier's heap.
     tier: [Gcra; 2],
     tier_bits: [u64; 2],
     in_tier: [bool; 2],
+    /// `burst` on `min`, `bandwidth`, `max` (None: none on any).
+    bursts: Option<Box<[Bursting; 3]>>,
     /// Active children (inner classes).
     ring: VecDeque<u32>,
     leaf: Option<Leaf>,
@@ -275,6 +375,14 @@ impl Shaper {
                 offered: 0,
                 seen_drops: 0,
                 tier: tiers.map(Gcra::new),
+                bursts: {
+                    let b = [
+                        Bursting::new(c.burst[0], tiers[0]),
+                        Bursting::new(c.burst[1], tiers[1]),
+                        Bursting::new(c.burst[2], cap),
+                    ];
+                    b.iter().any(|x| x.cost != 0).then(|| Box::new(b))
+                },
                 tier_bits: tiers,
                 in_tier: [false; 2],
                 ring: VecDeque::new(),
@@ -286,7 +394,7 @@ impl Shaper {
         for kids in &kids {
             let bws: Vec<u64> = kids.iter().map(|&k| spec.classes[k].bandwidth).collect();
             for (k, q) in kids.iter().zip(quanta(&bws)) {
-                classes[*k].quantum = q;
+                classes[*k].quantum = q as i32;
                 classes[*k].deficit = q;
             }
         }
@@ -403,6 +511,16 @@ impl Shaper {
             None => unreachable!("leaf_of gives leaves"),
         }
         cl.stats.qlen += 1;
+        if cl.stats.qlen == 1 {
+            // Bursts are leaves' (the configuration refuses them on parents): they start
+            // when the leaf has something to send again.
+            if let Some(b) = cl.bursts.as_deref_mut() {
+                for (x, t) in b.iter_mut().zip(cl.tier.iter_mut()) {
+                    x.start(t, now);
+                }
+                b[2].start(&mut cl.cap, now);
+            }
+        }
         self.backlog += 1;
         for k in 0..2 {
             if self.classes[c].tier[k].on() && !self.classes[c].in_tier[k] {
@@ -488,8 +606,14 @@ impl Shaper {
     /// got, and every turn of it would add one quantum: with 24,000 members a pick went round
     /// the ring for hundreds of milliseconds).
     fn charge(&mut self, mut c: u32, len: usize, now: u64, borrowed: bool) {
-        for t in self.classes[c as usize].tier.iter_mut() {
+        let cl = &mut self.classes[c as usize];
+        for t in cl.tier.iter_mut() {
             t.charge(now, len);
+        }
+        if let Some(b) = cl.bursts.as_deref_mut() {
+            for (x, t) in b.iter_mut().zip(cl.tier.iter_mut()) {
+                x.end(t, now);
+            }
         }
         while c != NONE {
             let cl = &mut self.classes[c as usize];
@@ -497,6 +621,9 @@ impl Shaper {
                 cl.deficit -= len as i64;
             }
             cl.cap.charge(now, len);
+            if let Some(b) = cl.bursts.as_deref_mut() {
+                b[2].end(&mut cl.cap, now);
+            }
             cl.stats.pkts += 1;
             cl.stats.bytes += len as u64;
             c = cl.parent;
@@ -537,7 +664,7 @@ impl Shaper {
                 continue;
             }
             if cl.deficit <= 0 {
-                cl.deficit += cl.quantum;
+                cl.deficit += cl.quantum as i64;
                 self.turns += 1;
                 let ring = &mut self.classes[node as usize].ring;
                 ring.pop_front();
@@ -668,16 +795,24 @@ impl Shaper {
             return;
         }
         for (c, cl) in self.classes.iter_mut().enumerate() {
-            let waiting = cl.stats.qlen > 0 || cl.stats.drop_pkts != cl.seen_drops;
-            cl.seen_drops = cl.stats.drop_pkts;
+            // The drops' low bits: a change between two reports is what counts.
+            let waiting = cl.stats.qlen > 0 || cl.stats.drop_pkts as u32 != cl.seen_drops;
+            cl.seen_drops = cl.stats.drop_pkts as u32;
             coord.report(w, c, cl.offered, waiting);
             let share = coord.cap(w, c);
             if share != 0 {
-                cl.cap.set_rate(if cl.cap_bits == 0 { share } else { share.min(cl.cap_bits) });
+                let cap = if cl.cap_bits == 0 { share } else { share.min(cl.cap_bits) };
+                cl.cap.set_rate(cap);
+                if let Some(b) = cl.bursts.as_deref_mut() {
+                    b[2].rescale(&mut cl.cap, cap);
+                }
                 // This worker's part of the tiers' rates: each worker would keep the whole.
                 for k in 0..2 {
                     if cl.tier_bits[k] != 0 {
                         cl.tier[k].set_rate(share.min(cl.tier_bits[k]));
+                        if let Some(b) = cl.bursts.as_deref_mut() {
+                            b[k].rescale(&mut cl.tier[k], share.min(cl.tier_bits[k]));
+                        }
                     }
                 }
             }

@@ -11,7 +11,12 @@
  * With proto 6 it is a SYN flood instead: every packet a TCP SYN (40-byte datagram, valid
  * checksums) to dst0:dport from a new source: the source varies fastest (srcs of them), and
  * the source port steps once per pass over the sources, so (source, port) repeats only after
- * srcs * 60,000 packets; the sequence number is the packet's count. */
+ * srcs * 60,000 packets; the sequence number is the packet's count.
+ *
+ * Paced (gen_pace's gap nonzero): a frame goes out only when it is due, one every gap
+ * nanoseconds (a late generator catches up by 16 frames at most); the runs in between are
+ * dropped here, unsent and uncounted. A run keeps the kernel busy for as long as its repeat
+ * count lasts, so the frames leave evenly spaced instead of in bursts of one run each. */
 #include "xpf.h"
 #include <linux/ip.h>
 #include <linux/udp.h>
@@ -30,6 +35,12 @@ struct gen_cfg {
 
 struct xpf_map gen_cfg SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct gen_cfg), 1, 0 };
 struct xpf_map gen_count SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 1, 0 };
+
+struct gen_pace {
+    __u64 gap_ns;           /* 0: as fast as the runs go */
+    __u64 next_ns;          /* when the next frame is due */
+};
+struct xpf_map gen_pace SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct gen_pace), 1, 0 };
 
 static __always_inline __u32 fold(__u32 sum) {
     sum = (sum & 0xffff) + (sum >> 16);
@@ -101,8 +112,16 @@ int xpf_gen(struct xdp_md *ctx) {
     __u32 zero = 0;
     struct gen_cfg *cfg = bpf_map_lookup_elem(&gen_cfg, &zero);
     __u64 *ctr = bpf_map_lookup_elem(&gen_count, &zero);
-    if (!cfg || !ctr || !cfg->srcs || !cfg->dsts || !cfg->ports)
+    struct gen_pace *pace = bpf_map_lookup_elem(&gen_pace, &zero);
+    if (!cfg || !ctr || !pace || !cfg->srcs || !cfg->dsts || !cfg->ports)
         return XDP_DROP;
+    if (pace->gap_ns) {
+        __u64 now = bpf_ktime_get_ns();
+        if (now < pace->next_ns)
+            return XDP_DROP;
+        __u64 floor = now - 16 * pace->gap_ns;
+        pace->next_ns = (pace->next_ns > floor ? pace->next_ns : floor) + pace->gap_ns;
+    }
     __u64 c = *ctr;
     *ctr = c + 1;
     if (cfg->proto == 6)

@@ -26,6 +26,7 @@ static long (*bpf_fib_lookup)(void *ctx, struct bpf_fib_lookup *p, int len, __u3
     (void *)BPF_FUNC_fib_lookup;
 
 static long (*bpf_redirect)(__u32 ifindex, __u64 flags) = (void *)BPF_FUNC_redirect;
+static __u64 (*bpf_ktime_get_ns)(void) = (void *)BPF_FUNC_ktime_get_ns;
 
 #define bswap16(x) __builtin_bswap16(x)
 #define bswap32(x) __builtin_bswap32(x)

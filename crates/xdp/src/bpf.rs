@@ -597,7 +597,7 @@ mod tests {
     fn objects_parse_and_name_their_maps() {
         for (o, maps) in [
             (objects::STEER, &["xsks", "steer_stats"][..]),
-            (objects::GEN, &["gen_cfg", "gen_count"][..]),
+            (objects::GEN, &["gen_cfg", "gen_count", "gen_pace"][..]),
             (objects::SINK, &["sink_count", "sink_src"][..]),
         ] {
             let e = Elf::parse(o).unwrap();

@@ -185,13 +185,18 @@ impl Shaping {
         if now < self.next_sync {
             return;
         }
-        self.next_sync = now + board.period.load(Ordering::Relaxed);
         let w = *w;
+        let t = Instant::now();
         for (sh, k) in self.shapers.iter_mut().zip(&self.coords) {
             if let (Some(sh), Some(k)) = (sh, k) {
                 sh.sync(k, w);
             }
         }
+        // A report walks every queue of the trees: with tens of thousands it costs the worker
+        // a few hundred microseconds, so it comes no more often than 20 times that (5% of
+        // the worker at most), as the coordinator's own period.
+        let cost = t.elapsed().as_nanos() as u64;
+        self.next_sync = now + board.period.load(Ordering::Relaxed).max(cost * 20);
         // A new rate may let a waiting packet go sooner.
         if self.due.is_some() {
             self.due = Some(now);

@@ -7,16 +7,23 @@
 //! turn, far over the root. A last member (10.10.1.2, the generator's own address) sends
 //! only pings: its RTT is the idle member's while the others fill their queues.
 //!
-//! Two phases: the throughput at saturation (a root far above what either firewall forwards:
-//! the cost of classifying and queueing every packet), then the members' rates (a root at
-//! half the slower firewall's throughput, every member over its rate: each one's rate over
-//! the run against its share), with the firewall core's busy time per Gbit/s.
+//! Three phases: the throughput at saturation (a root far above what either firewall
+//! forwards, the generator at its full rate: the cost of classifying and queueing every
+//! packet); the members' shares (1 to 4 parts, a root at 0.4 of the slower firewall's
+//! throughput, the generator paced at twice the root: every member over its share, both
+//! firewalls with room to spare, so that what the idle member's ping meets is the shaper and
+//! not a receive ring the generator overran); and every member within its rate at scale
+//! (equal shares, a root at half xpfd's throughput, enough packets a member over 10 s for 2%
+//! to be one packet or less, paced at 1.5 times the root). Each run counts what each member
+//! got over a window after the queues filled, with the firewall core's busy time per Gbit/s.
 
 use super::*;
 
 const SRC0: u32 = 0xc612_0000;
 /// The generator's frames: 60 bytes on the wire, as both shapers count them.
 const FRAME_BITS: f64 = 480.0;
+/// The idle member's bandwidth, bit/s.
+const IDLE_RATE: u64 = 100_000;
 /// The idle member's class (the members' are 3 + i).
 const IDLE: u32 = 2;
 /// The saturation phase's root: far above what either firewall forwards.
@@ -26,16 +33,25 @@ fn ip(a: u32) -> String {
     std::net::Ipv4Addr::from(a).to_string()
 }
 
-/// The root's bandwidth, the idle member's (1%), and each member's: 1 to 4 parts of the rest.
-fn rates(n: u32, root: u64) -> (u64, Vec<u64>) {
-    let idle = (root / 100).max(1000);
-    let parts: u64 = (0..n as u64).map(|i| 1 + i % 4).sum();
-    let unit = (root - idle) / parts.max(1);
-    (idle, (0..n as u64).map(|i| (unit * (1 + i % 4)).max(1)).collect())
+/// A queue tree: the root's bandwidth, the idle member's (100 kbit/s, six times its pings:
+/// what it leaves unused, others borrow), and each member's share of the rest (1 to 4 parts,
+/// or equal).
+struct Plan {
+    root: u64,
+    idle: u64,
+    members: Vec<u64>,
 }
 
-fn pf_conf(n: u32, root: u64, limit: u64) -> String {
-    let (idle, r) = rates(n, root);
+fn plan(n: u32, root: u64, equal: bool) -> Plan {
+    let idle = IDLE_RATE.min(root / 100);
+    let part = |i: u64| if equal { 1 } else { 1 + i % 4 };
+    let parts: u64 = (0..n as u64).map(part).sum();
+    let unit = (root - idle) / parts.max(1);
+    Plan { root, idle, members: (0..n as u64).map(|i| (unit * part(i)).max(1)).collect() }
+}
+
+fn pf_conf(p: &Plan, limit: u64) -> String {
+    let (n, root, idle, r) = (p.members.len() as u32, p.root, p.idle, &p.members);
     let mut s = format!(
         "set limit states {limit}\nset timeout {{ udp.first 600, udp.single 600, udp.multiple 600 }}\n\
          queue root on f1 bandwidth {root}\nqueue idle parent root bandwidth {idle} default\n"
@@ -53,9 +69,9 @@ fn pf_conf(n: u32, root: u64, limit: u64) -> String {
 /// The kernel's shaper: nftables sets each member's HTB class from a map in the forward hook
 /// (`meta priority`, which HTB takes as the class with no classifier at all: less work than
 /// the campus's mark and fw classifier, which this kernel does not have), HTB.
-fn kernel_on(n: u32, root: u64, dir: &Path) -> Result<(), String> {
+fn kernel_on(p: &Plan, dir: &Path) -> Result<(), String> {
     kernel_off();
-    let (idle, r) = rates(n, root);
+    let (n, root, idle, r) = (p.members.len() as u32, p.root, p.idle, &p.members);
     let mut nft = format!(
         "table ip xpfshape {{\n map member {{\n  type ipv4_addr : classid\n  elements = {{ 10.10.1.2 : 1:{IDLE:x}"
     );
@@ -87,19 +103,39 @@ fn kernel_off() {
     let _ = ns(NS[1], &["ip", "link", "set", "f1", "txqueuelen", "1000"]);
 }
 
-/// Waits until what a run left queued has reached the sink (nothing more for 300 ms, at
-/// most `most`): a shaper's backlog must not count in the next setup's run.
-fn drain(s: &Sink, most: Duration) {
+/// Packets still queued in either shaper: the kernel's (HTB's root backlog on f1) and
+/// xpfd's (its queues' lengths).
+fn queued(o: &LabOpts) -> u64 {
+    let tc = ns(NS[1], &["tc", "-s", "qdisc", "show", "dev", "f1", "root"]).unwrap_or_default();
+    let htb = tc
+        .split("backlog ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().nth(1))
+        .and_then(|p| p.trim_end_matches('p').parse::<u64>().ok())
+        .unwrap_or(0);
+    let xpf = xpfctl(&o.bin, &["-s", "queue", "--json"])
+        .ok()
+        .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
+        .and_then(|v| v.as_array().map(|a| a.iter().filter_map(|q| q["qlength"].as_u64()).sum::<u64>()))
+        .unwrap_or(0);
+    htb + xpf
+}
+
+/// Waits until what a run left queued has reached the sink (both shapers empty and nothing
+/// more for 300 ms, at most `most`): a shaper's backlog must not count in the next setup's
+/// run (the kernel's qdisc drains beside xpfd's transmits, which do not pass through it).
+fn drain(o: &LabOpts, s: &Sink, most: Duration) {
     let t = Instant::now();
     let mut last = s.count();
     while t.elapsed() < most {
         std::thread::sleep(Duration::from_millis(300));
         let c = s.count();
-        if c == last {
+        if c == last && queued(o) == 0 {
             return;
         }
         last = c;
     }
+    eprintln!("warning: the shapers still held {} packets after {:.0} s", queued(o), most.as_secs_f64());
 }
 
 /// CPU `c`'s (busy, total) jiffies from /proc/stat.
@@ -135,7 +171,15 @@ struct Run {
     rtt_ms: Vec<f64>,
 }
 
-/// One run of `secs` through xpfd (steering on) or the kernel; `ping`: the idle member pings.
+/// What the generator offers in the shares phase and the scale phase, times the root.
+const SHARES_OFFERED: f64 = 2.0;
+const SCALE_OFFERED: f64 = 1.5;
+
+/// How long the generator runs before a window opens: every member's queue has packets.
+const SETTLE: Duration = Duration::from_millis(1500);
+
+/// One window of `secs` through xpfd (steering on) or the kernel, after [`SETTLE`]; `ping`:
+/// the idle member pings; `pace`: the generator's frames per second (None: full rate);
 /// `root`: the root's bandwidth (how long a backlog takes to reach the sink).
 #[allow(clippy::too_many_arguments)]
 fn shaped_run(
@@ -147,11 +191,12 @@ fn shaped_run(
     xpf: bool,
     ping: bool,
     secs: f64,
+    pace: Option<f64>,
 ) -> Result<Run, String> {
     xpfctl(&o.bin, &["--steer", if xpf { "on" } else { "off" }])?;
     let pinger = ping
         .then(|| {
-            let count = ((secs + 0.7) / 0.05) as u32;
+            let count = ((secs + SETTLE.as_secs_f64()) / 0.05) as u32;
             Command::new("ip")
                 // Real-time priority: on two cores both busy (the generator, the firewall) a
                 // ping process waits for the scheduler, and its RTTs are its own waits.
@@ -176,23 +221,40 @@ fn shaped_run(
                 .ok()
         })
         .flatten();
-    let m0 = per_member(s, n);
-    let (c0, t0) = (cpu_time(FW_CPU), Instant::now());
-    let pps = measure(g, s, secs)?;
-    let (c1, el) = (cpu_time(FW_CPU), t0.elapsed().as_secs_f64());
-    let m1 = per_member(s, n);
+    g.pace(pace);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let sent = std::thread::scope(|sc| {
+        sc.spawn(|| {
+            std::thread::sleep(SETTLE);
+            let (m0, c0, k0, t0) = (per_member(s, n), cpu_time(FW_CPU), s.count(), Instant::now());
+            std::thread::sleep(Duration::from_secs_f64(secs));
+            let (m1, c1, k1, el) = (per_member(s, n), cpu_time(FW_CPU), s.count(), t0.elapsed().as_secs_f64());
+            let _ = tx.send((m0, m1, c0, c1, k1 - k0, el));
+        });
+        g.run(SETTLE + Duration::from_secs_f64(secs))
+    });
+    g.pace(None);
+    sent?;
+    let (m0, m1, c0, c1, got, el) = rx.recv().map_err(|_| "measuring thread".to_string())?;
+    let pps = got as f64 / el;
     // Every member's queue full (50 packets, both shapers) at the root's rate, and 2 s more.
-    drain(s, Duration::from_secs_f64((n as f64 + 1.0) * 50.0 * FRAME_BITS / root.max(1) as f64 * 1.2 + 2.0));
+    drain(o, s, Duration::from_secs_f64((n as f64 + 1.0) * 50.0 * FRAME_BITS / root.max(1) as f64 * 2.0 + 5.0));
     let members = m0.iter().zip(&m1).map(|(a, b)| (b - a) as f64 * FRAME_BITS / el).collect();
     let busy = (c1.0 - c0.0) as f64 / (c1.1 - c0.1).max(1) as f64;
     let gbit = pps * FRAME_BITS / 1e9;
     let rtt_ms: Vec<f64> = pinger
         .and_then(|p| p.wait_with_output().ok())
         .map(|out| {
+            // Only the replies to pings sent in the window (icmp_seq counts from 1, one per
+            // 50 ms).
+            let first = (SETTLE.as_secs_f64() / 0.05) as u32 + 1;
             String::from_utf8_lossy(&out.stdout)
-                .split("time=")
-                .skip(1)
-                .filter_map(|x| x.split_whitespace().next()?.parse::<f64>().ok())
+                .lines()
+                .filter_map(|l| {
+                    let seq: u32 = l.split("icmp_seq=").nth(1)?.split_whitespace().next()?.parse().ok()?;
+                    let t: f64 = l.split("time=").nth(1)?.split_whitespace().next()?.parse().ok()?;
+                    (seq >= first).then_some(t)
+                })
                 .collect()
         })
         .unwrap_or_default();
@@ -255,29 +317,29 @@ pub(super) fn run(o: &LabOpts, g: &Gen, s: &Sink, limit: u64, restore: &Path) ->
     ns(NS[2], &["ip", "route", "replace", "10.10.1.0/24", "via", "10.10.2.1"])?;
     ns(NS[2], &["ip", "neigh", "replace", "10.10.2.1", "lladdr", &fmt_mac(&f1), "dev", "s0", "nud", "permanent"])?;
     g.flows(n, 1, 1);
-    println!("the shaper lab: {n} members (one source each, 60-byte UDP frames, every member far over its rate) in");
-    println!("queues of 1 to 4 parts of one root on f1, plus an idle member that pings; xpfd (pf.conf queues, set");
-    println!("queue by source) against the kernel (nftables map to the HTB class, {n} HTB classes), alternated\n");
-    let load = |root: u64| -> Result<(f64, f64), String> {
+    println!("the shaper lab: {n} members (one source each, 60-byte UDP frames, every member over its rate) in");
+    println!("queues under one root on f1, plus an idle member that pings; xpfd (pf.conf queues, set queue by");
+    println!("source) against the kernel (nftables map to the HTB class, {n} HTB classes), alternated\n");
+    let load = |p: &Plan| -> Result<(f64, f64), String> {
         let pf = dir.join("shaper.pf.conf");
-        std::fs::write(&pf, pf_conf(n, root, limit)).map_err(|e| e.to_string())?;
+        std::fs::write(&pf, pf_conf(p, limit)).map_err(|e| e.to_string())?;
         let t = Instant::now();
         xpfctl(&o.bin, &["-f", &pf.to_string_lossy()])?;
         let xpf_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        kernel_on(n, root, &dir)?;
+        kernel_on(p, &dir)?;
         Ok((xpf_s, t.elapsed().as_secs_f64()))
     };
     // Saturation: a root of 100 Gbit/s binds nobody.
     let step = crate::progress::step(format!("saturation: {} runs of each", o.runs));
-    let (xl, kl) = load(SATURATION)?;
+    let (xl, kl) = load(&plan(n, SATURATION, false))?;
     let (mut a, mut b, mut ca, mut cb) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..o.runs {
         if STOP.load(Ordering::Relaxed) {
             break;
         }
-        let x = shaped_run(o, g, s, n, SATURATION, true, false, o.seconds)?;
-        let k = shaped_run(o, g, s, n, SATURATION, false, false, o.seconds)?;
+        let x = shaped_run(o, g, s, n, SATURATION, true, false, o.seconds, None)?;
+        let k = shaped_run(o, g, s, n, SATURATION, false, false, o.seconds, None)?;
         a.push(x.pps);
         ca.push(x.cpu_per_gbit);
         b.push(k.pps);
@@ -299,42 +361,52 @@ pub(super) fn run(o: &LabOpts, g: &Gen, s: &Sink, limit: u64, restore: &Path) ->
         cpu(&mut ca),
         cpu(&mut cb)
     );
-    // The members' rates: a root at half the slower firewall's throughput.
-    let root = (sa.median.min(sb.median) * 0.5 * FRAME_BITS) as u64;
+    // The members' shares: a root at 0.4 of the slower firewall's throughput, offered twice
+    // the root (every member over its share: the largest share is 1.6 times the mean).
+    let slower = sa.median.min(sb.median);
+    let shares = plan(n, (slower * 0.4 * FRAME_BITS) as u64, false);
     let secs = o.seconds.max(10.0);
-    let step =
-        crate::progress::step(format!("rates: root {:.1} Mbit/s, {} runs of {secs} s", root as f64 / 1e6, o.runs));
-    load(root)?;
-    let want = rates(n, root).1;
-    let (mut xa, mut ka) = (Vec::new(), Vec::new());
-    for _ in 0..o.runs {
-        if STOP.load(Ordering::Relaxed) {
-            break;
+    let xa_ka = phase(o, g, s, n, &shares, secs, SHARES_OFFERED, &load)?;
+    // Every member within its rate at scale: equal shares, a root at half xpfd's throughput
+    // (the kernel's HTB gets the same root, whether or not it can carry it), 10 s windows.
+    let scale = plan(n, (sa.median * 0.5 * FRAME_BITS) as u64, true);
+    let xb_kb = phase(o, g, s, n, &scale, 10.0, SCALE_OFFERED, &load)?;
+    for (title, p, v, w, offered) in [
+        ("members' shares (1 to 4 parts)", &shares, &xa_ka, secs, SHARES_OFFERED),
+        ("every member at the same rate, 10-s windows", &scale, &xb_kb, 10.0, SCALE_OFFERED),
+    ] {
+        println!(
+            "{title}: root {:.1} Mbit/s ({:.0} packets/s), offered {:.1}x it; error against each one's rate over {w} s, %",
+            p.root as f64 / 1e6,
+            p.root as f64 / FRAME_BITS,
+            offered,
+        );
+        println!(
+            "{:>10} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}",
+            "setup", "median", "p99", "worst", "within 2%", "packets", "rtt p50", "rtt p99", "cpu/Gbit", "total"
+        );
+        for (name, runs) in [("xpf", &v.0), ("kernel-htb", &v.1)] {
+            for r in runs.iter() {
+                println!(
+                    "{name:>10} {:>8.2} {:>8.2} {:>8.2} {:>9.1}% {:>10.0} {:>8.3}ms {:>8.3}ms {:>10.2} {:>7.1}%",
+                    r.median,
+                    r.p99,
+                    r.worst,
+                    r.within_2,
+                    r.packets,
+                    r.rtt_p50_ms,
+                    r.rtt_p99_ms,
+                    r.cpu_per_gbit,
+                    r.total
+                );
+            }
         }
-        xa.push(accuracy(&shaped_run(o, g, s, n, root, true, true, secs)?, &want, secs));
-        ka.push(accuracy(&shaped_run(o, g, s, n, root, false, true, secs)?, &want, secs));
-    }
-    drop(step);
-    println!(
-        "members' rates, root {:.1} Mbit/s ({} members over it): error against each one's share, %",
-        root as f64 / 1e6,
-        n
-    );
-    println!(
-        "{:>10} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}",
-        "setup", "median", "p99", "worst", "within 2%", "packets", "rtt p50", "rtt p99", "cpu/Gbit", "total"
-    );
-    for (name, v) in [("xpf", &xa), ("kernel-htb", &ka)] {
-        for r in v.iter() {
-            println!(
-                "{name:>10} {:>8.2} {:>8.2} {:>8.2} {:>9.1}% {:>10.0} {:>8.3}ms {:>8.3}ms {:>10.2} {:>7.1}%",
-                r.median, r.p99, r.worst, r.within_2, r.packets, r.rtt_p50_ms, r.rtt_p99_ms, r.cpu_per_gbit, r.total
-            );
-        }
+        println!();
     }
     if o.json {
-        let j = serde_json::json!({"members": n, "saturated": {"xpf": sa, "kernel": sb}, "rates": {"root": root,
-            "xpf": xa, "kernel": ka}});
+        let j = serde_json::json!({"members": n, "saturated": {"xpf": sa, "kernel": sb},
+            "shares": {"root": shares.root, "xpf": xa_ka.0, "kernel": xa_ka.1},
+            "scale": {"root": scale.root, "xpf": xb_kb.0, "kernel": xb_kb.1}});
         println!("{}", serde_json::to_string_pretty(&j).unwrap_or_default());
     }
     kernel_off();
@@ -342,4 +414,35 @@ pub(super) fn run(o: &LabOpts, g: &Gen, s: &Sink, limit: u64, restore: &Path) ->
     xpfctl(&o.bin, &["--steer", "on"])?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// Runs of tree `p` through both firewalls, alternated, each a window of `secs` with the
+/// generator paced at `offered` times the root and the idle member pinging.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn phase(
+    o: &LabOpts,
+    g: &Gen,
+    s: &Sink,
+    n: u32,
+    p: &Plan,
+    secs: f64,
+    offered: f64,
+    load: &dyn Fn(&Plan) -> Result<(f64, f64), String>,
+) -> Result<(Vec<Accuracy>, Vec<Accuracy>), String> {
+    let pace = p.root as f64 / FRAME_BITS * offered;
+    let _step = crate::progress::step(format!(
+        "root {:.1} Mbit/s, offered {pace:.0} packets/s: {} runs of {secs} s",
+        p.root as f64 / 1e6,
+        o.runs
+    ));
+    load(p)?;
+    let (mut x, mut k) = (Vec::new(), Vec::new());
+    for _ in 0..o.runs {
+        if STOP.load(Ordering::Relaxed) {
+            break;
+        }
+        x.push(accuracy(&shaped_run(o, g, s, n, p.root, true, true, secs, Some(pace))?, &p.members, secs));
+        k.push(accuracy(&shaped_run(o, g, s, n, p.root, false, true, secs, Some(pace))?, &p.members, secs));
+    }
+    Ok((x, k))
 }

@@ -6,7 +6,7 @@
 use super::CompileError;
 use crate::ast::{Bandwidth, Queue};
 use std::collections::HashMap;
-use xpf_shape::{ClassSpec, TreeSpec};
+use xpf_shape::{Burst, ClassSpec, TreeSpec};
 
 /// The queue trees of a file, and the queue ids by name (from 1).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -96,6 +96,24 @@ pub fn compile(qs: &[Queue]) -> Result<Queues, CompileError> {
             if q.qlimit == Some(0) {
                 return Err(err(q, "qlimit 0".into()));
             }
+            // A burst above its rate (HFSC's concave curve) on a queue below the root: the
+            // root's bandwidth is the interface's, and a burst below the rate (a delay) is
+            // not what xpf's scheduler does.
+            let mut burst = [Burst::default(); 3];
+            for (k, (what, r)) in [("min", min), ("bandwidth", bandwidth), ("max", max)].into_iter().enumerate() {
+                let Some((m, ms)) = q.burst[k] else { continue };
+                let m = abs(Some(m), "burst")?;
+                if parent.is_none() {
+                    return Err(err(q, "burst on a root queue (its bandwidth is the interface's)".into()));
+                }
+                if m <= r {
+                    return Err(err(q, format!("{what} burst {} not above its rate {}", show(m), show(r))));
+                }
+                if ms == 0 {
+                    return Err(err(q, format!("{what} burst for 0ms")));
+                }
+                burst[k] = Burst { bits: m, ms };
+            }
             index.insert(k, classes.len());
             classes.push(ClassSpec {
                 name: q.name.clone(),
@@ -108,10 +126,14 @@ pub fn compile(qs: &[Queue]) -> Result<Queues, CompileError> {
                 flows: q.flows.unwrap_or(0),
                 quantum: q.quantum.unwrap_or(0),
                 default: q.default,
+                burst,
             });
             let kids = &children[k];
             if q.min.is_some() && !kids.is_empty() {
                 return Err(err(q, "min on a queue with children (a guarantee is a leaf's)".into()));
+            }
+            if q.burst.iter().any(Option::is_some) && !kids.is_empty() {
+                return Err(err(q, "burst on a queue with children (xpf's bursts are its leaves')".into()));
             }
             let sum: u64 = kids
                 .iter()

@@ -217,6 +217,22 @@ pub(super) fn bandwidth(p: &mut P) -> R<Bandwidth> {
     num.parse::<u64>().map(|n| Bandwidth::Bits(n * mul)).map_err(|_| format!("invalid bandwidth {s}"))
 }
 
+/// A rate's `burst M for Tms`, if it follows.
+fn burst(p: &mut P) -> R<Option<(Bandwidth, u32)>> {
+    if !p.eat("burst") {
+        return Ok(None);
+    }
+    let m = bandwidth(p)?;
+    if !p.eat("for") {
+        return Err("syntax error".into());
+    }
+    let t = p.string()?;
+    match t.strip_suffix("ms").and_then(|n| n.parse::<u32>().ok()) {
+        Some(ms) => Ok(Some((m, ms))),
+        None => Err("time in scspec must be in ms".into()),
+    }
+}
+
 pub(super) fn queue(p: &mut P, line: u32) -> R<Queue> {
     let mut q = Queue { name: p.string()?, line, ..Queue::default() };
     let num = |p: &mut P| -> R<u32> { p.string()?.parse().map_err(|_| "syntax error".to_string()) };
@@ -225,9 +241,9 @@ pub(super) fn queue(p: &mut P, line: u32) -> R<Queue> {
         match w.as_str() {
             "on" => q.on = Some(p.string()?),
             "parent" => q.parent = Some(p.string()?),
-            "bandwidth" => q.bandwidth = Some(bandwidth(p)?),
-            "min" => q.min = Some(bandwidth(p)?),
-            "max" => q.max = Some(bandwidth(p)?),
+            "bandwidth" => (q.bandwidth, q.burst[1]) = (Some(bandwidth(p)?), burst(p)?),
+            "min" => (q.min, q.burst[0]) = (Some(bandwidth(p)?), burst(p)?),
+            "max" => (q.max, q.burst[2]) = (Some(bandwidth(p)?), burst(p)?),
             "flows" => q.flows = Some(num(p)?),
             "quantum" => q.quantum = Some(num(p)?),
             "qlimit" => q.qlimit = Some(num(p)?),

@@ -1,0 +1,132 @@
+//! `xpf-bench shaper`: the shaper alone (xpf-shape, the code each xpfd worker runs), with N
+//! member queues (default 24,000; 1 to 4 parts of one root each, as the shaper lab's tree),
+//! fed as fast as one core takes packets: each worker its own tree and its own members (a
+//! member's flow reaches one worker, as RSS or the hand-off puts it), every packet enqueued
+//! to its member's queue and dequeued through the tree. With several workers a coordinator
+//! thread shares the rates between them as xpfd's does (every 2 ms, or 20 times what its
+//! tick costs), and each worker reports and takes its shares at that period (or 20 times
+//! what its report costs). The root binds nobody here
+//! (100 Gbit/s): the figure is what classifying and scheduling cost per packet, which the
+//! shaper lab's saturation phase measures end to end on one worker. Runs of 1 and of 2
+//! workers alternate.
+
+use crate::stats::{self, Summary};
+use crate::Opts;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+use xpf_shape::coord::Coord;
+use xpf_shape::{ClassSpec, Out, Pkt, Shaper, TreeSpec};
+
+const ROOT: u64 = 100_000_000_000;
+const FRAME: usize = 60;
+const PERIOD: Duration = Duration::from_millis(2);
+
+fn tree(n: u32) -> TreeSpec {
+    let parts: u64 = (0..n as u64).map(|i| 1 + i % 4).sum();
+    let mut classes = vec![ClassSpec::new("root", 1, None, ROOT)];
+    classes.extend(
+        (0..n).map(|i| ClassSpec::new(format!("m{i}"), 2 + i as u16, Some(0), ROOT / parts * (1 + i as u64 % 4))),
+    );
+    classes[1].default = true;
+    TreeSpec { ifname: "bench0".into(), classes }
+}
+
+/// Packets each of `workers` workers moved through its tree in `secs`.
+fn run(n: u32, workers: usize, secs: f64) -> Vec<u64> {
+    let spec = Arc::new(tree(n));
+    let coord = Arc::new(Coord::new(&spec, workers));
+    let period = Arc::new(AtomicU64::new(PERIOD.as_nanos() as u64));
+    let stop = Arc::new(AtomicBool::new(false));
+    let go = Arc::new(Barrier::new(workers + 1));
+    let coordinator = (workers > 1).then(|| {
+        let (coord, period, stop) = (coord.clone(), period.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut last = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                coord.tick(t.duration_since(last).as_nanos() as u64);
+                let p = PERIOD.max(t.elapsed() * 20);
+                period.store(p.as_nanos() as u64, Ordering::Relaxed);
+                last = t;
+                std::thread::sleep(p);
+            }
+        })
+    });
+    let handles: Vec<_> = (0..workers)
+        .map(|w| {
+            let (spec, coord, period, stop, go) =
+                (spec.clone(), coord.clone(), period.clone(), stop.clone(), go.clone());
+            std::thread::spawn(move || {
+                crate::sys::pin(w);
+                let mut sh = Shaper::new(&spec);
+                // This worker's members: every workers-th one.
+                let mine: Vec<u16> = (0..n).filter(|i| *i as usize % workers == w).map(|i| 2 + i as u16).collect();
+                let (mut next, mut done, mut next_sync) = (0usize, 0u64, 0u64);
+                go.wait();
+                let t0 = Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    let now = t0.elapsed().as_nanos() as u64;
+                    for _ in 0..64 {
+                        let q = mine[next];
+                        next = if next + 1 == mine.len() { 0 } else { next + 1 };
+                        let mut b = sh.buffer();
+                        b.resize(FRAME, 0);
+                        sh.enqueue(q, Pkt { buf: b, enq: now, meta: 0 }, q as u32, now);
+                    }
+                    while let Out::Packet(p) = sh.dequeue(now) {
+                        sh.recycle(p.buf);
+                        done += 1;
+                    }
+                    if workers > 1 && now >= next_sync {
+                        // As xpfd's worker: no more often than 20 times what a report costs.
+                        let t = Instant::now();
+                        sh.sync(&coord, w);
+                        next_sync = now + period.load(Ordering::Relaxed).max(t.elapsed().as_nanos() as u64 * 20);
+                    }
+                }
+                done
+            })
+        })
+        .collect();
+    go.wait();
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    stop.store(true, Ordering::Relaxed);
+    let out = handles.into_iter().map(|h| h.join().unwrap_or(0)).collect();
+    if let Some(c) = coordinator {
+        let _ = c.join();
+    }
+    out
+}
+
+pub fn bench(o: &Opts) -> Result<(), String> {
+    let n = if o.shaper > 0 { o.shaper } else { 24_000 };
+    let secs = if o.quick { 1.0 } else { o.seconds.max(3.0) };
+    let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
+    if cpus < 2 {
+        return Err("the shaper bench compares 1 and 2 workers: it needs two CPUs".into());
+    }
+    println!(
+        "xpf-bench shaper: {n} member queues (1 to 4 parts of a 100 Gbit/s root), 60-byte packets, each worker its\n\
+         own tree and members, a coordinator sharing the rates with 2; {} runs of {secs} s, 1 and 2 workers alternated",
+        o.runs
+    );
+    let (mut one, mut two) = (Vec::new(), Vec::new());
+    for _ in 0..o.runs {
+        let _s = crate::progress::step("1 worker");
+        one.push(run(n, 1, secs).iter().sum::<u64>() as f64 / secs);
+        drop(_s);
+        let _s = crate::progress::step("2 workers");
+        two.push(run(n, 2, secs).iter().sum::<u64>() as f64 / secs);
+    }
+    let (a, b) = (Summary::of(&one), Summary::of(&two));
+    println!("{}", stats::header("workers", "packets/s through the shaper"));
+    println!("{}", stats::row("1", &a));
+    println!("{}", stats::row("2", &b));
+    println!("  2 workers / 1: {:.2}x", b.median / a.median);
+    if o.json {
+        let j = serde_json::json!({"members": n, "one": a, "two": b, "ratio": b.median / a.median});
+        println!("{}", serde_json::to_string_pretty(&j).unwrap_or_default());
+    }
+    Ok(())
+}
