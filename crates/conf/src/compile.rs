@@ -993,6 +993,9 @@ fn addr_test(
     (h.neg, t)
 }
 
+/// The most tags a ruleset names (pf's TAGID_MAX).
+pub const TAGS_MAX: usize = 50_000;
+
 /// What compiling rules adds to besides the rules themselves: the ruleset's tables, tags,
 /// state limits, marks, rare tests and translation pools.
 struct Build<'a> {
@@ -1002,6 +1005,8 @@ struct Build<'a> {
     fib: &'a crate::routes::Fib,
     tables: Vec<(String, Arc<Table>)>,
     tags: Vec<String>,
+    /// `tags` by name: the id is the index + 1.
+    tag_ids: HashMap<String, u16>,
     limits: Vec<RuleLimits>,
     seen: HashMap<u64, u32>,
     seen_marks: HashMap<u64, u32>,
@@ -1028,6 +1033,7 @@ impl<'a> Build<'a> {
             ifindex,
             fib,
             tables,
+            tag_ids: tags.iter().enumerate().map(|(i, t)| (t.clone(), i as u16 + 1)).collect(),
             tags,
             limits: Vec::new(),
             seen: HashMap::new(),
@@ -1042,14 +1048,19 @@ impl<'a> Build<'a> {
         }
     }
 
-    fn tag_id(&mut self, s: &str) -> u16 {
-        match self.tags.iter().position(|t| t == s) {
-            Some(i) => i as u16 + 1,
-            None => {
-                self.tags.push(s.to_string());
-                self.tags.len() as u16
-            }
+    /// The id of tag `s` (a new one for a new name), for the rule at `line`: pf's ids are 16-bit
+    /// and end at its TAGID_MAX.
+    fn tag_id(&mut self, s: &str, line: u32) -> Result<u16, CompileError> {
+        if let Some(&i) = self.tag_ids.get(s) {
+            return Ok(i);
         }
+        if self.tags.len() >= TAGS_MAX {
+            return Err(CompileError { line, msg: format!("tag {s}: more than {TAGS_MAX} tags (pf's TAGID_MAX)") });
+        }
+        self.tags.push(s.to_string());
+        let id = self.tags.len() as u16;
+        self.tag_ids.insert(s.to_string(), id);
+        Ok(id)
     }
 
     /// Compiles rule `r` (pf number `nr`; `x`: a translation rule) with its anchor's end
@@ -1096,8 +1107,8 @@ impl<'a> Build<'a> {
                 *t = (false, AddrTest::Any);
             }
         }
-        let tag = r.tag.as_deref().map(|t| self.tag_id(t));
-        let tagged = r.tagged.as_ref().map(|(n, t)| (*n, self.tag_id(t)));
+        let tag = r.tag.as_deref().map(|t| self.tag_id(t, r.line)).transpose()?;
+        let tagged = r.tagged.as_ref().map(|(n, t)| self.tag_id(t, r.line).map(|id| (*n, id))).transpose()?;
         let c = CRule {
             nr,
             action: r.action,

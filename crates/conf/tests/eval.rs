@@ -1489,3 +1489,19 @@ fn a_burst_loads_and_prints_as_pfctl_prints_it() {
         .iter()
         .any(|e| e.msg.contains("must be in ms")));
 }
+
+#[test]
+fn tags_end_at_pfs_tagid_max_with_the_rule_line() {
+    // pf's ids are 16-bit and end at TAGID_MAX (50,000): the next name is refused at its line,
+    // a name already given keeps its id.
+    let mut src = String::new();
+    for i in 0..xpf_conf::compile::TAGS_MAX {
+        src += &format!("pass in proto udp to port {} tag t{i}\n", 1 + i % 60_000);
+    }
+    src += "pass in tagged t7\n";
+    assert!(Ruleset::compile(&parse(&src, "test", &[]), &ifindex).is_ok());
+    src += "pass in tag one_too_many\n";
+    let Err(e) = Ruleset::compile(&parse(&src, "test", &[]), &ifindex) else { panic!("one tag too many compiled") };
+    assert_eq!(e.line as usize, xpf_conf::compile::TAGS_MAX + 2);
+    assert!(e.msg.contains("one_too_many") && e.msg.contains("50000"), "{}", e.msg);
+}
