@@ -346,19 +346,24 @@ fn an_idle_member_waits_for_no_round_of_the_busy_ones() {
     assert!(waits.len() >= 55 && waits[waits.len() - 1] <= 1_000_000, "the idle member waited {waits:?} ns");
 }
 
+/// The shaper lab's tree at 17 Mbit/s: an idle member (1%, the default queue, qid 2) and `n`
+/// members of 1 to 4 parts (qids 3..): 99% of the root in all, the idle member's 1% borrowed.
+fn members(n: u16) -> TreeSpec {
+    let mut classes = vec![class("root", 1, None, 17_000_000)];
+    classes.push(ClassSpec { default: true, ..class("idle", 2, Some(0), 170_000) });
+    for i in 0..n {
+        classes.push(class(&format!("m{i}"), i + 3, Some(0), 16_830_000 / 60_000 * (1 + i as u64 % 4)));
+    }
+    tree(classes)
+}
+
 /// The round robin shares only what the tiers leave: its turns per borrowed packet stay a
 /// few with 24,000 busy members (when it also counted what the tiers served, each member
 /// owed it that much, and one pick went round the ring thousands of times).
 #[test]
 fn the_round_robin_turns_a_few_times_per_packet_with_24000_members() {
     let n = 24_000u16;
-    let mut classes = vec![class("root", 1, None, 17_000_000)];
-    classes.push(ClassSpec { default: true, ..class("idle", 2, Some(0), 170_000) });
-    for i in 0..n {
-        // 1 to 4 parts: 99% of the root in all, the idle member's 1% borrowed.
-        classes.push(class(&format!("m{i}"), i + 3, Some(0), 16_830_000 / 60_000 * (1 + i as u64 % 4)));
-    }
-    let mut sh = Shaper::new(&tree(classes));
+    let mut sh = Shaper::new(&members(n));
     let mut now = 0u64;
     let mut sent = 0u64;
     while now < 20_000_000_000 {
@@ -382,11 +387,6 @@ fn the_round_robin_turns_a_few_times_per_packet_with_24000_members() {
 #[test]
 fn a_ping_goes_before_the_first_packets_of_24000_members_starting_at_once() {
     let n = 24_000u16;
-    let mut classes = vec![class("root", 1, None, 17_000_000)];
-    classes.push(ClassSpec { default: true, ..class("idle", 2, Some(0), 170_000) });
-    for i in 0..n {
-        classes.push(class(&format!("m{i}"), i + 3, Some(0), 16_830_000 / 60_000 * (1 + i as u64 % 4)));
-    }
     // The members' first packets, all at once at 1 s; a ping every 50 ms from 1.005 s.
     let start = 1_000_000_000u64;
     let burst = |sh: &mut Shaper, now: u64| {
@@ -398,8 +398,7 @@ fn a_ping_goes_before_the_first_packets_of_24000_members_starting_at_once() {
             }
         }
     };
-    let waits =
-        ping_waits(&mut Shaper::new(&tree(classes)), start, 2.0, 1_000_000, (2, 98, 50_000_000, 5_000_000), burst);
+    let waits = ping_waits(&mut Shaper::new(&members(n)), start, 2.0, 1_000_000, (2, 98, 50_000_000, 5_000_000), burst);
     assert!(waits.len() >= 39 && waits.iter().all(|&w| w <= 10_000_000), "the ping waited {waits:?} ns");
 }
 
