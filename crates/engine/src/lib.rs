@@ -447,7 +447,7 @@ impl<P: Policy> Worker<P> {
                         ) {
                             Ok(0) => v,
                             Ok(a) => {
-                                let rule = self.t4.state(self.r4[j] & ID_MASK).rule;
+                                let rule = self.t4.meta(self.r4[j] & ID_MASK).rule;
                                 let marks = (&mut self.scrubs, &mut self.scrubbed, &mut self.logs, &mut self.logged);
                                 state_marks(marks, i, a, rule, dir);
                                 v
@@ -502,7 +502,7 @@ impl<P: Policy> Worker<P> {
                         ) {
                             Ok(0) => v,
                             Ok(a) => {
-                                let rule = self.t6.state(self.r6[j] & ID_MASK).rule;
+                                let rule = self.t6.meta(self.r6[j] & ID_MASK).rule;
                                 let marks = (&mut self.scrubs, &mut self.scrubbed, &mut self.logs, &mut self.logged);
                                 state_marks(marks, i, a, rule, dir);
                                 v
@@ -1361,7 +1361,7 @@ fn icmp_error<K: Key>(
 fn other_key<K: Key>(t: &StateTable<K>, r: u32, dir: Dir) -> Option<K> {
     let id = r & ID_MASK;
     match (dir, r & STACK != 0) {
-        (Dir::In, false) => t.stack_key(id).copied(),
+        (Dir::In, false) => t.stack_key(id),
         (Dir::Out, true) => Some(t.state(id).key),
         _ => None,
     }
@@ -1704,7 +1704,7 @@ fn with_actions<K: Key, P: Policy>(t: &StateTable<K>, p: &P, r: u32, c: Ctx, v: 
             note_scrub(c.scrub, Scrub::unpack(a & SCRUB_BITS));
             let log = (a >> LOG_SHIFT) as u8;
             if log != 0 {
-                let rule = t.state(r & ID_MASK).rule;
+                let rule = t.meta(r & ID_MASK).rule;
                 c.aux.log = Some(LogMark::of(rule, log, c.dir));
             }
             v

@@ -59,7 +59,7 @@ fn keep_state_lets_replies_back_through_block_policy() {
     assert_eq!(v, vec![Verdict::Pass, Verdict::Drop(Reason::Match)]);
     let (id, s) = w.t4.iter().next().unwrap();
     assert_eq!(s.packets, [1, 1]);
-    assert_eq!(s.rule, 3);
+    assert_eq!(w.t4.meta(id).rule, 3);
     assert_eq!((s.peer_state[0], s.peer_state[1]), (proto::MULTIPLE, proto::SINGLE));
     assert_eq!(s.class(), Timeout::UdpSingle);
     assert_eq!(id, 0);

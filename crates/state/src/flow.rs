@@ -82,13 +82,22 @@ impl FlowLog {
         Some(last.saturating_add(self.active))
     }
 
-    /// Records `event` for state `s` (id `id`, stack key `stack` under translation) at `now`.
-    pub fn record<K: Key>(&mut self, id: u32, s: &crate::State<K>, stack: Option<&K>, event: FlowEvent, now: u32) {
+    /// Records `event` for state `s` (id `id`, meta `m`, stack key `stack` under translation)
+    /// at `now`.
+    pub fn record<K: Key>(
+        &mut self,
+        id: u32,
+        s: &crate::State<K>,
+        m: crate::Meta,
+        stack: Option<K>,
+        event: FlowEvent,
+        now: u32,
+    ) {
         let prev = match event {
-            FlowEvent::End => self.sent.remove(&id).filter(|p| p.seq == s.seq),
+            FlowEvent::End => self.sent.remove(&id).filter(|p| p.seq == m.seq),
             FlowEvent::Active => {
-                let p = self.sent.get(&id).copied().filter(|p| p.seq == s.seq);
-                self.sent.insert(id, Sent { seq: s.seq, at: now, packets: s.packets, bytes: s.bytes });
+                let p = self.sent.get(&id).copied().filter(|p| p.seq == m.seq);
+                self.sent.insert(id, Sent { seq: m.seq, at: now, packets: s.packets, bytes: s.bytes });
                 p
             }
             FlowEvent::NatCreate => None,
@@ -103,7 +112,7 @@ impl FlowLog {
         }
         let out = s.flags & crate::sf::OUT != 0;
         let wire = &s.key;
-        let stack = stack.unwrap_or(wire);
+        let stack = stack.as_ref().unwrap_or(wire);
         // The side the rule saw, and the other; the creator is addr[1] going out, addr[0] in.
         let (seen, other) = if out { (stack, wire) } else { (wire, stack) };
         let (si, di) = if out { (1, 0) } else { (0, 1) };
@@ -122,15 +131,15 @@ impl FlowLog {
             proto: wire.proto(),
             kif: wire.kif(),
             out,
-            rule: s.rule,
+            rule: m.rule,
             src: side(seen, si),
             dst: side(seen, di),
             nat_src: side(other, si),
             nat_dst: side(other, di),
             packets,
             bytes,
-            start: prev.map_or(s.creation, |p| p.at),
-            end: if event == FlowEvent::NatCreate { s.creation } else { s.expire },
+            start: prev.map_or(m.creation, |p| p.at),
+            end: if event == FlowEvent::NatCreate { m.creation } else { s.expire },
         });
     }
 

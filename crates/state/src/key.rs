@@ -5,6 +5,7 @@
 //! `addr[0]` is its destination. A reply in the opposite direction therefore builds the same
 //! key, and a forwarded flow makes two states (one `in`, one `out`), as in pf.
 
+use crate::table::Meta;
 use xpf_wire::{Addr, PDesc};
 
 /// Direction of a packet through an interface.
@@ -29,6 +30,26 @@ pub trait Key: Copy + Eq + Default + core::fmt::Debug + Send + crate::region::Ze
     /// A key from its parts (addresses as `Addr`, IPv4 in the first four bytes): for states
     /// that arrive by sync.
     fn from_parts(proto: u8, addr: [Addr; 2], port: [u16; 2], kif: u16) -> Self;
+
+    /// What a translated state's side record holds besides TCP peers. An IPv4 state's line
+    /// holds its stack key (the addresses and ports the translation changed, in the three
+    /// words of its [`Meta`]), so that a translated packet reads one line as a plain one
+    /// does; the meta moves to the side record. An IPv6 state's line has no room: the side
+    /// record holds the stack key.
+    type Aside: crate::region::Zeroable + core::fmt::Debug;
+    /// Whether the line holds the stack key (see [`Key::Aside`]).
+    const STACK_IN_LINE: bool;
+    /// A new translated state's line words and side record part, from its stack key
+    /// (which has this key's protocol and interface) and its meta.
+    fn lend(stack: &Self, meta: Meta) -> (Meta, Self::Aside);
+    /// The stack key of a translated state whose wire key is `self`, from its line words
+    /// and (IPv6) its side record part, which IPv4 never asks for.
+    fn stack_of<'a>(&self, line: &Meta, aside: impl FnOnce() -> &'a Self::Aside) -> Self
+    where
+        Self::Aside: 'a;
+    /// A translated state's meta, wherever [`Key::lend`] put it.
+    fn meta_of<'a>(line: &'a Meta, aside: &'a Self::Aside) -> &'a Meta;
+    fn meta_of_mut<'a>(line: &'a mut Meta, aside: &'a mut Self::Aside) -> &'a mut Meta;
 }
 
 /// IPv4 key: 16 bytes, compared and hashed as two words.
@@ -173,6 +194,32 @@ impl Key for Key4 {
     fn from_parts(proto: u8, addr: [Addr; 2], port: [u16; 2], kif: u16) -> Self {
         Key4 { addr: [addr[0].v4_bytes(), addr[1].v4_bytes()], port, proto, _pad: 0, kif }
     }
+
+    type Aside = Meta;
+    const STACK_IN_LINE: bool = true;
+    #[inline(always)]
+    fn lend(stack: &Self, meta: Meta) -> (Meta, Meta) {
+        let ports = stack.port[0] as u32 | (stack.port[1] as u32) << 16;
+        let line =
+            Meta { creation: u32::from_ne_bytes(stack.addr[0]), rule: u32::from_ne_bytes(stack.addr[1]), seq: ports };
+        (line, meta)
+    }
+    #[inline(always)]
+    fn stack_of<'a>(&self, line: &Meta, _: impl FnOnce() -> &'a Meta) -> Self {
+        Key4 {
+            addr: [line.creation.to_ne_bytes(), line.rule.to_ne_bytes()],
+            port: [line.seq as u16, (line.seq >> 16) as u16],
+            ..*self
+        }
+    }
+    #[inline(always)]
+    fn meta_of<'a>(_: &'a Meta, aside: &'a Meta) -> &'a Meta {
+        aside
+    }
+    #[inline(always)]
+    fn meta_of_mut<'a>(_: &'a mut Meta, aside: &'a mut Meta) -> &'a mut Meta {
+        aside
+    }
 }
 
 impl Key for Key6 {
@@ -205,6 +252,22 @@ impl Key for Key6 {
     }
     fn from_parts(proto: u8, addr: [Addr; 2], port: [u16; 2], kif: u16) -> Self {
         Key6 { addr: [addr[0].0, addr[1].0], port, proto, _pad: 0, kif }
+    }
+
+    type Aside = Key6;
+    const STACK_IN_LINE: bool = false;
+    fn lend(stack: &Self, meta: Meta) -> (Meta, Key6) {
+        (meta, *stack)
+    }
+    #[inline(always)]
+    fn stack_of<'a>(&self, _: &Meta, aside: impl FnOnce() -> &'a Key6) -> Self {
+        *aside()
+    }
+    fn meta_of<'a>(line: &'a Meta, _: &'a Key6) -> &'a Meta {
+        line
+    }
+    fn meta_of_mut<'a>(line: &'a mut Meta, _: &'a mut Key6) -> &'a mut Meta {
+        line
     }
 }
 

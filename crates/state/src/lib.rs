@@ -26,7 +26,7 @@ pub use event::{Event, EventKind};
 pub use flow::{Flow, FlowEvent, FlowLog};
 pub use key::{os_random, Dir, Key, Key4, Key6, Seed};
 pub use table::{
-    auto_rows, half_open, sf, Actions, Config, Counters, InsertError, Memory, NewState, Peer, State, StateTable,
+    auto_rows, half_open, sf, Actions, Config, Counters, InsertError, Memory, Meta, NewState, Peer, State, StateTable,
     ID_MASK, NONE, STACK,
 };
 pub use timeout::{Timeout, Timeouts};

@@ -53,13 +53,11 @@ pub struct State<K: Key> {
     pub key: K,
     /// Last activity, engine seconds (pf's `expire`).
     pub expire: u32,
-    pub creation: u32,
-    /// Number of the rule that created the state.
-    pub rule: u32,
-    /// Side record index (TCP peers and/or stack key), or NONE.
+    /// Side record index (TCP peers and/or what translation moved there), or NONE.
     pub ext: u32,
-    /// Insert sequence; with the id, a unique export id for sync.
-    pub seq: u32,
+    /// The state's [`Meta`]; for a translated IPv4 state, its stack key's addresses and ports
+    /// instead ([`Key::lend`]). Read it with [`StateTable::meta`].
+    pub(crate) line: Meta,
     /// `Timeout` class in the low 5 bits; rule options in the top bits (`TO_*`). Use
     /// [`State::class`] and [`State::set_class`].
     pub timeout: u8,
@@ -102,6 +100,19 @@ impl<K: Key> State<K> {
         self.timeout & TO_ALLOWOPTS != 0
     }
 }
+/// What a state keeps that no packet reads: pf's creation time, the rule that made it, and
+/// its insert sequence (with the id, a unique export id for sync).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct Meta {
+    pub creation: u32,
+    /// Number of the rule that created the state.
+    pub rule: u32,
+    pub seq: u32,
+}
+// SAFETY: integers.
+unsafe impl Zeroable for Meta {}
+
 const _: () = assert!(core::mem::size_of::<State<crate::Key4>>() == 64);
 const _: () = assert!(core::mem::size_of::<State<crate::Key6>>() == 88);
 
@@ -129,7 +140,8 @@ const _: () = assert!(core::mem::size_of::<[Peer; 2]>() == 40);
 #[derive(Debug, Clone, Copy)]
 pub struct NewState<K: Key> {
     pub key: K,
-    /// The stack-side key when NAT makes it differ from `key`.
+    /// The stack-side key when NAT makes it differ from `key` (its protocol and interface
+    /// are `key`'s).
     pub stack: Option<K>,
     pub dir: Dir,
     pub rule: u32,
@@ -247,8 +259,9 @@ pub struct StateTable<K: Key> {
     scratch: Vec<u32>,
     wheel: Wheel,
     tcp: Side<[Peer; 2]>,
-    nat: Side<K>,
-    tcpnat: Side<([Peer; 2], K)>,
+    /// Translated states' side records ([`Key::Aside`]), with TCP peers for TCP states.
+    nat: Side<K::Aside>,
+    tcpnat: Side<([Peer; 2], K::Aside)>,
     events: EventQueue,
     seed: Seed,
     timeouts: Timeouts,
@@ -486,19 +499,48 @@ impl<K: Key> StateTable<K> {
     }
 
     /// The stack-side key of a NAT state.
-    pub fn stack_key(&self, id: u32) -> Option<&K> {
+    #[inline(always)]
+    pub fn stack_key(&self, id: u32) -> Option<K> {
         let s = self.state(id);
         if s.flags & sf::NAT == 0 || s.ext == NONE {
             return None;
         }
+        Some(s.key.stack_of(&s.line, || self.aside(s)))
+    }
+
+    /// What the side record of translated state `s` holds besides peers ([`Key::Aside`]).
+    /// An IPv4 state's stack key never needs it: the record is not read for that.
+    #[inline(always)]
+    fn aside(&self, s: &State<K>) -> &K::Aside {
         if self.has_tcp(s) {
-            Some(&self.tcpnat.get(s.ext).1)
+            &self.tcpnat.get(s.ext).1
         } else {
-            Some(self.nat.get(s.ext))
+            self.nat.get(s.ext)
         }
     }
 
-    /// Prefetches the side record of state `id` if it is translated (its stack key's).
+    /// State `id`'s creation time, rule and insert sequence.
+    pub fn meta(&self, id: u32) -> Meta {
+        let s = self.state(id);
+        if s.flags & sf::NAT == 0 || s.ext == NONE {
+            return s.line;
+        }
+        *K::meta_of(&s.line, self.aside(s))
+    }
+
+    /// [`StateTable::meta`], writable (a state that arrives by sync keeps its age).
+    pub fn meta_mut(&mut self, id: u32) -> &mut Meta {
+        let s = *self.state(id);
+        if s.flags & sf::NAT == 0 || s.ext == NONE {
+            return &mut self.state_mut(id).line;
+        }
+        let tcp = self.has_tcp(&s);
+        let line = &mut self.slab.get_mut(id as usize).line;
+        let aside = if tcp { &mut self.tcpnat.get_mut(s.ext).1 } else { self.nat.get_mut(s.ext) };
+        K::meta_of_mut(line, aside)
+    }
+
+    /// Prefetches the side record of state `id` if its stack key is there (IPv6).
     #[inline(always)]
     fn prefetch_stack_key(&self, id: u32) {
         // SAFETY: refs in the index point below hwm, inside the region.
@@ -537,7 +579,8 @@ impl<K: Key> StateTable<K> {
         assert!((id as usize) < self.slab.capacity());
         // SAFETY: bounds checked above.
         let s = unsafe { self.slab.get_unchecked_mut(id as usize) };
-        let p = if s.key.proto() != xpf_wire::pdesc::IPPROTO_TCP || s.ext == NONE {
+        let p = if s.key.proto() != xpf_wire::pdesc::IPPROTO_TCP || s.timeout & TO_SLOPPY != 0 || s.ext == NONE {
+            // A sloppy state has no peers (a translated one's record is the nat side's).
             None
         } else if s.flags & sf::NAT != 0 {
             Some(&mut self.tcpnat.get_mut(s.ext).0)
@@ -559,21 +602,22 @@ impl<K: Key> StateTable<K> {
         }
     }
 
+    /// The key of ref `r` (a wire or a stack ref).
     #[inline(always)]
-    fn key_at(&self, r: u32) -> &K {
-        let id = r & ID_MASK;
+    fn key_of_ref(&self, r: u32) -> K {
+        // SAFETY: refs in the index point below hwm, inside the region.
+        let s = unsafe { self.slab.get_unchecked((r & ID_MASK) as usize) };
         if r & STACK == 0 {
-            // SAFETY: refs in the index point below hwm, inside the region.
-            unsafe { &self.slab.get_unchecked(id as usize).key }
+            s.key
         } else {
-            self.stack_key(id).expect("stack ref to a state without a stack key")
+            s.key.stack_of(&s.line, || self.aside(s))
         }
     }
 
     /// Finds the ref of `k` (hash `h`), walking rows and chains; no counters.
     #[inline]
     pub fn find(&self, k: &K, h: u64) -> Option<u32> {
-        let eq = |r: u32| self.key_at(r) == k;
+        let eq = |r: u32| self.key_of_ref(r) == *k;
         if let Some((old, cursor)) = &self.migrating {
             if old.row_of(h) >= *cursor {
                 if let Some(r) = old.find(h, eq) {
@@ -624,12 +668,11 @@ impl<K: Key> StateTable<K> {
                 Probe::Chain => CHAIN,
             };
         }
-        // A translated state's side record holds its stack key, which a candidate found by
-        // that key needs to compare; only the state's line says where it is. Once the batch's
-        // lines are on their way, those records are asked for too, rather than each packet
-        // waiting for both in turn. (Asking for every translated state's record, for the
-        // rewrite of packets found by the wire key, cost plain tables 1-2% in cache.)
-        if self.nat.used() || self.tcpnat.used() {
+        // A translated IPv6 state's side record holds its stack key, which a candidate found
+        // by that key needs to compare; only the state's line says where it is. Once the
+        // batch's lines are on their way, those records are asked for too, rather than each
+        // packet waiting for both in turn. (An IPv4 state's line holds its stack key.)
+        if !K::STACK_IN_LINE && (self.nat.used() || self.tcpnat.used()) {
             for &r in out.iter() {
                 if r < CHAIN && r & STACK != 0 {
                     self.prefetch_stack_key(r & ID_MASK);
@@ -638,7 +681,7 @@ impl<K: Key> StateTable<K> {
         }
         for i in 0..n {
             let r = out[i];
-            if r == NONE || (r != CHAIN && self.key_at(r) == &keys[i]) {
+            if r == NONE || (r != CHAIN && self.key_of_ref(r) == keys[i]) {
                 continue;
             }
             out[i] = self.find(&keys[i], hashes[i]).unwrap_or(NONE);
@@ -656,6 +699,7 @@ impl<K: Key> StateTable<K> {
             return Err(InsertError::Exists(r));
         }
         let stack = s.stack.filter(|k| *k != s.key);
+        debug_assert!(stack.is_none_or(|k| (k.proto(), k.kif()) == (s.key.proto(), s.key.kif())));
         let hs = stack.map(|k| self.hash(&k));
         if let (Some(k), Some(hs)) = (&stack, hs) {
             if let Some(r) = self.find(k, hs) {
@@ -674,11 +718,15 @@ impl<K: Key> StateTable<K> {
             self.counters.memory_drops += 1;
             return Err(InsertError::Memory);
         };
-        let ext = match (s.tcp, stack) {
-            (Some(p), None) => self.tcp.alloc(p),
-            (Some(p), Some(k)) => self.tcpnat.alloc((p, k)),
-            (None, Some(k)) => self.nat.alloc(k),
-            (None, None) => NONE,
+        self.seq = self.seq.wrapping_add(1);
+        let meta = Meta { creation: now, rule: s.rule, seq: self.seq };
+        let (line, ext) = match (s.tcp, stack) {
+            (Some(p), None) => (meta, self.tcp.alloc(p)),
+            (None, None) => (meta, NONE),
+            (tcp, Some(k)) => {
+                let (line, aside) = K::lend(&k, meta);
+                (line, if let Some(p) = tcp { self.tcpnat.alloc((p, aside)) } else { self.nat.alloc(aside) })
+            }
         };
         let mut flags = sf::LIVE;
         if s.dir == Dir::Out {
@@ -692,14 +740,11 @@ impl<K: Key> StateTable<K> {
         } else if self.events.enabled() && self.events.push(Event { id, kind: EventKind::Insert }) {
             flags |= sf::EVQ_INS;
         }
-        self.seq = self.seq.wrapping_add(1);
         *self.slab.get_mut(id as usize) = State {
             key: s.key,
             expire: now,
-            creation: now,
-            rule: s.rule,
             ext,
-            seq: self.seq,
+            line,
             timeout: (s.timeout as u8 & TO_CLASS)
                 | if s.allow_opts { TO_ALLOWOPTS } else { 0 }
                 | if s.sloppy { TO_SLOPPY } else { 0 }
@@ -733,7 +778,7 @@ impl<K: Key> StateTable<K> {
     /// Puts new state `id`, made by a rule with limits `l` for a packet from `src`, under
     /// those limits (after [`Tracking::admit`] allowed it).
     pub fn attach(&mut self, id: u32, l: &RuleLimits, src: xpf_wire::Addr, now: u32) {
-        let rule = self.state(id).rule;
+        let rule = self.meta(id).rule;
         self.track.attach(id, l, src, rule, now);
         let s = self.state_mut(id);
         s.timeout |= TO_EXTRA;
@@ -818,18 +863,17 @@ impl<K: Key> StateTable<K> {
     /// visit it first (its deadline, or its first active record if sooner).
     #[cold]
     fn pflow_inserted(&mut self, id: u32, now: u32, deadline: u32) -> u32 {
-        let s = *self.state(id);
-        if let Some(k) = self.stack_key(id).copied() {
-            self.flows.record(id, &s, Some(&k), crate::flow::FlowEvent::NatCreate, now);
+        let (s, m) = (*self.state(id), self.meta(id));
+        if let Some(k) = self.stack_key(id) {
+            self.flows.record(id, &s, m, Some(k), crate::flow::FlowEvent::NatCreate, now);
         }
-        self.flows.next_active(id, s.seq, s.creation).map_or(deadline, |a| a.min(deadline))
+        self.flows.next_active(id, m.seq, m.creation).map_or(deadline, |a| a.min(deadline))
     }
 
     #[cold]
     fn pflow_record(&mut self, id: u32, event: crate::flow::FlowEvent, now: u32) {
         let s = *self.state(id);
-        let k = self.stack_key(id).copied();
-        self.flows.record(id, &s, k.as_ref(), event, now);
+        self.flows.record(id, &s, self.meta(id), self.stack_key(id), event, now);
     }
 
     fn unlink(&mut self, id: u32) {
@@ -838,7 +882,7 @@ impl<K: Key> StateTable<K> {
             self.pflow_record(id, crate::flow::FlowEvent::End, self.now);
         }
         self.index_remove(self.hash(&s.key), id);
-        if let Some(k) = self.stack_key(id).copied() {
+        if let Some(k) = self.stack_key(id) {
             self.index_remove(self.hash(&k), id | STACK);
             self.nat_gone.push((s.key, k, s.flags));
         }
@@ -920,11 +964,12 @@ impl<K: Key> StateTable<K> {
         if deadline > now {
             let mut next = deadline;
             if s.timeout & TO_PFLOW != 0 {
-                if let Some(a) = self.flows.next_active(id, s.seq, s.creation) {
+                let m = self.meta(id);
+                if let Some(a) = self.flows.next_active(id, m.seq, m.creation) {
                     if a <= now {
                         self.pflow_record(id, crate::flow::FlowEvent::Active, now);
                     }
-                    next = next.min(self.flows.next_active(id, s.seq, s.creation).unwrap_or(next).max(now + 1));
+                    next = next.min(self.flows.next_active(id, m.seq, m.creation).unwrap_or(next).max(now + 1));
                 }
             }
             self.wheel.file(id, next);
@@ -975,7 +1020,7 @@ impl<K: Key> StateTable<K> {
             refs.clear();
             old.row_refs(cursor, |r| refs.push(r));
             for &r in &refs {
-                let h = self.hash(self.key_at(r));
+                let h = self.hash(&self.key_of_ref(r));
                 self.index.insert(h, r);
             }
             cursor += 1;

@@ -260,16 +260,7 @@ fn full_queue_counts_and_keeps_states() {
 
 #[test]
 fn resize_grows_rows_and_keeps_every_state() {
-    let mut t = StateTable::<Key4>::new(Config {
-        limit: 600,
-        rows: None,
-        seed: Seed::fixed(3),
-        events: 0,
-        now: 0,
-        grow_from: None,
-        prefault: false,
-    })
-    .unwrap();
+    let mut t = table::<Key4>(600);
     for i in 0..600 {
         let k = key(i);
         let ns = udp_state(k, Timeout::UdpFirst);
@@ -397,5 +388,87 @@ fn translated_states_double_the_index_once_they_fill_it() {
     assert_eq!(t.rows(), auto_rows(2 * limit));
     for i in 0..limit {
         assert_eq!(t.lookup(&wire(i)), t.lookup(&stack(i)).map(|r| r & !xpf_state::table::STACK));
+    }
+}
+
+/// A new state of key `key` (and `stack`), made by rule 7.
+fn new_state<K: Key>(key: K, stack: Option<K>, tcp: Option<[Peer; 2]>, sloppy: bool) -> NewState<K> {
+    NewState {
+        stack,
+        dir: Dir::Out,
+        rule: 7,
+        timeout: if key.proto() == 6 { Timeout::TcpEstablished } else { Timeout::UdpFirst },
+        tcp,
+        sloppy,
+        ..xpf_state::fixtures::established_tcp(key, [Peer::default(); 2])
+    }
+}
+
+/// A table of `limit` states, sized automatically, no sync events.
+fn table<K: Key>(limit: u32) -> StateTable<K> {
+    StateTable::new(Config {
+        limit,
+        rows: None,
+        seed: Seed::fixed(3),
+        events: 0,
+        now: 0,
+        grow_from: None,
+        prefault: false,
+    })
+    .unwrap()
+}
+
+/// A translated IPv4 state's line holds its stack key where its creation time, rule and
+/// sequence were; those move to its side record. Whatever is read of a translated state of
+/// either family, by any path, is what was inserted, and its TCP peers are its own.
+#[test]
+fn translated_states_keep_their_keys_meta_and_peers() {
+    fn check<K: Key>(t: &mut StateTable<K>, wire: K, stack: K, tcp: Option<[Peer; 2]>, sloppy: bool, now: u32) {
+        let id = t.insert(t.hash(&wire), new_state(wire, Some(stack), tcp, sloppy), now).unwrap();
+        assert_eq!(t.stack_key(id), Some(stack));
+        let m = t.meta(id);
+        assert_eq!((m.creation, m.rule), (now, 7));
+        assert_eq!(t.find(&wire, t.hash(&wire)), Some(id));
+        assert_eq!(t.find(&stack, t.hash(&stack)), Some(id | STACK));
+        let mut found = [0u32; 2];
+        t.lookup_batch(&[wire, stack], &mut [0; 2], &mut found);
+        assert_eq!(found, [id, id | STACK]);
+        t.meta_mut(id).creation = now - 1;
+        assert_eq!(t.meta(id).creation, now - 1);
+        assert_eq!(t.stack_key(id), Some(stack), "the meta written is not the stack key's");
+        match (tcp, sloppy) {
+            (Some(p), false) => {
+                assert_eq!(t.peers(id), Some(&p));
+                t.state_and_peers_mut(id).1.unwrap()[0].seqlo = 99;
+                assert_eq!(t.peers(id).unwrap()[0].seqlo, 99);
+            }
+            _ => {
+                assert!(t.peers(id).is_none());
+                assert!(t.state_and_peers_mut(id).1.is_none(), "a sloppy state has no peers");
+            }
+        }
+        assert_eq!(t.stack_key(id), Some(stack));
+        assert_eq!(t.meta(id).rule, 7);
+        assert!(t.remove(id));
+        assert_eq!(t.find(&stack, t.hash(&stack)), None);
+    }
+    let peers = [Peer { seqlo: 1, seqhi: 2, max_win: 3, ..Peer::default() }, Peer { seqlo: 5, ..Peer::default() }];
+    let mut t4 = table::<Key4>(1024);
+    for (proto, tcp, sloppy) in [(17, None, false), (6, Some(peers), false), (6, None, true), (1, None, false)] {
+        let wire = Key4 { addr: [[198, 51, 100, 1], [192, 0, 2, 9]], port: [80, 50001], proto, _pad: 0, kif: 3 };
+        let stack = Key4 { addr: [[198, 51, 100, 1], [10, 0, 0, 2]], port: [80, 34567], ..wire };
+        check(&mut t4, wire, stack, tcp, sloppy, 100);
+    }
+    let mut t6 = table::<Key6>(1024);
+    for (proto, tcp, sloppy) in [(17, None, false), (6, Some(peers), false), (6, None, true)] {
+        let a = |x: u8| {
+            let mut b = [0u8; 16];
+            b[0] = 0x20;
+            b[15] = x;
+            b
+        };
+        let wire = Key6 { addr: [a(1), a(2)], port: [80, 50001], proto, _pad: 0, kif: 3 };
+        let stack = Key6 { addr: [a(1), a(3)], port: [80, 34567], ..wire };
+        check(&mut t6, wire, stack, tcp, sloppy, 100);
     }
 }

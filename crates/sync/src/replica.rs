@@ -213,7 +213,7 @@ impl Replica {
         match self.origin[fam].get(id as usize) {
             Some(o) if o.creatorid != 0 || o.id != 0 => *o,
             _ => {
-                let seq = (t.state(id).seq & ((1 << SEQ_BITS) - 1)) as u64;
+                let seq = (t.meta(id).seq & ((1 << SEQ_BITS) - 1)) as u64;
                 StateId {
                     id: (self.worker as u64) << 56 | (fam as u64) << 55 | seq << 32 | id as u64,
                     creatorid: self.creatorid,
@@ -232,13 +232,13 @@ impl Replica {
             let slot = sid.id as u32;
             let seq = ((sid.id >> 32) as u32) & ((1 << SEQ_BITS) - 1);
             let live = if fam == 0 {
-                tables.t4.live(slot).map(|s| (s.seq, s.flags))
+                tables.t4.live(slot).map(|_| tables.t4.meta(slot).seq)
             } else {
-                tables.t6.live(slot).map(|s| (s.seq, s.flags))
+                tables.t6.live(slot).map(|_| tables.t6.meta(slot).seq)
             };
             let ours = self.origin[fam].get(slot as usize).is_none_or(|o| o.id == 0 && o.creatorid == 0);
             return match live {
-                Some((s, _)) if s & ((1 << SEQ_BITS) - 1) == seq && ours => Some(slot | if fam == 1 { V6 } else { 0 }),
+                Some(s) if s & ((1 << SEQ_BITS) - 1) == seq && ours => Some(slot | if fam == 1 { V6 } else { 0 }),
                 _ => None,
             };
         }
@@ -259,11 +259,11 @@ impl Replica {
 
     /// The whole state `id`, as insert, update and bulk send it.
     pub fn export<K: Key>(&self, fam: usize, t: &StateTable<K>, id: u32, now: u32, names: &dyn Ifnames) -> StateRec {
-        let s = t.state(id);
+        let (s, m) = (t.state(id), t.meta(id));
         let k = &s.key;
         let key_rec = |k: &K| KeyRec { addr: [k.addr(0).0, k.addr(1).0], port: [k.port(0), k.port(1)] };
         let wire_key = key_rec(k);
-        let stack_key = t.stack_key(id).map(key_rec).unwrap_or(wire_key);
+        let stack_key = t.stack_key(id).map(|k| key_rec(&k)).unwrap_or(wire_key);
         let (src, dst) = peers_out(t.peers(id), s.peer_state);
         let sid = self.sid(fam, t, id);
         let deadline = s.expire.saturating_add(t.timeout_of(id));
@@ -278,10 +278,10 @@ impl Replica {
             key: [wire_key, stack_key],
             src,
             dst,
-            rule: s.rule,
+            rule: m.rule,
             anchor: u32::MAX,
             nat_rule: u32::MAX,
-            creation: now.saturating_sub(s.creation),
+            creation: now.saturating_sub(m.creation),
             expire: deadline.saturating_sub(now),
             packets: [s.packets[0] as u64, s.packets[1] as u64],
             bytes: s.bytes,
@@ -706,9 +706,9 @@ fn import<K: Key>(t: &mut StateTable<K>, r: &StateRec, kif: u16, class: Timeout,
     let h = t.hash(&key);
     let slot = t.insert(h, ns, now).ok()?;
     let full = t.timeouts().get(class);
+    t.meta_mut(slot).creation = now.saturating_sub(r.creation);
     let s = t.state_mut(slot);
     s.flags &= !sf::NOSYNC;
-    s.creation = now.saturating_sub(r.creation);
     s.expire = now.saturating_sub(full.saturating_sub(r.expire));
     s.packets = [r.packets[0] as u32, r.packets[1] as u32];
     s.bytes = r.bytes;

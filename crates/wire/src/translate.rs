@@ -25,8 +25,8 @@ pub struct Rewrite {
     pub at: Option<At>,
 }
 
-/// Where a whole packet's headers are and what its checksums take (RFC 1624's sums of the
-/// changed words, ones' complement): computed once from the descriptor the filter already has.
+/// Where a whole packet's headers are: taken from the descriptor the filter already has, so
+/// that [`apply`] does not parse the frame again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct At {
     l3: u16,
@@ -34,118 +34,155 @@ pub struct At {
     v4: bool,
     proto: u8,
     ports: bool,
-    ip_delta: u16,
-    l4_delta: u16,
-}
-
-/// The 16-bit words of the first `N` bytes of `a`, added (not folded).
-#[inline(always)]
-fn words<const N: usize>(a: &[u8; 16]) -> u32 {
-    let mut s = 0;
-    for i in (0..N).step_by(2) {
-        s += u16::from_be_bytes([a[i], a[i + 1]]) as u32;
-    }
-    s
-}
-
-/// The ones' complement sum of the changes from addresses `old` to `new` (both of one family,
-/// `N` bytes each): the sum of `!o + n` over their 16-bit words, which is `sum(n) - sum(o)`
-/// plus 0xffff for each word pair, computed without a per-word loop over both.
-#[inline(always)]
-fn addr_delta<const N: usize>(old: &[Addr; 2], new: &[Addr; 2]) -> u32 {
-    let o = words::<N>(&old[0].0) + words::<N>(&old[1].0);
-    let n = words::<N>(&new[0].0) + words::<N>(&new[1].0);
-    n + N as u32 * 0xffff - o
 }
 
 impl Rewrite {
     /// Makes this the rewrite of the packet `pd` describes to addresses `addr` and ports
-    /// `port` (source first), with its headers' places and checksum changes computed now, so
-    /// that [`apply`] only writes. Written in place, field by field: the per-packet path
-    /// builds no rewrite on its stack to copy (a wide copy of one built by narrow stores
-    /// waits for them to reach the cache).
+    /// `port` (source first). Written in place, field by field: the per-packet path builds
+    /// no rewrite on its stack to copy (a wide copy of one built by narrow stores waits for
+    /// them to reach the cache). The checksums' changes are summed by [`apply`] from the
+    /// bytes it replaces, which it reads anyway.
     #[inline(always)]
     pub fn prepare(&mut self, pd: &PDesc, addr: [Addr; 2], port: [u16; 2]) {
-        let v4 = pd.af == AF_INET;
-        let old = [pd.src, pd.dst];
-        let ip = if v4 { addr_delta::<4>(&old, &addr) } else { addr_delta::<16>(&old, &addr) };
-        let ports = pd.flags & pdf::HAS_PORTS != 0 && pd.flags & pdf::NOT_FIRST_FRAG == 0;
-        let mut l4 = match pd.proto {
-            IPPROTO_TCP | IPPROTO_UDP | IPPROTO_ICMPV6 => ip,
-            _ => 0,
-        };
-        if ports {
-            // The ICMP query identifier stands for both ports: counted once.
-            l4 += !pd.sport as u32 + port[0] as u32;
-            if !matches!(pd.proto, IPPROTO_ICMP | IPPROTO_ICMPV6) {
-                l4 += !pd.dport as u32 + port[1] as u32;
-            }
-        }
         self.addr = addr;
         self.port = port;
         self.quoted = false;
         self.at = Some(At {
             l3: pd.l3_off,
             l4: pd.l4_off,
-            v4,
+            v4: pd.af == AF_INET,
             proto: pd.proto,
-            ports,
-            ip_delta: crate::checksum::fold(ip),
-            l4_delta: crate::checksum::fold(l4),
+            ports: pd.flags & pdf::HAS_PORTS != 0 && pd.flags & pdf::NOT_FIRST_FRAG == 0,
         });
     }
 }
 
-/// `c` with ones' complement sum `d` of changes added (RFC 1624, eqn. 3).
+/// The ones' complement sum (RFC 1624's `~m + m'`) of replacing the `N` bytes `old` by `new`,
+/// taken in 32-bit words in memory order, not folded. A sum of byte-swapped words is the
+/// byte-swapped sum (RFC 1071), so a checksum field read in the same order takes it with no
+/// swap on either side.
 #[inline(always)]
-fn add(c: u16, d: u16) -> u16 {
-    !crate::checksum::fold((!c) as u32 + d as u32)
+fn change<const N: usize>(old: &[u8; N], new: &[u8; N]) -> u64 {
+    let mut s = 0u64;
+    for i in (0..N).step_by(4) {
+        let o = u32::from_ne_bytes([old[i], old[i + 1], old[i + 2], old[i + 3]]);
+        let n = u32::from_ne_bytes([new[i], new[i + 1], new[i + 2], new[i + 3]]);
+        s += (!o) as u64 + n as u64;
+    }
+    s
 }
 
-/// [`apply`] with the places and sums [`Rewrite::prepare`] computed.
+/// [`change`]'s sum folded to 16 bits (ones' complement: each carry added back).
+#[inline(always)]
+fn fold64(s: u64) -> u16 {
+    let (t, c) = (s as u32).overflowing_add((s >> 32) as u32);
+    let t = t as u64 + c as u64; // <= 2^32
+    let (u, c) = (t as u16).overflowing_add((t >> 16) as u16);
+    u.wrapping_add(c as u16)
+}
+
+/// `c` with ones' complement sum `d` of changes added (RFC 1624, eqn. 3); both in the same
+/// byte order. One fold: `!c + d` is at most 0x1fffe, whose fold fits 16 bits.
+#[inline(always)]
+fn add(c: u16, d: u16) -> u16 {
+    let (s, carry) = (!c).overflowing_add(d);
+    !(s.wrapping_add(carry as u16))
+}
+
+/// [`apply`] with the places [`Rewrite::prepare`] took: each field replaced, the sum of its
+/// change kept for the checksums that cover it. Each header is taken once as a fixed-size
+/// array, so that nothing after is checked again.
 #[inline(always)]
 fn apply_at(f: &mut [u8], rw: &Rewrite, at: &At) -> bool {
+    // PERF: ~3.5 ns a translated IPv4 UDP packet (`xpf-bench nat`, 10K states: 47.3 Mpps
+    // with it, 57.0 without); summing from bytes in memory order, with arrays taken whole,
+    // made it 4.8 -> 3.5 (bench-results, "Translated packets in one line").
     let (l3, l4) = (at.l3 as usize, at.l4 as usize);
-    // Sizes known here, so that the copies are moves, not calls.
-    if at.v4 {
-        let Some(b) = f.get_mut(l3 + 12..l3 + 20) else { return false };
-        b[..4].copy_from_slice(&rw.addr[0].0[..4]);
-        b[4..].copy_from_slice(&rw.addr[1].0[..4]);
-        let c = get16(f, l3 + 10);
-        put16(f, l3 + 10, add(c, at.ip_delta));
+    let ip = if at.v4 {
+        let Some(h) = f.get_mut(l3..l3 + 20) else { return false };
+        let h: &mut [u8; 20] = h.try_into().expect("20 bytes");
+        let (src, dst) = h[12..20].split_at_mut(4);
+        let (src, dst): (&mut [u8; 4], &mut [u8; 4]) = (src.try_into().expect("4"), dst.try_into().expect("4"));
+        let new: [&[u8; 4]; 2] = [v4(&rw.addr[0]), v4(&rw.addr[1])];
+        let d = change(src, new[0]) + change(dst, new[1]);
+        (*src, *dst) = (*new[0], *new[1]);
+        let c = u16::from_ne_bytes([h[10], h[11]]);
+        h[10..12].copy_from_slice(&add(c, fold64(d)).to_ne_bytes());
+        d
     } else {
         let Some(b) = f.get_mut(l3 + 8..l3 + 40) else { return false };
-        b[..16].copy_from_slice(&rw.addr[0].0);
-        b[16..].copy_from_slice(&rw.addr[1].0);
-    }
-    let (sum_at, id) = match at.proto {
-        IPPROTO_TCP => (l4 + 16, false),
-        IPPROTO_UDP => (l4 + 6, false),
-        IPPROTO_ICMP | IPPROTO_ICMPV6 => (l4 + 2, true),
-        _ => return true,
+        let (s, d) = b.split_at_mut(16);
+        let (s, d): (&mut [u8; 16], &mut [u8; 16]) = (s.try_into().expect("16"), d.try_into().expect("16"));
+        let sum = change(s, &rw.addr[0].0) + change(d, &rw.addr[1].0);
+        (*s, *d) = (rw.addr[0].0, rw.addr[1].0);
+        sum
     };
-    if f.len() < sum_at + 2 || f.len() < l4 + 6 {
-        return true;
+    match at.proto {
+        IPPROTO_TCP => transport::<18, 16>(f, l4, ip, rw, at.ports, Kind::Ports),
+        IPPROTO_UDP => transport::<8, 6>(f, l4, ip, rw, at.ports, Kind::Udp { v4: at.v4 }),
+        IPPROTO_ICMPV6 => transport::<6, 2>(f, l4, ip, rw, at.ports, Kind::Id),
+        // ICMP's checksum covers no pseudo-header.
+        IPPROTO_ICMP => transport::<6, 2>(f, l4, 0, rw, at.ports, Kind::Id),
+        _ => {}
     }
-    if at.ports {
-        if id {
-            put16(f, l4 + 4, rw.port[0]);
+    true
+}
+
+/// The bytes of an IPv4 address.
+#[inline(always)]
+fn v4(a: &Addr) -> &[u8; 4] {
+    a.0[..4].try_into().expect("4 bytes")
+}
+
+/// How a transport header takes a translation.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Two ports (TCP).
+    Ports,
+    /// Two ports; a computed zero checksum is sent as all ones, and over IPv4 a zero one is
+    /// "none" and stays.
+    Udp { v4: bool },
+    /// The ICMP query identifier (at 4) stands for both ports.
+    Id,
+}
+
+/// The transport header's part of [`apply_at`]: its first `N` bytes (through its checksum,
+/// at `SUM`) taken whole, or nothing written when the frame is shorter. `ip` is the
+/// addresses' change when the checksum covers them.
+#[inline(always)]
+fn transport<const N: usize, const SUM: usize>(
+    f: &mut [u8],
+    l4: usize,
+    ip: u64,
+    rw: &Rewrite,
+    ports: bool,
+    kind: Kind,
+) {
+    let Some(t) = f.get_mut(l4..l4 + N) else { return };
+    let t: &mut [u8; N] = t.try_into().expect("N bytes");
+    let mut d = ip;
+    if ports {
+        let [a, b] = rw.port[0].to_be_bytes();
+        if kind == Kind::Id {
+            d += (!u16::from_ne_bytes([t[4], t[5]])) as u64 + u16::from_ne_bytes([a, b]) as u64;
+            (t[4], t[5]) = (a, b);
         } else {
-            put16(f, l4, rw.port[0]);
-            put16(f, l4 + 2, rw.port[1]);
+            let [c, e] = rw.port[1].to_be_bytes();
+            let p: &mut [u8; 4] = (&mut t[..4]).try_into().expect("4 bytes");
+            d += change(p, &[a, b, c, e]);
+            *p = [a, b, c, e];
         }
     }
-    let c = get16(f, sum_at);
+    let c = u16::from_ne_bytes([t[SUM], t[SUM + 1]]);
     // UDP over IPv4 without a checksum keeps none; a computed zero is sent as all ones.
-    if at.proto == IPPROTO_UDP && at.v4 && c == 0 {
-        return true;
+    if kind == (Kind::Udp { v4: true }) && c == 0 {
+        return;
     }
-    let mut n = add(c, at.l4_delta);
-    if at.proto == IPPROTO_UDP && n == 0 {
+    let mut n = add(c, fold64(d));
+    if matches!(kind, Kind::Udp { .. }) && n == 0 {
         n = 0xffff;
     }
-    put16(f, sum_at, n);
-    true
+    (t[SUM], t[SUM + 1]) = (n.to_ne_bytes()[0], n.to_ne_bytes()[1]);
 }
 
 /// Where a checksum that covers a changed field lies, and how it covers it.
@@ -425,26 +462,79 @@ mod tests {
             b[15] = x;
             b
         };
-        let frames = [udp4([10, 0, 1, 2], [10, 0, 2, 2], 40000, 53, b"hello world"), tcp6(a(1), a(2), 33000, 80), {
-            let mut f = udp4([10, 0, 1, 2], [10, 0, 2, 2], 40000, 53, b"x");
-            f[40..42].copy_from_slice(&[0, 0]);
-            f
-        }];
+        let frames = [
+            udp4([10, 0, 1, 2], [10, 0, 2, 2], 40000, 53, b"hello world"),
+            tcp6(a(1), a(2), 33000, 80),
+            {
+                let mut f = udp4([10, 0, 1, 2], [10, 0, 2, 2], 40000, 53, b"x");
+                f[40..42].copy_from_slice(&[0, 0]);
+                f
+            },
+            echo4([10, 0, 1, 2], [10, 0, 2, 2], 0x4242),
+            echo6(a(1), a(2), 0x4242),
+        ];
+        // Each frame to many addresses and ports (a fixed LCG), words of all ones among them:
+        // the prepared rewrite, which sums its changes from the bytes it replaces in memory
+        // order, writes what the field-by-field one writes, and the checksums hold.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (x >> 24) as u32
+        };
         for f in frames {
             let mut pd = PDesc::default();
             parse_ether(&f, &mut pd).unwrap();
             let from = Rewrite { addr: [pd.src, pd.dst], port: [pd.sport, pd.dport], ..Default::default() };
-            let mut to = from;
-            to.addr[0].0[3] ^= 0x55;
-            to.addr[1].0[2] ^= 0x0f;
-            to.port = [pd.sport ^ 0x1234, pd.dport.wrapping_add(7)];
-            let (mut slow, mut fast) = (f.clone(), f.clone());
-            assert!(apply(&mut slow, &to));
-            let mut rw = Rewrite::default();
-            rw.prepare(&pd, to.addr, to.port);
-            assert!(apply(&mut fast, &rw));
-            assert_eq!(slow, fast);
+            for round in 0..200 {
+                let mut to = from;
+                let alen = if pd.af == AF_INET { 4 } else { 16 };
+                for side in 0..2 {
+                    for b in 0..alen {
+                        to.addr[side].0[b] = match round % 4 {
+                            0 => 0xff,
+                            1 => to.addr[side].0[b],
+                            _ => next() as u8,
+                        };
+                    }
+                }
+                to.port = if round % 4 == 0 { [0xffff, 0xffff] } else { [next() as u16, next() as u16] };
+                if round == 0 {
+                    to.port = [pd.sport ^ 0x1234, pd.dport.wrapping_add(7)];
+                }
+                let (mut slow, mut fast) = (f.clone(), f.clone());
+                assert!(apply(&mut slow, &to));
+                let mut rw = Rewrite::default();
+                rw.prepare(&pd, to.addr, to.port);
+                assert!(apply(&mut fast, &rw));
+                assert_eq!(slow, fast, "round {round}");
+                let mut q = PDesc::default();
+                parse_ether(&fast, &mut q).unwrap(); // checks the IPv4 header checksum
+                if !(pd.proto == IPPROTO_UDP && f[40..42] == [0, 0]) {
+                    assert!(if pd.proto == IPPROTO_ICMP { icmp_ok(&fast) } else { l4_ok(&fast) }, "round {round}");
+                }
+            }
         }
+    }
+
+    fn echo4(src: [u8; 4], dst: [u8; 4], id: u16) -> Vec<u8> {
+        let mut p = vec![0u8; 36];
+        ipv4::emit_header(&mut p, src, dst, IPPROTO_ICMP, 36, 64, 7);
+        p[20] = 8;
+        p[24..26].copy_from_slice(&id.to_be_bytes());
+        p[26..28].copy_from_slice(&[0, 1]);
+        let c = !checksum::fold(checksum::sum(&p[20..], 0));
+        p[22..24].copy_from_slice(&c.to_be_bytes());
+        eth(0x0800, &p)
+    }
+
+    fn echo6(src: [u8; 16], dst: [u8; 16], id: u16) -> Vec<u8> {
+        let mut p = vec![0u8; 56];
+        ipv6::emit_header(&mut p, &src, &dst, IPPROTO_ICMPV6, 16, 64);
+        p[40] = 128;
+        p[44..46].copy_from_slice(&id.to_be_bytes());
+        let c = !checksum::fold(checksum::sum(&p[40..], checksum::pseudo_v6(&src, &dst, IPPROTO_ICMPV6, 16)));
+        p[42..44].copy_from_slice(&c.to_be_bytes());
+        eth(0x86dd, &p)
     }
 
     #[test]

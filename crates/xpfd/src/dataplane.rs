@@ -167,8 +167,8 @@ pub struct StateRow {
 pub type RuleSums = std::collections::HashMap<u32, [u64; 5]>;
 
 fn rule_sums<K: Key>(t: &xpf_state::StateTable<K>, out: &mut RuleSums) {
-    for (_, s) in t.iter() {
-        let a = out.entry(s.rule).or_default();
+    for (id, s) in t.iter() {
+        let a = out.entry(t.meta(id).rule).or_default();
         a[0] += s.packets[0] as u64;
         a[1] += s.bytes[0];
         a[2] += s.packets[1] as u64;
@@ -317,13 +317,13 @@ fn rows<K: Key>(t: &xpf_state::StateTable<K>, now: u32, out: &mut Vec<StateRow>)
     for (id, s) in t.iter() {
         // pf's `expire` is the last activity; the deadline adds the (adaptive) timeout.
         let deadline = s.expire.saturating_add(t.timeout_of(id));
-        let k = &s.key;
+        let (k, m) = (&s.key, t.meta(id));
         // pfctl's view of a translated state: going out, the wire key with the stack key's
         // differing hosts in parentheses; coming in, the stack key with the wire key's.
         let going_out = s.flags & xpf_state::sf::OUT != 0;
         let (nk, sk) = match t.stack_key(id) {
-            Some(st) if going_out => (*k, Some(*st)),
-            Some(st) => (*st, Some(*k)),
+            Some(st) if going_out => (*k, Some(st)),
+            Some(st) => (st, Some(*k)),
             None => (*k, None),
         };
         // ICMP: the identifier is one field; pfctl shows its change on the translated side.
@@ -350,11 +350,11 @@ fn rows<K: Key>(t: &xpf_state::StateTable<K>, now: u32, out: &mut Vec<StateRow>)
             out: going_out,
             src_state: s.peer_state[0],
             dst_state: s.peer_state[1],
-            age: now.saturating_sub(s.creation),
+            age: now.saturating_sub(m.creation),
             expires_in: deadline.saturating_sub(now),
             packets: s.packets,
             bytes: s.bytes,
-            rule: s.rule,
+            rule: m.rule,
         });
     }
 }
@@ -362,13 +362,13 @@ fn rows<K: Key>(t: &xpf_state::StateTable<K>, now: u32, out: &mut Vec<StateRow>)
 fn kill<K: Key>(t: &mut xpf_state::StateTable<K>, sel: &Select) -> u32 {
     let ids: Vec<u32> = t
         .iter()
-        .filter(|(_, s)| {
+        .filter(|&(id, s)| {
             let k = &s.key;
             // The key's source is addr[0] for inbound states and addr[1] for outbound ones.
             let (si, di) = if s.flags & xpf_state::sf::OUT != 0 { (1, 0) } else { (0, 1) };
             sel.src.as_ref().is_none_or(|n| in_net(&k.addr(si), k.af(), n))
                 && sel.dst.as_ref().is_none_or(|n| in_net(&k.addr(di), k.af(), n))
-                && sel.rule.is_none_or(|r| r == s.rule)
+                && sel.rule.is_none_or(|r| r == t.meta(id).rule)
         })
         .map(|(id, _)| id)
         .collect();
