@@ -5,10 +5,9 @@
 //! to its member's queue and dequeued through the tree. With several workers a coordinator
 //! thread shares the rates between them as xpfd's does (every 2 ms, or 20 times what its
 //! tick costs), and each worker reports and takes its shares at that period (or 20 times
-//! what its report costs). The root binds nobody here
+//! what its report costs). Runs of 1 and 2 workers alternate, ABBA. The root binds nobody here
 //! (100 Gbit/s): the figure is what classifying and scheduling cost per packet, which the
-//! shaper lab's saturation phase measures end to end on one worker. Runs of 1 and of 2
-//! workers alternate.
+//! shaper lab's saturation phase measures end to end on one worker.
 
 use crate::stats::{self, Summary};
 use crate::Opts;
@@ -108,16 +107,21 @@ pub fn bench(o: &Opts) -> Result<(), String> {
     }
     println!(
         "xpf-bench shaper: {n} member queues (1 to 4 parts of a 100 Gbit/s root), 60-byte packets, each worker its\n\
-         own tree and members, a coordinator sharing the rates with 2; {} runs of {secs} s, 1 and 2 workers alternated",
+         own tree and members, a coordinator sharing the rates with 2; {} runs of {secs} s, 1 and 2 workers alternated (ABBA)",
         o.runs
     );
     let (mut one, mut two) = (Vec::new(), Vec::new());
-    for _ in 0..o.runs {
-        let _s = crate::progress::step("1 worker");
-        one.push(run(n, 1, secs).iter().sum::<u64>() as f64 / secs);
-        drop(_s);
-        let _s = crate::progress::step("2 workers");
-        two.push(run(n, 2, secs).iter().sum::<u64>() as f64 / secs);
+    // ABBA: the order alternates as well, so that neither kind always runs after the other.
+    for r in 0..o.runs {
+        for workers in if r % 2 == 0 { [1, 2] } else { [2, 1] } {
+            let _s = crate::progress::step(if workers == 1 { "1 worker" } else { "2 workers" });
+            let pps = run(n, workers, secs).iter().sum::<u64>() as f64 / secs;
+            if workers == 1 {
+                one.push(pps)
+            } else {
+                two.push(pps)
+            }
+        }
     }
     let (a, b) = (Summary::of(&one), Summary::of(&two));
     println!("{}", stats::header("workers", "packets/s through the shaper"));

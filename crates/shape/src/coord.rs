@@ -51,6 +51,24 @@ struct Last {
     offered: Vec<u64>,
     /// Smoothed offered rate per (worker, queue), bits/s.
     rate: Vec<f64>,
+    /// A period's working arrays, kept: made afresh each period, their pages were mapped and
+    /// faulted in and unmapped every time (a tick of 24,000 queues took ~1 ms, most of it that).
+    scratch: Scratch,
+}
+
+#[derive(Default)]
+struct Scratch {
+    waiting: Vec<bool>,
+    want: Vec<f64>,
+    wants_more: Vec<bool>,
+    alloc: Vec<f64>,
+    part: Vec<f64>,
+}
+
+/// `v` as `n` copies of `x`, in the memory it has.
+fn reset<T: Copy>(v: &mut Vec<T>, n: usize, x: T) {
+    v.clear();
+    v.resize(n, x);
 }
 
 impl Coord {
@@ -82,7 +100,11 @@ impl Coord {
             offered: (0..workers * n).map(|_| AtomicU64::new(0)).collect(),
             waiting: (0..workers * n).map(|_| AtomicBool::new(false)).collect(),
             caps: (0..workers * n).map(|_| AtomicU64::new(0)).collect(),
-            last: Mutex::new(Last { offered: vec![0; workers * n], rate: vec![0.0; workers * n] }),
+            last: Mutex::new(Last {
+                offered: vec![0; workers * n],
+                rate: vec![0.0; workers * n],
+                scratch: Scratch::default(),
+            }),
         };
         for w in 0..workers {
             for q in 0..n {
@@ -121,21 +143,26 @@ impl Coord {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         let dt = (dt.max(1)) as f64 / 1e9;
         // Offered rates per worker (smoothed over about four periods) and waiting flags.
-        let waiting: Vec<bool> = self.waiting.iter().map(|w| w.swap(false, Relaxed)).collect();
-        let Last { offered, rate } = &mut *last;
+        let Last { offered, rate, scratch } = &mut *last;
+        let Scratch { waiting, want, wants_more, alloc, part } = scratch;
+        waiting.clear();
+        // A load, and a store only where set: a swap on each is a locked exchange, for the
+        // most part of flags that were not set.
+        waiting.extend(self.waiting.iter().map(|w| w.load(Relaxed) && w.swap(false, Relaxed)));
         for ((o, seen), r) in self.offered.iter().zip(offered.iter_mut()).zip(rate.iter_mut()) {
             let o = o.load(Relaxed);
             *r = 0.75 * *r + 0.25 * (o.saturating_sub(*seen) as f64 * 8.0 / dt);
             *seen = o;
         }
+        let rate = &*rate;
         // What each queue wants, all workers together, leaves up.
-        let mut want = vec![0.0f64; n];
-        let mut wants_more = vec![false; n];
+        reset(want, n, 0.0);
+        reset(wants_more, n, false);
         for c in 0..n {
             if self.leaf[c] {
                 let any = (0..nw).any(|w| waiting[w * n + c]);
                 wants_more[c] = any;
-                want[c] = if any { INF } else { (0..nw).map(|w| last.rate[w * n + c]).sum() };
+                want[c] = if any { INF } else { (0..nw).map(|w| rate[w * n + c]).sum() };
             }
         }
         // Children come after their parents in the spec: sum bottom-up.
@@ -148,21 +175,21 @@ impl Coord {
             }
         }
         // The fill, top-down.
-        let mut alloc = vec![0.0f64; n];
+        reset(alloc, n, 0.0);
         let top =
             if self.bw[self.root] > 0.0 { self.bw[self.root].min(self.max[self.root]) } else { self.max[self.root] };
         alloc[self.root] = top.min(if wants_more[self.root] { INF } else { want[self.root] });
         for p in 0..n {
             if !self.kids[p].is_empty() {
-                self.fill(&self.kids[p], alloc[p], &want, &mut alloc);
+                self.fill(&self.kids[p], alloc[p], want, alloc);
             }
         }
         // Each worker's part of a leaf's allocation: by its demand there (waiting counts
         // double); a parent's part on a worker is its children's there.
-        let mut part = vec![0.0f64; nw * n];
+        reset(part, nw * n, 0.0);
         for c in (0..n).rev() {
             if self.leaf[c] {
-                let d = |w: usize| last.rate[w * n + c] * if waiting[w * n + c] { 2.0 } else { 1.0 };
+                let d = |w: usize| rate[w * n + c] * if waiting[w * n + c] { 2.0 } else { 1.0 };
                 let total: f64 = (0..nw).map(d).sum();
                 for w in 0..nw {
                     let frac = if total > 0.0 { d(w) / total } else { 1.0 / nw as f64 };

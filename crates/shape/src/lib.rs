@@ -245,8 +245,76 @@ enum St {
 }
 
 enum Leaf {
-    Fifo(VecDeque<Pkt>),
+    Fifo(Fifo),
     Fq(Box<fq::Fq>),
+}
+
+/// A FIFO leaf's packets: its first and last slot in the tree's [`Slots`] (NONE: empty).
+#[derive(Clone, Copy)]
+struct Fifo {
+    head: u32,
+    tail: u32,
+}
+
+/// The packets waiting in a tree's FIFO leaves, in one arena: each slot links to the next of
+/// its leaf, and a freed slot is the next one taken (still in cache). A queue of its own per
+/// leaf put each packet in a line of that queue's buffer, a cache miss per packet with
+/// 24,000 members (`xpf-bench shaper`: 67% of `enqueue` on that store).
+struct Slots {
+    v: Vec<Slot>,
+    free: u32,
+}
+
+struct Slot {
+    pkt: Option<Pkt>,
+    next: u32,
+}
+
+impl Slots {
+    fn new() -> Slots {
+        Slots { v: Vec::new(), free: NONE }
+    }
+
+    #[inline]
+    fn push(&mut self, q: &mut Fifo, p: Pkt) {
+        let i = if self.free != NONE {
+            let i = self.free;
+            let s = &mut self.v[i as usize];
+            self.free = s.next;
+            *s = Slot { pkt: Some(p), next: NONE };
+            i
+        } else {
+            self.v.push(Slot { pkt: Some(p), next: NONE });
+            (self.v.len() - 1) as u32
+        };
+        if q.tail == NONE {
+            q.head = i;
+        } else {
+            self.v[q.tail as usize].next = i;
+        }
+        q.tail = i;
+    }
+
+    #[inline]
+    fn pop(&mut self, q: &mut Fifo) -> Option<Pkt> {
+        if q.head == NONE {
+            return None;
+        }
+        let i = q.head;
+        let s = &mut self.v[i as usize];
+        q.head = s.next;
+        if q.head == NONE {
+            q.tail = NONE;
+        }
+        let p = s.pkt.take();
+        s.next = self.free;
+        self.free = i;
+        p
+    }
+
+    fn front(&self, q: &Fifo) -> Option<&Pkt> {
+        (q.head != NONE).then(|| self.v[q.head as usize].pkt.as_ref()).flatten()
+    }
 }
 
 struct Class {
@@ -267,6 +335,9 @@ struct Class {
     tier: [Gcra; 2],
     tier_bits: [u64; 2],
     in_tier: [bool; 2],
+    /// In the shaper's `to_report` (a leaf given packets since the last report, or still
+    /// holding some).
+    to_report: bool,
     /// `burst` on `min`, `bandwidth`, `max` (None: none on any).
     bursts: Option<Box<[Bursting; 3]>>,
     /// Active children (inner classes).
@@ -311,9 +382,14 @@ pub struct Shaper {
     pending: [BinaryHeap<Reverse<(u64, u32)>>; 2],
     backlog: u32,
     spare: Vec<Vec<u8>>,
+    slots: Slots,
     dropped: Vec<Pkt>,
     /// Turns the round robin gave (a class moved to its ring's back): its cost.
     turns: u64,
+    /// The leaves [`Shaper::sync`] reports (those given packets since it last ran, and those
+    /// still holding some), and the inner classes, which it always does.
+    to_report: Vec<u32>,
+    inner: Vec<u32>,
 }
 
 /// The quanta of siblings with these bandwidths, in proportion: the smallest `BASE` bytes, the
@@ -350,7 +426,7 @@ impl Shaper {
                 if c.flows > 0 {
                     Leaf::Fq(Box::new(fq::Fq::new(c.flows, if c.quantum > 0 { c.quantum } else { 1514 })))
                 } else {
-                    Leaf::Fifo(VecDeque::new())
+                    Leaf::Fifo(Fifo { head: NONE, tail: NONE })
                 }
             });
             let qlimit = match c.qlimit {
@@ -385,6 +461,7 @@ impl Shaper {
                 },
                 tier_bits: tiers,
                 in_tier: [false; 2],
+                to_report: false,
                 ring: VecDeque::new(),
                 leaf,
                 qlimit,
@@ -407,6 +484,7 @@ impl Shaper {
         }
         let default = spec.classes.iter().position(|c| c.default).or_else(|| (n == 1).then_some(0)).unwrap_or(0) as u32;
         let root = spec.classes.iter().position(|c| c.parent.is_none()).unwrap_or(0) as u32;
+        let inner = (0..n as u32).filter(|&c| classes[c as usize].leaf.is_none()).collect();
         Shaper {
             ifname: spec.ifname.clone(),
             classes,
@@ -419,8 +497,11 @@ impl Shaper {
             pending: [BinaryHeap::new(), BinaryHeap::new()],
             backlog: 0,
             spare: Vec::new(),
+            slots: Slots::new(),
             dropped: Vec::new(),
             turns: 0,
+            to_report: Vec::new(),
+            inner,
         }
     }
 
@@ -448,7 +529,7 @@ impl Shaper {
     pub fn take_any(&mut self) -> Option<Pkt> {
         for cl in self.classes.iter_mut().filter(|c| c.stats.qlen > 0) {
             let p = match cl.leaf.as_mut()? {
-                Leaf::Fifo(q) => q.pop_front(),
+                Leaf::Fifo(q) => self.slots.pop(q),
                 Leaf::Fq(f) => f.drop_fattest(),
             };
             if let Some(p) = p {
@@ -484,6 +565,10 @@ impl Shaper {
         let len = p.buf.len() as u64;
         let cl = &mut self.classes[c];
         cl.offered += len;
+        if !cl.to_report {
+            cl.to_report = true;
+            self.to_report.push(c as u32);
+        }
         if cl.stats.qlen >= cl.qlimit {
             match cl.leaf.as_mut() {
                 Some(Leaf::Fq(f)) => {
@@ -506,7 +591,7 @@ impl Shaper {
         }
         let cl = &mut self.classes[c];
         match cl.leaf.as_mut() {
-            Some(Leaf::Fifo(q)) => q.push_back(p),
+            Some(Leaf::Fifo(q)) => self.slots.push(q, p),
             Some(Leaf::Fq(f)) => f.push(p, hash),
             None => unreachable!("leaf_of gives leaves"),
         }
@@ -581,7 +666,7 @@ impl Shaper {
     fn pop_leaf(&mut self, c: usize, now: u64) -> Option<Pkt> {
         let cl = &mut self.classes[c];
         let p = match cl.leaf.as_mut()? {
-            Leaf::Fifo(q) => q.pop_front(),
+            Leaf::Fifo(q) => self.slots.pop(q),
             Leaf::Fq(f) => f.pop(now, &mut self.dropped),
         };
         let gone = self.dropped.len() as u32 + p.is_some() as u32;
@@ -681,7 +766,7 @@ impl Shaper {
     /// The length of leaf `c`'s next packet (an MTU when FQ-CoDel's is not known).
     fn head_len(&self, c: usize) -> usize {
         match &self.classes[c].leaf {
-            Some(Leaf::Fifo(q)) => q.front().map_or(1514, |p| p.buf.len()),
+            Some(Leaf::Fifo(q)) => self.slots.front(q).map_or(1514, |p| p.buf.len()),
             _ => 1514,
         }
     }
@@ -794,25 +879,52 @@ impl Shaper {
         if coord.classes() != self.classes.len() {
             return;
         }
-        for (c, cl) in self.classes.iter_mut().enumerate() {
-            // The drops' low bits: a change between two reports is what counts.
-            let waiting = cl.stats.qlen > 0 || cl.stats.drop_pkts as u32 != cl.seen_drops;
-            cl.seen_drops = cl.stats.drop_pkts as u32;
-            coord.report(w, c, cl.offered, waiting);
-            let share = coord.cap(w, c);
-            if share != 0 {
-                let cap = if cl.cap_bits == 0 { share } else { share.min(cl.cap_bits) };
-                cl.cap.set_rate(cap);
-                if let Some(b) = cl.bursts.as_deref_mut() {
-                    b[2].rescale(&mut cl.cap, cap);
+        // The leaves given packets since the last report, or holding some, and the inner
+        // classes: a leaf idle since it last reported has nothing new to say (its offered
+        // bytes stand, so its rate decays at the coordinator), and takes its share when it
+        // next has packets. Visiting all 24,000 every period walked 6 MB of classes through
+        // the worker's caches (`xpf-bench shaper`).
+        let leaves = std::mem::take(&mut self.to_report);
+        let inner = std::mem::take(&mut self.inner);
+        for &c in leaves.iter().chain(inner.iter()) {
+            let cl = &mut self.classes[c as usize];
+            if cl.leaf.is_some() {
+                cl.to_report = cl.stats.qlen > 0;
+                if cl.to_report {
+                    self.to_report.push(c);
                 }
-                // This worker's part of the tiers' rates: each worker would keep the whole.
-                for k in 0..2 {
-                    if cl.tier_bits[k] != 0 {
-                        cl.tier[k].set_rate(share.min(cl.tier_bits[k]));
-                        if let Some(b) = cl.bursts.as_deref_mut() {
-                            b[k].rescale(&mut cl.tier[k], share.min(cl.tier_bits[k]));
-                        }
+            }
+            Self::report(cl, coord, w, c as usize);
+        }
+        self.inner = inner;
+        // Keep the list's memory for the next period.
+        let mut leaves = leaves;
+        leaves.clear();
+        if self.to_report.is_empty() {
+            self.to_report = leaves;
+        }
+    }
+
+    /// One class's report to `coord` and its share from it ([`Shaper::sync`]).
+    #[inline]
+    fn report(cl: &mut Class, coord: &coord::Coord, w: usize, c: usize) {
+        // The drops' low bits: a change between two reports is what counts.
+        let waiting = cl.stats.qlen > 0 || cl.stats.drop_pkts as u32 != cl.seen_drops;
+        cl.seen_drops = cl.stats.drop_pkts as u32;
+        coord.report(w, c, cl.offered, waiting);
+        let share = coord.cap(w, c);
+        if share != 0 {
+            let cap = if cl.cap_bits == 0 { share } else { share.min(cl.cap_bits) };
+            cl.cap.set_rate(cap);
+            if let Some(b) = cl.bursts.as_deref_mut() {
+                b[2].rescale(&mut cl.cap, cap);
+            }
+            // This worker's part of the tiers' rates: each worker would keep the whole.
+            for k in 0..2 {
+                if cl.tier_bits[k] != 0 {
+                    cl.tier[k].set_rate(share.min(cl.tier_bits[k]));
+                    if let Some(b) = cl.bursts.as_deref_mut() {
+                        b[k].rescale(&mut cl.tier[k], share.min(cl.tier_bits[k]));
                     }
                 }
             }

@@ -485,3 +485,49 @@ fn a_burst_outlasts_a_queue_that_empties_between_packets() {
     // 150 packets offered in 150 ms: all sent within the burst (at 10M only ~125 would be).
     assert!(sent >= 148 * 1500, "{}", sent / 1500);
 }
+
+/// FIFO leaves share one arena of slots: each leaf's packets leave in the order they came
+/// (interleaved with other leaves' in the arena), `qlimit` still holds per leaf, a tree
+/// replaced hands every waiting packet over, and slots freed are taken again (the arena
+/// grows to the most packets waiting at once, not to the packets seen).
+#[test]
+fn fifo_leaves_keep_their_order_in_one_arena() {
+    let q = |name: &str, qid: u16| ClassSpec { qlimit: 5, ..class(name, qid, Some(0), 10 * M) };
+    let spec = tree(vec![class("root", 1, None, 1000 * M), q("a", 2), q("b", 3), q("c", 4)]);
+    let mut sh = Shaper::new(&spec);
+    let mut seq = 0u64;
+    let mut next = [0u64; 5];
+    for round in 0..200u64 {
+        // Leaves in a varying order, a varying number each.
+        for k in 0..(1 + round % 4) {
+            let qid = 2 + ((round + k) % 3) as u16;
+            let mut b = sh.buffer();
+            b.resize(100, 0);
+            seq += 1;
+            sh.enqueue(qid, Pkt { buf: b, enq: 0, meta: (qid as u64) << 32 | seq }, 0, round * 1000);
+        }
+        if round % 3 == 2 {
+            while let Out::Packet(p) = sh.dequeue(round * 1000 + 500) {
+                let (qid, s) = ((p.meta >> 32) as usize, p.meta & 0xffff_ffff);
+                assert!(s > next[qid], "leaf {qid}: {s} after {}", next[qid]);
+                next[qid] = s;
+                sh.recycle(p.buf);
+            }
+        }
+    }
+    assert!(sh.slots.v.len() <= 15, "the arena holds {} slots for at most 15 packets", sh.slots.v.len());
+    // A full leaf drops the newest; the others are untouched.
+    for _ in 0..8 {
+        let b = sh.buffer();
+        sh.enqueue(2, Pkt { buf: b, enq: 0, meta: 2 << 32 }, 0, 300_000);
+    }
+    let held = sh.backlog();
+    assert!(held <= 15);
+    let mut taken = 0;
+    while let Some(p) = sh.take_any() {
+        sh.recycle(p.buf);
+        taken += 1;
+    }
+    assert_eq!((taken, sh.backlog()), (held, 0));
+    assert!(matches!(sh.dequeue(400_000), Out::Empty));
+}
