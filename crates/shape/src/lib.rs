@@ -134,7 +134,9 @@ impl Gcra {
         if bits == 0 {
             return Gcra::default();
         }
-        Gcra { cost: ((8_000_000_000u128 << 20) / bits as u128).max(1) as u64, tat: 0, tol: TOLERANCE_NS }
+        // ns per byte << 20 fits 64 bits (8e9 << 20 < 2^53): a 64-bit division, not a call
+        // for a 128-bit one (a worker's report sets two or three rates for each queue).
+        Gcra { cost: ((8_000_000_000u64 << 20) / bits).max(1), tat: 0, tol: TOLERANCE_NS }
     }
     fn on(&self) -> bool {
         self.cost != 0
