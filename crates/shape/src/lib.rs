@@ -886,24 +886,17 @@ impl Shaper {
         // bytes stand, so its rate decays at the coordinator), and takes its share when it
         // next has packets. Visiting all 24,000 every period walked 6 MB of classes through
         // the worker's caches (`xpf-bench shaper`).
-        let leaves = std::mem::take(&mut self.to_report);
-        let inner = std::mem::take(&mut self.inner);
-        for &c in leaves.iter().chain(inner.iter()) {
-            let cl = &mut self.classes[c as usize];
-            if cl.leaf.is_some() {
-                cl.to_report = cl.stats.qlen > 0;
-                if cl.to_report {
-                    self.to_report.push(c);
-                }
-            }
+        let mut leaves = std::mem::take(&mut self.to_report);
+        let classes = &mut self.classes;
+        leaves.retain(|&c| {
+            let cl = &mut classes[c as usize];
             Self::report(cl, coord, w, c as usize);
-        }
-        self.inner = inner;
-        // Keep the list's memory for the next period.
-        let mut leaves = leaves;
-        leaves.clear();
-        if self.to_report.is_empty() {
-            self.to_report = leaves;
+            cl.to_report = cl.stats.qlen > 0;
+            cl.to_report
+        });
+        self.to_report = leaves;
+        for &c in &self.inner {
+            Self::report(&mut self.classes[c as usize], coord, w, c as usize);
         }
     }
 
