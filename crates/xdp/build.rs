@@ -17,7 +17,7 @@ fn main() {
     println!("cargo:rerun-if-changed=bpf");
     println!("cargo:rerun-if-env-changed=CLANG");
     let arch_inc = format!("/usr/include/{}-linux-gnu", std::env::var("CARGO_CFG_TARGET_ARCH").unwrap());
-    for p in ["steer", "gen", "sink", "inject"] {
+    for p in ["steer", "gen", "sink", "inject", "skb"] {
         let o = out.join(format!("{p}.o"));
         let st = Command::new(&clang)
             .args(["-O2", "-g0", "-Wall", "-Werror", "-target", "bpf", "-I", &arch_inc, "-c"])

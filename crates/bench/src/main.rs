@@ -45,7 +45,8 @@ const FLAGS: &[(&str, &str, &str)] = &[
         "replay: filter with this pf.conf (interface names map to the capture's interface 1) instead of pass all",
     ),
     ("--busy-poll", "", "lab: start xpfd with --busy-poll (its sockets busy-poll instead of sleeping)"),
-    ("--fastpath", "", "lab, real: start xpfd with --fastpath (established flows forwarded by its XDP program)"),
+    ("--fastpath", "", "lab, real: start xpfd with --fastpath (established flows forwarded in the kernel)"),
+    ("--io", "MODE", "real: start xpfd with --io MODE (xdp, packet; default: xpfd's own choice)"),
     ("--nat", "", "lab, real: both firewalls translate the sources (xpfd nat-to, nftables snat)"),
     ("--log", "", "lab: xpfd's rule is `pass log (all) all` (every packet to pflog): logging's cost on a busy rule"),
     ("--rounds", "N", "real: kernel/xpfd rounds, alternated (default 3; 1 with --quick)"),
@@ -92,6 +93,8 @@ pub struct Opts {
     pub info: bool,
     pub busy_poll: bool,
     pub fastpath: bool,
+    /// real: xpfd's --io.
+    pub io: Option<String>,
     /// lab: translation on both sides.
     pub nat: bool,
     /// lab: xpfd's rule logs every packet (`pass log (all) all`) to pflog.
@@ -164,6 +167,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         info: false,
         busy_poll: false,
         fastpath: false,
+        io: None,
         nat: false,
         log: false,
         rounds: None,
@@ -211,6 +215,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--info" => o.info = true,
             "--busy-poll" => o.busy_poll = true,
             "--fastpath" => o.fastpath = true,
+            "--io" => o.io = Some(val()?),
             "--nat" => o.nat = true,
             "--log" => o.log = true,
             "--rounds" => o.rounds = Some(parse_num(a, &val()?)?.max(1) as usize),
@@ -322,6 +327,7 @@ fn real(o: &Opts) -> Result<(), String> {
         bin,
         json: o.json,
         fastpath: o.fastpath,
+        io: o.io.clone(),
         nat: o.nat,
         workers: o.workers,
         queues: o.queues.unwrap_or(o.workers),

@@ -14,7 +14,9 @@
 //! With `--fastpath`, xpfd runs with its fast path. A veth takes redirected XDP frames only
 //! when its peer runs NAPI (GRO on, or an XDP program): a setting of the end hosts, which the
 //! bench then turns on at the client's and the server's veth for both setups (said in the
-//! output), so that the two sides stay like for like.
+//! output), so that the two sides stay like for like. With `--io packet` xpfd reads frames
+//! through AF_PACKET and its fast path forwards socket buffers, which any interface takes:
+//! the end hosts keep their defaults.
 //!
 //! With `--nat`, both translate the client to the firewall's address on the server's side
 //! (xpfd `match out on fs inet nat-to 10.0.2.1`, nftables `snat ip to 10.0.2.1`).
@@ -31,6 +33,8 @@ pub struct RealOpts {
     pub bin: PathBuf,
     pub json: bool,
     pub fastpath: bool,
+    /// xpfd's `--io` (None: its default).
+    pub io: Option<String>,
     /// Both firewalls translate the client's address to the firewall's (xpfd `nat-to`,
     /// nftables `snat`).
     pub nat: bool,
@@ -126,13 +130,16 @@ impl Lab {
         }
     }
 
-    fn xpfd_on(&mut self, bin: &Path, fastpath: bool, workers: usize) -> Result<(), String> {
+    fn xpfd_on(&mut self, bin: &Path, fastpath: bool, io: Option<&str>, workers: usize) -> Result<(), String> {
         let conf = self.dir.join("pf.conf");
         let log = std::fs::File::create(self.dir.join("xpfd.log")).map_err(|e| e.to_string())?;
         let mut c =
             ns("fw", &[&bin.join("xpfd").to_string_lossy(), "-f", &conf.to_string_lossy(), "-i", "fc", "-i", "fs"]);
         c.args(["--socket", SOCK, "--workers", &workers.to_string()]);
         c.arg(if fastpath { "--fastpath" } else { "--no-fastpath" });
+        if let Some(io) = io {
+            c.args(["--io", io]);
+        }
         self.xpfd = Some(c.stdout(Stdio::null()).stderr(log).spawn().map_err(|e| format!("xpfd: {e}"))?);
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(10) {
@@ -247,12 +254,19 @@ pub fn run_bench(o: &RealOpts) -> Result<(), String> {
         o.seconds,
         o.queues,
         o.workers,
-        if o.fastpath { "; xpfd --fastpath, GRO on at the client's and server's veth for both setups" } else { "" }
+        match (o.fastpath, o.io.as_deref()) {
+            (true, Some("packet")) =>
+                "; xpfd --io packet --fastpath (socket buffers), the end hosts' defaults".to_string(),
+            (true, _) => "; xpfd --fastpath, GRO on at the client's and server's veth for both setups".to_string(),
+            (false, Some(io)) => format!("; xpfd --io {io}"),
+            (false, None) => String::new(),
+        }
     );
     if o.nat {
         eprintln!("real: both translate the client to 10.0.2.1 (xpfd nat-to, nftables snat)");
     }
-    let mut lab = Lab::up(o.fastpath, o.nat, o.queues)?;
+    let xdp_fast = o.fastpath && o.io.as_deref() != Some("packet");
+    let mut lab = Lab::up(xdp_fast, o.nat, o.queues)?;
     let mut rows: [Vec<[f64; 5]>; 2] = [Vec::new(), Vec::new()];
     println!("{:>7} {:>9} {:>9} {:>11} {:>9} {:>9}", "setup", "tcp1", "tcp4", "udp64", "p50 ms", "p99 ms");
     for round in 0..o.rounds {
@@ -261,7 +275,7 @@ pub fn run_bench(o: &RealOpts) -> Result<(), String> {
             if i == 0 {
                 lab.kernel(true)?;
             } else {
-                lab.xpfd_on(&o.bin, o.fastpath, o.workers)?;
+                lab.xpfd_on(&o.bin, o.fastpath, o.io.as_deref(), o.workers)?;
             }
             let r = measure(o.seconds);
             if i == 0 {
@@ -288,8 +302,9 @@ pub fn run_bench(o: &RealOpts) -> Result<(), String> {
         }
     }
     println!(
-        "\n| medians | kernel nft+conntrack{} | xpfd{}{} | xpf/kernel |",
+        "\n| medians | kernel nft+conntrack{} | xpfd{}{}{} | xpf/kernel |",
         if o.nat { " snat" } else { "" },
+        o.io.as_ref().map(|i| format!(" --io {i}")).unwrap_or_default(),
         if o.fastpath { " --fastpath" } else { "" },
         if o.nat { " nat-to" } else { "" }
     );
@@ -324,6 +339,7 @@ pub fn run_bench(o: &RealOpts) -> Result<(), String> {
         let j = serde_json::json!({
             "commit": commit,
             "fastpath": o.fastpath,
+            "io": o.io,
             "nat": o.nat,
             "measures": MEASURES.iter().map(|m| m.0).collect::<Vec<_>>(),
             "kernel": rows[0],

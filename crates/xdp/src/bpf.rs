@@ -19,7 +19,10 @@ const BPF_PROG_LOAD: i32 = 5;
 const BPF_MAP_LOOKUP_BATCH: i32 = 24;
 const BPF_MAP_UPDATE_BATCH: i32 = 26;
 const BPF_PROG_TEST_RUN: i32 = 10;
+const BPF_LINK_CREATE: i32 = 28;
+const BPF_TCX_INGRESS: u32 = 46;
 const BPF_PROG_TYPE_XDP: u32 = 6;
+const SO_ATTACH_BPF: i32 = 50;
 const BPF_PSEUDO_MAP_FD: u8 = 1;
 /// `BPF_F_TEST_XDP_LIVE_FRAMES`: frames really go out (XDP_TX/REDIRECT).
 pub const TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
@@ -338,7 +341,67 @@ fn ctx(e: io::Error, what: &str) -> io::Error {
     io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
-/// A loaded XDP program and the maps it uses.
+/// Which program of an object to load, and as what.
+#[derive(Debug, Clone, Copy)]
+pub struct Kind {
+    pub section: &'static str,
+    prog_type: u32,
+}
+
+impl Kind {
+    pub const XDP: Kind = Kind { section: "xdp", prog_type: BPF_PROG_TYPE_XDP };
+    /// BPF_PROG_TYPE_SOCKET_FILTER, attached with [`attach_socket_filter`].
+    pub const SOCKET: Kind = Kind { section: "socket", prog_type: 1 };
+    /// BPF_PROG_TYPE_SCHED_CLS, attached with [`tcx_ingress`].
+    pub const TC: Kind = Kind { section: "tc", prog_type: 3 };
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct LinkCreate {
+    prog_fd: u32,
+    target_ifindex: u32,
+    attach_type: u32,
+    flags: u32,
+    relative_fd: u32,
+    _pad: u32,
+    expected_revision: u64,
+}
+
+/// Attaches a `Kind::TC` program at `ifindex`'s tcx ingress (kernel 6.6 and later): the link
+/// returned holds it there, and detaches it when dropped (xpfd's exit included).
+pub fn tcx_ingress(prog: &Program, ifindex: u32) -> io::Result<OwnedFd> {
+    let mut a = LinkCreate {
+        prog_fd: prog.fd.as_raw_fd() as u32,
+        target_ifindex: ifindex,
+        attach_type: BPF_TCX_INGRESS,
+        ..Default::default()
+    };
+    let fd = sys_bpf(BPF_LINK_CREATE, &mut a).map_err(|e| ctx(e, &format!("tcx ingress of interface {ifindex}")))?;
+    // SAFETY: fresh descriptor from the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Makes a `Kind::SOCKET` program the filter of socket `sock` (SO_ATTACH_BPF).
+pub fn attach_socket_filter(sock: RawFd, prog: &Program) -> io::Result<()> {
+    let fd = prog.fd.as_raw_fd();
+    // SAFETY: setsockopt with a 4-byte int we own.
+    let r = unsafe {
+        libc::setsockopt(
+            sock,
+            libc::SOL_SOCKET,
+            SO_ATTACH_BPF,
+            (&fd as *const i32).cast(),
+            std::mem::size_of::<i32>() as u32,
+        )
+    };
+    if r < 0 {
+        return Err(ctx(io::Error::last_os_error(), "SO_ATTACH_BPF"));
+    }
+    Ok(())
+}
+
+/// A loaded BPF program and the maps it uses.
 #[derive(Debug)]
 pub struct Program {
     pub name: String,
@@ -365,9 +428,20 @@ impl Program {
     /// As `load_sized`, with the maps in `shared` used in place of the object's maps of the
     /// same names (one map for the programs of several interfaces).
     pub fn load_with(name: &str, elf: &[u8], sizes: &[(&str, u32)], shared: &[&Map]) -> io::Result<Program> {
+        Self::load_kind(name, elf, Kind::XDP, sizes, shared)
+    }
+
+    /// As `load_with`, for the program of section `kind.section`, loaded as that kind.
+    pub fn load_kind(
+        name: &str,
+        elf: &[u8],
+        kind: Kind,
+        sizes: &[(&str, u32)],
+        shared: &[&Map],
+    ) -> io::Result<Program> {
         let obj = Elf::parse(elf).map_err(|m| io::Error::new(io::ErrorKind::InvalidData, format!("{name}: {m}")))?;
         let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, format!("{name}: {m}"));
-        let prog = obj.section("xdp").ok_or_else(|| bad("no xdp section"))?;
+        let prog = obj.section(kind.section).ok_or_else(|| bad(&format!("no {} section", kind.section)))?;
         let license = obj.section("license").map(|s| obj.data(s)).unwrap_or(b"GPL\0");
         let license = CString::new(license.split(|&b| b == 0).next().unwrap_or(b"GPL")).unwrap();
         let mut insns = obj.data(prog).to_vec();
@@ -406,7 +480,7 @@ impl Program {
         }
         let mut log = vec![0u8; 1 << 20];
         let mut a = ProgLoad {
-            prog_type: BPF_PROG_TYPE_XDP,
+            prog_type: kind.prog_type,
             insn_cnt: (insns.len() / 8) as u32,
             insns: insns.as_ptr() as u64,
             license: license.as_ptr() as u64,
@@ -432,7 +506,7 @@ impl Program {
                             .rev()
                             .collect::<Vec<_>>()
                             .join("\n");
-                        return Err(ctx(e, &format!("loading XDP program {name}; verifier said:\n{text}")));
+                        return Err(ctx(e, &format!("loading BPF program {name}; verifier said:\n{text}")));
                     }
                 }
             }
@@ -587,6 +661,7 @@ pub mod objects {
     pub const GEN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gen.o"));
     pub const SINK: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sink.o"));
     pub const INJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/inject.o"));
+    pub const SKB: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/skb.o"));
 }
 
 #[cfg(test)]
@@ -595,10 +670,11 @@ mod tests {
 
     #[test]
     fn objects_parse_and_name_their_maps() {
-        for (o, maps) in [
-            (objects::STEER, &["xsks", "steer_stats"][..]),
-            (objects::GEN, &["gen_cfg", "gen_count", "gen_pace"][..]),
-            (objects::SINK, &["sink_count", "sink_src"][..]),
+        for (o, maps, progs) in [
+            (objects::STEER, &["xsks", "steer_stats", "flows4", "flows6", "steer_cfg"][..], &["xdp"][..]),
+            (objects::GEN, &["gen_cfg", "gen_count", "gen_pace"][..], &["xdp"][..]),
+            (objects::SINK, &["sink_count", "sink_src"][..], &["xdp"][..]),
+            (objects::SKB, &["flows4", "flows6", "steer_cfg", "skb_pass", "skb_stats"][..], &["socket", "tc"][..]),
         ] {
             let e = Elf::parse(o).unwrap();
             let ms = e.section("maps").unwrap();
@@ -606,8 +682,10 @@ mod tests {
             for m in maps {
                 assert!(names.contains(m), "{m} in {names:?}");
             }
-            let x = e.section("xdp").unwrap();
-            assert!(!e.relocations_for(x.index).is_empty());
+            for p in progs {
+                let x = e.section(p).unwrap();
+                assert!(!e.relocations_for(x.index).is_empty(), "{p}");
+            }
         }
     }
 

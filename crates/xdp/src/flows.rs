@@ -64,6 +64,16 @@ fn word(b: &[u8]) -> u32 {
     u32::from_ne_bytes([b[0], b[1], b[2], b[3]])
 }
 
+const ICMP: u8 = 1;
+const ICMPV6: u8 = 58;
+
+/// The key word of an ICMP(v6) echo request or reply (a type in `types`) at `l4`: type, code
+/// and identifier (bytes 0, 1, 4, 5).
+fn echo_word(f: &[u8], l4: usize, types: [u8; 2]) -> Option<u32> {
+    let h = f.get(l4..l4 + 8)?;
+    types.contains(&h[0]).then(|| u32::from_ne_bytes([h[0], h[1], h[4], h[5]]))
+}
+
 fn hmix(h: u32, w: u32) -> u32 {
     let w = w.wrapping_mul(0xcc9e2d51).rotate_left(15).wrapping_mul(0x1b873593);
     (h ^ w).rotate_left(13).wrapping_mul(5).wrapping_add(0xe6546b64)
@@ -78,8 +88,10 @@ fn hfinal(mut h: u32) -> u32 {
 }
 
 impl FlowKey {
-    /// The key of an Ethernet frame the program would look up: TCP or UDP right after an
-    /// IPv4 header without options (not a fragment), or right after the IPv6 header.
+    /// The key of an Ethernet frame the program would look up: TCP, UDP or an ICMP echo
+    /// request or reply right after an IPv4 header without options (not a fragment), or
+    /// right after the IPv6 header (ICMPv6 echo). An echo's key holds its type, code and
+    /// identifier where the ports are (bytes 0, 1, 4 and 5 of its header), as the programs'.
     pub fn of_frame(f: &[u8]) -> Option<FlowKey> {
         let mut k = FlowKey::default();
         match u16::from_be_bytes([*f.get(12)?, *f.get(13)?]) {
@@ -90,7 +102,7 @@ impl FlowKey {
                 k.proto = f[23];
                 k.src[0] = word(&f[26..30]);
                 k.dst[0] = word(&f[30..34]);
-                k.ports = word(&f[34..38]);
+                k.ports = if k.proto == ICMP { echo_word(f, 34, [8, 0])? } else { word(&f[34..38]) };
             }
             0x86dd => {
                 if f.len() < 58 || f[14] >> 4 != 6 {
@@ -102,14 +114,26 @@ impl FlowKey {
                     k.src[w] = word(&f[22 + 4 * w..]);
                     k.dst[w] = word(&f[38 + 4 * w..]);
                 }
-                k.ports = word(&f[54..58]);
+                k.ports = if k.proto == ICMPV6 { echo_word(f, 54, [128, 129])? } else { word(&f[54..58]) };
             }
             _ => return None,
         }
-        matches!(k.proto, 6 | 17).then_some(k)
+        let family_icmp = if k.v6 { ICMPV6 } else { ICMP };
+        (matches!(k.proto, 6 | 17) || k.proto == family_icmp).then_some(k)
     }
 
-    /// The other direction of the flow.
+    /// Whether the key is an ICMP or ICMPv6 echo's.
+    pub fn echo(&self) -> bool {
+        self.proto == ICMP || self.proto == ICMPV6
+    }
+
+    /// An echo key's type, code and identifier.
+    pub fn echo_parts(&self) -> (u8, u8, u16) {
+        let b = self.ports.to_ne_bytes();
+        (b[0], b[1], u16::from_be_bytes([b[2], b[3]]))
+    }
+
+    /// The other direction of the flow (TCP or UDP).
     pub fn reversed(&self) -> FlowKey {
         let b = self.ports.to_ne_bytes();
         FlowKey { src: self.dst, dst: self.src, ports: u32::from_ne_bytes([b[2], b[3], b[0], b[1]]), ..*self }

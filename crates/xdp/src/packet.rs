@@ -1,4 +1,4 @@
-//! AF_PACKET ports (TPACKET_V3 rings): the fallback where XDP cannot be attached.
+//! AF_PACKET ports (TPACKET_V2 rings): the fallback where XDP cannot be attached.
 //!
 //! A packet socket is a tap, not a diversion: the kernel goes on processing what the socket
 //! copies. So packet mode has two halves. In the kernel, a `table netdev xpfd` ingress chain
@@ -23,13 +23,34 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-const BLOCK: usize = 1 << 18;
-const RX_BLOCKS: usize = 16;
+/// TPACKET_V2 rings: per-frame status words, so each frame reaches xpfd as soon as the kernel
+/// wrote it (TPACKET_V3 hands over whole blocks, retired by a timer when not full: a
+/// millisecond's wait for a lone packet, and a timer interrupt a millisecond on every socket,
+/// which cost forwarded traffic ~15% of its throughput on a 2-vCPU VM).
+const BLOCK: usize = 1 << 16;
+const RX_FRAME: usize = 2048;
+const RX_FRAMES: usize = 2048;
+const RX_LEN: usize = RX_FRAME * RX_FRAMES;
 const TX_FRAME: usize = 2048;
 const TX_FRAMES: usize = 1024;
-/// Where a TX frame's data starts: TPACKET3_HDRLEN less the sockaddr_ll (the kernel's rule
+/// Where a TX frame's data starts: TPACKET2_HDRLEN less the sockaddr_ll (the kernel's rule
 /// without PACKET_TX_HAS_OFF).
-const TX_DATA: usize = 48;
+const TX_DATA: usize = 32;
+/// tpacket2_hdr: tp_status at 0, tp_len 4, tp_snaplen 8, tp_mac 12; the sockaddr_ll at 32
+/// (its sll_pkttype at 42).
+const H_LEN: usize = 4;
+const H_SNAPLEN: usize = 8;
+const H_MAC: usize = 12;
+const H_PKTTYPE: usize = 42;
+/// A frame longer than a ring slot (a GSO packet: up to 64 KB) comes whole through the
+/// socket's receive queue (PACKET_COPY_THRESH), its slot marked TP_STATUS_COPY; the
+/// copies wait in these buffers until `rx_done`.
+const TP_STATUS_COPY: u32 = 1 << 1;
+const PACKET_COPY_THRESH: i32 = 7;
+const COPY_SLOT: usize = 65536 + 512;
+const COPY_SLOTS: usize = 8;
+/// Descriptor addresses from here on are in the copy buffers, not the ring.
+const COPY_BASE: u64 = 1 << 40;
 /// Headroom asked of the RX ring in front of each frame, for the routing metadata.
 const RESERVE: u32 = 64;
 const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
@@ -73,13 +94,13 @@ pub struct PacketPort {
     fd: OwnedFd,
     map: *mut u8,
     map_len: usize,
-    blk: usize,
-    /// Offset in the current block of the next frame, and frames left in it (block open).
-    next: usize,
-    left: u32,
-    open: bool,
-    /// The open block is used up: give it back at the next `rx_done`.
-    release: bool,
+    /// The RX ring's next frame.
+    rx_head: usize,
+    /// Ring frames handed out by the last `rx_burst`, given back at `rx_done`.
+    held: Vec<usize>,
+    /// Frames too long for a ring slot, and how many slots the last burst used.
+    copies: Vec<u8>,
+    copies_used: usize,
     tx_head: usize,
     tx_pending: Vec<usize>,
     /// The frame queued last (its ring index), for a checksum request.
@@ -98,7 +119,7 @@ pub struct PacketPort {
 unsafe impl Send for PacketPort {}
 
 impl PacketPort {
-    /// Opens a packet socket on `ifindex` with a TPACKET_V3 RX ring and a TX ring.
+    /// Opens a packet socket on `ifindex` with a TPACKET_V2 RX ring and a TX ring.
     pub fn open(ifindex: u32) -> io::Result<PacketPort> {
         // Protocol 0 until the rings are set up and the socket bound: it sees nothing before.
         // SAFETY: plain socket call.
@@ -108,7 +129,7 @@ impl PacketPort {
         }
         // SAFETY: raw is a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        setopt(raw, libc::SOL_PACKET, libc::PACKET_VERSION, &2i32 /* TPACKET_V3 */)?;
+        setopt(raw, libc::SOL_PACKET, libc::PACKET_VERSION, &1i32 /* TPACKET_V2 */)?;
         setopt(raw, libc::SOL_PACKET, libc::PACKET_RESERVE, &RESERVE)?;
         // Our own transmissions (and the host's) are not received back.
         setopt(raw, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &1i32)?;
@@ -116,28 +137,25 @@ impl PacketPort {
         // segmentation (TSO: 64 KB segments) to offload, and the kernel finishes both when
         // xpfd sends the frame on with the same header.
         setopt(raw, libc::SOL_PACKET, PACKET_VNET_HDR, &1i32)?;
-        let rx = libc::tpacket_req3 {
+        setopt(raw, libc::SOL_PACKET, PACKET_COPY_THRESH, &1i32)?;
+        // Room on the receive queue for the copies of long frames: a burst of GSO packets.
+        setopt(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &(8i32 << 20))?;
+        let rx = libc::tpacket_req {
             tp_block_size: BLOCK as u32,
-            tp_block_nr: RX_BLOCKS as u32,
-            tp_frame_size: TX_FRAME as u32,
-            tp_frame_nr: (BLOCK * RX_BLOCKS / TX_FRAME) as u32,
-            tp_retire_blk_tov: 1,
-            tp_sizeof_priv: 0,
-            tp_feature_req_word: 0,
+            tp_block_nr: (RX_LEN / BLOCK) as u32,
+            tp_frame_size: RX_FRAME as u32,
+            tp_frame_nr: RX_FRAMES as u32,
         };
         setopt(raw, libc::SOL_PACKET, libc::PACKET_RX_RING, &rx)?;
         let tx_blocks = TX_FRAME * TX_FRAMES / BLOCK;
-        let tx = libc::tpacket_req3 {
+        let tx = libc::tpacket_req {
             tp_block_size: BLOCK as u32,
             tp_block_nr: tx_blocks as u32,
             tp_frame_size: TX_FRAME as u32,
             tp_frame_nr: TX_FRAMES as u32,
-            tp_retire_blk_tov: 0,
-            tp_sizeof_priv: 0,
-            tp_feature_req_word: 0,
         };
         setopt(raw, libc::SOL_PACKET, libc::PACKET_TX_RING, &tx)?;
-        let map_len = BLOCK * (RX_BLOCKS + tx_blocks);
+        let map_len = RX_LEN + BLOCK * tx_blocks;
         // SAFETY: mapping the rings the kernel just set up on this socket.
         let map = unsafe {
             libc::mmap(
@@ -156,11 +174,10 @@ impl PacketPort {
             fd,
             map: map.cast(),
             map_len,
-            blk: 0,
-            next: 0,
-            left: 0,
-            open: false,
-            release: false,
+            rx_head: 0,
+            held: Vec::with_capacity(64),
+            copies: vec![0; COPY_SLOT * COPY_SLOTS],
+            copies_used: 0,
             tx_head: 0,
             tx_pending: Vec::with_capacity(64),
             tx_last: 0,
@@ -195,9 +212,14 @@ impl PacketPort {
         self.fd.as_raw_fd()
     }
 
-    fn block(&self, i: usize) -> *mut u8 {
-        // SAFETY: i < RX_BLOCKS, inside the mapping.
-        unsafe { self.map.add(i * BLOCK) }
+    fn rx_frame(&self, i: usize) -> *mut u8 {
+        // SAFETY: i < RX_FRAMES, inside the mapping.
+        unsafe { self.map.add(i * RX_FRAME) }
+    }
+
+    fn tx_frame(&self, i: usize) -> *mut u8 {
+        // SAFETY: i < TX_FRAMES, inside the mapping after the RX ring.
+        unsafe { self.map.add(RX_LEN + i * TX_FRAME) }
     }
 
     fn status(p: *mut u8) -> &'static AtomicU32 {
@@ -210,103 +232,127 @@ impl PacketPort {
         unsafe { std::ptr::read_unaligned(p.add(off).cast::<u32>()) }
     }
 
-    /// Up to `out.len()` frames for the filter, from one block of the RX ring, each with the
-    /// routing metadata in front of it. What the filter must not see is counted and skipped.
+    /// The next frame of the socket's receive queue (a copy of a frame too long for its ring
+    /// slot), read into copy slot `c` behind room for the metadata; its length.
+    fn read_copy(&mut self, c: usize) -> Option<usize> {
+        let buf = &mut self.copies[c * COPY_SLOT..(c + 1) * COPY_SLOT];
+        // The virtio_net_hdr comes first, right in front of the frame.
+        let at = META_LEN - VNET;
+        // SAFETY: reading into a buffer we own, of the length passed.
+        let r = unsafe {
+            libc::recv(self.fd.as_raw_fd(), buf[at..].as_mut_ptr().cast(), COPY_SLOT - at, libc::MSG_DONTWAIT)
+        };
+        (r >= VNET as isize).then(|| r as usize - VNET)
+    }
+
+    /// Up to `out.len()` frames for the filter, from the RX ring (and, for frames too long
+    /// for a slot, the receive queue), each with the routing metadata in front of it. What
+    /// the filter must not see is counted and given back at once.
     pub fn rx_burst(&mut self, out: &mut [Desc]) -> usize {
         let mut n = 0;
         let now = Instant::now();
-        loop {
-            if !self.open {
-                let b = self.block(self.blk);
-                // block_desc: version, offset_to_priv, then block_status at 8.
-                // SAFETY: inside the mapping.
-                let st = Self::status(unsafe { b.add(8) }).load(Ordering::Acquire);
-                if st & libc::TP_STATUS_USER == 0 {
-                    return n;
+        self.copies_used = 0;
+        while n < out.len() {
+            let i = self.rx_head;
+            let h = self.rx_frame(i);
+            let status = Self::status(h).load(Ordering::Acquire);
+            if status & libc::TP_STATUS_USER == 0 {
+                break;
+            }
+            let copied = status & TP_STATUS_COPY != 0;
+            if copied && self.copies_used == COPY_SLOTS {
+                // The copy slots are taken: the frame waits for the next burst.
+                break;
+            }
+            self.rx_head = (i + 1) % RX_FRAMES;
+            self.stats.rx += 1;
+            let len = Self::u32_at(h, H_LEN) as usize;
+            let mut snaplen = Self::u32_at(h, H_SNAPLEN) as usize;
+            // SAFETY: tp_mac is a u16 at 12 of the header, sll_pkttype a byte at 42.
+            let (mut mac, pkttype) =
+                unsafe { (std::ptr::read_unaligned(h.add(H_MAC).cast::<u16>()) as usize, *h.add(H_PKTTYPE)) };
+            let (base, addr0) = if copied {
+                let c = self.copies_used;
+                match self.read_copy(c) {
+                    Some(l) => {
+                        self.copies_used += 1;
+                        // The ring's slot has served its purpose.
+                        Self::status(h).store(libc::TP_STATUS_KERNEL, Ordering::Release);
+                        snaplen = l;
+                        mac = META_LEN;
+                        // SAFETY: slot c of the copy buffers.
+                        (unsafe { self.copies.as_mut_ptr().add(c * COPY_SLOT) }, COPY_BASE + (c * COPY_SLOT) as u64)
+                    }
+                    None => {
+                        Self::status(h).store(libc::TP_STATUS_KERNEL, Ordering::Release);
+                        self.counters[4] += 1;
+                        continue;
+                    }
                 }
-                self.left = Self::u32_at(b, 12);
-                self.next = Self::u32_at(b, 16) as usize;
-                self.open = true;
-            }
-            let b = self.block(self.blk);
-            while self.left > 0 && n < out.len() {
-                // SAFETY: next is an offset the kernel wrote, inside the block.
-                let h = unsafe { b.add(self.next) };
-                let next_off = Self::u32_at(h, 0) as usize;
-                let snaplen = Self::u32_at(h, 12);
-                let len = Self::u32_at(h, 16);
-                let status = Self::u32_at(h, 20);
-                // SAFETY: tp_mac is a u16 at 24; sll_pkttype at 48 + 10.
-                let (mac, pkttype) =
-                    unsafe { (std::ptr::read_unaligned(h.add(24).cast::<u16>()) as usize, *h.add(58)) };
-                self.left -= 1;
-                self.next += next_off;
-                self.stats.rx += 1;
-                // SAFETY: the frame lies at tp_mac within the block, snaplen long.
-                let frame = unsafe { std::slice::from_raw_parts(h.add(mac), snaplen as usize) };
-                // SAFETY: the kernel wrote the virtio_net_hdr right in front of the frame
-                // (tp_mac leaves RESERVE >= VNET bytes there).
-                let v = unsafe { std::slice::from_raw_parts(h.add(mac - VNET), VNET) };
-                let gso = v[1];
-                let options = (v[0] & VNET_NEEDS_CSUM) as u32
-                    | (gso as u32) << 8
-                    | (u16::from_ne_bytes([v[4], v[5]]) as u32) << 16;
-                let slot = if pkttype == libc::PACKET_OTHERHOST || pkttype == libc::PACKET_OUTGOING {
-                    Some(6)
-                } else if status & TP_STATUS_VLAN_VALID != 0 {
-                    Some(0)
-                } else if snaplen < len {
-                    Some(4)
-                } else {
-                    None
-                };
-                let (slot, route) = match slot {
-                    Some(s) => (s, Route::Invalid),
-                    None => self.router.classify(frame, now, if gso != 0 { offload::gso_size(options) } else { 0 }),
-                };
-                self.counters[slot] += 1;
-                if slot != 5 || mac < META_LEN {
-                    continue;
+            } else {
+                (h, (i * RX_FRAME) as u64)
+            };
+            // SAFETY: the frame lies at mac within its slot (ring or copy), snaplen long.
+            let frame = unsafe { std::slice::from_raw_parts(base.add(mac), snaplen) };
+            // SAFETY: the kernel wrote the virtio_net_hdr right in front of the frame
+            // (tp_mac leaves RESERVE >= VNET bytes there; read_copy put it there).
+            let v = unsafe { std::slice::from_raw_parts(base.add(mac - VNET), VNET) };
+            let gso = v[1];
+            let options =
+                (v[0] & VNET_NEEDS_CSUM) as u32 | (gso as u32) << 8 | (u16::from_ne_bytes([v[4], v[5]]) as u32) << 16;
+            let slot = if pkttype == libc::PACKET_OTHERHOST || pkttype == libc::PACKET_OUTGOING {
+                Some(6)
+            } else if !copied && status & TP_STATUS_VLAN_VALID != 0 {
+                Some(0)
+            } else if snaplen < len && !copied {
+                Some(4)
+            } else {
+                None
+            };
+            let (slot, route) = match slot {
+                Some(s) => (s, Route::Invalid),
+                None => self.router.classify(frame, now, if gso != 0 { offload::gso_size(options) } else { 0 }),
+            };
+            self.counters[slot] += 1;
+            if slot != 5 || mac < META_LEN {
+                if !copied {
+                    Self::status(h).store(libc::TP_STATUS_KERNEL, Ordering::Release);
                 }
-                // SAFETY: PACKET_RESERVE left RESERVE >= META_LEN bytes in front of the frame.
-                let meta = unsafe { std::slice::from_raw_parts_mut(h.add(mac - META_LEN), META_LEN) };
-                route.write(meta);
-                let addr = (h as usize - self.map as usize + mac - META_LEN) as u64;
-                out[n] = Desc { addr, len: META_LEN as u32 + snaplen, options };
-                n += 1;
+                continue;
             }
-            if self.left > 0 {
-                return n;
+            // SAFETY: PACKET_RESERVE (or read_copy) left RESERVE >= META_LEN bytes in front of
+            // the frame.
+            let meta = unsafe { std::slice::from_raw_parts_mut(base.add(mac - META_LEN), META_LEN) };
+            route.write(meta);
+            out[n] = Desc { addr: addr0 + (mac - META_LEN) as u64, len: (META_LEN + snaplen) as u32, options };
+            n += 1;
+            if !copied {
+                self.held.push(i);
             }
-            if n > 0 {
-                self.release = true;
-                return n;
-            }
-            self.give_back();
         }
-    }
-
-    fn give_back(&mut self) {
-        // SAFETY: inside the mapping.
-        Self::status(unsafe { self.block(self.blk).add(8) }).store(libc::TP_STATUS_KERNEL, Ordering::Release);
-        self.blk = (self.blk + 1) % RX_BLOCKS;
-        self.open = false;
-        self.release = false;
+        n
     }
 
     /// # Safety
     /// As [`crate::xsk::Xsk::frame_unbound`]: not to be used after `rx_done`.
     pub unsafe fn frame_unbound<'a>(&self, addr: u64, len: u32) -> &'a [u8] {
-        assert!(addr as usize + len as usize <= BLOCK * RX_BLOCKS);
-        // SAFETY: in the RX part of the mapping; the block stays ours until rx_done.
+        if addr >= COPY_BASE {
+            let at = (addr - COPY_BASE) as usize;
+            assert!(at + len as usize <= self.copies.len());
+            // SAFETY: in the copy buffers, which stay as they are until the next rx_burst.
+            return unsafe { std::slice::from_raw_parts(self.copies.as_ptr().add(at), len as usize) };
+        }
+        assert!(addr as usize + len as usize <= RX_LEN);
+        // SAFETY: in the RX part of the mapping; the frame stays ours until rx_done.
         unsafe { std::slice::from_raw_parts(self.map.add(addr as usize), len as usize) }
     }
 
-    /// Frames handed out by the last `rx_burst` are done with.
+    /// Frames handed out by the last `rx_burst` are done with: their ring slots go back.
     pub fn rx_done(&mut self, _descs: &[Desc]) {
-        if self.release {
-            self.give_back();
+        for &i in &self.held {
+            Self::status(self.rx_frame(i)).store(libc::TP_STATUS_KERNEL, Ordering::Release);
         }
+        self.held.clear();
     }
 
     /// Copies `bytes` into a free TX frame; returns it for in-place edits before `flush`.
@@ -314,9 +360,8 @@ impl PacketPort {
     pub fn room_for_answers(&self) -> bool {
         // The ring fills in order from the head: free a quarter ahead means free up to there.
         let i = (self.tx_head + TX_FRAMES / 4) % TX_FRAMES;
-        // SAFETY: frame i of the TX ring, inside the mapping; tp_status at 20 of its header.
-        let st =
-            Self::status(unsafe { self.map.add(BLOCK * RX_BLOCKS + i * TX_FRAME).add(20) }).load(Ordering::Acquire);
+        // tp_status at 0 of the frame's header.
+        let st = Self::status(self.tx_frame(i)).load(Ordering::Acquire);
         st & (libc::TP_STATUS_SEND_REQUEST | libc::TP_STATUS_SENDING) == 0
     }
 
@@ -326,10 +371,8 @@ impl PacketPort {
             return None;
         }
         let i = self.tx_head;
-        // SAFETY: frame i of the TX ring, inside the mapping.
-        let f = unsafe { self.map.add(BLOCK * RX_BLOCKS + i * TX_FRAME) };
-        // SAFETY: tp_status at 20 of the frame header.
-        let st = Self::status(unsafe { f.add(20) }).load(Ordering::Acquire);
+        let f = self.tx_frame(i);
+        let st = Self::status(f).load(Ordering::Acquire);
         if st & (libc::TP_STATUS_SEND_REQUEST | libc::TP_STATUS_SENDING) != 0 {
             self.stats.tx_full += 1;
             return None;
@@ -338,10 +381,9 @@ impl PacketPort {
         // SAFETY: header fields and data area of a frame the kernel is not using.
         unsafe {
             let n = (VNET + bytes.len()) as u32;
-            std::ptr::write_unaligned(f.cast::<u32>(), 0); // tp_next_offset
-            std::ptr::write_unaligned(f.add(16).cast::<u32>(), n); // tp_len
-            std::ptr::write_unaligned(f.add(12).cast::<u32>(), n); // tp_snaplen
-                                                                   // No offload asked unless tx_checksum says otherwise.
+            std::ptr::write_unaligned(f.add(H_LEN).cast::<u32>(), n); // tp_len
+            std::ptr::write_unaligned(f.add(H_SNAPLEN).cast::<u32>(), n); // tp_snaplen
+                                                                          // No offload asked unless tx_checksum says otherwise.
             std::slice::from_raw_parts_mut(f.add(TX_DATA), VNET).fill(0);
             let d = std::slice::from_raw_parts_mut(f.add(TX_DATA + VNET), bytes.len());
             d.copy_from_slice(bytes);
@@ -358,9 +400,7 @@ impl PacketPort {
             return false;
         }
         // SAFETY: the virtio_net_hdr of a frame queued by tx_copy, not yet handed over.
-        let v = unsafe {
-            std::slice::from_raw_parts_mut(self.map.add(BLOCK * RX_BLOCKS + self.tx_last * TX_FRAME + TX_DATA), VNET)
-        };
+        let v = unsafe { std::slice::from_raw_parts_mut(self.tx_frame(self.tx_last).add(TX_DATA), VNET) };
         vnet_csum(v, start, offset);
         true
     }
@@ -411,9 +451,7 @@ impl PacketPort {
             return;
         }
         for &i in &self.tx_pending {
-            // SAFETY: frame i's status word.
-            let f = unsafe { self.map.add(BLOCK * RX_BLOCKS + i * TX_FRAME + 20) };
-            Self::status(f).store(libc::TP_STATUS_SEND_REQUEST, Ordering::Release);
+            Self::status(self.tx_frame(i)).store(libc::TP_STATUS_SEND_REQUEST, Ordering::Release);
         }
         self.stats.tx += self.tx_pending.len() as u64;
         self.tx_pending.clear();
@@ -424,15 +462,15 @@ impl PacketPort {
 
     /// Counters in the AF_XDP shape; the kernel's drops (ring full) from PACKET_STATISTICS.
     pub fn kernel_stats(&mut self) -> XskStats {
-        // SAFETY: a zeroed tpacket_stats_v3 of the size passed.
+        // SAFETY: a zeroed tpacket_stats of the size passed.
         unsafe {
-            let mut s: libc::tpacket_stats_v3 = std::mem::zeroed();
-            let mut l = std::mem::size_of::<libc::tpacket_stats_v3>() as u32;
+            let mut s: libc::tpacket_stats = std::mem::zeroed();
+            let mut l = std::mem::size_of::<libc::tpacket_stats>() as u32;
             if libc::getsockopt(
                 self.fd.as_raw_fd(),
                 libc::SOL_PACKET,
                 libc::PACKET_STATISTICS,
-                (&mut s as *mut libc::tpacket_stats_v3).cast(),
+                (&mut s as *mut libc::tpacket_stats).cast(),
                 &mut l,
             ) == 0
             {

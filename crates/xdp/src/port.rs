@@ -58,6 +58,17 @@ impl PortIo {
         }
     }
 
+    /// Whether a frame received here may be a segment of a fast-path flow that the kernel
+    /// handed over to be judged: metadata says so on an XDP port; a packet port's socket
+    /// filter cannot mark what it hands over, so any frame may be one there.
+    #[inline]
+    pub fn handed_over(&self, meta: &[u8]) -> bool {
+        match self {
+            PortIo::Xdp(_) => crate::steer::fast_flow(meta),
+            PortIo::Packet(_) => true,
+        }
+    }
+
     /// Whether [`PortIo::tx_checksum`] can be asked.
     #[inline]
     pub fn can_tx_checksum(&self) -> bool {

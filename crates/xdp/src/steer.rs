@@ -137,6 +137,27 @@ impl Inject {
     }
 }
 
+/// Maps the flow tables of `prog` (the steering program, or the skb fast path's) and sets
+/// their hash seed and the sync pace (a TCP segment goes to xpfd every `pace` sync counts; 0:
+/// never). Lookups stay off until [`fast_lookups`].
+pub fn fast_tables(prog: &Program, seed: u32, pace: u32) -> io::Result<crate::flows::FlowTables> {
+    let (m4, m6) = (prog.map("flows4"), prog.map("flows6"));
+    let v4 = crate::flows::Table::mapped(m4.mmap()?, m4.max_entries, false, seed);
+    let v6 = crate::flows::Table::mapped(m6.mmap()?, m6.max_entries, true, seed);
+    let cfg = prog.map("steer_cfg");
+    cfg.update(&C_SEED.to_ne_bytes(), &seed.to_ne_bytes())?;
+    cfg.update(&C_PACE.to_ne_bytes(), &pace.to_ne_bytes())?;
+    Ok(crate::flows::FlowTables { v4, v6 })
+}
+
+/// Turns table lookups of `prog`'s fast path on or off (the tables' masks; 0: no lookup).
+pub fn fast_lookups(prog: &Program, on: bool) -> io::Result<()> {
+    let cfg = prog.map("steer_cfg");
+    let mask = |m: &str| if on { prog.map(m).max_entries - 1 } else { 0 };
+    cfg.update(&C_MASK6.to_ne_bytes(), &mask("flows6").to_ne_bytes())?;
+    cfg.update(&C_MASK4.to_ne_bytes(), &mask("flows4").to_ne_bytes())
+}
+
 /// The steering program loaded once and attached to each filtered interface.
 pub struct Steer {
     pub prog: Program,
@@ -157,26 +178,16 @@ impl Steer {
         Ok(Steer { prog, attached: Vec::new() })
     }
 
-    /// Maps the flow tables and turns the fast path on: the tables' hash seed, their masks,
-    /// and the sync pace (a TCP segment goes to xpfd every `pace` sync counts; 0: never).
+    /// Maps the flow tables and turns the fast path on (see [`fast_tables`]).
     pub fn fast_tables(&self, seed: u32, pace: u32) -> io::Result<crate::flows::FlowTables> {
-        let (m4, m6) = (self.prog.map("flows4"), self.prog.map("flows6"));
-        let v4 = crate::flows::Table::mapped(m4.mmap()?, m4.max_entries, false, seed);
-        let v6 = crate::flows::Table::mapped(m6.mmap()?, m6.max_entries, true, seed);
-        let cfg = self.prog.map("steer_cfg");
-        cfg.update(&C_SEED.to_ne_bytes(), &seed.to_ne_bytes())?;
-        cfg.update(&C_PACE.to_ne_bytes(), &pace.to_ne_bytes())?;
-        Ok(crate::flows::FlowTables { v4, v6 })
+        fast_tables(&self.prog, seed, pace)
     }
 
-    /// Turns the program's table lookups on or off (the tables' masks; 0: no lookup). Off
-    /// while no interface takes redirected frames: no flow can be in the tables then, and
-    /// every packet would pay a lookup that misses.
+    /// Turns the program's table lookups on or off (see [`fast_lookups`]). Off while no
+    /// interface takes redirected frames: no flow can be in the tables then, and every
+    /// packet would pay a lookup that misses.
     pub fn fast_lookups(&self, on: bool) -> io::Result<()> {
-        let cfg = self.prog.map("steer_cfg");
-        let mask = |m: &str| if on { self.prog.map(m).max_entries - 1 } else { 0 };
-        cfg.update(&C_MASK6.to_ne_bytes(), &mask("flows6").to_ne_bytes())?;
-        cfg.update(&C_MASK4.to_ne_bytes(), &mask("flows4").to_ne_bytes())
+        fast_lookups(&self.prog, on)
     }
 
     /// Attaches to `ifindex`, native mode first, then generic (skb) mode; returns the mode.

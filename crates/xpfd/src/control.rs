@@ -276,6 +276,8 @@ pub struct Daemon {
     pub sync: Option<Arc<crate::sync::Shared>>,
     /// Which interfaces take the fast path's redirected frames (fast path on).
     pub egresses: Option<Arc<crate::fastpath::Egresses>>,
+    /// Packet mode's fast path: its programs' counters (`skb_stats`).
+    pub skb_stats: Option<xpf_xdp::bpf::Map>,
     /// pflog's counters.
     pub pflog: Option<Arc<crate::pflog::Shared>>,
     /// pflow's counters, when --pflow is on (rules with `pflow` are refused without it).
@@ -409,6 +411,7 @@ impl Daemon {
             start: Instant::now(),
             sync: None,
             egresses: None,
+            skb_stats: None,
             pflog: None,
             pflow: None,
         }
@@ -1001,6 +1004,15 @@ impl Daemon {
                         let _ = writeln!(text, "  {:<42} {:>14}", label, c[i]);
                     }
                 }
+                let skb: Option<Vec<u64>> = self.skb_stats.as_ref().map(|m| {
+                    (0..xpf_xdp::skbpath::SKB_COUNTERS.len() as u32).map(|i| m.percpu_sum(i).unwrap_or(0)).collect()
+                });
+                if let Some(c) = &skb {
+                    let _ = writeln!(text, "Fast path in the kernel (socket buffers)");
+                    for ((_, label), v) in xpf_xdp::skbpath::SKB_COUNTERS.iter().zip(c) {
+                        let _ = writeln!(text, "  {label:<58} {v:>14}");
+                    }
+                }
                 let sync = self.sync.as_ref().map(|s| crate::sync::render(s));
                 if let Some((t, _)) = &sync {
                     text.push_str(t);
@@ -1062,6 +1074,7 @@ impl Daemon {
                     "pflog": pflog.map(|rows| by_key(&rows)),
                     "pflow": pflow.map(|rows| by_key(&rows)),
                     "steering": steer.iter().map(|(n, c)| json!({"interface": n, "counters": keyed(&xpf_xdp::steer::COUNTERS, c), "fast_path_out": fast_out(n)})).collect::<Vec<_>>(),
+                    "skb_fast_path": skb.as_ref().map(|c| keyed(&xpf_xdp::skbpath::SKB_COUNTERS, c)),
                     "packet_mode": pc.iter().map(|(i, c)| json!({"ifindex": i, "counters": keyed(&xpf_xdp::packet::PACKET_COUNTERS, c)})).collect::<Vec<_>>(),
                     "sockets": xs.iter().map(|x| json!({"ifindex": x.ifindex, "queue": x.queue, "rx": x.rx, "tx": x.tx,
                         "tx_full": x.tx_full, "kicks": x.kicks, "rx_dropped": x.rx_dropped, "rx_ring_full": x.rx_ring_full,

@@ -654,17 +654,18 @@ impl Dataplane {
         let mut frames: [&[u8]; BATCH] = [&[]; BATCH];
         let mut routes = [Route::Invalid; BATCH];
         let inif = self.ports[p].ifindex;
-        // TCP segments of fast-path flows the steering program handed over: their windows
-        // come from the flow tables first.
+        // TCP segments of fast-path flows the kernel handed over: their windows come from the
+        // flow tables first.
         let mut handed_over = 0u64;
         let mut local = 0u64;
+        let fast_tcp = self.fast.as_ref().is_some_and(|f| f.tcp_flows());
         for i in 0..n {
             routes[i] = Route::parse(alls[i]);
             if routes[i] == Route::Local {
                 local |= 1 << i;
             }
             frames[i] = alls[i].get(META_LEN..).unwrap_or(&[]);
-            if xpf_xdp::steer::fast_flow(alls[i]) {
+            if fast_tcp && self.ports[p].io.handed_over(alls[i]) {
                 handed_over |= 1 << i;
             }
         }

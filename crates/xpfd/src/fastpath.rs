@@ -165,7 +165,8 @@ pub struct FastPath {
     pub stats: FastStats,
 }
 
-/// A minimal frame of the flow `k` names (TCP or UDP), for the engine to key its states on.
+/// A minimal frame of the flow `k` names (TCP, UDP, or an ICMP(v6) echo), for the engine to
+/// key its states on.
 fn frame_of(k: &FlowKey) -> ([u8; 74], usize) {
     let mut f = [0u8; 74];
     let tcp = k.proto == 6;
@@ -192,6 +193,9 @@ fn frame_of(k: &FlowKey) -> ([u8; 74], usize) {
         f[l4 + 2..l4 + 4].copy_from_slice(&k.dport().to_be_bytes());
         f[l4 + 12] = 0x50;
         f[l4 + 13] = 0x10;
+    } else if k.echo() {
+        let (t, code, id) = k.echo_parts();
+        xpf_wire::icmp::emit_header(&mut f[l4..], t, code, (id as u32) << 16);
     } else {
         xpf_wire::udp::emit_header(&mut f[l4..], k.sport(), k.dport(), 8);
     }
@@ -257,7 +261,8 @@ impl FastPath {
         if self.mine.contains_key(&(in_if, k)) {
             return;
         }
-        if k.proto == 17 {
+        // UDP and ICMP echoes one direction at a time, once its `in` state has seen packets.
+        if k.proto != 6 {
             if let Some((ids, n)) = w.flow_states(frame, in_if as u16, out_if as u16) {
                 if n >= OFFER_AFTER {
                     if let Some((slot, idx)) = self.claim(k, in_if, out_if, ids) {
@@ -465,11 +470,18 @@ impl FastPath {
     /// now in force (adaptive scaling included), at most SYNC_MAX.
     fn interval(w: &Worker<Live>) -> Duration {
         let t = &w.t4;
-        let shortest = [Timeout::UdpFirst, Timeout::UdpSingle, Timeout::UdpMultiple, Timeout::TcpEstablished]
-            .into_iter()
-            .map(|c| t.timeouts().effective(c, t.len() + w.t6.len(), t.limit()))
-            .min()
-            .unwrap_or(30);
+        let shortest = [
+            Timeout::UdpFirst,
+            Timeout::UdpSingle,
+            Timeout::UdpMultiple,
+            Timeout::TcpEstablished,
+            Timeout::IcmpFirst,
+            Timeout::IcmpError,
+        ]
+        .into_iter()
+        .map(|c| t.timeouts().effective(c, t.len() + w.t6.len(), t.limit()))
+        .min()
+        .unwrap_or(30);
         Duration::from_secs((shortest / 3).max(1) as u64).min(SYNC_MAX)
     }
 
@@ -620,11 +632,22 @@ mod tests {
 
     #[test]
     fn made_up_frames_have_the_flows_keys_and_the_engine_parses_them() {
-        for (v6, proto) in [(false, 6), (false, 17), (true, 6), (true, 17)] {
+        // TCP, UDP, and ICMP(v6) echo requests and replies (type, code, identifier).
+        let cases = [
+            (false, 6, [0x07, 0xd0, 0x00, 0x50]),
+            (false, 17, [0x07, 0xd0, 0x00, 0x50]),
+            (true, 6, [0x07, 0xd0, 0x00, 0x50]),
+            (true, 17, [0x07, 0xd0, 0x00, 0x50]),
+            (false, 1, [8, 0, 0x12, 0x34]),
+            (false, 1, [0, 0, 0x12, 0x34]),
+            (true, 58, [128, 0, 0xab, 0xcd]),
+            (true, 58, [129, 0, 0xab, 0xcd]),
+        ];
+        for (v6, proto, ports) in cases {
             let k = FlowKey {
                 v6,
                 proto,
-                ports: u32::from_ne_bytes([0x07, 0xd0, 0x00, 0x50]),
+                ports: u32::from_ne_bytes(ports),
                 src: [u32::from_ne_bytes([10, 0, 0, 1]), 7, 8, 9],
                 dst: [u32::from_ne_bytes([10, 0, 1, 1]), 1, 2, 3],
             };
@@ -634,6 +657,15 @@ mod tests {
             let mut pd = xpf_wire::PDesc::default();
             assert!(xpf_wire::parse_ether(&f[..n], &mut pd).is_ok(), "{v6} {proto}");
             assert_eq!(pd.proto, proto);
+            if k.echo() {
+                assert_eq!(pd.flags & xpf_wire::pdesc::pdf::ICMP_ERROR, 0);
+                assert_eq!(k.echo_parts(), (ports[0], 0, u16::from_be_bytes([ports[2], ports[3]])));
+            }
         }
+        // Not echoes: an ICMP error, ICMPv4 inside IPv6.
+        let mut bad = FlowKey { v6: false, proto: 1, ports: u32::from_ne_bytes([3, 4, 0, 0]), ..Default::default() };
+        assert_eq!(FlowKey::of_frame(&frame_of(&bad).0[..42]), None);
+        bad = FlowKey { v6: true, proto: 1, ports: u32::from_ne_bytes([8, 0, 0, 1]), ..Default::default() };
+        assert_eq!(FlowKey::of_frame(&frame_of(&bad).0[..62]), None);
     }
 }

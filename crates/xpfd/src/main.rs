@@ -39,6 +39,7 @@ use xpf_engine::{Worker, WorkerConfig};
 use xpf_state::Seed;
 use xpf_xdp::packet::{Guard, PacketPort};
 use xpf_xdp::port::PortIo;
+use xpf_xdp::skbpath::SkbPath;
 use xpf_xdp::steer::Steer;
 use xpf_xdp::{netlink, xsk::Xsk};
 
@@ -260,6 +261,16 @@ type Ports = (Vec<Vec<Port>>, Vec<(String, Steer)>);
 
 /// XDP mode: a steering program per interface and an AF_XDP socket per receive queue, queue q
 /// served by worker q mod workers; the programs attached last, when every socket is in place.
+/// The fast path's flow tables' entries for FLOWS flow directions: IPv4 at half load, IPv6 a
+/// quarter of that (powers of two; one each when the fast path is off).
+fn table_sizes(flows: u32) -> (u32, u32) {
+    if flows == 0 {
+        return (1, 1);
+    }
+    let v4 = (2 * flows).next_power_of_two();
+    (v4, (v4 / 4).max(1))
+}
+
 fn xdp_ports(a: &Args, ifs: &[(String, u32, u32)], flows: u32) -> Result<Ports, String> {
     let queues = ifs.iter().map(|i| i.2).min().unwrap_or(1);
     // One worker unless told: it serves every queue, so both directions of each flow meet its
@@ -276,15 +287,9 @@ fn xdp_ports(a: &Args, ifs: &[(String, u32, u32)], flows: u32) -> Result<Ports, 
     let mut ports_of: Vec<Vec<Port>> = (0..workers).map(|_| Vec::new()).collect();
     for (name, idx, nq) in ifs {
         // One pair of flow tables for every interface's program (a TCP flow's two directions
-        // come in on different interfaces): IPv4 at half load with FLOWS directions, IPv6 a
-        // quarter of that.
-        let tables = if flows > 0 {
-            let v4 = (2 * flows).next_power_of_two();
-            (v4, (v4 / 4).max(1))
-        } else {
-            (1, 1)
-        };
-        let steer = Steer::load(tables, steers.first().map(|s: &(String, Steer)| &s.1)).map_err(|e| e.to_string())?;
+        // come in on different interfaces).
+        let steer = Steer::load(table_sizes(flows), steers.first().map(|s: &(String, Steer)| &s.1))
+            .map_err(|e| e.to_string())?;
         for q in 0..*nq {
             let w = (q % workers) as usize;
             let mut x = Xsk::open(*idx, q, if a.busy { 20 } else { 0 }).map_err(|e| format!("-i {name}: {e}"))?;
@@ -438,13 +443,25 @@ fn run(a: Args) -> Result<(), String> {
         _ => match xdp_ports(&a, &ifs, flows) {
             Ok(p) => Some(p),
             Err(e) => {
-                log::warn!("--io auto: XDP is not available here ({e}); falling back to AF_PACKET (TPACKET_V3)");
+                log::warn!("--io auto: XDP is not available here ({e}); falling back to AF_PACKET (TPACKET_V2)");
                 None
             }
         },
     };
     let mut guard = None;
     let mut gro_restore = Vec::new();
+    // Packet mode's fast path (bpf/skb.c): loaded before the sockets open, so that each gets
+    // its filter as it opens.
+    let mut skb = match (&xdp, flows) {
+        (None, 1..) => match SkbPath::load(table_sizes(flows)) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                log::warn!("packet mode: no fast path here ({e}); every packet goes through xpfd");
+                None
+            }
+        },
+        _ => None,
+    };
     let (ports_of, steers) = match xdp {
         Some(p) => p,
         None => {
@@ -460,7 +477,13 @@ fn run(a: Args) -> Result<(), String> {
                     Err(e) => log::warn!("{name}: {e}; packets merged by GRO will be dropped as over the MTU"),
                 }
                 let p = PacketPort::open(*idx).map_err(|e| format!("-i {name}: AF_PACKET: {e}"))?;
-                log::info!("{name}: AF_PACKET (TPACKET_V3 rings), worker 0");
+                log::info!("{name}: AF_PACKET (TPACKET_V2 rings), worker 0");
+                if let Some(sp) = &mut skb {
+                    if let Err(e) = sp.attach(*idx, p.fd()) {
+                        log::warn!("{name}: no fast path ({e}); every packet goes through xpfd");
+                        skb = None;
+                    }
+                }
                 ports.push(Port { io: PortIo::Packet(p), ifindex: *idx });
             }
             guard = Some(Guard::install(&a.ifaces).map_err(|e| format!("packet mode: {e}"))?);
@@ -477,9 +500,7 @@ fn run(a: Args) -> Result<(), String> {
     // One key for every worker's syncookies: an ACK proves a cookie whichever worker sent it.
     let (cookies, cookie_key) = (loaded.parsed.syncookies.unwrap_or_default(), xpf_state::os_random());
     let cpus: Vec<usize> = a.cpus.clone().unwrap_or_else(|| (0..workers).map(|w| w % ncpu).collect());
-    if a.fastpath.is_some_and(|n| n > 0) && steers.is_empty() {
-        log::warn!("--fastpath needs XDP; packet mode forwards everything in xpfd");
-    }
+
     control::translation_fits(&loaded, workers, &steers)?;
     control::pflow_fits(&loaded.parsed, a.pflow.is_some())?;
     control::queues_fit(&loaded.parsed, &a.ifaces)?;
@@ -548,31 +569,45 @@ fn run(a: Args) -> Result<(), String> {
         None => None,
     };
     let mut wakes = Vec::new();
-    let tables = match steers.lock().unwrap().first() {
-        Some((_, s)) if flows > 0 => {
-            // With sync on, a fast-path TCP segment comes to xpfd as often as the engine
-            // sends a state's update (`maxupdates` counts), keeping the standby's windows
-            // current.
-            let pace = sync_setup.as_ref().map_or(0, |s| s.3 as u32);
-            let t = s
-                .fast_tables(u32::from_ne_bytes(xpf_state::os_random()), pace)
-                .map_err(|e| format!("fast path tables: {e}"))?;
-            log::info!(
-                "fast path on: established UDP and TCP flows are forwarded by the steering program \
-                 ({} IPv4 and {} IPv6 table entries; --no-fastpath turns it off)",
-                t.v4.entries(),
-                t.v6.entries()
-            );
-            Some(Arc::new(t))
+    let tables = {
+        let st = steers.lock().unwrap();
+        let prog = st.first().map(|s| (&s.1.prog, "the steering program (XDP)")).or(skb
+            .as_ref()
+            .map(|s| (&s.tap, "the kernel as whole socket buffers (tcx ingress; packet mode's fast path)")));
+        match prog {
+            Some((p, by)) if flows > 0 => {
+                // With sync on, a fast-path TCP segment comes to xpfd as often as the engine
+                // sends a state's update (`maxupdates` counts), keeping the standby's windows
+                // current.
+                let pace = sync_setup.as_ref().map_or(0, |s| s.3 as u32);
+                let t = xpf_xdp::steer::fast_tables(p, u32::from_ne_bytes(xpf_state::os_random()), pace)
+                    .map_err(|e| format!("fast path tables: {e}"))?;
+                log::info!(
+                    "fast path on: established UDP, TCP and ICMP echo flows are forwarded by {by} \
+                     ({} IPv4 and {} IPv6 table entries; --no-fastpath turns it off)",
+                    t.v4.entries(),
+                    t.v6.entries()
+                );
+                Some(Arc::new(t))
+            }
+            _ => None,
         }
-        _ => None,
     };
-    // Which egresses take redirected frames: probed now, and again while xpfd runs.
+    // Which egresses take redirected frames: probed now, and again while xpfd runs (XDP); in
+    // packet mode every egress takes the redirected socket buffers.
     let egresses =
         tables.as_ref().map(|_| Arc::new(fastpath::Egresses::new(&ifs.iter().map(|f| f.1).collect::<Vec<_>>())));
     let mut probed = Vec::new();
     if let Some(e) = &egresses {
-        probe_egresses(&steers.lock().unwrap(), e, &mut probed, true);
+        match &skb {
+            Some(sp) => {
+                for (_, i, _) in &ifs {
+                    e.set(*i, true);
+                }
+                xpf_xdp::steer::fast_lookups(&sp.tap, true).map_err(|e| format!("fast path: {e}"))?;
+            }
+            None => probe_egresses(&steers.lock().unwrap(), e, &mut probed, true),
+        }
     }
     // pflog: the writer runs from the start (a reload may bring `log` rules); the files are
     // opened when their first packet comes.
@@ -693,6 +728,8 @@ fn run(a: Args) -> Result<(), String> {
     d.sync = sync_shared.clone();
     d.ifaces = a.ifaces.clone();
     d.egresses = egresses.clone();
+    d.skb_stats =
+        skb.as_ref().map(|s| s.tap.map("skb_stats").share()).transpose().map_err(|e| format!("fast path: {e}"))?;
     d.pflog = Some(pflog.shared.clone());
     d.pflow = pflow.as_ref().map(|p| p.shared.clone());
     let listener = control::listen(&a.socket).map_err(|e| format!("control socket {}: {e}", a.socket))?;

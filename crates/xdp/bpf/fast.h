@@ -1,0 +1,301 @@
+/* The fast path's flow tables and the checks on them, shared by the steering program (XDP,
+ * steer.c) and the skb fast path (skb.c). */
+#ifndef XPF_FAST_H
+#define XPF_FAST_H
+#include "xpf.h"
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+
+/* A fast-path flow (one direction of a connection): the key, then `struct fast_tail`.
+ * ctl: byte 0 the entry's state (F_*), byte 1 the protocol, byte 2 the xpfd worker that owns
+ * it. xpfd claims an entry by compare-and-swap from F_EMPTY/F_DEAD, writes it while F_HELD
+ * and publishes it F_LIVE; lookups probe FAST_PROBE entries from the key's hash and stop at
+ * F_EMPTY. An entry xpfd takes back goes F_HELD (no longer matched), then F_DEAD once xpfd has
+ * read it a last time. */
+enum { F_EMPTY, F_LIVE, F_DEAD, F_HELD };
+#define FAST_PROBE 16
+
+struct fast_tail {
+    __u64 bytes;
+    __u32 packets;
+    __u32 in_if;        /* where the `in` state is */
+    __u32 out_if;       /* where the `out` state is: the FIB must still say so */
+    __u32 slot;         /* the owner's record of the flow */
+    /* TCP: pf's two peers as this direction sees them (src: this direction's sender).
+     * Each field has one writer: a direction writes its sender's seqlo and max_win (here and
+     * mirrored in the reverse entry) and its receiver's seqhi (in the reverse entry). */
+    __u32 seqlo;        /* src.seqlo */
+    __u32 seqhi;        /* src.seqhi (written by the reverse direction) */
+    __u32 peer_seqlo;   /* dst.seqlo (written by the reverse direction) */
+    __u16 max_win;      /* src.max_win */
+    __u16 peer_max_win; /* dst.max_win (written by the reverse direction) */
+    __u32 rev;          /* the reverse direction's entry */
+    __u8 sws, dws;      /* window scale shifts (0 unless both sides scale) */
+    __u16 unsynced;     /* sync counts since xpfd last saw a segment */
+};
+
+struct flow4 {
+    __u32 ctl;
+    __be32 src, dst;
+    __u32 ports;        /* source and destination port as they are in the packet */
+    struct fast_tail t;
+};
+
+struct flow6 {
+    __u32 ctl;
+    __u32 ports;
+    __u32 src[4], dst[4];
+    __u64 pad;
+    struct fast_tail t;
+    __u8 pad2[32];
+};
+
+_Static_assert(sizeof(struct fast_tail) == 48, "fast_tail");
+_Static_assert(sizeof(struct flow4) == 64, "flow4: one cache line");
+_Static_assert(sizeof(struct flow6) == 128, "flow6: two cache lines");
+
+/* Sized by xpfd at load (a power of two; one entry without --fastpath), mapped by xpfd and
+ * shared by the program of every interface. */
+struct xpf_map flows4 SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct flow4), 1, BPF_F_MMAPABLE };
+struct xpf_map flows6 SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct flow6), 1, BPF_F_MMAPABLE };
+/* steer_cfg[C_BARE] = 1: forward everything routable here, unfiltered (the lab's measure of
+ * the fast path's I/O ceiling; set only through xpfctl --steer bare). The others: the flow
+ * tables' hash seed and index masks (0: fast path off), the sync pace (0: sync off), and
+ * xpfd's egress probe (C_PROBE: an ifindex while a probe runs; C_COOKIE: its frames' mark).
+ * Shared. */
+enum { C_BARE, C_SEED, C_MASK4, C_MASK6, C_PACE, C_PROBE, C_COOKIE, C_N };
+struct xpf_map steer_cfg SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 4, C_N, 0 };
+/* Folds a ones'-complement sum to 16 bits. Sums of raw (network-order) words fold to the
+ * raw field value: the sum is the same in either byte order. */
+INLINE __u16 fold(__u32 s) {
+    s = (s & 0xffff) + (s >> 16);
+    s = (s & 0xffff) + (s >> 16);
+    return (__u16)s;
+}
+
+/* A packet that may belong to a fast-path flow: TCP or UDP right after an IPv4 header without
+ * options (not a fragment) or right after the IPv6 header. */
+struct cand {
+    __u32 src[4], dst[4];
+    __u32 ports;
+    __u32 ph;           /* pseudo-header sum: addresses, protocol, transport length */
+    __u16 l4len;        /* transport header and payload */
+    __u8 proto;         /* 0: not a candidate */
+    __u8 partial;       /* its checksum was left to offload */
+};
+
+INLINE __u32 cfg(__u32 i) {
+    __u32 *v = bpf_map_lookup_elem(&steer_cfg, &i);
+    return v ? *v : 0;
+}
+
+/* The flow tables' hash (fastpath.rs computes the same): murmur3's steps over the key's
+ * words, seeded by xpfd with a random value. */
+INLINE __u32 hmix(__u32 h, __u32 w) {
+    w *= 0xcc9e2d51;
+    w = (w << 15) | (w >> 17);
+    w *= 0x1b873593;
+    h ^= w;
+    h = (h << 13) | (h >> 19);
+    return h * 5 + 0xe6546b64;
+}
+
+INLINE __u32 hfinal(__u32 h) {
+    h ^= h >> 16;
+    h *= 0x85ebca6b;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35;
+    h ^= h >> 16;
+    return h;
+}
+
+INLINE __u32 ctl_live(__u8 proto) {
+    return ((__u32)proto << 8) | F_LIVE;
+}
+
+INLINE struct fast_tail *find4(struct cand *c, __u32 *at) {
+    __u32 mask = cfg(C_MASK4);
+    if (!mask)
+        return 0;
+    __u32 h = hfinal(hmix(hmix(hmix(hmix(cfg(C_SEED), c->src[0]), c->dst[0]), c->ports), c->proto));
+    for (__u32 i = 0; i < FAST_PROBE; i++) {
+        __u32 k = (h + i) & mask;
+        struct flow4 *e = bpf_map_lookup_elem(&flows4, &k);
+        if (!e)
+            return 0;
+        __u32 ctl = *(volatile __u32 *)&e->ctl;
+        if ((ctl & 0xff) == F_EMPTY)
+            return 0;
+        if ((ctl & 0xffff) == ctl_live(c->proto) && e->src == c->src[0] && e->dst == c->dst[0] &&
+            e->ports == c->ports) {
+            *at = k;
+            return &e->t;
+        }
+    }
+    return 0;
+}
+
+INLINE struct fast_tail *find6(struct cand *c, __u32 *at) {
+    __u32 mask = cfg(C_MASK6);
+    if (!mask)
+        return 0;
+    __u32 h = cfg(C_SEED);
+    for (int w = 0; w < 4; w++)
+        h = hmix(h, c->src[w]);
+    for (int w = 0; w < 4; w++)
+        h = hmix(h, c->dst[w]);
+    h = hfinal(hmix(hmix(h, c->ports), c->proto));
+    for (__u32 i = 0; i < FAST_PROBE; i++) {
+        __u32 k = (h + i) & mask;
+        struct flow6 *e = bpf_map_lookup_elem(&flows6, &k);
+        if (!e)
+            return 0;
+        __u32 ctl = *(volatile __u32 *)&e->ctl;
+        if ((ctl & 0xff) == F_EMPTY)
+            return 0;
+        if ((ctl & 0xffff) == ctl_live(c->proto) && e->ports == c->ports && e->src[0] == c->src[0] &&
+            e->src[1] == c->src[1] && e->src[2] == c->src[2] && e->src[3] == c->src[3] && e->dst[0] == c->dst[0] &&
+            e->dst[1] == c->dst[1] && e->dst[2] == c->dst[2] && e->dst[3] == c->dst[3]) {
+            *at = k;
+            return &e->t;
+        }
+    }
+    return 0;
+}
+
+INLINE struct fast_tail *rev_of(__u8 family, struct fast_tail *t) {
+    __u32 r = t->rev;
+    if (family == AF_INET) {
+        struct flow4 *e = bpf_map_lookup_elem(&flows4, &r);
+        if (!e)
+            return 0;
+        /* Keeps clang from offsetting the pointer before the null check (the verifier
+         * refuses arithmetic on a pointer that may be null). */
+        asm volatile("" : "+r"(e));
+        return &e->t;
+    }
+    struct flow6 *e = bpf_map_lookup_elem(&flows6, &r);
+    if (!e)
+        return 0;
+    asm volatile("" : "+r"(e));
+    return &e->t;
+}
+
+#define MAXACKWINDOW (0xffff + 1500)
+
+INLINE int seq_geq(__u32 a, __u32 b) {
+    return (__s32)(a - b) >= 0;
+}
+
+INLINE int seq_gt(__u32 a, __u32 b) {
+    return (__s32)(a - b) > 0;
+}
+
+/* pf_tcp_track_full for a segment of an established connection (both peers ESTABLISHED, no
+ * modulation or scrub: xpfd installs no other): 0 when it is in the windows (and they are
+ * slid as pf slides them), -1 when xpfd must judge it (SYN, FIN, RST, no ACK, outside the
+ * windows, or due for a sync update). `th` is the TCP header, `len` the transport length. */
+INLINE int tcp_check(__u8 family, struct fast_tail *t, __u8 *th, void *end, __u32 len) {
+    if ((void *)(th + 20) > end)
+        return -1;
+    __u8 flags = th[13];
+    if ((flags & 0x17) != 0x10) /* FIN 0x01, SYN 0x02, RST 0x04; ACK 0x10 */
+        return -1;
+    __u32 doff = (th[12] >> 4) * 4;
+    if (doff < 20 || doff > len)
+        return -1;
+    struct fast_tail *r = rev_of(family, t);
+    if (!r)
+        return -1;
+    __u32 payload = len - doff;
+    __u32 pace = cfg(C_PACE);
+    __u32 due = t->unsynced + 1 + (payload >> 8);
+    if (pace && due >= pace)
+        return -1;
+    __u32 seq = bswap32(*(__u32 *)(th + 4));
+    __u32 ack = bswap32(*(__u32 *)(th + 8));
+    __u32 win = bswap16(*(__u16 *)(th + 14));
+    __u32 sws = t->sws & 0xf, dws = t->dws & 0xf;
+    __u32 seqlo = *(volatile __u32 *)&t->seqlo;
+    __u32 fin = seq + payload;
+    if (payload == 0) {
+        /* No data: ease the sequencing restrictions. */
+        seq = seqlo;
+        fin = seqlo;
+    }
+    __s64 ackskew = (__s32)(*(volatile __u32 *)&t->peer_seqlo - ack);
+    __u32 dwin = (__u32)*(volatile __u16 *)&t->peer_max_win << dws;
+    if (!seq_geq(*(volatile __u32 *)&t->seqhi, fin) || !seq_geq(seq, seqlo - dwin) || ackskew < -MAXACKWINDOW ||
+        ackskew > ((__s64)MAXACKWINDOW << sws))
+        return -1;
+    /* pf's slide: the sender's max window and seqlo, the receiver's seqhi. */
+    if (t->max_win < win) {
+        t->max_win = win;
+        r->peer_max_win = win;
+    }
+    if (seq_gt(fin, seqlo)) {
+        t->seqlo = fin;
+        r->peer_seqlo = fin;
+    }
+    __u32 w = win << sws;
+    if (seq_geq(ack + w, *(volatile __u32 *)&r->seqhi))
+        r->seqhi = ack + (w ? w : 1);
+    if (pace)
+        t->unsynced = due;
+    return 0;
+}
+
+#define ICMPV6 58
+
+/* The TTL or hop limit of the IP header at `l3` down by one (IPv4: the checksum by RFC 1624,
+ * the TTL being the high byte of its word); -1 when the header is not all there. */
+INLINE int hop_down(__u8 family, void *l3, void *end) {
+    if (family == AF_INET) {
+        struct iphdr *ip = l3;
+        if ((void *)(ip + 1) > end)
+            return -1;
+        __u32 sum = (__u16)~ip->check + (__u16)~htons(0x0100);
+        sum = (sum & 0xffff) + (sum >> 16);
+        sum = (sum & 0xffff) + (sum >> 16);
+        ip->check = ~(__u16)sum;
+        ip->ttl--;
+        return 0;
+    }
+    struct ipv6hdr *ip6 = l3;
+    if ((void *)(ip6 + 1) > end)
+        return -1;
+    ip6->hop_limit--;
+    return 0;
+}
+
+/* Fills `c` for a TCP/UDP packet whose transport header is at `l4`: ports, transport length,
+ * and whether its checksum holds only the pseudo-header sum `ph` (addresses and protocol).
+ * An ICMP or ICMPv6 echo request or reply is keyed on its type, code and identifier, in the
+ * place of the ports (bytes 0, 1, 4 and 5 of its header; the sender finishes its checksum):
+ * a flow's entry then matches requests one way and replies the other. */
+INLINE void candidate(struct cand *c, __u8 proto, __u8 *l4, void *end, __u32 l4len, __u32 ph) {
+    if (l4len < 8 || l4len > 0xffff || (void *)(l4 + 8) > end)
+        return;
+    if (proto == IPPROTO_ICMP || proto == ICMPV6) {
+        __u8 type = l4[0];
+        if (proto == IPPROTO_ICMP ? type != 8 && type != 0 : type != 128 && type != 129)
+            return;
+        c->ports = (__u32)type | (__u32)l4[1] << 8 | (__u32)l4[4] << 16 | (__u32)l4[5] << 24;
+        c->l4len = l4len;
+        c->proto = proto;
+        return;
+    }
+    if (proto != IPPROTO_UDP && proto != IPPROTO_TCP)
+        return;
+    c->ports = *(__u32 *)l4;
+    c->l4len = l4len;
+    c->ph = ph + htons(l4len);
+    __u32 coff = proto == IPPROTO_UDP ? 6 : 16;
+    if (proto == IPPROTO_TCP && (void *)(l4 + 18) > end)
+        return;
+    __u16 check = *(__u16 *)(l4 + coff);
+    c->partial = check != 0 && check == fold(c->ph);
+    c->proto = proto;
+}
+
+#endif
