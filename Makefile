@@ -115,3 +115,4 @@ lab: build
 bench-real: build
 	$(BIN)/xpf-bench real
 	$(BIN)/xpf-bench real --fastpath
+	$(BIN)/xpf-bench real --io packet --fastpath --out bench-results/out/real-packet
