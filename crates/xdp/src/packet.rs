@@ -302,9 +302,10 @@ impl PacketPort {
                 (v[0] & VNET_NEEDS_CSUM) as u32 | (gso as u32) << 8 | (u16::from_ne_bytes([v[4], v[5]]) as u32) << 16;
             let slot = if pkttype == libc::PACKET_OTHERHOST || pkttype == libc::PACKET_OUTGOING {
                 Some(6)
-            } else if !copied && status & TP_STATUS_VLAN_VALID != 0 {
+            } else if status & TP_STATUS_VLAN_VALID != 0 {
                 Some(0)
-            } else if snaplen < len && !copied {
+            } else if snaplen < len {
+                // Truncated: longer than a slot with no copy, or than a copy buffer.
                 Some(4)
             } else {
                 None

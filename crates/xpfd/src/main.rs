@@ -259,8 +259,6 @@ fn pin(cpu: usize) {
 
 type Ports = (Vec<Vec<Port>>, Vec<(String, Steer)>);
 
-/// XDP mode: a steering program per interface and an AF_XDP socket per receive queue, queue q
-/// served by worker q mod workers; the programs attached last, when every socket is in place.
 /// The fast path's flow tables' entries for FLOWS flow directions: IPv4 at half load, IPv6 a
 /// quarter of that (powers of two; one each when the fast path is off).
 fn table_sizes(flows: u32) -> (u32, u32) {
@@ -271,6 +269,8 @@ fn table_sizes(flows: u32) -> (u32, u32) {
     (v4, (v4 / 4).max(1))
 }
 
+/// XDP mode: a steering program per interface and an AF_XDP socket per receive queue, queue q
+/// served by worker q mod workers; the programs attached last, when every socket is in place.
 fn xdp_ports(a: &Args, ifs: &[(String, u32, u32)], flows: u32) -> Result<Ports, String> {
     let queues = ifs.iter().map(|i| i.2).min().unwrap_or(1);
     // One worker unless told: it serves every queue, so both directions of each flow meet its
@@ -500,7 +500,6 @@ fn run(a: Args) -> Result<(), String> {
     // One key for every worker's syncookies: an ACK proves a cookie whichever worker sent it.
     let (cookies, cookie_key) = (loaded.parsed.syncookies.unwrap_or_default(), xpf_state::os_random());
     let cpus: Vec<usize> = a.cpus.clone().unwrap_or_else(|| (0..workers).map(|w| w % ncpu).collect());
-
     control::translation_fits(&loaded, workers, &steers)?;
     control::pflow_fits(&loaded.parsed, a.pflow.is_some())?;
     control::queues_fit(&loaded.parsed, &a.ifaces)?;

@@ -364,14 +364,14 @@ impl Daemon {
         p.each(
             "xpf_fastpath",
             Gauge,
-            "The XDP fast path now: flow directions in its tables (TCP among them), its last read-back pass.",
+            "The fast path now: flow directions in its tables (TCP among them), its last read-back pass.",
             "counter",
             fast.iter().filter(|(k, _)| is_level(k)).map(|(k, v)| (k, *v)),
         );
         p.each(
             "xpf_fastpath_total",
             Counter,
-            "The XDP fast path: flows installed, removed, refused, TCP judged by xpfd, packets and bytes it forwarded.",
+            "The fast path: flows installed, removed, refused, TCP judged by xpfd, packets and bytes it forwarded.",
             "counter",
             fast.iter().filter(|(k, _)| !is_level(k)).map(|(k, v)| (k, *v)),
         );
@@ -409,6 +409,16 @@ impl Daemon {
                 for ((k, _), v) in xpf_xdp::steer::COUNTERS.iter().zip(c) {
                     p.sample("xpf_steering_total", &[("interface", n), ("counter", k)], *v);
                 }
+            }
+        }
+        if let Some(m) = &self.skb_stats {
+            p.family(
+                "xpf_skb_fastpath_total",
+                Counter,
+                "Packet mode's fast path (socket filter and tcx program): frames by what became of them.",
+            );
+            for (i, (k, _)) in xpf_xdp::skbpath::SKB_COUNTERS.iter().enumerate() {
+                p.sample("xpf_skb_fastpath_total", &[("counter", k)], m.percpu_sum(i as u32).unwrap_or(0));
             }
         }
         if let Some(e) = &self.egresses {
