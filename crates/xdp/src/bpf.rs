@@ -344,7 +344,7 @@ fn ctx(e: io::Error, what: &str) -> io::Error {
 /// Which program of an object to load, and as what.
 #[derive(Debug, Clone, Copy)]
 pub struct Kind {
-    pub section: &'static str,
+    section: &'static str,
     prog_type: u32,
 }
 

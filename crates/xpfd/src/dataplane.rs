@@ -669,9 +669,13 @@ impl Dataplane {
                 handed_over |= 1 << i;
             }
         }
+        // Only the segments whose windows were merged are settled after the verdict (in
+        // packet mode every frame is a candidate: one key parse and lookup, not two).
         if let Some(fp) = self.fast.as_mut().filter(|_| handed_over != 0) {
             for i in bits(handed_over) {
-                fp.pull(&mut self.worker, frames[i], inif);
+                if !fp.pull(&mut self.worker, frames[i], inif) {
+                    handed_over &= !(1 << i);
+                }
             }
         }
         // ICMP errors about fast-path TCP flows are checked against windows the program slid.

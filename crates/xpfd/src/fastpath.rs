@@ -368,15 +368,18 @@ impl FastPath {
     /// A TCP segment the program handed over (its metadata says the flow has an entry),
     /// before the engine judges it: the entries' windows go into the states, and an update
     /// goes to the sync peer when they moved (the program hands over a segment when one is
-    /// due).
-    pub fn pull(&mut self, w: &mut Worker<Live>, frame: &[u8], in_if: u32) {
-        let Some(k) = FlowKey::of_frame(frame).filter(|k| k.proto == 6) else { return };
-        let Some(&slot) = self.mine.get(&(in_if, k)) else { return };
-        if self.recs[slot as usize].as_ref().is_some_and(|r| !r.held) {
-            self.stats.judged += 1;
-            let (f, n) = self.frame(slot);
-            let _ = self.merge(w, slot, &f[..n], true);
+    /// due). False when the frame is no TCP segment of a flow this worker has in the tables
+    /// (nothing to `settle` then).
+    pub fn pull(&mut self, w: &mut Worker<Live>, frame: &[u8], in_if: u32) -> bool {
+        let Some(k) = FlowKey::of_frame(frame).filter(|k| k.proto == 6) else { return false };
+        let Some(&slot) = self.mine.get(&(in_if, k)) else { return false };
+        if self.recs[slot as usize].as_ref().is_none_or(|r| r.held) {
+            return false;
         }
+        self.stats.judged += 1;
+        let (f, n) = self.frame(slot);
+        let _ = self.merge(w, slot, &f[..n], true);
+        true
     }
 
     /// An ICMP error about a TCP flow of this worker's on the fast path: the engine checks
