@@ -28,10 +28,12 @@ test: build
 	scripts/test.sh
 	scripts/scenario.sh
 	scripts/nat.sh
+	IO=packet scripts/nat.sh
 	scripts/observe.sh
 	scripts/shaper.sh
 	scripts/workers.sh
 	FASTPATH=1 scripts/workers.sh
+	IO=packet scripts/workers.sh
 	scripts/failover.sh 8 14 --key
 	WORKERS=2 scripts/failover.sh 8 14 --key
 	FASTPATH=1 scripts/failover.sh 8 14 --key

@@ -4,6 +4,8 @@
 # a campus firewall does with its public one. Real clients, default host settings.
 #   client 10.0.1.2 -- [fc] xpfd [fs 10.0.2.1, 10.0.2.50, 10.0.2.51] -- server 10.0.2.2 -- far 10.0.3.2
 # Each check prints ok/FAIL; the last line is the tally. Needs root; cleans up after itself.
+# IO=packet: the same with xpfd in packet mode (AF_PACKET; its tcx program sends replies to
+# the translation addresses to xpfd).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=target/release
@@ -83,7 +85,8 @@ c python3 scripts/peer.py fd00:1::2 7000 >/dev/null 2>&1 &
 mkdir -p "$DIR/flows"
 ip netns exec ${P}fw nfcapd -w "$DIR/flows" -b 127.0.0.1 -p 2056 -t 3600 >"$DIR/nfcapd.log" 2>&1 &
 NFCAPD=$!
-ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --socket $SOCK --pflow 127.0.0.1:2056 2>"$LOG" &
+IOARG=(); [[ -n ${IO:-} ]] && IOARG=(--io "$IO")
+ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --socket $SOCK --pflow 127.0.0.1:2056 "${IOARG[@]}" 2>"$LOG" &
 XPFD=$!
 for _ in $(seq 100); do $CTL -s memory >/dev/null 2>&1 && break; sleep 0.1; done
 check "xpfd starts with translation rules" $CTL -s memory
@@ -131,6 +134,11 @@ check "rdr-to does not open other ports of the firewall" refused peer server tcp
 check "the firewall answers a ping on its outside address" s ping -c 2 -W 2 -i 0.2 10.0.2.1
 check "and a 3,000-byte one (its fragments reassembled by xpfd, given back to the host)" s ping -c 2 -W 2 -i 0.2 -s 3000 10.0.2.1
 check "the firewall's own UDP port stays closed (blocked by its rules)" refused peer server udp 10.0.2.1 50100
+if [[ ${IO:-} == packet ]]; then
+    skb() { $CTL -s info --json | python3 -c "import json,sys; print(json.load(sys.stdin)['skb_fast_path']['$1'])"; }
+    check "packet mode: the tcx program sent the replies to translation targets to xpfd ($(skb nat_local))" test "$(skb nat_local)" -gt 0
+    check "packet mode: and let by what xpfd gave back to the host ($(skb given_back))" test "$(skb given_back)" -gt 0
+fi
 
 # ICMP errors come back translated into the inside host's view.
 check "port unreachable through nat-to reaches the client as ECONNREFUSED" ip netns exec ${P}client python3 -c "

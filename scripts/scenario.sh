@@ -809,8 +809,9 @@ check "--io packet: a clean stop removes the guard table" refused ip netns exec 
 rm -f "$LOG.packet"
 
 # Packet mode's fast path (on by default): established flows forwarded in the kernel as
-# whole socket buffers (tcx ingress), each TCP segment checked against pf's windows by the
-# packet socket's filter. No XDP program: the hosts keep their segmentation offload.
+# whole socket buffers by a tcx ingress program, each TCP segment checked against pf's
+# windows there; what it leaves to xpfd comes through an ifb device, so no packet socket taps
+# the filtered interfaces. No XDP program: the hosts keep their segmentation offload.
 cp "$DIR/pf.conf" "$DIR/pk.conf"
 printf "pass in on \$ext_if inet6 proto tcp to fd00:2::2 port 5202\npass in on \$ext_if inet proto udp to 10.0.2.2 port 5201\n" >> "$DIR/pk.conf"
 ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pk.conf" -i fc -i fs --io packet --socket $SOCK 2>"$LOG.packet" &
@@ -819,15 +820,30 @@ for _ in $(seq 100); do $CTL -s memory >/dev/null 2>&1 && break; sleep 0.1; done
 check "--io packet: the fast path is on (socket buffers, tcx ingress)" grep -q "fast path on.*socket buffers" "$LOG.packet"
 check "--io packet: the client keeps TCP segmentation offload" bash -c "ip netns exec ${P}client ethtool -k c0 | grep -q 'tcp-segmentation-offload: on'"
 skbf() { info 'd["skb_fast_path"]["forwarded"] + d["skb_fast_path"]["forwarded_neighbour"]'; }
+fcx=$(ip -n ${P}fw -o link show fc | cut -d: -f1)
+rxx=$(ip -n ${P}fw -o link show xpfd-rx$fcx 2>/dev/null | cut -d: -f1)
+pkt=" $(ip netns exec ${P}fw awk 'NR > 1 {print $5}' /proc/net/packet | sort -u | tr '\n' ' ')"
+check "--io packet: xpfd reads fc's frames from ifb device xpfd-rx$fcx ($rxx), no socket on fc ($fcx) itself (sockets on:$pkt)" \
+    bash -c "[ -n '$rxx' ] && [[ '$pkt' == *' $rxx '* && '$pkt' != *' $fcx '* ]]"
+fcmac=$(ip -n ${P}fw link show fc | awk '/link\/ether/ {print $2}')
+o0=$(info 'd["skb_fast_path"]["other_mac"]')
+check "--io packet: frames for another host's MAC are not forwarded ($(echoes 02:11:22:33:44:55 4244) of 3 arrived)" test "$(cat $DIR/echoes)" -eq 0
+check "--io packet: -s info counts them ($(( $(info 'd["skb_fast_path"]["other_mac"]') - o0 )))" test $(( $(info 'd["skb_fast_path"]["other_mac"]') - o0 )) -eq 3
+check "--io packet: the same frames to the firewall's MAC arrive ($(echoes $fcmac 4245) of 3)" test "$(cat $DIR/echoes)" -eq 3
+h0=$(info 'd["skb_fast_path"]["for_host"]')
+check "--io packet: the firewall itself answers ping (left to the kernel)" c ping -c 2 -i 0.2 -W 1 10.0.1.1
+check "--io packet: -s info counts them as for this host ($(( $(info 'd["skb_fast_path"]["for_host"]') - h0 )))" test $(( $(info 'd["skb_fast_path"]["for_host"]') - h0 )) -ge 2
 c ping -c 1 -W 1 10.0.2.2 >/dev/null 2>&1
 k0=$(fwd); s0=$(skbf); m0=$(mm); j0=$(fastjson judged)
 c iperf3 -c 10.0.2.2 -t 4 --json > "$DIR/pk-tcp.json" 2>&1 &
 IPERF=$!
 sleep 1.5
 check "--io packet: the transfer's two directions are in the tables ($(fastjson tcp))" test "$(fastjson tcp)" -ge 2
-check "--io packet: spoofed RSTs and out-of-window segments (scapy, 20 each) sent into it" spoof_iperf data
-# The next hop's MAC forgotten mid-transfer: the kernel resolves it for the fast path.
+# The next hop's MAC forgotten mid-transfer (while it surely runs: scapy below takes seconds to
+# start): the kernel resolves it for the fast path.
+n0=$(info 'd["skb_fast_path"]["forwarded_neighbour"]')
 ip -n ${P}fw neigh flush dev fs
+check "--io packet: spoofed RSTs and out-of-window segments (scapy, 20 each) sent into it" spoof_iperf data
 wait $IPERF
 s1=$(skbf)
 check "--io packet: the transfer completed, with data in its last second" python3 -c "import json; d=json.load(open('$DIR/pk-tcp.json')); assert 'error' not in d, d['error']; assert d['intervals'][-1]['sum']['bytes'] > 0"
@@ -836,7 +852,8 @@ bytes=$(python3 -c "import json; print(json.load(open('$DIR/pk-tcp.json'))['end'
 check "--io packet: whole segments crossed: $((bytes / (s1 - s0 + 1))) bytes a buffer, both directions (over 3,000)" test $((bytes / (s1 - s0 + 1))) -gt 3000
 check "--io packet: it handed the RSTs and segments to xpfd ($(( $(fastjson judged) - j0 )))" test $(( $(fastjson judged) - j0 )) -ge 40
 check "--io packet: xpfd dropped them as out of window ($(( $(mm) - m0 )))" test $(( $(mm) - m0 )) -ge 40
-check "--io packet: after the neighbour flush the kernel resolved the next hop ($(info 'd["skb_fast_path"]["forwarded_neighbour"]'))" test "$(info 'd["skb_fast_path"]["forwarded_neighbour"]')" -gt 0
+n1=$(info 'd["skb_fast_path"]["forwarded_neighbour"]')
+check "--io packet: after the neighbour flush the kernel resolved the next hop ($((n1 - n0)) frames)" test $((n1 - n0)) -gt 0
 check "--io packet: the kernel's IP forwarding took none of it ($(( $(fwd) - k0 )))" test $(( $(fwd) - k0 )) -eq 0
 check "--io packet: unsolicited inbound is blocked (nc)" refused c nc -z -w 2 10.0.2.2 2222
 check "--io packet: UDP 3 s at 50 Mbit/s, no loss (iperf3)" bash -c \
@@ -856,6 +873,7 @@ $CTL -k 10.0.1.2 >/dev/null; $CTL -k 0.0.0.0/0 -k 10.0.1.2 >/dev/null; $CTL -k f
 check "--io packet: -k takes the client's flows out of the tables" test "$(fastjson flows)" -eq 0
 kill "$XPFD"; wait "$XPFD" 2>/dev/null; XPFD=
 check "--io packet: a clean stop removes the guard table (fast path on)" refused ip netns exec ${P}fw nft list table netdev xpfd
+check "--io packet: a clean stop removes its ifb devices" refused ip -n ${P}fw link show xpfd-rx$fcx
 rm -f "$LOG.packet"
 
 echo "scenario: $pass passed, $fail failed"

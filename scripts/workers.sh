@@ -10,6 +10,10 @@
 # FASTPATH=1: GRO goes on at the end hosts, so that their veths take redirected frames and
 # xpfd's fast path (on by default) is used: flows forwarded by the steering program once
 # established; what it hands over goes to the flow's worker like any frame.
+# IO=packet: xpfd in packet mode (AF_PACKET, its fast path of socket buffers on, the hosts'
+# defaults): each interface's frames are shared among the workers' sockets by the kernel's
+# fanout hash, and the hand-off brings them to their flow's owner; replies to the nat-to
+# address reach xpfd through its tcx program.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=target/release
@@ -26,6 +30,8 @@ check() { # check DESCRIPTION COMMAND...
 
 QUEUES=4 scripts/topo.sh up $P
 FAST=()
+IO=${IO:-}
+[[ -n $IO ]] && FAST+=(--io "$IO")
 if [[ ${FASTPATH:-0} == 1 ]]; then
     FAST=(--fastpath 65536)
     ip netns exec ${P}client ethtool -K c0 gro on >/dev/null
@@ -123,7 +129,14 @@ check "frames of the other worker's flows were handed to it ($off handed off, $i
 check "no hand-off queue overflowed" test "$(info 'd["forwarding"]["handoff_full"]')" -eq 0
 q=$(info 'sum(1 for s in d["sockets"] if s["rx"] > 0)')
 check "frames came in on several queues ($q sockets received)" test "$q" -ge 3
-if [[ ${#FAST[@]} -gt 0 ]]; then
+if [[ $IO == packet ]]; then
+    check "packet mode: each interface's frames shared by the workers' sockets ($(grep -c 'AF_PACKET (TPACKET_V2 rings), worker' "$DIR/xpfd.log") sockets)" \
+        test "$(grep -c 'AF_PACKET (TPACKET_V2 rings), worker' "$DIR/xpfd.log")" -eq 4
+    inst=$(info 'd["forwarding"]["fast"]["installed"]')
+    kern=$(info 'd["skb_fast_path"]["forwarded"] + d["skb_fast_path"]["forwarded_neighbour"]')
+    check "packet mode: flows went into the tables ($inst) and the kernel forwarded their packets ($kern)" \
+        test "$inst" -gt 1000 -a "$kern" -gt 1000
+elif [[ ${#FAST[@]} -gt 0 ]]; then
     inst=$(info 'd["forwarding"]["fast"]["installed"]')
     kern=$($BIN/xpfctl --socket $SOCK -s info | awk -F'  +' '/forwarded in the kernel/ {s += $NF} END {print s+0}')
     check "--fastpath: flows went into the tables ($inst) and the steering program forwarded their packets ($kern)" \

@@ -7,20 +7,25 @@
  * offload. A socket buffer keeps both: a 64 KB TCP segment crosses the firewall as one, its
  * checksum still left to the receiver's offload.
  *
- * Two programs per filtered interface, both reading the flow tables of fast.h (written by
- * xpfd as for the steering program):
- * - xpf_tap, the socket filter of xpfd's packet socket on the interface. The kernel shows a
- *   received frame to its packet sockets (taps) before its ingress hooks, on the same CPU. A
- *   frame of a live flow that came in where the flow's `in` state is and passes pf's checks
- *   (UDP: none; TCP: tcp_check, the windows slid) is not copied to xpfd: the filter counts it
- *   in the flow and leaves its decision in this CPU's slot of `skb_pass`. Anything else is
- *   copied to xpfd whole, as without the fast path.
- * - xpf_fwd, at the interface's tcx ingress, runs next for the same frame. With a decision
- *   for it, it asks the FIB: still out of the flow's `out` interface, the frame goes there
- *   (MACs from the FIB, or from the neighbour table when the FIB has none yet; TTL or hop
- *   limit down by one). When the FIB now says otherwise, the flow's entry stops matching
- *   (its `out_if` cleared: its next frames go to xpfd) and this frame is left to the kernel's
- *   ingress, where xpfd's netdev table drops transit traffic, as for every frame xpfd sees. */
+ * xpf_skb, at each filtered interface's tcx ingress, is the one place a frame is judged
+ * before xpfd: no packet socket taps the interface (a tap sees every frame before the ingress
+ * hooks, and costs each one). It reads the flow tables of fast.h, written by xpfd as for the
+ * steering program. For each frame:
+ * - what the kernel must see goes on to it: non-IP, broadcast and multicast, neighbour
+ *   discovery, TTL/hop limit expiring, over the egress MTU or unroutable (the kernel sends
+ *   the ICMP error), traffic for this host (the FIB says it is not forwarded) unless it goes
+ *   to a translation target (maps natnet/natport, fast.h: replies
+ *   to a `nat-to` address of this host, port forwardings to it), and frames for another
+ *   host's MAC (which the kernel drops; counted);
+ * - a frame of a live flow that came in where the flow's `in` state is and passes pf's
+ *   checks (UDP and echoes: none; TCP: tcp_check, the windows slid) goes out of the flow's
+ *   `out` interface while the FIB still routes it there (MACs from the FIB, or from the
+ *   neighbour table when the FIB has none yet; TTL or hop limit down by one); a changed
+ *   route clears the entry's `out_if` (its frames go to xpfd from then on);
+ * - everything else goes to xpfd: redirected into the ingress of an ifb device of xpfd's
+ *   (map `divert`), where xpfd's packet socket reads it and xpf_drop ends it.
+ * Without an entry in `divert` the frame goes on to the kernel's ingress, where xpfd's netdev
+ * table drops transit traffic: the box fails closed. */
 #include "fast.h"
 #include <linux/ip.h>
 #include <linux/ipv6.h>
@@ -28,114 +33,106 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-static long (*bpf_skb_load_bytes)(const void *skb, __u32 offset, void *to, __u32 len) =
-    (void *)BPF_FUNC_skb_load_bytes;
 static long (*bpf_skb_pull_data)(void *skb, __u32 len) = (void *)BPF_FUNC_skb_pull_data;
 static long (*bpf_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params, int plen, __u64 flags) =
     (void *)BPF_FUNC_redirect_neigh;
 
-/* The tap's decision about the frame it saw last on this CPU. */
-struct pass {
-    __u32 ifindex;      /* where it came in; 0: no decision */
-    __u32 len;
-    __u32 out_if;
-    __u32 entry;        /* its flow's entry */
-    __u32 family;
-};
-struct xpf_map skb_pass SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, sizeof(struct pass), 1, 0 };
-
 /* Counters (src/skbpath.rs names them). */
-enum { K_FAST, K_NEIGH, K_REROUTED, K_MTU, K_STALE, K_N };
+enum { K_FAST, K_NEIGH, K_REROUTED, K_MTU, K_TO_XPFD, K_HOST, K_KERNEL, K_OTHERHOST, K_NO_DIVERT, K_NAT_LOCAL,
+       K_GIVEN_BACK, K_NO_ROUTE, K_N };
 struct xpf_map skb_stats SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, K_N, 0 };
+/* A filtered interface's index -> the ifb device whose ingress xpfd reads (written by xpfd). */
+struct xpf_map divert SEC("maps") = { BPF_MAP_TYPE_HASH, 4, 4, 256, 0 };
 
-#define PACKET_HOST 0
-/* Ethernet, IPv6, TCP: the most the tap reads. */
-#define TAP_BYTES (14 + 40 + 20)
+#define PACKET_BROADCAST 1
+#define PACKET_MULTICAST 2
+#define PACKET_OTHERHOST 3
+/* What the headers take: Ethernet, IPv4 without options, TCP (UDP and ICMP need less). */
+#define NEED4 (14 + 20 + 20)
+/* Ethernet, IPv6, TCP. */
+#define NEED6 (14 + 40 + 20)
 
-SEC("socket")
-int xpf_tap(struct __sk_buff *skb) {
-    const int all = 0x7fffffff;
-    if (skb->pkt_type != PACKET_HOST)
-        return all;
-    /* Two bytes ahead of the Ethernet header align the IP header and the transport header
-     * (the verifier refuses misaligned stack loads). */
-    __u8 raw[2 + TAP_BYTES] __attribute__((aligned(8))) = {};
-    __u8 *b = raw + 2;
-    /* Ethernet and an IPv4 header without options, and 8 transport bytes. */
-    if (bpf_skb_load_bytes(skb, 0, b, 14 + 20 + 8) < 0)
-        return all;
-    __u16 proto = *(__u16 *)(b + 12);
-    struct cand c = {};
-    __u8 family;
-    __u8 *l4;
-    __u8 *end;
-    if (proto == htons(ETH_P_IP)) {
-        struct iphdr *ip = (void *)(b + 14);
-        if (ip->ihl != 5 || (ip->frag_off & htons(0x3fff)) || ip->ttl <= 1)
-            return all;
-        if (ip->protocol == IPPROTO_TCP && bpf_skb_load_bytes(skb, 0, b, 14 + 20 + 20) < 0)
-            return all;
-        __u32 tot = bswap16(ip->tot_len);
-        if (tot <= 20)
-            return all;
-        family = AF_INET;
-        c.src[0] = ip->saddr;
-        c.dst[0] = ip->daddr;
-        l4 = b + 14 + 20;
-        end = l4 + (ip->protocol == IPPROTO_TCP ? 20 : 8);
-        candidate(&c, ip->protocol, l4, end, tot - 20, 0);
-    } else if (proto == htons(ETH_P_IPV6)) {
-        struct ipv6hdr *ip6 = (void *)(b + 14);
-        __u32 n = 14 + 40 + 8;
-        if (bpf_skb_load_bytes(skb, 0, b, 14 + 40 + 8) < 0)
-            return all;
-        if (ip6->nexthdr == IPPROTO_TCP) {
-            if (bpf_skb_load_bytes(skb, 0, b, TAP_BYTES) < 0)
-                return all;
-            n = TAP_BYTES;
-        }
-        if (ip6->hop_limit <= 1)
-            return all;
-        family = AF_INET6;
-        __builtin_memcpy(c.src, &ip6->saddr, 16);
-        __builtin_memcpy(c.dst, &ip6->daddr, 16);
-        l4 = b + 14 + 40;
-        end = b + n;
-        candidate(&c, ip6->nexthdr, l4, end, bswap16(ip6->payload_len), 0);
+/* Makes the first `need` bytes (or the whole frame, when shorter) readable in place. */
+INLINE int headers(struct __sk_buff *skb, __u32 need) {
+    if ((void *)(long)skb->data + need <= (void *)(long)skb->data_end)
+        return 0;
+    return bpf_skb_pull_data(skb, skb->len < need ? skb->len : need) < 0 ? -1 : 0;
+}
+
+/* The FIB's question for the IP header at `l3` (validated by the caller). */
+INLINE long fib(struct __sk_buff *skb, __u32 ifindex, __u8 family, void *l3, struct bpf_fib_lookup *p) {
+    p->ifindex = ifindex;
+    if (family == AF_INET) {
+        struct iphdr *ip = l3;
+        p->family = AF_INET;
+        p->tos = ip->tos;
+        p->l4_protocol = ip->protocol;
+        p->ipv4_src = ip->saddr;
+        p->ipv4_dst = ip->daddr;
     } else {
-        return all;
+        struct ipv6hdr *ip6 = l3;
+        p->family = AF_INET6;
+        p->flowinfo = *(__be32 *)ip6 & htonl(0x0fffffff);
+        p->l4_protocol = ip6->nexthdr;
+        __builtin_memcpy(p->ipv6_src, &ip6->saddr, 16);
+        __builtin_memcpy(p->ipv6_dst, &ip6->daddr, 16);
     }
-    if (!c.proto)
-        return all;
-    __u32 at = 0;
-    struct fast_tail *t = family == AF_INET ? find4(&c, &at) : find6(&c, &at);
-    if (!t)
-        return all;
-    __u32 out_if = *(volatile __u32 *)&t->out_if;
-    if (t->in_if != skb->ifindex || !out_if)
-        return all;
-    if (c.proto == IPPROTO_TCP && tcp_check(family, t, l4, end, c.l4len) < 0)
-        return all;
-    __u32 z = 0;
-    struct pass *d = bpf_map_lookup_elem(&skb_pass, &z);
-    if (!d)
-        return all;
-    if (d->ifindex)
-        count(&skb_stats, K_STALE);
-    d->ifindex = skb->ifindex;
-    d->len = skb->len;
-    d->out_if = out_if;
-    d->entry = at;
-    d->family = family;
-    __sync_fetch_and_add(&t->packets, 1);
-    __sync_fetch_and_add(&t->bytes, skb->len);
-    return 0;
+    /* tot_len left 0: the helper then checks the buffer against the egress MTU as the kernel
+     * forwards it (a GSO packet by its segments). */
+    return bpf_fib_lookup(skb, p, sizeof(*p), 0);
+}
+
+/* Whether xpfd gave this frame back to the kernel (bpf/inject.c marks it in the metadata):
+ * one to a translation target that belonged to no translation, which must not go to xpfd
+ * again. */
+INLINE int given_back(struct __sk_buff *skb) {
+    void *meta = (void *)(long)skb->data_meta;
+    void *data = (void *)(long)skb->data;
+    return meta + 4 <= data && *(__u32 *)meta == XPF_GIVEN_BACK;
+}
+
+/* The frame to xpfd, or to the kernel when the FIB says it is for this host and it goes to
+ * no translation target (`c`: its flow key, `frag`: an IPv4 fragment). `ifindex`: where it
+ * came in (read once: clang would keep a pointer into the context, which the verifier
+ * refuses). */
+INLINE int to_xpfd(struct __sk_buff *skb, __u32 ifindex, __u8 family, struct cand *c, int frag) {
+    void *data = (void *)(long)skb->data;
+    void *end = (void *)(long)skb->data_end;
+    void *l3 = data + 14;
+    if (l3 + (family == AF_INET ? 20 : 40) > end)
+        return TC_ACT_OK;
+    struct bpf_fib_lookup p = {};
+    long rc = fib(skb, ifindex, family, l3, &p);
+    if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
+        /* Not forwarded: replies to a `nat-to` address of this host, port forwardings to it,
+         * a translated prefix with no route of its own go to xpfd (as in the steering
+         * program); the rest is the kernel's, as in XDP mode: for this host, over the egress
+         * MTU (the kernel answers "too big"), unroutable (it answers "unreachable"). xpfd's
+         * netdev table drops what the kernel would forward. */
+        if (rc != BPF_FIB_LKUP_RET_FRAG_NEEDED && nat_target(&p, c, family, frag)) {
+            if (given_back(skb)) {
+                count(&skb_stats, K_GIVEN_BACK);
+                return TC_ACT_OK;
+            }
+            count(&skb_stats, K_NAT_LOCAL);
+        } else {
+            count(&skb_stats, rc == BPF_FIB_LKUP_RET_NOT_FWDED ? K_HOST :
+                              rc == BPF_FIB_LKUP_RET_FRAG_NEEDED ? K_MTU : K_NO_ROUTE);
+            return TC_ACT_OK;
+        }
+    }
+    __u32 *rx = bpf_map_lookup_elem(&divert, &ifindex);
+    if (!rx) {
+        count(&skb_stats, K_NO_DIVERT);
+        return TC_ACT_OK;
+    }
+    count(&skb_stats, K_TO_XPFD);
+    return bpf_redirect(*rx, BPF_F_INGRESS);
 }
 
 /* The flow's entry stops matching: its frames go to xpfd again. */
-INLINE void reroute(struct pass *d) {
-    __u32 e = d->entry;
-    if (d->family == AF_INET) {
+INLINE void reroute(__u8 family, __u32 e) {
+    if (family == AF_INET) {
         struct flow4 *f = bpf_map_lookup_elem(&flows4, &e);
         if (f)
             *(volatile __u32 *)&f->t.out_if = 0;
@@ -147,67 +144,36 @@ INLINE void reroute(struct pass *d) {
     count(&skb_stats, K_REROUTED);
 }
 
-SEC("tc")
-int xpf_fwd(struct __sk_buff *skb) {
-    __u32 z = 0;
-    struct pass *d = bpf_map_lookup_elem(&skb_pass, &z);
-    if (!d || !d->ifindex)
-        return TC_ACT_OK;
-    if (d->ifindex != skb->ifindex || d->len != skb->len) {
-        d->ifindex = 0;
-        count(&skb_stats, K_STALE);
-        return TC_ACT_OK;
-    }
-    d->ifindex = 0;
-    __u32 l3 = d->family == AF_INET ? 20 : 40;
+/* A fast-path frame out of `out_if`, while the FIB still routes it there. */
+INLINE int forward(struct __sk_buff *skb, __u32 ifindex, __u8 family, __u32 out_if, __u32 entry, struct cand *c) {
+    /* A sender's TCP segment reaches the firewall as a clone sharing its buffer with the
+     * sender's retransmission queue. The buffer goes on as it is (the program's writes below
+     * make the header private where it is shared, as tc's direct writes do): copying the head
+     * every time (bpf_skb_change_head, as ip_forward's skb_cow can) let the receiver coalesce
+     * 2-4x more segments but cost forwarded TCP 6-18% (docs/xpfd.md). */
     void *data = (void *)(long)skb->data;
     void *end = (void *)(long)skb->data_end;
-    if (data + 14 + l3 > end) {
-        if (bpf_skb_pull_data(skb, 14 + l3) < 0)
-            return TC_ACT_OK;
-        data = (void *)(long)skb->data;
-        end = (void *)(long)skb->data_end;
-    }
     struct ethhdr *eth = data;
+    if ((void *)(eth + 1) + (family == AF_INET ? 20 : 40) > end)
+        return TC_ACT_OK;
     struct bpf_fib_lookup p = {};
-    p.ifindex = skb->ifindex;
-    if (d->family == AF_INET) {
-        struct iphdr *ip = (void *)(eth + 1);
-        if ((void *)(ip + 1) > end)
-            return TC_ACT_OK;
-        p.family = AF_INET;
-        p.tos = ip->tos;
-        p.l4_protocol = ip->protocol;
-        p.ipv4_src = ip->saddr;
-        p.ipv4_dst = ip->daddr;
-    } else {
-        struct ipv6hdr *ip6 = (void *)(eth + 1);
-        if ((void *)(ip6 + 1) > end)
-            return TC_ACT_OK;
-        p.family = AF_INET6;
-        p.flowinfo = *(__be32 *)ip6 & htonl(0x0fffffff);
-        p.l4_protocol = ip6->nexthdr;
-        __builtin_memcpy(p.ipv6_src, &ip6->saddr, 16);
-        __builtin_memcpy(p.ipv6_dst, &ip6->daddr, 16);
-    }
-    /* tot_len left 0: the helper then checks the buffer against the egress MTU as the kernel
-     * forwards it (a GSO packet by its segments). */
-    long rc = bpf_fib_lookup(skb, &p, sizeof(p), 0);
+    long rc = fib(skb, ifindex, family, eth + 1, &p);
     if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
-        /* Too big for the egress: dropped by the kernel's ingress, as xpfd drops it. */
+        /* Too big for the egress: the kernel answers "too big" and drops it (its netdev
+         * table drops what it would fragment and forward). */
         count(&skb_stats, K_MTU);
         return TC_ACT_OK;
     }
-    if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) || p.ifindex != d->out_if) {
-        reroute(d);
-        return TC_ACT_OK;
+    if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) || p.ifindex != out_if) {
+        reroute(family, entry);
+        return to_xpfd(skb, ifindex, family, c, 0);
     }
-    if (hop_down(d->family, eth + 1, end) < 0)
+    if (hop_down(family, eth + 1, end) < 0)
         return TC_ACT_OK;
     if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
         /* The kernel resolves the next hop and sends the frame when it can. */
         struct bpf_redir_neigh nh = {};
-        if (d->family == AF_INET) {
+        if (family == AF_INET) {
             nh.nh_family = AF_INET;
             nh.ipv4_nh = p.ipv4_dst;
         } else {
@@ -221,4 +187,88 @@ int xpf_fwd(struct __sk_buff *skb) {
     __builtin_memcpy(eth->h_source, p.smac, 6);
     count(&skb_stats, K_FAST);
     return bpf_redirect(p.ifindex, 0);
+}
+
+SEC("tc")
+int xpf_skb(struct __sk_buff *skb) {
+    __u32 ifindex = skb->ifindex;
+    __u32 pt = skb->pkt_type;
+    if (pt != 0 || skb->vlan_present) {
+        /* Another host's MAC: the kernel drops it (PACKET_OTHERHOST), never forwarded. */
+        count(&skb_stats, pt == PACKET_OTHERHOST ? K_OTHERHOST : K_KERNEL);
+        return TC_ACT_OK;
+    }
+    if (headers(skb, NEED4) < 0)
+        return TC_ACT_OK;
+    void *data = (void *)(long)skb->data;
+    void *end = (void *)(long)skb->data_end;
+    if (data + 14 > end)
+        return TC_ACT_OK;
+    __u16 proto = ((struct ethhdr *)data)->h_proto;
+    struct cand c = {};
+    __u8 family;
+    int frag = 0;
+    if (proto == htons(ETH_P_IP)) {
+        struct iphdr *ip = data + 14;
+        if ((void *)(ip + 1) > end)
+            return TC_ACT_OK;
+        if (ip->ttl <= 1) {
+            count(&skb_stats, K_KERNEL);
+            return TC_ACT_OK;
+        }
+        family = AF_INET;
+        frag = (ip->frag_off & htons(0x3fff)) != 0;
+        __u32 tot = bswap16(ip->tot_len);
+        if (ip->ihl == 5 && !(ip->frag_off & htons(0x3fff)) && tot > 20) {
+            c.src[0] = ip->saddr;
+            c.dst[0] = ip->daddr;
+            candidate(&c, ip->protocol, (void *)(ip + 1), end, tot - 20, 0);
+        }
+    } else if (proto == htons(ETH_P_IPV6)) {
+        if (headers(skb, NEED6) < 0)
+            return TC_ACT_OK;
+        data = (void *)(long)skb->data;
+        end = (void *)(long)skb->data_end;
+        struct ipv6hdr *ip6 = data + 14;
+        if ((void *)(ip6 + 1) > end)
+            return TC_ACT_OK;
+        __u8 *l4 = (void *)(ip6 + 1);
+        if (ip6->hop_limit <= 1 ||
+            (ip6->nexthdr == ICMPV6 && (void *)(l4 + 1) <= end && l4[0] >= 133 && l4[0] <= 137)) {
+            count(&skb_stats, K_KERNEL);
+            return TC_ACT_OK;
+        }
+        family = AF_INET6;
+        __builtin_memcpy(c.src, &ip6->saddr, 16);
+        __builtin_memcpy(c.dst, &ip6->daddr, 16);
+        candidate(&c, ip6->nexthdr, l4, end, bswap16(ip6->payload_len), 0);
+    } else {
+        count(&skb_stats, K_KERNEL);
+        return TC_ACT_OK;
+    }
+    if (!c.proto)
+        return to_xpfd(skb, ifindex, family, &c, frag);
+    __u32 at = 0;
+    struct fast_tail *t = family == AF_INET ? find4(&c, &at) : find6(&c, &at);
+    if (!t)
+        return to_xpfd(skb, ifindex, family, &c, frag);
+    __u32 out_if = *(volatile __u32 *)&t->out_if;
+    if (t->in_if != ifindex || !out_if)
+        return to_xpfd(skb, ifindex, family, &c, frag);
+    if (c.proto == IPPROTO_TCP) {
+        /* candidate() saw the whole TCP header (it reads its checksum). */
+        __u8 *th = data + 14 + (family == AF_INET ? 20 : 40);
+        if (tcp_check(family, t, th, end, c.l4len) < 0)
+            return to_xpfd(skb, ifindex, family, &c, frag);
+    }
+    __sync_fetch_and_add(&t->packets, 1);
+    __sync_fetch_and_add(&t->bytes, skb->len);
+    return forward(skb, ifindex, family, out_if, at, &c);
+}
+
+/* At the ingress of xpfd's ifb devices: their frames were for xpfd's packet socket only,
+ * which saw them before this hook. */
+SEC("tc/drop")
+int xpf_drop(struct __sk_buff *skb) {
+    return TC_ACT_SHOT;
 }

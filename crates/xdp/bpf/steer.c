@@ -55,33 +55,6 @@ struct xpf_map steer_stats SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 12, 
 /* ifindex -> the interface's MAC in the low six bytes (as they are in the frame). */
 struct xpf_map ifmacs SEC("maps") = { BPF_MAP_TYPE_HASH, 4, 8, 256, 0 };
 
-/* Translation targets the kernel would not forward (the box's own addresses, mostly:
- * `nat-to (egress)`, a port forwarding to the public address; or a translated prefix routed
- * to the box): a packet to one goes to xpfd, which translates it when it belongs to a
- * translated state or a `rdr-to` rule, and gives it back to the kernel otherwise. xpfd
- * writes them from the rules. natnet: by longest prefix of (family, protocol, address), the
- * destination ports [lo, hi] that go to xpfd (ICMP: all); natport: one destination port of
- * one address (all zero: any address). Shared. */
-struct natnet_key {
-    __u32 prefixlen;    /* 32 (family, protocol, pad) + the address's prefix length */
-    __u8 family;
-    __u8 proto;
-    __u16 pad;
-    __u32 addr[4];
-};
-struct natport_key {
-    __u8 family;
-    __u8 proto;
-    __u16 port;         /* host order */
-    __u32 addr[4];
-};
-struct natval {
-    __u16 lo, hi;
-};
-struct xpf_map natnet SEC("maps") = { BPF_MAP_TYPE_LPM_TRIE, sizeof(struct natnet_key), sizeof(struct natval), 4096,
-                                      BPF_F_NO_PREALLOC };
-struct xpf_map natport SEC("maps") = { BPF_MAP_TYPE_HASH, sizeof(struct natport_key), 4, 4096, 0 };
-
 /* steer_stats slots (src/steer.rs names them). */
 enum { S_NOT_IP, S_LOCAL, S_TTL, S_NO_ROUTE, S_MTU, S_TO_XSK, S_NO_SOCKET, S_ND, S_FAST, S_OTHERHOST, S_SYN_LANE,
        S_NAT_LOCAL, S_N };
@@ -248,53 +221,6 @@ INLINE int fast_path(struct xdp_md *ctx, struct bpf_fib_lookup *p, struct cand *
     }
     count(&steer_stats, S_FAST);
     return bpf_redirect(p->ifindex, 0);
-}
-
-/* Whether a packet the kernel would not forward goes to a translation target (map natdst).
- * `p` still holds the packet's addresses: the lookup writes them back only when it forwards. */
-INLINE int nat_target(struct bpf_fib_lookup *p, struct cand *c, __u8 family, int frag) {
-    __u8 proto = p->l4_protocol;
-    __u16 port = 0;
-    /* An IPv4 fragment carries no port (or one that speaks for the rest): by its address
-     * alone, every fragment to a translation address goes to xpfd, which reassembles it and
-     * gives the host back what is the host's. */
-    int by_addr = 0;
-    if (proto == IPPROTO_TCP || proto == IPPROTO_UDP) {
-        if (frag)
-            by_addr = 1;
-        else if (c->proto != proto)
-            return 0; /* IP options: the kernel's */
-        else
-            port = bswap16(c->ports >> 16);
-    } else if (proto != IPPROTO_ICMP && proto != IPPROTO_ICMPV6) {
-        return 0;
-    }
-    struct natnet_key n = {};
-    n.family = family;
-    n.proto = proto;
-    if (family == AF_INET) {
-        n.prefixlen = 64;
-        n.addr[0] = p->ipv4_dst;
-    } else {
-        n.prefixlen = 160;
-        __builtin_memcpy(n.addr, p->ipv6_dst, 16);
-    }
-    struct natval *v = bpf_map_lookup_elem(&natnet, &n);
-    if (v && (by_addr || (port >= v->lo && port <= v->hi)))
-        return 1;
-    if (by_addr)
-        return 0;
-    if (!port)
-        return 0;
-    struct natport_key k = {};
-    k.family = family;
-    k.proto = proto;
-    k.port = port;
-    __builtin_memcpy(k.addr, n.addr, 16);
-    if (bpf_map_lookup_elem(&natport, &k))
-        return 1;
-    __builtin_memset(k.addr, 0, sizeof(k.addr));
-    return bpf_map_lookup_elem(&natport, &k) != 0;
 }
 
 INLINE int verdict(struct xdp_md *ctx, struct bpf_fib_lookup *p, long rc, __u8 family, struct cand *c, __u32 len,

@@ -28,6 +28,9 @@ static long (*bpf_fib_lookup)(void *ctx, struct bpf_fib_lookup *p, int len, __u3
 static long (*bpf_redirect)(__u32 ifindex, __u64 flags) = (void *)BPF_FUNC_redirect;
 static __u64 (*bpf_ktime_get_ns)(void) = (void *)BPF_FUNC_ktime_get_ns;
 
+/* What bpf/inject.c writes in a frame's metadata: xpfd gives it back to the kernel. */
+#define XPF_GIVEN_BACK 0x78706662
+
 #define bswap16(x) __builtin_bswap16(x)
 #define bswap32(x) __builtin_bswap32(x)
 #define htons(x) bswap16(x)

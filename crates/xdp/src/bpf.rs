@@ -22,7 +22,6 @@ const BPF_PROG_TEST_RUN: i32 = 10;
 const BPF_LINK_CREATE: i32 = 28;
 const BPF_TCX_INGRESS: u32 = 46;
 const BPF_PROG_TYPE_XDP: u32 = 6;
-const SO_ATTACH_BPF: i32 = 50;
 const BPF_PSEUDO_MAP_FD: u8 = 1;
 /// `BPF_F_TEST_XDP_LIVE_FRAMES`: frames really go out (XDP_TX/REDIRECT).
 pub const TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
@@ -350,10 +349,10 @@ pub struct Kind {
 
 impl Kind {
     pub const XDP: Kind = Kind { section: "xdp", prog_type: BPF_PROG_TYPE_XDP };
-    /// BPF_PROG_TYPE_SOCKET_FILTER, attached with [`attach_socket_filter`].
-    pub const SOCKET: Kind = Kind { section: "socket", prog_type: 1 };
     /// BPF_PROG_TYPE_SCHED_CLS, attached with [`tcx_ingress`].
     pub const TC: Kind = Kind { section: "tc", prog_type: 3 };
+    /// The same kind, from section "tc/drop".
+    pub const TC_DROP: Kind = Kind { section: "tc/drop", prog_type: 3 };
 }
 
 #[repr(C)]
@@ -380,25 +379,6 @@ pub fn tcx_ingress(prog: &Program, ifindex: u32) -> io::Result<OwnedFd> {
     let fd = sys_bpf(BPF_LINK_CREATE, &mut a).map_err(|e| ctx(e, &format!("tcx ingress of interface {ifindex}")))?;
     // SAFETY: fresh descriptor from the kernel.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-}
-
-/// Makes a `Kind::SOCKET` program the filter of socket `sock` (SO_ATTACH_BPF).
-pub fn attach_socket_filter(sock: RawFd, prog: &Program) -> io::Result<()> {
-    let fd = prog.fd.as_raw_fd();
-    // SAFETY: setsockopt with a 4-byte int we own.
-    let r = unsafe {
-        libc::setsockopt(
-            sock,
-            libc::SOL_SOCKET,
-            SO_ATTACH_BPF,
-            (&fd as *const i32).cast(),
-            std::mem::size_of::<i32>() as u32,
-        )
-    };
-    if r < 0 {
-        return Err(ctx(io::Error::last_os_error(), "SO_ATTACH_BPF"));
-    }
-    Ok(())
 }
 
 /// A loaded BPF program and the maps it uses.
@@ -674,7 +654,11 @@ mod tests {
             (objects::STEER, &["xsks", "steer_stats", "flows4", "flows6", "steer_cfg"][..], &["xdp"][..]),
             (objects::GEN, &["gen_cfg", "gen_count", "gen_pace"][..], &["xdp"][..]),
             (objects::SINK, &["sink_count", "sink_src"][..], &["xdp"][..]),
-            (objects::SKB, &["flows4", "flows6", "steer_cfg", "skb_pass", "skb_stats"][..], &["socket", "tc"][..]),
+            (
+                objects::SKB,
+                &["flows4", "flows6", "steer_cfg", "divert", "skb_stats", "natnet", "natport"][..],
+                &["tc"][..],
+            ),
         ] {
             let e = Elf::parse(o).unwrap();
             let ms = e.section("maps").unwrap();
@@ -687,6 +671,12 @@ mod tests {
                 assert!(!e.relocations_for(x.index).is_empty(), "{p}");
             }
         }
+    }
+
+    #[test]
+    fn the_skb_object_has_its_drop_program() {
+        let e = Elf::parse(objects::SKB).unwrap();
+        assert!(e.section("tc/drop").is_some());
     }
 
     #[test]

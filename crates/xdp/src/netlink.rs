@@ -1,5 +1,5 @@
-//! The rtnetlink requests xpf makes: attach and detach an XDP program, and ask the kernel to
-//! resolve a neighbour. Each request is one message on a fresh NETLINK_ROUTE socket, answered
+//! The rtnetlink requests xpf makes: attach and detach an XDP program, create and delete ifb
+//! devices, ask the kernel's routes and neighbours, and have it resolve a neighbour. Each request is one message on a fresh NETLINK_ROUTE socket, answered
 //! by the kernel's acknowledgement.
 
 use std::io;
@@ -130,6 +130,55 @@ pub fn xdp_attach(ifindex: u32, prog_fd: i32, flags: u32) -> io::Result<()> {
 /// Removes the XDP program of `ifindex` (in the mode `flags` names).
 pub fn xdp_detach(ifindex: u32, flags: u32) -> io::Result<()> {
     xdp_attach(ifindex, -1, flags)
+}
+
+/// Creates an ifb device named `name` (one of the same name, left by an earlier run, is
+/// deleted first), up, without IPv6 addresses (it sends nothing); returns its index. Packet
+/// mode's fast path redirects the frames it leaves to xpfd into such a device's ingress.
+pub fn ifb_create(name: &str) -> io::Result<u32> {
+    const IFLA_IFNAME: u16 = 3;
+    const IFLA_LINKINFO: u16 = 18;
+    const IFLA_INFO_KIND: u16 = 1;
+    const IFLA_AF_SPEC: u16 = 26;
+    const IFLA_INET6_ADDR_GEN_MODE: u16 = 8;
+    const IN6_ADDR_GEN_MODE_NONE: u8 = 1;
+    if let Ok(old) = ifindex(name) {
+        link_delete(old)?;
+    }
+    let mut m = Msg::new(libc::RTM_NEWLINK, (libc::NLM_F_CREATE | libc::NLM_F_EXCL) as u16);
+    m.put(&ifinfomsg(0));
+    let mut n = name.as_bytes().to_vec();
+    n.push(0);
+    m.attr(IFLA_IFNAME, &n);
+    let info = m.nest(IFLA_LINKINFO);
+    m.attr(IFLA_INFO_KIND, b"ifb\0");
+    m.end_nest(info);
+    m.send().map_err(|e| io::Error::new(e.kind(), format!("creating ifb device {name}: {e}")))?;
+    let i = ifindex(name)?;
+    // No IPv6 link-local address (the kernel would send neighbour discovery from it), then up.
+    let mut m = Msg::new(libc::RTM_SETLINK, 0);
+    m.put(&ifi_up(i));
+    let spec = m.nest(IFLA_AF_SPEC);
+    let v6 = m.nest(libc::AF_INET6 as u16);
+    m.attr(IFLA_INET6_ADDR_GEN_MODE, &[IN6_ADDR_GEN_MODE_NONE]);
+    m.end_nest(v6);
+    m.end_nest(spec);
+    m.send().map_err(|e| io::Error::new(e.kind(), format!("setting ifb device {name} up: {e}")))?;
+    Ok(i)
+}
+
+fn ifi_up(ifindex: u32) -> [u8; 16] {
+    let mut ifi = ifinfomsg(ifindex);
+    ifi[8..12].copy_from_slice(&(libc::IFF_UP as u32).to_ne_bytes());
+    ifi[12..16].copy_from_slice(&(libc::IFF_UP as u32).to_ne_bytes());
+    ifi
+}
+
+/// Deletes interface `ifindex`.
+pub fn link_delete(ifindex: u32) -> io::Result<()> {
+    let mut m = Msg::new(libc::RTM_DELLINK, 0);
+    m.put(&ifinfomsg(ifindex));
+    m.send()
 }
 
 /// Asks the kernel to resolve `addr` (4 or 16 bytes) on `ifindex` (ARP or neighbour

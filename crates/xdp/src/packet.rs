@@ -11,6 +11,13 @@
 //! answer written in the ring's reserved headroom in front of the frame exactly as the
 //! steering program writes it: the dataplane cannot tell the two kinds of port apart.
 //!
+//! With the fast path ([`crate::skbpath`]) no socket taps the filtered interface: its tcx
+//! program forwards established flows itself, leaves to the kernel what the kernel must see,
+//! and redirects the rest into the ingress of an ifb device, which this port's socket reads
+//! instead; the port still sends out of the interface. With several workers, each has a
+//! socket per interface and the sockets of a device share its frames
+//! ([`PacketPort::join_fanout`]).
+//!
 //! Like XDP mode it fails closed: if xpfd dies, the ingress chains stay and transit traffic
 //! stops. `nft delete table netdev xpfd` opens the box again.
 
@@ -109,6 +116,10 @@ pub struct PacketPort {
     /// ring sends only from the ring); opened at the first one.
     gso: Option<OwnedFd>,
     ifindex: u32,
+    /// With the fast path, the socket reads an ifb device that the kernel's program fills
+    /// ([`crate::skbpath`]): every frame there is another host's as the ifb sees it, and the
+    /// TX ring is sent out of `ifindex` by address.
+    diverted: bool,
     stats: XskStats,
     pub counters: [u64; 8],
     router: Router,
@@ -119,8 +130,10 @@ pub struct PacketPort {
 unsafe impl Send for PacketPort {}
 
 impl PacketPort {
-    /// Opens a packet socket on `ifindex` with a TPACKET_V2 RX ring and a TX ring.
-    pub fn open(ifindex: u32) -> io::Result<PacketPort> {
+    /// Opens a packet socket for interface `ifindex` with a TPACKET_V2 RX ring and a TX ring:
+    /// it receives from `rx_from` (`ifindex` itself, or the ifb device the fast path fills for it)
+    /// and sends out of `ifindex`.
+    pub fn open(ifindex: u32, rx_from: u32) -> io::Result<PacketPort> {
         // Protocol 0 until the rings are set up and the socket bound: it sees nothing before.
         // SAFETY: plain socket call.
         let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
@@ -183,6 +196,7 @@ impl PacketPort {
             tx_last: 0,
             gso: None,
             ifindex,
+            diverted: rx_from != ifindex,
             stats: XskStats::default(),
             counters: [0; 8],
             router: Router::default(),
@@ -192,7 +206,7 @@ impl PacketPort {
             let mut sa: libc::sockaddr_ll = std::mem::zeroed();
             sa.sll_family = libc::AF_PACKET as u16;
             sa.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
-            sa.sll_ifindex = ifindex as i32;
+            sa.sll_ifindex = rx_from as i32;
             if libc::bind(
                 raw,
                 (&sa as *const libc::sockaddr_ll).cast(),
@@ -200,7 +214,7 @@ impl PacketPort {
             ) < 0
             {
                 return Err(io::Error::other(format!(
-                    "binding a packet socket to ifindex {ifindex}: {}",
+                    "binding a packet socket to ifindex {rx_from}: {}",
                     io::Error::last_os_error()
                 )));
             }
@@ -210,6 +224,43 @@ impl PacketPort {
 
     pub fn fd(&self) -> i32 {
         self.fd.as_raw_fd()
+    }
+
+    /// Puts the socket in a fanout group with the other workers' sockets on the same device:
+    /// each frame goes to one of them, chosen by the kernel's symmetric flow hash
+    /// (PACKET_FANOUT_HASH: addresses and ports, the same both ways). `group`: the group to
+    /// join, or None to found one with an id the kernel picks (returned, for the others).
+    /// Frames the hash gives a worker that does not own the flow (the owner is a hash of the
+    /// addresses alone, so that fragments meet their flow) are handed off by the workers.
+    pub fn join_fanout(&self, group: Option<u16>) -> io::Result<u16> {
+        const PACKET_FANOUT: i32 = 18;
+        const PACKET_FANOUT_HASH: u32 = 0;
+        const PACKET_FANOUT_FLAG_UNIQUEID: u32 = 0x2000;
+        let arg = match group {
+            Some(id) => id as u32 | PACKET_FANOUT_HASH << 16,
+            None => (PACKET_FANOUT_HASH | PACKET_FANOUT_FLAG_UNIQUEID) << 16,
+        };
+        setopt(self.fd.as_raw_fd(), libc::SOL_PACKET, PACKET_FANOUT, &arg)
+            .map_err(|e| io::Error::new(e.kind(), format!("PACKET_FANOUT: {e}")))?;
+        if let Some(id) = group {
+            return Ok(id);
+        }
+        let mut v = 0u32;
+        let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
+        // SAFETY: getsockopt into a u32 we own, its length passed.
+        let r = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                PACKET_FANOUT,
+                (&mut v as *mut u32).cast(),
+                &mut len,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::other(format!("PACKET_FANOUT: {}", io::Error::last_os_error())));
+        }
+        Ok(v as u16)
     }
 
     fn rx_frame(&self, i: usize) -> *mut u8 {
@@ -300,7 +351,7 @@ impl PacketPort {
             let gso = v[1];
             let options =
                 (v[0] & VNET_NEEDS_CSUM) as u32 | (gso as u32) << 8 | (u16::from_ne_bytes([v[4], v[5]]) as u32) << 16;
-            let slot = if pkttype == libc::PACKET_OTHERHOST || pkttype == libc::PACKET_OUTGOING {
+            let slot = if (pkttype == libc::PACKET_OTHERHOST && !self.diverted) || pkttype == libc::PACKET_OUTGOING {
                 Some(6)
             } else if status & TP_STATUS_VLAN_VALID != 0 {
                 Some(0)
@@ -312,7 +363,13 @@ impl PacketPort {
             };
             let (slot, route) = match slot {
                 Some(s) => (s, Route::Invalid),
-                None => self.router.classify(frame, now, if gso != 0 { offload::gso_size(options) } else { 0 }),
+                None => match self.router.classify(frame, now, if gso != 0 { offload::gso_size(options) } else { 0 }) {
+                    // The tcx program leaves the host's traffic and the unroutable to the
+                    // kernel, and sends xpfd of those only what goes to a translation target:
+                    // a reply to be translated, or the host's own, which xpfd gives back.
+                    (1 | 3, _) if self.diverted => (5, Route::Local),
+                    r => r,
+                },
             };
             self.counters[slot] += 1;
             if slot != 5 || mac < META_LEN {
@@ -457,8 +514,27 @@ impl PacketPort {
         self.stats.tx += self.tx_pending.len() as u64;
         self.tx_pending.clear();
         self.stats.kicks += 1;
-        // SAFETY: a zero-length send on our socket transmits the ring's requested frames.
-        unsafe { libc::send(self.fd.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT) };
+        if !self.diverted {
+            // SAFETY: a zero-length send on our socket transmits the ring's requested frames.
+            unsafe { libc::send(self.fd.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT) };
+            return;
+        }
+        // SAFETY: the same, out of the interface named by a sockaddr_ll we own (the socket is
+        // bound to the ifb device).
+        unsafe {
+            let mut sa: libc::sockaddr_ll = std::mem::zeroed();
+            sa.sll_family = libc::AF_PACKET as u16;
+            sa.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
+            sa.sll_ifindex = self.ifindex as i32;
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                std::ptr::null(),
+                0,
+                libc::MSG_DONTWAIT,
+                (&sa as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            );
+        }
     }
 
     /// Counters in the AF_XDP shape; the kernel's drops (ring full) from PACKET_STATISTICS.

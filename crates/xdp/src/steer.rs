@@ -1,7 +1,7 @@
 //! The steering program (bpf/steer.c) seen from userspace: the metadata it writes in front of
 //! each frame it redirects, and the names of its counters.
 
-use crate::bpf::{objects, Program};
+use crate::bpf::{objects, Map, Program};
 use crate::netlink;
 use std::io;
 
@@ -150,6 +150,52 @@ pub fn fast_tables(prog: &Program, seed: u32, pace: u32) -> io::Result<crate::fl
     Ok(crate::flows::FlowTables { v4, v6 })
 }
 
+/// Writes translation targets into maps `natnet` and `natport` of a program that has them (the
+/// steering program's, or packet mode's tcx program's: bpf/fast.h), replacing the ones there.
+/// Errors when there are more than the maps hold.
+pub fn set_nat_targets(net: &Map, port: &Map, targets: &[NatTarget]) -> io::Result<()> {
+    let mut nets: std::collections::HashMap<Vec<u8>, [u8; 4]> = Default::default();
+    let mut ports: std::collections::HashMap<Vec<u8>, [u8; 4]> = Default::default();
+    for t in targets {
+        let mut v = [0u8; 4];
+        v[..2].copy_from_slice(&t.lo.to_ne_bytes());
+        v[2..].copy_from_slice(&t.hi.to_ne_bytes());
+        if t.port == 0 {
+            let mut k = vec![0u8; 24];
+            k[..4].copy_from_slice(&(32 + t.len as u32).to_ne_bytes());
+            k[4] = t.family;
+            k[5] = t.proto;
+            k[8..24].copy_from_slice(&t.addr);
+            nets.insert(k, v);
+        } else {
+            let mut k = vec![0u8; 20];
+            k[0] = t.family;
+            k[1] = t.proto;
+            k[2..4].copy_from_slice(&t.port.to_ne_bytes());
+            k[4..20].copy_from_slice(&t.addr);
+            ports.insert(k, v);
+        }
+    }
+    for (m, want) in [(net, &nets), (port, &ports)] {
+        if want.len() > m.max_entries as usize {
+            return Err(io::Error::other(format!(
+                "{} translation targets on this host's addresses; at most {}",
+                want.len(),
+                m.max_entries
+            )));
+        }
+        for k in m.keys()? {
+            if !want.contains_key(&k) {
+                m.delete(&k)?;
+            }
+        }
+        for (k, v) in want.iter() {
+            m.update(k, v)?;
+        }
+    }
+    Ok(())
+}
+
 /// Turns table lookups of `prog`'s fast path on or off (the tables' masks; 0: no lookup).
 pub fn fast_lookups(prog: &Program, on: bool) -> io::Result<()> {
     let cfg = prog.map("steer_cfg");
@@ -272,47 +318,7 @@ impl Steer {
     /// not forward them (maps `natnet` and `natport`, shared by every interface's program),
     /// replacing the ones there. Errors when there are more than the maps hold.
     pub fn set_nat_targets(&self, targets: &[NatTarget]) -> io::Result<()> {
-        let (net, port) = (self.prog.map("natnet"), self.prog.map("natport"));
-        let mut nets: std::collections::HashMap<Vec<u8>, [u8; 4]> = Default::default();
-        let mut ports: std::collections::HashMap<Vec<u8>, [u8; 4]> = Default::default();
-        for t in targets {
-            let mut v = [0u8; 4];
-            v[..2].copy_from_slice(&t.lo.to_ne_bytes());
-            v[2..].copy_from_slice(&t.hi.to_ne_bytes());
-            if t.port == 0 {
-                let mut k = vec![0u8; 24];
-                k[..4].copy_from_slice(&(32 + t.len as u32).to_ne_bytes());
-                k[4] = t.family;
-                k[5] = t.proto;
-                k[8..24].copy_from_slice(&t.addr);
-                nets.insert(k, v);
-            } else {
-                let mut k = vec![0u8; 20];
-                k[0] = t.family;
-                k[1] = t.proto;
-                k[2..4].copy_from_slice(&t.port.to_ne_bytes());
-                k[4..20].copy_from_slice(&t.addr);
-                ports.insert(k, v);
-            }
-        }
-        for (m, want) in [(net, &nets), (port, &ports)] {
-            if want.len() > m.max_entries as usize {
-                return Err(io::Error::other(format!(
-                    "{} translation targets on this host's addresses; at most {}",
-                    want.len(),
-                    m.max_entries
-                )));
-            }
-            for k in m.keys()? {
-                if !want.contains_key(&k) {
-                    m.delete(&k)?;
-                }
-            }
-            for (k, v) in want.iter() {
-                m.update(k, v)?;
-            }
-        }
-        Ok(())
+        set_nat_targets(self.prog.map("natnet"), self.prog.map("natport"), targets)
     }
 
     /// Bare mode: forward everything routable in the kernel, unfiltered (the lab's measure

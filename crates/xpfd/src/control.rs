@@ -98,12 +98,13 @@ impl Loaded {
 
 /// Refuses translation rules where xpfd cannot keep them yet: with several workers (a
 /// translated flow's replies would reach a worker without its state) and in packet mode
-/// (replies to the host's own addresses stay with the kernel). Names the first such rule.
-pub fn translation_fits(l: &Loaded, workers: usize, steers: &[(String, Steer)]) -> Result<(), String> {
+/// without its tcx program (`divert` false: replies to the host's own addresses stay with
+/// the kernel). Names the first such rule.
+pub fn translation_fits(l: &Loaded, workers: usize, divert: bool) -> Result<(), String> {
     use xpf_conf::ast::HostKind;
     for r in l.parsed.rules.iter().chain(&l.parsed.xrules).filter(|r| r.nat.is_some() || r.rdr.is_some()) {
-        let why = if steers.is_empty() {
-            "translation (nat-to, rdr-to, binat-to) needs XDP (--io xdp); packet mode cannot take replies to this host's addresses"
+        let why = if !divert {
+            "translation (nat-to, rdr-to, binat-to) needs xpfd's XDP or tcx program; packet mode without it (no ifb devices here) cannot take replies to this host's addresses"
         } else if workers > 1 && r.nat.as_ref().is_some_and(|p| p.static_port || p.port.is_some_and(|(a, b)| a == b)) {
             // The replies' port names the worker that holds the state: the port must be one
             // the worker chose.
@@ -244,8 +245,7 @@ fn change_summary(old: &Parsed, old_r: &Ruleset, new: &Parsed, new_r: &Ruleset) 
 
 /// Tells the steering programs which of this host's addresses and ports translated traffic
 /// goes to (their shared map natdst).
-pub fn write_nat_targets(r: &Ruleset, steers: &[(String, Steer)]) -> Result<(), String> {
-    let Some((_, s)) = steers.first() else { return Ok(()) };
+pub fn write_nat_targets(r: &Ruleset, steers: &[(String, Steer)], skb: Option<&NatMaps>) -> Result<(), String> {
     let ts: Vec<xpf_xdp::steer::NatTarget> = r
         .nat_targets
         .iter()
@@ -255,8 +255,18 @@ pub fn write_nat_targets(r: &Ruleset, steers: &[(String, Steer)]) -> Result<(), 
             xpf_xdp::steer::NatTarget { family, proto: t.proto, addr, len, port: t.port, lo: t.lo, hi: t.hi }
         })
         .collect();
-    s.set_nat_targets(&ts).map_err(|e| format!("translation targets: {e}"))
+    let e = |e: std::io::Error| format!("translation targets: {e}");
+    if let Some((_, s)) = steers.first() {
+        s.set_nat_targets(&ts).map_err(e)?;
+    }
+    if let Some((net, port)) = skb {
+        xpf_xdp::steer::set_nat_targets(net, port, &ts).map_err(e)?;
+    }
+    Ok(())
 }
+
+/// Packet mode's maps of translation targets (`natnet`, `natport` of its tcx program).
+pub type NatMaps = (xpf_xdp::bpf::Map, xpf_xdp::bpf::Map);
 
 pub struct Daemon {
     file: String,
@@ -278,6 +288,8 @@ pub struct Daemon {
     pub egresses: Option<Arc<crate::fastpath::Egresses>>,
     /// Packet mode's fast path: its programs' counters (`skb_stats`).
     pub skb_stats: Option<xpf_xdp::bpf::Map>,
+    /// Packet mode's translation targets, written at each load.
+    pub skb_nat: Option<NatMaps>,
     /// pflog's counters.
     pub pflog: Option<Arc<crate::pflog::Shared>>,
     /// pflow's counters, when --pflow is on (rules with `pflow` are refused without it).
@@ -412,6 +424,7 @@ impl Daemon {
             sync: None,
             egresses: None,
             skb_stats: None,
+            skb_nat: None,
             pflog: None,
             pflow: None,
         }
@@ -477,7 +490,8 @@ impl Daemon {
     fn install(&mut self, l: Loaded) -> Result<u64, Vec<String>> {
         // What xpfd cannot keep is refused before anything changes.
         pflow_fits(&l.parsed, self.pflow.is_some()).map_err(|e| vec![e])?;
-        translation_fits(&l, self.workers.len(), &self.steers.lock().unwrap()).map_err(|e| vec![e])?;
+        let divert = !self.steers.lock().unwrap().is_empty() || self.skb_nat.is_some();
+        translation_fits(&l, self.workers.len(), divert).map_err(|e| vec![e])?;
         queues_fit(&l.parsed, &self.ifaces).map_err(|e| vec![e])?;
         let per = (l.state_limit() / self.workers.len() as u32).max(1);
         let t = l.timeouts();
@@ -490,7 +504,7 @@ impl Daemon {
         }
         let (r, l) = l.take_ruleset();
         let (r, dropped) = self.anchors.apply(r)?;
-        write_nat_targets(&r, &self.steers.lock().unwrap()).map_err(|e| vec![e])?;
+        write_nat_targets(&r, &self.steers.lock().unwrap(), self.skb_nat.as_ref()).map_err(|e| vec![e])?;
         let summary = change_summary(&self.loaded.parsed, &self.slot.current().1, &l.parsed, &r);
         if let Some(level) = l.parsed.debug.as_deref().and_then(crate::logging::level_of) {
             log::set_max_level(level);
@@ -817,7 +831,7 @@ impl Daemon {
                 };
                 let entries = tb.len();
                 let r = cur.with_table(&name, tb).ok_or_else(|| format!("table <{name}> does not exist"))?;
-                write_nat_targets(&r, &self.steers.lock().unwrap())?;
+                write_nat_targets(&r, &self.steers.lock().unwrap(), self.skb_nat.as_ref())?;
                 self.slot.install(r);
                 Ok((format!("{verb}\n"), json!({"changed": changed, "entries": entries})))
             }

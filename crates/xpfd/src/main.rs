@@ -259,6 +259,22 @@ fn pin(cpu: usize) {
 
 type Ports = (Vec<Vec<Port>>, Vec<(String, Steer)>);
 
+/// Packet mode's tcx program on every interface: an ifb device each (`xpfd-rx<ifindex>`,
+/// listed in `ifbs` as made, for the caller to delete), the drop program at its ingress, the
+/// program at the interface's. Frames it sends to xpfd before the sockets open are dropped
+/// there. `flows`: the fast path's size (0: off, its tables match nothing).
+fn skb_path(ifs: &[(String, u32, u32)], flows: u32, ifbs: &mut Vec<u32>) -> Result<SkbPath, String> {
+    let mut sp = SkbPath::load(table_sizes(flows)).map_err(|e| e.to_string())?;
+    for (name, idx, _) in ifs {
+        let ifb = format!("xpfd-rx{idx}");
+        let rx = netlink::ifb_create(&ifb).map_err(|e| e.to_string())?;
+        ifbs.push(rx);
+        sp.attach(*idx, rx).map_err(|e| format!("{name}: {e}"))?;
+        log::info!("{name}: frames for xpfd come through ifb device {ifb}");
+    }
+    Ok(sp)
+}
+
 /// The fast path's flow tables' entries for FLOWS flow directions: IPv4 at half load, IPv6 a
 /// quarter of that (powers of two; one each when the fast path is off).
 fn table_sizes(flows: u32) -> (u32, u32) {
@@ -450,13 +466,22 @@ fn run(a: Args) -> Result<(), String> {
     };
     let mut guard = None;
     let mut gro_restore = Vec::new();
-    // Packet mode's fast path (bpf/skb.c): loaded before the sockets open, so that each gets
-    // its filter as it opens.
-    let mut skb = match (&xdp, flows) {
-        (None, 1..) => match SkbPath::load(table_sizes(flows)) {
+    // Packet mode's tcx program (bpf/skb.c) on each interface, and for each an ifb device
+    // into which it sends what it leaves to xpfd (the port's sockets read that device). It
+    // runs with the fast path off too (its tables then match nothing): it is what keeps the
+    // frames xpfd forwards from a tap and sends replies to translation targets to xpfd.
+    let mut ifbs: Vec<u32> = Vec::new();
+    let skb = match &xdp {
+        None => match skb_path(&ifs, flows, &mut ifbs) {
             Ok(p) => Some(p),
             Err(e) => {
-                log::warn!("packet mode: no fast path here ({e}); every packet goes through xpfd");
+                log::warn!(
+                    "packet mode: no tcx program here ({e}); the sockets tap the interfaces, every packet \
+                     goes through xpfd, and translation is refused"
+                );
+                for i in ifbs.drain(..) {
+                    let _ = netlink::link_delete(i);
+                }
                 None
             }
         },
@@ -465,9 +490,18 @@ fn run(a: Args) -> Result<(), String> {
     let (ports_of, steers) = match xdp {
         Some(p) => p,
         None => {
-            // One worker: a packet socket per interface, no flow steering across sockets.
-            let mut ports = Vec::new();
-            for (name, idx, _) in &ifs {
+            // A packet socket per interface and worker; a device's sockets share its frames
+            // in a fanout group (the kernel's symmetric flow hash), and the hand-off brings
+            // each frame to the worker that owns its flow, as in XDP mode.
+            let workers = a.workers.unwrap_or(1).clamp(1, 64);
+            if workers > 1 {
+                log::info!(
+                    "{workers} workers: each interface's frames shared by a fanout group (the kernel's \
+                     symmetric flow hash), each frame to the worker that owns its flow (handed off)"
+                );
+            }
+            let mut ports_of: Vec<Vec<Port>> = (0..workers).map(|_| Vec::new()).collect();
+            for (k, (name, idx, _)) in ifs.iter().enumerate() {
                 match netlink::set_gro(name, false) {
                     Ok(true) => {
                         log::info!("{name}: GRO turned off for packet mode (merged packets would exceed the MTU)");
@@ -476,15 +510,16 @@ fn run(a: Args) -> Result<(), String> {
                     Ok(false) => {}
                     Err(e) => log::warn!("{name}: {e}; packets merged by GRO will be dropped as over the MTU"),
                 }
-                let p = PacketPort::open(*idx).map_err(|e| format!("-i {name}: AF_PACKET: {e}"))?;
-                log::info!("{name}: AF_PACKET (TPACKET_V2 rings), worker 0");
-                if let Some(sp) = &mut skb {
-                    if let Err(e) = sp.attach(*idx, p.fd()) {
-                        log::warn!("{name}: no fast path ({e}); every packet goes through xpfd");
-                        skb = None;
+                let rx = ifbs.get(k).copied().unwrap_or(*idx);
+                let mut group = None;
+                for (w, ports) in ports_of.iter_mut().enumerate() {
+                    let p = PacketPort::open(*idx, rx).map_err(|e| format!("-i {name}: AF_PACKET: {e}"))?;
+                    if workers > 1 {
+                        group = Some(p.join_fanout(group).map_err(|e| format!("-i {name}: {e}"))?);
                     }
+                    log::info!("{name}: AF_PACKET (TPACKET_V2 rings), worker {w}");
+                    ports.push(Port { io: PortIo::Packet(p), ifindex: *idx });
                 }
-                ports.push(Port { io: PortIo::Packet(p), ifindex: *idx });
             }
             guard = Some(Guard::install(&a.ifaces).map_err(|e| format!("packet mode: {e}"))?);
             log::info!(
@@ -492,7 +527,7 @@ fn run(a: Args) -> Result<(), String> {
                 Guard::TABLE,
                 a.ifaces.join(", ")
             );
-            (vec![ports], Vec::new())
+            (ports_of, Vec::new())
         }
     };
     let workers = ports_of.len();
@@ -500,10 +535,11 @@ fn run(a: Args) -> Result<(), String> {
     // One key for every worker's syncookies: an ACK proves a cookie whichever worker sent it.
     let (cookies, cookie_key) = (loaded.parsed.syncookies.unwrap_or_default(), xpf_state::os_random());
     let cpus: Vec<usize> = a.cpus.clone().unwrap_or_else(|| (0..workers).map(|w| w % ncpu).collect());
-    control::translation_fits(&loaded, workers, &steers)?;
+    let skb_nat = skb.as_ref().map(|s| s.nat_maps()).transpose().map_err(|e| format!("packet mode: {e}"))?;
+    control::translation_fits(&loaded, workers, !steers.is_empty() || skb_nat.is_some())?;
     control::pflow_fits(&loaded.parsed, a.pflow.is_some())?;
     control::queues_fit(&loaded.parsed, &a.ifaces)?;
-    control::write_nat_targets(&slot.current().1, &steers)?;
+    control::write_nat_targets(&slot.current().1, &steers, skb_nat.as_ref())?;
     let steers = Arc::new(Mutex::new(steers));
 
     // Workers.
@@ -572,7 +608,7 @@ fn run(a: Args) -> Result<(), String> {
         let st = steers.lock().unwrap();
         let prog = st.first().map(|s| (&s.1.prog, "the steering program (XDP)")).or(skb
             .as_ref()
-            .map(|s| (&s.tap, "the kernel as whole socket buffers (tcx ingress; packet mode's fast path)")));
+            .map(|s| (&s.prog, "the kernel as whole socket buffers (tcx ingress; packet mode's fast path)")));
         match prog {
             Some((p, by)) if flows > 0 => {
                 // With sync on, a fast-path TCP segment comes to xpfd as often as the engine
@@ -603,7 +639,7 @@ fn run(a: Args) -> Result<(), String> {
                 for (_, i, _) in &ifs {
                     e.set(*i, true);
                 }
-                xpf_xdp::steer::fast_lookups(&sp.tap, true).map_err(|e| format!("fast path: {e}"))?;
+                xpf_xdp::steer::fast_lookups(&sp.prog, true).map_err(|e| format!("fast path: {e}"))?;
             }
             None => probe_egresses(&steers.lock().unwrap(), e, &mut probed, true),
         }
@@ -727,8 +763,9 @@ fn run(a: Args) -> Result<(), String> {
     d.sync = sync_shared.clone();
     d.ifaces = a.ifaces.clone();
     d.egresses = egresses.clone();
+    d.skb_nat = skb_nat;
     d.skb_stats =
-        skb.as_ref().map(|s| s.tap.map("skb_stats").share()).transpose().map_err(|e| format!("fast path: {e}"))?;
+        skb.as_ref().map(|s| s.prog.map("skb_stats").share()).transpose().map_err(|e| format!("fast path: {e}"))?;
     d.pflog = Some(pflog.shared.clone());
     d.pflow = pflow.as_ref().map(|p| p.shared.clone());
     let listener = control::listen(&a.socket).map_err(|e| format!("control socket {}: {e}", a.socket))?;
@@ -822,6 +859,10 @@ fn run(a: Args) -> Result<(), String> {
     }
     for name in gro_restore {
         let _ = netlink::set_gro(&name, true);
+    }
+    drop(skb);
+    for i in ifbs {
+        let _ = netlink::link_delete(i);
     }
     let _ = std::fs::remove_file(&a.socket);
     Ok(())
