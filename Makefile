@@ -27,9 +27,11 @@ test: build
 	$(CARGO) test --release -p xpf-conf --test pfctl_regress -- --nocapture --exact pfctl_regress_tally 2>&1 | grep -E '^(pf|pfail|selfpf)[: ]'
 	scripts/test.sh
 	scripts/scenario.sh
+	IO=packet scripts/scenario.sh
 	scripts/nat.sh
 	IO=packet scripts/nat.sh
 	scripts/observe.sh
+	IO=packet scripts/observe.sh
 	scripts/shaper.sh
 	scripts/workers.sh
 	FASTPATH=1 scripts/workers.sh

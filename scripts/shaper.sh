@@ -2,6 +2,7 @@
 # Shaper scenario: pf's queues in xpfd with real clients (iperf3, ping) on default veths.
 #   client (10.0.1.2) -- [fc] xpfd [fs] -- server (10.0.2.2); the queue tree is on fs.
 # Each check prints ok/FAIL; the last line is the tally. Needs root; cleans up after itself.
+# IO=packet: xpfd in packet mode.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release}
@@ -41,7 +42,8 @@ tree "max 30M" | sed 's/^queue a parent root bandwidth 10M$/queue a parent root 
 
 scripts/topo.sh up $P
 for port in 5201 5202 5203; do ip netns exec ${P}server iperf3 -s -D -p $port --bind 10.0.2.2 >/dev/null; done
-ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --workers 1 --socket $SOCK 2>"$LOG" &
+IOARG=(); [[ -n ${IO:-} ]] && IOARG=(--io "$IO")
+ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --workers 1 --socket $SOCK "${IOARG[@]}" 2>"$LOG" &
 XPFD=$!
 for _ in $(seq 100); do $CTL -s memory >/dev/null 2>&1 && break; sleep 0.1; done
 check "xpfd starts with a queue tree on fs" $CTL -s queue
@@ -130,7 +132,7 @@ check "children over their parent's bandwidth are refused with FILE:LINE" bash -
 kill "$XPFD"; wait "$XPFD" 2>/dev/null; XPFD=
 QUEUES=2 scripts/topo.sh up $P
 for port in 5201 5202 5203; do ip netns exec ${P}server iperf3 -s -D -p $port --bind 10.0.2.2 >/dev/null; done
-ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --workers 2 --socket $SOCK 2>"$LOG" &
+ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --workers 2 --socket $SOCK "${IOARG[@]}" 2>"$LOG" &
 XPFD=$!
 for _ in $(seq 100); do $CTL -s memory >/dev/null 2>&1 && break; sleep 0.1; done
 check "xpfd starts with two workers and the queue tree" bash -c "$CTL -s queue && grep -q 'worker 1 on CPU' $LOG"

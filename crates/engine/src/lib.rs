@@ -1001,6 +1001,11 @@ impl<P: Policy> Worker<P> {
         self.t6.flows.active = secs;
     }
 
+    /// `pflow`'s seconds between a live flow's records (0: at its end only).
+    pub fn flow_active(&self) -> u32 {
+        self.t4.flows.active
+    }
+
     /// Moves the flow records made since the last call (`pflow` states ended, active, or
     /// translated) into `out`; returns the records lost to a full log since the last call.
     pub fn take_flows(&mut self, out: &mut Vec<xpf_state::Flow>) -> u64 {

@@ -24,8 +24,8 @@
  *   route clears the entry's `out_if` (its frames go to xpfd from then on);
  * - everything else goes to xpfd: redirected into the ingress of an ifb device of xpfd's
  *   (map `divert`), where xpfd's packet socket reads it and xpf_drop ends it.
- * Without an entry in `divert` the frame goes on to the kernel's ingress, where xpfd's netdev
- * table drops transit traffic: the box fails closed. */
+ * Without an entry in `divert` the frame goes on to the kernel, whose chain xpfd-fwd
+ * (iptables, FORWARD) drops what it would forward: the box fails closed. */
 #include "fast.h"
 #include <linux/ip.h>
 #include <linux/ipv6.h>

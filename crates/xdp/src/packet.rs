@@ -769,6 +769,15 @@ impl Guard {
         Ok(Guard { installed: true })
     }
 
+    /// Deletes a table an earlier xpfd left (killed), where this one needs none (its tcx
+    /// program keeps transit frames from the stack).
+    pub fn remove_stale() {
+        let _ = std::process::Command::new("nft")
+            .args(["delete", "table", "netdev", Self::TABLE])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+
     /// Takes the table away (a clean stop): the kernel forwards unfiltered again, as after
     /// XDP mode's detach.
     pub fn remove(&mut self) {

@@ -21,7 +21,7 @@ pub const SKB_COUNTERS: [(&str, &str); 12] = [
     ("for_host", "for this host, left to the kernel"),
     ("kernel", "not IP, broadcast, multicast, ND, TTL expiring: left to the kernel"),
     ("other_mac", "not for this host's MAC, left to the kernel (dropped)"),
-    ("no_divert", "no xpfd socket for the interface, left to the guard (dropped)"),
+    ("no_divert", "no xpfd socket for the interface, left to the kernel (not forwarded)"),
     ("nat_local", "to a translation target on this host, to xpfd"),
     ("given_back", "given back by xpfd (no translation's), to the kernel"),
     ("no_route", "no route, left to the kernel (unreachable)"),

@@ -334,3 +334,11 @@ impl Steer {
         }
     }
 }
+
+/// Dropped without a clean stop (xpfd refusing to start after it attached): the interfaces
+/// go back to how they were. A killed xpfd drops nothing, and its programs stay (fail closed).
+impl Drop for Steer {
+    fn drop(&mut self) {
+        self.detach_all();
+    }
+}

@@ -22,7 +22,7 @@
 //! states are gone (killed with -k, flushed; at once after -k/-F) or idle and due to expire
 //! before the next pass (a late packet then meets xpfd, as in pf, not an entry). Passes come
 //! every third of the shortest UDP/TCP-established timeout, at most every 10 s: a state
-//! cannot expire unseen. A flow taken back is held (the program stops matching it), read a
+//! cannot expire unseen; with pflow's active records (`--pflow-active S`) every S/2 at most. A flow taken back is held (the program stops matching it), read a
 //! last time after [`GRACE`], then freed.
 
 use std::collections::{HashMap, VecDeque};
@@ -470,7 +470,9 @@ impl FastPath {
     }
 
     /// The interval between passes: a third of the shortest UDP or established-TCP timeout
-    /// now in force (adaptive scaling included), at most SYNC_MAX.
+    /// now in force (adaptive scaling included), at most SYNC_MAX; with pflow's active
+    /// records, half their period at most, so that each record carries the kernel's counts
+    /// of the period before it.
     fn interval(w: &Worker<Live>) -> Duration {
         let t = &w.t4;
         let shortest = [
@@ -485,7 +487,11 @@ impl FastPath {
         .map(|c| t.timeouts().effective(c, t.len() + w.t6.len(), t.limit()))
         .min()
         .unwrap_or(30);
-        Duration::from_secs((shortest / 3).max(1) as u64).min(SYNC_MAX)
+        let iv = Duration::from_secs((shortest / 3).max(1) as u64).min(SYNC_MAX);
+        match w.flow_active() {
+            0 => iv,
+            a => iv.min(Duration::from_millis(a as u64 * 500)),
+        }
     }
 
     /// Carries the kernel's counts into the states and takes back the flows whose states are

@@ -440,6 +440,10 @@ fn run(a: Args) -> Result<(), String> {
     let (ruleset, loaded) = loaded.take_ruleset();
     let slot = Arc::new(xpf_conf::reload::Slot::new(ruleset));
 
+    // What the ruleset asks of the daemon, checked before any interface is touched.
+    control::pflow_fits(&loaded.parsed, a.pflow.is_some())?;
+    control::queues_fit(&loaded.parsed, &a.ifaces)?;
+
     // Interfaces, queues, sockets.
     let mut ifs = Vec::new();
     for name in &a.ifaces {
@@ -521,12 +525,21 @@ fn run(a: Args) -> Result<(), String> {
                     ports.push(Port { io: PortIo::Packet(p), ifindex: *idx });
                 }
             }
-            guard = Some(Guard::install(&a.ifaces).map_err(|e| format!("packet mode: {e}"))?);
-            log::info!(
-                "packet mode: nftables table netdev {} drops transit IP in the kernel on {}",
-                Guard::TABLE,
-                a.ifaces.join(", ")
-            );
+            // Sockets that tap the interfaces (no tcx program) leave every frame to the kernel
+            // as well: the netdev table drops the transit IP there before the kernel routes it.
+            // With the tcx program transit frames never reach the stack, and what it leaves
+            // to the kernel meets chain xpfd-fwd after the kernel's ICMP errors (too big, TTL),
+            // as in XDP mode.
+            if skb.is_none() {
+                guard = Some(Guard::install(&a.ifaces).map_err(|e| format!("packet mode: {e}"))?);
+                log::info!(
+                    "packet mode: nftables table netdev {} drops transit IP in the kernel on {}",
+                    Guard::TABLE,
+                    a.ifaces.join(", ")
+                );
+            } else {
+                Guard::remove_stale();
+            }
             (ports_of, Vec::new())
         }
     };
@@ -535,10 +548,9 @@ fn run(a: Args) -> Result<(), String> {
     // One key for every worker's syncookies: an ACK proves a cookie whichever worker sent it.
     let (cookies, cookie_key) = (loaded.parsed.syncookies.unwrap_or_default(), xpf_state::os_random());
     let cpus: Vec<usize> = a.cpus.clone().unwrap_or_else(|| (0..workers).map(|w| w % ncpu).collect());
+    control::queues_fit_workers(&loaded.parsed, steers.is_empty(), workers)?;
     let skb_nat = skb.as_ref().map(|s| s.nat_maps()).transpose().map_err(|e| format!("packet mode: {e}"))?;
     control::translation_fits(&loaded, workers, !steers.is_empty() || skb_nat.is_some())?;
-    control::pflow_fits(&loaded.parsed, a.pflow.is_some())?;
-    control::queues_fit(&loaded.parsed, &a.ifaces)?;
     control::write_nat_targets(&slot.current().1, &steers, skb_nat.as_ref())?;
     let steers = Arc::new(Mutex::new(steers));
 
