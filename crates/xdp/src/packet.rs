@@ -514,13 +514,9 @@ impl PacketPort {
         self.stats.tx += self.tx_pending.len() as u64;
         self.tx_pending.clear();
         self.stats.kicks += 1;
-        if !self.diverted {
-            // SAFETY: a zero-length send on our socket transmits the ring's requested frames.
-            unsafe { libc::send(self.fd.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT) };
-            return;
-        }
-        // SAFETY: the same, out of the interface named by a sockaddr_ll we own (the socket is
-        // bound to the ifb device).
+        // SAFETY: a zero-length send transmits the ring's requested frames, out of the
+        // interface the sockaddr_ll (ours) names: the socket may be bound to the ifb device
+        // it reads.
         unsafe {
             let mut sa: libc::sockaddr_ll = std::mem::zeroed();
             sa.sll_family = libc::AF_PACKET as u16;
