@@ -909,89 +909,71 @@ impl<P: Policy> Worker<P> {
         v
     }
 
-    /// For a packet forwarded in on `in_if` and out on `out_if`: its two states (`in` and
-    /// `out`, floating or bound to those interfaces) as ids for [`Worker::flow_account`], and
-    /// the `in` state's packets in the packet's direction. None without both. The kernel fast
-    /// path (xpfd --fastpath) offers a flow this way.
-    pub fn flow_states(&mut self, frame: &[u8], in_if: u16, out_if: u16) -> Option<([u32; 2], u32)> {
-        let pd = flow_pd(frame)?;
-        if pd.af == AF_INET {
-            flow_pair(&self.t4, &pd, in_if, out_if, self.any_if_bound)
+    /// For a packet forwarded in on `in_if` and out on `out_if`, `arrived` as it came in and
+    /// `sent` as it left (translated, when one of its states translates it; read only when
+    /// the `in` state does): its two states
+    /// (`in` and `out`, floating or bound to those interfaces) for the kernel fast path
+    /// (xpfd --fastpath) to hold, and the `in` state's packets in the packet's direction. None
+    /// without both, when they have actions every packet needs (scrub, tag, max-pkt-rate,
+    /// log (all)), or when both translate (the fast path rewrites a packet once).
+    pub fn fast_flow(&self, arrived: &[u8], sent: &[u8], in_if: u16, out_if: u16) -> Option<FastFlow> {
+        let pa = flow_pd(arrived)?;
+        if pa.af == AF_INET {
+            flow_pair(&self.t4, &pa, sent, in_if, out_if, self.any_if_bound)
         } else {
-            flow_pair(&self.t6, &pd, in_if, out_if, self.any_if_bound)
+            flow_pair(&self.t6, &pa, sent, in_if, out_if, self.any_if_bound)
         }
     }
 
-    /// Accounts (packets, bytes) that went by another path to the two states `ids` of the flow
-    /// `frame` names, and marks them active at `now`; with `add` None, only checks them.
-    /// False when either state is gone (expired, killed; an id reused by another state is
-    /// caught by its key).
-    pub fn flow_account(
-        &mut self,
-        frame: &[u8],
-        in_if: u16,
-        out_if: u16,
-        ids: [u32; 2],
-        add: Option<(u32, u64)>,
-        now: u32,
-    ) -> bool {
-        let Some(pd) = flow_pd(frame) else { return false };
-        if pd.af == AF_INET {
-            account_pair(&mut self.t4, &pd, [in_if, out_if], ids, add, now)
+    /// Accounts (packets, bytes) that went by another path to the two states of `f`, and
+    /// marks them active at `now`; with `add` None, only checks them. False when either
+    /// state is gone (expired, killed; an id reused by another state is caught by its insert
+    /// sequence).
+    pub fn flow_account(&mut self, f: &FlowRef, add: Option<(u32, u64)>, now: u32) -> bool {
+        if f.v6 {
+            account_pair(&mut self.t6, f, add, now)
         } else {
-            account_pair(&mut self.t6, &pd, [in_if, out_if], ids, add, now)
+            account_pair(&mut self.t4, f, add, now)
         }
     }
 
-    /// The TCP flow `frame` (forwarded from `in_if` to `out_if`) names, if the fast path may
-    /// judge its segments: both states established on both sides, tracked with windows (not
-    /// `sloppy`), no modulation, scrub, tag, packet-rate meter or translation, and the same
-    /// windows in both (they saw the same segments).
-    pub fn fast_tcp(&self, frame: &[u8], in_if: u16, out_if: u16) -> Option<FastTcp> {
-        let pd = flow_pd(frame)?;
-        if pd.proto != IPPROTO_TCP {
-            return None;
-        }
-        if pd.af == AF_INET {
-            fast_tcp_of(&self.t4, &pd, in_if, out_if, self.any_if_bound)
+    /// The TCP flow `f` holds, if the fast path may judge its segments: both states
+    /// established on both sides, tracked with windows (not `sloppy`), no modulation, scrub,
+    /// tag or packet-rate meter, and the same windows in both (they saw the same segments).
+    /// A translation changes addresses and ports only: the windows are the same on both sides
+    /// of it.
+    pub fn fast_tcp(&self, f: &FlowRef) -> Option<FastTcp> {
+        if f.v6 {
+            fast_tcp_of(&self.t6, f)
         } else {
-            fast_tcp_of(&self.t6, &pd, in_if, out_if, self.any_if_bound)
+            fast_tcp_of(&self.t4, f)
         }
     }
 
     /// Merges windows the fast path moved (`win`, by side of the states) into the two states
-    /// `ids` of the flow `frame` names: each edge only forward (sequence order), the largest
-    /// window seen. A state that changed is offered to sync, pushed at once with `push` (the
-    /// fast path's pacing said an update is due). None when either state is gone; else whether
-    /// the fast path may still judge the flow (both sides still established).
-    pub fn fast_tcp_merge(
-        &mut self,
-        frame: &[u8],
-        kif: [u16; 2],
-        ids: [u32; 2],
-        win: [Win; 2],
-        push: bool,
-    ) -> Option<bool> {
-        let pd = flow_pd(frame)?;
-        if pd.af == AF_INET {
-            merge_windows(&mut self.t4, &pd, kif, ids, &win, push)
+    /// of `f`: each edge only forward (sequence order), the largest window seen. A state that
+    /// changed is offered to sync, pushed at once with `push` (the fast path's pacing said an
+    /// update is due). None when either state is gone; else whether the fast path may still
+    /// judge the flow (both sides still established).
+    pub fn fast_tcp_merge(&mut self, f: &FlowRef, win: [Win; 2], push: bool) -> Option<bool> {
+        if f.v6 {
+            merge_windows(&mut self.t6, f, &win, push)
         } else {
-            merge_windows(&mut self.t6, &pd, kif, ids, &win, push)
+            merge_windows(&mut self.t4, f, &win, push)
         }
     }
 
-    /// When the first of the two states `ids` of the flow `frame` names expires unless a
-    /// packet comes (engine seconds); None when either is gone.
-    pub fn flow_deadline(&self, frame: &[u8], ids: [u32; 2]) -> Option<u32> {
-        let pd = flow_pd(frame)?;
-        fn of<K: Key>(t: &StateTable<K>, ids: [u32; 2]) -> Option<u32> {
-            let d = |id: u32| t.live(id).map(|s| s.expire.saturating_add(t.timeout_of(id)));
-            Some(d(ids[0])?.min(d(ids[1])?))
+    /// When the first of the two states of `f` expires unless a packet comes (engine
+    /// seconds); None when either is gone.
+    pub fn flow_deadline(&self, f: &FlowRef) -> Option<u32> {
+        fn of<K: Key>(t: &StateTable<K>, f: &FlowRef) -> Option<u32> {
+            let d = |i: usize| held(t, f, i).map(|s| s.expire.saturating_add(t.timeout_of(f.ids[i])));
+            Some(d(0)?.min(d(1)?))
         }
-        if pd.af == AF_INET {
-            of(&self.t4, ids)
+        if f.v6 {
+            of(&self.t6, f)
         } else {
-            of(&self.t6, ids)
+            of(&self.t4, f)
         }
     }
 
@@ -1075,8 +1057,48 @@ fn flow_pd(frame: &[u8]) -> Option<PDesc> {
     Some(pd)
 }
 
-fn flow_pair<K: Key>(t: &StateTable<K>, pd: &PDesc, in_if: u16, out_if: u16, bound: bool) -> Option<([u32; 2], u32)> {
-    let find = |dir: Dir, kif: u16| {
+/// A flow's two states as the kernel fast path holds them ([`Worker::fast_flow`]): the
+/// `in` state (where its packets come in) and the `out` state, each by id and insert
+/// sequence (an id is reused once its state is gone; the sequence tells).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FlowRef {
+    pub v6: bool,
+    pub ids: [u32; 2],
+    pub seqs: [u32; 2],
+}
+
+impl FlowRef {
+    /// The other direction of the flow: its `in` state is this one's `out` state.
+    pub fn reversed(&self) -> FlowRef {
+        FlowRef { v6: self.v6, ids: [self.ids[1], self.ids[0]], seqs: [self.seqs[1], self.seqs[0]] }
+    }
+}
+
+/// A flow the fast path may hold ([`Worker::fast_flow`]).
+#[derive(Debug, Clone, Copy)]
+pub struct FastFlow {
+    pub states: FlowRef,
+    /// The `in` state's packets in this direction.
+    pub packets: u32,
+    /// One of the states translates the flow.
+    pub translated: bool,
+}
+
+/// State `i` (0: `in`, 1: `out`) of `f` if it is still the one `f` names.
+fn held<'t, K: Key>(t: &'t StateTable<K>, f: &FlowRef, i: usize) -> Option<&'t xpf_state::State<K>> {
+    let s = t.live(f.ids[i])?;
+    (t.meta(f.ids[i]).seq == f.seqs[i]).then_some(s)
+}
+
+fn flow_pair<K: Key>(
+    t: &StateTable<K>,
+    pa: &PDesc,
+    sent: &[u8],
+    in_if: u16,
+    out_if: u16,
+    bound: bool,
+) -> Option<FastFlow> {
+    let find = |pd: &PDesc, dir: Dir, kif: u16| {
         let k = K::from_pdesc(pd, dir, 0);
         t.find(&k, t.hash(&k)).or_else(|| {
             let kb = K::from_pdesc(pd, dir, kif);
@@ -1087,24 +1109,41 @@ fn flow_pair<K: Key>(t: &StateTable<K>, pd: &PDesc, in_if: u16, out_if: u16, bou
             }
         })
     };
-    let (a, b) = (find(Dir::In, in_if)? & ID_MASK, find(Dir::Out, out_if)? & ID_MASK);
-    // Translated flows are rewritten by xpfd, not forwarded as they are; so are flows whose
-    // states have actions (scrub, tag, max-pkt-rate, log (all)): every packet needs them.
-    if (t.state(a).flags | t.state(b).flags) & sf::NAT != 0
-        || (!t.actions.is_empty() && (t.actions.contains_key(&a) || t.actions.contains_key(&b)))
-    {
+    let nat = |id: u32| t.state(id).flags & sf::NAT != 0;
+    // The `in` pass sees the packet as it came; a translating `in` state matched its wire key
+    // and the `out` pass then sees the packet translated (rdr-to, binat-to going in). A
+    // translating `out` state matches its stack key (nat-to).
+    let ra = find(pa, Dir::In, in_if)?;
+    let a = ra & ID_MASK;
+    if nat(a) && ra & STACK != 0 {
+        return None;
+    }
+    let rb = if nat(a) {
+        let ps = flow_pd(sent).filter(|ps| ps.af == pa.af && ps.proto == pa.proto)?;
+        find(&ps, Dir::Out, out_if)?
+    } else {
+        find(pa, Dir::Out, out_if)?
+    };
+    let b = rb & ID_MASK;
+    if nat(b) && (nat(a) || rb & STACK == 0) {
+        return None;
+    }
+    let translated = nat(a) || nat(b);
+    // Flows whose states have actions (scrub, tag, max-pkt-rate, log (all)) stay in xpfd:
+    // every packet needs them.
+    if !t.actions.is_empty() && (t.actions.contains_key(&a) || t.actions.contains_key(&b)) {
         return None;
     }
     let s = t.state(a);
-    Some(([a, b], s.packets[(((s.flags & sf::OUT) >> 2) ^ Dir::In as u8) as usize]))
+    let r = FlowRef { v6: pa.af != AF_INET, ids: [a, b], seqs: [t.meta(a).seq, t.meta(b).seq] };
+    let packets = s.packets[(((s.flags & sf::OUT) >> 2) ^ Dir::In as u8) as usize];
+    Some(FastFlow { states: r, packets, translated })
 }
 
 /// A TCP flow the fast path may judge ([`Worker::fast_tcp`]).
 #[derive(Debug, Clone, Copy)]
 pub struct FastTcp {
-    /// The `in` and `out` states.
-    pub ids: [u32; 2],
-    /// The side of the states (0: the side that created them) this direction's sender is.
+    /// The side of the states (0: the side that created them) the `in` direction's sender is.
     pub from: usize,
     pub peers: [xpf_state::Peer; 2],
 }
@@ -1117,16 +1156,15 @@ pub struct Win {
     pub max_win: u16,
 }
 
-fn fast_tcp_of<K: Key>(t: &StateTable<K>, pd: &PDesc, in_if: u16, out_if: u16, bound: bool) -> Option<FastTcp> {
-    let (ids, _) = flow_pair(t, pd, in_if, out_if, bound)?;
+fn fast_tcp_of<K: Key>(t: &StateTable<K>, f: &FlowRef) -> Option<FastTcp> {
     let est = proto::tcps::ESTABLISHED;
     let mut view: Option<(usize, [xpf_state::Peer; 2])> = None;
     for (i, dir) in [Dir::In, Dir::Out].into_iter().enumerate() {
-        let s = t.state(ids[i]);
-        if s.peer_state != [est, est] || s.flags & sf::NAT != 0 || t.actions.contains_key(&ids[i]) {
+        let s = held(t, f, i)?;
+        if s.key.proto() != IPPROTO_TCP || s.peer_state != [est, est] || t.actions.contains_key(&f.ids[i]) {
             return None;
         }
-        let p = *t.peers(ids[i])?;
+        let p = *t.peers(f.ids[i])?;
         if p[0].seqdiff != 0 || p[1].seqdiff != 0 {
             return None;
         }
@@ -1139,26 +1177,16 @@ fn fast_tcp_of<K: Key>(t: &StateTable<K>, pd: &PDesc, in_if: u16, out_if: u16, b
         }
     }
     let (from, peers) = view?;
-    Some(FastTcp { ids, from, peers })
+    Some(FastTcp { from, peers })
 }
 
-fn merge_windows<K: Key>(
-    t: &mut StateTable<K>,
-    pd: &PDesc,
-    kif: [u16; 2],
-    ids: [u32; 2],
-    win: &[Win; 2],
-    push: bool,
-) -> Option<bool> {
-    for (i, dir) in [Dir::In, Dir::Out].into_iter().enumerate() {
-        let s = t.live(ids[i])?;
-        if s.key != K::from_pdesc(pd, dir, 0) && s.key != K::from_pdesc(pd, dir, kif[i]) {
-            return None;
-        }
+fn merge_windows<K: Key>(t: &mut StateTable<K>, f: &FlowRef, win: &[Win; 2], push: bool) -> Option<bool> {
+    for i in 0..2 {
+        held(t, f, i)?;
     }
     let est = proto::tcps::ESTABLISHED;
     let mut still = true;
-    for id in ids {
+    for id in f.ids {
         let (s, p) = t.state_and_peers_mut(id);
         still &= s.peer_state == [est, est];
         let p = p?;
@@ -1186,23 +1214,15 @@ fn merge_windows<K: Key>(
     Some(still)
 }
 
-fn account_pair<K: Key>(
-    t: &mut StateTable<K>,
-    pd: &PDesc,
-    kif: [u16; 2],
-    ids: [u32; 2],
-    add: Option<(u32, u64)>,
-    now: u32,
-) -> bool {
-    for (i, dir) in [Dir::In, Dir::Out].into_iter().enumerate() {
-        let Some(s) = t.live(ids[i]) else { return false };
-        if s.key != K::from_pdesc(pd, dir, 0) && s.key != K::from_pdesc(pd, dir, kif[i]) {
+fn account_pair<K: Key>(t: &mut StateTable<K>, f: &FlowRef, add: Option<(u32, u64)>, now: u32) -> bool {
+    for i in 0..2 {
+        if held(t, f, i).is_none() {
             return false;
         }
     }
     if let Some((packets, bytes)) = add {
         for (i, dir) in [Dir::In, Dir::Out].into_iter().enumerate() {
-            let s = t.state_mut(ids[i]);
+            let s = t.state_mut(f.ids[i]);
             let side = (((s.flags & sf::OUT) >> 2) ^ dir as u8) as usize;
             s.packets[side] = s.packets[side].wrapping_add(packets);
             s.bytes[side] += bytes;

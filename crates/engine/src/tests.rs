@@ -1212,3 +1212,88 @@ fn fragments_of_a_translated_flow_are_translated_each() {
     check[0][40..42].copy_from_slice(&[0, 0]);
     assert_eq!(carried, udp_sum(&check));
 }
+
+/// `pass` in, `pass out nat-to 192.0.2.1 port 50001:50010` (pool 1): a firewall between
+/// interface 1 (inside) and 2 (outside).
+struct Gateway(Vec<nat::Pool>);
+
+impl Policy for Gateway {
+    fn evaluate(&self, _: &PDesc, kif: u16, dir: Dir) -> Decision {
+        match dir {
+            Dir::Out if kif == 2 => Decision { nat: 1, ..Decision::PASS },
+            _ => Decision::PASS,
+        }
+    }
+    fn pool(&self, i: u32) -> Option<&nat::Pool> {
+        self.0.get(i as usize - 1)
+    }
+}
+
+/// Frame `f` through the worker as xpfd forwards it (`in` on `from`, `out` on the other
+/// interface, each pass's rewrite applied): what leaves.
+fn forwarded<P: Policy>(w: &mut Worker<P>, f: &[u8], from: u16, now: u32) -> Vec<u8> {
+    let mut f = f.to_vec();
+    for (dir, kif) in [(Dir::In, from), (Dir::Out, 3 - from)] {
+        let mut v = [Verdict::Pass];
+        w.process(&[&f[..]], kif, dir, now, &mut v);
+        assert_eq!(v[0], Verdict::Pass, "{dir:?} on {kif}");
+        if w.translated & 1 != 0 {
+            f = rewritten(w, 0, &f);
+        }
+    }
+    f
+}
+
+#[test]
+fn the_fast_path_holds_a_translated_flow_by_its_states_each_way() {
+    let mut w = worker(Gateway(std::mem::take(&mut natting(50001, 50010).policy.0)), 1000);
+    let (c, s) = ([10, 0, 1, 2], [198, 51, 100, 1]);
+    let syn = tcp4(c, s, 40000, 80, tcp::SYN);
+    let syn_sent = forwarded(&mut w, &syn, 1, 1);
+    let port = pd_of(&syn_sent).sport;
+    assert_eq!(pd_of(&syn_sent).src, xpf_wire::Addr::v4([192, 0, 2, 1]));
+    // Not established yet: no TCP fast path, but the states are found.
+    let f = w.fast_flow(&syn, &syn_sent, 1, 2).expect("both states");
+    assert!(f.translated);
+    assert!(w.fast_tcp(&f.states).is_none());
+    let mut synack = tcp4(s, [192, 0, 2, 1], 80, port, tcp::SYN | tcp::ACK);
+    synack[38..42].copy_from_slice(&5000u32.to_be_bytes());
+    synack[42..46].copy_from_slice(&1u32.to_be_bytes());
+    let synack_sent = forwarded(&mut w, &synack, 2, 1);
+    assert_eq!((pd_of(&synack_sent).dst, pd_of(&synack_sent).dport), (xpf_wire::Addr::v4(c), 40000));
+    let mut ack = tcp4(c, s, 40000, 80, tcp::ACK);
+    ack[38..42].copy_from_slice(&1u32.to_be_bytes());
+    ack[42..46].copy_from_slice(&5001u32.to_be_bytes());
+    let ack_sent = forwarded(&mut w, &ack, 1, 1);
+    // Out: the inside state, then the translating one (by its stack key).
+    let out = w.fast_flow(&ack, &ack_sent, 1, 2).expect("out");
+    // Back: the translating state by its wire key, then the inside one.
+    let back = w.fast_flow(&synack, &synack_sent, 2, 1).expect("back");
+    assert_eq!(back.states, out.states.reversed());
+    assert!(out.translated && back.translated);
+    let (to, tb) = (w.fast_tcp(&out.states).expect("established"), w.fast_tcp(&back.states).expect("established"));
+    assert_eq!(to.from, 1 - tb.from);
+    assert_eq!(to.peers, tb.peers);
+    // A frame that left otherwise than the states translate it names no flow.
+    assert!(w.fast_flow(&synack, &synack, 2, 1).is_none());
+    // Accounting by reference; gone with its state, and a reused id is told by its sequence.
+    assert!(w.flow_account(&out.states, Some((3, 300)), 2));
+    assert!(w.flow_deadline(&out.states).is_some());
+    let stale = FlowRef { seqs: [out.states.seqs[0], out.states.seqs[1].wrapping_add(1)], ..out.states };
+    assert!(!w.flow_account(&stale, None, 2));
+    assert!(w.t4.remove(out.states.ids[1]));
+    assert!(!w.flow_account(&out.states, None, 2));
+    assert!(w.fast_tcp(&out.states).is_none());
+    assert!(w.flow_deadline(&out.states).is_none());
+}
+
+#[test]
+fn an_untranslated_forwarded_flow_is_held_by_its_states() {
+    let mut w = worker(PassAll, 100);
+    let f = udp4([10, 0, 1, 2], [10, 0, 2, 2], 4000, 53);
+    let sent = forwarded(&mut w, &f, 1, 1);
+    assert_eq!(sent, f);
+    let h = w.fast_flow(&f, &sent, 1, 2).expect("both states");
+    assert!(!h.translated);
+    assert_eq!(h.packets, 1);
+}

@@ -8,11 +8,13 @@
 
 /* A fast-path flow (one direction of a connection): the key, then `struct fast_tail`.
  * ctl: byte 0 the entry's state (F_*), byte 1 the protocol, byte 2 the xpfd worker that owns
- * it. xpfd claims an entry by compare-and-swap from F_EMPTY/F_DEAD, writes it while F_HELD
+ * it, byte 3 X_* flags (X_XLAT: the flow is translated, its rewrite in `xlats4`/`xlats6` at
+ * the same index). xpfd claims an entry by compare-and-swap from F_EMPTY/F_DEAD, writes it while F_HELD
  * and publishes it F_LIVE; lookups probe FAST_PROBE entries from the key's hash and stop at
  * F_EMPTY. An entry xpfd takes back goes F_HELD (no longer matched), then F_DEAD once xpfd has
  * read it a last time. */
 enum { F_EMPTY, F_LIVE, F_DEAD, F_HELD };
+#define X_XLAT 1
 #define FAST_PROBE 16
 
 struct fast_tail {
@@ -50,7 +52,27 @@ struct flow6 {
     __u8 pad2[32];
 };
 
+/* A translated flow's rewrite: the addresses and ports (ICMP echo: type, code and
+ * identifier, as in the key) its packets leave with, and what that adds to the checksums
+ * (ones'-complement sums of the 16-bit words as they are in memory, written by xpfd):
+ * `addr_diff` for the addresses (the IPv4 header's, and the pseudo-header's of TCP, UDP and
+ * ICMPv6), `port_diff` for the ports or the echo identifier. Kept apart from the entries so
+ * that untranslated flows stay one cache line. */
+struct xlat4 {
+    __be32 src, dst;
+    __u32 ports;
+    __u16 addr_diff, port_diff;
+};
+
+struct xlat6 {
+    __u32 src[4], dst[4];
+    __u32 ports;
+    __u16 addr_diff, port_diff;
+};
+
 _Static_assert(sizeof(struct fast_tail) == 48, "fast_tail");
+_Static_assert(sizeof(struct xlat4) == 16, "xlat4");
+_Static_assert(sizeof(struct xlat6) == 40, "xlat6");
 _Static_assert(sizeof(struct flow4) == 64, "flow4: one cache line");
 _Static_assert(sizeof(struct flow6) == 128, "flow6: two cache lines");
 
@@ -58,6 +80,9 @@ _Static_assert(sizeof(struct flow6) == 128, "flow6: two cache lines");
  * shared by the program of every interface. */
 struct xpf_map flows4 SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct flow4), 1, BPF_F_MMAPABLE };
 struct xpf_map flows6 SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct flow6), 1, BPF_F_MMAPABLE };
+/* Each the size of its family's flow table. */
+struct xpf_map xlats4 SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct xlat4), 1, BPF_F_MMAPABLE };
+struct xpf_map xlats6 SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct xlat6), 1, BPF_F_MMAPABLE };
 /* steer_cfg[C_BARE] = 1: forward everything routable here, unfiltered (the lab's measure of
  * the fast path's I/O ceiling; set only through xpfctl --steer bare). The others: the flow
  * tables' hash seed and index masks (0: fast path off), the sync pace (0: sync off), and
@@ -113,7 +138,8 @@ INLINE __u32 ctl_live(__u8 proto) {
     return ((__u32)proto << 8) | F_LIVE;
 }
 
-INLINE struct fast_tail *find4(struct cand *c, __u32 *at) {
+/* The live entry of `c`'s flow: its tail, its index in `*at` and its X_* flags in `*x`. */
+INLINE struct fast_tail *find4(struct cand *c, __u32 *at, __u8 *x) {
     __u32 mask = cfg(C_MASK4);
     if (!mask)
         return 0;
@@ -129,13 +155,14 @@ INLINE struct fast_tail *find4(struct cand *c, __u32 *at) {
         if ((ctl & 0xffff) == ctl_live(c->proto) && e->src == c->src[0] && e->dst == c->dst[0] &&
             e->ports == c->ports) {
             *at = k;
+            *x = ctl >> 24;
             return &e->t;
         }
     }
     return 0;
 }
 
-INLINE struct fast_tail *find6(struct cand *c, __u32 *at) {
+INLINE struct fast_tail *find6(struct cand *c, __u32 *at, __u8 *x) {
     __u32 mask = cfg(C_MASK6);
     if (!mask)
         return 0;
@@ -157,10 +184,57 @@ INLINE struct fast_tail *find6(struct cand *c, __u32 *at) {
             e->src[1] == c->src[1] && e->src[2] == c->src[2] && e->src[3] == c->src[3] && e->dst[0] == c->dst[0] &&
             e->dst[1] == c->dst[1] && e->dst[2] == c->dst[2] && e->dst[3] == c->dst[3]) {
             *at = k;
+            *x = ctl >> 24;
             return &e->t;
         }
     }
     return 0;
+}
+
+INLINE struct fast_tail *find(__u8 family, struct cand *c, __u32 *at, __u8 *x) {
+    return family == AF_INET ? find4(c, at, x) : find6(c, at, x);
+}
+
+/* A translated flow's rewrite: its addresses in `w` (as `struct cand`'s), its ports and
+ * checksum differences; -1 when the entry has none. */
+struct rewrite {
+    __u32 src[4], dst[4];
+    __u32 ports;
+    __u16 addr_diff, port_diff;
+};
+
+INLINE int rewrite_of(__u8 family, __u32 at, struct rewrite *w) {
+    if (family == AF_INET) {
+        struct xlat4 *x = bpf_map_lookup_elem(&xlats4, &at);
+        if (!x)
+            return -1;
+        w->src[0] = x->src;
+        w->dst[0] = x->dst;
+        w->ports = x->ports;
+        w->addr_diff = x->addr_diff;
+        w->port_diff = x->port_diff;
+        return 0;
+    }
+    struct xlat6 *x = bpf_map_lookup_elem(&xlats6, &at);
+    if (!x)
+        return -1;
+    __builtin_memcpy(w->src, x->src, 16);
+    __builtin_memcpy(w->dst, x->dst, 16);
+    w->ports = x->ports;
+    w->addr_diff = x->addr_diff;
+    w->port_diff = x->port_diff;
+    return 0;
+}
+
+/* The FIB's question for a translated packet: the addresses it leaves with. */
+INLINE void fib_rewritten(struct bpf_fib_lookup *p, __u8 family, struct rewrite *w) {
+    if (family == AF_INET) {
+        p->ipv4_src = w->src[0];
+        p->ipv4_dst = w->dst[0];
+    } else {
+        __builtin_memcpy(p->ipv6_src, w->src, 16);
+        __builtin_memcpy(p->ipv6_dst, w->dst, 16);
+    }
 }
 
 INLINE struct fast_tail *rev_of(__u8 family, struct fast_tail *t) {

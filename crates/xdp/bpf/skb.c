@@ -20,8 +20,9 @@
  * - a frame of a live flow that came in where the flow's `in` state is and passes pf's
  *   checks (UDP and echoes: none; TCP: tcp_check, the windows slid) goes out of the flow's
  *   `out` interface while the FIB still routes it there (MACs from the FIB, or from the
- *   neighbour table when the FIB has none yet; TTL or hop limit down by one); a changed
- *   route clears the entry's `out_if` (its frames go to xpfd from then on);
+ *   neighbour table when the FIB has none yet; TTL or hop limit down by one), a translated
+ *   flow's rewritten as its rewrite record says (the FIB asked with the addresses it leaves
+ *   with); a changed route clears the entry's `out_if` (its frames go to xpfd from then on);
  * - everything else goes to xpfd: redirected into the ingress of an ifb device of xpfd's
  *   (map `divert`), where xpfd's packet socket reads it and xpf_drop ends it.
  * Without an entry in `divert` the frame goes on to the kernel, whose chain xpfd-fwd
@@ -34,12 +35,18 @@
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 static long (*bpf_skb_pull_data)(void *skb, __u32 len) = (void *)BPF_FUNC_skb_pull_data;
+static long (*bpf_skb_store_bytes)(void *skb, __u32 off, const void *from, __u32 len, __u64 flags) =
+    (void *)BPF_FUNC_skb_store_bytes;
+static long (*bpf_l3_csum_replace)(void *skb, __u32 off, __u64 from, __u64 to, __u64 flags) =
+    (void *)BPF_FUNC_l3_csum_replace;
+static long (*bpf_l4_csum_replace)(void *skb, __u32 off, __u64 from, __u64 to, __u64 flags) =
+    (void *)BPF_FUNC_l4_csum_replace;
 static long (*bpf_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params, int plen, __u64 flags) =
     (void *)BPF_FUNC_redirect_neigh;
 
 /* Counters (src/skbpath.rs names them). */
 enum { K_FAST, K_NEIGH, K_REROUTED, K_MTU, K_TO_XPFD, K_HOST, K_KERNEL, K_OTHERHOST, K_NO_DIVERT, K_NAT_LOCAL,
-       K_GIVEN_BACK, K_NO_ROUTE, K_N };
+       K_GIVEN_BACK, K_NO_ROUTE, K_TRANSLATED, K_REWRITE_FAILED, K_N };
 struct xpf_map skb_stats SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, K_N, 0 };
 /* A filtered interface's index -> the ifb device whose ingress xpfd reads (written by xpfd). */
 struct xpf_map divert SEC("maps") = { BPF_MAP_TYPE_HASH, 4, 4, 256, 0 };
@@ -59,8 +66,51 @@ INLINE int headers(struct __sk_buff *skb, __u32 need) {
     return bpf_skb_pull_data(skb, skb->len < need ? skb->len : need) < 0 ? -1 : 0;
 }
 
-/* The FIB's question for the IP header at `l3` (validated by the caller). */
-INLINE long fib(struct __sk_buff *skb, __u32 ifindex, __u8 family, void *l3, struct bpf_fib_lookup *p) {
+/* BPF_F_IPV6 (Linux 6.16): an IPv6 pseudo-header change leaves a device-computed checksum
+ * (CHECKSUM_COMPLETE) as it is, the addresses' change in the header making up for it. Older
+ * kernels refuse the flag (then asked without it). */
+#define F_IPV6 (1ULL << 7)
+
+/* Rewrites a translated flow's frame as its packets leave (`w`; headers pulled, IP without
+ * options or extension headers), its checksums through the kernel's helpers, which keep the
+ * buffer's checksum state right (a checksum left to offload holds the pseudo-header sum only;
+ * one the device computed covers the packet). -1 when a helper fails. */
+INLINE int rewrite(struct __sk_buff *skb, __u8 family, __u8 proto, struct rewrite *w) {
+    __u32 l4 = 14 + (family == AF_INET ? 20 : 40);
+    if (family == AF_INET) {
+        if (bpf_skb_store_bytes(skb, 14 + 12, &w->src[0], 4, 0) < 0 ||
+            bpf_skb_store_bytes(skb, 14 + 16, &w->dst[0], 4, 0) < 0 ||
+            bpf_l3_csum_replace(skb, 14 + 10, 0, w->addr_diff, 0) < 0)
+            return -1;
+    } else if (bpf_skb_store_bytes(skb, 14 + 8, w->src, 16, 0) < 0 ||
+               bpf_skb_store_bytes(skb, 14 + 24, w->dst, 16, 0) < 0) {
+        return -1;
+    }
+    __u64 m0 = proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+    __u32 coff = proto == IPPROTO_TCP ? 16 : proto == IPPROTO_UDP ? 6 : 2;
+    if (proto != IPPROTO_ICMP) {
+        /* The pseudo-header's addresses: TCP, UDP, ICMPv6. */
+        __u64 fl = BPF_F_PSEUDO_HDR | m0;
+        if (bpf_l4_csum_replace(skb, l4 + coff, 0, w->addr_diff, fl | (family == AF_INET6 ? F_IPV6 : 0)) < 0 &&
+            (family == AF_INET || bpf_l4_csum_replace(skb, l4 + coff, 0, w->addr_diff, fl) < 0))
+            return -1;
+    }
+    if (bpf_l4_csum_replace(skb, l4 + coff, 0, w->port_diff, m0) < 0)
+        return -1;
+    if (proto == IPPROTO_TCP || proto == IPPROTO_UDP)
+        return bpf_skb_store_bytes(skb, l4, &w->ports, 4, 0) < 0 ? -1 : 0;
+    /* An echo's identifier (bytes 2 and 3 of the key word, 4 and 5 of the header). */
+    return bpf_skb_store_bytes(skb, l4 + 4, (__u8 *)&w->ports + 2, 2, 0) < 0 ? -1 : 0;
+}
+
+/* The FIB's question as the caller filled it. */
+INLINE long fib_ask(struct __sk_buff *skb, struct bpf_fib_lookup *p) {
+    /* tot_len left 0: the helper then checks the buffer against the egress MTU as the kernel
+     * forwards it (a GSO packet by its segments). */
+    return bpf_fib_lookup(skb, p, sizeof(*p), 0);
+}
+
+INLINE void fib_fill(__u32 ifindex, __u8 family, void *l3, struct bpf_fib_lookup *p) {
     p->ifindex = ifindex;
     if (family == AF_INET) {
         struct iphdr *ip = l3;
@@ -77,9 +127,12 @@ INLINE long fib(struct __sk_buff *skb, __u32 ifindex, __u8 family, void *l3, str
         __builtin_memcpy(p->ipv6_src, &ip6->saddr, 16);
         __builtin_memcpy(p->ipv6_dst, &ip6->daddr, 16);
     }
-    /* tot_len left 0: the helper then checks the buffer against the egress MTU as the kernel
-     * forwards it (a GSO packet by its segments). */
-    return bpf_fib_lookup(skb, p, sizeof(*p), 0);
+}
+
+/* The FIB's question for the IP header at `l3` (validated by the caller). */
+INLINE long fib(struct __sk_buff *skb, __u32 ifindex, __u8 family, void *l3, struct bpf_fib_lookup *p) {
+    fib_fill(ifindex, family, l3, p);
+    return fib_ask(skb, p);
 }
 
 /* Whether xpfd gave this frame back to the kernel (bpf/inject.c marks it in the metadata):
@@ -144,8 +197,10 @@ INLINE void reroute(__u8 family, __u32 e) {
     count(&skb_stats, K_REROUTED);
 }
 
-/* A fast-path frame out of `out_if`, while the FIB still routes it there. */
-INLINE int forward(struct __sk_buff *skb, __u32 ifindex, __u8 family, __u32 out_if, __u32 entry, struct cand *c) {
+/* A fast-path frame out of `out_if`, while the FIB still routes it there; a translated
+ * flow's (`xl`) rewritten first, the FIB asked with the addresses it leaves with. */
+INLINE int forward(struct __sk_buff *skb, __u32 ifindex, __u8 family, __u32 out_if, __u32 entry, struct cand *c,
+                   int xl) {
     /* A sender's TCP segment reaches the firewall as a clone sharing its buffer with the
      * sender's retransmission queue. The buffer goes on as it is (the program's writes below
      * make the header private where it is shared, as tc's direct writes do): copying the head
@@ -157,19 +212,37 @@ INLINE int forward(struct __sk_buff *skb, __u32 ifindex, __u8 family, __u32 out_
     if ((void *)(eth + 1) + (family == AF_INET ? 20 : 40) > end)
         return TC_ACT_OK;
     struct bpf_fib_lookup p = {};
-    long rc = fib(skb, ifindex, family, eth + 1, &p);
-    if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+    struct rewrite w = {};
+    fib_fill(ifindex, family, eth + 1, &p);
+    if (xl) {
+        if (rewrite_of(family, entry, &w) < 0)
+            return to_xpfd(skb, ifindex, family, c, 0);
+        fib_rewritten(&p, family, &w);
+    }
+    long rc = fib_ask(skb, &p);
+    if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED && !xl) {
         /* Too big for the egress: the kernel answers "too big" and drops it (its netdev
-         * table drops what it would fragment and forward). */
+         * table drops what it would fragment and forward). A translated flow's goes to xpfd,
+         * which answers with the addresses the sender knows. */
         count(&skb_stats, K_MTU);
         return TC_ACT_OK;
     }
     if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) || p.ifindex != out_if) {
-        reroute(family, entry);
+        if (rc != BPF_FIB_LKUP_RET_FRAG_NEEDED)
+            reroute(family, entry);
         return to_xpfd(skb, ifindex, family, c, 0);
     }
-    if (hop_down(family, eth + 1, end) < 0)
+    data = (void *)(long)skb->data;
+    end = (void *)(long)skb->data_end;
+    if (hop_down(family, data + 14, end) < 0)
         return TC_ACT_OK;
+    if (xl) {
+        if (rewrite(skb, family, c->proto, &w) < 0) {
+            count(&skb_stats, K_REWRITE_FAILED);
+            return TC_ACT_SHOT;
+        }
+        count(&skb_stats, K_TRANSLATED);
+    }
     if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
         /* The kernel resolves the next hop and sends the frame when it can. */
         struct bpf_redir_neigh nh = {};
@@ -183,6 +256,12 @@ INLINE int forward(struct __sk_buff *skb, __u32 ifindex, __u8 family, __u32 out_
         count(&skb_stats, K_NEIGH);
         return bpf_redirect_neigh(p.ifindex, &nh, sizeof(nh), 0);
     }
+    /* The helpers above may have moved the buffer: its pointers again. */
+    data = (void *)(long)skb->data;
+    end = (void *)(long)skb->data_end;
+    eth = data;
+    if ((void *)(eth + 1) > end)
+        return TC_ACT_SHOT;
     __builtin_memcpy(eth->h_dest, p.dmac, 6);
     __builtin_memcpy(eth->h_source, p.smac, 6);
     count(&skb_stats, K_FAST);
@@ -249,7 +328,8 @@ int xpf_skb(struct __sk_buff *skb) {
     if (!c.proto)
         return to_xpfd(skb, ifindex, family, &c, frag);
     __u32 at = 0;
-    struct fast_tail *t = family == AF_INET ? find4(&c, &at) : find6(&c, &at);
+    __u8 x = 0;
+    struct fast_tail *t = find(family, &c, &at, &x);
     if (!t)
         return to_xpfd(skb, ifindex, family, &c, frag);
     __u32 out_if = *(volatile __u32 *)&t->out_if;
@@ -263,7 +343,7 @@ int xpf_skb(struct __sk_buff *skb) {
     }
     __sync_fetch_and_add(&t->packets, 1);
     __sync_fetch_and_add(&t->bytes, skb->len);
-    return forward(skb, ifindex, family, out_if, at, &c);
+    return forward(skb, ifindex, family, out_if, at, &c, x & X_XLAT);
 }
 
 /* At the ingress of xpfd's ifb devices: their frames were for xpfd's packet socket only,

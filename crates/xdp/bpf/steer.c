@@ -28,7 +28,10 @@
  * program left them (frame metadata says the flow has an entry). A checksum its sender left
  * to offload (veth, tun/tap: the field holds the pseudo-header sum) is finished here, since
  * a redirected frame reaches the receiver as it is (up to 1,504 bytes of transport; longer
- * ones go to xpfd). IPv4 options and fragments, IPv6 extension headers and every other
+ * ones go to xpfd). A translated flow's entry has a rewrite record beside it (fast.h: xlats4,
+ * xlats6): the FIB is asked with the addresses its packets leave with, and they leave
+ * rewritten (a reply to a `nat-to` address of this host comes through the translation
+ * targets' branch). IPv4 options and fragments, IPv6 extension headers and every other
  * protocol go to xpfd as before. With state sync on, a TCP segment goes to xpfd every
  * `pace` counts (a segment counts one, its payload one per 256 bytes: the engine's pacing
  * of pfsync updates), so the standby's windows stay as current as with every segment in xpfd.
@@ -51,13 +54,13 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define SYN_LANE 64
 struct xpf_map xsks SEC("maps") = { BPF_MAP_TYPE_XSKMAP, 4, 4, 2 * SYN_LANE, 0 };
 
-struct xpf_map steer_stats SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 12, 0 };
 /* ifindex -> the interface's MAC in the low six bytes (as they are in the frame). */
 struct xpf_map ifmacs SEC("maps") = { BPF_MAP_TYPE_HASH, 4, 8, 256, 0 };
 
 /* steer_stats slots (src/steer.rs names them). */
 enum { S_NOT_IP, S_LOCAL, S_TTL, S_NO_ROUTE, S_MTU, S_TO_XSK, S_NO_SOCKET, S_ND, S_FAST, S_OTHERHOST, S_SYN_LANE,
-       S_NAT_LOCAL, S_N };
+       S_NAT_LOCAL, S_TRANSLATED, S_N };
+struct xpf_map steer_stats SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, S_N, 0 };
 
 /* Whether a unicast frame is addressed to another host (not this interface's MAC). */
 INLINE int other_host(struct xdp_md *ctx, struct ethhdr *eth) {
@@ -176,21 +179,90 @@ INLINE int to_xsk(struct xdp_md *ctx, struct bpf_fib_lookup *p, int rc, __u8 fam
     return r == XDP_REDIRECT ? XDP_REDIRECT : XDP_DROP;
 }
 
+/* Rewrites a translated flow's packet (`w`) in place, with its checksums by RFC 1624: the IPv4
+ * header's, and the transport's (a checksum left to offload holds only the pseudo-header sum:
+ * the addresses' difference alone). -1 when the headers are not all there. */
+INLINE int rewrite(void *l3, void *end, __u8 family, struct cand *c, struct rewrite *w) {
+    __u8 *l4 = l3 + (family == AF_INET ? 20 : 40);
+    /* Every bound first: nothing is written unless all of it is. */
+    if ((void *)(l4 + (c->proto == IPPROTO_TCP ? 18 : 8)) > end)
+        return -1;
+    if (family == AF_INET) {
+        struct iphdr *ip = l3;
+        if ((void *)(ip + 1) > end)
+            return -1;
+        ip->saddr = w->src[0];
+        ip->daddr = w->dst[0];
+        ip->check = ~fold((__u16)~ip->check + (__u32)w->addr_diff);
+    } else {
+        struct ipv6hdr *ip6 = l3;
+        if ((void *)(ip6 + 1) > end)
+            return -1;
+        __builtin_memcpy(&ip6->saddr, w->src, 16);
+        __builtin_memcpy(&ip6->daddr, w->dst, 16);
+    }
+    __u16 *check;
+    __u32 diff = w->port_diff;
+    if (c->proto == IPPROTO_TCP) {
+        check = (__u16 *)(l4 + 16);
+    } else {
+        check = (__u16 *)(l4 + (c->proto == IPPROTO_UDP ? 6 : 2));
+    }
+    if (c->proto != IPPROTO_ICMP)
+        diff += w->addr_diff;
+    if (c->partial) {
+        *check = fold((__u32)*check + w->addr_diff);
+    } else if (c->proto != IPPROTO_UDP || *check || family == AF_INET6) {
+        __u16 n = ~fold((__u16)~*check + diff);
+        *check = c->proto == IPPROTO_UDP && !n ? 0xffff : n;
+    }
+    if (c->proto == IPPROTO_TCP || c->proto == IPPROTO_UDP) {
+        *(__u32 *)l4 = w->ports;
+    } else {
+        /* An echo's identifier: bytes 2 and 3 of the key word, 4 and 5 of the header. */
+        *(__u16 *)(l4 + 4) = w->ports >> 16;
+    }
+    return 0;
+}
+
 /* Forwards the packet in the kernel if it belongs to a fast-path flow (or the program is in
- * bare mode); -1 when it does not. Sets *found when the flow has a live entry. */
-INLINE int fast_path(struct xdp_md *ctx, struct bpf_fib_lookup *p, struct cand *c, __u8 family, __u32 len,
+ * bare mode); -1 when it does not. `p`, `rc`: the FIB's answer for the packet as it came. A
+ * translated flow's packet is rewritten first, the FIB asked again with the addresses it
+ * leaves with (a reply to a `nat-to` address reaches here through the branch for this host's
+ * translation targets). Sets *found when the flow has a live entry. */
+INLINE int fast_path(struct xdp_md *ctx, struct bpf_fib_lookup *p, long rc, struct cand *c, __u8 family, __u32 len,
                      int *found) {
     struct fast_tail *t = 0;
     __u32 l3 = family == AF_INET ? 20 : 40;
+    /* Filled only for a translated flow (no stores on the others' path). */
+    struct bpf_fib_lookup q;
+    struct rewrite w;
+    __u8 x = 0;
     if (cfg(C_BARE) != 1) {
         if (!c->proto)
             return -1;
         __u32 at = 0;
-        t = family == AF_INET ? find4(c, &at) : find6(c, &at);
+        t = find(family, c, &at, &x);
         if (!t)
             return -1;
         *found = 1;
-        if (t->in_if != ctx->ingress_ifindex || t->out_if != p->ifindex)
+        if (t->in_if != ctx->ingress_ifindex)
+            return -1;
+        if (x & X_XLAT) {
+            if (rewrite_of(family, at, &w) < 0)
+                return -1;
+            __builtin_memset(&q, 0, sizeof(q));
+            q.family = p->family;
+            q.tos = p->tos;
+            q.flowinfo = p->flowinfo;
+            q.l4_protocol = c->proto;
+            q.tot_len = len;
+            q.ifindex = ctx->ingress_ifindex;
+            fib_rewritten(&q, family, &w);
+            rc = bpf_fib_lookup(ctx, &q, sizeof(q), 0);
+            p = &q;
+        }
+        if (rc != BPF_FIB_LKUP_RET_SUCCESS || t->out_if != p->ifindex)
             return -1;
         if (c->partial && c->l4len > FINISH_MAX)
             return -1;
@@ -200,19 +272,27 @@ INLINE int fast_path(struct xdp_md *ctx, struct bpf_fib_lookup *p, struct cand *
             if (tcp_check(family, t, data + sizeof(struct ethhdr) + l3, end, c->l4len) < 0)
                 return -1;
         }
+    } else if (rc != BPF_FIB_LKUP_RET_SUCCESS) {
+        return -1;
     }
     void *data = (void *)(long)ctx->data;
     void *end = (void *)(long)ctx->data_end;
     struct ethhdr *eth = data;
-    if ((void *)(eth + 1) > end)
+    if ((void *)(eth + 1) + l3 > end)
         return -1;
-    if (t && c->partial) {
-        __u8 *l4 = (__u8 *)(eth + 1) + l3;
-        if (l4_finish(l4, end, c->l4len, c->proto == IPPROTO_UDP ? 6 : 16) < 0)
+    /* A checksum left to offload is finished last (after the rewrite moved its pseudo-header
+     * sum), with little else live: the verifier walks its loop once per family and protocol,
+     * not once per path here. What could make it fail is checked before anything is written. */
+    int finish = t && c->partial;
+    if (finish && (void *)(eth + 1) + l3 + (c->l4len > 18 ? c->l4len : 18) > end)
+        return -1;
+    if (x & X_XLAT) {
+        if (rewrite(eth + 1, end, family, c, &w) < 0)
             return -1;
+        count(&steer_stats, S_TRANSLATED);
     }
     if (hop_down(family, eth + 1, end) < 0)
-        return -1;
+        return finish || (x & X_XLAT) ? XDP_DROP : -1;
     __builtin_memcpy(eth->h_dest, p->dmac, 6);
     __builtin_memcpy(eth->h_source, p->smac, 6);
     if (t) {
@@ -220,25 +300,34 @@ INLINE int fast_path(struct xdp_md *ctx, struct bpf_fib_lookup *p, struct cand *
         __sync_fetch_and_add(&t->bytes, len);
     }
     count(&steer_stats, S_FAST);
-    return bpf_redirect(p->ifindex, 0);
+    __u32 out = p->ifindex;
+    if (finish) {
+        __u32 coff = c->proto == IPPROTO_UDP ? 6 : 16;
+        __u32 l4len = c->l4len;
+        data = (void *)(long)ctx->data;
+        end = (void *)(long)ctx->data_end;
+        if (l4_finish(data + sizeof(struct ethhdr) + l3, end, l4len, coff) < 0)
+            return XDP_DROP;
+    }
+    return bpf_redirect(out, 0);
 }
 
 INLINE int verdict(struct xdp_md *ctx, struct bpf_fib_lookup *p, long rc, __u8 family, struct cand *c, __u32 len,
                    int syn, int frag) {
-    if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH && rc != BPF_FIB_LKUP_RET_FRAG_NEEDED &&
-        nat_target(p, c, family, frag)) {
-        count(&steer_stats, S_NAT_LOCAL);
-        return to_xsk(ctx, p, -1, family, syn, 0);
+    /* For this host but to a translation target: a translated flow's entry may take it. */
+    int nat_local = rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH &&
+                    rc != BPF_FIB_LKUP_RET_FRAG_NEEDED && nat_target(p, c, family, frag);
+    if (nat_local || rc == BPF_FIB_LKUP_RET_SUCCESS) {
+        /* One call site: the verifier walks the fast path once. */
+        int found = 0;
+        int r = fast_path(ctx, p, rc, c, family, len, &found);
+        if (r >= 0)
+            return r;
+        if (nat_local)
+            count(&steer_stats, S_NAT_LOCAL);
+        return to_xsk(ctx, p, nat_local ? -1 : rc, family, syn, found);
     }
-    int found = 0;
     switch (rc) {
-    case BPF_FIB_LKUP_RET_SUCCESS:
-        {
-            int r = fast_path(ctx, p, c, family, len, &found);
-            if (r >= 0)
-                return r;
-        }
-        return to_xsk(ctx, p, rc, family, syn, found);
     case BPF_FIB_LKUP_RET_NO_NEIGH:
         return to_xsk(ctx, p, rc, family, syn, 0);
     case BPF_FIB_LKUP_RET_FRAG_NEEDED:

@@ -176,10 +176,32 @@ enum Mem {
     Heap(#[allow(dead_code)] Vec<u64>),
 }
 
-/// One family's table.
+/// ctl byte 3: the entry's flow is translated, its rewrite in the family's `xlats` array at
+/// the same index (bpf/fast.h X_XLAT).
+pub const X_XLAT: u32 = 1 << 24;
+/// `struct xlat4` / `struct xlat6` of bpf/fast.h.
+const XSTRIDE4: usize = 16;
+const XSTRIDE6: usize = 40;
+
+/// Ones'-complement sum (RFC 1071) of what a rewrite from `from` to `to` adds: the 16-bit
+/// words as they are in memory, so the result adds to a checksum field read the same way.
+fn csum_diff(from: &[u8], to: &[u8]) -> u16 {
+    let mut s = 0u32;
+    for (a, b) in from.chunks(2).zip(to.chunks(2)) {
+        s += !u16::from_ne_bytes([a[0], a[1]]) as u32 + u16::from_ne_bytes([b[0], b[1]]) as u32;
+    }
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    s as u16
+}
+
+/// One family's table, and the rewrites of its translated flows.
 pub struct Table {
     base: *mut u8,
+    xbase: *mut u8,
     _mem: Mem,
+    _xmem: Mem,
     mask: u32,
     v6: bool,
     seed: u32,
@@ -191,19 +213,37 @@ unsafe impl Send for Table {}
 unsafe impl Sync for Table {}
 
 impl Table {
-    /// The program's map `mem`, `entries` long (a power of two).
-    pub fn mapped(mem: Mapped, entries: u32, v6: bool, seed: u32) -> Table {
-        let stride = if v6 { STRIDE6 } else { STRIDE4 };
+    /// The program's maps: flows `mem` and rewrites `xmem`, `entries` long (a power of two).
+    pub fn mapped(mem: Mapped, xmem: Mapped, entries: u32, v6: bool, seed: u32) -> Table {
+        let (stride, xstride) = if v6 { (STRIDE6, XSTRIDE6) } else { (STRIDE4, XSTRIDE4) };
         assert!(entries.is_power_of_two() && mem.len >= entries as usize * stride);
-        Table { base: mem.ptr, _mem: Mem::Map(mem), mask: entries - 1, v6, seed }
+        assert!(xmem.len >= entries as usize * xstride);
+        Table {
+            base: mem.ptr,
+            xbase: xmem.ptr,
+            _mem: Mem::Map(mem),
+            _xmem: Mem::Map(xmem),
+            mask: entries - 1,
+            v6,
+            seed,
+        }
     }
 
     /// A table in ordinary memory (tests).
     pub fn heap(entries: u32, v6: bool, seed: u32) -> Table {
-        let stride = if v6 { STRIDE6 } else { STRIDE4 };
+        let (stride, xstride) = if v6 { (STRIDE6, XSTRIDE6) } else { (STRIDE4, XSTRIDE4) };
         assert!(entries.is_power_of_two());
         let mut v = vec![0u64; entries as usize * stride / 8];
-        Table { base: v.as_mut_ptr() as *mut u8, _mem: Mem::Heap(v), mask: entries - 1, v6, seed }
+        let mut x = vec![0u64; (entries as usize * xstride).div_ceil(8)];
+        Table {
+            base: v.as_mut_ptr() as *mut u8,
+            xbase: x.as_mut_ptr() as *mut u8,
+            _mem: Mem::Heap(v),
+            _xmem: Mem::Heap(x),
+            mask: entries - 1,
+            v6,
+            seed,
+        }
     }
 
     pub fn entries(&self) -> u32 {
@@ -294,6 +334,54 @@ impl Table {
             }
         }
         None
+    }
+
+    /// Marks claimed entry `i` translated: its packets leave as `to` says (the flow's key as
+    /// they leave: addresses, ports or echo identifier), the checksums' differences from its
+    /// key computed here once.
+    pub fn set_rewrite(&self, i: u32, to: &FlowKey) {
+        let from = self.key(i);
+        let n = if self.v6 { 4 } else { 1 };
+        let addrs = |k: &FlowKey| -> Vec<u8> {
+            k.src[..n].iter().chain(&k.dst[..n]).flat_map(|w| w.to_ne_bytes()).collect()
+        };
+        let addr_diff = csum_diff(&addrs(&from), &addrs(to));
+        // An echo's key word holds its type and code too: only the identifier changes.
+        let span = if from.echo() { 2..4 } else { 0..4 };
+        let port_diff = csum_diff(&from.ports.to_ne_bytes()[span.clone()], &to.ports.to_ne_bytes()[span]);
+        let (xstride, words) = if self.v6 { (XSTRIDE6, 9) } else { (XSTRIDE4, 3) };
+        // SAFETY: i is masked into the table; the rewrite array has one record per entry,
+        // 4-aligned; the program reads it only once the entry is LIVE.
+        let x = unsafe {
+            std::slice::from_raw_parts(self.xbase.add((i & self.mask) as usize * xstride) as *const AtomicU32, words + 1)
+        };
+        for j in 0..n {
+            x[j].store(to.src[j], Ordering::Relaxed);
+            x[n + j].store(to.dst[j], Ordering::Relaxed);
+        }
+        x[2 * n].store(to.ports, Ordering::Relaxed);
+        let diffs = [addr_diff.to_ne_bytes(), port_diff.to_ne_bytes()].concat();
+        x[2 * n + 1].store(u32::from_ne_bytes(diffs.try_into().unwrap()), Ordering::Relaxed);
+        let c = self.ctl(i).load(Ordering::Relaxed);
+        self.ctl(i).store(c | X_XLAT, Ordering::Relaxed);
+    }
+
+    /// The key entry `i` holds.
+    fn key(&self, i: u32) -> FlowKey {
+        let w = self.words(i);
+        let l = |j: usize| w[j].load(Ordering::Relaxed);
+        let proto = ((self.ctl(i).load(Ordering::Relaxed) >> 8) & 0xff) as u8;
+        let mut k = FlowKey { v6: self.v6, proto, ..Default::default() };
+        if self.v6 {
+            k.ports = l(0);
+            for j in 0..4 {
+                k.src[j] = l(1 + j);
+                k.dst[j] = l(5 + j);
+            }
+        } else {
+            (k.src[0], k.dst[0], k.ports) = (l(0), l(1), l(2));
+        }
+        k
     }
 
     /// Makes a claimed entry visible to the program.
@@ -390,6 +478,173 @@ mod tests {
             }
             for i in 400..600 {
                 assert!(t.find(&key(i, v6)).is_some());
+            }
+        }
+    }
+
+    use xpf_wire::checksum::{fold, pseudo_v4, pseudo_v6, sum};
+
+    /// A frame: IPv4 or IPv6, then `proto`'s header and 13 bytes of payload, checksums right
+    /// (or, with `partial`, the transport's holding the pseudo-header sum, as a sender that
+    /// leaves it to offload writes it).
+    fn frame(v6: bool, proto: u8, partial: bool) -> Vec<u8> {
+        let l4len = if proto == 6 { 20 } else { 8 } + 13;
+        let l3 = if v6 { 40 } else { 20 };
+        let mut f = vec![0u8; 14 + l3 + l4len];
+        let (src, dst) = ([10u8, 0, 1, 2], [198u8, 51, 100, 7]);
+        if v6 {
+            f[12..14].copy_from_slice(&[0x86, 0xdd]);
+            f[14] = 0x60;
+            f[18..20].copy_from_slice(&(l4len as u16).to_be_bytes());
+            f[20] = proto;
+            f[21] = 64;
+            f[22..38].copy_from_slice(&[0x20, 1, 0xd, 0xb8, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+            f[38..54].copy_from_slice(&[0x20, 1, 0xd, 0xb8, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7]);
+        } else {
+            f[12..14].copy_from_slice(&[0x08, 0x00]);
+            xpf_wire::ipv4::emit_header(&mut f[14..], src, dst, proto, (20 + l4len) as u16, 64, 9);
+        }
+        let l4 = 14 + l3;
+        for (i, b) in f[l4..].iter_mut().enumerate() {
+            *b = (i as u8).wrapping_mul(37) ^ 0x5a;
+        }
+        if proto == 1 || proto == 58 {
+            f[l4] = if proto == 1 { 8 } else { 128 };
+            f[l4 + 1] = 0;
+        }
+        f[l4 + 12] = 0x50; // TCP: data offset
+        let off = l4 + csum_off(proto);
+        f[off..off + 2].fill(0);
+        let ph = pseudo(&f, v6, proto);
+        let c = if partial { fold(ph) } else { !fold(sum(&f[l4..], ph)) };
+        f[off..off + 2].copy_from_slice(&c.to_be_bytes());
+        f
+    }
+
+    fn csum_off(proto: u8) -> usize {
+        match proto {
+            6 => 16,
+            17 => 6,
+            _ => 2,
+        }
+    }
+
+    fn pseudo(f: &[u8], v6: bool, proto: u8) -> u32 {
+        if v6 {
+            let l4len = u16::from_be_bytes([f[18], f[19]]) as u32;
+            pseudo_v6(f[22..38].try_into().unwrap(), f[38..54].try_into().unwrap(), proto, l4len)
+        } else if proto == 1 {
+            0
+        } else {
+            let l4len = u16::from_be_bytes([f[16], f[17]]) - 20;
+            pseudo_v4(f[26..30].try_into().unwrap(), f[30..34].try_into().unwrap(), proto, l4len)
+        }
+    }
+
+    /// What bpf/steer.c's rewrite() does with an entry's rewrite record: addresses and ports
+    /// written, checksums moved by the record's differences, read and written as the
+    /// program does (16-bit words in memory order).
+    fn rewrite_as_the_program(f: &mut [u8], v6: bool, proto: u8, partial: bool, x: &[u32]) {
+        let n = if v6 { 4 } else { 1 };
+        let d = x[2 * n + 1].to_ne_bytes();
+        let (addr_diff, port_diff) = (u16::from_ne_bytes([d[0], d[1]]) as u32, u16::from_ne_bytes([d[2], d[3]]) as u32);
+        let get = |f: &[u8], o: usize| u16::from_ne_bytes([f[o], f[o + 1]]);
+        let l3 = 14;
+        let l4 = if v6 { 54 } else { 34 };
+        if v6 {
+            for j in 0..4 {
+                f[22 + 4 * j..26 + 4 * j].copy_from_slice(&x[j].to_ne_bytes());
+                f[38 + 4 * j..42 + 4 * j].copy_from_slice(&x[4 + j].to_ne_bytes());
+            }
+        } else {
+            f[26..30].copy_from_slice(&x[0].to_ne_bytes());
+            f[30..34].copy_from_slice(&x[1].to_ne_bytes());
+            let c = !fold(!get(f, l3 + 10) as u32 + addr_diff);
+            f[l3 + 10..l3 + 12].copy_from_slice(&c.to_ne_bytes());
+        }
+        let off = l4 + csum_off(proto);
+        let diff = port_diff + if proto == 1 { 0 } else { addr_diff };
+        let c = get(f, off);
+        let c = if partial {
+            fold(c as u32 + addr_diff)
+        } else if proto != 17 || c != 0 || v6 {
+            let c = !fold(!c as u32 + diff);
+            if proto == 17 && c == 0 {
+                0xffff
+            } else {
+                c
+            }
+        } else {
+            0
+        };
+        f[off..off + 2].copy_from_slice(&c.to_ne_bytes());
+        let ports = x[2 * n].to_ne_bytes();
+        if proto == 6 || proto == 17 {
+            f[l4..l4 + 4].copy_from_slice(&ports);
+        } else {
+            f[l4 + 4..l4 + 6].copy_from_slice(&ports[2..]);
+        }
+    }
+
+    /// The checksum differences xpfd writes for a translated flow, applied as the XDP program
+    /// applies them, leave every checksum right: IPv4 and IPv6; TCP, UDP (a zero checksum
+    /// stays zero) and ICMP echoes (the identifier only; ICMPv6 with its pseudo-header); a
+    /// checksum left to offload (the pseudo-header sum follows the addresses alone).
+    #[test]
+    fn rewrites_keep_checksums_right() {
+        for v6 in [false, true] {
+            for proto in [6u8, 17, if v6 { 58 } else { 1 }] {
+                for partial in [false, true] {
+                    if partial && (proto == 1 || proto == 58) {
+                        continue;
+                    }
+                    for zero in [false, true] {
+                        if zero && (proto != 17 || v6 || partial) {
+                            continue;
+                        }
+                        let mut f = frame(v6, proto, partial);
+                        if zero {
+                            f[40..42].fill(0);
+                        }
+                        let k = FlowKey::of_frame(&f).unwrap();
+                        let mut to = k;
+                        to.src[0] = u32::from_ne_bytes([192, 0, 2, 1]);
+                        if v6 {
+                            to.dst[3] = u32::from_ne_bytes([0, 0, 0x80, 0x11]);
+                        }
+                        let pb = k.ports.to_ne_bytes();
+                        to.ports = if k.echo() {
+                            u32::from_ne_bytes([pb[0], pb[1], 0xc3, 0x51])
+                        } else {
+                            u32::from_ne_bytes([0xc3, 0x51, pb[2], pb[3]])
+                        };
+                        let t = Table::heap(64, v6, 5);
+                        let i = t.claim(&k, 0).unwrap();
+                        t.set_rewrite(i, &to);
+                        assert_ne!(t.ctl(i).load(Ordering::Relaxed) & X_XLAT, 0);
+                        let xs = if v6 { XSTRIDE6 } else { XSTRIDE4 };
+                        // SAFETY: the record just written, in the table's memory.
+                        let x: Vec<u32> = unsafe {
+                            std::slice::from_raw_parts(t.xbase.add(i as usize * xs) as *const u32, xs / 4).to_vec()
+                        };
+                        rewrite_as_the_program(&mut f, v6, proto, partial, &x);
+                        let what = format!("v6 {v6} proto {proto} partial {partial} zero {zero}");
+                        assert_eq!(FlowKey::of_frame(&f), Some(to), "{what}");
+                        if !v6 {
+                            assert_eq!(fold(sum(&f[14..34], 0)), 0xffff, "IPv4 header: {what}");
+                        }
+                        let l4 = if v6 { 54 } else { 34 };
+                        let ph = pseudo(&f, v6, proto);
+                        let c = u16::from_be_bytes([f[l4 + csum_off(proto)], f[l4 + csum_off(proto) + 1]]);
+                        if zero {
+                            assert_eq!(c, 0, "{what}");
+                        } else if partial {
+                            assert_eq!(c, fold(ph), "the pseudo-header sum of the new addresses: {what}");
+                        } else {
+                            assert_eq!(fold(sum(&f[l4..], ph)), 0xffff, "{what}");
+                        }
+                    }
+                }
             }
         }
     }

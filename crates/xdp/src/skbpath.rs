@@ -12,7 +12,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 
 /// The program's counters (`skb_stats` in bpf/skb.c): key for JSON, text for `xpfctl -s info`.
-pub const SKB_COUNTERS: [(&str, &str); 12] = [
+pub const SKB_COUNTERS: [(&str, &str); 14] = [
     ("forwarded", "forwarded in the kernel"),
     ("forwarded_neighbour", "forwarded in the kernel, the next hop resolved by it"),
     ("rerouted", "route changed: the flow back to xpfd"),
@@ -25,6 +25,8 @@ pub const SKB_COUNTERS: [(&str, &str); 12] = [
     ("nat_local", "to a translation target on this host, to xpfd"),
     ("given_back", "given back by xpfd (no translation's), to the kernel"),
     ("no_route", "no route, left to the kernel (unreachable)"),
+    ("translated", "translated in the kernel"),
+    ("rewrite_failed", "translation failed in the kernel, dropped"),
 ];
 
 /// The programs, loaded once for every interface.
@@ -37,8 +39,8 @@ pub struct SkbPath {
 impl SkbPath {
     /// Loads both programs; `tables`: the flow tables' sizes (IPv4, IPv6 entries, powers of two).
     pub fn load(tables: (u32, u32)) -> io::Result<SkbPath> {
-        let prog =
-            Program::load_kind("xpf_skb", objects::SKB, Kind::TC, &[("flows4", tables.0), ("flows6", tables.1)], &[])?;
+        let sizes = [("flows4", tables.0), ("flows6", tables.1), ("xlats4", tables.0), ("xlats6", tables.1)];
+        let prog = Program::load_kind("xpf_skb", objects::SKB, Kind::TC, &sizes, &[])?;
         let shared: Vec<&crate::bpf::Map> = prog.maps.iter().collect();
         let drop = Program::load_kind("xpf_drop", objects::SKB, Kind::TC_DROP, &[], &shared)?;
         Ok(SkbPath { prog, drop, links: Vec::new() })

@@ -91,7 +91,7 @@ const SYN_LANE: u32 = 64;
 
 /// The program's counters by slot (the enum in bpf/steer.c): (key for JSON and metrics,
 /// text for `xpfctl -s info`).
-pub const COUNTERS: [(&str, &str); 12] = [
+pub const COUNTERS: [(&str, &str); 13] = [
     ("not_ip", "not IP, to the kernel"),
     ("for_host", "for this host, to the kernel"),
     ("ttl_expiring", "TTL/hop limit expiring, to the kernel"),
@@ -104,6 +104,7 @@ pub const COUNTERS: [(&str, &str); 12] = [
     ("other_mac", "for another host's MAC, to the kernel"),
     ("syn_queue", "new TCP connections, to xpfd's SYN queue"),
     ("translation_target", "for this host, to a translation target, to xpfd"),
+    ("fast_path_translated", "translated in the kernel (fast path)"),
 ];
 
 /// A translation target the kernel would not forward (bpf/steer.c's natnet and natport):
@@ -142,8 +143,9 @@ impl Inject {
 /// never). Lookups stay off until [`fast_lookups`].
 pub fn fast_tables(prog: &Program, seed: u32, pace: u32) -> io::Result<crate::flows::FlowTables> {
     let (m4, m6) = (prog.map("flows4"), prog.map("flows6"));
-    let v4 = crate::flows::Table::mapped(m4.mmap()?, m4.max_entries, false, seed);
-    let v6 = crate::flows::Table::mapped(m6.mmap()?, m6.max_entries, true, seed);
+    let (x4, x6) = (prog.map("xlats4"), prog.map("xlats6"));
+    let v4 = crate::flows::Table::mapped(m4.mmap()?, x4.mmap()?, m4.max_entries, false, seed);
+    let v6 = crate::flows::Table::mapped(m6.mmap()?, x6.mmap()?, m6.max_entries, true, seed);
     let cfg = prog.map("steer_cfg");
     cfg.update(&C_SEED.to_ne_bytes(), &seed.to_ne_bytes())?;
     cfg.update(&C_PACE.to_ne_bytes(), &pace.to_ne_bytes())?;
@@ -216,11 +218,14 @@ impl Steer {
     /// for another interface, whose flow tables and configuration this one shares.
     pub fn load(tables: (u32, u32), first: Option<&Steer>) -> io::Result<Steer> {
         let shared: Vec<&crate::bpf::Map> = match first {
-            Some(f) => ["flows4", "flows6", "steer_cfg", "natnet", "natport"].iter().map(|n| f.prog.map(n)).collect(),
+            Some(f) => ["flows4", "flows6", "xlats4", "xlats6", "steer_cfg", "natnet", "natport"]
+                .iter()
+                .map(|n| f.prog.map(n))
+                .collect(),
             None => Vec::new(),
         };
-        let prog =
-            Program::load_with("xpf_steer", objects::STEER, &[("flows4", tables.0), ("flows6", tables.1)], &shared)?;
+        let sizes = [("flows4", tables.0), ("flows6", tables.1), ("xlats4", tables.0), ("xlats6", tables.1)];
+        let prog = Program::load_with("xpf_steer", objects::STEER, &sizes, &shared)?;
         Ok(Steer { prog, attached: Vec::new() })
     }
 
@@ -309,7 +314,7 @@ impl Steer {
         Ok(after.saturating_sub(before) >= PROBE_FRAMES as u64)
     }
 
-    pub fn counters(&self) -> [u64; 12] {
+    pub fn counters(&self) -> [u64; COUNTERS.len()] {
         let m = self.prog.map("steer_stats");
         std::array::from_fn(|i| m.percpu_sum(i as u32).unwrap_or(0))
     }

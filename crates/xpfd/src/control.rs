@@ -927,7 +927,7 @@ impl Daemon {
             "info" => {
                 let (info, io, xs, pc) = self.snapshot()?;
                 let mut text = info.render(uptime);
-                let steer: Vec<(String, [u64; 12])> =
+                let steer: Vec<(String, [u64; xpf_xdp::steer::COUNTERS.len()])> =
                     self.steers.lock().unwrap().iter().map(|(n, s)| (n.clone(), s.counters())).collect();
                 let (_, cur) = self.slot.current();
                 if let Some(name) = self.loaded.parsed.loginterface.as_deref() {
@@ -981,6 +981,7 @@ impl Daemon {
                     rows.extend([
                         ("fast-path flows", f.flows),
                         ("fast-path TCP flows", f.tcp),
+                        ("fast-path translated", f.translated),
                         ("fast-path installed", f.installed),
                         ("fast-path removed", f.removed),
                         ("fast-path refused (full)", f.refused),
@@ -1216,7 +1217,7 @@ impl Daemon {
                 } else {
                     Default::default()
                 };
-                let steer: Vec<(String, [u64; 12])> =
+                let steer: Vec<(String, [u64; xpf_xdp::steer::COUNTERS.len()])> =
                     self.steers.lock().unwrap().iter().map(|(n, s)| (n.clone(), s.counters())).collect();
                 let mut names: Vec<String> = steer.iter().map(|(n, _)| n.clone()).collect();
                 for x in &xs {

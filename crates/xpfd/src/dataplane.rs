@@ -931,6 +931,13 @@ impl Dataplane {
                                     Some(_) => xpf_wire::offload::finish(f),
                                     None => {}
                                 }
+                                // A flow of a shaped interface stays here, in its queue. The
+                                // fast path keys it as it came in (`frame_k` may be translated
+                                // already: rdr-to, a reply to nat-to).
+                                if let Some(fp) = self.fast.as_mut().filter(|_| !self.shaping.any()) {
+                                    let arrived = alls[sel[k]].get(META_LEN..).unwrap_or(&[]);
+                                    fp.offer(&mut self.worker, arrived, f, inif, eg);
+                                }
                                 if let Some(pc) = partial {
                                     if offload && io.tx_checksum(pc.start, pc.offset) {
                                         self.io.csum_offloaded += 1;
@@ -939,10 +946,6 @@ impl Dataplane {
                                     }
                                 }
                                 self.io.forwarded += 1;
-                                // A flow of a shaped interface stays here, in its queue.
-                                if let Some(fp) = self.fast.as_mut().filter(|_| !self.shaping.any()) {
-                                    fp.offer(&mut self.worker, frame_k, inif, eg);
-                                }
                             }
                             None => self.io.tx_full += 1,
                         }

@@ -6,7 +6,11 @@
 //! program itself and counted in the entry:
 //! - UDP, once its `in` state has seen two packets (one-packet flows never cost an entry);
 //! - TCP, once both peers of both states are ESTABLISHED and nothing but pf's windows
-//!   applies to its segments ([`xpf_engine::Worker::fast_tcp`]). Both directions go in
+//!   applies to its segments ([`xpf_engine::Worker::fast_tcp`]).
+//! - Translated flows as well: the entry (keyed as the packets arrive) gets a rewrite record
+//!   (the flow as it leaves: [`xpf_xdp::flows::Table::set_rewrite`]), and the program rewrites
+//!   its packets. An entry names its two states by id and insert sequence
+//!   ([`xpf_engine::FlowRef`]), which a translation does not change. Both directions go in
 //!   together, with the states' windows; the program checks each segment as pf does and
 //!   slides the windows in the entries. What it cannot judge (SYN, FIN, RST, outside the
 //!   windows, a sync update due) comes to xpfd marked: xpfd first merges the entries' windows
@@ -30,7 +34,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use xpf_engine::{Win, Worker};
+use xpf_engine::{FlowRef, Win, Worker};
 use xpf_state::{Peer, Timeout};
 use xpf_xdp::flows::{seq_max, FlowKey, FlowTables, Tail};
 
@@ -57,6 +61,8 @@ pub struct FastStats {
     /// removed since start.
     pub flows: u64,
     pub tcp: u64,
+    /// Translated (among `flows`): the program rewrites their packets.
+    pub translated: u64,
     pub installed: u64,
     pub removed: u64,
     /// No room: the probe window of the flow's hash was full (--fastpath FLOWS sizes the
@@ -80,6 +86,7 @@ impl FastStats {
     pub fn add(&mut self, g: &FastStats) {
         self.flows += g.flows;
         self.tcp += g.tcp;
+        self.translated += g.translated;
         self.installed += g.installed;
         self.removed += g.removed;
         self.refused += g.refused;
@@ -128,13 +135,15 @@ impl Egresses {
 
 /// A worker's record of a flow direction it installed.
 struct Rec {
+    /// The flow as its packets come in, and as they leave when translated.
     key: FlowKey,
+    sent: Option<FlowKey>,
     /// The entry in its family's table.
     idx: u32,
     in_if: u32,
     out_if: u32,
     /// The `in` and `out` states.
-    ids: [u32; 2],
+    states: FlowRef,
     /// The counts already carried into the states.
     packets: u32,
     bytes: u64,
@@ -153,6 +162,8 @@ pub struct FastPath {
     recs: Vec<Option<Rec>>,
     free: Vec<u32>,
     mine: HashMap<(u32, FlowKey), u32>,
+    /// Translated flows by their key as they leave (what an ICMP error about them quotes).
+    sent: HashMap<FlowKey, u32>,
     last_sync: Instant,
     /// The pass under way: the next record to visit.
     walking: Option<usize>,
@@ -163,43 +174,6 @@ pub struct FastPath {
     pass_time: Duration,
     pass_entries: u64,
     pub stats: FastStats,
-}
-
-/// A minimal frame of the flow `k` names (TCP, UDP, or an ICMP(v6) echo), for the engine to
-/// key its states on.
-fn frame_of(k: &FlowKey) -> ([u8; 74], usize) {
-    let mut f = [0u8; 74];
-    let tcp = k.proto == 6;
-    let l4len = if tcp { 20 } else { 8 };
-    let src = FlowKey::addr_bytes(&k.src);
-    let dst = FlowKey::addr_bytes(&k.dst);
-    let l4 = if k.v6 {
-        f[12..14].copy_from_slice(&[0x86, 0xdd]);
-        f[14] = 0x60;
-        f[18..20].copy_from_slice(&(l4len as u16).to_be_bytes());
-        f[20] = k.proto;
-        f[21] = 64;
-        f[22..38].copy_from_slice(&src);
-        f[38..54].copy_from_slice(&dst);
-        54
-    } else {
-        f[12..14].copy_from_slice(&[0x08, 0x00]);
-        let (s, d) = (src[..4].try_into().unwrap(), dst[..4].try_into().unwrap());
-        xpf_wire::ipv4::emit_header(&mut f[14..], s, d, k.proto, 20 + l4len as u16, 64, 0);
-        34
-    };
-    if tcp {
-        f[l4..l4 + 2].copy_from_slice(&k.sport().to_be_bytes());
-        f[l4 + 2..l4 + 4].copy_from_slice(&k.dport().to_be_bytes());
-        f[l4 + 12] = 0x50;
-        f[l4 + 13] = 0x10;
-    } else if k.echo() {
-        let (t, code, id) = k.echo_parts();
-        xpf_wire::icmp::emit_header(&mut f[l4..], t, code, (id as u32) << 16);
-    } else {
-        xpf_wire::udp::emit_header(&mut f[l4..], k.sport(), k.dport(), 8);
-    }
-    (f, l4 + l4len)
 }
 
 /// The entry fields of a TCP direction whose sender is side `si` of windows `p`.
@@ -229,6 +203,7 @@ impl FastPath {
             recs: Vec::new(),
             free: Vec::new(),
             mine: HashMap::new(),
+            sent: HashMap::new(),
             last_sync: Instant::now(),
             walking: None,
             refused_at: None,
@@ -249,9 +224,11 @@ impl FastPath {
         self.tables.of(&r.key).tail(r.idx)
     }
 
-    /// After xpfd forwarded `frame` from `in_if` to `out_if`: puts its flow in the tables if
-    /// it is a UDP flow with both states, or an established TCP flow (both directions).
-    pub fn offer(&mut self, w: &mut Worker<Live>, frame: &[u8], in_if: u32, out_if: u32) {
+    /// After xpfd forwarded `frame` from `in_if` to `out_if` as `sent` (translated, or as it
+    /// came): puts its flow in the tables if it is a UDP flow (or ICMP echo) with both states,
+    /// or an established TCP flow (both directions). A translated flow's entries carry its
+    /// rewrite: the program translates its packets as the states would.
+    pub fn offer(&mut self, w: &mut Worker<Live>, frame: &[u8], sent: &[u8], in_if: u32, out_if: u32) {
         // The cheap refusals first: on hosts whose interfaces take no redirected frames this is
         // all a forwarded packet pays.
         if !self.egresses.ok(out_if) || self.refused_at.is_some_and(|t| t.elapsed() < BACKOFF) {
@@ -261,34 +238,41 @@ impl FastPath {
         if self.mine.contains_key(&(in_if, k)) {
             return;
         }
+        let Some(f) = w.fast_flow(frame, sent, in_if as u16, out_if as u16) else { return };
+        let to = if f.translated {
+            match FlowKey::of_frame(sent) {
+                Some(s) if s.proto == k.proto => Some(s),
+                _ => return,
+            }
+        } else {
+            None
+        };
         // UDP and ICMP echoes one direction at a time, once its `in` state has seen packets.
         if k.proto != 6 {
-            if let Some((ids, n)) = w.flow_states(frame, in_if as u16, out_if as u16) {
-                if n >= OFFER_AFTER {
-                    if let Some((slot, idx)) = self.claim(k, in_if, out_if, ids) {
-                        self.tables.of(&k).publish(idx);
-                        let _ = slot;
-                    }
+            if f.packets >= OFFER_AFTER {
+                if let Some((_, idx)) = self.claim(k, to, in_if, out_if, f.states) {
+                    self.tables.of(&k).publish(idx);
                 }
             }
             return;
         }
-        // TCP goes in both ways: the reverse direction leaves where this one came in.
+        // TCP goes in both ways: the reverse direction leaves where this one came in, its
+        // packets arriving as this one's leave.
         if !self.egresses.ok(in_if) {
             return;
         }
-        let Some(ft) = w.fast_tcp(frame, in_if as u16, out_if as u16) else { return };
-        let rk = k.reversed();
+        let Some(ft) = w.fast_tcp(&f.states) else { return };
+        let rk = to.unwrap_or(k).reversed();
         if self.mine.contains_key(&(out_if, rk)) {
             return;
         }
-        let (rf, rn) = frame_of(&rk);
-        let Some(rt) = w.fast_tcp(&rf[..rn], out_if as u16, in_if as u16) else { return };
+        let rstates = f.states.reversed();
+        let Some(rt) = w.fast_tcp(&rstates) else { return };
         if rt.from != 1 - ft.from {
             return;
         }
-        let Some((a, ai)) = self.claim(k, in_if, out_if, ft.ids) else { return };
-        let Some((b, bi)) = self.claim(rk, out_if, in_if, rt.ids) else {
+        let Some((a, ai)) = self.claim(k, to, in_if, out_if, f.states) else { return };
+        let Some((b, bi)) = self.claim(rk, to.map(|_| k.reversed()), out_if, in_if, rstates) else {
             self.release(a);
             return;
         };
@@ -302,8 +286,16 @@ impl FastPath {
         self.stats.tcp += 2;
     }
 
-    /// Claims an entry for flow `k` and makes this worker's record of it (not yet published).
-    fn claim(&mut self, k: FlowKey, in_if: u32, out_if: u32, ids: [u32; 2]) -> Option<(u32, u32)> {
+    /// Claims an entry for flow `k` (leaving as `to` when translated) and makes this worker's
+    /// record of it (not yet published).
+    fn claim(
+        &mut self,
+        k: FlowKey,
+        to: Option<FlowKey>,
+        in_if: u32,
+        out_if: u32,
+        states: FlowRef,
+    ) -> Option<(u32, u32)> {
         let t = self.tables.of(&k);
         let Some(idx) = t.claim(&k, self.owner) else {
             self.stats.refused += 1;
@@ -323,8 +315,13 @@ impl FastPath {
         tl.in_if.store(in_if, Relaxed);
         tl.out_if.store(out_if, Relaxed);
         tl.slot.store(slot, Relaxed);
+        if let Some(to) = &to {
+            t.set_rewrite(idx, to);
+            self.sent.insert(*to, slot);
+            self.stats.translated += 1;
+        }
         self.recs[slot as usize] =
-            Some(Rec { key: k, idx, in_if, out_if, ids, packets: 0, bytes: 0, tcp: None, held: false });
+            Some(Rec { key: k, sent: to, idx, in_if, out_if, states, packets: 0, bytes: 0, tcp: None, held: false });
         self.mine.insert((in_if, k), slot);
         self.stats.installed += 1;
         self.stats.flows = self.mine.len() as u64;
@@ -352,17 +349,11 @@ impl FastPath {
         Some(w)
     }
 
-    /// Merges TCP record `slot`'s windows into its states (see `Worker::fast_tcp_merge`);
-    /// `f`: the record's made-up frame (`frame_of`).
-    fn merge(&self, w: &mut Worker<Live>, slot: u32, f: &[u8], push: bool) -> Option<bool> {
+    /// Merges TCP record `slot`'s windows into its states (see `Worker::fast_tcp_merge`).
+    fn merge(&self, w: &mut Worker<Live>, slot: u32, push: bool) -> Option<bool> {
         let win = self.windows(slot)?;
         let r = self.recs[slot as usize].as_ref()?;
-        w.fast_tcp_merge(f, [r.in_if as u16, r.out_if as u16], r.ids, win, push)
-    }
-
-    /// Record `slot`'s made-up frame, for the engine to find its states by.
-    fn frame(&self, slot: u32) -> ([u8; 74], usize) {
-        self.recs[slot as usize].as_ref().map_or(([0; 74], 0), |r| frame_of(&r.key))
+        w.fast_tcp_merge(&r.states, win, push)
     }
 
     /// A TCP segment the program handed over (its metadata says the flow has an entry),
@@ -377,8 +368,7 @@ impl FastPath {
             return false;
         }
         self.stats.judged += 1;
-        let (f, n) = self.frame(slot);
-        let _ = self.merge(w, slot, &f[..n], true);
+        let _ = self.merge(w, slot, true);
         true
     }
 
@@ -409,15 +399,26 @@ impl FastPath {
         let mut ports = [0u8; 4];
         ports[..2].copy_from_slice(&q.sport.to_be_bytes());
         ports[2..].copy_from_slice(&q.dport.to_be_bytes());
+        // The quote is the flow as it left (translated or not).
         let k = FlowKey { v6, proto: q.proto, ports: u32::from_ne_bytes(ports), src, dst };
-        let t = self.tables.of(&k);
-        let Some(idx) = t.find(&k) else { return };
-        let slot = t.tail(idx).slot.load(Relaxed);
-        let mine = self.recs.get(slot as usize).and_then(|r| r.as_ref()).is_some_and(|r| r.idx == idx && r.key == k);
-        if mine {
-            let (f, n) = frame_of(&k);
-            let _ = self.merge(w, slot, &f[..n], false);
-        }
+        let slot = match self.sent.get(&k) {
+            Some(&slot) => slot,
+            None => {
+                let t = self.tables.of(&k);
+                let Some(idx) = t.find(&k) else { return };
+                let slot = t.tail(idx).slot.load(Relaxed);
+                let mine = self
+                    .recs
+                    .get(slot as usize)
+                    .and_then(|r| r.as_ref())
+                    .is_some_and(|r| r.idx == idx && r.key == k && r.sent.is_none());
+                if !mine {
+                    return;
+                }
+                slot
+            }
+        };
+        let _ = self.merge(w, slot, false);
     }
 
     /// After the engine judged a segment `pull` saw: when it passed and the flow is still
@@ -435,8 +436,8 @@ impl FastPath {
         if !passed {
             return;
         }
-        match w.fast_tcp(frame, r.in_if as u16, r.out_if as u16) {
-            Some(ft) if ft.ids == r.ids => {
+        match w.fast_tcp(&r.states) {
+            Some(ft) => {
                 let (p, si) = (&ft.peers, ft.from);
                 let di = 1 - si;
                 seq_max(&e.seqlo, p[si].seqlo);
@@ -534,14 +535,14 @@ impl FastPath {
     }
 
     /// Carries record `slot`'s new counts into its states: the packets added, None when the
-    /// states are gone. `f`: the record's made-up frame.
-    fn account(&mut self, w: &mut Worker<Live>, slot: u32, f: &[u8], now: u32) -> Option<u32> {
+    /// states are gone.
+    fn account(&mut self, w: &mut Worker<Live>, slot: u32, now: u32) -> Option<u32> {
         let r = self.recs[slot as usize].as_ref()?;
         let t = self.tail(r);
         let (packets, bytes) = (t.packets.load(Relaxed), t.bytes.load(Relaxed));
         let (dp, db) = (packets.wrapping_sub(r.packets), bytes.wrapping_sub(r.bytes));
         let add = (dp > 0).then_some((dp, db));
-        if !w.flow_account(f, r.in_if as u16, r.out_if as u16, r.ids, add, now) {
+        if !w.flow_account(&r.states, add, now) {
             return None;
         }
         let r = self.recs[slot as usize].as_mut().unwrap();
@@ -555,9 +556,9 @@ impl FastPath {
     /// Whether record `slot`'s states expire by `next` (the pass after this one) unless a
     /// packet comes: the flow goes back to xpfd then, so that a packet after the expiry meets
     /// no state (as in pf) rather than an entry not yet read back.
-    fn expiring(&self, w: &Worker<Live>, slot: u32, f: &[u8], next: u32) -> bool {
+    fn expiring(&self, w: &Worker<Live>, slot: u32, next: u32) -> bool {
         let Some(r) = self.recs[slot as usize].as_ref() else { return true };
-        w.flow_deadline(f, r.ids).is_none_or(|d| d <= next)
+        w.flow_deadline(&r.states).is_none_or(|d| d <= next)
     }
 
     /// One slice of the current pass.
@@ -573,17 +574,14 @@ impl FastPath {
                 continue; // visited with its reverse
             }
             self.pass_entries += 1;
-            let (f, n) = frame_of(&r.key);
-            let f = &f[..n];
-            let mut seen = self.account(w, slot, f, now);
+            let mut seen = self.account(w, slot, now);
             if let Some((rs, _)) = pair {
-                let (rf, rn) = self.frame(rs);
-                seen = seen.zip(self.account(w, rs, &rf[..rn], now)).map(|(a, b)| a + b);
-                if self.merge(w, slot, f, false) != Some(true) {
+                seen = seen.zip(self.account(w, rs, now)).map(|(a, b)| a + b);
+                if self.merge(w, slot, false) != Some(true) {
                     seen = None;
                 }
             }
-            if seen.is_none_or(|n| n == 0 && self.expiring(w, slot, f, next)) {
+            if seen.is_none_or(|n| n == 0 && self.expiring(w, slot, next)) {
                 self.take_back(slot);
             }
         }
@@ -607,11 +605,10 @@ impl FastPath {
                 break;
             }
             self.cooling.pop_front();
-            let (f, n) = self.frame(slot);
-            let _ = self.account(w, slot, &f[..n], now);
+            let _ = self.account(w, slot, now);
             if let Some((rs, _)) = self.recs[slot as usize].as_ref().and_then(|r| r.tcp) {
                 if self.recs[rs as usize].is_some() {
-                    let _ = self.merge(w, slot, &f[..n], false);
+                    let _ = self.merge(w, slot, false);
                 }
             }
             self.release(slot);
@@ -625,6 +622,12 @@ impl FastPath {
             t.hold(r.idx);
             t.free(r.idx);
             self.mine.remove(&(r.in_if, r.key));
+            if let Some(to) = &r.sent {
+                if self.sent.get(to) == Some(&slot) {
+                    self.sent.remove(to);
+                }
+                self.stats.translated -= 1;
+            }
             self.free.push(slot);
             self.stats.removed += 1;
             if r.tcp.is_some() {
@@ -632,49 +635,5 @@ impl FastPath {
             }
             self.stats.flows = self.mine.len() as u64;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn made_up_frames_have_the_flows_keys_and_the_engine_parses_them() {
-        // TCP, UDP, and ICMP(v6) echo requests and replies (type, code, identifier).
-        let cases = [
-            (false, 6, [0x07, 0xd0, 0x00, 0x50]),
-            (false, 17, [0x07, 0xd0, 0x00, 0x50]),
-            (true, 6, [0x07, 0xd0, 0x00, 0x50]),
-            (true, 17, [0x07, 0xd0, 0x00, 0x50]),
-            (false, 1, [8, 0, 0x12, 0x34]),
-            (false, 1, [0, 0, 0x12, 0x34]),
-            (true, 58, [128, 0, 0xab, 0xcd]),
-            (true, 58, [129, 0, 0xab, 0xcd]),
-        ];
-        for (v6, proto, ports) in cases {
-            let k = FlowKey {
-                v6,
-                proto,
-                ports: u32::from_ne_bytes(ports),
-                src: [u32::from_ne_bytes([10, 0, 0, 1]), 7, 8, 9],
-                dst: [u32::from_ne_bytes([10, 0, 1, 1]), 1, 2, 3],
-            };
-            let k = if v6 { k } else { FlowKey { src: [k.src[0], 0, 0, 0], dst: [k.dst[0], 0, 0, 0], ..k } };
-            let (f, n) = frame_of(&k);
-            assert_eq!(FlowKey::of_frame(&f[..n]), Some(k), "{v6} {proto}");
-            let mut pd = xpf_wire::PDesc::default();
-            assert!(xpf_wire::parse_ether(&f[..n], &mut pd).is_ok(), "{v6} {proto}");
-            assert_eq!(pd.proto, proto);
-            if k.echo() {
-                assert_eq!(pd.flags & xpf_wire::pdesc::pdf::ICMP_ERROR, 0);
-                assert_eq!(k.echo_parts(), (ports[0], 0, u16::from_be_bytes([ports[2], ports[3]])));
-            }
-        }
-        // Not echoes: an ICMP error, ICMPv4 inside IPv6.
-        let mut bad = FlowKey { v6: false, proto: 1, ports: u32::from_ne_bytes([3, 4, 0, 0]), ..Default::default() };
-        assert_eq!(FlowKey::of_frame(&frame_of(&bad).0[..42]), None);
-        bad = FlowKey { v6: true, proto: 1, ports: u32::from_ne_bytes([8, 0, 0, 1]), ..Default::default() };
-        assert_eq!(FlowKey::of_frame(&frame_of(&bad).0[..62]), None);
     }
 }

@@ -455,7 +455,9 @@ fn run(a: Args) -> Result<(), String> {
     }
     let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     // The fast path's tables hold as many flow directions as the state limit (each needs a
-    // state), up to 1M unless --fastpath FLOWS says otherwise (64 + 32 bytes per flow).
+    // state), up to 1M unless --fastpath FLOWS says otherwise: per flow direction two IPv4
+    // entries (64 bytes and a 16-byte rewrite record each) and half an IPv6 one (128 + 40),
+    // 260 bytes.
     let flows = a.fastpath.unwrap_or(limit.clamp(1024, 1 << 20));
     let xdp = match a.io.as_str() {
         "packet" => None,

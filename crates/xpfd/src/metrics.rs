@@ -360,11 +360,11 @@ impl Daemon {
         );
         p.each("xpf_host_total", Counter, "The firewall's own traffic through the rules.", "counter", numbers(&host));
         let fast = numbers(&fast);
-        let is_level = |k: &str| matches!(k, "flows" | "tcp" | "last_pass_us" | "last_pass_entries");
+        let is_level = |k: &str| matches!(k, "flows" | "tcp" | "translated" | "last_pass_us" | "last_pass_entries");
         p.each(
             "xpf_fastpath",
             Gauge,
-            "The fast path now: flow directions in its tables (TCP among them), its last read-back pass.",
+            "The fast path now: flow directions in its tables (TCP and translated among them), its last read-back pass.",
             "counter",
             fast.iter().filter(|(k, _)| is_level(k)).map(|(k, v)| (k, *v)),
         );
@@ -401,7 +401,7 @@ impl Daemon {
                 p.sample(name, &[("interface", &ifname(x.ifindex)), ("queue", &x.queue.to_string())], f(x));
             }
         }
-        let steer: Vec<(String, [u64; 12])> =
+        let steer: Vec<(String, [u64; xpf_xdp::steer::COUNTERS.len()])> =
             self.steers.lock().unwrap().iter().map(|(n, s)| (n.clone(), s.counters())).collect();
         if !steer.is_empty() {
             p.family("xpf_steering_total", Counter, "The XDP steering program's decisions, per interface.");
