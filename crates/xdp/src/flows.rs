@@ -190,10 +190,7 @@ fn csum_diff(from: &[u8], to: &[u8]) -> u16 {
     for (a, b) in from.chunks(2).zip(to.chunks(2)) {
         s += !u16::from_ne_bytes([a[0], a[1]]) as u32 + u16::from_ne_bytes([b[0], b[1]]) as u32;
     }
-    while s > 0xffff {
-        s = (s & 0xffff) + (s >> 16);
-    }
-    s as u16
+    xpf_wire::checksum::fold(s)
 }
 
 /// One family's table, and the rewrites of its translated flows.
@@ -342,9 +339,8 @@ impl Table {
     pub fn set_rewrite(&self, i: u32, to: &FlowKey) {
         let from = self.key(i);
         let n = if self.v6 { 4 } else { 1 };
-        let addrs = |k: &FlowKey| -> Vec<u8> {
-            k.src[..n].iter().chain(&k.dst[..n]).flat_map(|w| w.to_ne_bytes()).collect()
-        };
+        let addrs =
+            |k: &FlowKey| -> Vec<u8> { k.src[..n].iter().chain(&k.dst[..n]).flat_map(|w| w.to_ne_bytes()).collect() };
         let addr_diff = csum_diff(&addrs(&from), &addrs(to));
         // An echo's key word holds its type and code too: only the identifier changes.
         let span = if from.echo() { 2..4 } else { 0..4 };
@@ -353,7 +349,10 @@ impl Table {
         // SAFETY: i is masked into the table; the rewrite array has one record per entry,
         // 4-aligned; the program reads it only once the entry is LIVE.
         let x = unsafe {
-            std::slice::from_raw_parts(self.xbase.add((i & self.mask) as usize * xstride) as *const AtomicU32, words + 1)
+            std::slice::from_raw_parts(
+                self.xbase.add((i & self.mask) as usize * xstride) as *const AtomicU32,
+                words + 1,
+            )
         };
         for j in 0..n {
             x[j].store(to.src[j], Ordering::Relaxed);
