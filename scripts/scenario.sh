@@ -591,13 +591,13 @@ syn_flood 50000
 q1=$(info 'd["syn_queue"]["received"]')
 check "syncookies always: the flood made no state in xpfd ($(info 'd["states"]'))" test "$(info 'd["states"]')" -eq 0
 check "syncookies always: none of it reached the server ($(syns_at_server 50000) SYNs)" test "$(syns_at_server 50000)" -eq 0
-# New connections queue apart from established traffic (a flood overflows only their ring;
-# XDP mode: a second socket per queue).
-[[ $MODE == xdp ]] && check "SYN queue: the flood's 100 SYNs came through xpfd's queue for new connections ($((q1 - q0)))" test $((q1 - q0)) -ge 100
+# New connections queue apart from established traffic (a flood overflows only their ring:
+# XDP mode, a second socket per queue; packet mode, a second ifb device and socket).
+check "SYN queue: the flood's 100 SYNs came through xpfd's queue for new connections ($((q1 - q0)))" test $((q1 - q0)) -ge 100
 q2=$(info 'd["syn_queue"]["received"]')
 check "syncookies always: HTTP works (curl)" c curl -sf -m 5 -o /dev/null http://10.0.2.2/
 q3=$(info 'd["syn_queue"]["received"]')
-[[ $MODE == xdp ]] && check "SYN queue: of a whole HTTP connection only its SYN goes there ($((q3 - q2)))" test $((q3 - q2)) -eq 1
+check "SYN queue: of a whole HTTP connection only its SYN goes there ($((q3 - q2)))" test $((q3 - q2)) -eq 1
 check "syncookies always: a port the rules block gets no SYN|ACK (nc fails)" refused c nc -z -w 2 10.0.2.2 2222
 
 # What xpf does not enforce is refused at load with FILE:LINE, and the ruleset in force stays.

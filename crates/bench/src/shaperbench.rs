@@ -80,7 +80,7 @@ fn run(n: u32, workers: usize, secs: f64) -> Vec<u64> {
                     if workers > 1 && now >= next_sync {
                         // As xpfd's worker: no more often than 20 times what a report costs.
                         let t = Instant::now();
-                        sh.sync(&coord, w);
+                        sh.sync(&coord, w, now);
                         next_sync = now + period.load(Ordering::Relaxed).max(t.elapsed().as_nanos() as u64 * 20);
                     }
                 }

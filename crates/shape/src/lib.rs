@@ -160,10 +160,21 @@ impl Gcra {
     fn finish(&self, now: u64, len: usize) -> u64 {
         self.tat.max(now) + ((len as u64 * self.cost) >> 20)
     }
-    /// A new rate (bits/s, 0: none), keeping what was sent ahead.
-    fn set_rate(&mut self, bits: u64) {
+    /// A new rate (bits/s) from `now` on. What was sent ahead of `now` is re-priced: the same
+    /// bytes at the new rate. Keeping the clock as it stood held a queue to the rate it had
+    /// when its packet left: a 64 KB GSO packet charged at a worker's floor share ran the
+    /// clock seconds ahead, and a share raised a period later could not send until then
+    /// (packet mode with two workers: 0.1-1 Mbit/s where 40 were due).
+    fn set_rate(&mut self, bits: u64, now: u64) {
         // 1 kbit/s at least: a cost per byte that a 64 KB packet cannot overflow.
-        self.cost = Gcra::new(bits.max(1000)).cost;
+        self.reprice(Gcra::new(bits.max(1000)).cost, now);
+    }
+    /// The cost per byte from `now` on, what was sent ahead re-priced.
+    fn reprice(&mut self, cost: u64, now: u64) {
+        if self.cost != 0 && self.tat > now {
+            self.tat = now + ((self.tat - now) as u128 * cost as u128 / self.cost as u128) as u64;
+        }
+        self.cost = cost;
     }
 }
 
@@ -221,7 +232,9 @@ impl Bursting {
         }
     }
     /// The rate was set to `bits` (a worker's share): the burst scales with it.
-    fn rescale(&mut self, g: &mut Gcra, bits: u64) {
+    /// `g` was just set to the share's rate (what it sent ahead priced at it): in a spell,
+    /// back to the burst's.
+    fn rescale(&mut self, g: &mut Gcra, bits: u64, now: u64) {
         if self.cost == 0 {
             return;
         }
@@ -229,7 +242,7 @@ impl Bursting {
         let m1 = (self.bits as u128 * bits.max(1000) as u128 / self.rate_bits.max(1) as u128) as u64;
         self.cost = Gcra::new(m1.max(1000)).cost;
         if self.until != 0 {
-            g.cost = self.cost;
+            g.reprice(self.cost, now);
         }
     }
 }
@@ -877,7 +890,7 @@ impl Shaper {
 
     /// Reports to `coord` what worker `w`'s tree was offered, and takes this worker's share
     /// of every rate from it (each within its configured cap).
-    pub fn sync(&mut self, coord: &coord::Coord, w: usize) {
+    pub fn sync(&mut self, coord: &coord::Coord, w: usize, now: u64) {
         if coord.classes() != self.classes.len() {
             return;
         }
@@ -890,19 +903,19 @@ impl Shaper {
         let classes = &mut self.classes;
         leaves.retain(|&c| {
             let cl = &mut classes[c as usize];
-            Self::report(cl, coord, w, c as usize);
+            Self::report(cl, coord, w, c as usize, now);
             cl.to_report = cl.stats.qlen > 0;
             cl.to_report
         });
         self.to_report = leaves;
         for &c in &self.inner {
-            Self::report(&mut self.classes[c as usize], coord, w, c as usize);
+            Self::report(&mut self.classes[c as usize], coord, w, c as usize, now);
         }
     }
 
     /// One class's report to `coord` and its share from it ([`Shaper::sync`]).
     #[inline]
-    fn report(cl: &mut Class, coord: &coord::Coord, w: usize, c: usize) {
+    fn report(cl: &mut Class, coord: &coord::Coord, w: usize, c: usize, now: u64) {
         // The drops' low bits: a change between two reports is what counts.
         let waiting = cl.stats.qlen > 0 || cl.stats.drop_pkts as u32 != cl.seen_drops;
         cl.seen_drops = cl.stats.drop_pkts as u32;
@@ -910,16 +923,16 @@ impl Shaper {
         let share = coord.cap(w, c);
         if share != 0 {
             let cap = if cl.cap_bits == 0 { share } else { share.min(cl.cap_bits) };
-            cl.cap.set_rate(cap);
+            cl.cap.set_rate(cap, now);
             if let Some(b) = cl.bursts.as_deref_mut() {
-                b[2].rescale(&mut cl.cap, cap);
+                b[2].rescale(&mut cl.cap, cap, now);
             }
             // This worker's part of the tiers' rates: each worker would keep the whole.
             for k in 0..2 {
                 if cl.tier_bits[k] != 0 {
-                    cl.tier[k].set_rate(share.min(cl.tier_bits[k]));
+                    cl.tier[k].set_rate(share.min(cl.tier_bits[k]), now);
                     if let Some(b) = cl.bursts.as_deref_mut() {
-                        b[k].rescale(&mut cl.tier[k], share.min(cl.tier_bits[k]));
+                        b[k].rescale(&mut cl.tier[k], share.min(cl.tier_bits[k]), now);
                     }
                 }
             }

@@ -287,8 +287,8 @@ fn run2(spec: &TreeSpec, sources: &[(usize, u16, u64)], secs: f64) -> Vec<f64> {
         }
         now += step;
         if now.is_multiple_of(period) {
-            sh[0].sync(&coord, 0);
-            sh[1].sync(&coord, 1);
+            sh[0].sync(&coord, 0, now);
+            sh[1].sync(&coord, 1, now);
             coord.tick(period);
         }
     }
@@ -322,6 +322,23 @@ fn two_workers_keep_the_shares_of_one_tree() {
     ]);
     let r = run2(&capped, &[(0, 3, 0), (1, 3, 0)], 5.0);
     assert!(near(r[3], 15 * M, 0.02), "b max 15 on both: {r:?}");
+}
+
+/// A rate raised while a packet charged at the old one runs its clock ahead re-prices it: the
+/// same bytes at the new rate. A 64 KB GSO packet (packet mode) charged at a worker's floor
+/// share of 64 kbit/s ran the clock 8 s ahead, and the share raised at the next report could
+/// not send until then (two workers: 0.1-1 Mbit/s where 40 were due).
+#[test]
+fn a_raised_rate_reprices_what_was_sent_ahead() {
+    let mut g = Gcra::new(64_000);
+    g.charge(0, 65_000);
+    assert!(g.next() > 8_000_000_000, "65,000 bytes at 64 kbit/s: {} ns", g.next());
+    // 2 ms later, 40 Mbit/s: what is left of the 65,000 bytes' 8.1 s, at 40 Mbit/s.
+    g.set_rate(40_000_000, 2_000_000);
+    assert!(g.next() <= 2_000_000 + 13_000_000, "re-priced at 40 Mbit/s: {} ns", g.next());
+    // A lower rate stretches what is ahead the same way.
+    g.set_rate(20_000_000, 2_000_000);
+    assert!(g.next() > 2_000_000 + 20_000_000, "re-priced at 20 Mbit/s: {} ns", g.next());
 }
 
 /// A member that was idle sends at once, however many others are busy: its rate is its own

@@ -109,6 +109,15 @@ struct cand {
     __u8 partial;       /* its checksum was left to offload */
 };
 
+/* Whether the packet is a TCP SYN without ACK (a new connection): `l4` is where its
+ * transport header starts. */
+INLINE int tcp_syn(__u8 proto, void *l4, void *end) {
+    if (proto != IPPROTO_TCP || l4 + 14 > end)
+        return 0;
+    __u8 flags = ((__u8 *)l4)[13];
+    return (flags & 0x12) == 0x02;
+}
+
 INLINE __u32 cfg(__u32 i) {
     __u32 *v = bpf_map_lookup_elem(&steer_cfg, &i);
     return v ? *v : 0;

@@ -24,7 +24,8 @@
  *   flow's rewritten as its rewrite record says (the FIB asked with the addresses it leaves
  *   with); a changed route clears the entry's `out_if` (its frames go to xpfd from then on);
  * - everything else goes to xpfd: redirected into the ingress of an ifb device of xpfd's
- *   (map `divert`), where xpfd's packet socket reads it and xpf_drop ends it.
+ *   (map `divert`), where xpfd's packet socket reads it and xpf_drop ends it; a TCP SYN
+ *   without ACK into a second one, whose socket xpfd serves after the first.
  * Without an entry in `divert` the frame goes on to the kernel, whose chain xpfd-fwd
  * (iptables, FORWARD) drops what it would forward: the box fails closed. */
 #include "fast.h"
@@ -46,10 +47,16 @@ static long (*bpf_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params,
 
 /* Counters (src/skbpath.rs names them). */
 enum { K_FAST, K_NEIGH, K_REROUTED, K_MTU, K_TO_XPFD, K_HOST, K_KERNEL, K_OTHERHOST, K_NO_DIVERT, K_NAT_LOCAL,
-       K_GIVEN_BACK, K_NO_ROUTE, K_TRANSLATED, K_REWRITE_FAILED, K_N };
+       K_GIVEN_BACK, K_NO_ROUTE, K_TRANSLATED, K_REWRITE_FAILED, K_SYN_LANE, K_N };
 struct xpf_map skb_stats SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, K_N, 0 };
-/* A filtered interface's index -> the ifb device whose ingress xpfd reads (written by xpfd). */
-struct xpf_map divert SEC("maps") = { BPF_MAP_TYPE_HASH, 4, 4, 256, 0 };
+/* A filtered interface's index -> the ifb devices whose ingress xpfd reads (written by
+ * xpfd): `rx` for what it judges, `syn` (0: none) for new connections, TCP SYNs without ACK,
+ * which xpfd serves after the first (as the steering program's second socket per queue): a
+ * SYN flood fills and overflows its own socket's ring, not the established traffic's. */
+struct divert {
+    __u32 rx, syn;
+};
+struct xpf_map divert SEC("maps") = { BPF_MAP_TYPE_HASH, 4, sizeof(struct divert), 256, 0 };
 
 #define PACKET_BROADCAST 1
 #define PACKET_MULTICAST 2
@@ -174,13 +181,22 @@ INLINE int to_xpfd(struct __sk_buff *skb, __u32 ifindex, __u8 family, struct can
             return TC_ACT_OK;
         }
     }
-    __u32 *rx = bpf_map_lookup_elem(&divert, &ifindex);
-    if (!rx) {
+    struct divert *d = bpf_map_lookup_elem(&divert, &ifindex);
+    if (!d) {
         count(&skb_stats, K_NO_DIVERT);
         return TC_ACT_OK;
     }
+    /* candidate() parsed a TCP header only where it follows the IP header directly. */
+    if (d->syn && c->proto == IPPROTO_TCP) {
+        data = (void *)(long)skb->data;
+        end = (void *)(long)skb->data_end;
+        if (tcp_syn(IPPROTO_TCP, data + 14 + (family == AF_INET ? 20 : 40), end)) {
+            count(&skb_stats, K_SYN_LANE);
+            return bpf_redirect(d->syn, BPF_F_INGRESS);
+        }
+    }
     count(&skb_stats, K_TO_XPFD);
-    return bpf_redirect(*rx, BPF_F_INGRESS);
+    return bpf_redirect(d->rx, BPF_F_INGRESS);
 }
 
 /* The flow's entry stops matching: its frames go to xpfd again. */

@@ -140,15 +140,6 @@ struct meta {
 
 #define META_LEN 36
 
-/* Whether the packet is a TCP SYN without ACK (a new connection): `l4` is where its
- * transport header starts. */
-INLINE int tcp_syn(__u8 proto, void *l4, void *end) {
-    if (proto != IPPROTO_TCP || l4 + 14 > end)
-        return 0;
-    __u8 flags = ((__u8 *)l4)[13];
-    return (flags & 0x12) == 0x02;
-}
-
 INLINE int to_xsk(struct xdp_md *ctx, struct bpf_fib_lookup *p, int rc, __u8 family, int syn, int fast) {
     if (bpf_xdp_adjust_head(ctx, -META_LEN))
         return XDP_PASS;

@@ -23,7 +23,7 @@
 
 use crate::netlink::{self, FibRoute};
 use crate::steer::{Route, META_LEN};
-use crate::xsk::{setopt, Desc, XskStats};
+use crate::xsk::{map_shared, setopt, Desc, XskStats};
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -38,6 +38,10 @@ const BLOCK: usize = 1 << 16;
 const RX_FRAME: usize = 2048;
 const RX_FRAMES: usize = 2048;
 const RX_LEN: usize = RX_FRAME * RX_FRAMES;
+/// The ring of the socket for new connections (TCP SYNs; [`PacketPort::open_syn_lane`]).
+const SYN_FRAMES: usize = 1024;
+/// Descriptor addresses from here on are in that ring.
+const SYN_BASE: u64 = 1 << 39;
 const TX_FRAME: usize = 2048;
 const TX_FRAMES: usize = 1024;
 /// Where a TX frame's data starts: TPACKET2_HDRLEN less the sockaddr_ll (the kernel's rule
@@ -101,10 +105,9 @@ pub struct PacketPort {
     fd: OwnedFd,
     map: *mut u8,
     map_len: usize,
-    /// The RX ring's next frame.
-    rx_head: usize,
-    /// Ring frames handed out by the last `rx_burst`, given back at `rx_done`.
-    held: Vec<usize>,
+    rx: RxRing,
+    /// The socket for new connections, on a device of its own (`None`: they share `rx`).
+    syn: Option<SynLane>,
     /// Frames too long for a ring slot, and how many slots the last burst used.
     copies: Vec<u8>,
     copies_used: usize,
@@ -134,61 +137,21 @@ impl PacketPort {
     /// it receives from `rx_from` (`ifindex` itself, or the ifb device the fast path fills for it)
     /// and sends out of `ifindex`.
     pub fn open(ifindex: u32, rx_from: u32) -> io::Result<PacketPort> {
-        // Protocol 0 until the rings are set up and the socket bound: it sees nothing before.
-        // SAFETY: plain socket call.
-        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: raw is a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        setopt(raw, libc::SOL_PACKET, libc::PACKET_VERSION, &1i32 /* TPACKET_V2 */)?;
-        setopt(raw, libc::SOL_PACKET, libc::PACKET_RESERVE, &RESERVE)?;
-        // Our own transmissions (and the host's) are not received back.
-        setopt(raw, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &1i32)?;
-        // A virtio_net_hdr with each frame: senders on veth and tun/tap leave checksums and
-        // segmentation (TSO: 64 KB segments) to offload, and the kernel finishes both when
-        // xpfd sends the frame on with the same header.
-        setopt(raw, libc::SOL_PACKET, PACKET_VNET_HDR, &1i32)?;
+        let fd = ring_socket()?;
+        let raw = fd.as_raw_fd();
         setopt(raw, libc::SOL_PACKET, PACKET_COPY_THRESH, &1i32)?;
         // Room on the receive queue for the copies of long frames: a burst of GSO packets.
         setopt(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &(8i32 << 20))?;
-        let rx = libc::tpacket_req {
-            tp_block_size: BLOCK as u32,
-            tp_block_nr: (RX_LEN / BLOCK) as u32,
-            tp_frame_size: RX_FRAME as u32,
-            tp_frame_nr: RX_FRAMES as u32,
-        };
-        setopt(raw, libc::SOL_PACKET, libc::PACKET_RX_RING, &rx)?;
-        let tx_blocks = TX_FRAME * TX_FRAMES / BLOCK;
-        let tx = libc::tpacket_req {
-            tp_block_size: BLOCK as u32,
-            tp_block_nr: tx_blocks as u32,
-            tp_frame_size: TX_FRAME as u32,
-            tp_frame_nr: TX_FRAMES as u32,
-        };
-        setopt(raw, libc::SOL_PACKET, libc::PACKET_TX_RING, &tx)?;
-        let map_len = RX_LEN + BLOCK * tx_blocks;
-        // SAFETY: mapping the rings the kernel just set up on this socket.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                raw,
-                0,
-            )
-        };
-        if map == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        setopt(raw, libc::SOL_PACKET, libc::PACKET_RX_RING, &ring_req(RX_FRAME, RX_FRAMES))?;
+        setopt(raw, libc::SOL_PACKET, libc::PACKET_TX_RING, &ring_req(TX_FRAME, TX_FRAMES))?;
+        let map_len = RX_LEN + TX_FRAME * TX_FRAMES;
+        let map = map_shared(raw, map_len, 0)?;
         let port = PacketPort {
             fd,
-            map: map.cast(),
+            map,
             map_len,
-            rx_head: 0,
-            held: Vec::with_capacity(64),
+            rx: RxRing { map, frames: RX_FRAMES, head: 0, held: Vec::with_capacity(64), base: 0 },
+            syn: None,
             copies: vec![0; COPY_SLOT * COPY_SLOTS],
             copies_used: 0,
             tx_head: 0,
@@ -201,24 +164,7 @@ impl PacketPort {
             counters: [0; 8],
             router: Router::default(),
         };
-        // SAFETY: a zeroed sockaddr_ll filled in for bind.
-        unsafe {
-            let mut sa: libc::sockaddr_ll = std::mem::zeroed();
-            sa.sll_family = libc::AF_PACKET as u16;
-            sa.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
-            sa.sll_ifindex = rx_from as i32;
-            if libc::bind(
-                raw,
-                (&sa as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
-            ) < 0
-            {
-                return Err(io::Error::other(format!(
-                    "binding a packet socket to ifindex {rx_from}: {}",
-                    io::Error::last_os_error()
-                )));
-            }
-        }
+        bind_all(raw, rx_from)?;
         Ok(port)
     }
 
@@ -226,46 +172,46 @@ impl PacketPort {
         self.fd.as_raw_fd()
     }
 
-    /// Puts the socket in a fanout group with the other workers' sockets on the same device:
-    /// each frame goes to one of them, chosen by the kernel's symmetric flow hash
-    /// (PACKET_FANOUT_HASH: addresses and ports, the same both ways). `group`: the group to
-    /// join, or None to found one with an id the kernel picks (returned, for the others).
-    /// Frames the hash gives a worker that does not own the flow (the owner is a hash of the
-    /// addresses alone, so that fragments meet their flow) are handed off by the workers.
-    pub fn join_fanout(&self, group: Option<u16>) -> io::Result<u16> {
-        const PACKET_FANOUT: i32 = 18;
-        const PACKET_FANOUT_HASH: u32 = 0;
-        const PACKET_FANOUT_FLAG_UNIQUEID: u32 = 0x2000;
-        let arg = match group {
-            Some(id) => id as u32 | PACKET_FANOUT_HASH << 16,
-            None => (PACKET_FANOUT_HASH | PACKET_FANOUT_FLAG_UNIQUEID) << 16,
-        };
-        setopt(self.fd.as_raw_fd(), libc::SOL_PACKET, PACKET_FANOUT, &arg)
-            .map_err(|e| io::Error::new(e.kind(), format!("PACKET_FANOUT: {e}")))?;
-        if let Some(id) = group {
-            return Ok(id);
-        }
-        let mut v = 0u32;
-        let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
-        // SAFETY: getsockopt into a u32 we own, its length passed.
-        let r = unsafe {
-            libc::getsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_PACKET,
-                PACKET_FANOUT,
-                (&mut v as *mut u32).cast(),
-                &mut len,
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::other(format!("PACKET_FANOUT: {}", io::Error::last_os_error())));
-        }
-        Ok(v as u16)
+    /// Numbers the socket among its device's (the worker it serves: `queue` in the
+    /// counters, as an AF_XDP socket's queue).
+    pub fn set_member(&mut self, worker: u32) {
+        self.stats.queue = worker;
     }
 
-    fn rx_frame(&self, i: usize) -> *mut u8 {
-        // SAFETY: i < RX_FRAMES, inside the mapping.
-        unsafe { self.map.add(i * RX_FRAME) }
+    pub fn syn_fd(&self) -> Option<i32> {
+        self.syn.as_ref().map(|l| l.fd.as_raw_fd())
+    }
+
+    /// Opens the port's socket for new connections: an RX ring on device `from` (the second
+    /// ifb device the tcx program sends TCP SYNs without ACK into). `rx_burst` serves it
+    /// after the first, so a SYN flood fills and overflows its ring only.
+    pub fn open_syn_lane(&mut self, from: u32) -> io::Result<()> {
+        let fd = ring_socket()?;
+        let raw = fd.as_raw_fd();
+        setopt(raw, libc::SOL_PACKET, libc::PACKET_RX_RING, &ring_req(RX_FRAME, SYN_FRAMES))?;
+        let len = RX_FRAME * SYN_FRAMES;
+        let map = map_shared(raw, len, 0)?;
+        let ring = RxRing { map, frames: SYN_FRAMES, head: 0, held: Vec::with_capacity(64), base: SYN_BASE };
+        let lane = SynLane { fd, ring, map_len: len };
+        bind_all(raw, from)?;
+        self.syn = Some(lane);
+        Ok(())
+    }
+
+    /// Puts the socket in a fanout group with the other workers' sockets on the same device:
+    /// each frame goes to one of them, chosen by the kernel's symmetric flow hash
+    /// (PACKET_FANOUT_HASH: addresses and ports, the same both ways), and the socket for new
+    /// connections in another with theirs (a group is one device's). `groups`: the groups to
+    /// join, or None to found them with ids the kernel picks (returned, for the others).
+    /// Frames the hash gives a worker that does not own the flow (the owner is a hash of the
+    /// addresses alone, so that fragments meet their flow) are handed off by the workers.
+    pub fn join_fanout(&self, groups: Option<(u16, u16)>) -> io::Result<(u16, u16)> {
+        let main = fanout(self.fd.as_raw_fd(), groups.map(|g| g.0))?;
+        let syn = match &self.syn {
+            Some(l) => fanout(l.fd.as_raw_fd(), groups.map(|g| g.1))?,
+            None => 0,
+        };
+        Ok((main, syn))
     }
 
     fn tx_frame(&self, i: usize) -> *mut u8 {
@@ -283,29 +229,48 @@ impl PacketPort {
         unsafe { std::ptr::read_unaligned(p.add(off).cast::<u32>()) }
     }
 
-    /// The next frame of the socket's receive queue (a copy of a frame too long for its ring
+    /// The next frame of socket `fd`'s receive queue (a copy of a frame too long for its ring
     /// slot), read into copy slot `c` behind room for the metadata; its length.
-    fn read_copy(&mut self, c: usize) -> Option<usize> {
+    fn read_copy(&mut self, fd: i32, c: usize) -> Option<usize> {
         let buf = &mut self.copies[c * COPY_SLOT..(c + 1) * COPY_SLOT];
         // The virtio_net_hdr comes first, right in front of the frame.
         let at = META_LEN - VNET;
         // SAFETY: reading into a buffer we own, of the length passed.
-        let r = unsafe {
-            libc::recv(self.fd.as_raw_fd(), buf[at..].as_mut_ptr().cast(), COPY_SLOT - at, libc::MSG_DONTWAIT)
-        };
+        let r = unsafe { libc::recv(fd, buf[at..].as_mut_ptr().cast(), COPY_SLOT - at, libc::MSG_DONTWAIT) };
         (r >= VNET as isize).then(|| r as usize - VNET)
     }
 
     /// Up to `out.len()` frames for the filter, from the RX ring (and, for frames too long
     /// for a slot, the receive queue), each with the routing metadata in front of it. What
-    /// the filter must not see is counted and given back at once.
+    /// the filter must not see is counted and given back at once. The ring of the socket for
+    /// new connections gets what is left of the batch, and at least an eighth of it while it
+    /// has frames waiting (as an AF_XDP queue's second socket).
     pub fn rx_burst(&mut self, out: &mut [Desc]) -> usize {
-        let mut n = 0;
         let now = Instant::now();
         self.copies_used = 0;
+        let cap = out.len();
+        let syn_waiting = self.syn.as_ref().is_some_and(|l| l.ring.ready());
+        let first = if syn_waiting { cap - cap / 8 } else { cap };
+        let fd = self.fd.as_raw_fd();
+        let mut ring = std::mem::replace(&mut self.rx, RxRing::NONE);
+        let n = self.rx_ring(&mut ring, fd, now, &mut out[..first]);
+        self.rx = ring;
+        if !syn_waiting {
+            return n;
+        }
+        let Some(mut lane) = self.syn.take() else { return n };
+        let m = self.rx_ring(&mut lane.ring, lane.fd.as_raw_fd(), now, &mut out[n..]);
+        self.syn = Some(lane);
+        self.stats.syn_rx += m as u64;
+        n + m
+    }
+
+    /// [`PacketPort::rx_burst`] from one ring, socket `fd`'s.
+    fn rx_ring(&mut self, ring: &mut RxRing, fd: i32, now: Instant, out: &mut [Desc]) -> usize {
+        let mut n = 0;
         while n < out.len() {
-            let i = self.rx_head;
-            let h = self.rx_frame(i);
+            let i = ring.head;
+            let h = ring.frame(i);
             let status = Self::status(h).load(Ordering::Acquire);
             if status & libc::TP_STATUS_USER == 0 {
                 break;
@@ -315,7 +280,7 @@ impl PacketPort {
                 // The copy slots are taken: the frame waits for the next burst.
                 break;
             }
-            self.rx_head = (i + 1) % RX_FRAMES;
+            ring.head = (i + 1) % ring.frames;
             self.stats.rx += 1;
             let len = Self::u32_at(h, H_LEN) as usize;
             let mut snaplen = Self::u32_at(h, H_SNAPLEN) as usize;
@@ -324,7 +289,7 @@ impl PacketPort {
                 unsafe { (std::ptr::read_unaligned(h.add(H_MAC).cast::<u16>()) as usize, *h.add(H_PKTTYPE)) };
             let (base, addr0) = if copied {
                 let c = self.copies_used;
-                match self.read_copy(c) {
+                match self.read_copy(fd, c) {
                     Some(l) => {
                         self.copies_used += 1;
                         // The ring's slot has served its purpose.
@@ -341,7 +306,7 @@ impl PacketPort {
                     }
                 }
             } else {
-                (h, (i * RX_FRAME) as u64)
+                (h, ring.base + (i * RX_FRAME) as u64)
             };
             // SAFETY: the frame lies at mac within its slot (ring or copy), snaplen long.
             let frame = unsafe { std::slice::from_raw_parts(base.add(mac), snaplen) };
@@ -385,7 +350,7 @@ impl PacketPort {
             out[n] = Desc { addr: addr0 + (mac - META_LEN) as u64, len: (META_LEN + snaplen) as u32, options };
             n += 1;
             if !copied {
-                self.held.push(i);
+                ring.held.push(i);
             }
         }
         n
@@ -400,6 +365,12 @@ impl PacketPort {
             // SAFETY: in the copy buffers, which stay as they are until the next rx_burst.
             return unsafe { std::slice::from_raw_parts(self.copies.as_ptr().add(at), len as usize) };
         }
+        if addr >= SYN_BASE {
+            let (at, lane) = ((addr - SYN_BASE) as usize, self.syn.as_ref().expect("a frame of the SYN ring"));
+            assert!(at + len as usize <= lane.map_len);
+            // SAFETY: in the SYN ring's mapping; the frame stays ours until rx_done.
+            return unsafe { std::slice::from_raw_parts(lane.ring.map.add(at), len as usize) };
+        }
         assert!(addr as usize + len as usize <= RX_LEN);
         // SAFETY: in the RX part of the mapping; the frame stays ours until rx_done.
         unsafe { std::slice::from_raw_parts(self.map.add(addr as usize), len as usize) }
@@ -407,10 +378,10 @@ impl PacketPort {
 
     /// Frames handed out by the last `rx_burst` are done with: their ring slots go back.
     pub fn rx_done(&mut self, _descs: &[Desc]) {
-        for &i in &self.held {
-            Self::status(self.rx_frame(i)).store(libc::TP_STATUS_KERNEL, Ordering::Release);
+        self.rx.done();
+        if let Some(l) = &mut self.syn {
+            l.ring.done();
         }
-        self.held.clear();
     }
 
     /// Copies `bytes` into a free TX frame; returns it for in-place edits before `flush`.
@@ -535,24 +506,34 @@ impl PacketPort {
 
     /// Counters in the AF_XDP shape; the kernel's drops (ring full) from PACKET_STATISTICS.
     pub fn kernel_stats(&mut self) -> XskStats {
-        // SAFETY: a zeroed tpacket_stats of the size passed.
-        unsafe {
-            let mut s: libc::tpacket_stats = std::mem::zeroed();
-            let mut l = std::mem::size_of::<libc::tpacket_stats>() as u32;
-            if libc::getsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_PACKET,
-                libc::PACKET_STATISTICS,
-                (&mut s as *mut libc::tpacket_stats).cast(),
-                &mut l,
-            ) == 0
-            {
-                // The kernel resets these on every read.
-                self.stats.rx_ring_full += s.tp_drops as u64;
-            }
+        self.stats.rx_ring_full += ring_drops(self.fd.as_raw_fd());
+        if let Some(lane) = &self.syn {
+            self.stats.syn_dropped += ring_drops(lane.fd.as_raw_fd());
         }
         self.stats.ifindex = self.ifindex;
         self.stats
+    }
+}
+
+/// Frames the kernel dropped at packet socket `fd` since the last call (it resets the count on
+/// every read): its ring was full.
+fn ring_drops(fd: i32) -> u64 {
+    // SAFETY: a zeroed tpacket_stats of the size passed.
+    unsafe {
+        let mut s: libc::tpacket_stats = std::mem::zeroed();
+        let mut l = std::mem::size_of::<libc::tpacket_stats>() as u32;
+        let r = libc::getsockopt(
+            fd,
+            libc::SOL_PACKET,
+            libc::PACKET_STATISTICS,
+            (&mut s as *mut libc::tpacket_stats).cast(),
+            &mut l,
+        );
+        if r == 0 {
+            s.tp_drops as u64
+        } else {
+            0
+        }
     }
 }
 
@@ -561,6 +542,127 @@ impl Drop for PacketPort {
         // SAFETY: unmapping our own mapping once.
         unsafe { libc::munmap(self.map.cast(), self.map_len) };
     }
+}
+
+/// A TPACKET_V2 receive ring: its mapping, its next frame, the frames handed out by the last
+/// burst (given back at `rx_done`), where its descriptor addresses start.
+struct RxRing {
+    map: *mut u8,
+    frames: usize,
+    head: usize,
+    held: Vec<usize>,
+    base: u64,
+}
+
+impl RxRing {
+    /// A placeholder while a port's ring is lent out.
+    const NONE: RxRing = RxRing { map: std::ptr::null_mut(), frames: 1, head: 0, held: Vec::new(), base: 0 };
+
+    fn frame(&self, i: usize) -> *mut u8 {
+        // SAFETY: i < frames, inside the mapping.
+        unsafe { self.map.add(i * RX_FRAME) }
+    }
+
+    /// Whether the kernel has handed the next frame over.
+    fn ready(&self) -> bool {
+        PacketPort::status(self.frame(self.head)).load(Ordering::Acquire) & libc::TP_STATUS_USER != 0
+    }
+
+    fn done(&mut self) {
+        for &i in &self.held {
+            PacketPort::status(self.frame(i)).store(libc::TP_STATUS_KERNEL, Ordering::Release);
+        }
+        self.held.clear();
+    }
+}
+
+/// The socket for new connections, its ring mapped alone.
+struct SynLane {
+    fd: OwnedFd,
+    ring: RxRing,
+    map_len: usize,
+}
+
+impl Drop for SynLane {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the lane's own mapping once.
+        unsafe { libc::munmap(self.ring.map.cast(), self.map_len) };
+    }
+}
+
+/// A TPACKET_V2 packet socket for rings, not yet bound (protocol 0 until the rings are set up
+/// and it is bound: it sees nothing before), with routing headroom in front of each received
+/// frame and a virtio_net_hdr with each frame (senders on veth and tun/tap leave checksums and
+/// segmentation, TSO's 64 KB segments, to offload; the kernel finishes both when xpfd sends
+/// the frame on with the same header). Its own transmissions, and the host's, are not
+/// received back.
+fn ring_socket() -> io::Result<OwnedFd> {
+    // SAFETY: plain socket call.
+    let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: raw is a fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    setopt(raw, libc::SOL_PACKET, libc::PACKET_VERSION, &1i32 /* TPACKET_V2 */)?;
+    setopt(raw, libc::SOL_PACKET, libc::PACKET_RESERVE, &RESERVE)?;
+    setopt(raw, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &1i32)?;
+    setopt(raw, libc::SOL_PACKET, PACKET_VNET_HDR, &1i32)?;
+    Ok(fd)
+}
+
+/// A ring of `n` frames of `frame` bytes, in blocks of BLOCK.
+fn ring_req(frame: usize, n: usize) -> libc::tpacket_req {
+    libc::tpacket_req {
+        tp_block_size: BLOCK as u32,
+        tp_block_nr: (frame * n / BLOCK) as u32,
+        tp_frame_size: frame as u32,
+        tp_frame_nr: n as u32,
+    }
+}
+
+/// Binds packet socket `fd` to every protocol on device `ifindex`.
+fn bind_all(fd: i32, ifindex: u32) -> io::Result<()> {
+    // SAFETY: a zeroed sockaddr_ll filled in for bind.
+    unsafe {
+        let mut sa: libc::sockaddr_ll = std::mem::zeroed();
+        sa.sll_family = libc::AF_PACKET as u16;
+        sa.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
+        sa.sll_ifindex = ifindex as i32;
+        if libc::bind(fd, (&sa as *const libc::sockaddr_ll).cast(), std::mem::size_of::<libc::sockaddr_ll>() as u32) < 0
+        {
+            return Err(io::Error::other(format!(
+                "binding a packet socket to ifindex {ifindex}: {}",
+                io::Error::last_os_error()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Joins packet socket `fd` to fanout group `group` (PACKET_FANOUT_HASH), or founds one with
+/// an id the kernel picks; the group's id.
+fn fanout(fd: i32, group: Option<u16>) -> io::Result<u16> {
+    const PACKET_FANOUT: i32 = 18;
+    const PACKET_FANOUT_HASH: u32 = 0;
+    const PACKET_FANOUT_FLAG_UNIQUEID: u32 = 0x2000;
+    let arg = match group {
+        Some(id) => id as u32 | PACKET_FANOUT_HASH << 16,
+        None => (PACKET_FANOUT_HASH | PACKET_FANOUT_FLAG_UNIQUEID) << 16,
+    };
+    setopt(fd, libc::SOL_PACKET, PACKET_FANOUT, &arg)
+        .map_err(|e| io::Error::new(e.kind(), format!("PACKET_FANOUT: {e}")))?;
+    if let Some(id) = group {
+        return Ok(id);
+    }
+    let mut v = 0u32;
+    let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
+    // SAFETY: getsockopt into a u32 we own, its length passed.
+    let r = unsafe { libc::getsockopt(fd, libc::SOL_PACKET, PACKET_FANOUT, (&mut v as *mut u32).cast(), &mut len) };
+    if r < 0 {
+        return Err(io::Error::other(format!("PACKET_FANOUT: {}", io::Error::last_os_error())));
+    }
+    Ok(v as u16)
 }
 
 /// A send-only packet socket on `ifindex` taking a virtio_net_hdr with each frame (protocol

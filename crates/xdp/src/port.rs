@@ -112,6 +112,15 @@ impl PortIo {
         }
     }
 
+    /// The socket for new connections, when the port has one: a sleeping worker waits on it
+    /// too.
+    pub fn syn_fd(&self) -> Option<i32> {
+        match self {
+            PortIo::Xdp(x) => x.syn_fd(),
+            PortIo::Packet(p) => p.syn_fd(),
+        }
+    }
+
     pub fn kernel_stats(&mut self) -> XskStats {
         match self {
             PortIo::Xdp(x) => x.kernel_stats(),

@@ -12,7 +12,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 
 /// The program's counters (`skb_stats` in bpf/skb.c): key for JSON, text for `xpfctl -s info`.
-pub const SKB_COUNTERS: [(&str, &str); 14] = [
+pub const SKB_COUNTERS: [(&str, &str); 15] = [
     ("forwarded", "forwarded in the kernel"),
     ("forwarded_neighbour", "forwarded in the kernel, the next hop resolved by it"),
     ("rerouted", "route changed: the flow back to xpfd"),
@@ -27,6 +27,7 @@ pub const SKB_COUNTERS: [(&str, &str); 14] = [
     ("no_route", "no route, left to the kernel (unreachable)"),
     ("translated", "translated in the kernel"),
     ("rewrite_failed", "translation failed in the kernel, dropped"),
+    ("to_xpfd_syn", "new connections (TCP SYN) to xpfd's socket for them"),
 ];
 
 /// The programs, loaded once for every interface.
@@ -47,10 +48,18 @@ impl SkbPath {
     }
 
     /// Puts the fast path on interface `ifindex`, whose frames for xpfd go into the ingress of
-    /// `rx` (an ifb device xpfd's packet socket reads, opened before this).
-    pub fn attach(&mut self, ifindex: u32, rx: u32) -> io::Result<()> {
+    /// `rx` (an ifb device xpfd's packet socket reads, opened before this), its new
+    /// connections (TCP SYNs without ACK) into `syn`'s when there is one.
+    pub fn attach(&mut self, ifindex: u32, rx: u32, syn: Option<u32>) -> io::Result<()> {
         self.links.push(tcx_ingress(&self.drop, rx)?);
-        self.prog.map("divert").update(&ifindex.to_ne_bytes(), &rx.to_ne_bytes())?;
+        if let Some(s) = syn {
+            self.links.push(tcx_ingress(&self.drop, s)?);
+        }
+        // struct divert: rx, syn (0: none).
+        let mut v = [0u8; 8];
+        v[..4].copy_from_slice(&rx.to_ne_bytes());
+        v[4..].copy_from_slice(&syn.unwrap_or(0).to_ne_bytes());
+        self.prog.map("divert").update(&ifindex.to_ne_bytes(), &v)?;
         self.links.push(tcx_ingress(&self.prog, ifindex)?);
         Ok(())
     }

@@ -63,21 +63,8 @@ struct Ring<T> {
 impl<T: Copy> Ring<T> {
     fn map(fd: i32, off: &libc::xdp_ring_offset, size: u32, pgoff: i64) -> io::Result<Ring<T>> {
         let len = off.desc as usize + size as usize * std::mem::size_of::<T>();
-        // SAFETY: mapping the ring the kernel set up for this socket at its page offset.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd,
-                pgoff,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let b = p as *mut u8;
+        let b = map_shared(fd, len, pgoff)?;
+        let p: *mut libc::c_void = b.cast();
         // SAFETY: offsets come from XDP_MMAP_OFFSETS for this very mapping.
         unsafe {
             Ok(Ring {
@@ -223,6 +210,26 @@ fn xdp_statistics(fd: i32) -> Option<[u64; 6]> {
     (r == 0).then_some(s)
 }
 
+/// Maps `len` bytes of rings the kernel set up on socket `fd`, from page offset `pgoff`,
+/// shared with it.
+pub(crate) fn map_shared(fd: i32, len: usize, pgoff: i64) -> io::Result<*mut u8> {
+    // SAFETY: a fresh shared mapping of the socket's rings; the kernel checks the range.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_POPULATE,
+            fd,
+            pgoff,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p.cast())
+}
+
 pub(crate) fn setopt<T>(fd: i32, level: i32, opt: i32, v: &T) -> io::Result<()> {
     // SAFETY: v points to a value of the size passed.
     let r = unsafe { libc::setsockopt(fd, level, opt, (v as *const T).cast(), std::mem::size_of::<T>() as u32) };
@@ -361,6 +368,10 @@ impl Xsk {
 
     pub fn fd(&self) -> i32 {
         self.fd.as_raw_fd()
+    }
+
+    pub fn syn_fd(&self) -> Option<i32> {
+        self.syn.as_ref().map(|l| l.fd.as_raw_fd())
     }
 
     /// Opens the queue's second socket, for new connections, on this socket's UMEM; returns

@@ -544,8 +544,13 @@ impl Dataplane {
 
     /// Sleeps until a socket has something to read, a command is rung in, or `d` passes.
     fn wait(&self, d: Duration) {
-        let mut fds: Vec<libc::pollfd> =
-            self.ports.iter().map(|p| libc::pollfd { fd: p.io.fd(), events: libc::POLLIN, revents: 0 }).collect();
+        // Each port's socket, and its socket for new connections: a SYN wakes the worker too.
+        let mut fds: Vec<libc::pollfd> = self
+            .ports
+            .iter()
+            .flat_map(|p| std::iter::once(p.io.fd()).chain(p.io.syn_fd()))
+            .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
+            .collect();
         if let Some(w) = &self.wake {
             fds.push(libc::pollfd { fd: w.0, events: libc::POLLIN, revents: 0 });
         }

@@ -259,20 +259,44 @@ fn pin(cpu: usize) {
 
 type Ports = (Vec<Vec<Port>>, Vec<(String, Steer)>);
 
-/// Packet mode's tcx program on every interface: an ifb device each (`xpfd-rx<ifindex>`,
-/// listed in `ifbs` as made, for the caller to delete), the drop program at its ingress, the
-/// program at the interface's. Frames it sends to xpfd before the sockets open are dropped
-/// there. `flows`: the fast path's size (0: off, its tables match nothing).
-fn skb_path(ifs: &[(String, u32, u32)], flows: u32, ifbs: &mut Vec<u32>) -> Result<SkbPath, String> {
+/// Packet mode's tcx program on every interface: two ifb devices each (`xpfd-rx<ifindex>` for
+/// what xpfd judges, `xpfd-sy<ifindex>` for new connections; listed in `ifbs` as made, for the
+/// caller to delete), the drop program at their ingress, the program at the interface's.
+/// Frames it sends to xpfd before the sockets open are dropped there. `flows`: the fast path's
+/// size (0: off, its tables match nothing). Returns, per interface, the devices its sockets read.
+fn skb_path(ifs: &[(String, u32, u32)], flows: u32, ifbs: &mut Vec<u32>) -> Result<(SkbPath, Vec<Divert>), String> {
     let mut sp = SkbPath::load(table_sizes(flows)).map_err(|e| e.to_string())?;
+    let mut devs = Vec::new();
     for (name, idx, _) in ifs {
         let ifb = format!("xpfd-rx{idx}");
         let rx = netlink::ifb_create(&ifb).map_err(|e| e.to_string())?;
         ifbs.push(rx);
-        sp.attach(*idx, rx).map_err(|e| format!("{name}: {e}"))?;
-        log::info!("{name}: frames for xpfd come through ifb device {ifb}");
+        // New connections queue apart, as in XDP mode: a SYN flood overflows only their ring.
+        let syn = match netlink::ifb_create(&format!("xpfd-sy{idx}")) {
+            Ok(s) => {
+                ifbs.push(s);
+                Some(s)
+            }
+            Err(e) => {
+                log::warn!("{name}: no separate queue for new connections ({e}): a SYN flood shares xpfd's ring");
+                None
+            }
+        };
+        sp.attach(*idx, rx, syn).map_err(|e| format!("{name}: {e}"))?;
+        log::info!(
+            "{name}: frames for xpfd come through ifb device {ifb}{}",
+            if syn.is_some() { format!(", new connections through xpfd-sy{idx}") } else { String::new() }
+        );
+        devs.push(Divert { rx, syn });
     }
-    Ok(sp)
+    Ok((sp, devs))
+}
+
+/// The ifb devices packet mode's sockets read for one interface.
+#[derive(Clone, Copy)]
+struct Divert {
+    rx: u32,
+    syn: Option<u32>,
 }
 
 /// The fast path's flow tables' entries for FLOWS flow directions: IPv4 at half load, IPv6 a
@@ -477,9 +501,13 @@ fn run(a: Args) -> Result<(), String> {
     // runs with the fast path off too (its tables then match nothing): it is what keeps the
     // frames xpfd forwards from a tap and sends replies to translation targets to xpfd.
     let mut ifbs: Vec<u32> = Vec::new();
+    let mut diverts: Vec<Divert> = Vec::new();
     let skb = match &xdp {
         None => match skb_path(&ifs, flows, &mut ifbs) {
-            Ok(p) => Some(p),
+            Ok((p, d)) => {
+                diverts = d;
+                Some(p)
+            }
             Err(e) => {
                 log::warn!(
                     "packet mode: no tcx program here ({e}); the sockets tap the interfaces, every packet \
@@ -516,10 +544,14 @@ fn run(a: Args) -> Result<(), String> {
                     Ok(false) => {}
                     Err(e) => log::warn!("{name}: {e}; packets merged by GRO will be dropped as over the MTU"),
                 }
-                let rx = ifbs.get(k).copied().unwrap_or(*idx);
+                let dev = diverts.get(k).copied().unwrap_or(Divert { rx: *idx, syn: None });
                 let mut group = None;
                 for (w, ports) in ports_of.iter_mut().enumerate() {
-                    let p = PacketPort::open(*idx, rx).map_err(|e| format!("-i {name}: AF_PACKET: {e}"))?;
+                    let mut p = PacketPort::open(*idx, dev.rx).map_err(|e| format!("-i {name}: AF_PACKET: {e}"))?;
+                    if let Some(s) = dev.syn {
+                        p.open_syn_lane(s).map_err(|e| format!("-i {name}: AF_PACKET (new connections): {e}"))?;
+                    }
+                    p.set_member(w as u32);
                     if workers > 1 {
                         group = Some(p.join_fanout(group).map_err(|e| format!("-i {name}: {e}"))?);
                     }

@@ -189,7 +189,7 @@ impl Shaping {
         let t = Instant::now();
         for (sh, k) in self.shapers.iter_mut().zip(&self.coords) {
             if let (Some(sh), Some(k)) = (sh, k) {
-                sh.sync(k, w);
+                sh.sync(k, w, now);
             }
         }
         // A report walks every queue of the trees: with tens of thousands it costs the worker
