@@ -39,7 +39,9 @@ pub struct Coord {
     min: Vec<f64>,
     /// Written by worker w: bytes offered to queue c so far (w * n + c).
     offered: Vec<AtomicU64>,
-    /// Written by worker w: queue c had packets waiting (or dropped some) since its last report.
+    /// Written by worker w: queue c had packets waiting (or dropped some) at its last report.
+    /// It stands until the worker reports again: a worker reports as often as its loop turns,
+    /// which may be less often than the coordinator ticks (asleep until a held packet's time).
     waiting: Vec<AtomicBool>,
     /// Written by [`Coord::tick`]: queue c's rate on worker w, bits/s.
     caps: Vec<AtomicU64>,
@@ -126,9 +128,7 @@ impl Coord {
     #[inline]
     pub fn report(&self, w: usize, c: usize, offered: u64, waiting: bool) {
         self.offered[w * self.n + c].store(offered, Relaxed);
-        if waiting {
-            self.waiting[w * self.n + c].store(true, Relaxed);
-        }
+        self.waiting[w * self.n + c].store(waiting, Relaxed);
     }
 
     /// Queue `c`'s rate on worker `w`, bits/s (0: none set, the tree's own).
@@ -146,9 +146,7 @@ impl Coord {
         let Last { offered, rate, scratch } = &mut *last;
         let Scratch { waiting, want, wants_more, alloc, part } = scratch;
         waiting.clear();
-        // A load, and a store only where set: a swap on each is a locked exchange, for the
-        // most part of flags that were not set.
-        waiting.extend(self.waiting.iter().map(|w| w.load(Relaxed) && w.swap(false, Relaxed)));
+        waiting.extend(self.waiting.iter().map(|w| w.load(Relaxed)));
         for ((o, seen), r) in self.offered.iter().zip(offered.iter_mut()).zip(rate.iter_mut()) {
             let o = o.load(Relaxed);
             *r = 0.75 * *r + 0.25 * (o.saturating_sub(*seen) as f64 * 8.0 / dt);

@@ -903,8 +903,8 @@ impl Shaper {
         let classes = &mut self.classes;
         leaves.retain(|&c| {
             let cl = &mut classes[c as usize];
-            Self::report(cl, coord, w, c as usize, now);
-            cl.to_report = cl.stats.qlen > 0;
+            // Reported again while it says packets wait: its last word is "none".
+            cl.to_report = Self::report(cl, coord, w, c as usize, now);
             cl.to_report
         });
         self.to_report = leaves;
@@ -915,7 +915,7 @@ impl Shaper {
 
     /// One class's report to `coord` and its share from it ([`Shaper::sync`]).
     #[inline]
-    fn report(cl: &mut Class, coord: &coord::Coord, w: usize, c: usize, now: u64) {
+    fn report(cl: &mut Class, coord: &coord::Coord, w: usize, c: usize, now: u64) -> bool {
         // The drops' low bits: a change between two reports is what counts.
         let waiting = cl.stats.qlen > 0 || cl.stats.drop_pkts as u32 != cl.seen_drops;
         cl.seen_drops = cl.stats.drop_pkts as u32;
@@ -937,6 +937,7 @@ impl Shaper {
                 }
             }
         }
+        waiting
     }
 
     /// Each queue's name and counters, in the tree's order.

@@ -258,11 +258,21 @@ fn campus_24000_queues_cost_and_accuracy() {
 /// Two workers, each its own tree of `spec` and its own sources `(worker, qid, bits/s
 /// offered; 0: always full)`, coordinated every 2 ms: bits/s per qid, all workers together.
 fn run2(spec: &TreeSpec, sources: &[(usize, u16, u64)], secs: f64) -> Vec<f64> {
+    run2_reporting(spec, sources, secs, 2_000_000)
+}
+
+/// A source's rate meaning "a window of 20 packets" (a TCP sender that sends as packets leave).
+const WINDOW: u64 = 1;
+
+/// [`run2`] with the workers reporting every `every` ns (the coordinator ticks every 2 ms).
+fn run2_reporting(spec: &TreeSpec, sources: &[(usize, u16, u64)], secs: f64, every: u64) -> Vec<f64> {
     let coord = coord::Coord::new(spec, 2);
     let mut sh = [Shaper::new(spec), Shaper::new(spec)];
     let max_qid = sources.iter().map(|s| s.1).max().unwrap_or(0) as usize;
     let mut sent = vec![0u64; max_qid + 1];
     let mut offered = vec![0f64; sources.len()];
+    // Packets each queue holds (all workers), for the window sources.
+    let mut held = vec![0usize; max_qid + 1];
     let (step, period) = (100_000u64, 2_000_000u64);
     let end = (secs * 1e9) as u64;
     let mut now = 0;
@@ -270,6 +280,9 @@ fn run2(spec: &TreeSpec, sources: &[(usize, u16, u64)], secs: f64) -> Vec<f64> {
         for (k, &(w, qid, rate)) in sources.iter().enumerate() {
             let n = if rate == 0 {
                 8
+            } else if rate == WINDOW {
+                // A sender with a window of 20 packets: a new one as each leaves.
+                20usize.saturating_sub(held[qid as usize])
             } else {
                 offered[k] += rate as f64 * step as f64 / 1e9 / 8.0 / 1500.0;
                 let n = offered[k] as usize;
@@ -279,16 +292,20 @@ fn run2(spec: &TreeSpec, sources: &[(usize, u16, u64)], secs: f64) -> Vec<f64> {
             for _ in 0..n {
                 sh[w].enqueue(qid, Pkt { buf: vec![0; 1500], enq: 0, meta: qid as u64 }, qid as u32, now);
             }
+            held[qid as usize] += n;
         }
         for s in sh.iter_mut() {
             while let Out::Packet(p) = s.dequeue(now) {
                 sent[p.meta as usize] += p.buf.len() as u64;
+                held[p.meta as usize] -= 1;
             }
         }
         now += step;
-        if now.is_multiple_of(period) {
+        if now.is_multiple_of(every) {
             sh[0].sync(&coord, 0, now);
             sh[1].sync(&coord, 1, now);
+        }
+        if now.is_multiple_of(period) {
             coord.tick(period);
         }
     }
@@ -339,6 +356,24 @@ fn a_raised_rate_reprices_what_was_sent_ahead() {
     // A lower rate stretches what is ahead the same way.
     g.set_rate(20_000_000, 2_000_000);
     assert!(g.next() > 2_000_000 + 20_000_000, "re-priced at 20 Mbit/s: {} ns", g.next());
+}
+
+/// A worker reports as often as its loop turns: one asleep for 10 ms between packets the
+/// shaper holds reports every 10 ms, while the coordinator ticks every 2. What it said stands
+/// until it says otherwise (packets waiting, taken as "since the last tick", were forgotten at
+/// the next tick: the queue's allocation fell to its decayed rate, its share to the floor, and
+/// the worker slept longer still; packet mode with two workers, 4 Mbit/s where 40 were due).
+#[test]
+fn a_worker_reporting_less_often_than_the_ticks_keeps_its_share() {
+    let spec = tree(vec![
+        class("root", 1, None, 40 * M),
+        class("a", 2, Some(0), 10 * M),
+        ClassSpec { default: true, ..class("b", 3, Some(0), 30 * M) },
+    ]);
+    let r = run2_reporting(&spec, &[(1, 2, WINDOW)], 5.0, 10_000_000);
+    assert!(near(r[2], 40 * M, 0.03), "a alone on w1, reports every 10 ms: {r:?}");
+    let r = run2_reporting(&spec, &[(0, 2, WINDOW), (1, 3, WINDOW)], 5.0, 10_000_000);
+    assert!(near(r[2], 10 * M, 0.03) && near(r[3], 30 * M, 0.03), "a on w0, b on w1: {r:?}");
 }
 
 /// A member that was idle sends at once, however many others are busy: its rate is its own

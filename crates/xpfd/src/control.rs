@@ -147,20 +147,6 @@ pub fn queues_fit(p: &Parsed, ifaces: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// Refuses queues where the shaper cannot hold their rates yet: several workers in packet
-/// mode (the frames of one member's flows reach the workers by the kernel's fanout hash and
-/// the hand-off, and the rates measured far below the configured ones). Names the first queue.
-pub fn queues_fit_workers(p: &Parsed, packet: bool, workers: usize) -> Result<(), String> {
-    match p.queues.first() {
-        Some(q) if packet && workers > 1 => Err(format!(
-            "{}:{}: queue {}: queues with several workers in packet mode are not enforced yet: \
-             start xpfd with --workers 1, or in XDP mode (--io xdp)",
-            q.file, q.line, q.name
-        )),
-        _ => Ok(()),
-    }
-}
-
 /// Queue counters by (interface, queue), summed over the workers.
 type QueueSums = std::collections::HashMap<(String, String), xpf_shape::QueueStats>;
 
@@ -507,8 +493,6 @@ impl Daemon {
         let divert = !self.steers.lock().unwrap().is_empty() || self.skb_nat.is_some();
         translation_fits(&l, self.workers.len(), divert).map_err(|e| vec![e])?;
         queues_fit(&l.parsed, &self.ifaces).map_err(|e| vec![e])?;
-        let packet = self.steers.lock().unwrap().is_empty();
-        queues_fit_workers(&l.parsed, packet, self.workers.len()).map_err(|e| vec![e])?;
         let per = (l.state_limit() / self.workers.len() as u32).max(1);
         let t = l.timeouts();
         let frags = l.frags(self.workers.len());

@@ -582,7 +582,6 @@ fn run(a: Args) -> Result<(), String> {
     // One key for every worker's syncookies: an ACK proves a cookie whichever worker sent it.
     let (cookies, cookie_key) = (loaded.parsed.syncookies.unwrap_or_default(), xpf_state::os_random());
     let cpus: Vec<usize> = a.cpus.clone().unwrap_or_else(|| (0..workers).map(|w| w % ncpu).collect());
-    control::queues_fit_workers(&loaded.parsed, steers.is_empty(), workers)?;
     let skb_nat = skb.as_ref().map(|s| s.nat_maps()).transpose().map_err(|e| format!("packet mode: {e}"))?;
     control::translation_fits(&loaded, workers, !steers.is_empty() || skb_nat.is_some())?;
     control::write_nat_targets(&slot.current().1, &steers, skb_nat.as_ref())?;
