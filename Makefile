@@ -33,6 +33,7 @@ test: build
 	scripts/observe.sh
 	IO=packet scripts/observe.sh
 	scripts/shaper.sh
+	IO=packet scripts/shaper.sh
 	scripts/workers.sh
 	FASTPATH=1 scripts/workers.sh
 	IO=packet scripts/workers.sh

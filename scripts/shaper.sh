@@ -36,9 +36,10 @@ tree "" > "$DIR/pf.conf"
 tree "max 15M" > "$DIR/max.conf"
 tree "flows 1024" > "$DIR/flows.conf"
 printf 'queue root on fs bandwidth 40M\nqueue a parent root bandwidth 30M default\nqueue b parent root bandwidth 20M\npass all\n' > "$DIR/over.conf"
-# a with pf.conf(5)'s burst; b held to its share (max), so that it is not ahead of its rate
-# when a starts.
-tree "max 30M" | sed 's/^queue a parent root bandwidth 10M$/queue a parent root bandwidth 10M burst 30M for 500ms/' > "$DIR/burst.conf"
+# a with pf.conf(5)'s burst, on its bandwidth and on a max of the same (so that after the burst
+# a is held to its 10, and what b's TCP leaves of the root is not counted as a's); b held to
+# its share (max), so that it is not ahead of its rate when a starts.
+tree "max 30M" | sed 's/^queue a parent root bandwidth 10M$/queue a parent root bandwidth 10M burst 30M for 500ms max 10M burst 30M for 500ms/' > "$DIR/burst.conf"
 
 scripts/topo.sh up $P
 for port in 5201 5202 5203; do ip netns exec ${P}server iperf3 -s -D -p $port --bind 10.0.2.2 >/dev/null; done

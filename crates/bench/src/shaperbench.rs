@@ -71,7 +71,7 @@ fn run(n: u32, workers: usize, secs: f64) -> Vec<u64> {
                         next = if next + 1 == mine.len() { 0 } else { next + 1 };
                         let mut b = sh.buffer();
                         b.resize(FRAME, 0);
-                        sh.enqueue(q, Pkt { buf: b, enq: now, meta: 0 }, q as u32, now);
+                        sh.enqueue(q, Pkt { buf: b, enq: now, meta: 0, extra: 0 }, q as u32, now);
                     }
                     while let Out::Packet(p) = sh.dequeue(now) {
                         sh.recycle(p.buf);

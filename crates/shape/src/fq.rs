@@ -50,9 +50,9 @@ impl Fq {
 
     pub(crate) fn push(&mut self, p: Pkt, hash: u32) {
         let i = (hash as usize) % self.flows.len();
-        self.mtu = self.mtu.max(p.buf.len() as u64);
+        self.mtu = self.mtu.max(p.wire() as u64);
         let f = &mut self.flows[i];
-        f.bytes += p.buf.len() as u64;
+        f.bytes += p.wire() as u64;
         f.q.push_back(p);
         if !f.listed {
             f.listed = true;
@@ -67,7 +67,7 @@ impl Fq {
         let i = (0..self.flows.len()).max_by_key(|&i| self.flows[i].bytes)?;
         let f = &mut self.flows[i];
         let p = f.q.pop_front()?;
-        f.bytes -= p.buf.len() as u64;
+        f.bytes -= p.wire() as u64;
         Some(p)
     }
 
@@ -91,7 +91,7 @@ impl Fq {
             }
             match codel_pop(f, now, self.mtu, dropped) {
                 Some(p) => {
-                    f.deficit -= p.buf.len() as i64;
+                    f.deficit -= p.wire() as i64;
                     return Some(p);
                 }
                 None => {
@@ -112,7 +112,7 @@ impl Fq {
 
 fn head(f: &mut Flow, now: u64, mtu: u64) -> Option<(Pkt, bool)> {
     let p = f.q.pop_front()?;
-    f.bytes -= p.buf.len() as u64;
+    f.bytes -= p.wire() as u64;
     let sojourn = now.saturating_sub(p.enq);
     let ok = if sojourn < TARGET || f.bytes <= mtu {
         f.codel.first_above = 0;
@@ -178,7 +178,7 @@ mod tests {
     use super::*;
 
     fn pkt(len: usize, enq: u64, tag: u8) -> Pkt {
-        Pkt { buf: vec![tag; len], enq, meta: 0 }
+        Pkt { buf: vec![tag; len], enq, meta: 0, extra: 0 }
     }
 
     #[test]

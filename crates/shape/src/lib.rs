@@ -20,12 +20,23 @@ pub mod fq;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-/// A packet waiting in the shaper: its frame, when it came (ns), and the caller's own word
-/// (how to transmit it).
+/// A packet waiting in the shaper: its frame, when it came (ns), the caller's own word (how
+/// to transmit it), and what it takes on the wire beyond the frame (a GSO packet, segmented
+/// after the shaper, repeats its headers in each segment after the first; 0 for a frame).
+/// Rates and queue bytes count [`Pkt::wire`].
 pub struct Pkt {
     pub buf: Vec<u8>,
     pub enq: u64,
     pub meta: u64,
+    pub extra: u32,
+}
+
+impl Pkt {
+    /// Bytes on the wire: the frame's, and the segments' repeated headers.
+    #[inline]
+    pub fn wire(&self) -> usize {
+        self.buf.len() + self.extra as usize
+    }
 }
 
 /// One queue of a tree, as the configuration gives it: rates in bits per second (0: none).
@@ -577,7 +588,7 @@ impl Shaper {
     pub fn enqueue(&mut self, qid: u16, mut p: Pkt, hash: u32, now: u64) -> bool {
         let c = self.leaf_of(qid);
         p.enq = now;
-        let len = p.buf.len() as u64;
+        let len = p.wire() as u64;
         let cl = &mut self.classes[c];
         cl.offered += len;
         if !cl.to_report {
@@ -590,7 +601,7 @@ impl Shaper {
                     // FQ-CoDel makes room at the fattest flow's head.
                     if let Some(old) = f.drop_fattest() {
                         cl.stats.drop_pkts += 1;
-                        cl.stats.drop_bytes += old.buf.len() as u64;
+                        cl.stats.drop_bytes += old.wire() as u64;
                         cl.stats.qlen -= 1;
                         self.backlog -= 1;
                         self.recycle(old.buf);
@@ -692,7 +703,7 @@ impl Shaper {
         self.backlog -= gone;
         for d in std::mem::take(&mut self.dropped) {
             cl.stats.drop_pkts += 1;
-            cl.stats.drop_bytes += d.buf.len() as u64;
+            cl.stats.drop_bytes += d.wire() as u64;
             if self.spare.len() < 4096 {
                 self.spare.push(d.buf);
             }
@@ -781,7 +792,7 @@ impl Shaper {
     /// The length of leaf `c`'s next packet (an MTU when FQ-CoDel's is not known).
     fn head_len(&self, c: usize) -> usize {
         match &self.classes[c].leaf {
-            Some(Leaf::Fifo(q)) => self.slots.front(q).map_or(1514, |p| p.buf.len()),
+            Some(Leaf::Fifo(q)) => self.slots.front(q).map_or(1514, |p| p.wire()),
             _ => 1514,
         }
     }
@@ -835,7 +846,7 @@ impl Shaper {
                 self.classes[c].in_tier[k] = false;
                 continue;
             };
-            self.charge(c as u32, p.buf.len(), now, false);
+            self.charge(c as u32, p.wire(), now, false);
             if self.classes[c].stats.qlen > 0 {
                 self.file_tier(c, k, now);
             } else {
@@ -876,7 +887,7 @@ impl Shaper {
         }
         while let Some(c) = self.pick(now) {
             if let Some(p) = self.pop_leaf(c, now) {
-                self.charge(c as u32, p.buf.len(), now, true);
+                self.charge(c as u32, p.wire(), now, true);
                 return Out::Packet(p);
             }
         }

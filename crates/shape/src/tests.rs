@@ -34,7 +34,7 @@ fn run(sh: &mut Shaper, sources: &[(u16, usize, u64)], secs: f64, step: u64) -> 
             for _ in 0..n {
                 let mut b = sh.buffer();
                 b.resize(len, 0);
-                sh.enqueue(qid, Pkt { buf: b, enq: 0, meta: qid as u64 }, qid as u32 * 7919, now);
+                sh.enqueue(qid, Pkt { buf: b, enq: 0, meta: qid as u64, extra: 0 }, qid as u32 * 7919, now);
             }
         }
         while let Out::Packet(p) = sh.dequeue(now) {
@@ -63,7 +63,7 @@ fn ping_waits(
     while now < start + (secs * 1e9) as u64 {
         fill(sh, now);
         if now % every == at {
-            sh.enqueue(qid, Pkt { buf: vec![2; len], enq: 0, meta: now }, 0, now);
+            sh.enqueue(qid, Pkt { buf: vec![2; len], enq: 0, meta: now, extra: 0 }, 0, now);
         }
         while let Out::Packet(p) = sh.dequeue(now) {
             if p.buf[0] == 2 {
@@ -91,6 +91,38 @@ fn siblings_share_by_bandwidth_and_the_root_caps() {
     let mut sh = Shaper::new(&spec);
     let r = run(&mut sh, &[(2, 1500, 0), (3, 1500, 0)], 10.0, 100_000);
     assert!(near(r[2], 10 * M, 0.01) && near(r[3], 30 * M, 0.01), "{r:?}");
+}
+
+/// A GSO packet is charged by what its segments put on the wire: a queue of 10 Mbit/s fed
+/// frames of 6,000 bytes that add 200 bytes of repeated headers sends 10 Mbit/s of wire bytes,
+/// 6,000/6,200 of it frames; a FIFO and FQ-CoDel alike.
+#[test]
+fn gso_packets_are_charged_their_wire_bytes() {
+    for flows in [0, 64] {
+        let spec = tree(vec![
+            class("root", 1, None, 40 * M),
+            ClassSpec { default: true, max: 10 * M, flows, ..class("a", 2, Some(0), 10 * M) },
+        ]);
+        let mut sh = Shaper::new(&spec);
+        let (mut frames, mut wire) = (0u64, 0u64);
+        let mut now = 0;
+        while now < 5_000_000_000 {
+            for _ in 0..4 {
+                let mut b = sh.buffer();
+                b.resize(6000, 0);
+                sh.enqueue(2, Pkt { buf: b, enq: 0, meta: 0, extra: 200 }, 1, now);
+            }
+            while let Out::Packet(p) = sh.dequeue(now) {
+                frames += p.buf.len() as u64;
+                wire += p.wire() as u64;
+                sh.recycle(p.buf);
+            }
+            now += 100_000;
+        }
+        let (f, w) = (frames as f64 * 8.0 / 5.0, wire as f64 * 8.0 / 5.0);
+        assert!(near(w, 10 * M, 0.02), "flows {flows}: wire {w}");
+        assert!(near(f, 10 * M * 6000 / 6200, 0.02), "flows {flows}: frames {f}");
+    }
 }
 
 #[test]
@@ -161,7 +193,7 @@ fn unknown_queues_go_to_the_default_and_full_queues_drop_counted() {
     assert_eq!(sh.leaf_of(99), 2);
     assert_eq!(sh.leaf_of(1), 2, "an inner queue is not a leaf: the default");
     for _ in 0..25 {
-        sh.enqueue(2, Pkt { buf: vec![0; 1000], enq: 0, meta: 0 }, 0, 0);
+        sh.enqueue(2, Pkt { buf: vec![0; 1000], enq: 0, meta: 0, extra: 0 }, 0, 0);
     }
     let a = sh.stats().nth(1).unwrap().1;
     assert_eq!((a.qlen, a.drop_pkts, a.drop_bytes), (10, 15, 15_000));
@@ -205,7 +237,7 @@ fn a_flows_queue_keeps_a_sparse_flow_ahead_of_a_bulk_one() {
         while sh.backlog() < 40 {
             let mut b = sh.buffer();
             b.resize(1500, 1);
-            sh.enqueue(2, Pkt { buf: b, enq: 0, meta: 0 }, 1, now);
+            sh.enqueue(2, Pkt { buf: b, enq: 0, meta: 0, extra: 0 }, 1, now);
         }
     };
     let waits = ping_waits(&mut Shaper::new(&spec), 0, 2.0, 100_000, (2, 100, 10_000_000, 0), bulk);
@@ -290,7 +322,7 @@ fn run2_reporting(spec: &TreeSpec, sources: &[(usize, u16, u64)], secs: f64, eve
                 n
             };
             for _ in 0..n {
-                sh[w].enqueue(qid, Pkt { buf: vec![0; 1500], enq: 0, meta: qid as u64 }, qid as u32, now);
+                sh[w].enqueue(qid, Pkt { buf: vec![0; 1500], enq: 0, meta: qid as u64, extra: 0 }, qid as u32, now);
             }
             held[qid as usize] += n;
         }
@@ -390,7 +422,7 @@ fn an_idle_member_waits_for_no_round_of_the_busy_ones() {
     let busy = |sh: &mut Shaper, now: u64| {
         for i in 0..n {
             if sh.classes[i as usize + 2].stats.qlen < 4 {
-                sh.enqueue(i + 3, Pkt { buf: vec![1; 60], enq: 0, meta: 0 }, i as u32, now);
+                sh.enqueue(i + 3, Pkt { buf: vec![1; 60], enq: 0, meta: 0, extra: 0 }, i as u32, now);
             }
         }
     };
@@ -421,7 +453,7 @@ fn the_round_robin_turns_a_few_times_per_packet_with_24000_members() {
     while now < 20_000_000_000 {
         for i in 0..n {
             if sh.classes[i as usize + 2].stats.qlen < 2 {
-                sh.enqueue(i + 3, Pkt { buf: vec![1; 60], enq: 0, meta: 0 }, i as u32, now);
+                sh.enqueue(i + 3, Pkt { buf: vec![1; 60], enq: 0, meta: 0, extra: 0 }, i as u32, now);
             }
         }
         while let Out::Packet(_) = sh.dequeue(now) {
@@ -445,7 +477,7 @@ fn a_ping_goes_before_the_first_packets_of_24000_members_starting_at_once() {
         if now == start {
             for i in 0..n {
                 for _ in 0..4 {
-                    sh.enqueue(i + 3, Pkt { buf: vec![1; 60], enq: 0, meta: 0 }, i as u32, now);
+                    sh.enqueue(i + 3, Pkt { buf: vec![1; 60], enq: 0, meta: 0, extra: 0 }, i as u32, now);
                 }
             }
         }
@@ -468,7 +500,7 @@ fn late_start(sh: &mut Shaper, from: f64, to: f64) -> [f64; 2] {
             for _ in 0..8 {
                 let mut b = sh.buffer();
                 b.resize(1500, 0);
-                sh.enqueue(qid, Pkt { buf: b, enq: 0, meta: qid as u64 }, qid as u32, now);
+                sh.enqueue(qid, Pkt { buf: b, enq: 0, meta: qid as u64, extra: 0 }, qid as u32, now);
             }
         }
         while let Out::Packet(p) = sh.dequeue(now) {
@@ -525,7 +557,7 @@ fn a_burst_outlasts_a_queue_that_empties_between_packets() {
     while now < 1_150_000_000 {
         let mut b = sh.buffer();
         b.resize(1500, 0);
-        sh.enqueue(2, Pkt { buf: b, enq: 0, meta: 2 }, 2, now);
+        sh.enqueue(2, Pkt { buf: b, enq: 0, meta: 2, extra: 0 }, 2, now);
         for _ in 0..10 {
             while let Out::Packet(p) = sh.dequeue(now) {
                 sent += p.buf.len() as u64;
@@ -556,7 +588,7 @@ fn fifo_leaves_keep_their_order_in_one_arena() {
             let mut b = sh.buffer();
             b.resize(100, 0);
             seq += 1;
-            sh.enqueue(qid, Pkt { buf: b, enq: 0, meta: (qid as u64) << 32 | seq }, 0, round * 1000);
+            sh.enqueue(qid, Pkt { buf: b, enq: 0, meta: (qid as u64) << 32 | seq, extra: 0 }, 0, round * 1000);
         }
         if round % 3 == 2 {
             while let Out::Packet(p) = sh.dequeue(round * 1000 + 500) {
@@ -571,7 +603,7 @@ fn fifo_leaves_keep_their_order_in_one_arena() {
     // A full leaf drops the newest; the others are untouched.
     for _ in 0..8 {
         let b = sh.buffer();
-        sh.enqueue(2, Pkt { buf: b, enq: 0, meta: 2 << 32 }, 0, 300_000);
+        sh.enqueue(2, Pkt { buf: b, enq: 0, meta: 2 << 32, extra: 0 }, 0, 300_000);
     }
     let held = sh.backlog();
     assert!(held <= 15);
