@@ -148,7 +148,10 @@ c iperf3 -c 10.0.2.2 -p 5202 -t 10 -O 2 -P 4 -J > "$DIR/b2.json" 2>&1
 wait $A
 a=$(mbps "$DIR/a2.json"); b=$(mbps "$DIR/b2.json")
 q0=$(( $(rx 0) - q0 )); q1=$(( $(rx 1) - q1 ))
-check "the streams came in on both queues, so both workers shaped ($q0 and $q1 frames)" test $q0 -gt 1000 -a $q1 -gt 1000
+# Packet mode's frames are TSO's segments whole (up to 44 frames' worth each), and its
+# sockets share the flows by the kernel's fanout hash: fewer frames a socket.
+least=1000; [[ ${IO:-} == packet ]] && least=100
+check "the streams came in on both queues, so both workers received ($q0 and $q1 frames, each > $least)" test $q0 -gt $least -a $q1 -gt $least
 check "two workers: a gets its 10 Mbit/s ($a) within 5%" within "$a" 10 5
 check "... and b its 30 Mbit/s ($b) within 5%" within "$b" 30 5
 # iperf3's server runs one test at a time. With two workers, the last test's closing
