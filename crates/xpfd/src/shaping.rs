@@ -222,12 +222,8 @@ impl Shaping {
                 match sh.dequeue(now) {
                     Out::Packet(pkt) => {
                         let sent = if pkt.meta & GSO != 0 {
-                            let m = pkt.meta;
-                            let (o, start, off) =
-                                (((m >> 16) as u32 & 0xff_ffff) << 8, (m >> 40) as u16, (m >> 56) as u16 & 0x3f);
-                            let l4 = pkt.buf.get(start as usize..).unwrap_or(&[]);
-                            let hl = if off == 16 { (l4.get(12).copied().unwrap_or(0x50) >> 4) as u16 * 4 } else { 8 };
-                            port.tx_gso(&pkt.buf, gso_type(o), gso_size(o), start, off, start + hl)
+                            let g = Gso::of(&pkt.buf, pkt.meta);
+                            port.tx_gso(&pkt.buf, gso_type(g.opts), gso_size(g.opts), g.start, g.offset, g.hdr_end)
                         } else {
                             port.tx_copy(&pkt.buf).is_some()
                         };
@@ -273,16 +269,32 @@ pub fn gso_meta(opts: u32, start: u16, offset: u16) -> u64 {
 /// headers, from the Ethernet header to the transport header's end, again in each segment
 /// after the first. The shaper charges the wire's bytes, as the segments will be sent.
 pub fn gso_extra(b: &[u8], gso: u64) -> u32 {
-    let size = ((gso >> 24) & 0xffff) as usize;
-    let start = ((gso >> 40) & 0xffff) as usize;
-    let tcp = (gso >> 56) & 0x3f == 16;
-    let l4 = if tcp { b.get(start + 12).map_or(20, |d| (*d >> 4) as usize * 4) } else { 8 };
-    let hdr = start + l4;
+    let g = Gso::of(b, gso);
+    let (size, hdr) = (gso_size(g.opts) as usize, g.hdr_end as usize);
     if size == 0 || b.len() <= hdr {
         return 0;
     }
     let segs = (b.len() - hdr).div_ceil(size);
     (segs.saturating_sub(1) * hdr) as u32
+}
+
+/// A held GSO packet's offload fields, from its [`gso_meta`] word and its frame: packet
+/// mode's options word, the checksum's start and offset, and where its headers end (the
+/// transport header's end: TCP's data offset, UDP's 8 bytes).
+struct Gso {
+    opts: u32,
+    start: u16,
+    offset: u16,
+    hdr_end: u16,
+}
+
+impl Gso {
+    fn of(b: &[u8], m: u64) -> Gso {
+        let (opts, start, offset) = (((m >> 16) as u32 & 0xff_ffff) << 8, (m >> 40) as u16, (m >> 56) as u16 & 0x3f);
+        let l4 = b.get(start as usize..).unwrap_or(&[]);
+        let hl = if offset == 16 { (l4.get(12).copied().unwrap_or(0x50) >> 4) as u16 * 4 } else { 8 };
+        Gso { opts, start, offset, hdr_end: start + hl }
+    }
 }
 
 fn ifname(ifindex: u32) -> Option<String> {
