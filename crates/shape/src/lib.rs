@@ -545,6 +545,11 @@ impl Shaper {
         }
     }
 
+    /// The interface's bandwidth (the root's cap), bits/s.
+    pub fn root_bits(&self) -> u64 {
+        self.classes.get(self.root as usize).map_or(0, |c| c.cap_bits)
+    }
+
     /// The interface the tree is on.
     pub fn ifname(&self) -> &str {
         &self.ifname

@@ -46,6 +46,14 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Ok(Packet { buf })
     }
 
+    /// A view over a header whose total length may exceed `buf` (a segment being built from
+    /// a larger packet's headers): only the header must fit; [`Packet::set_total_len`] next.
+    #[inline]
+    pub(crate) fn new_header(buf: T) -> Result<Self, Error> {
+        Self::header_fits(buf.as_ref())?;
+        Ok(Packet { buf })
+    }
+
     /// Version 4 and a whole header in `b`: its length.
     #[inline]
     pub(crate) fn header_fits(b: &[u8]) -> Result<usize, Error> {
@@ -189,6 +197,14 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         let n = checksum::update32(c, u32::from_be_bytes(old), u32::from_be_bytes(a));
         b[field::CKSUM..field::CKSUM + 2].copy_from_slice(&n.to_be_bytes());
         old
+    }
+    /// Sets the total length and the identification (the header checksum is left to
+    /// [`Packet::fill_checksum`]).
+    #[inline]
+    pub fn set_len_ident(&mut self, total_len: u16, ident: u16) {
+        let b = self.buf.as_mut();
+        b[field::LEN..field::LEN + 2].copy_from_slice(&total_len.to_be_bytes());
+        b[field::IDENT..field::IDENT + 2].copy_from_slice(&ident.to_be_bytes());
     }
     /// Recomputes the header checksum from scratch.
     pub fn fill_checksum(&mut self) {

@@ -39,6 +39,14 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Ok(Packet { buf })
     }
 
+    /// A view over a fixed header whose payload may exceed `buf` (a segment being built from
+    /// a larger packet's headers); [`Packet::set_payload_len`] next.
+    #[inline]
+    pub(crate) fn new_header(buf: T) -> Result<Self, Error> {
+        Self::header_fits(buf.as_ref())?;
+        Ok(Packet { buf })
+    }
+
     /// Version 6 and a whole fixed header in `b`.
     #[inline]
     pub(crate) fn header_fits(b: &[u8]) -> Result<(), Error> {
@@ -105,6 +113,10 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     #[inline]
     pub fn set_src(&mut self, a: [u8; 16]) {
         self.buf.as_mut()[8..24].copy_from_slice(&a);
+    }
+    #[inline]
+    pub fn set_payload_len(&mut self, n: u16) {
+        self.buf.as_mut()[4..6].copy_from_slice(&n.to_be_bytes());
     }
     #[inline]
     pub fn set_dst(&mut self, a: [u8; 16]) {

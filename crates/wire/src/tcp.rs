@@ -118,6 +118,10 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     pub fn set_checksum(&mut self, c: u16) {
         self.buf.as_mut()[16..18].copy_from_slice(&c.to_be_bytes());
     }
+    #[inline]
+    pub fn set_flags(&mut self, f: u8) {
+        self.buf.as_mut()[13] = f;
+    }
 }
 
 /// The options pf's TCP tracking reads. Unknown options are skipped by their length.

@@ -12,6 +12,15 @@ pub struct Packet<T: AsRef<[u8]>> {
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
+    /// A view over a header whose length field may exceed `buf` (a segment being built from
+    /// a larger datagram's header); [`Packet::set_len`] next.
+    #[inline]
+    pub(crate) fn new_header(buf: T) -> Result<Self, Error> {
+        if buf.as_ref().len() < HEADER_LEN {
+            return Err(Error::Truncated);
+        }
+        Ok(Packet { buf })
+    }
     #[inline]
     pub fn new_checked(buf: T) -> Result<Self, Error> {
         let b = buf.as_ref();
@@ -73,6 +82,10 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     #[inline]
     pub fn set_checksum(&mut self, c: u16) {
         self.buf.as_mut()[6..8].copy_from_slice(&c.to_be_bytes());
+    }
+    #[inline]
+    pub fn set_len(&mut self, n: u16) {
+        self.buf.as_mut()[4..6].copy_from_slice(&n.to_be_bytes());
     }
 }
 
