@@ -34,7 +34,11 @@ const FLAGS: &[(&str, &str, &str)] = &[
         "hashsize, insert, resize, sync (bulk): the number of states (default 4M / 10M / 10M / 10M; 1M with --quick)",
     ),
     ("--rows", "R,R,..", "hashsize: these index sizes instead of the sweep"),
-    ("--tcp", "", "states: TCP flows (SYN makes the state, ACKs are measured) instead of UDP"),
+    (
+        "--tcp",
+        "",
+        "states: TCP flows (SYN makes the state, ACKs are measured) instead of UDP; lab: TCP connections (a handshake each, then data segments)",
+    ),
     ("--shuffle", "", "measure flows in a scattered order instead of pkt-gen's (states met out of creation order)"),
     ("--no-baseline", "", "skip the HashMap baseline"),
     ("--json", "", "print the report as JSON on stdout (progress goes to stderr)"),
@@ -46,7 +50,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ),
     ("--busy-poll", "", "lab: start xpfd with --busy-poll (its sockets busy-poll instead of sleeping)"),
     ("--fastpath", "", "lab, real: start xpfd with --fastpath (established flows forwarded in the kernel)"),
-    ("--io", "MODE", "real: start xpfd with --io MODE (xdp, packet; default: xpfd's own choice)"),
+    ("--io", "MODE", "real: start xpfd with --io MODE (xdp, packet; default: xpfd's own choice, packet mode on veth)"),
     ("--nat", "", "lab, real: both firewalls translate the sources (xpfd nat-to, nftables snat)"),
     ("--log", "", "lab: xpfd's rule is `pass log (all) all` (every packet to pflog): logging's cost on a busy rule"),
     ("--rounds", "N", "real: kernel/xpfd rounds, alternated (default 3; 1 with --quick)"),
@@ -307,6 +311,7 @@ fn lab(o: &Opts) -> Result<(), String> {
         log: o.log,
         rules: o.rules.clone(),
         shaper: o.shaper,
+        tcp: o.tcp,
     })
 }
 

@@ -13,11 +13,19 @@
  * the source port steps once per pass over the sources, so (source, port) repeats only after
  * srcs * 60,000 packets; the sequence number is the packet's count.
  *
+ * TCP flows (modes GEN_TCP_OPEN, GEN_TCP_DATA): the UDP flows' addresses and ports as TCP
+ * connections to port 2000. Opening, each packet is its flow's SYN (sequence GEN_ISN_C); the
+ * lab's sink answers SYN/ACK (GEN_ISN_S) and the program on the generator's interface
+ * (sink.c, xpf_ack) the ACK, so that both firewalls hold established connections. Then each
+ * packet is a segment of its flow with 6 bytes of data at the first sequence after the SYN
+ * (46-byte datagrams, as the UDP flows'): a retransmission after the first, inside every
+ * window a firewall tracks.
+ *
  * Paced (gen_pace's gap nonzero): a frame goes out only when it is due, one every gap
  * nanoseconds (a late generator catches up by 16 frames at most); the runs in between are
  * dropped here, unsent and uncounted. A run keeps the kernel busy for as long as its repeat
  * count lasts, so the frames leave evenly spaced instead of in bursts of one run each. */
-#include "xpf.h"
+#include "lab.h"
 #include <linux/ip.h>
 #include <linux/udp.h>
 #include <linux/tcp.h>
@@ -29,7 +37,7 @@ struct gen_cfg {
     __u32 srcs, dsts, ports;
     __u32 sport0;
     __u8 dmac[6], smac[6];
-    __u32 proto;            /* 17: UDP flows; 6: SYN flood */
+    __u32 proto;            /* 17: UDP flows; 6: SYN flood; GEN_TCP_OPEN/DATA: TCP flows */
     __u32 dport;
 };
 
@@ -42,12 +50,7 @@ struct gen_pace {
 };
 struct xpf_map gen_pace SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct gen_pace), 1, 0 };
 
-static __always_inline __u32 fold(__u32 sum) {
-    sum = (sum & 0xffff) + (sum >> 16);
-    return (sum & 0xffff) + (sum >> 16);
-}
-
-static __always_inline void ether_ip(struct ethhdr *eth, struct iphdr *ip, struct gen_cfg *cfg,
+INLINE void ether_ip(struct ethhdr *eth, struct iphdr *ip, struct gen_cfg *cfg,
                                      __u16 len, __u8 proto, __u32 src, __u32 dst) {
     __builtin_memcpy(eth->h_dest, cfg->dmac, 6);
     __builtin_memcpy(eth->h_source, cfg->smac, 6);
@@ -62,16 +65,45 @@ static __always_inline void ether_ip(struct ethhdr *eth, struct iphdr *ip, struc
     ip->protocol = proto;
     ip->saddr = __builtin_bswap32(src);
     ip->daddr = __builtin_bswap32(dst);
-    ip->check = 0;
-    __u32 sum = 0;
-    __u16 *w = (__u16 *)ip;
-#pragma unroll
-    for (int i = 0; i < 10; i++)
-        sum += w[i];
-    ip->check = ~fold(sum);
+    lab_ip_check(ip);
 }
 
-static __always_inline int syn(struct xdp_md *ctx, struct gen_cfg *cfg, __u64 c) {
+/* Packet c of the TCP flows: its flow's SYN (open) or a segment of 6 bytes (not open). */
+INLINE int tcp_flow(struct xdp_md *ctx, struct gen_cfg *cfg, __u64 c, int open) {
+    void *data = (void *)(long)ctx->data;
+    void *end = (void *)(long)ctx->data_end;
+    struct ethhdr *eth = data;
+    struct iphdr *ip = (void *)(eth + 1);
+    struct tcphdr *th = (void *)(ip + 1);
+    if ((void *)th + sizeof(*th) + 6 > end)
+        return XDP_DROP;
+    __u32 n = cfg->srcs * cfg->dsts * cfg->ports;
+    __u32 f = (__u32)(c % n);
+    __u32 port = f % cfg->ports;
+    f /= cfg->ports;
+    __u32 dst = cfg->dst0 + f % cfg->dsts;
+    __u32 src = cfg->src0 + f / cfg->dsts;
+    __u32 len = open ? 20 : 26;
+    ether_ip(eth, ip, cfg, 20 + len, 6, src, dst);
+    __builtin_memset(th, 0, sizeof(*th) + 6);
+    th->source = bswap16((__u16)(cfg->sport0 + port));
+    th->dest = bswap16(2000);
+    th->doff = 5;
+    th->window = bswap16(64240);
+    if (open) {
+        th->seq = __builtin_bswap32(GEN_ISN_C);
+        th->syn = 1;
+    } else {
+        th->seq = __builtin_bswap32(GEN_ISN_C + 1);
+        th->ack_seq = __builtin_bswap32(GEN_ISN_S + 1);
+        th->ack = 1;
+        th->psh = 1;
+    }
+    th->check = lab_tcp_sum(th, end, src, dst, len);
+    return XDP_TX;
+}
+
+INLINE int syn(struct xdp_md *ctx, struct gen_cfg *cfg, __u64 c) {
     void *data = (void *)(long)ctx->data;
     void *end = (void *)(long)ctx->data_end;
     struct ethhdr *eth = data;
@@ -89,14 +121,7 @@ static __always_inline int syn(struct xdp_md *ctx, struct gen_cfg *cfg, __u64 c)
     th->doff = 5;
     th->syn = 1;
     th->window = bswap16(64240);
-    /* Pseudo-header (addresses, protocol, length 20) and the header itself. */
-    __u32 sum = (src >> 16) + (src & 0xffff) + (cfg->dst0 >> 16) + (cfg->dst0 & 0xffff) + 6 + 20;
-    sum = bswap16(fold(sum));
-    __u16 *w = (__u16 *)th;
-#pragma unroll
-    for (int i = 0; i < 10; i++)
-        sum += w[i];
-    th->check = ~fold(sum);
+    th->check = lab_tcp_sum(th, end, src, cfg->dst0, 20);
     return XDP_TX;
 }
 
@@ -126,6 +151,8 @@ int xpf_gen(struct xdp_md *ctx) {
     *ctr = c + 1;
     if (cfg->proto == 6)
         return syn(ctx, cfg, c);
+    if (cfg->proto == GEN_TCP_OPEN || cfg->proto == GEN_TCP_DATA)
+        return tcp_flow(ctx, cfg, c, cfg->proto == GEN_TCP_OPEN);
     __u32 n = cfg->srcs * cfg->dsts * cfg->ports;
     __u32 f = c % n;
     __u32 port = f % cfg->ports;

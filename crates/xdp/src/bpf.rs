@@ -353,6 +353,10 @@ impl Kind {
     pub const TC: Kind = Kind { section: "tc", prog_type: 3 };
     /// The same kind, from section "tc/drop".
     pub const TC_DROP: Kind = Kind { section: "tc/drop", prog_type: 3 };
+    /// XDP, from section "xdp/ack" (the lab's handshake answerer, sink.c).
+    pub const XDP_ACK: Kind = Kind { section: "xdp/ack", prog_type: BPF_PROG_TYPE_XDP };
+    /// SCHED_CLS from section "tc/answer" (the lab sink's SYN/ACK, sink.c).
+    pub const TC_ANSWER: Kind = Kind { section: "tc/answer", prog_type: 3 };
 }
 
 #[repr(C)]
@@ -677,6 +681,8 @@ mod tests {
     fn the_skb_object_has_its_drop_program() {
         let e = Elf::parse(objects::SKB).unwrap();
         assert!(e.section("tc/drop").is_some());
+        let sink = Elf::parse(objects::SINK).unwrap();
+        assert!(sink.section("xdp/ack").is_some() && sink.section("tc/answer").is_some(), "the lab's answerers");
     }
 
     #[test]
