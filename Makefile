@@ -118,6 +118,6 @@ lab: build
 # Real clients (iperf3, ping under load) through xpfd and through nftables + conntrack, the
 # same policy, alternated, on the hosts' default settings (xpf-bench real; crates/bench/src/real.rs).
 bench-real: build
-	$(BIN)/xpf-bench real
-	$(BIN)/xpf-bench real --fastpath
+	$(BIN)/xpf-bench real --io xdp
+	$(BIN)/xpf-bench real --io xdp --fastpath
 	$(BIN)/xpf-bench real --io packet --fastpath --out bench-results/out/real-packet

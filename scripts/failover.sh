@@ -17,6 +17,7 @@
 # flood out of the client's namespace, `xpf-bench flood`), which the standby takes by bulk
 # update before the kill, beside the live flows (conntrackd's standby must first commit such
 # a cache into the kernel).
+# xpfd runs in XDP mode (--io xdp); IO=packet: in packet mode.
 # FASTPATH=1: the flows go on xpfd's fast path (on by default, used towards the interfaces
 # that take redirected frames): their segments are forwarded and window-checked by the
 # steering program, and a segment comes to xpfd whenever a sync update is due. A veth takes
@@ -112,7 +113,7 @@ if [[ $KEY == --key ]]; then
 fi
 start_fw() { # $1 netns, $2 peer
     ip netns exec "${P}$1" "$BIN/xpfd" -f "$DIR/pf.conf" -i lan -i wan --socket "$DIR/$1.sock" \
-        --workers "$W" --sync-dev sync --sync-peer "$2" --sync-defer "${KEYARG[@]}" "${FAST[@]}" 2>"$DIR/$1.log" &
+        --workers "$W" --io "${IO:-xdp}" --sync-dev sync --sync-peer "$2" --sync-defer "${KEYARG[@]}" "${FAST[@]}" 2>"$DIR/$1.log" &
     echo $! >"$DIR/$1-xpfd.pid"
 }
 wait_sock() {

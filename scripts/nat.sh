@@ -4,7 +4,7 @@
 # a campus firewall does with its public one. Real clients, default host settings.
 #   client 10.0.1.2 -- [fc] xpfd [fs 10.0.2.1, 10.0.2.50, 10.0.2.51] -- server 10.0.2.2 -- far 10.0.3.2
 # Each check prints ok/FAIL; the last line is the tally. Needs root; cleans up after itself.
-# IO=packet: the same with xpfd in packet mode (AF_PACKET; its tcx program sends replies to
+# xpfd in XDP mode (--io xdp); IO=packet: the same with xpfd in packet mode (AF_PACKET; its tcx program sends replies to
 # the translation addresses to xpfd).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -86,7 +86,7 @@ c python3 scripts/peer.py fd00:1::2 7000 >/dev/null 2>&1 &
 mkdir -p "$DIR/flows"
 ip netns exec ${P}fw nfcapd -w "$DIR/flows" -b 127.0.0.1 -p 2056 -t 3600 >"$DIR/nfcapd.log" 2>&1 &
 NFCAPD=$!
-IOARG=(); [[ -n ${IO:-} ]] && IOARG=(--io "$IO")
+IOARG=(--io "${IO:-xdp}")
 ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --socket $SOCK --pflow 127.0.0.1:2056 "${IOARG[@]}" 2>"$LOG" &
 XPFD=$!
 for _ in $(seq 100); do $CTL -s memory >/dev/null 2>&1 && break; sleep 0.1; done

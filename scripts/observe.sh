@@ -6,7 +6,7 @@
 # settings:
 #   client 10.0.1.2 -- [fc] xpfd [fs] -- server 10.0.2.2
 # Each check prints ok/FAIL; the last line is the tally. Needs root; cleans up after itself.
-# IO=packet: xpfd in packet mode (its fast path forwards established flows in the kernel).
+# xpfd in XDP mode (--io xdp); IO=packet: xpfd in packet mode (its fast path forwards established flows in the kernel).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=target/release
@@ -60,7 +60,7 @@ ip netns exec ${P}server python3 scripts/peer.py 0.0.0.0 7000 >/dev/null 2>&1 &
 mkdir -p "$DIR/flows"
 ip netns exec ${P}fw nfcapd -w "$DIR/flows" -b 127.0.0.1 -p 2055 -t 3600 >"$DIR/nfcapd.log" 2>&1 &
 NFCAPD=$!
-IOARG=(); [[ -n ${IO:-} ]] && IOARG=(--io "$IO")
+IOARG=(--io "${IO:-xdp}")
 ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --socket $SOCK "${IOARG[@]}" --pflog "$DIR/pflog" --metrics $METRICS \
     --pflow 127.0.0.1:2055 --pflow-active 2 2>"$LOG" &
 XPFD=$!

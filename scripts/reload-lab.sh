@@ -47,7 +47,7 @@ rules=$(grep -c . "$DIR/campus.conf")
 scripts/topo.sh up $P
 ip netns exec ${P}server iperf3 -s -D --bind 10.0.2.2 >/dev/null
 t0=$(ms)
-ip netns exec ${P}fw $BIN/xpfd -f "$DIR/campus.conf" -i fc -i fs --socket "$SOCK" 2>"$DIR/xpfd.log" &
+ip netns exec ${P}fw $BIN/xpfd -f "$DIR/campus.conf" -i fc -i fs --io xdp --socket "$SOCK" 2>"$DIR/xpfd.log" &
 XPFD=$!
 for _ in $(seq 600); do $CTL -s memory >/dev/null 2>&1 && break; sleep 0.1; done
 $CTL -s memory >/dev/null

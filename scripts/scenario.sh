@@ -11,10 +11,11 @@ CTL="$BIN/xpfctl --socket $SOCK"
 LOG=$(mktemp /tmp/xpf-scenario-xpfd.XXXX.log)
 DIR=$(mktemp -d /tmp/xpf-scenario.XXXX)
 [[ $(id -u) -eq 0 ]] || { echo "scenario: needs root (network namespaces, XDP)"; exit 1; }
-# The main run is xpfd as started without --io (XDP mode), then XDP's fast path. IO=packet
-# runs the main checks in packet mode, then packet mode's own sections.
+# The main run is xpfd in XDP mode (--io xdp: on veth xpfd would choose packet mode), then
+# XDP's fast path. IO=packet runs the main checks in packet mode, then packet mode's own
+# sections. Packet mode's fast-path section starts xpfd without --io, as a user would.
 MODE=${IO:-xdp}
-IOARG=(); [[ -n ${IO:-} ]] && IOARG=(--io "$IO")
+IOARG=(--io "$MODE")
 # Every tool the checks call (scripts/deps.sh installs them): missing one fails here, by name.
 for t in ip iperf3 curl nc tcpdump traceroute iptables nft ethtool nstat python3; do
     command -v $t >/dev/null || { echo "scenario: '$t' is missing (scripts/deps.sh installs it)"; exit 1; }
@@ -845,9 +846,11 @@ rm -f "$LOG.packet"
 cp "$DIR/pf.conf" "$DIR/pk.conf"
 # IPv6 needs neighbour discovery with the firewall itself, which its rules filter as pf does.
 printf "pass in on \$ext_if inet6 proto icmp6 icmp6-type { neighbrsol, neighbradv }\npass in on \$ext_if inet6 proto tcp to fd00:2::2 port 5202\npass in on \$ext_if inet proto udp to 10.0.2.2 port 5201\n" >> "$DIR/pk.conf"
-ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pk.conf" -i fc -i fs --io packet --socket $SOCK 2>"$LOG.packet" &
+ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pk.conf" -i fc -i fs --socket $SOCK 2>"$LOG.packet" &
 XPFD=$!
 for _ in $(seq 100); do $CTL -s memory >/dev/null 2>&1 && break; sleep 0.1; done
+check "without --io, xpfd chooses packet mode on veth and says why" \
+    grep -q -- "--io auto: packet mode, as fc, fs are veth" "$LOG.packet"
 check "--io packet: the fast path is on (socket buffers, tcx ingress)" grep -q "fast path on.*socket buffers" "$LOG.packet"
 check "--io packet: the client keeps TCP segmentation offload" bash -c "ip netns exec ${P}client ethtool -k c0 | grep -q 'tcp-segmentation-offload: on'"
 skbf() { info 'd["skb_fast_path"]["forwarded"] + d["skb_fast_path"]["forwarded_neighbour"]'; }

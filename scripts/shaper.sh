@@ -2,7 +2,7 @@
 # Shaper scenario: pf's queues in xpfd with real clients (iperf3, ping) on default veths.
 #   client (10.0.1.2) -- [fc] xpfd [fs] -- server (10.0.2.2); the queue tree is on fs.
 # Each check prints ok/FAIL; the last line is the tally. Needs root; cleans up after itself.
-# IO=packet: xpfd in packet mode.
+# xpfd in XDP mode (--io xdp); IO=packet: xpfd in packet mode.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release}
@@ -43,7 +43,7 @@ tree "max 30M" | sed 's/^queue a parent root bandwidth 10M$/queue a parent root 
 
 scripts/topo.sh up $P
 for port in 5201 5202 5203; do ip netns exec ${P}server iperf3 -s -D -p $port --bind 10.0.2.2 >/dev/null; done
-IOARG=(); [[ -n ${IO:-} ]] && IOARG=(--io "$IO")
+IOARG=(--io "${IO:-xdp}")
 ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --workers 1 --socket $SOCK "${IOARG[@]}" 2>"$LOG" &
 XPFD=$!
 for _ in $(seq 100); do $CTL -s memory >/dev/null 2>&1 && break; sleep 0.1; done

@@ -86,7 +86,7 @@ ip netns exec ${P}server python3 -m http.server 80 --bind 10.0.2.2 >/dev/null 2>
 FCMAC=$(ip -n ${P}fw link show fc | awk '/ether/ {print $2}')
 
 xpfd_on() {
-    ip netns exec ${P}fw $BIN/xpfd -f "$1" -i fc -i fs --socket $SOCK 2>"$DIR/xpfd.log" &
+    ip netns exec ${P}fw $BIN/xpfd -f "$1" -i fc -i fs --io xdp --socket $SOCK 2>"$DIR/xpfd.log" &
     XPFD=$!
     for _ in $(seq 100); do $BIN/xpfctl --socket $SOCK -s memory >/dev/null 2>&1 && break; sleep 0.1; done
 }

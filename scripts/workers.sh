@@ -10,7 +10,7 @@
 # FASTPATH=1: GRO goes on at the end hosts, so that their veths take redirected frames and
 # xpfd's fast path (on by default) is used: flows forwarded by the steering program once
 # established; what it hands over goes to the flow's worker like any frame.
-# IO=packet: xpfd in packet mode (AF_PACKET, its fast path of socket buffers on, the hosts'
+# xpfd in XDP mode (--io xdp) unless IO=packet: xpfd in packet mode (AF_PACKET, its fast path of socket buffers on, the hosts'
 # defaults): each interface's frames are shared among the workers' sockets by the kernel's
 # fanout hash, and the hand-off brings them to their flow's owner; replies to the nat-to
 # address reach xpfd through its tcx program.
@@ -30,8 +30,8 @@ check() { # check DESCRIPTION COMMAND...
 
 QUEUES=4 scripts/topo.sh up $P
 FAST=()
-IO=${IO:-}
-[[ -n $IO ]] && FAST+=(--io "$IO")
+IO=${IO:-xdp}
+FAST+=(--io "$IO")
 if [[ ${FASTPATH:-0} == 1 ]]; then
     FAST=(--fastpath 65536)
     ip netns exec ${P}client ethtool -K c0 gro on >/dev/null

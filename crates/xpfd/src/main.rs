@@ -5,7 +5,8 @@
 //! xpfd -f /etc/xpf/pf.conf -i IF -i IF [--io xdp|packet|auto] [--workers N] [--cpus 0,1]
 //!      [--socket PATH] [--busy-poll] [--fastpath FLOWS | --no-fastpath] [-D macro=value]
 //! ```
-//! `--io packet` uses AF_PACKET rings (xpf_xdp::packet); `auto` tries XDP and falls back.
+//! `--io packet` uses AF_PACKET rings (xpf_xdp::packet); `auto` (the default) chooses packet
+//! mode when an interface is a veth, else XDP, and either when the other cannot be set up.
 //! The fast path (on unless `--no-fastpath`; `--fastpath FLOWS` sizes its tables) lets the
 //! steering program forward established UDP and TCP flows in the kernel (fastpath.rs),
 //! towards the interfaces that take redirected frames (probed: real NICs do; a veth only
@@ -299,6 +300,12 @@ struct Divert {
     syn: Option<u32>,
 }
 
+/// The interfaces among IFS (name, driver if known) that are veth devices: where `--io auto`
+/// chooses packet mode.
+fn veth_names<'a>(ifs: impl Iterator<Item = (&'a str, Option<String>)>) -> Vec<&'a str> {
+    ifs.filter(|(_, d)| d.as_deref() == Some("veth")).map(|(n, _)| n).collect()
+}
+
 /// The fast path's flow tables' entries for FLOWS flow directions: IPv4 at half load, IPv6 a
 /// quarter of that (powers of two; one each when the fast path is off).
 fn table_sizes(flows: u32) -> (u32, u32) {
@@ -483,9 +490,24 @@ fn run(a: Args) -> Result<(), String> {
     // entries (64 bytes and a 16-byte rewrite record each) and half an IPv6 one (128 + 40),
     // 260 bytes.
     let flows = a.fastpath.unwrap_or(limit.clamp(1024, 1 << 20));
-    let xdp = match a.io.as_str() {
+    // --io auto: packet mode when an interface is a veth (there AF_XDP copies every frame and
+    // an XDP program turns TSO off at the peer; packet mode keeps 64 KB segments whole), if
+    // its tcx program loads (below); else XDP, and packet mode where XDP cannot be set up.
+    let auto = a.io == "auto";
+    let veths = veth_names(ifs.iter().map(|i| (i.0.as_str(), netlink::driver(&i.0).map(|d| d.0).ok())));
+    let mut xdp = match a.io.as_str() {
         "packet" => None,
         "xdp" => Some(xdp_ports(&a, &ifs, flows)?),
+        _ if !veths.is_empty() => {
+            log::info!(
+                "--io auto: packet mode, as {} {} veth (AF_XDP copies every frame there and an XDP program \
+                 turns TSO off at the peer; packet mode keeps the senders' 64 KB segments whole); \
+                 --io xdp chooses XDP",
+                veths.join(", "),
+                if veths.len() == 1 { "is a" } else { "are" }
+            );
+            None
+        }
         _ => match xdp_ports(&a, &ifs, flows) {
             Ok(p) => Some(p),
             Err(e) => {
@@ -502,25 +524,33 @@ fn run(a: Args) -> Result<(), String> {
     // frames xpfd forwards from a tap and sends replies to translation targets to xpfd.
     let mut ifbs: Vec<u32> = Vec::new();
     let mut diverts: Vec<Divert> = Vec::new();
-    let skb = match &xdp {
-        None => match skb_path(&ifs, flows, &mut ifbs) {
+    let mut skb = None;
+    if xdp.is_none() {
+        match skb_path(&ifs, flows, &mut ifbs) {
             Ok((p, d)) => {
                 diverts = d;
-                Some(p)
+                skb = Some(p);
             }
             Err(e) => {
-                log::warn!(
-                    "packet mode: no tcx program here ({e}); the sockets tap the interfaces, every packet \
-                     goes through xpfd, and translation is refused"
-                );
                 for i in ifbs.drain(..) {
                     let _ = netlink::link_delete(i);
                 }
-                None
+                if auto && !veths.is_empty() {
+                    log::warn!("--io auto: packet mode has no tcx program here ({e}); trying XDP mode");
+                    match xdp_ports(&a, &ifs, flows) {
+                        Ok(p) => xdp = Some(p),
+                        Err(e) => log::warn!("--io auto: XDP is not available either ({e})"),
+                    }
+                }
+                if xdp.is_none() {
+                    log::warn!(
+                        "packet mode: no tcx program here ({e}); the sockets tap the interfaces, every \
+                         packet goes through xpfd, and translation is refused"
+                    );
+                }
             }
-        },
-        _ => None,
-    };
+        }
+    }
     let (ports_of, steers) = match xdp {
         Some(p) => p,
         None => {
@@ -911,4 +941,17 @@ fn run(a: Args) -> Result<(), String> {
     }
     let _ = std::fs::remove_file(&a.socket);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::veth_names;
+
+    #[test]
+    fn auto_chooses_packet_mode_for_the_veths_only() {
+        let ifs = [("fc", Some("veth".to_string())), ("eth0", Some("ixgbe".into())), ("x", None)];
+        assert_eq!(veth_names(ifs.iter().map(|(n, d)| (*n, d.clone()))), ["fc"]);
+        let nics = [("eth0", Some("mlx5_core".to_string()))];
+        assert!(veth_names(nics.iter().map(|(n, d)| (*n, d.clone()))).is_empty());
+    }
 }
