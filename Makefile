@@ -41,6 +41,7 @@ test: build
 	WORKERS=2 scripts/failover.sh 8 14 --key
 	FASTPATH=1 scripts/failover.sh 8 14 --key
 	WORKERS=2 NAT=1 scripts/failover.sh 8 14 --key
+	IO=packet scripts/failover.sh 8 14 --key
 	IDLE=1000000 NAT=1 scripts/failover.sh 8 30 --key
 	$(BIN)/xpf-bench lab --quick
 

@@ -31,7 +31,6 @@ check() { # check DESCRIPTION COMMAND...
 QUEUES=4 scripts/topo.sh up $P
 FAST=()
 IO=${IO:-xdp}
-FAST+=(--io "$IO")
 if [[ ${FASTPATH:-0} == 1 ]]; then
     FAST=(--fastpath 65536)
     ip netns exec ${P}client ethtool -K c0 gro on >/dev/null
@@ -109,7 +108,7 @@ with cf.ThreadPoolExecutor(50) as ex:
 print(ok)
 PY
 ip netns exec ${P}server python3 "$DIR/echo.py" &
-ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --workers 2 --socket $SOCK "${FAST[@]}" 2>"$DIR/xpfd.log" &
+ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --workers 2 --socket $SOCK --io "$IO" "${FAST[@]}" 2>"$DIR/xpfd.log" &
 XPFD=$!
 for _ in $(seq 100); do $BIN/xpfctl --socket $SOCK -s memory >/dev/null 2>&1 && break; sleep 0.1; done
 info() { $BIN/xpfctl --socket $SOCK -s info --json | python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
