@@ -11,6 +11,13 @@ needs() {
     done
 }
 
+# Stops what runs in the namespaces (iperf3 daemons among them: a namespace deleted under a
+# daemon leaves it running, out of reach).
+ns_stop() {
+    local n
+    for n in client server far fw; do ip netns pids "${P}$n" 2>/dev/null | xargs -r kill 2>/dev/null; done
+}
+
 # Stops xpfd ($XPFD) and everything running in the namespaces, removes them, $DIR and $SOCK;
 # installed for EXIT and the usual signals.
 lab_down() {
@@ -21,8 +28,7 @@ lab_down() {
         kill -9 "$XPFD" 2>/dev/null
         wait "$XPFD" 2>/dev/null
     fi
-    local n
-    for n in client server far fw; do ip netns pids "${P}$n" 2>/dev/null | xargs -r kill 2>/dev/null; done
+    ns_stop
     scripts/topo.sh down "$P"
     [[ -n ${KEEP:-} ]] || rm -rf "$DIR" "$SOCK"
 }

@@ -131,6 +131,8 @@ check "children over their parent's bandwidth are refused with FILE:LINE" bash -
 # coordinator shares the tree's rates between them by demand, so that the members still get
 # 10 and 30 whichever worker their flows land on.
 kill "$XPFD"; wait "$XPFD" 2>/dev/null; XPFD=
+# topo.sh up deletes the namespaces first: the first part's iperf3 daemons stop before.
+ns_stop
 QUEUES=2 scripts/topo.sh up $P
 for port in 5201 5202 5203; do ip netns exec ${P}server iperf3 -s -D -p $port --bind 10.0.2.2 >/dev/null; done
 ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --workers 2 --socket $SOCK "${IOARG[@]}" 2>"$LOG" &
