@@ -148,23 +148,20 @@ pub fn prepare(frame: &mut [u8]) {
 /// such a packet.
 pub fn segment_gso(frame: &[u8], size: usize, buf: &mut Vec<u8>, mut emit: impl FnMut(&[u8])) -> bool {
     let Some(s) = segment(frame) else { return false };
-    let l4 = match s.proto {
+    // TCP: header length, first sequence number and flags, read once.
+    let (l4, seq, flags) = match s.proto {
         IPPROTO_TCP => match tcp::Packet::new_checked(&frame[s.start..s.end]) {
-            Ok(t) => t.header_len(),
+            Ok(t) => (t.header_len(), t.seq(), t.flags()),
             Err(_) => return false,
         },
-        _ => udp::HEADER_LEN,
+        _ => (udp::HEADER_LEN, 0, 0),
     };
     let hdr = s.start + l4;
     if size == 0 || hdr >= s.end {
         return false;
     }
     let data = &frame[hdr..s.end];
-    let (ident, seq, flags) = (
-        if s.v4 { ipv4::Packet::new_header(&frame[s.l3..]).map(|p| p.ident()).unwrap_or(0) } else { 0 },
-        tcp::Packet::new_checked(&frame[s.start..]).map(|t| t.seq()).unwrap_or(0),
-        tcp::Packet::new_checked(&frame[s.start..]).map(|t| t.flags()).unwrap_or(0),
-    );
+    let ident = if s.v4 { ipv4::Packet::new_header(&frame[s.l3..]).map(|p| p.ident()).unwrap_or(0) } else { 0 };
     let n = data.len().div_ceil(size);
     for (i, chunk) in data.chunks(size).enumerate() {
         buf.clear();
