@@ -31,7 +31,7 @@ W=${WORKERS:-1}
 FAST=()
 [[ ${FASTPATH:-0} == 1 ]] && FAST=(--fastpath 65536)
 P=xf-
-BIN=$PWD/target/release
+BIN=${BIN:-$PWD/target/release}
 DIR=$(mktemp -d /tmp/xpf-failover.XXXXXX)
 PY=/usr/bin/python3
 # Every tool this calls (scripts/deps.sh installs them): missing one fails here, by name.

@@ -8,7 +8,7 @@
 # the translation addresses to xpfd).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BIN=target/release
+BIN=${BIN:-target/release}
 P=xn-
 SOCK=/run/xpf-nat.sock
 CTL="$BIN/xpfctl --socket $SOCK"

@@ -9,7 +9,7 @@
 # xpfd in XDP mode (--io xdp); IO=packet: xpfd in packet mode (its fast path forwards established flows in the kernel).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BIN=target/release
+BIN=${BIN:-target/release}
 P=xp-
 SOCK=/run/xpf-observe-test.sock
 METRICS=127.0.0.1:9109

@@ -18,7 +18,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-1}; SECS=${2:-8}
-BIN=target/release
+BIN=${BIN:-target/release}
 P=xs-
 SOCK=/run/xpf-synflood.sock
 DIR=$(mktemp -d /tmp/xpf-synflood.XXXX)

@@ -16,7 +16,7 @@
 # address reach xpfd through its tcx program.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BIN=target/release
+BIN=${BIN:-target/release}
 P=xw-
 SOCK=/run/xpf-workers.sock
 DIR=$(mktemp -d /tmp/xpf-workers.XXXX)

@@ -212,7 +212,7 @@ pub fn syn_flood(
     let t = Instant::now();
     in_ns(netns, move || {
         crate::sys::pin(GEN_CPU);
-        let p = Program { name: "xpf_gen".into(), fd, maps: Vec::new() };
+        let p = Program { name: "xpf_gen".into(), fd, maps: Vec::new(), verified: String::new() };
         let t = Instant::now();
         while t.elapsed() < d {
             p.test_run(&frame, ifindex, 1 << 14, 64, TEST_XDP_LIVE_FRAMES).map_err(|e| format!("generator: {e}"))?;
@@ -355,7 +355,7 @@ impl Gen {
         let repeat = if self.paced.load(Ordering::Relaxed) { 1 << 21 } else { 1 << 16 };
         in_ns(NS[0], move || {
             crate::sys::pin(GEN_CPU);
-            let p = Program { name: "xpf_gen".into(), fd, maps: Vec::new() };
+            let p = Program { name: "xpf_gen".into(), fd, maps: Vec::new(), verified: String::new() };
             let t = Instant::now();
             while t.elapsed() < d && !STOP.load(Ordering::Relaxed) {
                 p.test_run(&frame, ifindex, repeat, 64, TEST_XDP_LIVE_FRAMES).map_err(|e| format!("generator: {e}"))?;
@@ -399,7 +399,7 @@ fn answerers() -> Result<(Program, Program, std::os::fd::OwnedFd), String> {
     let syn = Program::load_kind("xpf_answer", objects::SINK, Kind::TC_ANSWER, &[], &[]).map_err(|e| e.to_string())?;
     let fd = syn.fd.try_clone().map_err(|e| e.to_string())?;
     let link = in_ns(NS[2], move || {
-        let p = Program { name: "xpf_answer".into(), fd, maps: Vec::new() };
+        let p = Program { name: "xpf_answer".into(), fd, maps: Vec::new(), verified: String::new() };
         xpf_xdp::bpf::tcx_ingress(&p, netlink::ifindex("s0")?)
     })?
     .map_err(|e| format!("attaching the answerer to s0: {e}"))?;

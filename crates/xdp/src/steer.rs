@@ -4,6 +4,8 @@
 use crate::bpf::{objects, Map, Program};
 use crate::netlink;
 use std::io;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 /// Bytes of metadata in front of each frame (`struct meta` in bpf/steer.c).
 pub const META_LEN: usize = 36;
@@ -86,8 +88,12 @@ const PROBE_ETHERTYPE: u16 = 0x88b5;
 /// Frames per probe.
 const PROBE_FRAMES: u32 = 4;
 
-/// Where a queue's socket for new connections sits in map `xsks` (steer.c: SYN_LANE).
+/// Where a queue's socket for new connections sits in map `xsks`, past the queue's own
+/// (steer.c: SYN_LANE), and how many sockets each interface's slot has there (SLOT_XSKS).
 const SYN_LANE: u32 = 64;
+const SLOT_XSKS: u32 = 2 * SYN_LANE;
+/// Interfaces one steering program serves (steer.c: SLOTS).
+const SLOTS: u32 = 32;
 
 /// The program's counters by slot (the enum in bpf/steer.c): (key for JSON and metrics,
 /// text for `xpfctl -s info`).
@@ -206,27 +212,34 @@ pub fn fast_lookups(prog: &Program, on: bool) -> io::Result<()> {
     cfg.update(&C_MASK4.to_ne_bytes(), &mask("flows4").to_ne_bytes())
 }
 
-/// The steering program loaded once and attached to each filtered interface.
+/// The steering program on one filtered interface. Loaded once (the verifier's work is the
+/// most of xpfd's start) and shared by every interface, each in its own slot: its sockets at
+/// SLOT_XSKS * slot in map `xsks`, its counters at COUNTERS.len() * slot in `steer_stats`,
+/// its slot beside its MAC in `ifmacs` (bpf/steer.c).
 pub struct Steer {
-    pub prog: Program,
+    pub prog: Arc<Program>,
+    slot: u32,
+    /// The slots taken so far, shared by the interfaces of one program.
+    taken: Arc<AtomicU32>,
     attached: Vec<(u32, u32)>,
 }
 
 impl Steer {
-    /// Loads the program. `tables`: the fast-path flow tables' sizes (IPv4, IPv6 entries,
-    /// powers of two; 1 each when the fast path is off). `first`: a program already loaded
-    /// for another interface, whose flow tables and configuration this one shares.
+    /// Loads the program for the first interface; `first`: the program one interface already
+    /// has, which this one then shares in the next slot (errors past SLOTS interfaces).
+    /// `tables`: the fast-path flow tables' sizes (IPv4, IPv6 entries, powers of two; 1 each
+    /// when the fast path is off).
     pub fn load(tables: (u32, u32), first: Option<&Steer>) -> io::Result<Steer> {
-        let shared: Vec<&crate::bpf::Map> = match first {
-            Some(f) => ["flows4", "flows6", "xlats4", "xlats6", "steer_cfg", "natnet", "natport"]
-                .iter()
-                .map(|n| f.prog.map(n))
-                .collect(),
-            None => Vec::new(),
-        };
+        if let Some(f) = first {
+            let slot = f.taken.fetch_add(1, Ordering::Relaxed);
+            if slot >= SLOTS {
+                return Err(io::Error::other(format!("the steering program serves up to {SLOTS} interfaces")));
+            }
+            return Ok(Steer { prog: f.prog.clone(), slot, taken: f.taken.clone(), attached: Vec::new() });
+        }
         let sizes = [("flows4", tables.0), ("flows6", tables.1), ("xlats4", tables.0), ("xlats6", tables.1)];
-        let prog = Program::load_with("xpf_steer", objects::STEER, &sizes, &shared)?;
-        Ok(Steer { prog, attached: Vec::new() })
+        let prog = Program::load_sized("xpf_steer", objects::STEER, &sizes)?;
+        Ok(Steer { prog: Arc::new(prog), slot: 0, taken: Arc::new(AtomicU32::new(1)), attached: Vec::new() })
     }
 
     /// Maps the flow tables and turns the fast path on (see [`fast_tables`]).
@@ -268,17 +281,28 @@ impl Steer {
         let mac = netlink::mac(&name)?;
         let mut v = [0u8; 8];
         v[..6].copy_from_slice(&mac);
+        v[6] = self.slot as u8;
         self.prog.map("ifmacs").update(&ifindex.to_ne_bytes(), &v)
     }
 
     /// Puts socket `fd` in the map for receive queue `queue`.
     pub fn register(&self, queue: u32, fd: i32) -> io::Result<()> {
-        self.prog.map("xsks").update(&queue.to_ne_bytes(), &fd.to_ne_bytes())
+        self.prog.map("xsks").update(&self.xsk_key(queue, 0)?.to_ne_bytes(), &fd.to_ne_bytes())
     }
 
     /// Puts socket `fd` in the map as the queue's socket for new connections (TCP SYNs).
     pub fn register_syn_lane(&self, queue: u32, fd: i32) -> io::Result<()> {
-        self.prog.map("xsks").update(&(SYN_LANE + queue).to_ne_bytes(), &fd.to_ne_bytes())
+        self.prog.map("xsks").update(&self.xsk_key(queue, SYN_LANE)?.to_ne_bytes(), &fd.to_ne_bytes())
+    }
+
+    fn xsk_key(&self, queue: u32, lane: u32) -> io::Result<u32> {
+        if queue >= SYN_LANE {
+            return Err(io::Error::other(format!(
+                "queue {queue}: the steering program serves queues 0-{}",
+                SYN_LANE - 1
+            )));
+        }
+        Ok(SLOT_XSKS * self.slot + lane + queue)
     }
 
     /// Whether `egress` takes frames the program redirects to it (XDP_REDIRECT). A veth does
@@ -316,7 +340,8 @@ impl Steer {
 
     pub fn counters(&self) -> [u64; COUNTERS.len()] {
         let m = self.prog.map("steer_stats");
-        std::array::from_fn(|i| m.percpu_sum(i as u32).unwrap_or(0))
+        let base = self.slot * COUNTERS.len() as u32;
+        std::array::from_fn(|i| m.percpu_sum(base + i as u32).unwrap_or(0))
     }
 
     /// Writes the translation targets the program sends to xpfd although the kernel would

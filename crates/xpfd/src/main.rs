@@ -267,6 +267,7 @@ type Ports = (Vec<Vec<Port>>, Vec<(String, Steer)>);
 /// size (0: off, its tables match nothing). Returns, per interface, the devices its sockets read.
 fn skb_path(ifs: &[(String, u32, u32)], flows: u32, ifbs: &mut Vec<u32>) -> Result<(SkbPath, Vec<Divert>), String> {
     let mut sp = SkbPath::load(table_sizes(flows)).map_err(|e| e.to_string())?;
+    log::debug!("packet mode's program {}", sp.prog.verified);
     let mut devs = Vec::new();
     for (name, idx, _) in ifs {
         let ifb = format!("xpfd-rx{idx}");
@@ -333,10 +334,13 @@ fn xdp_ports(a: &Args, ifs: &[(String, u32, u32)], flows: u32) -> Result<Ports, 
     let mut steers = Vec::new();
     let mut ports_of: Vec<Vec<Port>> = (0..workers).map(|_| Vec::new()).collect();
     for (name, idx, nq) in ifs {
-        // One pair of flow tables for every interface's program (a TCP flow's two directions
-        // come in on different interfaces).
-        let steer = Steer::load(table_sizes(flows), steers.first().map(|s: &(String, Steer)| &s.1))
-            .map_err(|e| e.to_string())?;
+        // One program for every interface, each in its slot (one pair of flow tables: a TCP
+        // flow's two directions come in on different interfaces).
+        let first = steers.first().map(|s: &(String, Steer)| &s.1);
+        let steer = Steer::load(table_sizes(flows), first).map_err(|e| e.to_string())?;
+        if first.is_none() {
+            log::debug!("steering program {}", steer.prog.verified);
+        }
         for q in 0..*nq {
             let w = (q % workers) as usize;
             let mut x = Xsk::open(*idx, q, if a.busy { 20 } else { 0 }).map_err(|e| format!("-i {name}: {e}"))?;
@@ -681,7 +685,7 @@ fn run(a: Args) -> Result<(), String> {
     let mut wakes = Vec::new();
     let tables = {
         let st = steers.lock().unwrap();
-        let prog = st.first().map(|s| (&s.1.prog, "the steering program (XDP)")).or(skb
+        let prog = st.first().map(|s| (&*s.1.prog, "the steering program (XDP)")).or(skb
             .as_ref()
             .map(|s| (&s.prog, "the kernel as whole socket buffers (tcx ingress; packet mode's fast path)")));
         match prog {
