@@ -110,7 +110,7 @@ fi
 check "control socket is mode 0600" test "$(stat -c %a $SOCK)" = 600
 sleep 0.3
 
-# Warm the neighbour entries (the first packet to an unresolved next hop is dropped and counted).
+# Warm the neighbour entries (the first packet to an unresolved next hop waits for it).
 c ping -c 1 -W 1 10.0.2.2 >/dev/null 2>&1
 check "ping through the firewall (echoreq allowed)" c ping -c 3 -i 0.2 -W 1 10.0.2.2
 # Frames for another host's MAC (a flooding switch) are not forwarded: the kernel drops them.
@@ -157,6 +157,22 @@ check "over the egress MTU with DF: the kernel's 'frag needed' reaches the clien
 ip -n ${P}fw link set fs mtu 1500
 ip netns exec ${P}client ip route flush cache 2>/dev/null
 check "HTTP to the published server (curl)" c curl -sf -m 5 -o /dev/null http://10.0.2.2/
+# A next hop the firewall has not resolved yet: the connection's SYN waits while the kernel
+# resolves it (as the kernel's own forwarding queues it) and goes on, where dropped it cost
+# the client its 1 s SYN retransmission. A host that never answers: its packet is dropped
+# after 3 s, counted.
+ip -n ${P}fw neigh flush dev fs
+sleep 1.1   # packet mode: past the second its routes (next hop's address included) are cached
+nsent0=$(info 'd["forwarding"]["neighbour_sent"]')
+ct=$(c curl -s -o /dev/null -m 5 -w '%{time_connect}' http://10.0.2.2/ || echo 9)
+check "a connection across a next hop not yet resolved opens at once (connect $ct s < 0.5)" python3 -c "import sys; sys.exit(0 if $ct < 0.5 else 1)"
+check "-s info counts what waited for the neighbour and went on ($(( $(info 'd["forwarding"]["neighbour_sent"]') - nsent0 )))" \
+    test $(( $(info 'd["forwarding"]["neighbour_sent"]') - nsent0 )) -ge 1
+ndrop0=$(info 'd["forwarding"]["neighbour_dropped"]')
+c ping -c 1 -W 1 10.0.2.99 >/dev/null 2>&1
+sleep 3.5
+check "a next hop that never answers: its packet dropped after 3 s, counted ($(( $(info 'd["forwarding"]["neighbour_dropped"]') - ndrop0 )))" \
+    test $(( $(info 'd["forwarding"]["neighbour_dropped"]') - ndrop0 )) -ge 1
 check "TCP bulk transfer, 3 s (iperf3)" c iperf3 -c 10.0.2.2 -t 3
 check "unsolicited inbound to an unpublished port is blocked (nc)" refused c nc -z -w 2 10.0.2.2 2222
 check "the server network may open connections outwards (pass in on fs)" ip netns exec ${P}server nc -z -w 2 10.0.1.2 3333

@@ -133,6 +133,11 @@ pub struct PacketPort {
 unsafe impl Send for PacketPort {}
 
 impl PacketPort {
+    /// See [`Router::resolved`].
+    pub fn neighbour_resolved(&mut self, ifindex: u32, nexthop: &[u8; 16], mac: [u8; 6]) {
+        self.router.resolved(ifindex, nexthop, mac);
+    }
+
     /// Opens a packet socket for interface `ifindex` with a TPACKET_V2 RX ring and a TX ring:
     /// it receives from `rx_from` (`ifindex` itself, or the ifb device the fast path fills for it)
     /// and sends out of `ifindex`.
@@ -730,6 +735,18 @@ pub enum Routed {
 }
 
 impl Router {
+    /// The kernel has resolved `nexthop` on `ifindex` (xpfd sends what waited for it): the
+    /// answers that were waiting for it take its link address now, rather than routing the
+    /// next packets to it as unresolved for the rest of FRESH_UNRESOLVED (each of them then
+    /// waiting, or dropped past the hold).
+    pub fn resolved(&mut self, ifindex: u32, nexthop: &[u8; 16], mac: [u8; 6]) {
+        for e in self.routes.values_mut() {
+            if e.2.is_none() && e.1.is_some_and(|r| r.oif == ifindex && r.nexthop == *nexthop) {
+                e.2 = Some(mac);
+            }
+        }
+    }
+
     /// The FIB's route at time `t` for a frame whose destination xpfd rewrote (translation):
     /// the kernel's routes and neighbours, cached a second per destination.
     pub fn route(&mut self, frame: &[u8], t: Instant) -> Routed {
@@ -897,6 +914,25 @@ mod tests {
         f[23] = 17;
         f[30..34].copy_from_slice(&dst);
         f
+    }
+
+    #[test]
+    fn a_resolved_next_hop_ends_the_cached_wait_of_its_routes_only() {
+        let mut r = Router::default();
+        let t = Instant::now();
+        let hop = |a: u8| {
+            let mut n = [0u8; 16];
+            n[..4].copy_from_slice(&[10, 0, 1, a]);
+            n
+        };
+        let route = |oif: u32, a: u8| Some(FibRoute { kind: 1, oif, nexthop: hop(a) });
+        r.routes.insert((4, hop(2)), (t, route(3, 2), None));
+        r.routes.insert((4, hop(3)), (t, route(3, 3), None));
+        r.routes.insert((4, hop(4)), (t, route(5, 2), None));
+        r.resolved(3, &hop(2), [2, 0, 0, 0, 0, 1]);
+        assert_eq!(r.routes[&(4, hop(2))].2, Some([2, 0, 0, 0, 0, 1]));
+        assert_eq!(r.routes[&(4, hop(3))].2, None, "another next hop still waits");
+        assert_eq!(r.routes[&(4, hop(4))].2, None, "the same address on another interface still waits");
     }
 
     #[test]

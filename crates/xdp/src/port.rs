@@ -97,6 +97,14 @@ impl PortIo {
         }
     }
 
+    /// The kernel resolved `nexthop` on `ifindex`: packet mode's cached routes take its link
+    /// address (the steering program asks the kernel itself, per packet).
+    pub fn neighbour_resolved(&mut self, ifindex: u32, nexthop: &[u8; 16], mac: [u8; 6]) {
+        if let PortIo::Packet(p) = self {
+            p.neighbour_resolved(ifindex, nexthop, mac);
+        }
+    }
+
     #[inline]
     pub fn flush(&mut self) {
         match self {

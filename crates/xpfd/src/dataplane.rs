@@ -23,12 +23,38 @@ use xpf_xdp::port::PortIo;
 use xpf_xdp::steer::{Route, META_LEN};
 use xpf_xdp::xsk::{Desc, XskStats};
 
+/// Frames one next hop may have waiting for its link address: FreeBSD's default hold
+/// (net.link.ether.inet.maxhold), where Linux queues up to 212,992 bytes.
+pub const HOLD_PER_HOP: usize = 16;
+/// Next hops that may have frames waiting at once (per worker).
+pub const HOLD_HOPS: usize = 256;
+/// How long a frame waits for its next hop: the kernel's own resolution gives up after three
+/// solicitations a second apart.
+pub const HOLD_FOR: Duration = Duration::from_secs(3);
+/// How often the kernel is asked whether a waiting next hop is resolved.
+const HOLD_CHECK: Duration = Duration::from_millis(1);
+
+/// Frames out of port `ep` waiting for `nexthop`'s link address on `ifindex` since `since`.
+struct Unresolved {
+    ep: usize,
+    ifindex: u32,
+    family: u8,
+    nexthop: [u8; 16],
+    since: Instant,
+    frames: Vec<Vec<u8>>,
+}
+
 /// Drops and hand-offs that happen around the engine, in the I/O layer.
 #[derive(Debug, Default, Clone, Copy, Serialize)]
 pub struct IoStats {
-    /// Passed by the filter, but the next hop's link address is unknown: the kernel was
-    /// asked to resolve it and the packet dropped (its sender retransmits).
+    /// Passed by the filter, but the next hop's link address is unknown: the kernel is asked
+    /// to resolve it and the packet waits (as in the kernel's own neighbour queue): sent once
+    /// the address is known (`neighbour_sent`), dropped when its next hop already has
+    /// [`HOLD_PER_HOP`] waiting, past [`HOLD_HOPS`] next hops, or unresolved after
+    /// [`HOLD_FOR`] (`neighbour_dropped`).
     pub no_neighbour: u64,
+    pub neighbour_sent: u64,
+    pub neighbour_dropped: u64,
     /// The FIB routes it out of an interface xpfd does not filter: dropped.
     pub egress_not_filtered: u64,
     /// The egress TX ring or its free frames were full.
@@ -118,6 +144,8 @@ impl LogIfStats {
 impl IoStats {
     pub fn add(&mut self, o: &IoStats) {
         self.no_neighbour += o.no_neighbour;
+        self.neighbour_sent += o.neighbour_sent;
+        self.neighbour_dropped += o.neighbour_dropped;
         self.egress_not_filtered += o.egress_not_filtered;
         self.tx_full += o.tx_full;
         self.answers_shed += o.answers_shed;
@@ -255,6 +283,9 @@ pub struct Dataplane {
     held_out: crate::defer::Released,
     held_now: bool,
     last_resolve: Vec<(u32, [u8; 16], Instant)>,
+    /// Frames waiting for their next hop's link address, and when to ask the kernel again.
+    unresolved: Vec<Unresolved>,
+    unresolved_check: Instant,
     /// Several workers: where frames of other workers' flows go, and come from.
     pub handoff: Option<crate::handoff::Handoff>,
     /// Frames taken from the other workers this round (kept to reuse its allocation).
@@ -396,6 +427,8 @@ impl Dataplane {
             held_out: Vec::new(),
             held_now: false,
             last_resolve: Vec::new(),
+            unresolved: Vec::new(),
+            unresolved_check: Instant::now(),
             handoff: None,
             handed: Vec::new(),
             shaping: Default::default(),
@@ -469,6 +502,9 @@ impl Dataplane {
             for p in self.ports.iter_mut() {
                 p.io.flush();
             }
+            if !self.unresolved.is_empty() {
+                self.send_resolved();
+            }
             // Queued frames the queue trees let go now.
             if self.shaping.due.is_some() {
                 let ns = self.start.elapsed().as_nanos() as u64;
@@ -509,8 +545,8 @@ impl Dataplane {
                 idle_rounds += 1;
                 if !self.busy && idle_rounds > 16 {
                     // Held packets (defer mode) time out 20 ms after they came: sleep less.
-                    let holding =
-                        self.sync.as_ref().and_then(|s| s.defer.as_ref()).is_some_and(|d| d.stats.waiting > 0);
+                    let holding = !self.unresolved.is_empty()
+                        || self.sync.as_ref().and_then(|s| s.defer.as_ref()).is_some_and(|d| d.stats.waiting > 0);
                     let mut d = Duration::from_millis(if holding { 1 } else { 10 });
                     // Queued frames: up to when the next may leave.
                     if let Some(due) = self.shaping.due {
@@ -957,6 +993,19 @@ impl Dataplane {
                     }
                     Route::NoNeighbour { ifindex, family, nexthop } => {
                         self.io.no_neighbour += 1;
+                        // As it leaves but for the link addresses (written when known); a
+                        // GSO packet (packet mode) does not wait.
+                        if gso_type(opts[sel[k]]) != 0 {
+                            self.io.neighbour_dropped += 1;
+                        } else {
+                            let mut f = frame_k.to_vec();
+                            outgoing(&mut f, &self.worker, k, sel[k], &scrub_in, &[0; 6], &[0; 6]);
+                            if partial.is_some() {
+                                xpf_wire::offload::finish(&mut f);
+                                self.io.csum_finished += 1;
+                            }
+                            self.hold_unresolved(ep, ifindex, family, nexthop, f);
+                        }
                         self.resolve(ifindex, family, nexthop);
                     }
                     Route::Local | Route::Invalid => {}
@@ -1042,7 +1091,10 @@ impl Dataplane {
             let (eg, dmac, smac) = match route {
                 Route::Forward { ifindex, dmac, smac } => (ifindex, dmac, smac),
                 Route::NoNeighbour { ifindex, family, nexthop } => {
+                    // A reassembled datagram's fragments do not wait (rare: the first
+                    // packet to a next hop the kernel does not know, in fragments).
                     self.io.no_neighbour += group.len() as u64;
+                    self.io.neighbour_dropped += group.len() as u64;
                     self.resolve(ifindex, family, nexthop);
                     continue;
                 }
@@ -1152,6 +1204,85 @@ impl Dataplane {
         let addr = if family == libc::AF_INET as u8 { &nexthop[..4] } else { &nexthop[..] };
         if let Err(e) = xpf_xdp::netlink::neigh_resolve(ifindex, addr) {
             log::warn!("asking the kernel to resolve a next hop on ifindex {ifindex}: {e}");
+        }
+    }
+
+    /// Keeps `f` (out of port `ep`, link addresses still to write) until the kernel knows
+    /// `nexthop`'s link address on `ifindex`.
+    fn hold_unresolved(&mut self, ep: usize, ifindex: u32, family: u8, nexthop: [u8; 16], f: Vec<u8>) {
+        let now = Instant::now();
+        let full = self.unresolved.len() >= HOLD_HOPS;
+        match self.unresolved.iter_mut().find(|u| u.ifindex == ifindex && u.nexthop == nexthop) {
+            Some(u) if u.frames.len() >= HOLD_PER_HOP => self.io.neighbour_dropped += 1,
+            Some(u) => u.frames.push(f),
+            None if full => self.io.neighbour_dropped += 1,
+            None => {
+                self.unresolved.push(Unresolved { ep, ifindex, family, nexthop, since: now, frames: vec![f] });
+                self.unresolved_check = now;
+            }
+        }
+    }
+
+    /// Sends the frames whose next hop the kernel has resolved since (asked every
+    /// [`HOLD_CHECK`]), and drops those that waited [`HOLD_FOR`] in vain.
+    fn send_resolved(&mut self) {
+        let now = Instant::now();
+        if now < self.unresolved_check {
+            return;
+        }
+        self.unresolved_check = now + HOLD_CHECK;
+        let mut i = 0;
+        while i < self.unresolved.len() {
+            let u = &self.unresolved[i];
+            let addr = if u.family == libc::AF_INET as u8 { &u.nexthop[..4] } else { &u.nexthop[..] };
+            let dmac = xpf_xdp::netlink::neigh_get(u.ifindex, addr).ok().flatten();
+            let smac = dmac.and_then(|_| {
+                let name = xpf_xdp::netlink::ifname(u.ifindex)?;
+                xpf_xdp::netlink::mac(&name).ok()
+            });
+            match (dmac, smac) {
+                (Some(d), Some(sm)) => {
+                    let u = self.unresolved.swap_remove(i);
+                    self.router.resolved(u.ifindex, &u.nexthop, d);
+                    for p in self.ports.iter_mut() {
+                        p.io.neighbour_resolved(u.ifindex, &u.nexthop, d);
+                    }
+                    log::debug!(
+                        "next hop {:?} on ifindex {} resolved after {:?}: {} packets sent",
+                        &u.nexthop[..if u.family == libc::AF_INET as u8 { 4 } else { 16 }],
+                        u.ifindex,
+                        now.duration_since(u.since),
+                        u.frames.len()
+                    );
+                    for mut f in u.frames {
+                        if f.len() < 14 {
+                            continue;
+                        }
+                        f[0..6].copy_from_slice(&d);
+                        f[6..12].copy_from_slice(&sm);
+                        match self.ports[u.ep].io.tx_copy(&f) {
+                            Some(_) => {
+                                self.io.forwarded += 1;
+                                self.io.neighbour_sent += 1;
+                            }
+                            None => self.io.tx_full += 1,
+                        }
+                    }
+                    self.ports[u.ep].io.flush();
+                }
+                _ if now.duration_since(u.since) >= HOLD_FOR => {
+                    let u = self.unresolved.swap_remove(i);
+                    log::debug!(
+                        "next hop {:?} on ifindex {} unresolved after {:?}: {} packets dropped",
+                        &u.nexthop[..if u.family == libc::AF_INET as u8 { 4 } else { 16 }],
+                        u.ifindex,
+                        HOLD_FOR,
+                        u.frames.len()
+                    );
+                    self.io.neighbour_dropped += u.frames.len() as u64;
+                }
+                _ => i += 1,
+            }
         }
     }
 
