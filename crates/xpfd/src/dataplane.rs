@@ -34,6 +34,15 @@ pub const HOLD_FOR: Duration = Duration::from_secs(3);
 /// How often the kernel is asked whether a waiting next hop is resolved.
 const HOLD_CHECK: Duration = Duration::from_millis(1);
 
+/// A next hop's address as the kernel takes it: 4 bytes of `nexthop` for IPv4, 16 for IPv6.
+fn hop_addr(family: u8, nexthop: &[u8; 16]) -> &[u8] {
+    if family == libc::AF_INET as u8 {
+        &nexthop[..4]
+    } else {
+        &nexthop[..]
+    }
+}
+
 /// Frames out of port `ep` waiting for `nexthop`'s link address on `ifindex` since `since`.
 struct Unresolved {
     ep: usize,
@@ -1201,7 +1210,7 @@ impl Dataplane {
             return;
         }
         self.last_resolve.push((ifindex, nexthop, t));
-        let addr = if family == libc::AF_INET as u8 { &nexthop[..4] } else { &nexthop[..] };
+        let addr = hop_addr(family, &nexthop);
         if let Err(e) = xpf_xdp::netlink::neigh_resolve(ifindex, addr) {
             log::warn!("asking the kernel to resolve a next hop on ifindex {ifindex}: {e}");
         }
@@ -1234,7 +1243,7 @@ impl Dataplane {
         let mut i = 0;
         while i < self.unresolved.len() {
             let u = &self.unresolved[i];
-            let addr = if u.family == libc::AF_INET as u8 { &u.nexthop[..4] } else { &u.nexthop[..] };
+            let addr = hop_addr(u.family, &u.nexthop);
             let dmac = xpf_xdp::netlink::neigh_get(u.ifindex, addr).ok().flatten();
             let smac = dmac.and_then(|_| {
                 let name = xpf_xdp::netlink::ifname(u.ifindex)?;
@@ -1249,7 +1258,7 @@ impl Dataplane {
                     }
                     log::debug!(
                         "next hop {:?} on ifindex {} resolved after {:?}: {} packets sent",
-                        &u.nexthop[..if u.family == libc::AF_INET as u8 { 4 } else { 16 }],
+                        hop_addr(u.family, &u.nexthop),
                         u.ifindex,
                         now.duration_since(u.since),
                         u.frames.len()
@@ -1274,7 +1283,7 @@ impl Dataplane {
                     let u = self.unresolved.swap_remove(i);
                     log::debug!(
                         "next hop {:?} on ifindex {} unresolved after {:?}: {} packets dropped",
-                        &u.nexthop[..if u.family == libc::AF_INET as u8 { 4 } else { 16 }],
+                        hop_addr(u.family, &u.nexthop),
                         u.ifindex,
                         HOLD_FOR,
                         u.frames.len()
