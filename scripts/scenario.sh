@@ -295,7 +295,7 @@ sleep 1.5
 # is up (it takes seconds to start): the connections must still be established after, or
 # the packets may have met closing states and been counted for something else.
 spoof_iperf() { scapy "
-import random, subprocess
+import errno, random, subprocess, time
 def live(): return sorted(int(l.split()[2].rsplit(':', 1)[1]) for l in subprocess.check_output(['ss', '-tnH', 'state', 'established', 'dst', '10.0.2.2:5201']).decode().splitlines())
 ports = live()
 assert ports, 'no iperf3 connection'
@@ -305,7 +305,19 @@ for p in ports:
         pkts.append(IP(src='10.0.1.2', dst='10.0.2.2')/TCP(sport=p, dport=5201, flags='R', seq=random.getrandbits(32)))
         if '${1:-}' == 'data':
             pkts.append(IP(src='10.0.1.2', dst='10.0.2.2')/TCP(sport=p, dport=5201, flags='A', seq=random.getrandbits(32), ack=random.getrandbits(32))/Raw(b'x' * 100))
-send(pkts, verbose=0)
+# One socket, every packet at once; the transfer fills the client's transmit queue, so a send
+# the queue refuses (ENOBUFS) is tried again a moment later.
+out = conf.L3socket()
+for pkt in pkts:
+    for _ in range(200):
+        try:
+            out.send(pkt)
+            break
+        except OSError as e:
+            if e.errno != errno.ENOBUFS: raise
+            time.sleep(0.002)
+    else:
+        raise SystemExit('the client never had room to send a spoofed packet')
 assert live() == ports, 'the transfer ended before the spoofed packets were sent (%s, then %s)' % (ports, live())
 print(ports)"; }
 check "spoofed RSTs (scapy, 20 guesses) sent into a live iperf3 transfer" spoof_iperf
