@@ -881,6 +881,15 @@ out = {s['interface']: s['fast_path_out'] for s in d['steering']}
 assert out == {'fc': True, 'fs': False}, out"
 wait $IPERF
 check "--fastpath: a transfer across the change completes, with data in its last second" python3 -c "import json; d=json.load(open('$DIR/flip.json')); assert 'error' not in d, d['error']; assert d['intervals'][-1]['sum']['bytes'] > 0"
+# And back: GRO on again at the server (a container whose far end gains NAPI after xpfd
+# started) is found able within the next probe, 2 s.
+ip netns exec ${P}server ethtool -K s0 gro on >/dev/null
+sleep 2.5
+check "--fastpath: GRO on again at the server: xpfd finds fs able within 2 s" python3 -c "
+import json, subprocess
+d = json.loads(subprocess.check_output(['$BIN/xpfctl', '--socket', '$SOCK', '-s', 'info', '--json']))
+out = {s['interface']: s['fast_path_out'] for s in d['steering']}
+assert out == {'fc': True, 'fs': True}, out"
 kill "$XPFD"; wait "$XPFD" 2>/dev/null; XPFD=
 rm -f "$LOG.fast"
 fi

@@ -22,13 +22,17 @@ struct fast_tail {
     __u32 packets;
     __u32 in_if;        /* where the `in` state is */
     __u32 out_if;       /* where the `out` state is: the FIB must still say so */
-    __u32 slot;         /* the owner's record of the flow */
     /* TCP: pf's two peers as this direction sees them (src: this direction's sender).
-     * Each field has one writer: a direction writes its sender's seqlo and max_win (here and
-     * mirrored in the reverse entry) and its receiver's seqhi (in the reverse entry). */
+     * Each field has one writer besides xpfd: a direction writes its sender's seqlo and
+     * max_win (here, and mirrored in the reverse entry) and its receiver's seqhi (in the
+     * reverse entry, and here as peer_seqhi). A segment in the windows touches only its own
+     * entry (one cache line): the reverse entry is written when a value there changes, and
+     * the mirrored seqlo only each MIRROR_STEP bytes (the reverse's ack check allows for
+     * that lag by being stricter than pf's, never looser). */
+    __u32 peer_seqhi;   /* dst.seqhi as this direction last wrote it in the reverse entry */
     __u32 seqlo;        /* src.seqlo */
     __u32 seqhi;        /* src.seqhi (written by the reverse direction) */
-    __u32 peer_seqlo;   /* dst.seqlo (written by the reverse direction) */
+    __u32 peer_seqlo;   /* dst.seqlo, up to MIRROR_STEP behind (written by the reverse direction) */
     __u16 max_win;      /* src.max_win */
     __u16 peer_max_win; /* dst.max_win (written by the reverse direction) */
     __u32 rev;          /* the reverse direction's entry */
@@ -265,6 +269,9 @@ INLINE struct fast_tail *rev_of(__u8 family, struct fast_tail *t) {
 }
 
 #define MAXACKWINDOW (0xffff + 1500)
+/* A direction's seqlo is mirrored into the reverse entry when it crosses a multiple of this:
+ * the mirror is less than this behind. */
+#define MIRROR_STEP 16384
 
 INLINE int seq_geq(__u32 a, __u32 b) {
     return (__s32)(a - b) >= 0;
@@ -287,9 +294,6 @@ INLINE int tcp_check(__u8 family, struct fast_tail *t, __u8 *th, void *end, __u3
     __u32 doff = (th[12] >> 4) * 4;
     if (doff < 20 || doff > len)
         return -1;
-    struct fast_tail *r = rev_of(family, t);
-    if (!r)
-        return -1;
     __u32 payload = len - doff;
     __u32 pace = cfg(C_PACE);
     __u32 due = t->unsynced + 1 + (payload >> 8);
@@ -306,23 +310,41 @@ INLINE int tcp_check(__u8 family, struct fast_tail *t, __u8 *th, void *end, __u3
         seq = seqlo;
         fin = seqlo;
     }
+    /* dst.seqlo may be up to MIRROR_STEP behind: an ack pf takes as too far behind it
+     * (ackskew over the window) must be refused whatever the lag, so the upper bound is
+     * lowered by it; one too far ahead is refused on the mirror already (the true ackskew is
+     * larger). Refused here means judged by xpfd, on exact windows. */
     __s64 ackskew = (__s32)(*(volatile __u32 *)&t->peer_seqlo - ack);
     __u32 dwin = (__u32)*(volatile __u16 *)&t->peer_max_win << dws;
     if (!seq_geq(*(volatile __u32 *)&t->seqhi, fin) || !seq_geq(seq, seqlo - dwin) || ackskew < -MAXACKWINDOW ||
-        ackskew > ((__s64)MAXACKWINDOW << sws))
+        ackskew + MIRROR_STEP > ((__s64)MAXACKWINDOW << sws))
         return -1;
-    /* pf's slide: the sender's max window and seqlo, the receiver's seqhi. */
-    if (t->max_win < win) {
-        t->max_win = win;
-        r->peer_max_win = win;
-    }
-    if (seq_gt(fin, seqlo)) {
-        t->seqlo = fin;
-        r->peer_seqlo = fin;
-    }
+    /* pf's slide: the sender's max window and seqlo, the receiver's seqhi. The reverse entry
+     * only when something there changes. */
     __u32 w = win << sws;
-    if (seq_geq(ack + w, *(volatile __u32 *)&r->seqhi))
-        r->seqhi = ack + (w ? w : 1);
+    __u32 hi = *(volatile __u32 *)&t->peer_seqhi;
+    __u32 newhi = ack + (w ? w : 1);
+    int grow = t->max_win < win;
+    int slide = seq_gt(fin, seqlo);
+    int mirror = slide && (fin / MIRROR_STEP) != (seqlo / MIRROR_STEP);
+    int raise = seq_geq(ack + w, hi) && newhi != hi;
+    if (grow | mirror | raise) {
+        struct fast_tail *r = rev_of(family, t);
+        if (!r)
+            return -1;
+        if (grow)
+            r->peer_max_win = win;
+        if (mirror)
+            r->peer_seqlo = fin;
+        if (raise)
+            r->seqhi = newhi;
+    }
+    if (grow)
+        t->max_win = win;
+    if (slide)
+        t->seqlo = fin;
+    if (raise)
+        t->peer_seqhi = newhi;
     if (pace)
         t->unsynced = due;
     return 0;

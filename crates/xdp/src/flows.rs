@@ -29,8 +29,9 @@ pub struct Tail {
     pub packets: AtomicU32,
     pub in_if: AtomicU32,
     pub out_if: AtomicU32,
-    pub slot: AtomicU32,
-    /// TCP: this direction's sender is `src`.
+    /// TCP: this direction's sender is `src`. `peer_seqhi` is the reverse entry's `seqhi` as
+    /// this direction's program runs last wrote it: whoever writes one writes both.
+    pub peer_seqhi: AtomicU32,
     pub seqlo: AtomicU32,
     pub seqhi: AtomicU32,
     pub peer_seqlo: AtomicU32,
@@ -199,6 +200,9 @@ pub struct Table {
     xbase: *mut u8,
     _mem: Mem,
     _xmem: Mem,
+    /// Each entry's owner's record of its flow: xpfd's alone, kept out of the entries (the
+    /// program's cache line holds only what it reads or writes).
+    slots: Box<[AtomicU32]>,
     mask: u32,
     v6: bool,
     seed: u32,
@@ -220,6 +224,7 @@ impl Table {
             xbase: xmem.ptr,
             _mem: Mem::Map(mem),
             _xmem: Mem::Map(xmem),
+            slots: zeroed(entries),
             mask: entries - 1,
             v6,
             seed,
@@ -237,6 +242,7 @@ impl Table {
             xbase: x.as_mut_ptr() as *mut u8,
             _mem: Mem::Heap(v),
             _xmem: Mem::Heap(x),
+            slots: zeroed(entries),
             mask: entries - 1,
             v6,
             seed,
@@ -262,6 +268,11 @@ impl Table {
         let off = if self.v6 { TAIL6 } else { TAIL4 };
         // SAFETY: the tail's offset is 8-aligned in an aligned entry; atomics only.
         unsafe { &*(self.entry(i).add(off) as *const Tail) }
+    }
+
+    /// Entry `i`'s owner's record of its flow (written by the owner when it claims it).
+    pub fn slot(&self, i: u32) -> &AtomicU32 {
+        &self.slots[(i & self.mask) as usize]
     }
 
     /// The key words: [ports, src.., dst..] as stored.
@@ -410,6 +421,14 @@ impl Table {
             j = j.wrapping_sub(1) & self.mask;
         }
     }
+}
+
+/// `n` atomics at zero, from zeroed memory the system maps as it is first written (a table
+/// of 16M entries costs nothing until its entries are claimed).
+fn zeroed(n: u32) -> Box<[AtomicU32]> {
+    let v: Box<[u32]> = vec![0u32; n as usize].into_boxed_slice();
+    // SAFETY: AtomicU32 has the size, alignment and bit validity of u32.
+    unsafe { Box::from_raw(Box::into_raw(v) as *mut [AtomicU32]) }
 }
 
 /// Sequence-number maximum of what is in `a` and `v` (TCP's modular order), stored.

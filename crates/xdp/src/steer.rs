@@ -311,7 +311,7 @@ impl Steer {
     /// not assumed: PROBE_FRAMES frames of the local experimental ethertype, from and to the
     /// interface's own MAC (the far host drops them as not its own), go through the program
     /// with BPF_PROG_TEST_RUN in live-frame mode and are redirected to `egress`; the veth's
-    /// `tx_queue_N_xdp_xmit` statistics must count them. Other drivers that run the program
+    /// `tx_queue_N_xdp_xmit` and `tx_queue_N_xdp_xmit_errors` statistics must count them. Other drivers that run the program
     /// natively take redirected frames (ndo_xdp_xmit): not probed.
     pub fn probe_egress(&self, egress: u32) -> io::Result<bool> {
         let name = netlink::ifname(egress).ok_or_else(|| io::Error::other(format!("no interface {egress}")))?;
@@ -327,14 +327,20 @@ impl Steer {
         f[6..12].copy_from_slice(&mac);
         f[12..14].copy_from_slice(&PROBE_ETHERTYPE.to_be_bytes());
         f[14..18].copy_from_slice(&cookie.to_ne_bytes());
-        let before = netlink::ethtool_sum(&name, "_xdp_xmit")?;
+        // A frame the peer's ring had no room for is counted as an error: the veth takes
+        // redirected frames, it was busy (a probe during a full load once read "no" and kept
+        // every flow out of the fast path for 10 s). One it cannot take is counted nowhere.
+        let taken = || -> io::Result<u64> {
+            Ok(netlink::ethtool_sum(&name, "_xdp_xmit")? + netlink::ethtool_sum(&name, "_xdp_xmit_errors")?)
+        };
+        let before = taken()?;
         let cfg = self.prog.map("steer_cfg");
         cfg.update(&C_COOKIE.to_ne_bytes(), &cookie.to_ne_bytes())?;
         cfg.update(&C_PROBE.to_ne_bytes(), &egress.to_ne_bytes())?;
         let ran = self.prog.test_run(&f, egress, PROBE_FRAMES, PROBE_FRAMES, crate::bpf::TEST_XDP_LIVE_FRAMES);
         cfg.update(&C_PROBE.to_ne_bytes(), &0u32.to_ne_bytes())?;
         ran?;
-        let after = netlink::ethtool_sum(&name, "_xdp_xmit")?;
+        let after = taken()?;
         Ok(after.saturating_sub(before) >= PROBE_FRAMES as u64)
     }
 

@@ -181,6 +181,7 @@ fn write_tcp(t: &Tail, p: &[Peer; 2], si: usize, rev: u32) {
     let di = 1 - si;
     t.seqlo.store(p[si].seqlo, Relaxed);
     t.seqhi.store(p[si].seqhi, Relaxed);
+    t.peer_seqhi.store(p[di].seqhi, Relaxed);
     t.peer_seqlo.store(p[di].seqlo, Relaxed);
     t.max_win.store(p[si].max_win, Relaxed);
     t.peer_max_win.store(p[di].max_win, Relaxed);
@@ -314,7 +315,7 @@ impl FastPath {
         let tl = t.tail(idx);
         tl.in_if.store(in_if, Relaxed);
         tl.out_if.store(out_if, Relaxed);
-        tl.slot.store(slot, Relaxed);
+        t.slot(idx).store(slot, Relaxed);
         if let Some(to) = &to {
             t.set_rewrite(idx, to);
             self.sent.insert(*to, slot);
@@ -406,7 +407,7 @@ impl FastPath {
             None => {
                 let t = self.tables.of(&k);
                 let Some(idx) = t.find(&k) else { return };
-                let slot = t.tail(idx).slot.load(Relaxed);
+                let slot = t.slot(idx).load(Relaxed);
                 let mine = self
                     .recs
                     .get(slot as usize)
@@ -443,11 +444,13 @@ impl FastPath {
                 seq_max(&e.seqlo, p[si].seqlo);
                 seq_max(&re.peer_seqlo, p[si].seqlo);
                 seq_max(&e.seqhi, p[si].seqhi);
+                seq_max(&re.peer_seqhi, p[si].seqhi);
                 e.max_win.fetch_max(p[si].max_win, Relaxed);
                 re.peer_max_win.fetch_max(p[si].max_win, Relaxed);
                 seq_max(&re.seqlo, p[di].seqlo);
                 seq_max(&e.peer_seqlo, p[di].seqlo);
                 seq_max(&re.seqhi, p[di].seqhi);
+                seq_max(&e.peer_seqhi, p[di].seqhi);
                 re.max_win.fetch_max(p[di].max_win, Relaxed);
                 e.peer_max_win.fetch_max(p[di].max_win, Relaxed);
             }

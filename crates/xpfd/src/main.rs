@@ -414,9 +414,9 @@ fn group_by_table(v: &[(String, std::net::IpAddr)]) -> Vec<(String, Vec<std::net
 }
 
 /// Probes whether each filtered interface takes the fast path's redirected frames and tells
-/// the workers (`Steer::probe_egress`): at start, then every 2 s while it does (a veth whose
-/// peer turns GRO off or drops its XDP program would lose the flows' frames; they go back to
-/// xpfd within that) and every 10 s while it does not. Says what changed.
+/// the workers (`Steer::probe_egress`): at start, then every 2 s (a veth whose peer turns GRO
+/// off or drops its XDP program would lose the flows' frames: they go back to xpfd within
+/// that; one whose peer gains them takes flows within that). Says what changed.
 /// `last`: when each interface was probed.
 fn probe_egresses(
     steers: &[(String, Steer)],
@@ -427,7 +427,7 @@ fn probe_egresses(
     use std::time::{Duration, Instant};
     for (name, s) in steers {
         let Ok(i) = netlink::ifindex(name) else { continue };
-        let every = Duration::from_secs(if e.ok(i) { 2 } else { 10 });
+        let every = Duration::from_secs(2);
         match last.iter_mut().find(|l| l.0 == i) {
             Some(l) if !first && l.1.elapsed() < every => continue,
             Some(l) => l.1 = Instant::now(),
@@ -456,7 +456,7 @@ fn probe_egresses(
             } else {
                 log::info!(
                     "{name}: takes no redirected frames (a veth whose peer runs neither XDP nor GRO): \
-                     flows out of it stay in xpfd; probed again every 10 s"
+                     flows out of it stay in xpfd; probed again every 2 s"
                 );
             }
         }
