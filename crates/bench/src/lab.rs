@@ -453,8 +453,7 @@ fn open_tcp(bin: &Path, g: &Gen, xpf: bool, flows: u64, want: u64) -> Result<u64
         g.run(pass)?;
         std::thread::sleep(Duration::from_millis(200));
         have = if xpf {
-            let info: serde_json::Value =
-                serde_json::from_str(&xpfctl(bin, &["-s", "info", "--json"])?).map_err(|e| e.to_string())?;
+            let info: serde_json::Value = info_json(bin)?;
             info["states"].as_u64().unwrap_or(0)
         } else {
             kernel_opened()
@@ -469,8 +468,7 @@ fn open_tcp(bin: &Path, g: &Gen, xpf: bool, flows: u64, want: u64) -> Result<u64
 
 /// Flow directions in xpfd's fast-path tables.
 fn fast_flows(bin: &Path) -> Result<u64, String> {
-    let info: serde_json::Value =
-        serde_json::from_str(&xpfctl(bin, &["-s", "info", "--json"])?).map_err(|e| e.to_string())?;
+    let info: serde_json::Value = info_json(bin)?;
     Ok(info["forwarding"]["fast"]["flows"].as_u64().unwrap_or(0))
 }
 
@@ -479,8 +477,7 @@ fn fast_flows(bin: &Path) -> Result<u64, String> {
 fn wait_egresses(bin: &Path, ifs: &[&str]) -> Result<(), String> {
     let t = Instant::now();
     loop {
-        let info: serde_json::Value =
-            serde_json::from_str(&xpfctl(bin, &["-s", "info", "--json"])?).map_err(|e| e.to_string())?;
+        let info: serde_json::Value = info_json(bin)?;
         let unable: Vec<&str> = ifs
             .iter()
             .copied()
@@ -525,8 +522,7 @@ fn measure(g: &Gen, s: &Sink, secs: f64) -> Result<f64, String> {
 /// xpfd's own clock of its filter: (packets through the engine, ns spent in it), and the
 /// steering programs' packets forwarded on the fast path and redirected to xpfd.
 fn filter_clock(bin: &Path) -> Result<[u64; 4], String> {
-    let v: serde_json::Value =
-        serde_json::from_str(&xpfctl(bin, &["-s", "info", "--json"])?).map_err(|e| e.to_string())?;
+    let v: serde_json::Value = info_json(bin)?;
     let f = &v["forwarding"];
     let steer = |k: &str| -> u64 {
         v["steering"].as_array().map_or(0, |a| a.iter().filter_map(|s| s["counters"][k].as_u64()).sum())
@@ -549,6 +545,11 @@ fn measure_xpf(bin: &Path, g: &Gen, s: &Sink, secs: f64) -> Result<(f64, f64, f6
     let ns = if d[0] > 0 { d[1] as f64 / d[0] as f64 } else { f64::NAN };
     let fast = if d[2] + d[3] > 0 { d[2] as f64 / (d[2] + d[3]) as f64 } else { 0.0 };
     Ok((pps, ns, fast))
+}
+
+/// `xpfctl -s info --json`, parsed.
+fn info_json(bin: &Path) -> Result<serde_json::Value, String> {
+    serde_json::from_str(&xpfctl(bin, &["-s", "info", "--json"])?).map_err(|e| e.to_string())
 }
 
 fn xpfctl(bin: &Path, args: &[&str]) -> Result<String, String> {
@@ -795,8 +796,7 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
         if a.is_empty() {
             break;
         }
-        let info: serde_json::Value =
-            serde_json::from_str(&xpfctl(&o.bin, &["-s", "info", "--json"])?).map_err(|e| e.to_string())?;
+        let info: serde_json::Value = info_json(&o.bin)?;
         let xpf_states = info["states"].as_u64().unwrap_or(0);
         let kernel_entries: u64 =
             ns(NS[1], &["cat", "/proc/sys/net/netfilter/nf_conntrack_count"])?.trim().parse().unwrap_or(0);
@@ -917,8 +917,7 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
     xpfctl(&o.bin, &["--steer", "on"]).ok();
     if o.log {
         // What logging every packet left: records written, lost (queue full), bytes.
-        let info: serde_json::Value =
-            serde_json::from_str(&xpfctl(&o.bin, &["-s", "info", "--json"])?).map_err(|e| e.to_string())?;
+        let info: serde_json::Value = info_json(&o.bin)?;
         let p = &info["pflog"];
         println!(
             "pflog: {} packets logged, {} lost (queue full), {} bytes written\n",

@@ -532,17 +532,22 @@ impl Xsk {
         // EAGAIN when more wait: kicked once a batch, the ring filled and frames were dropped
         // as tx-ring-full (two of three new flows in the lab's new-flows measure, whose
         // states were made). Kicked again while the kernel says so, up to the whole ring. A
-        // zero-copy driver's kick only wakes its NAPI and returns 0: one kick.
-        if self.tx.need_wakeup() && self.tx.cached != self.tx.cons().load(Ordering::Acquire) {
+        // zero-copy driver's kick only wakes its NAPI and returns 0: one kick. A kick that
+        // took nothing (EAGAIN for a full completion ring, a busy device) ends it too.
+        let mut cons = self.tx.cons().load(Ordering::Acquire);
+        if self.tx.need_wakeup() && self.tx.cached != cons {
             for _ in 0..RING / 32 + 1 {
                 self.stats.kicks += 1;
                 // SAFETY: zero-length send on our socket is the documented TX kick.
                 let r = unsafe {
                     libc::sendto(self.fd.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0)
                 };
-                if r >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EAGAIN) {
+                let again = r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN);
+                let now = self.tx.cons().load(Ordering::Acquire);
+                if !again || now == cons {
                     break;
                 }
+                cons = now;
             }
         }
         self.reap();

@@ -65,8 +65,7 @@ struct RulesPoint {
 
 /// xpfd's new-connection queue so far: (received, dropped because its ring was full).
 fn syn_queue(o: &LabOpts) -> Result<(u64, u64), String> {
-    let v: serde_json::Value =
-        serde_json::from_str(&xpfctl(&o.bin, &["-s", "info", "--json"])?).map_err(|e| e.to_string())?;
+    let v: serde_json::Value = info_json(&o.bin)?;
     let q = &v["syn_queue"];
     Ok((q["received"].as_u64().unwrap_or(0), q["dropped"].as_u64().unwrap_or(0)))
 }
