@@ -122,7 +122,11 @@ wait_sock() {
 }
 
 # keepalived: VRRPv3 every 200 ms, both addresses in one sync group, the firewall's xpfd
-# tracked (a firewall whose filter died must give the addresses up).
+# tracked (a firewall whose filter died must give the addresses up). No periodic gratuitous
+# ARP (`vrrp_garp_master_refresh`): a primary whose xpfd has died stays master until its
+# track script next runs (up to a second), and a refresh sent in that second, after the
+# standby's takeover, pointed the hosts back at the dead firewall until the standby's own
+# next refresh; TCP's retransmission backoff made that a 3.2 s pause instead of 0.7.
 keepalived_conf() { # $1 fw, $2 priority
     local pid; pid=$(cat "$DIR/$1-xpfd.pid")
     cat <<EOF
@@ -130,7 +134,6 @@ global_defs {
     router_id $1
     enable_script_security
     script_user root
-    vrrp_garp_master_refresh 1
 }
 vrrp_script xpfd {
     script "/bin/kill -0 $pid"
@@ -259,6 +262,14 @@ if [[ ${NAT:-0} == 1 ]]; then
     echo "failover: fwb holds $xlat translated states"
     [[ $xlat -ge $FLOWS ]] || { echo "failover: FAILED: the standby lacks the translated states"; exit 1; }
 fi
+# The standby must have stayed standby: a pair whose standby took the addresses while the
+# primary lived (its adverts held up on the way, in the primary's host path or the
+# standby's) forwarded through both, and the states diverged.
+if grep -q "Entering MASTER" "$DIR/fwb-keepalived.log"; then
+    grep -E "MASTER|BACKUP" "$DIR/fwb-keepalived.log" | sed 's/^/  fwb: /'
+    echo "failover: FAILED: fwb took the addresses before the kill (the primary's adverts did not reach it)"; exit 1
+fi
+echo "failover: fwb stayed the standby until the kill (keepalived: no MASTER state)"
 echo "failover: kill -9 xpfd on fwa (the primary)"
 t0=$(date +%s.%N)
 kill -9 "$(cat "$DIR/fwa-xpfd.pid")"

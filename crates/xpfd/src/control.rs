@@ -565,7 +565,8 @@ impl Daemon {
     }
 
     fn states(&self) -> Result<Vec<StateRow>, String> {
-        Ok(ask(&self.workers, Cmd::States)?.into_iter().flatten().collect())
+        let mut names = std::collections::HashMap::new();
+        Ok(ask(&self.workers, Cmd::States)?.into_iter().flatten().map(|r| r.row(&mut names)).collect())
     }
 
     pub fn handle(&mut self, req: &Value) -> Result<(String, Value), String> {

@@ -228,7 +228,9 @@ pub type Snapshot = (Info, IoStats, Vec<XskStats>, Vec<(u32, [u64; 8])>);
 
 pub enum Cmd {
     Snapshot(Sender<Snapshot>),
-    States(Sender<Vec<StateRow>>),
+    /// Every state, copied a chunk per round (see [`Listing`]); the control thread makes the
+    /// rows.
+    States(Sender<Vec<RawRow>>),
     /// Per rule (by number), what its states in the table now have carried: see [`RuleSums`].
     RuleSums(Sender<RuleSums>),
     /// States per interface they are bound to (0: floating), for `-s Interfaces -v`.
@@ -312,6 +314,10 @@ pub struct Dataplane {
     /// What the hand-off owns translated traffic by, for the ruleset generation it was built
     /// from.
     nat_owners: (u64, crate::handoff::NatOwners),
+    /// `-s states` requests, the first in progress.
+    listings: std::collections::VecDeque<Listing>,
+    /// Commands were left in the queue when the last visit's budget ran out.
+    cmds_left: bool,
 }
 
 /// Frames a worker gives back to the kernel per second at most (the host's own traffic that
@@ -353,51 +359,113 @@ fn bits(mut m: u64) -> impl Iterator<Item = usize> {
     })
 }
 
-fn rows<K: Key>(t: &xpf_state::StateTable<K>, now: u32, out: &mut Vec<StateRow>) {
-    for (id, s) in t.iter() {
+/// A state as `-s states` shows it, as the worker copies it: no formatting and no system
+/// call on the worker (names and text are made by the control thread, [`RawRow::row`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RawRow {
+    kif: u16,
+    proto: u8,
+    af: u8,
+    /// The key shown (hosts and ports), and the other key when translated.
+    shown: ([xpf_wire::Addr; 2], [u16; 2]),
+    other: Option<([xpf_wire::Addr; 2], [u16; 2])>,
+    out: bool,
+    peer_state: [u8; 2],
+    age: u32,
+    expires_in: u32,
+    packets: [u32; 2],
+    bytes: [u64; 2],
+    rule: u32,
+}
+
+impl RawRow {
+    fn of<K: Key>(t: &xpf_state::StateTable<K>, id: u32, s: &xpf_state::State<K>, now: u32) -> RawRow {
         // pf's `expire` is the last activity; the deadline adds the (adaptive) timeout.
         let deadline = s.expire.saturating_add(t.timeout_of(id));
         let (k, m) = (&s.key, t.meta(id));
         // pfctl's view of a translated state: going out, the wire key with the stack key's
         // differing hosts in parentheses; coming in, the stack key with the wire key's.
-        let going_out = s.flags & xpf_state::sf::OUT != 0;
+        let out = s.flags & xpf_state::sf::OUT != 0;
         let (nk, sk) = match t.stack_key(id) {
-            Some(st) if going_out => (*k, Some(st)),
+            Some(st) if out => (*k, Some(st)),
             Some(st) => (st, Some(*k)),
             None => (*k, None),
         };
-        // ICMP: the identifier is one field; pfctl shows its change on the translated side.
-        let icmp = matches!(k.proto(), 1 | 58);
-        let side = |i: usize| {
-            let h = host(nk.addr(i), k.af(), nk.port(i), k.proto());
-            let same_id = icmp && i == if going_out { 0 } else { 1 };
-            match sk.filter(|sk| sk.addr(i) != nk.addr(i) || (sk.port(i) != nk.port(i) && !same_id)) {
-                Some(sk) => format!("{h} ({})", host(sk.addr(i), k.af(), sk.port(i), k.proto())),
-                None => h,
-            }
-        };
-        let ifname = if k.kif() == 0 {
-            "all".to_string()
-        } else {
-            xpf_xdp::netlink::ifname(k.kif() as u32).unwrap_or_else(|| format!("if{}", k.kif()))
-        };
-        out.push(StateRow {
-            ifname,
+        let hp = |k: &K| ([k.addr(0), k.addr(1)], [k.port(0), k.port(1)]);
+        RawRow {
+            kif: k.kif(),
             proto: k.proto(),
             af: k.af(),
-            left: side(1),
-            right: side(0),
-            out: going_out,
-            src_state: s.peer_state[0],
-            dst_state: s.peer_state[1],
+            shown: hp(&nk),
+            other: sk.as_ref().map(hp),
+            out,
+            peer_state: s.peer_state,
             age: now.saturating_sub(m.creation),
             expires_in: deadline.saturating_sub(now),
             packets: s.packets,
             bytes: s.bytes,
             rule: m.rule,
-        });
+        }
+    }
+
+    /// The row pfctl prints; `names` caches interface names by index.
+    pub fn row(&self, names: &mut std::collections::HashMap<u16, String>) -> StateRow {
+        let (af, proto) = (self.af, self.proto);
+        // ICMP: the identifier is one field; pfctl shows its change on the translated side.
+        let icmp = matches!(proto, 1 | 58);
+        let (na, np) = self.shown;
+        let side = |i: usize| {
+            let h = host(na[i], af, np[i], proto);
+            let same_id = icmp && i == if self.out { 0 } else { 1 };
+            match self.other.filter(|(sa, sp)| sa[i] != na[i] || (sp[i] != np[i] && !same_id)) {
+                Some((sa, sp)) => format!("{h} ({})", host(sa[i], af, sp[i], proto)),
+                None => h,
+            }
+        };
+        let ifname = names
+            .entry(self.kif)
+            .or_insert_with(|| match self.kif {
+                0 => "all".to_string(),
+                k => xpf_xdp::netlink::ifname(k as u32).unwrap_or_else(|| format!("if{k}")),
+            })
+            .clone();
+        StateRow {
+            ifname,
+            proto,
+            af,
+            left: side(1),
+            right: side(0),
+            out: self.out,
+            src_state: self.peer_state[0],
+            dst_state: self.peer_state[1],
+            age: self.age,
+            expires_in: self.expires_in,
+            packets: self.packets,
+            bytes: self.bytes,
+            rule: self.rule,
+        }
     }
 }
+
+/// `-s states` in progress on a worker: the table is copied [`LIST_CHUNK`] slots a round,
+/// between the rounds' packets, so that a listing of millions of states does not stop the
+/// worker (at 1M states, copying and formatting in one go held it for about a second: no
+/// packet forwarded, no VRRP advert let through the host path, and the standby took the
+/// addresses). A listing is not an atomic snapshot, as pf's is not: a state made or removed
+/// during it may be missing.
+struct Listing {
+    tx: Sender<Vec<RawRow>>,
+    rows: Vec<RawRow>,
+    fam: usize,
+    slot: u32,
+}
+
+/// Table slots a listing copies per round.
+const LIST_CHUNK: u32 = 16_384;
+
+/// A worker's commands (sync records, control requests) run for this long at most per visit;
+/// the rest wait for the next, after the round's packets and the host's own traffic.
+const CMD_BUDGET: Duration = Duration::from_millis(1);
 
 fn kill<K: Key>(t: &mut xpf_state::StateTable<K>, sel: &Select) -> u32 {
     let ids: Vec<u32> = t
@@ -446,6 +514,8 @@ impl Dataplane {
             raw: None,
             to_host_budget: (0, 0),
             nat_owners: (0, Default::default()),
+            listings: Default::default(),
+            cmds_left: false,
         }
     }
 
@@ -534,10 +604,19 @@ impl Dataplane {
                     self.send_held(out);
                 }
             }
+            if !self.listings.is_empty() {
+                self.list_step(now);
+            }
             n_loops += 1;
-            if got == 0 || n_loops.is_multiple_of(64) {
+            if got == 0 || n_loops.is_multiple_of(64) || (self.cmds_left && n_loops.is_multiple_of(8)) {
+                let t0 = Instant::now();
+                self.cmds_left = false;
                 while let Ok(c) = self.cmds.try_recv() {
                     self.command(c);
+                    if t0.elapsed() >= CMD_BUDGET {
+                        self.cmds_left = true;
+                        break;
+                    }
                 }
                 self.worker.maintain(now, if got == 0 { 4096 } else { 256 });
                 if let Some(p) = &self.pflow {
@@ -552,7 +631,7 @@ impl Dataplane {
             }
             if got == 0 {
                 idle_rounds += 1;
-                if !self.busy && idle_rounds > 16 {
+                if !self.busy && idle_rounds > 16 && !self.cmds_left && self.listings.is_empty() {
                     // Held packets (defer mode) time out 20 ms after they came: sleep less.
                     let holding = !self.unresolved.is_empty()
                         || self.sync.as_ref().and_then(|s| s.defer.as_ref()).is_some_and(|d| d.stats.waiting > 0);
@@ -569,6 +648,39 @@ impl Dataplane {
             } else {
                 idle_rounds = 0;
             }
+        }
+    }
+
+    /// Copies the next chunk of the listing in progress; sends it when the tables are done.
+    fn list_step(&mut self, now: u32) {
+        let Some(l) = self.listings.front_mut() else { return };
+        let mut left = LIST_CHUNK;
+        while l.fam < 2 && left > 0 {
+            fn chunk<K: Key>(t: &xpf_state::StateTable<K>, l: &mut Listing, left: &mut u32, now: u32) -> bool {
+                let end = t.high_water();
+                while l.slot < end && *left > 0 {
+                    let s = t.state(l.slot);
+                    if s.flags & xpf_state::sf::LIVE != 0 {
+                        l.rows.push(RawRow::of(t, l.slot, s, now));
+                    }
+                    l.slot += 1;
+                    *left -= 1;
+                }
+                l.slot >= end
+            }
+            let done = if l.fam == 0 {
+                chunk(&self.worker.t4, l, &mut left, now)
+            } else {
+                chunk(&self.worker.t6, l, &mut left, now)
+            };
+            if done {
+                l.fam += 1;
+                l.slot = 0;
+            }
+        }
+        if l.fam >= 2 {
+            let l = self.listings.pop_front().expect("a listing in progress");
+            let _ = l.tx.send(l.rows);
         }
     }
 
@@ -1345,10 +1457,8 @@ impl Dataplane {
                 if let Some(f) = &mut self.fast {
                     f.sync(&mut self.worker, now, true);
                 }
-                let mut v = Vec::new();
-                rows(&self.worker.t4, now, &mut v);
-                rows(&self.worker.t6, now, &mut v);
-                let _ = tx.send(v);
+                let n = self.worker.t4.len() + self.worker.t6.len();
+                self.listings.push_back(Listing { tx, rows: Vec::with_capacity(n as usize), fam: 0, slot: 0 });
             }
             Cmd::Kill(sel, tx) => {
                 let n = kill(&mut self.worker.t4, &sel) + kill(&mut self.worker.t6, &sel);
