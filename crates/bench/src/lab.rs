@@ -75,6 +75,11 @@ pub struct LabOpts {
     pub bin: PathBuf,
     pub json: bool,
     pub busy_poll: bool,
+    /// Each measurement's CPU split per core, printed (/proc/stat, /proc/softirqs).
+    pub cpu: bool,
+    /// The sink's NAPI as a thread on the generator's core (SCHED_FIFO, ahead of the
+    /// generator) instead of a softirq on the firewall core.
+    pub sink_thread: bool,
     pub fastpath: bool,
     /// Both firewalls translate the flows' sources to the firewall's address on f1, with the
     /// same source ports: xpfd with `match out on f1 nat-to 10.10.2.1 port 1024:65535`, the
@@ -509,14 +514,59 @@ fn measure(g: &Gen, s: &Sink, secs: f64) -> Result<f64, String> {
     std::thread::scope(|sc| {
         sc.spawn(|| {
             std::thread::sleep(settle);
+            let trace = CPU_SPLIT.load(Ordering::Relaxed);
+            let c0 = if trace { cpu_sample() } else { Vec::new() };
             let a = (Instant::now(), s.count());
             std::thread::sleep(Duration::from_secs_f64(secs));
             let b = (Instant::now(), s.count());
-            let _ = tx.send((b.1 - a.1) as f64 / b.0.duration_since(a.0).as_secs_f64());
+            let pps = (b.1 - a.1) as f64 / b.0.duration_since(a.0).as_secs_f64();
+            if trace {
+                let c1 = cpu_sample();
+                let mut line = format!("  cpu: {pps:>10.0}/s");
+                for (x, y) in c0.iter().zip(&c1) {
+                    let d: Vec<u64> = (0..x.len()).map(|i| y[i].saturating_sub(x[i])).collect();
+                    let all: u64 = d[..8].iter().sum::<u64>().max(1);
+                    let pc = |v: u64| 100 * v / all;
+                    line += &format!(
+                        " | usr {}% sys {}% softirq {}% idle {}% steal {}%, NET_RX {}",
+                        pc(d[0] + d[1]),
+                        pc(d[2]),
+                        pc(d[6]),
+                        pc(d[3]),
+                        pc(d[7]),
+                        d[8]
+                    );
+                }
+                println!("{line}");
+            }
+            let _ = tx.send(pps);
         });
         g.run(total)
     })?;
     rx.recv().map_err(|_| "measuring thread".to_string())
+}
+
+/// `--cpu`: each measurement prints its CPU split.
+static CPU_SPLIT: AtomicBool = AtomicBool::new(false);
+
+/// Per CPU: /proc/stat's first eight columns and NET_RX from /proc/softirqs (`--cpu`).
+fn cpu_sample() -> Vec<Vec<u64>> {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let soft = std::fs::read_to_string("/proc/softirqs").unwrap_or_default();
+    let netrx: Vec<u64> = soft
+        .lines()
+        .find(|l| l.trim_start().starts_with("NET_RX:"))
+        .map(|l| l.split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect())
+        .unwrap_or_default();
+    stat.lines()
+        .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+        .enumerate()
+        .map(|(i, l)| {
+            let mut v: Vec<u64> = l.split_whitespace().skip(1).take(8).filter_map(|x| x.parse().ok()).collect();
+            v.push(netrx.get(i).copied().unwrap_or(0));
+            v
+        })
+        .collect()
 }
 
 /// xpfd's own clock of its filter: (packets through the engine, ns spent in it), and the
@@ -666,9 +716,18 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
     let g = Gen::new()?;
     let s = Sink::new()?;
     let _answer = o.tcp.then(answerers).transpose()?;
-    // The sink's NAPI stays a softirq: it runs where f1 transmits, on the firewall core, for
-    // both firewalls alike (the method of ../shared/reference/kernel-baseline.md). Made a
-    // thread beside the generator, it starved and dropped in f1's transmit.
+    // The sink's NAPI stays a softirq by default: it runs where f1 transmits, on the firewall
+    // core, for both firewalls alike (the method of ../shared/reference/kernel-baseline.md),
+    // and takes a share of that core that grows with the rate (`--cpu`: 15-18% for the
+    // kernel, ~30% at xpfd's fast path). `--sink-thread` moves it to the generator's core as
+    // a thread at SCHED_FIFO (at nice 0 beside the generator it starved and dropped in f1's
+    // transmit): the firewall core then does only firewall work, but each packet the kernel
+    // transmits one at a time wakes that thread across cores when it went idle, which XDP's
+    // bulk transmit does once a batch (bench-results/README.md, "Where the sink runs").
+    CPU_SPLIT.store(o.cpu, Ordering::Relaxed);
+    if o.sink_thread {
+        ns(NS[2], &["sh", "-c", "echo 1 > /sys/class/net/s0/threaded"])?;
+    }
     pin_napi_threads();
     if o.fastpath {
         // The sink (and with --tcp the answerer at g0) came after xpfd: its egresses take
@@ -968,6 +1027,9 @@ fn pin_napi_threads() {
         let (Some(pid), Some(comm)) = (it.next(), it.next()) else { continue };
         let cpu = if comm.starts_with("napi/f0-") || comm.starts_with("napi/f1-") {
             FW_CPU
+        } else if comm.starts_with("napi/s0-") {
+            let _ = sh(&["chrt", "-f", "-p", "50", pid]);
+            GEN_CPU
         } else {
             continue;
         };

@@ -42,6 +42,15 @@ use crate::policy::Live;
 
 /// The longest interval between read-back passes; shorter when timeouts are short.
 const SYNC_MAX: Duration = Duration::from_secs(10);
+/// The index of a record's protocol in `FastPath::by_proto`.
+fn proto_index(proto: u8) -> usize {
+    match proto {
+        6 => 0,
+        17 => 1,
+        _ => 2,
+    }
+}
+
 /// Records visited per slice of a pass.
 const SLICE: usize = 4096;
 /// After REFUSED_RUN refusals in a row (a table near full: at half load, 1 flow in 2,500 finds
@@ -165,6 +174,9 @@ pub struct FastPath {
     /// Translated flows by their key as they leave (what an ICMP error about them quotes).
     sent: HashMap<FlowKey, u32>,
     last_sync: Instant,
+    /// Records by protocol (TCP, UDP, ICMP): the timeouts a pass must beat are those of the
+    /// protocols the tables hold.
+    by_proto: [u32; 3],
     /// The pass under way: the next record to visit.
     walking: Option<usize>,
     refused_at: Option<Instant>,
@@ -206,6 +218,7 @@ impl FastPath {
             mine: HashMap::new(),
             sent: HashMap::new(),
             last_sync: Instant::now(),
+            by_proto: [0; 3],
             walking: None,
             refused_at: None,
             refused_run: 0,
@@ -323,6 +336,7 @@ impl FastPath {
         }
         self.recs[slot as usize] =
             Some(Rec { key: k, sent: to, idx, in_if, out_if, states, packets: 0, bytes: 0, tcp: None, held: false });
+        self.by_proto[proto_index(k.proto)] += 1;
         self.mine.insert((in_if, k), slot);
         self.stats.installed += 1;
         self.stats.flows = self.mine.len() as u64;
@@ -473,24 +487,27 @@ impl FastPath {
         }
     }
 
-    /// The interval between passes: a third of the shortest UDP or established-TCP timeout
-    /// now in force (adaptive scaling included), at most SYNC_MAX; with pflow's active
-    /// records, half their period at most, so that each record carries the kernel's counts
-    /// of the period before it.
-    fn interval(w: &Worker<Live>) -> Duration {
+    /// The interval between passes: a third of the shortest timeout now in force (adaptive
+    /// scaling included) among the protocols the tables hold (UDP's, established TCP's,
+    /// ICMP's), at most SYNC_MAX; with pflow's active records, half their period at most, so
+    /// that each record carries the kernel's counts of the period before it. (ICMP's 10-s
+    /// error timeout set it for every flow before: a pass over 2M TCP records every 3 s took
+    /// half the firewall core in the lab.)
+    fn interval(&self, w: &Worker<Live>) -> Duration {
         let t = &w.t4;
-        let shortest = [
-            Timeout::UdpFirst,
-            Timeout::UdpSingle,
-            Timeout::UdpMultiple,
-            Timeout::TcpEstablished,
-            Timeout::IcmpFirst,
-            Timeout::IcmpError,
-        ]
-        .into_iter()
-        .map(|c| t.timeouts().effective(c, t.len() + w.t6.len(), t.limit()))
-        .min()
-        .unwrap_or(30);
+        let classes: [&[Timeout]; 3] = [
+            &[Timeout::TcpEstablished],
+            &[Timeout::UdpFirst, Timeout::UdpSingle, Timeout::UdpMultiple],
+            &[Timeout::IcmpFirst, Timeout::IcmpError],
+        ];
+        let shortest = classes
+            .iter()
+            .zip(self.by_proto)
+            .filter(|&(_, n)| n > 0)
+            .flat_map(|(c, _)| c.iter())
+            .map(|&c| t.timeouts().effective(c, t.len() + w.t6.len(), t.limit()))
+            .min()
+            .unwrap_or(SYNC_MAX.as_secs() as u32 * 3);
         let iv = Duration::from_secs((shortest / 3).max(1) as u64).min(SYNC_MAX);
         match w.flow_active() {
             0 => iv,
@@ -522,7 +539,7 @@ impl FastPath {
         }
         self.cool(w, now, false);
         if self.walking.is_none() {
-            if self.last_sync.elapsed() < Self::interval(w) {
+            if self.last_sync.elapsed() < self.interval(w) {
                 return;
             }
             self.begin();
@@ -569,7 +586,7 @@ impl FastPath {
         let t = Instant::now();
         let Some(start) = self.walking.take() else { return };
         let end = (start + SLICE).min(self.recs.len());
-        let next = now.saturating_add(Self::interval(w).as_secs() as u32 + 1);
+        let next = now.saturating_add(self.interval(w).as_secs() as u32 + 1);
         for slot in start as u32..end as u32 {
             let Some(r) = self.recs[slot as usize].as_ref().filter(|r| !r.held) else { continue };
             let pair = r.tcp;
@@ -621,6 +638,7 @@ impl FastPath {
     /// Frees record `slot` and its entry.
     fn release(&mut self, slot: u32) {
         if let Some(r) = self.recs[slot as usize].take() {
+            self.by_proto[proto_index(r.key.proto)] -= 1;
             let t = self.tables.of(&r.key);
             t.hold(r.idx);
             t.free(r.idx);
