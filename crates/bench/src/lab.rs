@@ -75,6 +75,8 @@ pub struct LabOpts {
     pub bin: PathBuf,
     pub json: bool,
     pub busy_poll: bool,
+    /// xpfd started with --no-xdp-tx.
+    pub no_xdp_tx: bool,
     /// Each measurement's CPU split per core, printed (/proc/stat, /proc/softirqs).
     pub cpu: bool,
     /// The sink's NAPI as a thread on the generator's core (SCHED_FIFO, ahead of the
@@ -692,6 +694,7 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
         .args(["-f", &keep.to_string_lossy(), "-i", "f0", "-i", "f1", "--io", "xdp"])
         .args(["--cpus", &FW_CPU.to_string(), "--socket", SOCK])
         .args(if o.busy_poll { &["--busy-poll"][..] } else { &[] })
+        .args(if o.no_xdp_tx { &["--no-xdp-tx"][..] } else { &[] })
         // The fast path's tables sized for the largest point (a flow direction per state), as
         // an operator sizes them for the load: xpfd's default holds 1M, and at 2M TCP states
         // a tenth of the connections found no room (their packets went through xpfd).

@@ -90,9 +90,10 @@ struct xpf_map xlats6 SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct xlat6
 /* steer_cfg[C_BARE] = 1: forward everything routable here, unfiltered (the lab's measure of
  * the fast path's I/O ceiling; set only through xpfctl --steer bare). The others: the flow
  * tables' hash seed and index masks (0: fast path off), the sync pace (0: sync off), and
- * xpfd's egress probe (C_PROBE: an ifindex while a probe runs; C_COOKIE: its frames' mark).
- * Shared. */
-enum { C_BARE, C_SEED, C_MASK4, C_MASK6, C_PACE, C_PROBE, C_COOKIE, C_N };
+ * xpfd's egress probe (C_PROBE: an ifindex while a probe runs; C_COOKIE: its frames' mark),
+ * xpfd's transmit through XDP (C_TXDEV: the interface its test runs name, C_TXKEY: the
+ * random word their metadata carries; steer.c, tx_batch). Shared. */
+enum { C_BARE, C_SEED, C_MASK4, C_MASK6, C_PACE, C_PROBE, C_COOKIE, C_TXDEV, C_TXKEY, C_N };
 struct xpf_map steer_cfg SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 4, C_N, 0 };
 /* Folds a ones'-complement sum to 16 bits. Sums of raw (network-order) words fold to the
  * raw field value: the sum is the same in either byte order. */

@@ -381,6 +381,75 @@ INLINE int verdict(struct xdp_md *ctx, __u32 slot, struct bpf_fib_lookup *p, lon
     }
 }
 
+/* xpfd's transmit through XDP. The frames a worker sends out of one of its ports (an
+ * interface's queue) wait in that port's lane of `tx_slots` (memory xpfd maps: its length,
+ * the egress ifindex, the frame); a flush runs this program with BPF_PROG_TEST_RUN in
+ * live-frame mode, once per frame, on an input frame whose metadata names the batch. Each
+ * run copies its slot into the live frame and redirects it to the egress: the frames leave
+ * in XDP bulk (ndo_xdp_xmit), where AF_XDP's copy mode builds a socket buffer for each (and
+ * a veth's XDP receiver copies each again). The runs name C_TXDEV as their receiving
+ * interface: one the program is attached to for no traffic (xpfd gives loopback's), so no
+ * received frame takes this branch. A per-CPU cursor numbers the frames of a run (a run of
+ * at most TX_LANE frames is one batch: one CPU, softirqs off); the metadata's key must match
+ * C_TXKEY, else the frame is dropped (a live frame's page reused by the same run keeps the
+ * metadata it was given, but nothing else is trusted). */
+#define TX_SLOT 2048
+#define TX_DATA (TX_SLOT - 8)
+#define TX_LANE 128
+struct tx_slot {
+    __u32 len;
+    __u32 ifindex;
+    __u8 data[TX_DATA];
+};
+struct tx_meta {
+    __u32 key, run, first, count;
+};
+struct tx_cursor {
+    __u32 run, first, next, pad;
+};
+/* Sized by xpfd: TX_LANE slots for each port. */
+struct xpf_map tx_slots SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, TX_SLOT, 1, BPF_F_MMAPABLE };
+struct xpf_map tx_cursor SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, sizeof(struct tx_cursor), 1, 0 };
+
+static long (*bpf_xdp_adjust_meta)(struct xdp_md *ctx, int delta) = (void *)BPF_FUNC_xdp_adjust_meta;
+static long (*bpf_xdp_adjust_tail)(struct xdp_md *ctx, int delta) = (void *)BPF_FUNC_xdp_adjust_tail;
+static long (*bpf_xdp_store_bytes)(struct xdp_md *ctx, __u32 off, void *buf, __u32 len) =
+    (void *)BPF_FUNC_xdp_store_bytes;
+
+INLINE int tx_batch(struct xdp_md *ctx) {
+    struct tx_meta *m = (void *)(long)ctx->data_meta;
+    if ((void *)(m + 1) > (void *)(long)ctx->data)
+        return XDP_DROP;
+    __u32 key = cfg(C_TXKEY);
+    if (!key || m->key != key || m->count > TX_LANE)
+        return XDP_DROP;
+    __u32 zero = 0;
+    struct tx_cursor *c = bpf_map_lookup_elem(&tx_cursor, &zero);
+    if (!c)
+        return XDP_DROP;
+    if (c->run != m->run || c->first != m->first) {
+        c->run = m->run;
+        c->first = m->first;
+        c->next = 0;
+    }
+    __u32 i = c->next;
+    if (i >= m->count)
+        return XDP_DROP;
+    c->next = i + 1;
+    __u32 k = m->first + i;
+    struct tx_slot *s = bpf_map_lookup_elem(&tx_slots, &k);
+    if (!s)
+        return XDP_DROP;
+    __u32 len = s->len, to = s->ifindex;
+    if (len < ETH_HLEN || len > TX_DATA)
+        return XDP_DROP;
+    /* The input frame is ETH_HLEN bytes past its metadata (xpfd's TX_INPUT). */
+    if (bpf_xdp_adjust_meta(ctx, sizeof(*m)) || bpf_xdp_adjust_tail(ctx, (int)len - ETH_HLEN) ||
+        bpf_xdp_store_bytes(ctx, 0, s->data, len))
+        return XDP_DROP;
+    return bpf_redirect(to, 0);
+}
+
 SEC("xdp")
 int xpf_steer(struct xdp_md *ctx) {
     void *data = (void *)(long)ctx->data;
@@ -390,8 +459,12 @@ int xpf_steer(struct xdp_md *ctx) {
         return XDP_PASS;
     __u64 mac = 0;
     int found = if_slot(ctx, &mac);
-    if (found < 0)
+    if (found < 0) {
+        __u32 txdev = cfg(C_TXDEV);
+        if (txdev && ctx->ingress_ifindex == txdev)
+            return tx_batch(ctx);
         return XDP_PASS; /* not (yet) an interface xpfd filters: the kernel's */
+    }
     __u32 slot = found;
     if (other_host(eth, mac)) {
         COUNT(S_OTHERHOST);

@@ -523,8 +523,23 @@ impl Program {
     /// BPF_PROG_TEST_RUN: runs the program `repeat` times on `frame`, with `ingress` as the
     /// receiving interface, in batches of `batch` (live frames when `flags` says so).
     pub fn test_run(&self, frame: &[u8], ingress: u32, repeat: u32, batch: u32, flags: u32) -> io::Result<u32> {
+        self.test_run_meta(frame, 0, ingress, repeat, batch, flags)
+    }
+
+    /// [`Program::test_run`] with the first `meta` bytes of `frame` as the frame's XDP
+    /// metadata (a multiple of 4, at most 32).
+    pub fn test_run_meta(
+        &self,
+        frame: &[u8],
+        meta: u32,
+        ingress: u32,
+        repeat: u32,
+        batch: u32,
+        flags: u32,
+    ) -> io::Result<u32> {
         // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex
         let mut md = [0u32; 6];
+        md[0] = meta;
         md[1] = frame.len() as u32;
         md[3] = ingress;
         let mut a = TestRun {

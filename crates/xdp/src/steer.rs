@@ -228,8 +228,9 @@ impl Steer {
     /// Loads the program for the first interface; `first`: the program one interface already
     /// has, which this one then shares in the next slot (errors past SLOTS interfaces).
     /// `tables`: the fast-path flow tables' sizes (IPv4, IPv6 entries, powers of two; 1 each
-    /// when the fast path is off).
-    pub fn load(tables: (u32, u32), first: Option<&Steer>) -> io::Result<Steer> {
+    /// when the fast path is off); `ports`: the AF_XDP sockets it will serve (a transmit lane
+    /// each, xpf_xdp::txlane).
+    pub fn load(tables: (u32, u32), ports: u32, first: Option<&Steer>) -> io::Result<Steer> {
         if let Some(f) = first {
             let slot = f.taken.fetch_add(1, Ordering::Relaxed);
             if slot >= SLOTS {
@@ -237,7 +238,13 @@ impl Steer {
             }
             return Ok(Steer { prog: f.prog.clone(), slot, taken: f.taken.clone(), attached: Vec::new() });
         }
-        let sizes = [("flows4", tables.0), ("flows6", tables.1), ("xlats4", tables.0), ("xlats6", tables.1)];
+        let sizes = [
+            ("flows4", tables.0),
+            ("flows6", tables.1),
+            ("xlats4", tables.0),
+            ("xlats6", tables.1),
+            ("tx_slots", ports.max(1) * crate::txlane::LANE),
+        ];
         let prog = Program::load_sized("xpf_steer", objects::STEER, &sizes)?;
         Ok(Steer { prog: Arc::new(prog), slot: 0, taken: Arc::new(AtomicU32::new(1)), attached: Vec::new() })
     }
@@ -312,11 +319,12 @@ impl Steer {
     /// interface's own MAC (the far host drops them as not its own), go through the program
     /// with BPF_PROG_TEST_RUN in live-frame mode and are redirected to `egress`; the veth's
     /// `tx_queue_N_xdp_xmit` and `tx_queue_N_xdp_xmit_errors` statistics must count them. Other drivers that run the program
-    /// natively take redirected frames (ndo_xdp_xmit): not probed.
+    /// natively take redirected frames (ndo_xdp_xmit): not probed; one where the program
+    /// runs in generic (skb) mode only has no ndo_xdp_xmit, and takes none.
     pub fn probe_egress(&self, egress: u32) -> io::Result<bool> {
         let name = netlink::ifname(egress).ok_or_else(|| io::Error::other(format!("no interface {egress}")))?;
         if netlink::driver(&name)?.0 != "veth" {
-            return Ok(true);
+            return Ok(self.attached.iter().any(|&(i, f)| i == egress && f == netlink::XDP_FLAGS_DRV_MODE));
         }
         let cookie = u32::from_ne_bytes(random4());
         // From the interface's MAC to itself: the program takes it as addressed to the

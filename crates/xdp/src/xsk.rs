@@ -146,6 +146,13 @@ pub struct XskStats {
     /// because its ring was full.
     pub syn_rx: u64,
     pub syn_dropped: u64,
+    /// Of `tx`, the frames sent through XDP ([`crate::txlane`]), and the test runs that sent
+    /// them.
+    pub tx_xdp: u64,
+    pub tx_xdp_runs: u64,
+    /// Test runs the kernel refused: the lane's frames went through the ring, and the lane
+    /// is off from then on.
+    pub tx_xdp_errors: u64,
 }
 
 impl XskStats {
@@ -178,6 +185,8 @@ pub struct Xsk {
     tx_md: bool,
     /// Where the frame queued last lies.
     last_tx: u64,
+    /// Transmit through XDP, when xpfd gave the socket a lane.
+    lane: Option<crate::txlane::TxLane>,
     pub ifindex: u32,
     pub queue: u32,
     pub zero_copy: bool,
@@ -317,6 +326,7 @@ impl Xsk {
             tx_pending: 0,
             tx_md,
             last_tx: 0,
+            lane: None,
             ifindex,
             queue,
             zero_copy: false,
@@ -460,9 +470,35 @@ impl Xsk {
         self.fill.submit(n);
     }
 
-    /// Copies `bytes` into a free TX frame and queues it; false (counted) when full.
+    /// Gives the socket a lane to transmit through XDP ([`crate::txlane`]).
+    pub fn set_lane(&mut self, lane: crate::txlane::TxLane) {
+        self.lane = Some(lane);
+    }
+
+    /// Copies `bytes` into a free TX frame and queues it; None (counted) when full. With a
+    /// lane that takes it, the frame waits there instead (until [`Xsk::flush`]).
     #[inline]
     pub fn tx_copy(&mut self, bytes: &[u8]) -> Option<&mut [u8]> {
+        if let Some(l) = self.lane.as_ref() {
+            if !l.takes(bytes.len()) && !l.is_empty() {
+                // The lane full, or a frame it cannot take (too long, the egress not taking
+                // redirected frames): those waiting leave first, in order.
+                self.flush_lane();
+            }
+        }
+        if self.lane.as_ref().is_some_and(|l| l.takes(bytes.len())) {
+            if self.tx_pending > 0 {
+                // Frames queued in the ring before this one leave before it.
+                self.flush_ring();
+            }
+            return self.lane.as_mut().and_then(|l| l.push(bytes));
+        }
+        self.ring_copy(bytes)
+    }
+
+    /// Copies `bytes` into a free frame of the AF_XDP transmit ring.
+    #[inline]
+    fn ring_copy(&mut self, bytes: &[u8]) -> Option<&mut [u8]> {
         if self.tx_free.is_empty() {
             self.reap();
         }
@@ -493,10 +529,11 @@ impl Xsk {
         self.tx.free().saturating_sub(self.tx_pending) >= RING / 4 && self.tx_free.len() as u32 >= RING / 4
     }
 
-    /// Whether frames can carry a checksum request ([`Xsk::tx_checksum`]).
+    /// Whether the next frame can carry a checksum request ([`Xsk::tx_checksum`]): not one
+    /// for the lane (an XDP frame carries no offload; the caller finishes it).
     #[inline]
     pub fn can_tx_checksum(&self) -> bool {
-        self.tx_md
+        self.tx_md && !self.lane.as_ref().is_some_and(|l| l.takes(crate::txlane::DATA))
     }
 
     /// Asks the kernel to finish the TCP/UDP checksum of the frame [`Xsk::tx_copy`] queued
@@ -521,8 +558,39 @@ impl Xsk {
         true
     }
 
+    /// Sends the frames waiting in the lane: by one test run when there are [`LANE_MIN`] or
+    /// more, else (or when the run fails) through the ring, ahead of what is queued there
+    /// after them.
+    ///
+    /// [`LANE_MIN`]: crate::txlane::LANE_MIN
+    fn flush_lane(&mut self) {
+        let Some(mut l) = self.lane.take() else { return };
+        let n = l.len() as u64;
+        let sent = l.len() >= crate::txlane::LANE_MIN && l.send().is_ok();
+        self.stats.tx_xdp = l.stats.frames;
+        self.stats.tx_xdp_runs = l.stats.runs;
+        self.stats.tx_xdp_errors = l.stats.errors;
+        if sent {
+            self.stats.tx += n;
+        } else {
+            l.drain(|f| {
+                let _ = self.ring_copy(f);
+            });
+        }
+        self.lane = Some(l);
+    }
+
     /// Publishes queued frames and wakes the kernel to send them.
     pub fn flush(&mut self) {
+        self.flush_lane();
+        if let Some(l) = self.lane.as_mut() {
+            l.refresh();
+        }
+        self.flush_ring();
+    }
+
+    /// Publishes the frames queued in the ring and wakes the kernel to send them.
+    fn flush_ring(&mut self) {
         if self.tx_pending > 0 {
             self.stats.tx += self.tx_pending as u64;
             self.tx.submit(self.tx_pending);

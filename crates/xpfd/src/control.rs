@@ -1054,18 +1054,27 @@ impl Daemon {
                 let _ = writeln!(text, "{kind} sockets: {} (kernel-side drops {rx_dropped})", xs.len());
                 let _ = writeln!(
                     text,
-                    "  {:<12} {:>5} {:>12} {:>12} {:>10} {:>10} {:>12} {:>12}",
-                    "interface", "queue", "received", "sent", "tx full", "rx drops", "SYN queue", "SYN drops"
+                    "  {:<12} {:>5} {:>12} {:>12} {:>12} {:>10} {:>10} {:>12} {:>12}",
+                    "interface",
+                    "queue",
+                    "received",
+                    "sent",
+                    "sent by XDP",
+                    "tx full",
+                    "rx drops",
+                    "SYN queue",
+                    "SYN drops"
                 );
                 for x in &xs {
                     let name = xpf_xdp::netlink::ifname(x.ifindex).unwrap_or_else(|| format!("if{}", x.ifindex));
                     let _ = writeln!(
                         text,
-                        "  {:<12} {:>5} {:>12} {:>12} {:>10} {:>10} {:>12} {:>12}",
+                        "  {:<12} {:>5} {:>12} {:>12} {:>12} {:>10} {:>10} {:>12} {:>12}",
                         name,
                         x.queue,
                         x.rx,
                         x.tx,
+                        x.tx_xdp,
                         x.tx_full,
                         x.rx_drops(),
                         x.syn_rx,
@@ -1094,7 +1103,7 @@ impl Daemon {
                     "steering": steer.iter().map(|(n, c)| json!({"interface": n, "counters": keyed(&xpf_xdp::steer::COUNTERS, c), "fast_path_out": fast_out(n)})).collect::<Vec<_>>(),
                     "skb_fast_path": skb.as_ref().map(|c| keyed(&xpf_xdp::skbpath::SKB_COUNTERS, c)),
                     "packet_mode": pc.iter().map(|(i, c)| json!({"ifindex": i, "counters": keyed(&xpf_xdp::packet::PACKET_COUNTERS, c)})).collect::<Vec<_>>(),
-                    "sockets": xs.iter().map(|x| json!({"ifindex": x.ifindex, "queue": x.queue, "rx": x.rx, "tx": x.tx,
+                    "sockets": xs.iter().map(|x| json!({"ifindex": x.ifindex, "queue": x.queue, "rx": x.rx, "tx": x.tx, "tx_xdp": x.tx_xdp, "tx_xdp_runs": x.tx_xdp_runs, "tx_xdp_errors": x.tx_xdp_errors,
                         "tx_full": x.tx_full, "kicks": x.kicks, "rx_dropped": x.rx_dropped, "rx_ring_full": x.rx_ring_full,
                         "fill_empty": x.fill_empty, "syn_rx": x.syn_rx, "syn_dropped": x.syn_dropped})).collect::<Vec<_>>(),
                 });

@@ -112,14 +112,22 @@ impl FastStats {
 /// main thread (which probes them) and the workers (which install flows only towards those
 /// that do, and take back their flows towards one that stopped).
 pub struct Egresses {
-    ok: Vec<(u32, AtomicBool)>,
+    ok: Vec<(u32, Arc<AtomicBool>)>,
     /// Bumped on every change.
     pub generation: AtomicU32,
 }
 
 impl Egresses {
     pub fn new(ifindexes: &[u32]) -> Egresses {
-        Egresses { ok: ifindexes.iter().map(|&i| (i, AtomicBool::new(false))).collect(), generation: AtomicU32::new(0) }
+        Egresses {
+            ok: ifindexes.iter().map(|&i| (i, Arc::new(AtomicBool::new(false)))).collect(),
+            generation: AtomicU32::new(0),
+        }
+    }
+
+    /// The flag of one interface, for a reader that keeps it (a port's transmit lane).
+    pub fn flag(&self, ifindex: u32) -> Option<Arc<AtomicBool>> {
+        self.ok.iter().find(|(i, _)| *i == ifindex).map(|(_, f)| f.clone())
     }
 
     /// Whether any interface takes redirected frames.

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! xpfd -f /etc/xpf/pf.conf -i IF -i IF [--io xdp|packet|auto] [--workers N] [--cpus 0,1]
-//!      [--socket PATH] [--busy-poll] [--worker-nice N] [--fastpath FLOWS | --no-fastpath]
+//!      [--socket PATH] [--busy-poll] [--no-xdp-tx] [--worker-nice N] [--fastpath FLOWS | --no-fastpath]
 //!      [-D macro=value]
 //! ```
 //! Workers run at nice -20 unless `--worker-nice` says otherwise (`WORKER_NICE`).
@@ -12,7 +12,8 @@
 //! The fast path (on unless `--no-fastpath`; `--fastpath FLOWS` sizes its tables) lets the
 //! steering program forward established UDP and TCP flows in the kernel (fastpath.rs),
 //! towards the interfaces that take redirected frames (probed: real NICs do; a veth only
-//! when its peer has an XDP program or GRO on).
+//! when its peer has an XDP program or GRO on). In XDP mode a worker's full batches leave
+//! through XDP towards those interfaces too (xpf_xdp::txlane; `--no-xdp-tx`: AF_XDP only).
 //! Runs in the foreground and logs to stderr. SIGHUP reloads the file; SIGINT and SIGTERM
 //! stop it cleanly (the XDP programs are removed). Killed hard, it leaves the steering
 //! programs attached with no socket behind them: forwarded traffic is dropped until xpfd
@@ -49,7 +50,7 @@ use xpf_xdp::{netlink, xsk::Xsk};
 pub const DEFAULT_SOCKET: &str = "/run/xpfd.sock";
 
 const USAGE: &str = "usage: xpfd -f FILE -i IF [-i IF ...] [--io xdp|packet|auto] [--workers N] [--cpus LIST] \
-                     [--socket PATH] [--busy-poll] [--worker-nice N] [--fastpath FLOWS | --no-fastpath] [-D macro=value] \
+                     [--socket PATH] [--busy-poll] [--no-xdp-tx] [--worker-nice N] [--fastpath FLOWS | --no-fastpath] [-D macro=value] \
                      [--pflog FILE] [--pflog-size BYTES] [--pflog-rate N] [--log-level LEVEL] [--log-format text|json] [--syslog] [--metrics ADDR:PORT] [--pflow HOST:PORT [--pflow-proto 10|5] [--pflow-src ADDR] [--pflow-active SECS]] [--sync-dev IF [--sync-peer ADDR] [--sync-key FILE] [--sync-maxupd N] [--sync-hostid ID] [--sync-defer]]";
 
 #[derive(Debug)]
@@ -61,6 +62,8 @@ struct Args {
     cpus: Option<Vec<usize>>,
     socket: String,
     busy: bool,
+    /// XDP mode sends full batches through XDP (xpf_xdp::txlane) unless `--no-xdp-tx`.
+    xdp_tx: bool,
     /// The workers' scheduling priority (nice, -20 to 19).
     worker_nice: i32,
     /// Fast-path flow directions the tables hold: None sized from the state limit (the
@@ -93,6 +96,7 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
         cpus: None,
         socket: DEFAULT_SOCKET.into(),
         busy: false,
+        xdp_tx: true,
         worker_nice: WORKER_NICE,
         fastpath: None,
         defines: Vec::new(),
@@ -131,6 +135,7 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
             }
             "--socket" => r.socket = val()?,
             "--busy-poll" => r.busy = true,
+            "--no-xdp-tx" => r.xdp_tx = false,
             "--worker-nice" => {
                 let v = val()?;
                 r.worker_nice = v
@@ -368,7 +373,8 @@ fn xdp_ports(a: &Args, ifs: &[(String, u32, u32)], flows: u32) -> Result<Ports, 
         // One program for every interface, each in its slot (one pair of flow tables: a TCP
         // flow's two directions come in on different interfaces).
         let first = steers.first().map(|s: &(String, Steer)| &s.1);
-        let steer = Steer::load(table_sizes(flows), first).map_err(|e| e.to_string())?;
+        let ports: u32 = ifs.iter().map(|i| i.2).sum();
+        let steer = Steer::load(table_sizes(flows), ports, first).map_err(|e| e.to_string())?;
         if first.is_none() {
             log::debug!("steering program {}", steer.prog.verified);
         }
@@ -454,6 +460,7 @@ fn probe_egresses(
     e: &fastpath::Egresses,
     last: &mut Vec<(u32, std::time::Instant)>,
     first: bool,
+    fast: bool,
 ) {
     use std::time::{Duration, Instant};
     for (name, s) in steers {
@@ -475,23 +482,68 @@ fn probe_egresses(
         };
         let before = e.any();
         let changed = e.set(i, ok);
-        if e.any() != before || (first && e.any()) {
+        if fast && (e.any() != before || (first && e.any())) {
             // Lookups only while a flow can be in the tables (shared: one write for all).
             if let Err(err) = s.fast_lookups(e.any()) {
                 log::warn!("fast path: {err}");
             }
         }
         if changed || first {
+            let what = if fast { "flows out of it go on the fast path" } else { "xpfd sends through XDP to it" };
             if ok {
-                log::info!("{name}: takes redirected frames: flows out of it go on the fast path");
+                log::info!("{name}: takes redirected frames: {what}");
             } else {
                 log::info!(
                     "{name}: takes no redirected frames (a veth whose peer runs neither XDP nor GRO): \
-                     flows out of it stay in xpfd; probed again every 2 s"
+                     {}; probed again every 2 s",
+                    if fast { "flows out of it stay in xpfd" } else { "xpfd sends to it through AF_XDP" }
                 );
             }
         }
     }
+}
+
+/// Gives each XDP port a lane to transmit through XDP (xpf_xdp::txlane), used while its
+/// interface takes redirected frames, when a test run is cheap here (the steering program is
+/// attached natively: a run with the program in no native slot changes the kernel's XDP
+/// dispatcher, milliseconds each). Says what it did.
+fn tx_lanes(steers: &[(String, Steer)], e: &fastpath::Egresses, ports_of: &mut [Vec<Port>]) {
+    let Some((_, s)) = steers.first() else { return };
+    let slots = match xpf_xdp::txlane::TxSlots::new(s.prog.clone(), u32::from_ne_bytes(xpf_state::os_random())) {
+        Ok(t) => t,
+        Err(err) => {
+            log::info!("transmit through XDP: not available ({err}); frames leave through AF_XDP");
+            return;
+        }
+    };
+    match slots.run_cost() {
+        Ok(c) if c < std::time::Duration::from_micros(500) => {}
+        Ok(c) => {
+            log::info!(
+                "transmit through XDP: a test run costs {} us here (the steering program is not attached \
+                 natively): frames leave through AF_XDP",
+                c.as_micros()
+            );
+            return;
+        }
+        Err(err) => {
+            log::info!("transmit through XDP: test run refused ({err}); frames leave through AF_XDP");
+            return;
+        }
+    }
+    let mut n = 0;
+    for p in ports_of.iter_mut().flatten() {
+        let (PortIo::Xdp(x), Some(flag)) = (&mut p.io, e.flag(p.ifindex)) else { continue };
+        if let Some(l) = slots.lane(p.ifindex, flag) {
+            x.set_lane(l);
+            n += 1;
+        }
+    }
+    log::info!(
+        "transmit through XDP: {n} ports send batches of {} frames or more by XDP redirect to interfaces \
+         that take redirected frames (--no-xdp-tx: AF_XDP only)",
+        xpf_xdp::txlane::LANE_MIN
+    );
 }
 
 fn run(a: Args) -> Result<(), String> {
@@ -740,9 +792,12 @@ fn run(a: Args) -> Result<(), String> {
     };
     // Which egresses take redirected frames: probed now, and again while xpfd runs (XDP); in
     // packet mode every egress takes the redirected socket buffers.
-    let egresses =
-        tables.as_ref().map(|_| Arc::new(fastpath::Egresses::new(&ifs.iter().map(|f| f.1).collect::<Vec<_>>())));
+    // XDP mode probes them with the fast path off too: the workers' transmit through XDP
+    // (xpf_xdp::txlane) goes only to those.
+    let egresses = (tables.is_some() || skb.is_none())
+        .then(|| Arc::new(fastpath::Egresses::new(&ifs.iter().map(|f| f.1).collect::<Vec<_>>())));
     let mut probed = Vec::new();
+    let fast_on = tables.is_some();
     if let Some(e) = &egresses {
         match &skb {
             Some(sp) => {
@@ -751,8 +806,12 @@ fn run(a: Args) -> Result<(), String> {
                 }
                 xpf_xdp::steer::fast_lookups(&sp.prog, true).map_err(|e| format!("fast path: {e}"))?;
             }
-            None => probe_egresses(&steers.lock().unwrap(), e, &mut probed, true),
+            None => probe_egresses(&steers.lock().unwrap(), e, &mut probed, true, fast_on),
         }
+    }
+    let mut ports_of = ports_of;
+    if let (Some(e), true) = (&egresses, a.xdp_tx && skb.is_none()) {
+        tx_lanes(&steers.lock().unwrap(), e, &mut ports_of);
     }
     // pflog: the writer runs from the start (a reload may bring `log` rules); the files are
     // opened when their first packet comes.
@@ -927,7 +986,7 @@ fn run(a: Args) -> Result<(), String> {
             }
             addrs = (f, std::time::Instant::now());
             if let Some(e) = &egresses {
-                probe_egresses(&steers.lock().unwrap(), e, &mut probed, false);
+                probe_egresses(&steers.lock().unwrap(), e, &mut probed, false, fast_on);
             }
         }
         let h = HUP.load(Ordering::Relaxed);

@@ -377,9 +377,14 @@ impl Daemon {
         );
         let ifname = |i: u32| xpf_xdp::netlink::ifname(i).unwrap_or_else(|| format!("if{i}"));
         type Field = fn(&xpf_xdp::xsk::XskStats) -> u64;
-        let socket: [(&str, &str, Field); 8] = [
+        let socket: [(&str, &str, Field); 9] = [
             ("xpf_socket_received_packets_total", "Frames received by each socket (interface, queue).", |x| x.rx),
             ("xpf_socket_sent_packets_total", "Frames sent by each socket.", |x| x.tx),
+            (
+                "xpf_socket_sent_xdp_packets_total",
+                "Of the frames sent, those sent through XDP (batches by XDP redirect).",
+                |x| x.tx_xdp,
+            ),
             ("xpf_socket_tx_full_total", "Frames not sent: the transmit ring or its free frames were full.", |x| {
                 x.tx_full
             }),
