@@ -316,8 +316,20 @@ pub struct Dataplane {
     nat_owners: (u64, crate::handoff::NatOwners),
     /// `-s states` requests, the first in progress.
     listings: std::collections::VecDeque<Listing>,
+    /// Commands that answer once the fast path's counts are read back: a pass the worker
+    /// walks a slice a round (at 2M flows a pass is about a second of the core; taken whole,
+    /// every `-s states` or metrics scrape stalled the worker that long).
+    fresh: Vec<Fresh>,
     /// Commands were left in the queue when the last visit's budget ran out.
     cmds_left: bool,
+}
+
+/// A command waiting for the fast path's read-back pass ([`Dataplane::fresh`]).
+enum Fresh {
+    States(Sender<Vec<RawRow>>),
+    RuleSums(Sender<RuleSums>),
+    /// `-k` and `-F states`: the states killed (their flows leave the tables in the pass).
+    Killed(Sender<u32>, u32),
 }
 
 /// Frames a worker gives back to the kernel per second at most (the host's own traffic that
@@ -515,6 +527,7 @@ impl Dataplane {
             to_host_budget: (0, 0),
             nat_owners: (0, Default::default()),
             listings: Default::default(),
+            fresh: Vec::new(),
             cmds_left: false,
         }
     }
@@ -604,6 +617,9 @@ impl Dataplane {
                     self.send_held(out);
                 }
             }
+            if !self.fresh.is_empty() {
+                self.fresh_step(now);
+            }
             if !self.listings.is_empty() {
                 self.list_step(now);
             }
@@ -626,12 +642,17 @@ impl Dataplane {
                 }
                 self.overloads();
                 if let Some(f) = &mut self.fast {
-                    f.sync(&mut self.worker, now, false);
+                    f.sync(&mut self.worker, now);
                 }
             }
             if got == 0 {
                 idle_rounds += 1;
-                if !self.busy && idle_rounds > 16 && !self.cmds_left && self.listings.is_empty() {
+                if !self.busy
+                    && idle_rounds > 16
+                    && !self.cmds_left
+                    && self.listings.is_empty()
+                    && self.fresh.is_empty()
+                {
                     // Held packets (defer mode) time out 20 ms after they came: sleep less.
                     let holding = !self.unresolved.is_empty()
                         || self.sync.as_ref().and_then(|s| s.defer.as_ref()).is_some_and(|d| d.stats.waiting > 0);
@@ -648,6 +669,51 @@ impl Dataplane {
             } else {
                 idle_rounds = 0;
             }
+        }
+    }
+
+    /// Walks the next slice of the fast path's forced pass; when it is done, answers the
+    /// commands that waited for it.
+    fn fresh_step(&mut self, now: u32) {
+        if let Some(f) = &mut self.fast {
+            if !f.forced_step(&mut self.worker, now) {
+                return;
+            }
+        }
+        for c in std::mem::take(&mut self.fresh) {
+            self.answer_fresh(c, now);
+        }
+    }
+
+    fn answer_fresh(&mut self, c: Fresh, _now: u32) {
+        match c {
+            Fresh::States(tx) => {
+                let n = self.worker.t4.len() + self.worker.t6.len();
+                self.listings.push_back(Listing { tx, rows: Vec::with_capacity(n as usize), fam: 0, slot: 0 });
+            }
+            Fresh::RuleSums(tx) => {
+                let mut m = RuleSums::new();
+                rule_sums(&self.worker.t4, &mut m);
+                rule_sums(&self.worker.t6, &mut m);
+                let _ = tx.send(m);
+            }
+            Fresh::Killed(tx, n) => {
+                let _ = tx.send(n);
+            }
+        }
+    }
+
+    /// Answers `c` once the fast path's counts are read back: at once without a fast path,
+    /// else after a pass that starts now (one already walking started before the command).
+    fn after_read_back(&mut self, c: Fresh, now: u32) {
+        match &mut self.fast {
+            Some(f) => {
+                if self.fresh.is_empty() {
+                    f.force();
+                }
+                self.fresh.push(c);
+            }
+            None => self.answer_fresh(c, now),
         }
     }
 
@@ -1095,8 +1161,11 @@ impl Dataplane {
                                 }
                                 // A flow of a shaped interface stays here, in its queue. The
                                 // fast path keys it as it came in (`frame_k` may be translated
-                                // already: rdr-to, a reply to nat-to).
-                                if let Some(fp) = self.fast.as_mut().filter(|_| !self.shaping.any()) {
+                                // already: rdr-to, a reply to nat-to). A frame whose `out` pass
+                                // made its state is a flow's first: nothing to offer yet (no
+                                // flow goes on before its second packet or its handshake).
+                                let first = self.worker.created & (1 << k) != 0;
+                                if let Some(fp) = self.fast.as_mut().filter(|_| !first && !self.shaping.any()) {
                                     let arrived = alls[sel[k]].get(META_LEN..).unwrap_or(&[]);
                                     fp.offer(&mut self.worker, arrived, f, inif, eg);
                                 }
@@ -1443,37 +1512,18 @@ impl Dataplane {
                 }
                 let _ = tx.send(m);
             }
-            Cmd::RuleSums(tx) => {
-                if let Some(f) = &mut self.fast {
-                    f.sync(&mut self.worker, now, true);
-                }
-                let mut m = RuleSums::new();
-                rule_sums(&self.worker.t4, &mut m);
-                rule_sums(&self.worker.t6, &mut m);
-                let _ = tx.send(m);
-            }
-            Cmd::States(tx) => {
-                // The fast path's counts first, so that packets and expiry are current.
-                if let Some(f) = &mut self.fast {
-                    f.sync(&mut self.worker, now, true);
-                }
-                let n = self.worker.t4.len() + self.worker.t6.len();
-                self.listings.push_back(Listing { tx, rows: Vec::with_capacity(n as usize), fam: 0, slot: 0 });
-            }
+            // The fast path's counts first, so that packets, bytes and expiry are current;
+            // after a kill, its flows leave the tables before the answer.
+            Cmd::RuleSums(tx) => self.after_read_back(Fresh::RuleSums(tx), now),
+            Cmd::States(tx) => self.after_read_back(Fresh::States(tx), now),
             Cmd::Kill(sel, tx) => {
                 let n = kill(&mut self.worker.t4, &sel) + kill(&mut self.worker.t6, &sel);
-                if let Some(f) = &mut self.fast {
-                    f.sync(&mut self.worker, now, true);
-                }
-                let _ = tx.send(n);
+                self.after_read_back(Fresh::Killed(tx, n), now);
             }
             Cmd::Flush(tx) => {
                 let all = Select::default();
                 let n = kill(&mut self.worker.t4, &all) + kill(&mut self.worker.t6, &all);
-                if let Some(f) = &mut self.fast {
-                    f.sync(&mut self.worker, now, true);
-                }
-                let _ = tx.send(n);
+                self.after_read_back(Fresh::Killed(tx, n), now);
             }
             Cmd::Limits { states, timeouts, frags, cookies, done } => {
                 if self.worker.syncookies().0 != cookies {

@@ -523,10 +523,28 @@ impl FastPath {
         }
     }
 
+    /// Starts a pass now (one walking is started again): the counts of every flow read back
+    /// after this call, [`FastPath::forced_step`] a slice at a time.
+    pub fn force(&mut self) {
+        self.begin();
+    }
+
+    /// One slice of the pass [`FastPath::force`] started; true when it is done (the flows
+    /// held after it freed too).
+    pub fn forced_step(&mut self, w: &mut Worker<Live>, now: u32) -> bool {
+        if self.walking.is_some() {
+            self.step(w, now);
+        }
+        if self.walking.is_some() {
+            return false;
+        }
+        self.cool(w, now, true);
+        true
+    }
+
     /// Carries the kernel's counts into the states and takes back the flows whose states are
-    /// gone: a pass every `interval`, a slice per call; with `force` (after states were
-    /// killed, or to show them) a whole pass now. Frees the flows held long enough.
-    pub fn sync(&mut self, w: &mut Worker<Live>, now: u32, force: bool) {
+    /// gone: a pass every `interval`, a slice per call. Frees the flows held long enough.
+    pub fn sync(&mut self, w: &mut Worker<Live>, now: u32) {
         let g = self.egresses.generation.load(Relaxed);
         if g != self.egress_gen {
             // An egress stopped taking redirected frames: its flows come back at once.
@@ -536,14 +554,6 @@ impl FastPath {
                     self.take_back(slot);
                 }
             }
-        }
-        if force {
-            self.begin();
-            while self.walking.is_some() {
-                self.step(w, now);
-            }
-            self.cool(w, now, true);
-            return;
         }
         self.cool(w, now, false);
         let iv = self.interval(w);
