@@ -529,11 +529,13 @@ impl Xsk {
         self.tx.free().saturating_sub(self.tx_pending) >= RING / 4 && self.tx_free.len() as u32 >= RING / 4
     }
 
-    /// Whether the next frame can carry a checksum request ([`Xsk::tx_checksum`]): not one
-    /// for the lane (an XDP frame carries no offload; the caller finishes it).
+    /// Whether the next frame can carry a checksum request ([`Xsk::tx_checksum`]): not while
+    /// the socket sends through its lane (an XDP frame carries no offload request; the
+    /// caller finishes the checksum). Whether the frame then waits in the lane or, full or
+    /// too long for it, goes to the ring, its checksum is complete either way.
     #[inline]
     pub fn can_tx_checksum(&self) -> bool {
-        self.tx_md && !self.lane.as_ref().is_some_and(|l| l.takes(crate::txlane::DATA))
+        self.tx_md && !self.lane.as_ref().is_some_and(|l| l.on())
     }
 
     /// Asks the kernel to finish the TCP/UDP checksum of the frame [`Xsk::tx_copy`] queued
