@@ -704,11 +704,13 @@ impl Dataplane {
     }
 
     /// Answers `c` once the fast path's counts are read back: at once without a fast path,
-    /// else after a pass that starts now (one already walking started before the command).
+    /// else after a forced pass. A read joins one already under way; a kill starts it again,
+    /// so that every record is visited after the states went (records visited before would
+    /// keep a killed flow in the tables).
     fn after_read_back(&mut self, c: Fresh, now: u32) {
         match &mut self.fast {
             Some(f) => {
-                if self.fresh.is_empty() {
+                if self.fresh.is_empty() || matches!(c, Fresh::Killed(..)) {
                     f.force();
                 }
                 self.fresh.push(c);
