@@ -996,7 +996,8 @@ impl Daemon {
                     let per = io.filter_ns as f64 / io.filtered as f64;
                     let _ = writeln!(text, "  {:<25} {:>11.0} ns", "filter time per packet", per);
                 }
-                // Whether each interface takes the fast path's redirected frames (probed).
+                // Whether each interface takes redirected frames (probed): the fast path's,
+                // and xpfd's own sent through XDP.
                 let fast_out = |name: &str| {
                     let e = self.egresses.as_ref()?;
                     Some(e.ok(xpf_xdp::netlink::ifindex(name).ok()?))
@@ -1007,7 +1008,7 @@ impl Daemon {
                         let _ = writeln!(
                             text,
                             "  {:<38} {:>14}",
-                            "fast path out of it (probed)",
+                            "takes redirected frames (probed)",
                             if ok { "yes" } else { "no" }
                         );
                     }
