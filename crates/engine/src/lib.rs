@@ -1131,7 +1131,7 @@ fn flow_pair<K: Key>(
     let translated = nat(a) || nat(b);
     // Flows whose states have actions (scrub, tag, max-pkt-rate, log (all)) stay in xpfd:
     // every packet needs them.
-    if !t.actions.is_empty() && (t.actions.contains_key(&a) || t.actions.contains_key(&b)) {
+    if !t.actions.is_empty() && (t.actions.contains(a) || t.actions.contains(b)) {
         return None;
     }
     let s = t.state(a);
@@ -1161,7 +1161,7 @@ fn fast_tcp_of<K: Key>(t: &StateTable<K>, f: &FlowRef) -> Option<FastTcp> {
     let mut view: Option<(usize, [xpf_state::Peer; 2])> = None;
     for (i, dir) in [Dir::In, Dir::Out].into_iter().enumerate() {
         let s = held(t, f, i)?;
-        if s.key.proto() != IPPROTO_TCP || s.peer_state != [est, est] || t.actions.contains_key(&f.ids[i]) {
+        if s.key.proto() != IPPROTO_TCP || s.peer_state != [est, est] || t.actions.contains(f.ids[i]) {
             return None;
         }
         let p = *t.peers(f.ids[i])?;
@@ -1668,7 +1668,7 @@ fn state_actions<K: Key, P: Policy>(
     if t.actions.is_empty() {
         return Ok(0);
     }
-    match t.actions.get(&(r & ID_MASK)) {
+    match t.actions.get(r & ID_MASK) {
         Some(a) => {
             if a.tag != 0 {
                 *tag = a.tag;

@@ -171,7 +171,8 @@ pub struct NewState<K: Key> {
 }
 
 /// What a state keeps of the rules that made it besides its key and counters (pf's tag,
-/// scrub actions and packet-rate meter): in a side map, since few states have any.
+/// scrub actions and packet-rate meter): beside the entries ([`StateActions`]), since many
+/// states have none. All zero: none.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Actions {
     pub tag: u16,
@@ -181,6 +182,91 @@ pub struct Actions {
     pub log: u8,
     /// `set queue`: `q | ack << 16` (0: none).
     pub queue: u32,
+}
+
+// SAFETY: integers only; all zero is "no actions".
+unsafe impl Zeroable for Actions {}
+
+impl Actions {
+    /// Whether the state has any action.
+    #[inline(always)]
+    pub fn any(&self) -> bool {
+        self.tag != 0 || self.scrub != 0 || self.rate != 0 || self.log != 0 || self.queue != 0
+    }
+}
+
+/// The actions of the states that have some, a record per state id in memory reserved for
+/// every id: a record is where its state's id says (no hashing; an insert is one store near
+/// the last state's), and memory is backed only where ids with actions fall. A hash map here
+/// cost a SYN flood through the campus ruleset, whose `scrub (max-mss)` gives every TCP state
+/// actions, 11% of the worker in its insert alone (a random bucket a new state, growing by
+/// rehashing millions of entries at once): docs/state-table.md.
+pub struct StateActions {
+    v: Region<Actions>,
+    /// Records holding actions.
+    live: u32,
+    /// One past the highest id that held actions: the memory backed is at most this many records.
+    top: u32,
+}
+
+impl StateActions {
+    fn new() -> Result<Self, MapError> {
+        Ok(StateActions { v: Region::new(MAX_STATES as usize)?, live: 0, top: 0 })
+    }
+
+    /// Whether no state has actions (one test on a hit for rulesets without them).
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// States with actions.
+    pub fn len(&self) -> usize {
+        self.live as usize
+    }
+
+    /// State `id`'s actions, if it has any.
+    #[inline(always)]
+    pub fn get(&self, id: u32) -> Option<&Actions> {
+        if self.live == 0 || id >= self.top {
+            return None;
+        }
+        let a = self.v.get(id as usize);
+        a.any().then_some(a)
+    }
+
+    #[inline(always)]
+    pub fn contains(&self, id: u32) -> bool {
+        self.get(id).is_some()
+    }
+
+    /// Gives state `id` actions `a` (none when `a` has none).
+    #[inline]
+    pub fn insert(&mut self, id: u32, a: Actions) {
+        let r = self.v.get_mut(id as usize);
+        self.live = self.live + a.any() as u32 - r.any() as u32;
+        *r = a;
+        if a.any() && id >= self.top {
+            self.top = id + 1;
+        }
+    }
+
+    /// State `id` has no actions (any more).
+    #[inline]
+    pub fn remove(&mut self, id: u32) {
+        if id < self.top {
+            let r = self.v.get_mut(id as usize);
+            if r.any() {
+                *r = Actions::default();
+                self.live -= 1;
+            }
+        }
+    }
+
+    /// The memory the records up to the highest id with actions take (an upper bound).
+    pub fn bytes(&self) -> usize {
+        self.top as usize * core::mem::size_of::<Actions>()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -289,11 +375,10 @@ pub struct StateTable<K: Key> {
     /// and the sync side sends what is queued at once.
     pub sync_max: u8,
     pub sync_push: bool,
-    /// The actions of the states that have some (only rules with `tag` or `scrub` make them,
-    /// or `match` rules with those before them: then every state of theirs), by id. Hashed
-    /// with foldhash: SipHash cost a SYN flood through a ruleset with `scrub (max-mss)` 9%
-    /// of the worker (docs/state-table.md).
-    pub actions: std::collections::HashMap<u32, Actions, foldhash::fast::RandomState>,
+    /// The actions of the states that have some (only rules with `tag`, `scrub`,
+    /// `max-pkt-rate`, `log (all)` or `set queue` make them, or `match` rules with those
+    /// before them: then every state of theirs), by id.
+    pub actions: StateActions,
     /// The keys (wire, stack) and flags of the translated states removed since the engine
     /// last took them: their ports go back to the translation's allocator.
     pub nat_gone: Vec<(K, K, u8)>,
@@ -360,7 +445,7 @@ impl<K: Key> StateTable<K> {
             created: None,
             sync_max: 0,
             sync_push: false,
-            actions: Default::default(),
+            actions: StateActions::new()?,
             nat_gone: Vec::new(),
             flows: Default::default(),
         })
@@ -755,8 +840,9 @@ impl<K: Key> StateTable<K> {
             bytes: [0; 2],
         };
         self.index.insert(h, id);
-        if s.tag != 0 || s.scrub != 0 || s.rate != 0 || s.log != 0 || s.queue != 0 {
-            self.actions.insert(id, Actions { tag: s.tag, scrub: s.scrub, rate: s.rate, log: s.log, queue: s.queue });
+        let a = Actions { tag: s.tag, scrub: s.scrub, rate: s.rate, log: s.log, queue: s.queue };
+        if a.any() {
+            self.actions.insert(id, a);
         }
         if let Some(hs) = hs {
             self.index.insert(hs, id | STACK);
@@ -898,7 +984,7 @@ impl<K: Key> StateTable<K> {
             self.track.detach(id, self.now, self.timeouts.get(Timeout::SrcTrack));
         }
         if !self.actions.is_empty() {
-            self.actions.remove(&id);
+            self.actions.remove(id);
         }
         let mut flags = (s.flags & !(sf::LIVE | sf::NAT)) | sf::DEAD;
         if self.events.enabled() && s.flags & sf::NOSYNC == 0 && self.events.push(Event { id, kind: EventKind::Delete })
@@ -1087,7 +1173,7 @@ impl<K: Key> StateTable<K> {
                 + self.migrating.as_ref().map_or(0, |(o, _)| o.bytes())
                 + self.pending.as_ref().map_or(0, |p| p.populated_bytes(self.prepared)),
             wheel: self.wheel.bytes(),
-            side: self.tcp.bytes() + self.nat.bytes() + self.tcpnat.bytes(),
+            side: self.tcp.bytes() + self.nat.bytes() + self.tcpnat.bytes() + self.actions.bytes(),
         }
     }
 

@@ -1,5 +1,6 @@
 //! The state table against a model (a HashMap of what should be there), under random
-//! sequences of insert, lookup, touch, remove, time passing, limit changes and online resizes.
+//! sequences of insert, lookup, touch, remove, time passing, limit changes and online resizes;
+//! every third key's state has actions (a tag), which must come and go with it.
 
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -81,6 +82,16 @@ struct M {
     stack: Option<Key4>,
     last: u32,
     t: Timeout,
+    tag: u16,
+}
+
+/// The tag key `k`'s state is made with (0: none, no actions).
+fn tag_of(k: u16) -> u16 {
+    if k.is_multiple_of(3) {
+        k + 1
+    } else {
+        0
+    }
 }
 
 fn check(t: &mut StateTable<Key4>, model: &HashMap<Key4, M>) {
@@ -91,8 +102,10 @@ fn check(t: &mut StateTable<Key4>, model: &HashMap<Key4, M>) {
         if let Some(s) = m.stack {
             assert_eq!(t.find(&s, t.hash(&s)), Some(m.id | STACK), "stack key {s:?}");
         }
+        assert_eq!(t.actions.get(m.id).map(|a| a.tag), (m.tag != 0).then_some(m.tag), "actions of {k:?}");
     }
     assert_eq!(t.iter().count(), model.len());
+    assert_eq!(t.actions.len(), model.values().filter(|m| m.tag != 0).count());
 }
 
 proptest! {
@@ -115,7 +128,7 @@ proptest! {
                     let stack = nat.map(stack_key);
                     let taken = |x: &Key4| model.iter().any(|(w, m)| w == x || m.stack.as_ref() == Some(x));
                     let exists = taken(&key) || stack.as_ref().is_some_and(taken);
-                    let ns = NewState { key, stack, dir: Dir::In, rule: 1, timeout: CLASSES[c as usize], src_state: 1, dst_state: 0, tcp: None, nosync: false, allow_opts: false, sloppy: false, tag: 0, scrub: 0, rate: 0, pflow: false, log: 0, queue: 0 };
+                    let ns = NewState { key, stack, dir: Dir::In, rule: 1, timeout: CLASSES[c as usize], src_state: 1, dst_state: 0, tcp: None, nosync: false, allow_opts: false, sloppy: false, tag: tag_of(k), scrub: 0, rate: 0, pflow: false, log: 0, queue: 0 };
                     let r = t.insert(t.hash(&key), ns, now);
                     if model.len() as u32 >= t.limit() {
                         prop_assert_eq!(r, Err(InsertError::Limit));
@@ -123,7 +136,7 @@ proptest! {
                         prop_assert!(matches!(r, Err(InsertError::Exists(_))), "{r:?}");
                     } else {
                         let id = r.unwrap();
-                        model.insert(key, M { id, stack, last: now, t: CLASSES[c as usize] });
+                        model.insert(key, M { id, stack, last: now, t: CLASSES[c as usize], tag: tag_of(k) });
                     }
                 }
                 Op::Lookup(k) => {

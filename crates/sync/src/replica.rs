@@ -270,7 +270,7 @@ impl Replica {
         let scrub = if t.actions.is_empty() {
             Scrub::NONE
         } else {
-            t.actions.get(&id).map_or(Scrub::NONE, |a| Scrub::unpack(a.scrub))
+            t.actions.get(id).map_or(Scrub::NONE, |a| Scrub::unpack(a.scrub))
         };
         StateRec {
             id: sid.id,

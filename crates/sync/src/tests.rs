@@ -438,7 +438,7 @@ fn standby_gets_every_state_by_bulk_then_follows_updates_over_a_lossy_reordering
     assert_eq!(b.t6.len(), 1);
     // The scrub actions came with the state (pfsync's state_flags, min_ttl, set_tos, max_mss).
     let (id6, _) = b.t6.iter().next().unwrap();
-    assert_eq!(b.t6.actions.get(&id6).map(|x| xpf_state::Scrub::unpack(x.scrub)), Some(SCRUB));
+    assert_eq!(b.t6.actions.get(id6).map(|x| xpf_state::Scrub::unpack(x.scrub)), Some(SCRUB));
 
     // Traffic moves the windows; one frame in 5 is lost, one pair in 4 swapped.
     let (mut ab, mut ba) =

@@ -105,7 +105,15 @@ pub(super) fn run(o: &LabOpts, g: &Gen, s: &Sink, limit: u64, restore: &Path) ->
         let pol = rulegen::campus(n, 1);
         let (dst, port) = target(&pol)?;
         let pf = dir.join("campus.pf.conf");
-        let text = format!("set limit states {limit}\n{}", lab_ifs(&pol.pf));
+        // The lab's state limit, as the kernel's conntrack has it (the campus file's own, 1M,
+        // filled within a run at the kernel's rate, and xpfd then refused new states as
+        // state-limit while conntrack took them).
+        let campus: String = lab_ifs(&pol.pf)
+            .lines()
+            .filter(|l| !l.starts_with("set limit states"))
+            .map(|l| l.to_string() + "\n")
+            .collect();
+        let text = format!("set limit states {limit}\n{campus}");
         std::fs::write(&pf, &text).map_err(|e| e.to_string())?;
         let (expert, naive) = (dir.join("campus.expert.nft"), dir.join("campus.naive.nft"));
         std::fs::write(&expert, lab_ifs(&pol.nft_expert)).map_err(|e| e.to_string())?;
