@@ -181,6 +181,71 @@ pub fn shard_runs<E: Engine + 'static>(
     Measured { runs: out, warm_rate, rss_per_state: rss1.saturating_sub(rss0) as f64 / states as f64, extra }
 }
 
+/// Two engines on one worker (pinned to CPU 0), each warmed with all of `gen`'s flows, then
+/// measured in turn, ABBA, `runs` runs each of established traffic: a ratio of the two taken
+/// in the same stretch of time (this VM's speed drifts between minutes). `inspect` reads
+/// extra figures from each after warming. Each engine's `rss_per_state` is what building it
+/// added.
+#[allow(clippy::too_many_arguments)]
+pub fn paired_runs<A: Engine, B: Engine>(
+    gen: &Gen,
+    runs: usize,
+    min_secs: f64,
+    batch: usize,
+    shuffle: bool,
+    make_a: impl Fn(u64) -> A,
+    make_b: impl Fn(u64) -> B,
+    inspect_a: impl Fn(&A) -> Vec<(String, f64)>,
+    inspect_b: impl Fn(&B) -> Vec<(String, f64)>,
+) -> (Measured, Measured) {
+    crate::sys::pin(0);
+    fn warm<E: Engine>(
+        gen: &Gen,
+        batch: usize,
+        shuffle: bool,
+        make: impl Fn(u64) -> E,
+        inspect: impl Fn(&E) -> Vec<(String, f64)>,
+    ) -> (E, Feed, Measured) {
+        let rss0 = crate::sys::rss();
+        let mut feed = Feed::new(gen.clone(), 0, 1);
+        let mut e = make(feed.count);
+        let count = feed.count;
+        let w = pump(&mut e, &mut feed, count, 0.0, batch, 1);
+        assert_eq!(e.states(), feed.count, "warm-up must create one state per flow");
+        e.settle();
+        feed.gen.established();
+        if shuffle {
+            feed.shuffle();
+        }
+        let m = Measured {
+            runs: Vec::new(),
+            warm_rate: w.packets as f64 / w.secs,
+            rss_per_state: crate::sys::rss().saturating_sub(rss0) as f64 / count.max(1) as f64,
+            extra: inspect(&e),
+        };
+        (e, feed, m)
+    }
+    let (mut a, mut fa, mut ma) = warm(gen, batch, shuffle, make_a, inspect_a);
+    let (mut b, mut fb, mut mb) = warm(gen, batch, shuffle, make_b, inspect_b);
+    let (ia, ib) = (a.inserts(), b.inserts());
+    let (ca, cb) = (fa.count.min(1 << 22), fb.count.min(1 << 22));
+    for r in 0..runs {
+        for first in [r % 2 == 0, r % 2 != 0] {
+            if first {
+                let p = pump(&mut a, &mut fa, ca, min_secs, batch, 2);
+                assert_eq!(p.passed, p.packets, "established traffic must all pass");
+                ma.runs.push(p.packets as f64 / p.secs);
+            } else {
+                let p = pump(&mut b, &mut fb, cb, min_secs, batch, 2);
+                assert_eq!(p.passed, p.packets, "established traffic must all pass");
+                mb.runs.push(p.packets as f64 / p.secs);
+            }
+        }
+    }
+    assert_eq!((a.inserts(), b.inserts()), (ia, ib), "no state may be created while measuring");
+    (ma, mb)
+}
+
 /// New states per second: each run fills a fresh engine with `gen`'s flows once.
 pub fn insert_runs<E: Engine>(gen: &Gen, runs: usize, batch: usize, make: impl Fn(u64) -> E) -> Vec<f64> {
     (0..runs)

@@ -681,11 +681,11 @@ impl Dataplane {
             }
         }
         for c in std::mem::take(&mut self.fresh) {
-            self.answer_fresh(c, now);
+            self.answer_fresh(c);
         }
     }
 
-    fn answer_fresh(&mut self, c: Fresh, _now: u32) {
+    fn answer_fresh(&mut self, c: Fresh) {
         match c {
             Fresh::States(tx) => {
                 let n = self.worker.t4.len() + self.worker.t6.len();
@@ -707,7 +707,7 @@ impl Dataplane {
     /// else after a forced pass. A read joins one already under way; a kill starts it again,
     /// so that every record is visited after the states went (records visited before would
     /// keep a killed flow in the tables).
-    fn after_read_back(&mut self, c: Fresh, now: u32) {
+    fn after_read_back(&mut self, c: Fresh) {
         match &mut self.fast {
             Some(f) => {
                 if self.fresh.is_empty() || matches!(c, Fresh::Killed(..)) {
@@ -715,7 +715,7 @@ impl Dataplane {
                 }
                 self.fresh.push(c);
             }
-            None => self.answer_fresh(c, now),
+            None => self.answer_fresh(c),
         }
     }
 
@@ -1516,16 +1516,16 @@ impl Dataplane {
             }
             // The fast path's counts first, so that packets, bytes and expiry are current;
             // after a kill, its flows leave the tables before the answer.
-            Cmd::RuleSums(tx) => self.after_read_back(Fresh::RuleSums(tx), now),
-            Cmd::States(tx) => self.after_read_back(Fresh::States(tx), now),
+            Cmd::RuleSums(tx) => self.after_read_back(Fresh::RuleSums(tx)),
+            Cmd::States(tx) => self.after_read_back(Fresh::States(tx)),
             Cmd::Kill(sel, tx) => {
                 let n = kill(&mut self.worker.t4, &sel) + kill(&mut self.worker.t6, &sel);
-                self.after_read_back(Fresh::Killed(tx, n), now);
+                self.after_read_back(Fresh::Killed(tx, n));
             }
             Cmd::Flush(tx) => {
                 let all = Select::default();
                 let n = kill(&mut self.worker.t4, &all) + kill(&mut self.worker.t6, &all);
-                self.after_read_back(Fresh::Killed(tx, n), now);
+                self.after_read_back(Fresh::Killed(tx, n));
             }
             Cmd::Limits { states, timeouts, frags, cookies, done } => {
                 if self.worker.syncookies().0 != cookies {

@@ -369,11 +369,11 @@ fn xdp_ports(a: &Args, ifs: &[(String, u32, u32)], flows: u32) -> Result<Ports, 
     }
     let mut steers = Vec::new();
     let mut ports_of: Vec<Vec<Port>> = (0..workers).map(|_| Vec::new()).collect();
+    let ports: u32 = ifs.iter().map(|i| i.2).sum();
     for (name, idx, nq) in ifs {
         // One program for every interface, each in its slot (one pair of flow tables: a TCP
         // flow's two directions come in on different interfaces).
         let first = steers.first().map(|s: &(String, Steer)| &s.1);
-        let ports: u32 = ifs.iter().map(|i| i.2).sum();
         let steer = Steer::load(table_sizes(flows), ports, first).map_err(|e| e.to_string())?;
         if first.is_none() {
             log::debug!("steering program {}", steer.prog.verified);
@@ -461,6 +461,7 @@ fn probe_egresses(
     last: &mut Vec<(u32, std::time::Instant)>,
     first: bool,
     fast: bool,
+    xdp_tx: bool,
 ) {
     use std::time::{Duration, Instant};
     for (name, s) in steers {
@@ -489,14 +490,22 @@ fn probe_egresses(
             }
         }
         if changed || first {
-            let what = if fast { "flows out of it go on the fast path" } else { "xpfd sends through XDP to it" };
             if ok {
+                let what = match (fast, xdp_tx) {
+                    (true, true) => "flows out of it go on the fast path, and xpfd sends to it through XDP",
+                    (true, false) => "flows out of it go on the fast path",
+                    _ => "xpfd sends to it through XDP",
+                };
                 log::info!("{name}: takes redirected frames: {what}");
             } else {
+                let what = match (fast, xdp_tx) {
+                    (true, true) => "flows out of it stay in xpfd, which sends to it through AF_XDP",
+                    (true, false) => "flows out of it stay in xpfd",
+                    _ => "xpfd sends to it through AF_XDP",
+                };
                 log::info!(
                     "{name}: takes no redirected frames (a veth whose peer runs neither XDP nor GRO): \
-                     {}; probed again every 2 s",
-                    if fast { "flows out of it stay in xpfd" } else { "xpfd sends to it through AF_XDP" }
+                     {what}; probed again every 2 s"
                 );
             }
         }
@@ -793,11 +802,13 @@ fn run(a: Args) -> Result<(), String> {
     // Which egresses take redirected frames: probed now, and again while xpfd runs (XDP); in
     // packet mode every egress takes the redirected socket buffers.
     // XDP mode probes them with the fast path off too: the workers' transmit through XDP
-    // (xpf_xdp::txlane) goes only to those.
-    let egresses = (tables.is_some() || skb.is_none())
+    // (xpf_xdp::txlane) goes only to those; with neither (`--no-fastpath --no-xdp-tx`) it
+    // probes nothing.
+    let egresses = (tables.is_some() || (skb.is_none() && a.xdp_tx))
         .then(|| Arc::new(fastpath::Egresses::new(&ifs.iter().map(|f| f.1).collect::<Vec<_>>())));
     let mut probed = Vec::new();
     let fast_on = tables.is_some();
+    let xdp_tx = a.xdp_tx && skb.is_none();
     if let Some(e) = &egresses {
         match &skb {
             Some(sp) => {
@@ -806,11 +817,11 @@ fn run(a: Args) -> Result<(), String> {
                 }
                 xpf_xdp::steer::fast_lookups(&sp.prog, true).map_err(|e| format!("fast path: {e}"))?;
             }
-            None => probe_egresses(&steers.lock().unwrap(), e, &mut probed, true, fast_on),
+            None => probe_egresses(&steers.lock().unwrap(), e, &mut probed, true, fast_on, xdp_tx),
         }
     }
     let mut ports_of = ports_of;
-    if let (Some(e), true) = (&egresses, a.xdp_tx && skb.is_none()) {
+    if let (Some(e), true) = (&egresses, xdp_tx) {
         tx_lanes(&steers.lock().unwrap(), e, &mut ports_of);
     }
     // pflog: the writer runs from the start (a reload may bring `log` rules); the files are
@@ -986,7 +997,7 @@ fn run(a: Args) -> Result<(), String> {
             }
             addrs = (f, std::time::Instant::now());
             if let Some(e) = &egresses {
-                probe_egresses(&steers.lock().unwrap(), e, &mut probed, false, fast_on);
+                probe_egresses(&steers.lock().unwrap(), e, &mut probed, false, fast_on, xdp_tx);
             }
         }
         let h = HUP.load(Ordering::Relaxed);
