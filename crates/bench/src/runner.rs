@@ -229,16 +229,17 @@ pub fn paired_runs<A: Engine, B: Engine>(
     let (mut b, mut fb, mut mb) = warm(gen, batch, shuffle, make_b, inspect_b);
     let (ia, ib) = (a.inserts(), b.inserts());
     let (ca, cb) = (fa.count.min(1 << 22), fb.count.min(1 << 22));
+    fn run<E: Engine>(e: &mut E, f: &mut Feed, count: u64, min_secs: f64, batch: usize) -> f64 {
+        let p = pump(e, f, count, min_secs, batch, 2);
+        assert_eq!(p.passed, p.packets, "established traffic must all pass");
+        p.packets as f64 / p.secs
+    }
     for r in 0..runs {
         for first in [r % 2 == 0, r % 2 != 0] {
             if first {
-                let p = pump(&mut a, &mut fa, ca, min_secs, batch, 2);
-                assert_eq!(p.passed, p.packets, "established traffic must all pass");
-                ma.runs.push(p.packets as f64 / p.secs);
+                ma.runs.push(run(&mut a, &mut fa, ca, min_secs, batch));
             } else {
-                let p = pump(&mut b, &mut fb, cb, min_secs, batch, 2);
-                assert_eq!(p.passed, p.packets, "established traffic must all pass");
-                mb.runs.push(p.packets as f64 / p.secs);
+                mb.runs.push(run(&mut b, &mut fb, cb, min_secs, batch));
             }
         }
     }

@@ -1131,7 +1131,7 @@ fn flow_pair<K: Key>(
     let translated = nat(a) || nat(b);
     // Flows whose states have actions (scrub, tag, max-pkt-rate, log (all)) stay in xpfd:
     // every packet needs them.
-    if !t.actions.is_empty() && (t.actions.contains(a) || t.actions.contains(b)) {
+    if t.actions.contains(a) || t.actions.contains(b) {
         return None;
     }
     let s = t.state(a);
@@ -1665,9 +1665,6 @@ fn state_actions<K: Key, P: Policy>(
     tag: &mut u16,
     queue: &mut u32,
 ) -> Result<u64, Reason> {
-    if t.actions.is_empty() {
-        return Ok(0);
-    }
     match t.actions.get(r & ID_MASK) {
         Some(a) => {
             if a.tag != 0 {

@@ -251,10 +251,10 @@ impl StateActions {
         }
     }
 
-    /// State `id` has no actions (any more).
+    /// State `id` has no actions (any more). Touches no record while no state has any.
     #[inline]
     pub fn remove(&mut self, id: u32) {
-        if id < self.top {
+        if self.live != 0 && id < self.top {
             let r = self.v.get_mut(id as usize);
             if r.any() {
                 *r = Actions::default();
@@ -983,9 +983,7 @@ impl<K: Key> StateTable<K> {
         if s.timeout & TO_EXTRA != 0 {
             self.track.detach(id, self.now, self.timeouts.get(Timeout::SrcTrack));
         }
-        if !self.actions.is_empty() {
-            self.actions.remove(id);
-        }
+        self.actions.remove(id);
         let mut flags = (s.flags & !(sf::LIVE | sf::NAT)) | sf::DEAD;
         if self.events.enabled() && s.flags & sf::NOSYNC == 0 && self.events.push(Event { id, kind: EventKind::Delete })
         {

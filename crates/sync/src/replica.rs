@@ -267,11 +267,7 @@ impl Replica {
         let (src, dst) = peers_out(t.peers(id), s.peer_state);
         let sid = self.sid(fam, t, id);
         let deadline = s.expire.saturating_add(t.timeout_of(id));
-        let scrub = if t.actions.is_empty() {
-            Scrub::NONE
-        } else {
-            t.actions.get(id).map_or(Scrub::NONE, |a| Scrub::unpack(a.scrub))
-        };
+        let scrub = t.actions.get(id).map_or(Scrub::NONE, |a| Scrub::unpack(a.scrub));
         StateRec {
             id: sid.id,
             ifname: names.name(k.kif()),
