@@ -948,6 +948,9 @@ impl Daemon {
                     ("tx-ring-full", io.tx_full),
                     ("answers shed (tx ring busy)", io.answers_shed),
                     ("bad-metadata", io.bad_meta),
+                    ("receive batches", io.rx_batches),
+                    ("worker waits for a frame", io.waits),
+                    ("worker naps (busy)", io.naps),
                 ];
                 if io.nat_to_host + io.nat_local + io.nat_no_route + io.nat_to_host_shed > 0 {
                     rows.extend([

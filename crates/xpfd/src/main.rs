@@ -3,10 +3,12 @@
 //!
 //! ```text
 //! xpfd -f /etc/xpf/pf.conf -i IF -i IF [--io xdp|packet|auto] [--workers N] [--cpus 0,1]
-//!      [--socket PATH] [--busy-poll] [--no-xdp-tx] [--worker-nice N] [--fastpath FLOWS | --no-fastpath]
+//!      [--socket PATH] [--busy-poll] [--no-xdp-tx] [--worker-nice N | --worker-rt [PRIO]]
+//!      [--fastpath FLOWS | --no-fastpath]
 //!      [-D macro=value]
 //! ```
-//! Workers run at nice -20 unless `--worker-nice` says otherwise (`WORKER_NICE`).
+//! Workers run at nice -20 unless `--worker-nice N` says otherwise, or in the real-time class
+//! with `--worker-rt [PRIO]` (SCHED_FIFO, for cores given to the workers; `WorkerSched`).
 //! `--io packet` uses AF_PACKET rings (xpf_xdp::packet); `auto` (the default) chooses packet
 //! mode when an interface is a veth, else XDP, and either when the other cannot be set up.
 //! The fast path (on unless `--no-fastpath`; `--fastpath FLOWS` sizes its tables) lets the
@@ -50,7 +52,7 @@ use xpf_xdp::{netlink, xsk::Xsk};
 pub const DEFAULT_SOCKET: &str = "/run/xpfd.sock";
 
 const USAGE: &str = "usage: xpfd -f FILE -i IF [-i IF ...] [--io xdp|packet|auto] [--workers N] [--cpus LIST] \
-                     [--socket PATH] [--busy-poll] [--no-xdp-tx] [--worker-nice N] [--fastpath FLOWS | --no-fastpath] [-D macro=value] \
+                     [--socket PATH] [--busy-poll] [--no-xdp-tx] [--worker-nice N | --worker-rt [PRIO]] [--fastpath FLOWS | --no-fastpath] [-D macro=value] \
                      [--pflog FILE] [--pflog-size BYTES] [--pflog-rate N] [--log-level LEVEL] [--log-format text|json] [--syslog] [--metrics ADDR:PORT] [--pflow HOST:PORT [--pflow-proto 10|5] [--pflow-src ADDR] [--pflow-active SECS]] [--sync-dev IF [--sync-peer ADDR] [--sync-key FILE] [--sync-maxupd N] [--sync-hostid ID] [--sync-defer]]";
 
 #[derive(Debug)]
@@ -64,8 +66,8 @@ struct Args {
     busy: bool,
     /// XDP mode sends full batches through XDP (xpf_xdp::txlane) unless `--no-xdp-tx`.
     xdp_tx: bool,
-    /// The workers' scheduling priority (nice, -20 to 19).
-    worker_nice: i32,
+    /// The workers' scheduling class and priority.
+    worker_sched: WorkerSched,
     /// Fast-path flow directions the tables hold: None sized from the state limit (the
     /// default), Some(0) off (--no-fastpath).
     fastpath: Option<u32>,
@@ -97,7 +99,7 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
         socket: DEFAULT_SOCKET.into(),
         busy: false,
         xdp_tx: true,
-        worker_nice: WORKER_NICE,
+        worker_sched: WorkerSched::Nice(WORKER_NICE),
         fastpath: None,
         defines: Vec::new(),
         sync: None,
@@ -138,11 +140,25 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
             "--no-xdp-tx" => r.xdp_tx = false,
             "--worker-nice" => {
                 let v = val()?;
-                r.worker_nice = v
-                    .parse()
-                    .ok()
-                    .filter(|n| (-20..=19).contains(n))
-                    .ok_or_else(|| format!("--worker-nice {v}: a nice value, -20 to 19"))?;
+                r.worker_sched = WorkerSched::Nice(
+                    v.parse()
+                        .ok()
+                        .filter(|n| (-20..=19).contains(n))
+                        .ok_or_else(|| format!("--worker-nice {v}: a nice value, -20 to 19"))?,
+                );
+            }
+            "--worker-rt" => {
+                // An optional priority: --worker-rt [PRIO].
+                let mut prio = WORKER_FIFO;
+                if let Some(v) = a.get(i + 1).filter(|v| !v.starts_with('-')) {
+                    i += 1;
+                    prio = v
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=99).contains(n))
+                        .ok_or_else(|| format!("--worker-rt {v}: a real-time priority, 1 to 99"))?;
+                }
+                r.worker_sched = WorkerSched::Fifo(prio);
             }
             "--fastpath" => {
                 // On by default; an optional size: --fastpath [FLOWS] (flow directions).
@@ -238,6 +254,12 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
     if r.file.is_empty() || r.ifaces.is_empty() {
         return Err(format!("xpfd needs a ruleset (-f) and at least one interface (-i)\n{USAGE}"));
     }
+    if r.busy && matches!(r.worker_sched, WorkerSched::Fifo(_)) {
+        // A busy-polling worker never sleeps: in the real-time class it would leave its
+        // core's other work (NAPI for the other sockets, the shell) only the kernel's
+        // throttled 5%.
+        return Err("--worker-rt with --busy-poll: a busy-polling worker never sleeps; choose one".into());
+    }
     if !sync.dev.is_empty() {
         r.sync = Some(sync);
     } else if sync.peer.is_some() || sync.key_file.is_some() || sync.defer {
@@ -267,21 +289,65 @@ extern "C" fn on_signal(sig: libc::c_int) {
     }
 }
 
-/// The workers' nice value unless `--worker-nice` says otherwise. A worker shares its core
-/// with the kernel's receive work (NAPI) that steers frames to it; at nice 0 the scheduler
-/// gives that work half the core or more under load, and the frames it steers past what the
-/// worker can take are dropped at the worker's ring: work done for nothing. Ahead of it, the
-/// worker takes what it is given and sleeps when it has nothing, and NAPI runs then (measured
-/// in the lab's new flows, every packet to the worker: 108,000/s at 0, 160,000 at -10,
-/// 195,000 at -20; docs/xpfd.md).
+/// How a worker is scheduled. A worker shares its core with the kernel's receive work (NAPI)
+/// that steers frames to it. At nice 0 the scheduler gives that work half the core or more
+/// under load, and the frames it steers past what the worker can take are dropped at the
+/// worker's ring: work done for nothing (the lab's new flows, every packet to the worker:
+/// 108,000/s at nice 0, 160,000 at -10, 195,000 at -20). At nice -20 (the default) the worker
+/// still waits for the scheduler's tick once NAPI wakes it on a kernel built without
+/// preemption: under a SYN flood a quarter to half of its time, while its new-connection ring
+/// overflows. In the real-time class (`--worker-rt`) a wakeup takes the core at NAPI's next
+/// scheduling point: the SYN flood's connections/s rise by a third, with no ring drops; but
+/// every other task on that core (the end hosts' clients in `xpf-bench real`, a shell) waits
+/// behind the worker, and ping through xpfd under load took 4-6 times as long. Hence an
+/// option, for cores given to the workers (docs/xpfd.md, "Workers' scheduling").
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum WorkerSched {
+    /// SCHED_FIFO at this priority.
+    Fifo(i32),
+    /// The fair class at this nice value.
+    Nice(i32),
+}
+
+/// `--worker-rt`'s priority unless given: the lowest, above every fair-class task (NAPI's
+/// threads, ksoftirqd), below the kernel's interrupt threads (50).
+const WORKER_FIFO: i32 = 1;
+/// The default: the fair class's highest priority (also where real-time is refused).
 const WORKER_NICE: i32 = -20;
 
-/// Sets the calling thread's nice value; says so when it cannot.
-fn set_nice(nice: i32) {
-    // SAFETY: setpriority on this thread's id.
-    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
-    if r != 0 {
-        log::warn!("worker priority (nice {nice}): {}", std::io::Error::last_os_error());
+impl WorkerSched {
+    /// Puts the calling thread in this class; where the real-time class is refused (no
+    /// CAP_SYS_NICE, a container's limit), the fair class at nice -20. Returns what it got.
+    fn apply(self) -> WorkerSched {
+        let nice = match self {
+            WorkerSched::Fifo(prio) => {
+                let sp = libc::sched_param { sched_priority: prio };
+                // SAFETY: sched_setscheduler on this thread (0) with a live sched_param.
+                if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &sp) } == 0 {
+                    return self;
+                }
+                log::warn!(
+                    "worker: the real-time class (SCHED_FIFO {prio}) was refused ({}); nice {WORKER_NICE} instead",
+                    std::io::Error::last_os_error()
+                );
+                WORKER_NICE
+            }
+            WorkerSched::Nice(n) => n,
+        };
+        // SAFETY: setpriority on this thread's id.
+        if unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) } != 0 {
+            log::warn!("worker priority (nice {nice}): {}", std::io::Error::last_os_error());
+        }
+        WorkerSched::Nice(nice)
+    }
+}
+
+impl std::fmt::Display for WorkerSched {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WorkerSched::Fifo(p) => write!(f, "SCHED_FIFO {p}"),
+            WorkerSched::Nice(n) => write!(f, "nice {n}"),
+        }
     }
 }
 
@@ -874,7 +940,7 @@ fn run(a: Args) -> Result<(), String> {
         // Translation's source ports: each worker its residue (the hand-off owns replies by port).
         worker.nat.set_share(w as u16, workers as u16);
         let cpu = cpus[w % cpus.len()];
-        let (stop, busy, nice) = (stop.clone(), a.busy, a.worker_nice);
+        let (stop, busy, sched) = (stop.clone(), a.busy, a.worker_sched);
         let fast = tables.clone().zip(egresses.clone());
         let overload = overload_tx.clone();
         let logger = pflog.clone();
@@ -892,7 +958,9 @@ fn run(a: Args) -> Result<(), String> {
                 .name(format!("xpf-worker{w}"))
                 .spawn(move || {
                     pin(cpu);
-                    set_nice(nice);
+                    let got = sched.apply();
+                    log::info!("worker {w} on CPU {cpu}, {got}, state limit {per_worker}");
+                    let rt = matches!(got, WorkerSched::Fifo(_));
                     let mut dp = Dataplane::new(worker, ports, rx, stop, busy);
                     dp.overload = Some(overload);
                     dp.pflog = Some(logger);
@@ -902,6 +970,7 @@ fn run(a: Args) -> Result<(), String> {
                     dp.wake = Some(wake);
                     dp.handoff = handoff;
                     dp.shaping.board = board.map(|b| (b, w));
+                    dp.nap = rt;
                     if let Some((t, e)) = fast {
                         dp.fast = Some(fastpath::FastPath::new(t, e, w as u32));
                     }
@@ -909,7 +978,6 @@ fn run(a: Args) -> Result<(), String> {
                 })
                 .map_err(|e| e.to_string())?,
         );
-        log::info!("worker {w} on CPU {cpu} at nice {}, state limit {per_worker}", a.worker_nice);
     }
 
     let mut host_rules = xpf_xdp::nfqueue::HostRules::install(&a.ifaces, host::QUEUE)
@@ -1051,7 +1119,25 @@ fn run(a: Args) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::veth_names;
+    use super::{parse_args, veth_names, WorkerSched};
+
+    fn sched(extra: &[&str]) -> Result<WorkerSched, String> {
+        let mut a: Vec<String> = ["-f", "pf.conf", "-i", "f0"].iter().map(|s| s.to_string()).collect();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        parse_args(&a).map(|r| r.worker_sched)
+    }
+
+    #[test]
+    fn workers_at_nice_minus_20_unless_told() {
+        assert_eq!(sched(&[]), Ok(WorkerSched::Nice(-20)));
+        assert_eq!(sched(&["--worker-nice", "-5"]), Ok(WorkerSched::Nice(-5)));
+        assert_eq!(sched(&["--worker-rt"]), Ok(WorkerSched::Fifo(1)));
+        assert_eq!(sched(&["--worker-rt", "-i", "f1"]), Ok(WorkerSched::Fifo(1)));
+        assert_eq!(sched(&["--worker-rt", "10"]), Ok(WorkerSched::Fifo(10)));
+        assert!(sched(&["--worker-rt", "0"]).unwrap_err().contains("--worker-rt 0"));
+        assert!(sched(&["--worker-rt", "--busy-poll"]).unwrap_err().contains("--busy-poll"));
+        assert!(sched(&["--worker-nice", "-21"]).is_err());
+    }
 
     #[test]
     fn auto_chooses_packet_mode_for_the_veths_only() {
