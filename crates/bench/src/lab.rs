@@ -77,8 +77,8 @@ pub struct LabOpts {
     pub busy_poll: bool,
     /// xpfd started with --no-xdp-tx.
     pub no_xdp_tx: bool,
-    /// xpfd started with --worker-rt.
-    pub worker_rt: bool,
+    /// xpfd started with --worker-rt MODE (auto, off, a priority).
+    pub worker_rt: Option<String>,
     /// Each measurement's CPU split per core, printed (/proc/stat, /proc/softirqs).
     pub cpu: bool,
     /// The sink's NAPI as a thread on the generator's core (SCHED_FIFO, ahead of the
@@ -697,7 +697,7 @@ pub fn run(o: &LabOpts) -> Result<(), String> {
         .args(["--cpus", &FW_CPU.to_string(), "--socket", SOCK])
         .args(if o.busy_poll { &["--busy-poll"][..] } else { &[] })
         .args(if o.no_xdp_tx { &["--no-xdp-tx"][..] } else { &[] })
-        .args(if o.worker_rt { &["--worker-rt"][..] } else { &[] })
+        .args(o.worker_rt.iter().flat_map(|m| ["--worker-rt", m.as_str()]))
         // The fast path's tables sized for the largest point (a flow direction per state), as
         // an operator sizes them for the load: xpfd's default holds 1M, and at 2M TCP states
         // a tenth of the connections found no room (their packets went through xpfd).

@@ -951,6 +951,8 @@ impl Daemon {
                     ("receive batches", io.rx_batches),
                     ("worker waits for a frame", io.waits),
                     ("worker naps (busy)", io.naps),
+                    ("worker real-time spells (SYN floods)", io.rt_spells),
+                    ("  ms in the real-time class", io.rt_ms),
                 ];
                 if io.nat_to_host + io.nat_local + io.nat_no_route + io.nat_to_host_shed > 0 {
                     rows.extend([

@@ -3,12 +3,14 @@
 //!
 //! ```text
 //! xpfd -f /etc/xpf/pf.conf -i IF -i IF [--io xdp|packet|auto] [--workers N] [--cpus 0,1]
-//!      [--socket PATH] [--busy-poll] [--no-xdp-tx] [--worker-nice N | --worker-rt [PRIO]]
+//!      [--socket PATH] [--busy-poll] [--no-xdp-tx] [--worker-nice N] [--worker-rt auto|off|PRIO]
 //!      [--fastpath FLOWS | --no-fastpath]
 //!      [-D macro=value]
 //! ```
-//! Workers run at nice -20 unless `--worker-nice N` says otherwise, or in the real-time class
-//! with `--worker-rt [PRIO]` (SCHED_FIFO, for cores given to the workers; `WorkerSched`).
+//! Workers run at nice -20 unless `--worker-nice N` says otherwise, in the real-time class
+//! (SCHED_FIFO 1) while new connections overflow their ring (`--worker-rt auto`, the
+//! default; `off`: never), or there always with `--worker-rt [PRIO]` (for cores given to the
+//! workers; `WorkerSched`).
 //! `--io packet` uses AF_PACKET rings (xpf_xdp::packet); `auto` (the default) chooses packet
 //! mode when an interface is a veth, else XDP, and either when the other cannot be set up.
 //! The fast path (on unless `--no-fastpath`; `--fastpath FLOWS` sizes its tables) lets the
@@ -52,7 +54,7 @@ use xpf_xdp::{netlink, xsk::Xsk};
 pub const DEFAULT_SOCKET: &str = "/run/xpfd.sock";
 
 const USAGE: &str = "usage: xpfd -f FILE -i IF [-i IF ...] [--io xdp|packet|auto] [--workers N] [--cpus LIST] \
-                     [--socket PATH] [--busy-poll] [--no-xdp-tx] [--worker-nice N | --worker-rt [PRIO]] [--fastpath FLOWS | --no-fastpath] [-D macro=value] \
+                     [--socket PATH] [--busy-poll] [--no-xdp-tx] [--worker-nice N] [--worker-rt auto|off|PRIO] [--fastpath FLOWS | --no-fastpath] [-D macro=value] \
                      [--pflog FILE] [--pflog-size BYTES] [--pflog-rate N] [--log-level LEVEL] [--log-format text|json] [--syslog] [--metrics ADDR:PORT] [--pflow HOST:PORT [--pflow-proto 10|5] [--pflow-src ADDR] [--pflow-active SECS]] [--sync-dev IF [--sync-peer ADDR] [--sync-key FILE] [--sync-maxupd N] [--sync-hostid ID] [--sync-defer]]";
 
 #[derive(Debug)]
@@ -68,6 +70,8 @@ struct Args {
     xdp_tx: bool,
     /// The workers' scheduling class and priority.
     worker_sched: WorkerSched,
+    /// `--worker-rt auto` said in so many words (refused with `--busy-poll`).
+    rt_told: bool,
     /// Fast-path flow directions the tables hold: None sized from the state limit (the
     /// default), Some(0) off (--no-fastpath).
     fastpath: Option<u32>,
@@ -99,7 +103,8 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
         socket: DEFAULT_SOCKET.into(),
         busy: false,
         xdp_tx: true,
-        worker_sched: WorkerSched::Nice(WORKER_NICE),
+        worker_sched: WorkerSched::Auto(WORKER_NICE),
+        rt_told: false,
         fastpath: None,
         defines: Vec::new(),
         sync: None,
@@ -140,25 +145,45 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
             "--no-xdp-tx" => r.xdp_tx = false,
             "--worker-nice" => {
                 let v = val()?;
-                r.worker_sched = WorkerSched::Nice(
-                    v.parse()
-                        .ok()
-                        .filter(|n| (-20..=19).contains(n))
-                        .ok_or_else(|| format!("--worker-nice {v}: a nice value, -20 to 19"))?,
-                );
+                let n = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (-20..=19).contains(n))
+                    .ok_or_else(|| format!("--worker-nice {v}: a nice value, -20 to 19"))?;
+                // The fair class's nice, in `auto` as in `off`; the last of it and a real-time
+                // priority wins.
+                r.worker_sched = match r.worker_sched {
+                    WorkerSched::Auto(_) => WorkerSched::Auto(n),
+                    _ => WorkerSched::Nice(n),
+                };
             }
             "--worker-rt" => {
-                // An optional priority: --worker-rt [PRIO].
+                // auto (the default), off, or always at an optional priority: --worker-rt [PRIO].
+                let nice = match r.worker_sched {
+                    WorkerSched::Auto(n) | WorkerSched::Nice(n) => n,
+                    WorkerSched::Fifo(_) => WORKER_NICE,
+                };
                 let mut prio = WORKER_FIFO;
-                if let Some(v) = a.get(i + 1).filter(|v| !v.starts_with('-')) {
-                    i += 1;
-                    prio = v
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=99).contains(n))
-                        .ok_or_else(|| format!("--worker-rt {v}: a real-time priority, 1 to 99"))?;
+                match a.get(i + 1).map(String::as_str) {
+                    Some("auto") => {
+                        i += 1;
+                        r.worker_sched = WorkerSched::Auto(nice);
+                        r.rt_told = true;
+                    }
+                    Some("off") => {
+                        i += 1;
+                        r.worker_sched = WorkerSched::Nice(nice);
+                    }
+                    v => {
+                        if let Some(v) = v.filter(|v| !v.starts_with('-')) {
+                            i += 1;
+                            prio = v.parse().ok().filter(|n| (1..=99).contains(n)).ok_or_else(|| {
+                                format!("--worker-rt {v}: auto, off, or a real-time priority, 1 to 99")
+                            })?;
+                        }
+                        r.worker_sched = WorkerSched::Fifo(prio);
+                    }
                 }
-                r.worker_sched = WorkerSched::Fifo(prio);
             }
             "--fastpath" => {
                 // On by default; an optional size: --fastpath [FLOWS] (flow directions).
@@ -254,11 +279,14 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
     if r.file.is_empty() || r.ifaces.is_empty() {
         return Err(format!("xpfd needs a ruleset (-f) and at least one interface (-i)\n{USAGE}"));
     }
-    if r.busy && matches!(r.worker_sched, WorkerSched::Fifo(_)) {
+    if r.busy && (matches!(r.worker_sched, WorkerSched::Fifo(_)) || r.rt_told) {
         // A busy-polling worker never sleeps: in the real-time class it would leave its
         // core's other work (NAPI for the other sockets, the shell) only the kernel's
         // throttled 5%.
         return Err("--worker-rt with --busy-poll: a busy-polling worker never sleeps; choose one".into());
+    }
+    if let (true, WorkerSched::Auto(n)) = (r.busy, r.worker_sched) {
+        r.worker_sched = WorkerSched::Nice(n);
     }
     if !sync.dev.is_empty() {
         r.sync = Some(sync);
@@ -307,6 +335,9 @@ enum WorkerSched {
     Fifo(i32),
     /// The fair class at this nice value.
     Nice(i32),
+    /// The fair class at this nice value, SCHED_FIFO [`WORKER_FIFO`] while new connections
+    /// overflow their ring (dataplane.rs `RtAuto`).
+    Auto(i32),
 }
 
 /// `--worker-rt`'s priority unless given: the lowest, above every fair-class task (NAPI's
@@ -332,13 +363,16 @@ impl WorkerSched {
                 );
                 WORKER_NICE
             }
-            WorkerSched::Nice(n) => n,
+            WorkerSched::Nice(n) | WorkerSched::Auto(n) => n,
         };
         // SAFETY: setpriority on this thread's id.
         if unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) } != 0 {
             log::warn!("worker priority (nice {nice}): {}", std::io::Error::last_os_error());
         }
-        WorkerSched::Nice(nice)
+        match self {
+            WorkerSched::Auto(_) => WorkerSched::Auto(nice),
+            _ => WorkerSched::Nice(nice),
+        }
     }
 }
 
@@ -347,6 +381,9 @@ impl std::fmt::Display for WorkerSched {
         match self {
             WorkerSched::Fifo(p) => write!(f, "SCHED_FIFO {p}"),
             WorkerSched::Nice(n) => write!(f, "nice {n}"),
+            WorkerSched::Auto(n) => {
+                write!(f, "nice {n}, SCHED_FIFO {WORKER_FIFO} while new connections overflow their ring")
+            }
         }
     }
 }
@@ -971,6 +1008,9 @@ fn run(a: Args) -> Result<(), String> {
                     dp.handoff = handoff;
                     dp.shaping.board = board.map(|b| (b, w));
                     dp.nap = rt;
+                    if let WorkerSched::Auto(nice) = got {
+                        dp.rt_auto = Some(dataplane::RtAuto::new(WORKER_FIFO, nice));
+                    }
                     if let Some((t, e)) = fast {
                         dp.fast = Some(fastpath::FastPath::new(t, e, w as u32));
                     }
@@ -1128,9 +1168,16 @@ mod tests {
     }
 
     #[test]
-    fn workers_at_nice_minus_20_unless_told() {
-        assert_eq!(sched(&[]), Ok(WorkerSched::Nice(-20)));
-        assert_eq!(sched(&["--worker-nice", "-5"]), Ok(WorkerSched::Nice(-5)));
+    fn workers_at_nice_minus_20_and_real_time_in_a_flood_unless_told() {
+        assert_eq!(sched(&[]), Ok(WorkerSched::Auto(-20)));
+        assert_eq!(sched(&["--worker-nice", "-5"]), Ok(WorkerSched::Auto(-5)));
+        assert_eq!(sched(&["--worker-rt", "off"]), Ok(WorkerSched::Nice(-20)));
+        assert_eq!(sched(&["--worker-nice", "-5", "--worker-rt", "off"]), Ok(WorkerSched::Nice(-5)));
+        assert_eq!(sched(&["--worker-rt", "off", "--worker-nice", "3"]), Ok(WorkerSched::Nice(3)));
+        assert_eq!(sched(&["--worker-rt", "auto"]), Ok(WorkerSched::Auto(-20)));
+        // Busy-polling workers never sleep: no real-time class unless told, and then refused.
+        assert_eq!(sched(&["--busy-poll"]), Ok(WorkerSched::Nice(-20)));
+        assert!(sched(&["--worker-rt", "auto", "--busy-poll"]).unwrap_err().contains("--busy-poll"));
         assert_eq!(sched(&["--worker-rt"]), Ok(WorkerSched::Fifo(1)));
         assert_eq!(sched(&["--worker-rt", "-i", "f1"]), Ok(WorkerSched::Fifo(1)));
         assert_eq!(sched(&["--worker-rt", "10"]), Ok(WorkerSched::Fifo(10)));
