@@ -173,6 +173,7 @@ fn parse_args(a: &[String]) -> Result<Args, String> {
                     Some("off") => {
                         i += 1;
                         r.worker_sched = WorkerSched::Nice(nice);
+                        r.rt_told = false;
                     }
                     v => {
                         if let Some(v) = v.filter(|v| !v.starts_with('-')) {
@@ -1178,6 +1179,7 @@ mod tests {
         // Busy-polling workers never sleep: no real-time class unless told, and then refused.
         assert_eq!(sched(&["--busy-poll"]), Ok(WorkerSched::Nice(-20)));
         assert!(sched(&["--worker-rt", "auto", "--busy-poll"]).unwrap_err().contains("--busy-poll"));
+        assert_eq!(sched(&["--worker-rt", "auto", "--worker-rt", "off", "--busy-poll"]), Ok(WorkerSched::Nice(-20)));
         assert_eq!(sched(&["--worker-rt"]), Ok(WorkerSched::Fifo(1)));
         assert_eq!(sched(&["--worker-rt", "-i", "f1"]), Ok(WorkerSched::Fifo(1)));
         assert_eq!(sched(&["--worker-rt", "10"]), Ok(WorkerSched::Fifo(10)));
