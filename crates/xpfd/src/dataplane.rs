@@ -735,9 +735,7 @@ impl Dataplane {
                 if let Some(f) = &mut self.fast {
                     f.sync(&mut self.worker, now);
                 }
-                if self.rt_auto.is_some() {
-                    self.rt_check();
-                }
+                self.rt_check();
             }
             if got == 0 {
                 idle_rounds += 1;
@@ -790,14 +788,11 @@ impl Dataplane {
         match r.step(t, drops) {
             RtStep::Stay => {}
             RtStep::Enter(new) => {
-                let sp = libc::sched_param { sched_priority: r.prio };
-                // SAFETY: sched_setscheduler on this thread (0) with a live sched_param.
-                if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &sp) } != 0 {
+                if let Err(e) = crate::real_time(r.prio) {
                     (r.refused, r.on) = (true, None);
                     log::warn!(
-                        "worker: {new} new connections dropped at their ring; the real-time class (SCHED_FIFO {}) was refused ({}): staying at nice {}",
+                        "worker: {new} new connections dropped at their ring; the real-time class (SCHED_FIFO {}) was refused ({e}): staying at nice {}",
                         r.prio,
-                        std::io::Error::last_os_error(),
                         r.nice
                     );
                     return;
@@ -812,11 +807,8 @@ impl Dataplane {
                 );
             }
             RtStep::Leave(ms) => {
-                let sp = libc::sched_param { sched_priority: 0 };
-                // SAFETY: as above; then setpriority on this thread's id.
-                unsafe {
-                    libc::sched_setscheduler(0, libc::SCHED_OTHER, &sp);
-                    libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, r.nice);
+                if let Err(e) = crate::fair(r.nice) {
+                    log::warn!("worker: back to nice {}: {e}", r.nice);
                 }
                 self.nap = false;
                 log::info!(

@@ -353,28 +353,49 @@ impl WorkerSched {
     fn apply(self) -> WorkerSched {
         let nice = match self {
             WorkerSched::Fifo(prio) => {
-                let sp = libc::sched_param { sched_priority: prio };
-                // SAFETY: sched_setscheduler on this thread (0) with a live sched_param.
-                if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &sp) } == 0 {
-                    return self;
+                match real_time(prio) {
+                    Ok(()) => return self,
+                    Err(e) => {
+                        log::warn!("worker: the real-time class (SCHED_FIFO {prio}) was refused ({e}); nice {WORKER_NICE} instead");
+                        WORKER_NICE
+                    }
                 }
-                log::warn!(
-                    "worker: the real-time class (SCHED_FIFO {prio}) was refused ({}); nice {WORKER_NICE} instead",
-                    std::io::Error::last_os_error()
-                );
-                WORKER_NICE
             }
             WorkerSched::Nice(n) | WorkerSched::Auto(n) => n,
         };
-        // SAFETY: setpriority on this thread's id.
-        if unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) } != 0 {
-            log::warn!("worker priority (nice {nice}): {}", std::io::Error::last_os_error());
+        if let Err(e) = fair(nice) {
+            log::warn!("worker priority (nice {nice}): {e}");
         }
         match self {
             WorkerSched::Auto(_) => WorkerSched::Auto(nice),
             _ => WorkerSched::Nice(nice),
         }
     }
+}
+
+/// The calling thread into SCHED_FIFO at `prio`.
+pub(crate) fn real_time(prio: i32) -> std::io::Result<()> {
+    let sp = libc::sched_param { sched_priority: prio };
+    // SAFETY: sched_setscheduler on this thread (0) with a live sched_param.
+    match unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &sp) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+/// The calling thread into the fair class (from wherever it is) at `nice`.
+pub(crate) fn fair(nice: i32) -> std::io::Result<()> {
+    let sp = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_setscheduler on this thread (0) with a live sched_param, then
+    // setpriority on this thread's id.
+    unsafe {
+        if libc::sched_setscheduler(0, libc::SCHED_OTHER, &sp) != 0
+            || libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 impl std::fmt::Display for WorkerSched {
