@@ -234,11 +234,12 @@ pub fn syn_flood(
 /// Runs the generator `p` for `d` on the calling thread (pinned by the caller): at the pace
 /// gen.c keeps when `paced` (runs of 2M frames, ~0.1 s each), else at full rate.
 ///
-/// Each BPF_PROG_TEST_RUN in live-frame mode ends in `synchronize_rcu` (its page pool torn
-/// down): tens of ms here, in which nothing is sent. Runs of 65,536 frames left the generator
-/// asleep 55% of the time (its thread in `synchronize_rcu_normal`, both cores ~55% idle in
-/// every setup, every figure about a third of what the firewalls can do), so each full-rate
-/// run after the first is sized to last what remains of `d`, from the rate so far.
+/// A BPF_PROG_TEST_RUN in live-frame mode of a program attached nowhere puts it into the XDP
+/// dispatcher and takes it out again, each a `synchronize_rcu` (~14 ms here) in which nothing
+/// is sent ([`hold_in_dispatcher`] now keeps the generator's there). Runs of 65,536 frames
+/// left the generator asleep 55% of the time (its thread in `synchronize_rcu_normal`, both
+/// cores ~55% idle in every setup), so each full-rate run after the first is sized to last
+/// what remains of `d`, from the rate so far.
 fn send_for(p: &Program, frame: &[u8], ifindex: u32, d: Duration, paced: bool) -> Result<(), String> {
     let t = Instant::now();
     let (mut sent, mut repeat) = (0u64, if paced { 1u32 << 21 } else { 1 << 16 });
@@ -343,9 +344,24 @@ fn frame(dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
     f
 }
 
+/// Keeps generator program `prog` in the kernel's XDP dispatcher for as long as namespace
+/// `netns` lives: attached natively to a veth pair of its own there (both ends down, so no
+/// frame ever runs it). A live-frame test run of a program attached nowhere puts it into the
+/// dispatcher and takes it out again, each change a `synchronize_rcu` (~14 ms here) under the
+/// dispatcher's mutex; every other test run on the host (xpfd's transmit through XDP) waits
+/// for that mutex: the worker stood in uninterruptible sleep 8-16 ms at each of the paced
+/// generator's runs, three times a second, and the packets behind it waited as long.
+fn hold_in_dispatcher(prog: &Program, netns: &str) -> Result<(), String> {
+    ns(netns, &["ip", "link", "add", "gh0", "type", "veth", "peer", "name", "gh1"])?;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&prog.fd);
+    in_ns(netns, move || netlink::xdp_attach(netlink::ifindex("gh0")?, fd, netlink::XDP_FLAGS_DRV_MODE))?
+        .map_err(|e| format!("holding the generator in the XDP dispatcher: {e}"))
+}
+
 impl Gen {
     fn new() -> Result<Gen, String> {
         let prog = Program::load("xpf_gen", objects::GEN).map_err(|e| e.to_string())?;
+        hold_in_dispatcher(&prog, NS[0])?;
         let ifindex = in_ns(NS[0], || netlink::ifindex("g0"))?.map_err(|e| e.to_string())?;
         let (dmac, smac) = (mac(NS[1], "f0")?, mac(NS[0], "g0")?);
         Ok(Gen { prog, frame: frame(dmac, smac), ifindex, dmac, smac, paced: AtomicBool::new(false) })

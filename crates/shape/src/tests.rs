@@ -615,3 +615,53 @@ fn fifo_leaves_keep_their_order_in_one_arena() {
     assert_eq!((taken, sh.backlog()), (held, 0));
     assert!(matches!(sh.dequeue(400_000), Out::Empty));
 }
+
+/// The shaper lab's shares phase with an interface that carries only 90% of the root (a
+/// worker that falls behind its root's rate): 2,000 members each offered twice its share, an
+/// idle member pinging every 50 ms. The members fall behind their rates, and the ping
+/// still leaves in the step it came (100 us): what the lab's ping waits for when a worker
+/// falls behind is not the scheduler.
+#[test]
+fn an_idle_member_waits_for_nobody_when_the_interface_is_slower_than_its_root() {
+    let (n, root) = (2000u16, 50_000_000u64);
+    let mut classes = vec![class("root", 1, None, root)];
+    classes.push(ClassSpec { default: true, ..class("idle", 2, Some(0), 100_000) });
+    let parts: u64 = (0..n as u64).map(|i| 1 + i % 4).sum();
+    for i in 0..n {
+        classes.push(class(&format!("m{i}"), i + 3, Some(0), (root - 100_000) / parts * (1 + i as u64 % 4)));
+    }
+    let mut sh = Shaper::new(&tree(classes));
+    let step = 100_000u64;
+    let (mut budget, mut offered, mut k, mut sent) = (0f64, 0f64, 0u32, 0u64);
+    let mut waits = Vec::new();
+    let mut now = 0u64;
+    while now < 3_000_000_000 {
+        offered += 2.0 * root as f64 * step as f64 / 1e9 / 480.0;
+        while offered >= 1.0 {
+            offered -= 1.0;
+            let i = k % n as u32;
+            k += 1;
+            let mut b = sh.buffer();
+            b.resize(60, 1);
+            sh.enqueue(i as u16 + 3, Pkt { buf: b, enq: 0, meta: 0, extra: 0 }, i, now);
+        }
+        if now.is_multiple_of(50_000_000) {
+            sh.enqueue(2, Pkt { buf: vec![2; 98], enq: 0, meta: now, extra: 0 }, 0, now);
+        }
+        // The interface: 90% of the root's bytes, a few packets' worth at most in hand.
+        budget = (budget + 0.9 * root as f64 * step as f64 / 8e9).min(6000.0);
+        while budget > 0.0 {
+            let Out::Packet(p) = sh.dequeue(now) else { break };
+            budget -= p.buf.len() as f64;
+            if p.buf[0] == 2 {
+                waits.push(now - p.meta);
+            }
+            sent += p.buf.len() as u64;
+            sh.recycle(p.buf);
+        }
+        now += step;
+    }
+    // The interface was kept busy, and the ping waited for no member.
+    assert!(sent as f64 * 8.0 / 3.0 > 0.89 * root as f64, "sent {} bit/s", sent * 8 / 3);
+    assert!(waits.len() >= 59 && waits.iter().all(|&w| w <= step), "the idle member waited {waits:?} ns");
+}
