@@ -232,7 +232,8 @@ pub fn syn_flood(
 }
 
 /// Runs the generator `p` for `d` on the calling thread (pinned by the caller): at the pace
-/// gen.c keeps when `paced` (runs of 2M frames, ~0.1 s each), else at full rate.
+/// gen.c keeps when `paced` (runs of 2M frames: ~0.3 s each at the shaper lab's paces), else
+/// at full rate.
 ///
 /// A BPF_PROG_TEST_RUN in live-frame mode of a program attached nowhere puts it into the XDP
 /// dispatcher and takes it out again, each a `synchronize_rcu` (~14 ms here) in which nothing

@@ -617,10 +617,10 @@ fn fifo_leaves_keep_their_order_in_one_arena() {
 }
 
 /// The shaper lab's shares phase with an interface that carries only 90% of the root (a
-/// worker that falls behind its root's rate): 2,000 members each offered twice its share, an
-/// idle member pinging every 50 ms. The members fall behind their rates, and the ping
-/// still leaves in the step it came (100 us): what the lab's ping waits for when a worker
-/// falls behind is not the scheduler.
+/// worker that falls behind its root's rate): 2,000 members of 1 to 4 parts offered twice the
+/// root in turn (each over its share), an idle member pinging every 50 ms. The members fall
+/// behind their rates, and the ping still leaves in the step it came (100 us): what the lab's
+/// ping waits for when a worker falls behind is not the scheduler.
 #[test]
 fn an_idle_member_waits_for_nobody_when_the_interface_is_slower_than_its_root() {
     let (n, root) = (2000u16, 50_000_000u64);
