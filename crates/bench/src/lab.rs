@@ -354,9 +354,14 @@ fn frame(dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
 /// generator's runs, three times a second, and the packets behind it waited as long.
 fn hold_in_dispatcher(prog: &Program, netns: &str) -> Result<(), String> {
     ns(netns, &["ip", "link", "add", "gh0", "type", "veth", "peer", "name", "gh1"])?;
+    attach_native(prog, netns, "gh0").map_err(|e| format!("holding the generator in the XDP dispatcher: {e}"))
+}
+
+/// Attaches XDP program `prog` natively to `dev` in namespace `netns`.
+fn attach_native(prog: &Program, netns: &str, dev: &'static str) -> Result<(), String> {
     let fd = std::os::fd::AsRawFd::as_raw_fd(&prog.fd);
-    in_ns(netns, move || netlink::xdp_attach(netlink::ifindex("gh0")?, fd, netlink::XDP_FLAGS_DRV_MODE))?
-        .map_err(|e| format!("holding the generator in the XDP dispatcher: {e}"))
+    in_ns(netns, move || netlink::xdp_attach(netlink::ifindex(dev)?, fd, netlink::XDP_FLAGS_DRV_MODE))?
+        .map_err(|e| e.to_string())
 }
 
 impl Gen {
@@ -416,12 +421,7 @@ struct Sink {
 impl Sink {
     fn new() -> Result<Sink, String> {
         let prog = Program::load("xpf_sink", objects::SINK).map_err(|e| e.to_string())?;
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&prog.fd);
-        in_ns(NS[2], move || {
-            let i = netlink::ifindex("s0")?;
-            netlink::xdp_attach(i, fd, netlink::XDP_FLAGS_DRV_MODE)
-        })?
-        .map_err(|e| format!("attaching the sink: {e}"))?;
+        attach_native(&prog, NS[2], "s0").map_err(|e| format!("attaching the sink: {e}"))?;
         Ok(Sink { prog })
     }
     fn count(&self) -> u64 {
@@ -434,12 +434,7 @@ impl Sink {
 /// namespaces (the link with its descriptor).
 fn answerers() -> Result<(Program, Program, std::os::fd::OwnedFd), String> {
     let ack = Program::load_kind("xpf_ack", objects::SINK, Kind::XDP_ACK, &[], &[]).map_err(|e| e.to_string())?;
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&ack.fd);
-    in_ns(NS[0], move || {
-        let i = netlink::ifindex("g0")?;
-        netlink::xdp_attach(i, fd, netlink::XDP_FLAGS_DRV_MODE)
-    })?
-    .map_err(|e| format!("attaching the answerer to g0: {e}"))?;
+    attach_native(&ack, NS[0], "g0").map_err(|e| format!("attaching the answerer to g0: {e}"))?;
     let syn = Program::load_kind("xpf_answer", objects::SINK, Kind::TC_ANSWER, &[], &[]).map_err(|e| e.to_string())?;
     let fd = syn.fd.try_clone().map_err(|e| e.to_string())?;
     let link = in_ns(NS[2], move || {
