@@ -15,7 +15,9 @@
 //! The table stores a 64-bit hash per key, not the key: two keys with one hash share a list,
 //! which only adds candidates the full test then rejects.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::binary_heap::PeekMut;
+use std::collections::{BinaryHeap, HashMap};
 use xpf_wire::pdesc::{AF_INET, AF_INET6};
 use xpf_wire::PDesc;
 
@@ -152,13 +154,55 @@ struct Slot {
     len: u32,
 }
 
+/// Slots from this many on (1 MiB, the size of a core's L2 here) get a [`Filter`].
+const FILTER_FROM: usize = 1 << 16;
+
+/// Which keys the slots may hold: a blocked Bloom filter (two bits of one word a key, four
+/// bits of filter a slot, so 8-16 bits a key: a few per cent of false positives). At a
+/// million rules the slots (tens of MiB) are out of the caches and a probe that finds nothing
+/// costs a miss like one that finds a list; the filter, 32 times smaller than the slots,
+/// leaves those probes out (docs/rules.md has the figures).
+struct Filter {
+    words: Vec<u64>,
+}
+
+impl Filter {
+    fn new(slots: usize) -> Filter {
+        Filter { words: vec![0; slots / 16] }
+    }
+
+    #[inline(always)]
+    fn at(&self, h: u64) -> (usize, u64) {
+        let w = (h >> 24) as usize & (self.words.len() - 1);
+        (w, 1u64 << (h >> 58) | 1u64 << ((h >> 52) & 63))
+    }
+
+    fn insert(&mut self, h: u64) {
+        let (w, bits) = self.at(h);
+        self.words[w] |= bits;
+    }
+
+    #[inline(always)]
+    fn prefetch(&self, h: u64) {
+        prefetch(&self.words[self.at(h).0]);
+    }
+
+    #[inline(always)]
+    fn may_hold(&self, h: u64) -> bool {
+        let (w, bits) = self.at(h);
+        self.words[w] & bits == bits
+    }
+}
+
 /// The classifier of one list of rules.
-#[derive(Debug, Default)]
 pub struct Classifier {
     /// The shapes an IPv4 (IPv6) packet probes: its family's and the family-free ones.
     shapes4: Vec<Shape>,
     shapes6: Vec<Shape>,
+    /// Open addressing, a power of two.
     slots: Vec<Slot>,
+    /// For large tables: which keys the slots may hold.
+    filter: Option<Filter>,
     ids: Vec<u32>,
     /// The indexes of long lists (their slots say which).
     subs: Vec<Classifier>,
@@ -221,53 +265,113 @@ impl Shape {
     }
 }
 
-/// Up to this many candidates stay on the stack.
+/// Up to this many candidates are copied and sorted on the stack.
 pub const INLINE: usize = 64;
 
-/// A lookup's candidates, in rule order.
-pub struct Candidates {
+/// In a merge's heap entry: the list is the stack's copy.
+const BUF_RUN: u32 = u32::MAX;
+
+/// A lookup's candidates, handed out in rule order (an iterator).
+///
+/// Few candidates (up to [`INLINE`]) are copied and sorted on the stack. Past that, the lists
+/// found next are kept as they are (each is in rule order; the sorted copy is one more) and
+/// merged as the walk takes them: a walk that stops at a `quick` rule pays for the
+/// candidates it took, not for sorting all of them (a random ruleset's lookup at a million
+/// rules finds thousands).
+pub struct Candidates<'a> {
     buf: [u32; INLINE],
     n: usize,
-    more: Vec<u32>,
+    /// The next of `buf` to hand out.
+    pos: usize,
+    /// The lists found once `buf` was full.
+    runs: Vec<&'a [u32]>,
+    /// The merge: each list's next rule, as `rule << 32 | list` ([`BUF_RUN`]: `buf`).
+    heap: BinaryHeap<Reverse<u64>>,
 }
 
-impl Candidates {
-    pub fn new() -> Candidates {
-        Candidates { buf: [0; INLINE], n: 0, more: Vec::new() }
+impl<'a> Candidates<'a> {
+    pub fn new() -> Candidates<'a> {
+        Candidates { buf: [0; INLINE], n: 0, pos: 0, runs: Vec::new(), heap: BinaryHeap::new() }
+    }
+
+    fn clear(&mut self) {
+        self.n = 0;
+        self.pos = 0;
+        self.runs.clear();
+        self.heap.clear();
     }
 
     #[inline]
-    fn extend(&mut self, ids: &[u32]) {
-        if self.more.is_empty() && self.n + ids.len() <= INLINE {
+    fn extend(&mut self, ids: &'a [u32]) {
+        if self.runs.is_empty() && self.n + ids.len() <= INLINE {
             self.buf[self.n..self.n + ids.len()].copy_from_slice(ids);
             self.n += ids.len();
-        } else {
-            if self.more.is_empty() {
-                self.more.extend_from_slice(&self.buf[..self.n]);
+        } else if !ids.is_empty() {
+            if self.runs.is_empty() {
+                // Sorted once, then a list like the others (measured cheaper than probing
+                // again to keep the lists it was copied from).
+                insertion_sort(&mut self.buf[..self.n]);
             }
-            self.more.extend_from_slice(ids);
+            self.runs.push(ids);
         }
     }
 
-    #[inline]
-    pub fn as_slice(&self) -> &[u32] {
-        if self.more.is_empty() {
-            &self.buf[..self.n]
-        } else {
-            &self.more
-        }
-    }
-
-    fn sort(&mut self) {
-        if self.more.is_empty() {
+    /// After the probes: sorts the copy, or starts the merge.
+    fn finish(&mut self) {
+        if self.runs.is_empty() {
             insertion_sort(&mut self.buf[..self.n]);
-        } else {
-            self.more.sort_unstable();
+            return;
         }
+        let mut heads: Vec<Reverse<u64>> = Vec::with_capacity(self.runs.len() + 1);
+        heads.extend(self.runs.iter().enumerate().map(|(k, r)| Reverse((r[0] as u64) << 32 | k as u64)));
+        if self.n > 0 {
+            heads.push(Reverse((self.buf[0] as u64) << 32 | BUF_RUN as u64));
+        }
+        self.heap = BinaryHeap::from(heads);
+    }
+
+    /// How many candidates the lookup found.
+    pub fn len(&self) -> usize {
+        self.n + self.runs.iter().map(|r| r.len()).sum::<usize>()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
-impl Default for Candidates {
+impl Iterator for Candidates<'_> {
+    type Item = u32;
+
+    #[inline]
+    fn next(&mut self) -> Option<u32> {
+        if self.runs.is_empty() {
+            let id = *self.buf[..self.n].get(self.pos)?;
+            self.pos += 1;
+            return Some(id);
+        }
+        let mut top = self.heap.peek_mut()?;
+        let Reverse(head) = *top;
+        let run = head as u32;
+        let next = if run == BUF_RUN {
+            self.pos += 1;
+            self.buf[..self.n].get(self.pos).copied()
+        } else {
+            let r = &mut self.runs[run as usize];
+            *r = &r[1..];
+            r.first().copied()
+        };
+        match next {
+            Some(id) => *top = Reverse((id as u64) << 32 | run as u64),
+            None => {
+                PeekMut::pop(top);
+            }
+        }
+        Some((head >> 32) as u32)
+    }
+}
+
+impl Default for Candidates<'_> {
     fn default() -> Self {
         Candidates::new()
     }
@@ -283,6 +387,20 @@ fn insertion_sort(v: &mut [u32]) {
             j -= 1;
         }
         v[j] = x;
+    }
+}
+
+impl std::fmt::Debug for Classifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Classifier")
+            .field("shapes4", &self.shapes4.len())
+            .field("shapes6", &self.shapes6.len())
+            .field("slots", &self.slots.len())
+            .field("filter", &self.filter.is_some())
+            .field("rules", &self.ids.len())
+            .field("subs", &self.subs)
+            .field("longest", &self.longest)
+            .finish()
     }
 }
 
@@ -347,6 +465,7 @@ impl Classifier {
         let cap = (lens.len() * 2).next_power_of_two().max(16);
         drop(lens);
         let mut slots = vec![Slot::default(); cap];
+        let mut filter = (cap >= FILTER_FROM).then(|| Filter::new(cap));
         let mut ids = Vec::with_capacity(keys.len());
         let mut longest = 0;
         let mut subs = Vec::new();
@@ -356,6 +475,9 @@ impl Classifier {
             let mut j = h as usize & (cap - 1);
             while slots[j].hash != 0 {
                 j = (j + 1) & (cap - 1);
+            }
+            if let Some(f) = &mut filter {
+                f.insert(h);
             }
             if !fine && group.len() > SPLIT_FROM {
                 let sub_keys: Vec<RuleKey> = group.iter().map(|&(_, i)| keys[i as usize]).collect();
@@ -379,7 +501,7 @@ impl Classifier {
         }
         let shapes4 = chosen.iter().filter(|(id, _)| id.af != AF_INET6).map(|x| x.1.clone()).collect();
         let shapes6 = chosen.iter().filter(|(id, _)| id.af != AF_INET).map(|x| x.1.clone()).collect();
-        Classifier { shapes4, shapes6, slots, ids, subs, longest }
+        Classifier { shapes4, shapes6, slots, filter, ids, subs, longest }
     }
 
     /// How many shapes a packet of family `af` probes.
@@ -394,6 +516,7 @@ impl Classifier {
     /// Bytes the classifier holds.
     pub fn bytes(&self) -> usize {
         self.slots.len() * std::mem::size_of::<Slot>()
+            + self.filter.as_ref().map_or(0, |f| f.words.len() * 8)
             + self.ids.len() * 4
             + (self.shapes4.len() + self.shapes6.len()) * std::mem::size_of::<Shape>()
             + self.subs.iter().map(Classifier::bytes).sum::<usize>()
@@ -418,32 +541,54 @@ impl Classifier {
     /// The rules the packet may match on interface `ifidx` in direction `dir` (1 in, 2 out),
     /// in rule order, into `out` (cleared first).
     #[inline]
-    pub fn candidates(&self, pd: &PDesc, ifidx: u16, dir: u8, out: &mut Candidates) {
-        out.n = 0;
-        out.more.clear();
+    pub fn candidates<'a>(&'a self, pd: &PDesc, ifidx: u16, dir: u8, out: &mut Candidates<'a>) {
+        out.clear();
         let meta = meta_word(ifidx, dir, pd.proto, pd.sport, pd.dport);
         if pd.af == AF_INET {
             self.probe(false, meta, (pd.src.v4_u32() as u64) << 32 | pd.dst.v4_u32() as u64, 0, 0, out);
         } else {
             self.probe(true, meta, 0, u128::from_be_bytes(pd.src.0), u128::from_be_bytes(pd.dst.0), out);
         }
-        out.sort();
+        out.finish();
     }
 
     /// Every shape of the family probed with the packet's words; what is found, into `out`.
     #[inline]
-    fn probe(&self, v6: bool, meta: u64, a4: u64, s6: u128, d6: u128, out: &mut Candidates) {
+    fn probe<'a>(&'a self, v6: bool, meta: u64, a4: u64, s6: u128, d6: u128, out: &mut Candidates<'a>) {
         let shapes = if v6 { &self.shapes6 } else { &self.shapes4 };
         // Hashes first, each slot's line prefetched, then the probes: the loads overlap
-        // instead of waiting one by one.
+        // instead of waiting one by one. With a filter, its words are asked for first and
+        // only the slots it may hold are probed.
         let m = self.slots.len() - 1;
         for chunk in shapes.chunks(16) {
             let mut hs = [0u64; 16];
             for (h, s) in hs.iter_mut().zip(chunk) {
                 *h = s.hash(meta, a4, s6, d6);
-                prefetch(&self.slots[*h as usize & m]);
             }
-            for &h in &hs[..chunk.len()] {
+            let n = match &self.filter {
+                Some(f) => {
+                    for &h in &hs[..chunk.len()] {
+                        f.prefetch(h);
+                    }
+                    let mut n = 0;
+                    for k in 0..chunk.len() {
+                        let h = hs[k];
+                        if f.may_hold(h) {
+                            prefetch(&self.slots[h as usize & m]);
+                            hs[n] = h;
+                            n += 1;
+                        }
+                    }
+                    n
+                }
+                None => {
+                    for &h in &hs[..chunk.len()] {
+                        prefetch(&self.slots[h as usize & m]);
+                    }
+                    chunk.len()
+                }
+            };
+            for &h in &hs[..n] {
                 match self.find(h) {
                     Some(s) if s.len & SUB != 0 => self.subs[s.start as usize].probe(v6, meta, a4, s6, d6, out),
                     Some(s) => out.extend(&self.ids[s.start as usize..(s.start + s.len) as usize]),
@@ -468,5 +613,87 @@ mod tests {
         assert_eq!(level(AF_INET, 28), 24);
         assert_eq!(level(AF_INET, 7), 0);
         assert_eq!(level(AF_INET6, 60), 56);
+    }
+
+    /// Whether the rule's indexed fields match the packet (what no lookup may leave out).
+    fn key_matches(k: &RuleKey, pd: &PDesc, ifidx: u16, dir: u8) -> bool {
+        let net = |n: Option<(u128, u8)>, a: u32| n.is_none_or(|(v, l)| a as u128 & mask(AF_INET, l) == v);
+        (k.ifidx == 0 || k.ifidx == ifidx)
+            && (k.dir == 0 || k.dir == dir)
+            && (k.af == 0 || k.af == pd.af)
+            && k.proto.is_none_or(|p| p == pd.proto)
+            && net(k.src, pd.src.v4_u32())
+            && net(k.dst, pd.dst.v4_u32())
+            && k.sport.is_none_or(|p| p == pd.sport)
+            && k.dport.is_none_or(|p| p == pd.dport)
+    }
+
+    /// 5,000 rules over few values, so that lookups find hundreds of candidates (past the
+    /// stack's copy, merged from the lists), and a large table (with its filter): every
+    /// lookup hands out each rule whose indexed fields match, once, in rule order.
+    #[test]
+    fn candidates_past_the_stack_come_merged_in_rule_order() {
+        let mut g = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = |n: u64| {
+            g ^= g << 13;
+            g ^= g >> 7;
+            g ^= g << 17;
+            (g % n) as usize
+        };
+        let nets = [(0x0a00_0000u128, 8u8), (0x0a01_0000, 16), (0x0a01_0200, 24), (0x0a01_0203, 32), (0x0a01_0200, 28)];
+        let mut keys: Vec<RuleKey> = (0..5000)
+            .map(|_| RuleKey {
+                ifidx: [0, 1][rnd(2)],
+                dir: rnd(3) as u8,
+                af: AF_INET,
+                proto: [None, Some(6), Some(17)][rnd(3)],
+                src: [None, Some(nets[rnd(5)])][rnd(2)],
+                dst: [None, Some(nets[rnd(5)])][rnd(2)],
+                sport: [None, Some(1000)][rnd(2)],
+                dport: [None, Some(80), Some(443)][rnd(3)],
+            })
+            .collect();
+        // Many distinct host rules besides: the table passes the filter's size.
+        keys.extend((0..40_000u32).map(|k| RuleKey {
+            af: AF_INET,
+            proto: Some(6),
+            dst: Some((0x0b00_0000 + k as u128, 32)),
+            dport: Some(22),
+            ..RuleKey::default()
+        }));
+        let c = Classifier::build(&keys);
+        assert!(c.filter.is_some(), "{c:?}");
+        let (mut merged, mut lookups) = (0, 0);
+        for src in [0x0a01_0203u32, 0x0a01_0207, 0x0a02_0000, 0x0c00_0001] {
+            for dst in [0x0a01_0203u32, 0x0a01_0301, 0x0b00_0005, 0x0b00_9c40] {
+                for (proto, sport, dport) in [(6, 1000, 80), (17, 1000, 443), (6, 2000, 22), (1, 0, 0)] {
+                    for (ifidx, dir) in [(1, 1), (2, 2)] {
+                        let pd = PDesc {
+                            af: AF_INET,
+                            proto,
+                            src: xpf_wire::pdesc::Addr::v4(src.to_be_bytes()),
+                            dst: xpf_wire::pdesc::Addr::v4(dst.to_be_bytes()),
+                            sport,
+                            dport,
+                            ..PDesc::default()
+                        };
+                        let mut out = Candidates::new();
+                        c.candidates(&pd, ifidx, dir, &mut out);
+                        let n = out.len();
+                        merged += usize::from(n > INLINE);
+                        lookups += 1;
+                        let got: Vec<u32> = out.collect();
+                        assert_eq!(got.len(), n);
+                        assert!(got.windows(2).all(|w| w[0] < w[1]), "out of order or twice: {got:?}");
+                        for (i, k) in keys.iter().enumerate() {
+                            if key_matches(k, &pd, ifidx, dir) {
+                                assert!(got.binary_search(&(i as u32)).is_ok(), "rule {i} {k:?} left out for {pd:?}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(merged * 4 > lookups, "only {merged} of {lookups} lookups past the stack");
     }
 }

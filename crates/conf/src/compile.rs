@@ -1677,7 +1677,7 @@ impl Ruleset {
         c.class.candidates(pd, at.ifidx, if at.dir == SDir::In { 1 } else { 2 }, &mut cands);
         // Anchors entered: (anchor rule, end of body, quick, last match when entered).
         let mut open: Vec<(u32, u32, bool, Option<*const CRule>)> = Vec::new();
-        for &i in cands.as_slice() {
+        for i in cands {
             while let Some(&(_, end, quick, before)) = open.last() {
                 if i < end {
                     break;

@@ -1181,6 +1181,29 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(100))]
+    /// The same with each ruleset written 3-6 times over: lookups find more candidates than
+    /// the classifier copies and sorts, and the walk takes them merged from the lists.
+    #[test]
+    fn classifier_agrees_with_naive_evaluation_over_long_lists(
+        items in proptest::collection::vec(class_item(), 20..40),
+        times in 3usize..7,
+        pkts in proptest::collection::vec(class_packet(), 1..20),
+    ) {
+        let src = format!("table <t> {{ 10.1.2/24 !10.1.2.4/30 }}\n{}", items.concat().repeat(times));
+        let p = parse(&src, "t", &[]);
+        prop_assume!(p.errors.is_empty());
+        let walk = Ruleset::compile(&p, &ifindex).unwrap();
+        let mut class = walk.clone();
+        class.set_lookup(xpf_conf::compile::Lookup::Classify);
+        for (pd, at) in pkts.into_iter().map(class_probe) {
+            prop_assert_eq!(class.eval_with(&pd, &at), walk.eval_naive(&pd, &at), "{}", src);
+            prop_assert_eq!(class.evaluate_in(&pd, &at), walk.evaluate_in(&pd, &at));
+        }
+    }
+}
+
 /// IPv6 through the classifier: prefixes at and between its levels, hosts, and rules for
 /// either family beside them, against the naive walk.
 #[test]
