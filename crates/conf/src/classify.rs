@@ -210,15 +210,10 @@ pub struct Classifier {
     pub longest: usize,
 }
 
+/// A prefetch of the line holding `x`.
 #[inline(always)]
-fn prefetch<T>(p: &T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is a hint; it reads nothing and faults on no address.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch(p as *const T as *const i8, std::arch::x86_64::_MM_HINT_T0)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
+fn prefetch<T>(x: &T) {
+    xpf_state::region::prefetch(std::ptr::from_ref(x).cast());
 }
 
 #[inline(always)]
@@ -565,29 +560,22 @@ impl Classifier {
             for (h, s) in hs.iter_mut().zip(chunk) {
                 *h = s.hash(meta, a4, s6, d6);
             }
-            let n = match &self.filter {
-                Some(f) => {
-                    for &h in &hs[..chunk.len()] {
-                        f.prefetch(h);
-                    }
-                    let mut n = 0;
-                    for k in 0..chunk.len() {
-                        let h = hs[k];
-                        if f.may_hold(h) {
-                            prefetch(&self.slots[h as usize & m]);
-                            hs[n] = h;
-                            n += 1;
-                        }
-                    }
-                    n
+            let mut n = chunk.len();
+            if let Some(f) = &self.filter {
+                for &h in &hs[..n] {
+                    f.prefetch(h);
                 }
-                None => {
-                    for &h in &hs[..chunk.len()] {
-                        prefetch(&self.slots[h as usize & m]);
+                n = 0;
+                for k in 0..chunk.len() {
+                    if f.may_hold(hs[k]) {
+                        hs[n] = hs[k];
+                        n += 1;
                     }
-                    chunk.len()
                 }
-            };
+            }
+            for &h in &hs[..n] {
+                prefetch(&self.slots[h as usize & m]);
+            }
             for &h in &hs[..n] {
                 match self.find(h) {
                     Some(s) if s.len & SUB != 0 => self.subs[s.start as usize].probe(v6, meta, a4, s6, d6, out),
