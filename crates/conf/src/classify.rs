@@ -263,71 +263,106 @@ impl Shape {
 /// Up to this many candidates are copied and sorted on the stack.
 pub const INLINE: usize = 64;
 
-/// In a merge's heap entry: the list is the stack's copy.
-const BUF_RUN: u32 = u32::MAX;
+/// Lists a lookup keeps on the stack; more go to [`Candidates::spill`]. The stack's are
+/// written when a lookup starts: 16 is more than a campus's lookups find (a campus ruleset
+/// has 10-14 shapes); a random one's at a million rules finds dozens.
+const LISTS: usize = 16;
 
 /// A lookup's candidates, handed out in rule order (an iterator).
 ///
-/// Few candidates (up to [`INLINE`]) are copied and sorted on the stack. Past that, the lists
-/// found next are kept as they are (each is in rule order; the sorted copy is one more) and
-/// merged as the walk takes them: a walk that stops at a `quick` rule pays for the
-/// candidates it took, not for sorting all of them (a random ruleset's lookup at a million
-/// rules finds thousands).
+/// The probes note the lists they find (each in rule order) and ask for their first line.
+/// When they hold few candidates (up to [`INLINE`]), those are then copied and sorted on the
+/// stack; past that, the lists are merged as the walk takes them: a walk that stops at a
+/// `quick` rule pays for the candidates it took, not for sorting or copying all of them (a
+/// random ruleset's lookup at a million rules finds thousands in dozens of lists).
 pub struct Candidates<'a> {
     buf: [u32; INLINE],
     n: usize,
     /// The next of `buf` to hand out.
     pos: usize,
-    /// The lists found once `buf` was full.
-    runs: Vec<&'a [u32]>,
-    /// The merge: each list's next rule, as `rule << 32 | list` ([`BUF_RUN`]: `buf`).
+    /// The lists found: the first [`LISTS`] here, the rest in `spill`.
+    lists: [&'a [u32]; LISTS],
+    nl: usize,
+    spill: Vec<&'a [u32]>,
+    /// The rules in the lists found.
+    total: usize,
+    /// The merge (when `total` > [`INLINE`]): each list's next rule, as `rule << 32 | list`.
     heap: BinaryHeap<Reverse<u64>>,
 }
 
 impl<'a> Candidates<'a> {
     pub fn new() -> Candidates<'a> {
-        Candidates { buf: [0; INLINE], n: 0, pos: 0, runs: Vec::new(), heap: BinaryHeap::new() }
+        Candidates {
+            buf: [0; INLINE],
+            n: 0,
+            pos: 0,
+            lists: [&[]; LISTS],
+            nl: 0,
+            spill: Vec::new(),
+            total: 0,
+            heap: BinaryHeap::new(),
+        }
     }
 
     fn clear(&mut self) {
         self.n = 0;
         self.pos = 0;
-        self.runs.clear();
+        self.nl = 0;
+        self.spill.clear();
+        self.total = 0;
         self.heap.clear();
     }
 
     #[inline]
     fn extend(&mut self, ids: &'a [u32]) {
-        if self.runs.is_empty() && self.n + ids.len() <= INLINE {
-            self.buf[self.n..self.n + ids.len()].copy_from_slice(ids);
-            self.n += ids.len();
-        } else if !ids.is_empty() {
-            if self.runs.is_empty() {
-                // Sorted once, then a list like the others (measured cheaper than probing
-                // again to keep the lists it was copied from).
-                insertion_sort(&mut self.buf[..self.n]);
+        if ids.is_empty() {
+            return;
+        }
+        prefetch(&ids[0]);
+        if self.nl < LISTS {
+            self.lists[self.nl] = ids;
+            self.nl += 1;
+        } else {
+            if self.spill.capacity() == 0 {
+                // Once, for the many lists such a lookup finds.
+                self.spill.reserve(4 * LISTS);
             }
-            self.runs.push(ids);
+            self.spill.push(ids);
+        }
+        self.total += ids.len();
+    }
+
+    fn list(&mut self, k: usize) -> &mut &'a [u32] {
+        if k < LISTS {
+            &mut self.lists[k]
+        } else {
+            &mut self.spill[k - LISTS]
         }
     }
 
-    /// After the probes: sorts the copy, or starts the merge.
+    /// After the probes: few candidates copied and sorted, or the merge started.
     fn finish(&mut self) {
-        if self.runs.is_empty() {
-            insertion_sort(&mut self.buf[..self.n]);
+        if self.total <= INLINE {
+            for l in &self.lists[..self.nl] {
+                self.buf[self.n..self.n + l.len()].copy_from_slice(l);
+                self.n += l.len();
+            }
+            if self.nl > 1 {
+                insertion_sort(&mut self.buf[..self.n]);
+            }
+            self.nl = 0;
             return;
         }
-        let mut heads: Vec<Reverse<u64>> = Vec::with_capacity(self.runs.len() + 1);
-        heads.extend(self.runs.iter().enumerate().map(|(k, r)| Reverse((r[0] as u64) << 32 | k as u64)));
-        if self.n > 0 {
-            heads.push(Reverse((self.buf[0] as u64) << 32 | BUF_RUN as u64));
-        }
-        self.heap = BinaryHeap::from(heads);
+        let heads = self.lists[..self.nl].iter().chain(&self.spill).enumerate();
+        self.heap = BinaryHeap::from(heads.map(|(k, r)| Reverse((r[0] as u64) << 32 | k as u64)).collect::<Vec<_>>());
     }
 
     /// How many candidates are left to hand out (all the lookup found, before the first).
     pub fn len(&self) -> usize {
-        self.n - self.pos + self.runs.iter().map(|r| r.len()).sum::<usize>()
+        if self.nl == 0 {
+            return self.n - self.pos;
+        }
+        self.lists[..self.nl].iter().chain(&self.spill).map(|r| r.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -340,22 +375,17 @@ impl Iterator for Candidates<'_> {
 
     #[inline]
     fn next(&mut self) -> Option<u32> {
-        if self.runs.is_empty() {
+        if self.nl == 0 {
             let id = *self.buf[..self.n].get(self.pos)?;
             self.pos += 1;
             return Some(id);
         }
-        let mut top = self.heap.peek_mut()?;
-        let Reverse(head) = *top;
-        let run = head as u32;
-        let next = if run == BUF_RUN {
-            self.pos += 1;
-            self.buf[..self.n].get(self.pos).copied()
-        } else {
-            let r = &mut self.runs[run as usize];
-            *r = &r[1..];
-            r.first().copied()
-        };
+        let Reverse(head) = *self.heap.peek()?;
+        let run = head as u32 as usize;
+        let r = self.list(run);
+        *r = &r[1..];
+        let next = r.first().copied();
+        let mut top = self.heap.peek_mut().expect("a head");
         match next {
             Some(id) => *top = Reverse((id as u64) << 32 | run as u64),
             None => {
@@ -555,8 +585,8 @@ impl Classifier {
         // instead of waiting one by one. With a filter, its words are asked for first and
         // only the slots it may hold are probed.
         let m = self.slots.len() - 1;
-        for chunk in shapes.chunks(16) {
-            let mut hs = [0u64; 16];
+        for chunk in shapes.chunks(64) {
+            let mut hs = [0u64; 64];
             for (h, s) in hs.iter_mut().zip(chunk) {
                 *h = s.hash(meta, a4, s6, d6);
             }
@@ -654,7 +684,7 @@ mod tests {
         // Keys it never held pass it at a few per cent (8-16 bits a key, two a key).
         let passed = (0..100_000u64).filter(|&k| f.may_hold(mix(k, 0x1234_5678) | 1)).count();
         assert!(passed < 8_000, "{passed} of 100,000 absent keys passed the filter");
-        let (mut merged, mut lookups) = (0, 0);
+        let (mut merged, mut spilled, mut lookups) = (0, 0, 0);
         for src in [0x0a01_0203u32, 0x0a01_0207, 0x0a02_0000, 0x0c00_0001] {
             for dst in [0x0a01_0203u32, 0x0a01_0301, 0x0b00_0005, 0x0b00_9c40] {
                 for (proto, sport, dport) in [(6, 1000, 80), (17, 1000, 443), (6, 2000, 22), (1, 0, 0)] {
@@ -672,6 +702,7 @@ mod tests {
                         c.candidates(&pd, ifidx, dir, &mut out);
                         let n = out.len();
                         merged += usize::from(n > INLINE);
+                        spilled += usize::from(!out.spill.is_empty());
                         lookups += 1;
                         let first = out.next();
                         assert_eq!(out.len() + usize::from(first.is_some()), n);
@@ -688,5 +719,6 @@ mod tests {
             }
         }
         assert!(merged * 4 > lookups, "only {merged} of {lookups} lookups past the stack");
+        assert!(spilled * 8 > lookups, "only {spilled} of {lookups} lookups found more lists than the stack holds");
     }
 }
