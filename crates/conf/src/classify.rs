@@ -282,6 +282,8 @@ pub struct Candidates<'a> {
     pos: usize,
     /// The lists found: the first [`LISTS`] here, the rest in `spill`.
     lists: [&'a [u32]; LISTS],
+    /// Lists in `lists`; after [`Candidates::finish`], 0 when the candidates were copied to
+    /// `buf` (handed out from there) and the lists' count when they are merged.
     nl: usize,
     spill: Vec<&'a [u32]>,
     /// The rules in the lists found.
