@@ -98,6 +98,17 @@ pub fn kind_v4(t: u8) -> Kind {
     }
 }
 
+/// MLD messages (RFC 2710, RFC 3810).
+pub const MLD_QUERY: u8 = 130;
+pub const MLD_REPORT: u8 = 131;
+pub const MLD_DONE: u8 = 132;
+pub const MLD2_REPORT: u8 = 143;
+
+#[inline]
+pub fn is_mld(t: u8) -> bool {
+    matches!(t, MLD_QUERY | MLD_REPORT | MLD_DONE | MLD2_REPORT)
+}
+
 pub fn kind_v6(t: u8) -> Kind {
     match t {
         V6_ECHO_REQUEST => Kind::Query,

@@ -1,6 +1,6 @@
 //! IPv4 (RFC 791): header view with options and fragment fields.
 
-use crate::{checksum, Error};
+use crate::{checksum, Error, Options};
 
 mod field {
     pub const VER_IHL: usize = 0;
@@ -22,6 +22,7 @@ const FRAG_MASK: u16 = 0x1fff;
 
 pub const OPT_EOL: u8 = 0;
 pub const OPT_NOP: u8 = 1;
+pub const OPT_ROUTER_ALERT: u8 = 148;
 
 /// A view over an IPv4 packet. `new_checked` guarantees version 4, a header length of at least
 /// 20 bytes that fits the buffer, and a total length between the header length and the buffer
@@ -143,23 +144,33 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn options(&self) -> &[u8] {
         &self.b()[MIN_HEADER_LEN..self.header_len()]
     }
-    /// Walks the options (RFC 791 section 3.1) and checks every length byte.
-    pub fn check_options(&self) -> Result<(), Error> {
+    /// Walks the options (RFC 791 section 3.1), checks every length byte and says what they are.
+    pub fn check_options(&self) -> Result<Options, Error> {
         let mut o = self.options();
+        let mut found = Options::default();
         while let Some(&kind) = o.first() {
             match kind {
-                OPT_EOL => return Ok(()),
+                OPT_EOL => break,
                 OPT_NOP => o = &o[1..],
                 _ => {
                     let len = *o.get(1).ok_or(Error::BadOption)? as usize;
                     if len < 2 || len > o.len() {
                         return Err(Error::BadOption);
                     }
+                    if kind == OPT_ROUTER_ALERT {
+                        found.router_alert = true;
+                    } else {
+                        found.other = true;
+                    }
                     o = &o[len..];
                 }
             }
         }
-        Ok(())
+        // Options of padding only are suspect, as pf has it: counted as other.
+        if !found.router_alert {
+            found.other = true;
+        }
+        Ok(found)
     }
     /// The bytes after the header, up to the total length (link padding excluded).
     #[inline]
@@ -301,7 +312,23 @@ mod tests {
         assert_eq!(p.check_options(), Err(Error::BadOption));
         v[20..24].copy_from_slice(&[0x94, 0x04, 0x00, 0x00]); // router alert, len 4
         let p = Packet::new_checked(&v[..]).unwrap();
-        assert_eq!(p.check_options(), Ok(()));
+        assert_eq!(p.check_options(), Ok(Options { router_alert: true, other: false }));
+        v[20..24].copy_from_slice(&[OPT_NOP, OPT_NOP, OPT_NOP, OPT_EOL]); // padding only
+        assert_eq!(
+            Packet::new_checked(&v[..]).unwrap().check_options(),
+            Ok(Options { router_alert: false, other: true })
+        );
+        v[20..24].copy_from_slice(&[0x94, 0x04, 0x00, 0x00]);
+        v.splice(24..24, [0x83, 0x03, 0x00, OPT_EOL]); // and a loose source route (RFC 791)
+        v[0] = 0x47;
+        v[3] = 28;
+        assert_eq!(
+            Packet::new_checked(&v[..]).unwrap().check_options(),
+            Ok(Options { router_alert: true, other: true })
+        );
+        v.drain(24..28);
+        v[0] = 0x46;
+        v[3] = 24;
         v[20..24].copy_from_slice(&[0x94, 0x00, 0x00, 0x00]); // length 0
         assert_eq!(Packet::new_checked(&v[..]).unwrap().check_options(), Err(Error::BadOption));
     }

@@ -1,6 +1,6 @@
 //! IPv6 (RFC 8200): the fixed header and a bounded walk over extension headers.
 
-use crate::Error;
+use crate::{Error, Options};
 
 pub const HEADER_LEN: usize = 40;
 
@@ -142,6 +142,9 @@ pub struct ExtInfo {
     pub misplaced_hbh: bool,
     /// A routing header (of any type) was present.
     pub routing: bool,
+    /// The options the hop-by-hop header carried; a routing or destination options header
+    /// counts as other (authentication and fragment headers are not options).
+    pub options: Options,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,9 +181,15 @@ pub fn walk(mut next: u8, payload: &[u8]) -> Result<ExtInfo, Error> {
                 if off + len > payload.len() {
                     return Err(Error::Truncated);
                 }
-                if next == NH_ROUTING {
-                    info.routing = true;
-                    info.rh0 |= payload[off + 2] == 0;
+                match next {
+                    NH_ROUTING => {
+                        info.routing = true;
+                        info.rh0 |= payload[off + 2] == 0;
+                        info.options.other = true;
+                    }
+                    NH_DSTOPTS => info.options.other = true,
+                    NH_HOPOPTS => hop_by_hop(&payload[off + 2..off + len], &mut info.options)?,
+                    _ => {}
                 }
                 next = h[0];
                 named_at = HEADER_LEN + off;
@@ -219,6 +228,38 @@ pub fn walk(mut next: u8, payload: &[u8]) -> Result<ExtInfo, Error> {
     info.proto = next;
     info.offset = off;
     Ok(info)
+}
+
+/// Hop-by-hop option types (RFC 8200 section 4.2, RFC 2711).
+pub const OPT_PAD1: u8 = 0;
+pub const OPT_PADN: u8 = 1;
+pub const OPT_ROUTER_ALERT: u8 = 5;
+
+/// Walks a hop-by-hop header's options (the bytes after its first two), checking every
+/// length. A jumbo payload (type 0xc2) counts as other: no link xpf runs on carries one.
+fn hop_by_hop(mut o: &[u8], found: &mut Options) -> Result<(), Error> {
+    let before = *found;
+    while let Some(&kind) = o.first() {
+        if kind == OPT_PAD1 {
+            o = &o[1..];
+            continue;
+        }
+        let len = 2 + *o.get(1).ok_or(Error::BadOption)? as usize;
+        if len > o.len() {
+            return Err(Error::BadOption);
+        }
+        match kind {
+            OPT_PADN => {}
+            OPT_ROUTER_ALERT => found.router_alert = true,
+            _ => found.other = true,
+        }
+        o = &o[len..];
+    }
+    // A header of padding only is suspect, as pf has it: counted as other.
+    if *found == before {
+        found.other = true;
+    }
+    Ok(())
 }
 
 /// Writes a 40-byte IPv6 header (traffic class and flow label 0) into `buf[..40]`.
@@ -285,6 +326,31 @@ mod tests {
         // The fragment header is at 16 in the payload, named by the dstopts header at 40 + 8.
         let f = FragInfo { offset: 0, more: true, ident: 0xdeadbeef, hdr: 16, named_at: 48, next: 6 };
         assert_eq!(info.fragment, Some(f));
+    }
+
+    #[test]
+    fn hop_by_hop_options_are_told_apart() {
+        let opts = |hbh: [u8; 6]| {
+            let mut pl = vec![58, 0];
+            pl.extend_from_slice(&hbh);
+            walk(NH_HOPOPTS, &pl).map(|i| i.options)
+        };
+        let (ra, other) = (Options { router_alert: true, other: false }, Options { router_alert: false, other: true });
+        // A router alert (MLD), then PadN of none.
+        assert_eq!(opts([OPT_ROUTER_ALERT, 2, 0, 0, OPT_PADN, 0]), Ok(ra));
+        // Pad1s around it.
+        assert_eq!(opts([OPT_PAD1, OPT_ROUTER_ALERT, 2, 0, 0, OPT_PAD1]), Ok(ra));
+        // Padding only; an unknown option; a jumbo payload.
+        assert_eq!(opts([OPT_PADN, 4, 0, 0, 0, 0]), Ok(other));
+        assert_eq!(opts([0x1e, 4, 0, 0, 0, 0]), Ok(other));
+        assert_eq!(opts([0xc2, 4, 0, 1, 0, 0]), Ok(other));
+        // An option running past its header.
+        assert_eq!(opts([OPT_ROUTER_ALERT, 5, 0, 0, 0, 0]), Err(Error::BadOption));
+        assert_eq!(opts([OPT_PAD1, OPT_PAD1, OPT_PAD1, OPT_PAD1, OPT_PAD1, OPT_PADN]), Err(Error::BadOption));
+        // Destination options and routing headers are other; an authentication header is not.
+        assert_eq!(walk(NH_DSTOPTS, &[17, 0, OPT_PADN, 4, 0, 0, 0, 0]).unwrap().options, other);
+        assert_eq!(walk(NH_ROUTING, &[17, 0, 4, 0, 0, 0, 0, 0]).unwrap().options, other);
+        assert_eq!(walk(NH_AH, &[17, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).unwrap().options, Options::default());
     }
 
     #[test]

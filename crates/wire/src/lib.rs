@@ -22,6 +22,18 @@ pub mod udp;
 
 pub use pdesc::{parse_ether, parse_raw_ip, Addr, PDesc, Parse};
 
+/// What a packet's IP options (IPv4) or hop-by-hop, routing and destination options (IPv6)
+/// are, for the filter: a router alert alone is let through on IGMP and MLD, which carry it
+/// by their RFCs; anything else is for rules with `allow-opts`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// A router alert (IPv4 option 148, IPv6 hop-by-hop option 5).
+    pub router_alert: bool,
+    /// Any other option, or options of padding only (as pf: an options header that carries
+    /// nothing is suspect).
+    pub other: bool,
+}
+
 /// Why a view refused a buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Error {

@@ -1,12 +1,13 @@
 //! The packet descriptor: everything later stages need, filled once per packet (pf's
 //! `pf_pdesc`). Rules, the state table, NAT and sync read it and never parse the packet again.
 
-use crate::{ethernet, icmp, ipv4, ipv6, tcp, udp, Error, Reason};
+use crate::{ethernet, icmp, ipv4, ipv6, tcp, udp, Error, Options, Reason};
 
 pub const AF_INET: u8 = 4;
 pub const AF_INET6: u8 = 6;
 
 pub const IPPROTO_ICMP: u8 = 1;
+pub const IPPROTO_IGMP: u8 = 2;
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
 pub const IPPROTO_ICMPV6: u8 = 58;
@@ -331,13 +332,24 @@ pub fn parse_ipv4(frame: &[u8], off: usize, pd: &mut PDesc) -> Result<(), Parse>
     if !ip.verify_checksum() {
         return Err(Reason::BadIpChecksum.into());
     }
+    let mut opts = Options::default();
     if hl > ipv4::MIN_HEADER_LEN {
-        ip.check_options().map_err(ip_error)?;
-        pd.flags |= pdf::IP_OPTIONS;
+        opts = ip.check_options().map_err(ip_error)?;
     }
     pd.af = AF_INET;
     pd.proto = ip.protocol();
     pd.ttl = ip.ttl();
+    // IGMP carries a router alert (RFC 2236, 3376): passed without `allow-opts`. A message to
+    // all hosts must not leave the link (TTL 1, RFC 1112); one that would is dropped.
+    if pd.proto == IPPROTO_IGMP {
+        if ip.dst() == [224, 0, 0, 1] && pd.ttl != 1 {
+            return Err(Reason::IpOption.into());
+        }
+        opts.router_alert = false;
+    }
+    if opts.router_alert | opts.other {
+        pd.flags |= pdf::IP_OPTIONS;
+    }
     pd.tos = ip.tos();
     pd.src = Addr::v4(ip.src());
     pd.dst = Addr::v4(ip.dst());
@@ -384,7 +396,7 @@ pub fn parse_ipv6(frame: &[u8], off: usize, pd: &mut PDesc) -> Result<(), Parse>
     if ext.misplaced_hbh {
         return Err(Reason::BadIpHeader.into());
     }
-    if ext.count as usize > ext.fragment.is_some() as usize {
+    if ext.options.router_alert | ext.options.other {
         pd.flags |= pdf::IP_OPTIONS;
     }
     pd.af = AF_INET6;
@@ -414,7 +426,29 @@ pub fn parse_ipv6(frame: &[u8], off: usize, pd: &mut PDesc) -> Result<(), Parse>
         }
     }
     let l4 = &ip.payload()[ext.offset..];
-    first_fragment_l4(parse_l4(l4, pd, partial), pd)
+    first_fragment_l4(parse_l4(l4, pd, partial), pd)?;
+    if pd.proto == IPPROTO_ICMPV6 && icmp::is_mld(pd.icmp_type) {
+        mld(pd, ext.options)?;
+    }
+    Ok(())
+}
+
+/// MLD (RFC 2710, 3810) carries a router alert: passed without `allow-opts` when it is
+/// valid, which is from a link-local address with hop limit 1, or from the unspecified
+/// address for a report (RFC 3590: a node without a link-local address yet). An invalid one
+/// is dropped, as pf does (which refuses the unspecified source too).
+#[cold]
+fn mld(pd: &mut PDesc, opts: Options) -> Result<(), Parse> {
+    let src = pd.src.0;
+    let link_local = src[0] == 0xfe && src[1] & 0xc0 == 0x80;
+    let report = matches!(pd.icmp_type, icmp::MLD_REPORT | icmp::MLD2_REPORT);
+    if pd.ttl != 1 || !(link_local || (report && src == [0; 16])) {
+        return Err(Reason::IpOption.into());
+    }
+    if !opts.other {
+        pd.flags &= !pdf::IP_OPTIONS;
+    }
+    Ok(())
 }
 
 /// Transport header. `partial`: the packet is a first fragment, so the transport length may
@@ -585,6 +619,79 @@ mod tests {
         let mut pd = PDesc::default();
         parse_ether(&f, &mut pd).unwrap();
         assert_eq!(pd.flags & (pdf::ICMP_ERROR | pdf::HAS_PORTS), pdf::ICMP_ERROR);
+    }
+
+    /// An IPv6 frame: hop limit `hlim`, from `src` to ff02::16, a hop-by-hop header with
+    /// `opts` (six bytes) when given, then 8 bytes of ICMPv6 type `t` (or UDP when `t` is 0).
+    fn v6_with_options(src: [u8; 16], hlim: u8, opts: Option<[u8; 6]>, t: u8) -> Vec<u8> {
+        let mut f = vec![0u8; 14];
+        f[12..14].copy_from_slice(&[0x86, 0xdd]);
+        let next = if t == 0 { IPPROTO_UDP } else { IPPROTO_ICMPV6 };
+        let mut pl = Vec::new();
+        if let Some(o) = opts {
+            pl.extend_from_slice(&[next, 0]);
+            pl.extend_from_slice(&o);
+        }
+        pl.extend_from_slice(&if t == 0 { [0, 1, 0, 2, 0, 8, 0, 0] } else { [t, 0, 0, 0, 0, 0, 0, 0] });
+        let mut ip = [0u8; 40];
+        let dst = [0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x16];
+        ipv6::emit_header(
+            &mut ip,
+            &src,
+            &dst,
+            if opts.is_some() { ipv6::NH_HOPOPTS } else { next },
+            pl.len() as u16,
+            hlim,
+        );
+        f.extend_from_slice(&ip);
+        f.extend_from_slice(&pl);
+        f
+    }
+
+    #[test]
+    fn router_alert_passes_on_mld_and_igmp_only() {
+        let ll = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        let global = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        let ra = Some([ipv6::OPT_ROUTER_ALERT, 2, 0, 0, ipv6::OPT_PADN, 0]);
+        let parse = |f: Vec<u8>| {
+            let mut pd = PDesc::default();
+            parse_ether(&f, &mut pd).map(|_| pd.flags & pdf::IP_OPTIONS != 0)
+        };
+        // MLD with its router alert: no options for the rules; without the header the same.
+        assert_eq!(parse(v6_with_options(ll, 1, ra, icmp::MLD2_REPORT)), Ok(false));
+        assert_eq!(parse(v6_with_options(ll, 1, None, icmp::MLD_QUERY)), Ok(false));
+        // A report before the node has a link-local address (RFC 3590); a query may not.
+        assert_eq!(parse(v6_with_options([0; 16], 1, ra, icmp::MLD2_REPORT)), Ok(false));
+        assert_eq!(parse(v6_with_options([0; 16], 1, ra, icmp::MLD_QUERY)), Err(Parse::Drop(Reason::IpOption)));
+        // Invalid MLD: routed (hop limit 64) or from a global address, options or not.
+        assert_eq!(parse(v6_with_options(ll, 64, ra, icmp::MLD_REPORT)), Err(Parse::Drop(Reason::IpOption)));
+        assert_eq!(parse(v6_with_options(global, 1, None, icmp::MLD_DONE)), Err(Parse::Drop(Reason::IpOption)));
+        // A router alert on anything else, or MLD with another option too: for allow-opts.
+        assert_eq!(parse(v6_with_options(ll, 1, ra, 0)), Ok(true));
+        assert_eq!(parse(v6_with_options(ll, 1, ra, icmp::V6_ECHO_REQUEST)), Ok(true));
+        assert_eq!(
+            parse(v6_with_options(ll, 1, Some([ipv6::OPT_ROUTER_ALERT, 2, 0, 0, 0x1e, 0]), icmp::MLD2_REPORT)),
+            Ok(true)
+        );
+        assert_eq!(parse(v6_with_options(ll, 1, Some([ipv6::OPT_PADN, 4, 0, 0, 0, 0]), icmp::MLD2_REPORT)), Ok(true));
+        // IPv4: IGMP with a router alert passes; UDP with one does not; an IGMP message to
+        // all hosts that could leave the link is dropped.
+        let v4 = |proto: u8, dst: [u8; 4], ttl: u8| {
+            let mut f = vec![0u8; 14 + 24 + 8];
+            f[12] = 0x08;
+            ipv4::emit_header(&mut f[14..], [10, 0, 0, 1], dst, proto, 32, ttl, 1);
+            f[14] = 0x46;
+            f[34..38].copy_from_slice(&[ipv4::OPT_ROUTER_ALERT, 4, 0, 0]);
+            if proto == IPPROTO_UDP {
+                udp::emit_header(&mut f[38..], 1, 2, 8);
+            }
+            ipv4::Packet::new_checked(&mut f[14..]).unwrap().fill_checksum();
+            f
+        };
+        assert_eq!(parse(v4(IPPROTO_IGMP, [224, 0, 0, 22], 1)), Ok(false));
+        assert_eq!(parse(v4(IPPROTO_IGMP, [224, 0, 0, 1], 1)), Ok(false));
+        assert_eq!(parse(v4(IPPROTO_IGMP, [224, 0, 0, 1], 2)), Err(Parse::Drop(Reason::IpOption)));
+        assert_eq!(parse(v4(IPPROTO_UDP, [224, 0, 0, 22], 1)), Ok(true));
     }
 
     proptest::proptest! {
