@@ -221,6 +221,14 @@ impl Index {
         }
     }
 
+    /// Empties the index at once: every row zeroed, the overflow buckets dropped.
+    pub fn clear(&mut self) {
+        self.rows.zero(self.nrows as usize);
+        self.overflow.clear();
+        self.free_overflow.clear();
+        self.used = 0;
+    }
+
     /// Removes `r` stored under hash `h`. Returns false if it was not there. An overflow bucket
     /// that becomes empty is unlinked and kept for reuse.
     pub fn remove(&mut self, h: u64, r: u32) -> bool {

@@ -106,6 +106,13 @@ impl<T: Zeroable> Region<T> {
         &mut *self.ptr.as_ptr().add(i)
     }
 
+    /// Sets records `[0, n)` to zero (all-zero is a valid T), in place: their pages stay
+    /// backed, so the packet path takes no page fault on them afterwards.
+    pub fn zero(&mut self, n: usize) {
+        // SAFETY: `n` is bounded by the capacity; &mut self gives exclusive access.
+        unsafe { core::ptr::write_bytes(self.ptr.as_ptr(), 0, n.min(self.cap)) }
+    }
+
     /// Backs records `[0, n)` with memory now, so that the packet path never takes a page
     /// fault for them (MADV_POPULATE_WRITE, Linux 5.14). On failure (an older kernel, or no
     /// memory) nothing is lost: pages are then faulted in on first touch.

@@ -935,6 +935,28 @@ impl<K: Key> StateTable<K> {
         true
     }
 
+    /// Removes every state (`-F states`), each as [`remove`](Self::remove) does (its sync
+    /// event, NAT ports, source tracking, counters). With many states the index is emptied at
+    /// once instead of entry by entry: taking an entry out waits on its row's cache line
+    /// (~0.1-0.3 us a state at millions), where zeroing costs a few ns a row. Returns the
+    /// states removed.
+    pub fn remove_all(&mut self) -> u32 {
+        /// Emptied at once from one state per this many rows.
+        const WHOLE: u64 = 16;
+        let whole = self.migrating.is_none() && self.len as u64 * WHOLE >= self.index.nrows() as u64;
+        let mut n = 0;
+        for id in 0..self.hwm {
+            if self.state(id).flags & sf::LIVE != 0 {
+                self.unlink_from(id, !whole);
+                n += 1;
+            }
+        }
+        if whole {
+            self.index.clear();
+        }
+        n
+    }
+
     fn index_remove(&mut self, h: u64, r: u32) {
         if self.index.remove(h, r) {
             return;
@@ -963,13 +985,24 @@ impl<K: Key> StateTable<K> {
     }
 
     fn unlink(&mut self, id: u32) {
+        self.unlink_from(id, true);
+    }
+
+    /// [`unlink`](Self::unlink), taking the state's keys out of the index or not (the caller
+    /// then empties the index itself).
+    #[inline(always)]
+    fn unlink_from(&mut self, id: u32, index: bool) {
         let s = *self.state(id);
         if s.timeout & TO_PFLOW != 0 {
             self.pflow_record(id, crate::flow::FlowEvent::End, self.now);
         }
-        self.index_remove(self.hash(&s.key), id);
+        if index {
+            self.index_remove(self.hash(&s.key), id);
+        }
         if let Some(k) = self.stack_key(id) {
-            self.index_remove(self.hash(&k), id | STACK);
+            if index {
+                self.index_remove(self.hash(&k), id | STACK);
+            }
             self.nat_gone.push((s.key, k, s.flags));
         }
         if s.ext != NONE {

@@ -485,3 +485,56 @@ fn translated_states_keep_their_keys_meta_and_peers() {
         check(&mut t6, wire, stack, tcp, sloppy, 100);
     }
 }
+
+/// `remove_all` (`-F states`) leaves what removing each state leaves, whether it takes the
+/// keys out one by one (few states for the rows) or empties the index at once: no state
+/// found, the same removals, sync events and NAT releases, and every key insertable again.
+#[test]
+fn remove_all_is_removing_each() {
+    for n in [20u16, 3000] {
+        let fill = || {
+            let mut t = StateTable::<Key4>::new(Config {
+                limit: 3000,
+                rows: None,
+                seed: Seed::fixed(5),
+                events: 8192,
+                now: 0,
+                grow_from: None,
+                prefault: false,
+            })
+            .unwrap();
+            for i in 0..n {
+                let k = key(i);
+                let stack = (i % 3 == 0).then(|| stack_key(i));
+                t.insert(t.hash(&k), NewState { stack, ..udp_state(k, Timeout::UdpFirst) }, 0).unwrap();
+            }
+            t.drain_events(|_, _| {});
+            t
+        };
+        let mut each = fill();
+        let ids: Vec<u32> = each.iter().map(|(id, _)| id).collect();
+        for id in ids {
+            assert!(each.remove(id));
+        }
+        let mut all = fill();
+        assert_eq!(all.remove_all(), n as u32);
+        for t in [&mut each, &mut all] {
+            assert_eq!(t.len(), 0);
+            assert_eq!(t.counters.removals, n as u64);
+            assert_eq!(t.nat_gone.len(), n.div_ceil(3) as usize);
+            assert_eq!(t.drain_events(|_, _| {}), n as usize);
+            for i in 0..n {
+                assert!(t.lookup(&key(i)).is_none() && t.lookup(&stack_key(i)).is_none(), "{i} still found");
+            }
+            t.maintain(1, 1 << 20);
+            for i in 0..n {
+                let k = key(i);
+                let stack = (i % 2 == 0).then(|| stack_key(i));
+                t.insert(t.hash(&k), NewState { stack, ..udp_state(k, Timeout::UdpFirst) }, 1).unwrap();
+            }
+            for i in 0..n {
+                assert!(t.lookup(&key(i)).is_some() && (i % 2 != 0 || t.lookup(&stack_key(i)).is_some()));
+            }
+        }
+    }
+}

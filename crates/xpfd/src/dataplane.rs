@@ -1671,8 +1671,7 @@ impl Dataplane {
                 self.after_read_back(Fresh::Killed(tx, n));
             }
             Cmd::Flush(tx) => {
-                let all = Select::default();
-                let n = kill(&mut self.worker.t4, &all) + kill(&mut self.worker.t6, &all);
+                let n = self.worker.t4.remove_all() + self.worker.t6.remove_all();
                 self.after_read_back(Fresh::Killed(tx, n));
             }
             Cmd::Limits { states, timeouts, frags, cookies, done } => {
