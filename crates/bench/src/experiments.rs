@@ -363,7 +363,7 @@ pub fn insert(o: &Opts) -> Result<(), String> {
         crate::runner::pump(&mut e, &mut feed, count, 0.0, o.batch, 1);
         let t = std::time::Instant::now();
         if whole {
-            e.w.t4.remove_all();
+            e.w.t4.remove_all(true);
         } else {
             let ids: Vec<u32> = e.w.t4.iter().map(|(id, _)| id).collect();
             for id in ids {

@@ -935,19 +935,20 @@ impl<K: Key> StateTable<K> {
         true
     }
 
-    /// Removes every state (`-F states`), each as [`remove`](Self::remove) does (its sync
-    /// event, NAT ports, source tracking, counters). With many states the index is emptied at
-    /// once instead of entry by entry: taking an entry out waits on its row's cache line
-    /// (~0.1-0.3 us a state at millions), where zeroing costs a few ns a row. Returns the
-    /// states removed.
-    pub fn remove_all(&mut self) -> u32 {
+    /// Removes every state (`-F states`), each as [`remove`](Self::remove) does (NAT ports,
+    /// source tracking, counters), with its sync delete event if `events` (else the caller
+    /// clears the peer's copies in one message, as pf's `pfctl -F states` does). With many
+    /// states the index is emptied at once instead of entry by entry: taking an entry out
+    /// waits on its row's cache line (~0.1-0.3 us a state at millions), where zeroing costs a
+    /// few ns a row. Returns the states removed.
+    pub fn remove_all(&mut self, events: bool) -> u32 {
         /// Emptied at once from one state per this many rows.
         const WHOLE: u64 = 16;
         let whole = self.migrating.is_none() && self.len as u64 * WHOLE >= self.index.nrows() as u64;
         let mut n = 0;
         for id in 0..self.hwm {
             if self.state(id).flags & sf::LIVE != 0 {
-                self.unlink_from(id, !whole);
+                self.unlink_from(id, !whole, events);
                 n += 1;
             }
         }
@@ -985,13 +986,14 @@ impl<K: Key> StateTable<K> {
     }
 
     fn unlink(&mut self, id: u32) {
-        self.unlink_from(id, true);
+        self.unlink_from(id, true, true);
     }
 
     /// [`unlink`](Self::unlink), taking the state's keys out of the index or not (the caller
-    /// then empties the index itself).
+    /// then empties the index itself), with its delete event or not (the caller tells the
+    /// peer otherwise).
     #[inline(always)]
-    fn unlink_from(&mut self, id: u32, index: bool) {
+    fn unlink_from(&mut self, id: u32, index: bool, event: bool) {
         let s = *self.state(id);
         if s.timeout & TO_PFLOW != 0 {
             self.pflow_record(id, crate::flow::FlowEvent::End, self.now);
@@ -1018,7 +1020,10 @@ impl<K: Key> StateTable<K> {
         }
         self.actions.remove(id);
         let mut flags = (s.flags & !(sf::LIVE | sf::NAT)) | sf::DEAD;
-        if self.events.enabled() && s.flags & sf::NOSYNC == 0 && self.events.push(Event { id, kind: EventKind::Delete })
+        if event
+            && self.events.enabled()
+            && s.flags & sf::NOSYNC == 0
+            && self.events.push(Event { id, kind: EventKind::Delete })
         {
             flags |= sf::EVQ_DEL;
         }

@@ -517,7 +517,7 @@ fn remove_all_is_removing_each() {
             assert!(each.remove(id));
         }
         let mut all = fill();
-        assert_eq!(all.remove_all(), n as u32);
+        assert_eq!(all.remove_all(true), n as u32);
         for t in [&mut each, &mut all] {
             assert_eq!(t.len(), 0);
             assert_eq!(t.counters.removals, n as u64);
@@ -536,5 +536,9 @@ fn remove_all_is_removing_each() {
                 assert!(t.lookup(&key(i)).is_some() && (i % 2 != 0 || t.lookup(&stack_key(i)).is_some()));
             }
         }
+        // Without events (the peer is cleared in one message): none queued.
+        let mut quiet = fill();
+        assert_eq!(quiet.remove_all(false), n as u32);
+        assert_eq!((quiet.len(), quiet.drain_events(|_, _| {})), (0, 0));
     }
 }

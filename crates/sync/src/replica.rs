@@ -203,6 +203,19 @@ impl Replica {
         }
     }
 
+    /// Every state went at once (`-F states`) without its delete: the peer is told by one
+    /// clear of the states this box created, as pf's `pfctl -F states` does (the peer's own
+    /// states stay with it), and what this worker held of the peer's states is forgotten.
+    /// The clear goes out with the next transmit.
+    pub fn cleared(&mut self) {
+        self.ids.clear();
+        for o in &mut self.origin {
+            o.clear();
+        }
+        self.send(Msg::Clear(wire::Clr { ifname: wire::ifname("all"), creatorid: self.creatorid }));
+        self.flush();
+    }
+
     /// Closes the open frame so that it goes out with the next transmit.
     pub fn flush(&mut self) {
         self.ready.extend(self.out.finish());

@@ -362,6 +362,15 @@ fn add<K: xpf_state::Key>(t: &mut StateTable<K>, s: NewState<K>, now: u32) -> u3
     t.insert(h, s, now).unwrap()
 }
 
+/// Nodes a (creator 0xa) and b (0xb), a holding TCP states `states`.
+fn pair(states: std::ops::Range<u32>) -> (Node, Node) {
+    let mut a = Node::new(cfg(0xa, None));
+    for i in states {
+        add(&mut a.t4, tcp_state(i), 1);
+    }
+    (a, Node::new(cfg(0xb, None)))
+}
+
 /// Runs both nodes for `rounds` rounds of 100 ms, frames crossing the links.
 fn run(a: &mut Node, b: &mut Node, ab: &mut Link, ba: &mut Link, t0: &mut u64, rounds: u32) {
     for _ in 0..rounds {
@@ -400,11 +409,7 @@ const SCRUB: xpf_state::Scrub =
 
 #[test]
 fn standby_gets_every_state_by_bulk_then_follows_updates_over_a_lossy_reordering_link() {
-    let mut a = Node::new(cfg(0xa, None));
-    let mut b = Node::new(cfg(0xb, None));
-    for i in 0..500 {
-        add(&mut a.t4, tcp_state(i), 1);
-    }
+    let (mut a, mut b) = pair(0..500);
     let k6 = Key6 { addr: [[0x20; 16], [0x21; 16]], port: [1, 53], proto: 17, _pad: 0, kif: 0 };
     let u6 = NewState {
         key: k6,
@@ -480,11 +485,7 @@ fn standby_gets_every_state_by_bulk_then_follows_updates_over_a_lossy_reordering
 
 #[test]
 fn lost_inserts_are_recovered_by_update_requests() {
-    let mut a = Node::new(cfg(0xa, None));
-    let mut b = Node::new(cfg(0xb, None));
-    for i in 0..50 {
-        add(&mut a.t4, tcp_state(i), 1);
-    }
+    let (mut a, mut b) = pair(0..50);
     let _ = a.push(1); // every insert lost: the standby was not there
     assert_eq!(b.t4.len(), 0);
     for id in 0..50 {
@@ -641,4 +642,45 @@ fn defer_mode_inserts_ask_for_an_ack_and_the_peer_answers_once_it_holds_the_stat
         d.receive(1, 10, &f).unwrap();
     }
     assert_eq!((d.rep.stats.inserted, d.rep.stats.acks_out), (1, 0));
+}
+
+/// `-F states` with sync: one clear instead of a delete per state, as pf. The peer drops the
+/// states the flushing box created and keeps its own; states made after the flush in the
+/// freed slots are the box's own again and reach the peer.
+#[test]
+fn flushing_states_clears_the_peers_copies_with_one_message() {
+    let (mut a, mut b) = pair(0..30);
+    for i in 100..120 {
+        add(&mut b.t4, tcp_state(i), 1);
+    }
+    for f in a.push(1) {
+        b.receive(1, 1000, &f).unwrap();
+    }
+    for f in b.push(1) {
+        a.receive(1, 1000, &f).unwrap();
+    }
+    assert_eq!((a.t4.len(), b.t4.len()), (50, 50));
+    let _ = a.push(1);
+    assert_eq!(a.t4.remove_all(false) + a.t6.remove_all(false), 50);
+    a.rep.cleared();
+    let frames = std::mem::take(&mut a.rep.ready);
+    assert_eq!(frames.len(), 1, "one frame, the clear");
+    assert_eq!(a.push(2).len(), 0, "no delete queued");
+    for f in &frames {
+        b.receive(2, 2000, f).unwrap();
+    }
+    assert_eq!((a.t4.len(), b.t4.len()), (0, 20));
+    assert_eq!(b.rep.stats.cleared, 30);
+    for (_, s) in b.t4.iter() {
+        assert!(s.key.port[0] >= 10_100, "b kept {:?}, not its own", s.key);
+    }
+    a.t4.maintain(400, 1 << 20);
+    for i in 200..210 {
+        add(&mut a.t4, tcp_state(i), 400);
+    }
+    for f in a.push(400) {
+        b.receive(400, 400_000, &f).unwrap();
+    }
+    assert_eq!(b.t4.len(), 30);
+    assert_eq!(b.rep.stats.inserted, 40);
 }

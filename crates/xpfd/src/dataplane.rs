@@ -1671,7 +1671,10 @@ impl Dataplane {
                 self.after_read_back(Fresh::Killed(tx, n));
             }
             Cmd::Flush(tx) => {
-                let n = self.worker.t4.remove_all() + self.worker.t6.remove_all();
+                let n = match &mut self.sync {
+                    Some(s) => s.flush_states(&mut self.worker, now),
+                    None => self.worker.t4.remove_all(true) + self.worker.t6.remove_all(true),
+                };
                 self.after_read_back(Fresh::Killed(tx, n));
             }
             Cmd::Limits { states, timeouts, frags, cookies, done } => {

@@ -184,6 +184,16 @@ impl WorkerSync {
         self.send_ready();
     }
 
+    /// `-F states` with sync: the events queued before go out, then every state goes without
+    /// its own delete and one clear tells the peer (as pf). Returns the states removed.
+    pub fn flush_states(&mut self, w: &mut Worker<Live>, now: u32) -> u32 {
+        self.send_now(w, now);
+        let n = w.t4.remove_all(false) + w.t6.remove_all(false);
+        self.rep.cleared();
+        self.send_ready();
+        n
+    }
+
     /// Sends what is queued now (defer mode: the inserts of the states whose packets wait).
     pub fn send_now(&mut self, w: &mut Worker<Live>, now: u32) {
         let mut t = Tables { t4: &mut w.t4, t6: &mut w.t6 };
