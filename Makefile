@@ -43,6 +43,7 @@ test: build
 	WORKERS=2 NAT=1 scripts/failover.sh 8 14 --key
 	IO=packet scripts/failover.sh 8 14 --key
 	IDLE=1000000 NAT=1 scripts/failover.sh 8 30 --key
+	FLUSH=1 scripts/failover.sh 8 14 --key
 	$(BIN)/xpf-bench lab --quick
 
 # The firewall pair: keepalived moves the addresses, the standby carries the flows (~30 s;

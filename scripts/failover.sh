@@ -17,6 +17,10 @@
 # flood out of the client's namespace, `xpf-bench flood`), which the standby takes by bulk
 # update before the kill, beside the live flows (conntrackd's standby must first commit such
 # a cache into the kernel).
+# FLUSH=1: no kill; `xpfctl -F states` on the primary instead, with the standby holding the
+# flows' states: the primary sends one pfsync clear of the states it created (as pf's
+# `pfctl -F states`), not a delete per state, and the standby drops them. The flows die with
+# their states (their next segments match no `flags S/SA` rule); the run ends there.
 # xpfd runs in XDP mode (--io xdp); IO=packet: in packet mode.
 # FASTPATH=1: the flows go on xpfd's fast path (on by default, used towards the interfaces
 # that take redirected frames): their segments are forwarded and window-checked by the
@@ -245,6 +249,25 @@ echo "failover: before the kill, the standby holds:"
 XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s info | grep -E "Sync|states from peers|states inserted|states updated|bulk update|bad: authentication" || true
 fwb_states=$(XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s states | grep -c ':7000' || true)
 echo "failover: fwb has $fwb_states states for port 7000 ($FLOWS flows, two states each: in on lan, out on wan)"
+if [[ ${FLUSH:-0} == 1 ]]; then
+    sync_count() { XPFD_SOCKET=$DIR/$1.sock "$BIN/xpfctl" -s info | awk -F'  +' -v k="$2" '$2 == k {s += $NF} END {print s+0}'; }
+    c0=$(sync_count fwb "states cleared"); d0=$(sync_count fwb "states deleted")
+    XPFD_SOCKET=$DIR/fwa.sock "$BIN/xpfctl" -F states
+    sleep 1.5 # the standby's counters are published once a second
+    c1=$(sync_count fwb "states cleared"); d1=$(sync_count fwb "states deleted")
+    left=$(XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s states | grep -c ':7000' || true)
+    kill "$CLIENT" 2>/dev/null || true
+    echo "failover: -F states on fwa: fwb cleared $((c1 - c0)) states by the primary's clear, deleted $((d1 - d0)) one by one; $left of its $fwb_states states for port 7000 left"
+    if [[ $fwb_states -lt $FLOWS || $left -ne 0 || $((c1 - c0)) -lt $fwb_states ]]; then
+        echo "failover: FAILED: the standby did not drop the flushed states by one clear"; exit 1
+    fi
+    echo "failover: passed"
+    trap - EXIT
+    disown -a # the daemons are killed next, as at the end below; no job notices
+    cleanup
+    rm -rf "$DIR"
+    exit 0
+fi
 if [[ ${#FAST[@]} -gt 0 ]]; then
     kern=$(XPFD_SOCKET=$DIR/fwa.sock "$BIN/xpfctl" -s info | awk -F'  +' '/forwarded in the kernel/ {s += $NF} END {print s+0}')
     XPFD_SOCKET=$DIR/fwa.sock "$BIN/xpfctl" -s info | grep -E "fast-path (TCP flows|TCP judged)" | sed 's/^/  fwa: /'

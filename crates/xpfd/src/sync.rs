@@ -360,7 +360,7 @@ pub fn render(s: &Shared) -> (String, serde_json::Value) {
         if s.auth { "on" } else { "off" }
     );
     // (key for JSON and metrics, text, value).
-    let rows: [(&str, &str, u64); 23] = [
+    let rows: [(&str, &str, u64); 24] = [
         ("frames_sent", "frames sent", w.frames + st.opackets),
         ("bytes_sent", "bytes sent", w.bytes + st.obytes),
         ("send_errors", "send errors", w.send_errors),
@@ -377,6 +377,7 @@ pub fn render(s: &Shared) -> (String, serde_json::Value) {
         ("states_inserted", "states inserted", w.apply.inserted),
         ("states_updated", "states updated", w.apply.updated),
         ("states_deleted", "states deleted", w.apply.deleted),
+        ("states_cleared", "states cleared", w.apply.cleared),
         ("stale_updates", "stale updates", w.apply.stale),
         ("unknown_requested", "unknown (requested)", w.apply.unknown),
         ("refused_records", "refused records", w.apply.badstate),
