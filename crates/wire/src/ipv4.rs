@@ -167,7 +167,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
             }
         }
         // Options of padding only are suspect, as pf has it: counted as other.
-        if !found.router_alert {
+        if !found.any() {
             found.other = true;
         }
         Ok(found)

@@ -34,6 +34,14 @@ pub struct Options {
     pub other: bool,
 }
 
+impl Options {
+    /// Any option the rules must allow (`allow-opts`).
+    #[inline(always)]
+    pub fn any(self) -> bool {
+        self.router_alert | self.other
+    }
+}
+
 /// Why a view refused a buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Error {

@@ -347,7 +347,7 @@ pub fn parse_ipv4(frame: &[u8], off: usize, pd: &mut PDesc) -> Result<(), Parse>
         }
         opts.router_alert = false;
     }
-    if opts.router_alert | opts.other {
+    if opts.any() {
         pd.flags |= pdf::IP_OPTIONS;
     }
     pd.tos = ip.tos();
@@ -396,7 +396,7 @@ pub fn parse_ipv6(frame: &[u8], off: usize, pd: &mut PDesc) -> Result<(), Parse>
     if ext.misplaced_hbh {
         return Err(Reason::BadIpHeader.into());
     }
-    if ext.options.router_alert | ext.options.other {
+    if ext.options.any() {
         pd.flags |= pdf::IP_OPTIONS;
     }
     pd.af = AF_INET6;
