@@ -4,7 +4,8 @@
 //!    is the daemon's worker loop (event queues on, the replica polled after every batch,
 //!    frames built and handed off; the socket is left out, it is the sync thread's or the
 //!    kernel's cost, not the worker's).
-//! 2. The standby's apply rate: compressed updates of N states, parsed, checked and applied.
+//! 2. The standby's apply rate: compressed updates of N states, parsed, checked and applied;
+//!    then the primary's `-F states` (one clear), applied with and without a state of its own.
 //! 3. A bulk update of N states (10M by default) between two endpoints over the loopback, on
 //!    real raw IP protocol 240 sockets with 1480-byte frames, paced as xpfd paces it.
 
@@ -205,6 +206,34 @@ pub fn run(o: &Opts) -> Result<(), String> {
     println!("{}", stats::header("states", "updates/s"));
     println!("{}", stats::row(&n.to_string(), &s));
     println!("  standby applies {:.2} M updates/s (target >= 1 M/s)", s.median / 1e6);
+    // The primary's `-F states`: one clear, applied by a standby that holds only the
+    // primary's states (its tables emptied at once), then by one that holds a state of its
+    // own besides (the primary's states taken out one by one through the id map).
+    let _ = a.t4.remove_all(false);
+    a.rep.cleared();
+    let clear = std::mem::take(&mut a.rep.ready);
+    let mut clear_ms = Vec::new();
+    for own in [false, true] {
+        if b.t4.is_empty() {
+            b.take(&bulk_frames);
+        }
+        if own {
+            let key = Key4 { addr: [[10, 255, 0, 1], [192, 0, 2, 1]], port: [999, 443], proto: 6, _pad: 0, kif: 0 };
+            let st = xpf_state::fixtures::established_tcp(key, [Peer::default(); 2]);
+            let h = b.t4.hash(&key);
+            b.t4.insert(h, st, 2).expect("insert");
+        }
+        let before = b.rep.stats.cleared;
+        let t0 = Instant::now();
+        b.take(&clear);
+        clear_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(b.rep.stats.cleared - before, n as u64, "the clear removes every state of the primary");
+        assert_eq!(b.t4.len(), own as u32);
+    }
+    println!(
+        "  the primary's -F states (one clear): applied in {:.1} ms by a standby holding only its {n} states, {:.1} ms with one of its own besides (state by state)",
+        clear_ms[0], clear_ms[1]
+    );
     drop((a, b));
 
     // 3. The bulk update over loopback.

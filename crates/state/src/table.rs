@@ -942,12 +942,26 @@ impl<K: Key> StateTable<K> {
     /// waits on its row's cache line (~0.1-0.3 us a state at millions), where zeroing costs a
     /// few ns a row. Returns the states removed.
     pub fn remove_all(&mut self, events: bool) -> u32 {
+        self.remove_every(events, true)
+    }
+
+    /// Removes every state as a peer's clear does: no sync event and no flow record (the
+    /// peer that ended them tells its own collector), the index emptied at once as
+    /// [`remove_all`](Self::remove_all) does. Returns the states removed.
+    pub fn remove_all_quietly(&mut self) -> u32 {
+        self.remove_every(false, false)
+    }
+
+    fn remove_every(&mut self, events: bool, flows: bool) -> u32 {
         /// Emptied at once from one state per this many rows.
         const WHOLE: u64 = 16;
         let whole = self.migrating.is_none() && self.len as u64 * WHOLE >= self.index.nrows() as u64;
         let mut n = 0;
         for id in 0..self.hwm {
             if self.state(id).flags & sf::LIVE != 0 {
+                if !flows {
+                    self.state_mut(id).timeout &= !TO_PFLOW;
+                }
                 self.unlink_from(id, !whole, events);
                 n += 1;
             }

@@ -528,6 +528,18 @@ impl Replica {
             None => None,
         };
         let victims: Vec<u32> = self.ids.iter().filter(|(k, _)| k.creatorid == c.creatorid).map(|(_, r)| *r).collect();
+        if kif.is_none() && victims.len() == (tables.t4.len() + tables.t6.len()) as usize {
+            // Every state here is the clearing peer's (a standby's tables): emptied at once, as
+            // this box's own `-F states` empties them, not a random read of each state through
+            // the id map (10M states: ~0.06 s against ~1.6 s).
+            let n = tables.t4.remove_all_quietly() + tables.t6.remove_all_quietly();
+            self.ids.clear();
+            for o in &mut self.origin {
+                o.clear();
+            }
+            self.stats.cleared += n as u64;
+            return;
+        }
         for r in victims {
             let (fam, slot) = ((r >> 31) as usize, r & !V6);
             let on = with_table!(tables, fam, |t| t.state(slot).key.kif());

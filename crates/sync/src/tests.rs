@@ -648,6 +648,32 @@ fn defer_mode_inserts_ask_for_an_ack_and_the_peer_answers_once_it_holds_the_stat
 /// states the flushing box created and keeps its own; states made after the flush in the
 /// freed slots are the box's own again and reach the peer.
 #[test]
+fn a_standby_holding_only_the_peers_states_empties_its_tables_at_its_clear() {
+    let (mut a, mut b) = pair(0..40);
+    for f in a.push(1) {
+        b.receive(1, 1000, &f).unwrap();
+    }
+    assert_eq!(b.t4.len(), 40);
+    let _ = a.push(1);
+    a.t4.remove_all(false);
+    a.rep.cleared();
+    for f in std::mem::take(&mut a.rep.ready) {
+        b.receive(2, 2000, &f).unwrap();
+    }
+    assert_eq!((b.t4.len(), b.rep.stats.cleared, b.rep.imported()), (0, 40, 0));
+    assert_eq!(b.push(2).len(), 0, "nothing told back to the peer");
+    // The emptied index takes the primary's next states, found by their keys.
+    for i in 300..310 {
+        add(&mut a.t4, tcp_state(i), 3);
+    }
+    for f in a.push(3) {
+        b.receive(3, 3000, &f).unwrap();
+    }
+    assert_eq!(same_tables(&a, &b), 10);
+    assert_eq!(b.rep.stats.inserted, 50);
+}
+
+#[test]
 fn flushing_states_clears_the_peers_copies_with_one_message() {
     let (mut a, mut b) = pair(0..30);
     for i in 100..120 {

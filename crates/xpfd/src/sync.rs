@@ -247,6 +247,27 @@ fn route(m: &Msg, sid: &wire::StateId, creatorid: u32, n: usize, placed: &mut Ha
     w
 }
 
+/// Puts a received record in the batch of the worker it concerns (a clear in every worker's).
+fn dispatch(m: Msg, creatorid: u32, placed: &mut HashMap<wire::StateId, u8>, per: &mut [Vec<Msg>]) {
+    match replica::sid_of(&m) {
+        Some(sid) => {
+            let w = route(&m, &sid, creatorid, per.len(), placed);
+            per[w].push(m)
+        }
+        None => {
+            // A clear of all the peer's states also forgets where they were placed (an
+            // interface's clear does not: which states it ends is not known here).
+            if let Msg::Clear(c) = &m {
+                let all = wire::ifname_str(&c.ifname).is_none_or(|n| n.is_empty() || n == "all");
+                if all && c.creatorid != creatorid {
+                    placed.retain(|sid, _| sid.creatorid != c.creatorid);
+                }
+            }
+            per.iter_mut().for_each(|v| v.push(m))
+        }
+    }
+}
+
 /// The sync thread: receives frames, checks them, routes records to their workers, runs the
 /// bulk state machines, and sends its own frames (update requests, bulk status).
 pub fn run(mut ep: Endpoint, tx: Transport, workers: Vec<Sender<Cmd>>, wakes: Vec<Arc<Wake>>, shared: Arc<Shared>) {
@@ -276,14 +297,7 @@ pub fn run(mut ep: Endpoint, tx: Transport, workers: Vec<Sender<Cmd>>, wakes: Ve
                 continue;
             }
             for m in msgs.drain(..) {
-                match replica::sid_of(&m) {
-                    Some(sid) => {
-                        let w = route(&m, &sid, ep.cfg.creatorid, workers.len(), &mut placed);
-                        per[w].push(m)
-                    }
-                    // A clear concerns every worker.
-                    None => per.iter_mut().for_each(|v| v.push(m)),
-                }
+                dispatch(m, ep.cfg.creatorid, &mut placed, &mut per);
             }
             if got >= 256 {
                 break;
@@ -443,6 +457,36 @@ pub fn config(a: &SyncArgs, conf: Option<u32>, cksum: [u8; 16]) -> Result<Config
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peers_clear_of_all_its_states_forgets_where_they_were_placed() {
+        let (ours, peer, other) = (0xa, 0xb, 0xc);
+        let mut placed = HashMap::new();
+        let mut per = vec![Vec::new(), Vec::new()];
+        let insert = |creatorid: u32, id: u64, last: u8| {
+            let mut r = wire::StateRec { id, creatorid, af: wire::AF_INET, ..Default::default() };
+            r.key[1].addr[0][..4].copy_from_slice(&[10, 0, 0, last]);
+            r.key[1].addr[1][..4].copy_from_slice(&[192, 0, 2, 1]);
+            Msg::Insert(r)
+        };
+        for id in 0..20 {
+            dispatch(insert(peer, id, id as u8), ours, &mut placed, &mut per);
+            dispatch(insert(other, id, id as u8), ours, &mut placed, &mut per);
+        }
+        assert_eq!(placed.len(), 40);
+        assert!(per.iter().all(|v| !v.is_empty()), "the flows spread over both workers");
+        let clear = |creatorid: u32, ifname: &str| Msg::Clear(wire::Clr { ifname: wire::ifname(ifname), creatorid });
+        // An interface's clear: the states it ends are not known here.
+        dispatch(clear(peer, "eth1"), ours, &mut placed, &mut per);
+        assert_eq!(placed.len(), 40);
+        dispatch(clear(peer, "all"), ours, &mut placed, &mut per);
+        assert_eq!(placed.len(), 20);
+        assert!(placed.keys().all(|sid| sid.creatorid == other), "the other creator's stay");
+        dispatch(clear(other, ""), ours, &mut placed, &mut per);
+        assert!(placed.is_empty());
+        let clears = |v: &Vec<Msg>| v.iter().filter(|m| matches!(m, Msg::Clear(_))).count();
+        assert!(per.iter().all(|v| clears(v) == 3), "every clear reaches every worker");
+    }
 
     #[test]
     fn hostid_names_the_sync_creator() {
