@@ -10,7 +10,8 @@
 #
 # usage: failover.sh [FLOWS] [SECONDS] [--key]     prints flows carried over and lost
 # WORKERS=N: each firewall's legs get N queues and its xpfd N workers (a synced state goes to
-# the worker that owns its flow).
+# the worker that owns its flow); after the failover, `-k` on the standby must leave the sync
+# thread's map of where the old primary's states were placed with them.
 # NAT=1: the client's network goes out as the virtual address (`nat-to 10.0.2.1`): the
 # standby must carry the translated flows with the same address and ports.
 # IDLE=N: before the live flows, N idle states on the primary (half-open TCP from a SYN
@@ -185,6 +186,8 @@ start_keepalived fwa 150
 for _ in $(seq 100); do has_vip fwa && break; sleep 0.1; done
 has_vip fwa || { cat "$DIR/fwa-keepalived.log"; echo "failover: keepalived did not make fwa master"; exit 1; }
 states_of() { XPFD_SOCKET=$DIR/$1.sock "$BIN/xpfctl" -s info | awk '/current entries/ {print $3; exit}'; }
+# A row of -s info's sync section, summed over its lines.
+sync_count() { XPFD_SOCKET=$DIR/$1.sock "$BIN/xpfctl" -s info | awk -F'  +' -v k="$2" '$2 == k {s += $NF} END {print s+0}'; }
 if [[ $IDLE -gt 0 ]]; then
     mac=$(ip -n "${P}fwa" link show lan | awk '/link\/ether/ {print $2}')
     # The generator transmits from an XDP program (test-run frames): a veth passes such frames
@@ -250,7 +253,6 @@ XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s info | grep -E "Sync|states from peer
 fwb_states=$(XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s states | grep -c ':7000' || true)
 echo "failover: fwb has $fwb_states states for port 7000 ($FLOWS flows, two states each: in on lan, out on wan)"
 if [[ ${FLUSH:-0} == 1 ]]; then
-    sync_count() { XPFD_SOCKET=$DIR/$1.sock "$BIN/xpfctl" -s info | awk -F'  +' -v k="$2" '$2 == k {s += $NF} END {print s+0}'; }
     c0=$(sync_count fwb "states cleared"); d0=$(sync_count fwb "states deleted")
     XPFD_SOCKET=$DIR/fwa.sock "$BIN/xpfctl" -F states
     sleep 1.5 # the standby's counters are published once a second
@@ -314,8 +316,26 @@ if [[ $IDLE -gt 0 ]]; then
     echo "failover: fwb holds $n states after the failover"
     [[ $n -ge $IDLE ]] || { echo "failover: FAILED: the idle states did not survive the failover"; rc=1; }
 fi
+if [[ $W -gt 1 && $rc -eq 0 ]]; then
+    # The sync thread knows which worker holds each of the old primary's states; states the
+    # workers remove themselves (here `-k`, as expiry does) must leave that map with them.
+    p0=$(sync_count fwb "peer states placed"); i0=$(sync_count fwb "states from peers")
+    XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -k 10.0.1.2 >/dev/null
+    # The deletes go out within a second (sync's flush), the counters are published once a
+    # second: up to 5 s for both to move.
+    for _ in $(seq 20); do
+        sleep 0.25
+        p1=$(sync_count fwb "peer states placed"); i1=$(sync_count fwb "states from peers")
+        [[ $i1 -lt $i0 && $((p1 - i1)) -le $((p0 - i0)) ]] && break
+    done
+    echo "failover: -k 10.0.1.2 on fwb: the old primary's states held $i0 -> $i1, placed by the sync thread $p0 -> $p1"
+    if [[ $i1 -ge $i0 || $((p1 - i1)) -gt $((p0 - i0)) ]]; then
+        XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s info | sed -n '/^Sync/,/bulk update sent/p'
+        echo "failover: FAILED: the sync thread kept the placement of states the workers removed"; rc=1
+    fi
+fi
 if [[ $rc -ne 0 ]]; then
-    echo "failover: FAILED (flows lost); logs in $DIR"
+    echo "failover: FAILED; logs in $DIR"
     tail -5 "$DIR/fwb.log"
     trap - EXIT
     cleanup

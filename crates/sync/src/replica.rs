@@ -155,6 +155,10 @@ pub struct Replica {
     /// Defer mode: our states whose insert the peer acknowledged (slot references, family
     /// bit 31) since the caller last emptied this.
     pub acked: Vec<u32>,
+    /// With `note_gone`: the peers' states this worker removed itself (expired, killed) since
+    /// the caller last emptied this, for whoever placed them here to forget them.
+    pub gone: Vec<StateId>,
+    pub note_gone: bool,
 }
 
 const V6: u32 = 1 << 31;
@@ -177,6 +181,8 @@ impl Replica {
             evbuf: Vec::new(),
             defer: cfg.defer,
             acked: Vec::new(),
+            gone: Vec::new(),
+            note_gone: false,
         }
     }
 
@@ -384,6 +390,9 @@ impl Replica {
                         xpf_state::EventKind::Delete => {
                             let sid = self.sid(fam, t, e.id);
                             self.send(Msg::DeleteC(sid));
+                            if self.note_gone && sid.creatorid != self.creatorid {
+                                self.gone.push(sid);
+                            }
                             self.forget(fam, e.id);
                         }
                     }

@@ -648,6 +648,26 @@ fn defer_mode_inserts_ask_for_an_ack_and_the_peer_answers_once_it_holds_the_stat
 /// states the flushing box created and keeps its own; states made after the flush in the
 /// freed slots are the box's own again and reach the peer.
 #[test]
+fn the_peers_states_a_worker_removes_itself_are_noted_for_the_sync_thread() {
+    let (mut a, mut b) = pair(0..10);
+    b.rep.note_gone = true;
+    for f in a.push(1) {
+        b.receive(1, 1000, &f).unwrap();
+    }
+    let own = add(&mut b.t4, tcp_state(50), 1);
+    let _ = b.push(1);
+    let theirs: Vec<u32> = b.t4.iter().map(|(id, _)| id).filter(|&id| id != own).take(3).collect();
+    for &id in theirs.iter().chain([own].iter()) {
+        b.t4.remove(id);
+    }
+    assert!(b.rep.gone.is_empty(), "noted when the deletes go out");
+    let _ = b.push(2);
+    assert_eq!(b.rep.gone.len(), 3, "the peer's three, not b's own");
+    assert!(b.rep.gone.iter().all(|sid| sid.creatorid == a.rep.creatorid));
+    assert_eq!(b.rep.imported(), 7);
+}
+
+#[test]
 fn a_standby_holding_only_the_peers_states_empties_its_tables_at_its_clear() {
     let (mut a, mut b) = pair(0..40);
     for f in a.push(1) {

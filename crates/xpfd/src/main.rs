@@ -885,6 +885,8 @@ fn run(a: Args) -> Result<(), String> {
                 auth: cfg.key.is_some(),
                 defer: cfg.defer,
                 creatorid: cfg.creatorid,
+                placed_gone: Mutex::new(Vec::new()),
+                placed: Default::default(),
             });
             log::info!(
                 "sync on {} to {} (creator id {:08x}, frames up to {} bytes, authentication {}{})",

@@ -87,6 +87,19 @@ pub struct Shared {
     pub auth: bool,
     pub defer: bool,
     pub creatorid: u32,
+    /// With several workers: peers' states the workers removed themselves, or a worker that
+    /// removed all its states, for the sync thread to forget where it placed them.
+    pub placed_gone: Mutex<Vec<Gone>>,
+    /// Peers' states the sync thread knows the worker of (several workers).
+    pub placed: AtomicU64,
+}
+
+/// What a worker tells the sync thread it no longer holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gone {
+    State(wire::StateId),
+    /// `-F states`: every state of this worker.
+    Worker(u8),
 }
 
 /// A worker's part.
@@ -108,8 +121,10 @@ pub struct WorkerSync {
 
 impl WorkerSync {
     pub fn new(cfg: &Config, index: usize, tx: Transport, shared: Arc<Shared>) -> WorkerSync {
+        let mut rep = Replica::new(cfg, index as u8);
+        rep.note_gone = shared.workers.len() > 1;
         WorkerSync {
-            rep: Replica::new(cfg, index as u8),
+            rep,
             defer: cfg.defer.then(Defer::default),
             tx,
             names: SysNames::default(),
@@ -155,6 +170,9 @@ impl WorkerSync {
     }
 
     fn send_ready(&mut self) {
+        if !self.rep.gone.is_empty() {
+            self.shared.placed_gone.lock().unwrap().extend(self.rep.gone.drain(..).map(Gone::State));
+        }
         for f in self.rep.ready.drain(..) {
             if self.tx.send(&f) {
                 self.frames += 1;
@@ -190,6 +208,9 @@ impl WorkerSync {
         self.send_now(w, now);
         let n = w.t4.remove_all(false) + w.t6.remove_all(false);
         self.rep.cleared();
+        if self.rep.note_gone {
+            self.shared.placed_gone.lock().unwrap().push(Gone::Worker(self.index as u8));
+        }
         self.send_ready();
         n
     }
@@ -268,6 +289,18 @@ fn dispatch(m: Msg, creatorid: u32, placed: &mut HashMap<wire::StateId, u8>, per
     }
 }
 
+/// Forgets where the states the workers no longer hold were placed.
+fn forget_placed(placed: &mut HashMap<wire::StateId, u8>, gone: &[Gone]) {
+    for g in gone {
+        match g {
+            Gone::State(sid) => {
+                placed.remove(sid);
+            }
+            Gone::Worker(w) => placed.retain(|_, x| x != w),
+        }
+    }
+}
+
 /// The sync thread: receives frames, checks them, routes records to their workers, runs the
 /// bulk state machines, and sends its own frames (update requests, bulk status).
 pub fn run(mut ep: Endpoint, tx: Transport, workers: Vec<Sender<Cmd>>, wakes: Vec<Arc<Wake>>, shared: Arc<Shared>) {
@@ -302,6 +335,11 @@ pub fn run(mut ep: Endpoint, tx: Transport, workers: Vec<Sender<Cmd>>, wakes: Ve
             if got >= 256 {
                 break;
             }
+        }
+        if workers.len() > 1 {
+            let gone = std::mem::take(&mut *shared.placed_gone.lock().unwrap());
+            forget_placed(&mut placed, &gone);
+            shared.placed.store(placed.len() as u64, Ordering::Relaxed);
         }
         for (w, v) in per.iter_mut().enumerate() {
             if !v.is_empty() {
@@ -374,7 +412,7 @@ pub fn render(s: &Shared) -> (String, serde_json::Value) {
         if s.auth { "on" } else { "off" }
     );
     // (key for JSON and metrics, text, value).
-    let rows: [(&str, &str, u64); 24] = [
+    let rows: [(&str, &str, u64); 25] = [
         ("frames_sent", "frames sent", w.frames + st.opackets),
         ("bytes_sent", "bytes sent", w.bytes + st.obytes),
         ("send_errors", "send errors", w.send_errors),
@@ -397,6 +435,7 @@ pub fn render(s: &Shared) -> (String, serde_json::Value) {
         ("refused_records", "refused records", w.apply.badstate),
         ("requests_answered", "requests answered", w.apply.requests),
         ("states_from_peers", "states from peers", w.imported),
+        ("peer_states_placed", "peer states placed", s.placed.load(Ordering::Relaxed)),
         ("acks_received", "insert acks received", w.apply.acks_in),
         ("acks_sent", "insert acks sent", w.apply.acks_out),
     ];
@@ -486,6 +525,16 @@ mod tests {
         assert!(placed.is_empty());
         let clears = |v: &Vec<Msg>| v.iter().filter(|m| matches!(m, Msg::Clear(_))).count();
         assert!(per.iter().all(|v| clears(v) == 3), "every clear reaches every worker");
+    }
+
+    #[test]
+    fn what_the_workers_no_longer_hold_is_forgotten() {
+        let sid = |id: u64| wire::StateId { id, creatorid: 0xb };
+        let mut placed: HashMap<wire::StateId, u8> = (0..10).map(|i| (sid(i), (i % 2) as u8)).collect();
+        forget_placed(&mut placed, &[Gone::State(sid(0)), Gone::State(sid(99))]);
+        assert_eq!(placed.len(), 9);
+        forget_placed(&mut placed, &[Gone::Worker(1)]);
+        assert_eq!(placed.keys().map(|s| s.id).collect::<std::collections::BTreeSet<_>>(), [2, 4, 6, 8].into());
     }
 
     #[test]
