@@ -758,6 +758,9 @@ struct NatPoint {
     plain_table_bytes_per_state: f64,
     nat_table_bytes_per_state: f64,
     nat_rss_bytes_per_state: f64,
+    /// `-F states` of every translated state (the engine's `remove_all_states`, then the
+    /// maintenance that gives queued ports back), milliseconds.
+    nat_flush_ms: f64,
 }
 
 #[derive(Serialize)]
@@ -838,6 +841,17 @@ pub fn nat(o: &Opts) -> Result<(), String> {
         let runs = o.runs.min(3);
         let plain_new = insert_runs(&g, runs, o.batch, |lim| XpfOut::new(lim, None));
         let nat_new = insert_runs(&g, runs, o.batch, |lim| XpfOut::new(lim, Some(bench_pool())));
+        let nat_flush_ms = {
+            let mut feed = crate::runner::Feed::new(g.clone(), 0, 1);
+            let count = feed.count;
+            let mut e = XpfOut::new(count, Some(bench_pool()));
+            crate::runner::pump(&mut e, &mut feed, count, 0.0, o.batch, 1);
+            let t = std::time::Instant::now();
+            let gone = e.w.remove_all_states(false, 2);
+            e.w.maintain(2, u32::MAX);
+            assert_eq!((gone as u64, e.w.nat.ports_used().0), (count, 0));
+            t.elapsed().as_secs_f64() * 1e3
+        };
         let (ps, ns) = (Summary::of(&plain.runs), Summary::of(&nat.runs));
         out.push(NatPoint {
             states: n,
@@ -849,6 +863,7 @@ pub fn nat(o: &Opts) -> Result<(), String> {
             plain_table_bytes_per_state: extra(&plain, "table_bytes_per_state"),
             nat_table_bytes_per_state: extra(&nat, "table_bytes_per_state"),
             nat_rss_bytes_per_state: nat.rss_per_state,
+            nat_flush_ms,
         });
     }
     // The allocator alone: one address's 15,535 ports, `occupancy` of them held by flows; the
@@ -902,6 +917,9 @@ pub fn nat(o: &Opts) -> Result<(), String> {
                 p.nat_table_bytes_per_state
             ),
         );
+    }
+    for p in &out {
+        say(o, format!("-F states of {} translated states: {:.1} ms", p.states, p.nat_flush_ms));
     }
     say(o, "port allocation, ns per new flow (take and give back), by occupancy of one address's ports:".into());
     for a in &allocation {

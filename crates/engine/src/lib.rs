@@ -1011,6 +1011,18 @@ impl<P: Policy> Worker<P> {
         n
     }
 
+    /// Removes every state of both families (`-F states`), with sync delete events if
+    /// `events` (else the caller clears the peer's copies in one message). The translation's
+    /// ports all go back at once, each held as a released port is, instead of a release
+    /// queued per translated state. Returns the states removed.
+    pub fn remove_all_states(&mut self, events: bool, now: u32) -> u32 {
+        // Releases queued before go first: none of them may meet a port given out again.
+        self.release_ports(now);
+        let n = self.t4.remove_all(events) + self.t6.remove_all(events);
+        self.nat.release_all(now);
+        n
+    }
+
     /// Gives the source ports of the translated states that ended back to the allocator.
     #[inline]
     fn release_ports(&mut self, now: u32) {

@@ -449,6 +449,20 @@ impl Nat {
         None
     }
 
+    /// Every translated state ended at `now` (`-F states`): every port in use goes back,
+    /// held as [`put_port`](Self::put_port) holds it, and what was kept per flow (mappings,
+    /// counts by address, sticky addresses) is forgotten.
+    pub fn release_all(&mut self, now: u32) {
+        let ready = now.saturating_add(HOLD);
+        for p in self.ports.values_mut().flatten() {
+            p.free.extend(p.users.drain().map(|(port, _)| (port, ready)));
+        }
+        self.mappings.clear();
+        self.mapped.clear();
+        self.loads.clear();
+        self.sticky.clear();
+    }
+
     /// Gives back port `port` of `addr` (a translated state ended at `now`).
     pub fn put_port(&mut self, addr: Addr, proto: u8, port: u16, now: u32) {
         let Some(all) = self.ports.get_mut(&(addr, class(proto))) else { return };

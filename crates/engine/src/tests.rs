@@ -1024,6 +1024,32 @@ fn nat_to_exhaustion_is_counted_and_released_ports_come_back() {
 }
 
 #[test]
+fn flushing_states_gives_every_port_back_at_once_and_holds_them() {
+    let mut w = natting(50001, 50010);
+    let flows = |base: u16| (0..5).map(|k| udp4([10, 0, 1, 2], [198, 51, 100, 1], base + k, 53)).collect::<Vec<_>>();
+    let sports = |w: &Worker<_>, f: &[Vec<u8>]| {
+        (0..f.len()).map(|i| pd_of(&rewritten(w, i, &f[i])).sport).collect::<std::collections::BTreeSet<_>>()
+    };
+    let first = flows(40000);
+    assert!(run(&mut w, &first, Dir::Out, 1).iter().all(|v| *v == Verdict::Pass));
+    let used = sports(&w, &first);
+    assert_eq!((w.nat.ports_used().0, used.len()), (5, 5));
+    assert_eq!(w.remove_all_states(false, 2), 5);
+    assert_eq!((w.states(), w.nat.ports_used().0, w.t4.nat_gone.len()), (0, 0, 0));
+    // The released ports wait out their hold: new flows get the five never used.
+    let second = flows(41000);
+    assert!(run(&mut w, &second, Dir::Out, 3).iter().all(|v| *v == Verdict::Pass));
+    assert!(sports(&w, &second).is_disjoint(&used));
+    assert_eq!((w.nat.counters.early, w.nat.counters.shared), (0, 0));
+    // Past the hold, a released port is handed out again.
+    w.maintain(3 + 61, u32::MAX);
+    assert_eq!(w.states(), 0);
+    let third = flows(42000);
+    assert!(run(&mut w, &third, Dir::Out, 3 + nat::HOLD).iter().all(|v| *v == Verdict::Pass));
+    assert_eq!(w.nat.counters.early, 0);
+}
+
+#[test]
 fn rdr_to_forwards_to_the_inside_server_and_answers_from_the_public_address() {
     let mut w = natting(50001, 50010);
     let q = udp4([198, 51, 100, 7], [192, 0, 2, 1], 33333, 53);

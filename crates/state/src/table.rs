@@ -485,6 +485,10 @@ impl<K: Key> StateTable<K> {
     pub fn resizing(&self) -> bool {
         self.migrating.is_some() || self.pending.is_some()
     }
+    /// Whether a resize is moving rows to the new index now (past preparing it).
+    pub fn moving_rows(&self) -> bool {
+        self.migrating.is_some()
+    }
     pub fn overflow_buckets(&self) -> usize {
         self.index.overflow_buckets()
     }
@@ -935,19 +939,23 @@ impl<K: Key> StateTable<K> {
         true
     }
 
-    /// Removes every state (`-F states`), each as [`remove`](Self::remove) does (NAT ports,
-    /// source tracking, counters), with its sync delete event if `events` (else the caller
-    /// clears the peer's copies in one message, as pf's `pfctl -F states` does). With many
-    /// states the index is emptied at once instead of entry by entry: taking an entry out
-    /// waits on its row's cache line (~0.1-0.3 us a state at millions), where zeroing costs a
-    /// few ns a row. Returns the states removed.
+    /// Removes every state (`-F states`), each as [`remove`](Self::remove) does (source
+    /// tracking, side records, counters, flow records), with its sync delete event if
+    /// `events` (else the caller clears the peer's copies in one message, as pf's `pfctl -F
+    /// states` does), except that translated states are not queued in
+    /// [`nat_gone`](Self::nat_gone): the caller gives every port back at once (the engine's
+    /// `Worker::remove_all_states`), not one queued release a state (10M translated states:
+    /// 400 MB of queue). With many states the index is emptied at once instead of entry by
+    /// entry: taking an entry out waits on its row's cache line (~0.1-0.3 us a state at
+    /// millions), where zeroing costs a few ns a row. Returns the states removed.
     pub fn remove_all(&mut self, events: bool) -> u32 {
         self.remove_every(events, true)
     }
 
     /// Removes every state as a peer's clear does: no sync event and no flow record (the
-    /// peer that ended them tells its own collector), the index emptied at once as
-    /// [`remove_all`](Self::remove_all) does. Returns the states removed.
+    /// peer that ended them tells its own collector), no port released (a peer's states
+    /// hold none of this box's), the index emptied at once as [`remove_all`](Self::remove_all)
+    /// does. Returns the states removed.
     pub fn remove_all_quietly(&mut self) -> u32 {
         self.remove_every(false, false)
     }
@@ -955,18 +963,23 @@ impl<K: Key> StateTable<K> {
     fn remove_every(&mut self, events: bool, flows: bool) -> u32 {
         /// Emptied at once from one state per this many rows.
         const WHOLE: u64 = 16;
-        let whole = self.migrating.is_none() && self.len as u64 * WHOLE >= self.index.nrows() as u64;
+        let whole = self.len as u64 * WHOLE >= self.index.nrows() as u64;
         let mut n = 0;
         for id in 0..self.hwm {
             if self.state(id).flags & sf::LIVE != 0 {
                 if !flows {
                     self.state_mut(id).timeout &= !TO_PFLOW;
                 }
-                self.unlink_from(id, !whole, events);
+                self.unlink_from(id, !whole, events, false);
                 n += 1;
             }
         }
         if whole {
+            // An index resize in progress has nothing left to move: the old index goes (on a
+            // helper thread, as at a resize's end) and the new one is emptied.
+            if let Some((old, _)) = self.migrating.take() {
+                let _ = crate::region::spawn_away("xpf-unmap", move || drop(old));
+            }
             self.index.clear();
         }
         n
@@ -1000,14 +1013,15 @@ impl<K: Key> StateTable<K> {
     }
 
     fn unlink(&mut self, id: u32) {
-        self.unlink_from(id, true, true);
+        self.unlink_from(id, true, true, true);
     }
 
     /// [`unlink`](Self::unlink), taking the state's keys out of the index or not (the caller
     /// then empties the index itself), with its delete event or not (the caller tells the
-    /// peer otherwise).
+    /// peer otherwise), queueing a translated state's keys in `nat_gone` or not (the caller
+    /// releases the ports otherwise).
     #[inline(always)]
-    fn unlink_from(&mut self, id: u32, index: bool, event: bool) {
+    fn unlink_from(&mut self, id: u32, index: bool, event: bool, gone: bool) {
         let s = *self.state(id);
         if s.timeout & TO_PFLOW != 0 {
             self.pflow_record(id, crate::flow::FlowEvent::End, self.now);
@@ -1019,7 +1033,9 @@ impl<K: Key> StateTable<K> {
             if index {
                 self.index_remove(self.hash(&k), id | STACK);
             }
-            self.nat_gone.push((s.key, k, s.flags));
+            if gone {
+                self.nat_gone.push((s.key, k, s.flags));
+            }
         }
         if s.ext != NONE {
             match (self.has_tcp(&s), s.flags & sf::NAT != 0) {

@@ -351,6 +351,50 @@ fn index_started_small_grows_with_load() {
     assert_eq!(t.len(), 5000);
 }
 
+/// `-F states` in the middle of an index resize: the resize ends with it, nothing is found,
+/// and the table takes its states again.
+#[test]
+fn remove_all_during_a_resize_leaves_an_empty_index() {
+    let mut t = StateTable::<Key4>::new(Config {
+        limit: 60_000,
+        rows: None,
+        seed: Seed::fixed(6),
+        events: 0,
+        now: 0,
+        grow_from: Some(16),
+        prefault: false,
+    })
+    .unwrap();
+    for i in 0..3000u16 {
+        let k = key(i);
+        t.insert(t.hash(&k), NewState { stack: Some(stack_key(i)), ..udp_state(k, Timeout::UdpFirst) }, 0).unwrap();
+    }
+    // A growth started, its new index prepared (by a helper thread: up to 10 s given), its
+    // rows being moved (two a call).
+    let t0 = std::time::Instant::now();
+    while !t.moving_rows() && t0.elapsed().as_secs() < 10 {
+        t.maintain(0, 4);
+    }
+    t.maintain(0, 4);
+    assert!(t.moving_rows(), "no resize moving rows");
+    assert_eq!(t.remove_all(false), 3000);
+    assert!(!t.moving_rows());
+    for i in 0..3000u16 {
+        assert!(t.lookup(&key(i)).is_none() && t.lookup(&stack_key(i)).is_none(), "{i} still found");
+    }
+    t.finish_resize();
+    for i in 0..3000u16 {
+        let k = key(i);
+        t.insert(t.hash(&k), NewState { stack: Some(stack_key(i)), ..udp_state(k, Timeout::UdpFirst) }, 1).unwrap();
+        t.maintain(1, 4);
+    }
+    t.finish_resize();
+    for i in 0..3000u16 {
+        assert!(t.lookup(&key(i)).is_some() && t.lookup(&stack_key(i)).is_some(), "{i} lost");
+    }
+    assert_eq!(t.len(), 3000);
+}
+
 #[test]
 fn translated_states_double_the_index_once_they_fill_it() {
     let limit = 12_000u32;
@@ -518,10 +562,12 @@ fn remove_all_is_removing_each() {
         }
         let mut all = fill();
         assert_eq!(all.remove_all(true), n as u32);
-        for t in [&mut each, &mut all] {
+        // One by one, each translated state's ports are queued for release; all at once, the
+        // caller releases every port itself.
+        for (t, gone) in [(&mut each, n.div_ceil(3) as usize), (&mut all, 0)] {
             assert_eq!(t.len(), 0);
             assert_eq!(t.counters.removals, n as u64);
-            assert_eq!(t.nat_gone.len(), n.div_ceil(3) as usize);
+            assert_eq!(t.nat_gone.len(), gone);
             assert_eq!(t.drain_events(|_, _| {}), n as usize);
             for i in 0..n {
                 assert!(t.lookup(&key(i)).is_none() && t.lookup(&stack_key(i)).is_none(), "{i} still found");

@@ -1673,7 +1673,7 @@ impl Dataplane {
             Cmd::Flush(tx) => {
                 let n = match &mut self.sync {
                     Some(s) => s.flush_states(&mut self.worker, now),
-                    None => self.worker.t4.remove_all(true) + self.worker.t6.remove_all(true),
+                    None => self.worker.remove_all_states(true, now),
                 };
                 self.after_read_back(Fresh::Killed(tx, n));
             }

@@ -206,7 +206,7 @@ impl WorkerSync {
     /// its own delete and one clear tells the peer (as pf). Returns the states removed.
     pub fn flush_states(&mut self, w: &mut Worker<Live>, now: u32) -> u32 {
         self.send_now(w, now);
-        let n = w.t4.remove_all(false) + w.t6.remove_all(false);
+        let n = w.remove_all_states(false, now);
         self.rep.cleared();
         if self.rep.note_gone {
             self.shared.placed_gone.lock().unwrap().push(Gone::Worker(self.index as u8));
