@@ -540,7 +540,7 @@ impl Replica {
         if kif.is_none() && victims.len() == (tables.t4.len() + tables.t6.len()) as usize {
             // Every state here is the clearing peer's (a standby's tables): emptied at once, as
             // this box's own `-F states` empties them, not a random read of each state through
-            // the id map (10M states: ~0.06 s against ~1.6 s).
+            // the id map (1M states: 14 ms against 369 ms, `xpf-bench sync`).
             let n = tables.t4.remove_all_quietly() + tables.t6.remove_all_quietly();
             self.ids.clear();
             for o in &mut self.origin {

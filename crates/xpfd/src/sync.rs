@@ -315,6 +315,13 @@ pub fn run(mut ep: Endpoint, tx: Transport, workers: Vec<Sender<Cmd>>, wakes: Ve
     while !shared.stop.load(Ordering::Relaxed) {
         tx.wait(10);
         let ms = start.elapsed().as_millis() as u64;
+        // What the workers removed before this round's records are placed (a state removed
+        // here and sent again by the peer is placed again).
+        if workers.len() > 1 {
+            let gone = std::mem::take(&mut *shared.placed_gone.lock().unwrap());
+            forget_placed(&mut placed, &gone);
+            shared.placed.store(placed.len() as u64, Ordering::Relaxed);
+        }
         let mut got = 0;
         while let Some(n) = tx.recv(&mut buf) {
             got += 1;
@@ -335,11 +342,6 @@ pub fn run(mut ep: Endpoint, tx: Transport, workers: Vec<Sender<Cmd>>, wakes: Ve
             if got >= 256 {
                 break;
             }
-        }
-        if workers.len() > 1 {
-            let gone = std::mem::take(&mut *shared.placed_gone.lock().unwrap());
-            forget_placed(&mut placed, &gone);
-            shared.placed.store(placed.len() as u64, Ordering::Relaxed);
         }
         for (w, v) in per.iter_mut().enumerate() {
             if !v.is_empty() {
