@@ -440,6 +440,10 @@ impl Clr {
         b[..16].copy_from_slice(&self.ifname);
         put32(b, 16, self.creatorid);
     }
+    /// The interface whose states go; None: all of them (no name, or "all").
+    pub fn interface(&self) -> Option<&str> {
+        ifname_str(&self.ifname).filter(|n| !n.is_empty() && *n != "all")
+    }
 }
 
 /// `struct pfsync_bus`: a bulk update starts or ends.

@@ -279,8 +279,7 @@ fn dispatch(m: Msg, creatorid: u32, placed: &mut HashMap<wire::StateId, u8>, per
             // A clear of all the peer's states also forgets where they were placed (an
             // interface's clear does not: which states it ends is not known here).
             if let Msg::Clear(c) = &m {
-                let all = wire::ifname_str(&c.ifname).is_none_or(|n| n.is_empty() || n == "all");
-                if all && c.creatorid != creatorid {
+                if c.interface().is_none() && c.creatorid != creatorid {
                     placed.retain(|sid, _| sid.creatorid != c.creatorid);
                 }
             }
