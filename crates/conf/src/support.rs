@@ -12,10 +12,11 @@ use crate::ast::*;
 use crate::parse::{ConfError, Parsed};
 
 /// What loading `p` would promise that xpf cannot keep, one error per construct and line, in
-/// file order; and the warnings (constructs that load with a caveat, said once per ruleset).
+/// file order; and the warnings (constructs that load with a caveat, pfctl's), each a whole
+/// line `FILE:LINE: warning: ...` to print as it is.
 pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
     let mut errs = Vec::new();
-    let warn: Vec<String> = Vec::new();
+    let mut warn: Vec<String> = Vec::new();
     let mut no = |file: &str, line: u32, what: &str| {
         let e = ConfError { file: file.into(), line, msg: format!("xpf does not support '{what}' yet"), bare: false };
         if !errs.contains(&e) {
@@ -153,9 +154,19 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
         let _ = tos;
         match state {
             StateKind::No | StateKind::Keep | StateKind::Modulate => {}
-            // Enforced (the engine's synproxy.rs), but not with options that need the
-            // handshake's tracking it replaces.
+            // Enforced (the engine's synproxy.rs) on inbound SYNs, but not with options that
+            // need the handshake's tracking it replaces. Outbound, pf ignores it and pfctl says
+            // so; so does xpf (the engine keeps state there).
             StateKind::Synproxy => {
+                if r.dir != Dir::In {
+                    let w = format!(
+                        "{}:{}: warning: synproxy used for inbound rules only, ignored for outbound",
+                        r.file, r.line
+                    );
+                    if !warn.contains(&w) {
+                        warn.push(w);
+                    }
+                }
                 if state_opts.sloppy {
                     refuse("synproxy state (sloppy)");
                 }
@@ -284,7 +295,7 @@ mod tests {
         ("block in log (to pflog1) proto udp", Yes("a_logging_rule_marks_its_frames_for_pflog")),
         ("pass in log (all) proto udp", Yes("log_all_logs_every_packet_of_the_state")),
         ("match in log proto udp", No("log on match rules and anchors")),
-        ("pass in proto icmp icmp-type echoreq code 0", Yes("an_icmp_error_quoting_no_state_is_left_to_the_rules")),
+        ("pass in inet proto icmp icmp-type echoreq code 0", Yes("an_icmp_error_quoting_no_state_is_left_to_the_rules")),
         ("pass in tos 0x10", Yes("tos_matches_the_tos_byte_without_its_ecn_bits")),
         ("pass in proto tcp keep state (max 3, max-src-conn 2, overload <b> flush global, tcp.established 5)", Yes("state_options_reach_the_engine_and_limiters_survive_a_recompile")),
         ("pass in proto tcp keep state (max-src-states 3, max-src-nodes 2, max-src-conn-rate 3/5, source-track rule)", Yes("max_src_conn_rate_counts_connections_over_time")),

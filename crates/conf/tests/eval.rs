@@ -492,6 +492,25 @@ fn desc(f: &[u8]) -> PDesc {
 }
 
 #[test]
+fn synproxy_on_an_outbound_rule_keeps_state_as_pf_does_and_says_so() {
+    // pf proxies inbound connections only; pfctl warns of an outbound `synproxy state` and the
+    // rule keeps state as `keep state` would.
+    let text = "block all\npass out on em1 proto tcp to port 80 synproxy state\n";
+    let p = xpf_conf::parse::parse(text, "t.conf", &[]);
+    let (refused, warnings) = xpf_conf::support::refusals(&p);
+    assert!(refused.is_empty(), "{refused:?}");
+    assert_eq!(warnings, ["t.conf:2: warning: synproxy used for inbound rules only, ignored for outbound"]);
+    let (cl, sv) = ([10, 0, 1, 2], [10, 0, 2, 2]);
+    let mut w = worker(rs(text));
+    let mut v = [Verdict::Pass];
+    w.process(&[&tcp_frame(cl, sv, 4000, 80, 1000, 0, tcp::SYN, 0, Some(1460))], 2, Dir::Out, 0, &mut v);
+    assert_eq!(v[0], Verdict::Pass, "the SYN goes on to the server");
+    assert_eq!((w.take_returns().count(), w.states()), (0, 1), "no SYN|ACK from the filter; a state");
+    w.process(&[&tcp_frame(sv, cl, 80, 4000, 5000, 1001, tcp::SYN | tcp::ACK, 0, Some(1460))], 2, Dir::In, 0, &mut v);
+    assert_eq!(v[0], Verdict::Pass, "the server's answer by the state");
+}
+
+#[test]
 fn synproxy_completes_the_handshake_then_splices_the_sequence_spaces() {
     let (cl, sv) = ([10, 0, 1, 2], [10, 0, 2, 2]);
     let mut w =

@@ -2186,14 +2186,9 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
                 }
                 return v;
             }
-            if d.synproxy {
-                // The client's SYN is answered by the filter and goes no further.
-                if let (s, Some(p)) = t.state_and_peers_mut(id) {
-                    let a = synproxy::start(p, &mut s.peer_state, pd, 0, &mut c.aux.rng);
-                    c.aux.proxy = Some((id, a));
-                    return Verdict::Drop(Reason::Synproxy);
-                }
-            }
+            // `synproxy state` answered an inbound SYN above, with no state. pf proxies inbound
+            // connections only (pfctl warns of it on an outbound rule): going out, the state
+            // is kept as `keep state` keeps it.
             Verdict::Pass
         }
         Err(xpf_state::InsertError::Exists(r)) => {

@@ -53,14 +53,6 @@ pub fn mss_for(offered: Option<u16>, af: u8) -> u16 {
     offered.unwrap_or(if af == AF_INET { 536 } else { 1220 }).clamp(64, max)
 }
 
-/// Step 1, at the state's creation: pf's initial number for the client.
-pub fn start(p: &mut [Peer; 2], st: &mut [u8; 2], pd: &PDesc, mss: u16, rng: &mut ChaCha20Rng) -> Proxy {
-    st[0] = PROXY_SRC;
-    p[0].seqhi = rng.next_u32();
-    p[0].mss = mss;
-    Proxy::SynAck { seq: p[0].seqhi, ack: pd.tcp_seq.wrapping_add(1), mss }
-}
-
 /// A state made by the ACK `ack` that proved a syncookie announcing `mss`: the handshake
 /// with the client is done (the filter's number was the cookie, `ack - 1`), the one with the
 /// server is next (PROXY_DST; [`step`] with `ack` sends the SYN).

@@ -342,7 +342,7 @@ fn main() -> ExitCode {
     // What xpf does not enforce is refused, after -v printed what was parsed (pfctl's view).
     let (refused, warnings) = xpf_conf::support::refusals(&p);
     for w in &warnings {
-        eprintln!("{name}: warning: {w}");
+        eprintln!("{w}");
     }
     if !refused.is_empty() {
         for e in &refused {

@@ -88,7 +88,7 @@ impl Daemon {
             return Err(refused.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"));
         }
         for w in &warnings {
-            log::warn!("{file}: warning: {w}");
+            log::warn!("{w}");
         }
         crate::control::pflow_fits(&parsed, self.pflow.is_some())?;
         let n = parsed.rules.len() as u32;

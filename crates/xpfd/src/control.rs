@@ -55,7 +55,7 @@ impl Loaded {
             return Err(refused.iter().map(|e| e.to_string()).collect());
         }
         let mut l = Self::compile(parsed, file)?;
-        l.warnings = warnings.iter().map(|w| format!("{file}: warning: {w}")).collect();
+        l.warnings = warnings;
         Ok(l)
     }
 

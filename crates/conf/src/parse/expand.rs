@@ -84,6 +84,84 @@ fn binat_checks(src: &Host, pool: Option<&Host>, af: Af) -> Vec<String> {
     e
 }
 
+/// pfctl's `rule_consistent`: what one combination of a rule may not hold, in pfctl's order
+/// and words, every problem of it (pfctl reports them all, then skips the rule). `af` is the
+/// family the combination settled on.
+fn consistent(r: &Rule, af: Af) -> Vec<String> {
+    let mut e: Vec<String> = Vec::new();
+    let tcp_udp = matches!(r.proto, Some(6) | Some(17));
+    if !tcp_udp && (r.src_port.is_some() || r.dst_port.is_some()) {
+        e.push("port only applies to tcp/udp".into());
+    }
+    if !tcp_udp && r.user.is_some() {
+        e.push("user only applies to tcp/udp".into());
+    }
+    if !tcp_udp && r.group.is_some() {
+        e.push("group only applies to tcp/udp".into());
+    }
+    if r.icmp.is_some() && !matches!(r.proto, Some(1) | Some(58)) {
+        e.push("icmp-type/code only applies to icmp".into());
+    }
+    if r.icmp.is_some() && af == Af::Any {
+        e.push("must indicate address family with icmp-type/code".into());
+    }
+    if r.af_to.as_ref().is_some_and(|a| a.0 == af) {
+        e.push("must indicate different address family with af-to".into());
+    }
+    let o = &*r.state_opts;
+    if o.overload.is_some() && o.max_src_conn.is_none() && o.max_src_conn_rate.is_none() {
+        e.push("'overload' requires 'max-src-conn' or 'max-src-conn-rate'".into());
+    }
+    match (r.proto, af) {
+        (Some(1), Af::Inet6) => e.push("proto icmp doesn't match address family inet6".into()),
+        (Some(58), Af::Inet) => e.push("proto icmp6 doesn't match address family inet".into()),
+        _ => {}
+    }
+    if r.allow_opts && r.action != Action::Pass {
+        e.push("allow-opts can only be specified for pass rules".into());
+    }
+    if matches!(r.ret, Return::Rst { .. }) && r.proto != Some(6) {
+        e.push("return-rst can only be applied to TCP rules".into());
+    }
+    if r.action != Action::Pass && r.state != StateKind::No {
+        e.push("keep state is great, but only for pass rules".into());
+    }
+    if r.route.is_some() && r.state == StateKind::No {
+        e.push("route-to, reply-to and dup-to require keep state".into());
+    }
+    if o.sloppy && matches!(r.state, StateKind::Modulate | StateKind::Synproxy) {
+        e.push("sloppy state matching cannot be used with synproxy state or modulate state".into());
+    }
+    let xlate = r.nat.is_some() || r.rdr.is_some();
+    if xlate && r.action != Action::Match && r.state == StateKind::No {
+        e.push("nat-to and rdr-to require keep state".into());
+    }
+    if xlate && r.dir == Dir::Both {
+        e.push("nat-to and rdr-to require a direction".into());
+    }
+    if af == Af::Inet6 && r.scrub.as_ref().is_some_and(|s| s.no_df || s.random_id) {
+        e.push("address family inet6 does not support scrub options no-df, random-id".into());
+    }
+    match r.action {
+        Action::Match => {
+            if r.divert.is_some() {
+                e.push("divert is not supported on match rules".into());
+            }
+            if r.route.is_some() {
+                e.push("route-to, reply-to and dup-to are not supported on match rules".into());
+            }
+            if r.af_to.is_some() {
+                e.push("af-to is not supported on match rules".into());
+            }
+        }
+        Action::Block if r.route.is_some() => {
+            e.push("route-to, reply-to and dup-to are not supported on block rules".into());
+        }
+        _ => {}
+    }
+    e
+}
+
 pub(super) fn one_or_none<T: Clone>(v: &[T]) -> Vec<Option<T>> {
     if v.is_empty() {
         vec![None]
@@ -128,25 +206,16 @@ pub(super) fn expand(t: &Template, nr: &mut u32, parsed: &mut Parsed) -> Result<
                                             .into_iter()
                                             .find(|a| *a != Af::Any)
                                             .unwrap_or(Af::Any);
-                                        if r.route.is_some() {
-                                            let mut ce: Vec<String> = Vec::new();
-                                            if route_af != Af::Any && fixed_af != Af::Any && route_af != fixed_af {
-                                                ce.push("af mismatch in routing spec".into());
-                                            }
-                                            if r.state == StateKind::No {
-                                                ce.push("route-to, reply-to and dup-to require keep state".into());
-                                            }
-                                            if r.action == Action::Block {
-                                                ce.push(
-                                                    "route-to, reply-to and dup-to are not supported on block rules"
-                                                        .into(),
-                                                );
-                                            }
-                                            if !ce.is_empty() {
-                                                errs.extend(ce);
-                                                errs.push(SKIPPING.into());
-                                                continue;
-                                            }
+                                        if r.route.is_some()
+                                            && route_af != Af::Any
+                                            && fixed_af != Af::Any
+                                            && route_af != fixed_af
+                                        {
+                                            // pfctl goes on to its consistency checks.
+                                            errs.push("af mismatch in routing spec".into());
+                                            errs.extend(consistent(&r, fixed_af));
+                                            errs.push(SKIPPING.into());
+                                            continue;
                                         }
                                         // binat-to: its target's addresses of the rule's family
                                         // (None: none left, the pool stays empty).
@@ -209,11 +278,6 @@ pub(super) fn expand(t: &Template, nr: &mut u32, parsed: &mut Parsed) -> Result<
                                                 continue;
                                             }
                                         }
-                                        if (sp.is_some() || dp.is_some()) && !matches!(proto, Some(6) | Some(17)) {
-                                            errs.push("port only applies to tcp/udp".to_string());
-                                            errs.push(SKIPPING.into());
-                                            continue;
-                                        }
                                         if let Some(l) = [s, d].iter().find_map(|h| match h.kind {
                                             HostKind::Net(a, l) if a.is_ipv4() && l > 32 => Some(l),
                                             _ => None,
@@ -222,18 +286,14 @@ pub(super) fn expand(t: &Template, nr: &mut u32, parsed: &mut Parsed) -> Result<
                                             errs.push(SKIPPING.into());
                                             continue;
                                         }
-                                        match (af, proto) {
-                                            (Af::Inet6, Some(1)) => {
-                                                errs.push("proto icmp doesn't match address family inet6".into());
+                                        // FreeBSD's translation rules have checks of their own (rule.rs).
+                                        if t.r.xlate.is_none() {
+                                            let ce = consistent(&r, af);
+                                            if !ce.is_empty() {
+                                                errs.extend(ce);
                                                 errs.push(SKIPPING.into());
                                                 continue;
                                             }
-                                            (Af::Inet, Some(58)) => {
-                                                errs.push("proto icmp6 doesn't match address family inet".into());
-                                                errs.push(SKIPPING.into());
-                                                continue;
-                                            }
-                                            _ => {}
                                         }
                                         if ic.is_some()
                                             && (t.r.icmp6 != (proto == Some(58))
@@ -319,4 +379,75 @@ pub(super) fn label_macros(l: &str, r: &Rule, nr: u32) -> String {
         s = s.replace(k, &v);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    /// The messages a one-line ruleset is refused with (empty: it loads).
+    fn refused(line: &str) -> Vec<String> {
+        crate::parse::parse(&format!("{line}\n"), "t.conf", &[]).errors.into_iter().map(|e| e.msg).collect()
+    }
+
+    #[test]
+    fn what_pfctls_consistency_checks_refuse_is_refused_in_its_words() {
+        let skip = |m: &[&str]| {
+            let mut v: Vec<String> = m.iter().map(|s| s.to_string()).collect();
+            v.push("skipping rule due to errors".into());
+            v.push("rule expands to no valid combination".into());
+            v
+        };
+        for (line, msgs) in [
+            ("pass in proto icmp to port 80", vec!["port only applies to tcp/udp"]),
+            ("pass in inet proto tcp icmp-type echoreq", vec!["icmp-type/code only applies to icmp"]),
+            ("pass in proto icmp icmp-type echoreq", vec!["must indicate address family with icmp-type/code"]),
+            ("pass in keep state (overload <b>)", vec!["'overload' requires 'max-src-conn' or 'max-src-conn-rate'"]),
+            ("block in allow-opts", vec!["allow-opts can only be specified for pass rules"]),
+            ("match in allow-opts", vec!["allow-opts can only be specified for pass rules"]),
+            ("block return-rst in proto udp", vec!["return-rst can only be applied to TCP rules"]),
+            ("block return-rst in", vec!["return-rst can only be applied to TCP rules"]),
+            ("block in keep state", vec!["keep state is great, but only for pass rules"]),
+            ("match in modulate state", vec!["keep state is great, but only for pass rules"]),
+            (
+                "pass in proto tcp modulate state (sloppy)",
+                vec!["sloppy state matching cannot be used with synproxy state or modulate state"],
+            ),
+            ("pass in on lo no state rdr-to 192.0.2.1", vec!["nat-to and rdr-to require keep state"]),
+            ("pass on lo nat-to 192.0.2.1", vec!["nat-to and rdr-to require a direction"]),
+            ("match on lo rdr-to 192.0.2.1", vec!["nat-to and rdr-to require a direction"]),
+            (
+                "pass on lo no state nat-to 192.0.2.1",
+                vec!["nat-to and rdr-to require keep state", "nat-to and rdr-to require a direction"],
+            ),
+            (
+                "pass in inet6 scrub (no-df)",
+                vec!["address family inet6 does not support scrub options no-df, random-id"],
+            ),
+            (
+                "match in route-to 10.0.0.1",
+                vec![
+                    "route-to, reply-to and dup-to require keep state",
+                    "route-to, reply-to and dup-to are not supported on match rules",
+                ],
+            ),
+        ] {
+            assert_eq!(refused(line), skip(&msgs), "{line}");
+        }
+        // Their lawful neighbours load; binat-to is its two halves, each with its direction.
+        for line in [
+            "pass in inet proto icmp icmp-type echoreq",
+            "pass in inet6 proto icmp6 icmp6-type echoreq",
+            "pass in proto tcp keep state (max-src-conn 5, overload <b>)",
+            "block return-rst in proto tcp",
+            "pass in allow-opts",
+            "match out on lo nat-to 192.0.2.1",
+            "match out on lo no state nat-to 192.0.2.1",
+            "pass in on lo nat-to 192.0.2.1",
+            "pass out on lo rdr-to 192.0.2.1",
+            "pass on lo from 10.0.0.1 binat-to 192.0.2.1",
+            "pass in inet scrub (no-df, random-id)",
+            "pass in proto tcp flags any keep state (sloppy)",
+        ] {
+            assert_eq!(refused(line), Vec::<String>::new(), "{line}");
+        }
+    }
 }
