@@ -878,7 +878,7 @@ pub fn nat(o: &Opts) -> Result<(), String> {
         let held = ((range.1 - range.0 + 1) as f64 * occupancy) as usize;
         let mut used = std::collections::HashSet::new();
         for _ in 0..held {
-            let p = a.take_port(addr, 17, range, 0, &mut rng, |p| !used.contains(&p)).expect("free port");
+            let p = a.take_port((addr, 4), 17, range, 0, &mut rng, |p| !used.contains(&p)).expect("free port");
             used.insert(p);
         }
         let mut runs = Vec::new();
@@ -888,8 +888,8 @@ pub fn nat(o: &Opts) -> Result<(), String> {
             let now = 1000 * (r as u32 + 1);
             let t = std::time::Instant::now();
             for _ in 0..n {
-                let p = a.take_port(addr, 17, range, now, &mut rng, |p| !used.contains(&p)).expect("a port");
-                a.put_port(addr, 17, p, now - xpf_engine::nat::HOLD);
+                let p = a.take_port((addr, 4), 17, range, now, &mut rng, |p| !used.contains(&p)).expect("a port");
+                a.put_port(addr, 4, 17, p, now - xpf_engine::nat::HOLD);
             }
             runs.push(t.elapsed().as_nanos() as f64 / n as f64);
         }

@@ -946,6 +946,27 @@ fn binat_to_compiles_to_a_static_nat_out_and_a_rdr_in() {
 }
 
 #[test]
+fn nat_to_on_an_inbound_rule_gives_its_port_back_when_its_state_goes() {
+    // OpenBSD takes `nat-to` on an `in` rule (the source translated as the packet comes in);
+    // its state holds a port of the allocator as an outbound one does, and gives it back.
+    let mut w = worker(rs("pass in on em0 nat-to 192.0.2.1 port 50001:50010\n"));
+    let mut v = [Verdict::Pass];
+    let f = udp([10, 0, 0, 7], [198, 51, 100, 1], 4000, 53);
+    w.process(&[&f[..]], 1, Dir::In, 1, &mut v);
+    assert_eq!((v[0], w.translated), (Verdict::Pass, 1));
+    let rw = w.rewrites[0];
+    assert_eq!(rw.addr[0], Addr::v4([192, 0, 2, 1]));
+    assert!((50001..=50010).contains(&rw.port[0]), "{}", rw.port[0]);
+    assert_eq!(w.nat.ports_used().0, 1);
+    // The reply, to the translated source, goes back to the inside host.
+    let back = udp([198, 51, 100, 1], [192, 0, 2, 1], 53, rw.port[0]);
+    w.process(&[&back[..]], 1, Dir::Out, 2, &mut v);
+    assert_eq!((v[0], w.rewrites[0].addr[1], w.rewrites[0].port[1]), (Verdict::Pass, Addr::v4([10, 0, 0, 7]), 4000));
+    w.maintain(2 + 61, u32::MAX);
+    assert_eq!((w.states(), w.nat.ports_used().0), (0, 0));
+}
+
+#[test]
 fn nat_pools_round_robin_over_a_table_and_follow_its_changes() {
     let r = rs("table <pub> { 192.0.2.1 192.0.2.2 }\npass out on em1 nat-to <pub> round-robin\n");
     let mut w = worker(r.clone());

@@ -1036,14 +1036,18 @@ impl<P: Policy> Worker<P> {
 }
 
 #[cold]
-fn gone<K: Key>(g: &mut Vec<(K, K, u8)>, nat: &mut nat::Nat, now: u32) {
-    for (wire, stack, flags) in g.drain(..) {
-        // A state made going out whose source was translated: its source is the allocated
-        // one (the allocator ignores a port it did not hand out: static ports, synced states).
-        if flags & sf::OUT != 0 && (wire.addr(1), wire.port(1)) != (stack.addr(1), stack.port(1)) {
-            nat.put_port(wire.addr(1), wire.proto(), wire.port(1), now);
+fn gone<K: Key>(g: &mut Vec<xpf_state::NatGone<K>>, nat: &mut nat::Nat, now: u32) {
+    for xpf_state::NatGone { wire, stack, flags, held } in g.drain(..) {
+        // Keys hold the far side first: the translated source is the wire key's second
+        // address and port going out, the stack key's first coming in (`nat-to` on an `in`
+        // rule). Only a state whose port the allocator gave gives one back: a synced state's
+        // or a static port's may be another flow's here.
+        if held & xpf_state::held::PORT != 0 {
+            let (a, p) =
+                if flags & sf::OUT != 0 { (wire.addr(1), wire.port(1)) } else { (stack.addr(0), stack.port(0)) };
+            nat.put_port(a, wire.af(), wire.proto(), p, now);
         }
-        if nat.tracking() {
+        if held & xpf_state::held::COUNTED != 0 && nat.tracking() {
             // Keys hold the far side first: going out, the wire key's second address is the
             // new source and its first the new destination; coming in, the stack key's.
             let (inside, src, dst) = if flags & sf::OUT != 0 {
@@ -1865,7 +1869,7 @@ fn mapped_port(
     unused: impl Fn(u16) -> bool,
 ) -> Option<(xpf_wire::Addr, u16)> {
     let to = nat.mapping(pd.src, pd.sport).filter(|to| to.0 == n.src)?;
-    (unused(to.1) && nat.reuse_mapping((pd.src, pd.sport), to, pool.ports)).then_some(to)
+    (unused(to.1) && nat.reuse_mapping((pd.src, pd.sport), pd.af, to, pool.ports)).then_some(to)
 }
 
 /// The source port for `n` (a new flow of `pd` with its addresses translated by
@@ -1909,7 +1913,7 @@ fn translate_port<K: Key, P: Policy>(
                 Some(pool.ports.0).filter(|&q| unused(with_port(&n, q)))
             } else {
                 let src = n;
-                nat.take_port(src.src, pd.proto, pool.ports, now, rng, |q| unused(with_port(&src, q)))
+                nat.take_port((src.src, pd.af), pd.proto, pool.ports, now, rng, |q| unused(with_port(&src, q)))
             };
             let port = port.ok_or(Reason::Translate)?;
             if pool.ports.0 != pool.ports.1 {
@@ -2153,10 +2157,15 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         pflow: d.pflow,
         log: if d.log_all { d.log } else { 0 },
         queue: d.queue,
+        held: match (stack, held) {
+            (None, _) => 0,
+            (Some(_), None) => xpf_state::held::COUNTED,
+            (Some(_), Some(_)) => xpf_state::held::COUNTED | xpf_state::held::PORT,
+        },
     };
     let inserted = t.insert(wire_h, ns, c.now);
     if let (Err(_), Some((a, port))) = (&inserted, held) {
-        c.nat.put_port(a, pd.proto, port, c.now);
+        c.nat.put_port(a, pd.af, pd.proto, port, c.now);
     }
     match inserted {
         Ok(id) => {

@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 /// The allocator's maps: keyed by the pools' own addresses and the ports it chose, nothing a
 /// sender picks, so a fast unkeyed-strength hash will do (foldhash, seeded per process).
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-use xpf_wire::pdesc::{AF_INET, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP};
+use xpf_wire::pdesc::{AF_INET, AF_INET6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP};
 use xpf_wire::{Addr, PDesc};
 
 pub use xpf_wire::translate::Rewrite;
@@ -300,7 +300,8 @@ pub struct Nat {
     /// This worker's index and the number of workers (ports are shared out by residue).
     share: (u16, u16),
     cursors: Vec<u64>,
-    /// By (address, protocol class): the allocators of the ranges drawn from it.
+    /// By (address, protocol class and family: [`class`]): the allocators of the ranges
+    /// drawn from it.
     ports: HashMap<(Addr, u8), Vec<Ports>>,
     /// `endpoint-independent` UDP: an inside source (address, port) to the address and port
     /// it was given, and back (to forget it when its port's last flow ends).
@@ -346,14 +347,16 @@ pub struct Counters {
 }
 
 /// The protocol class a port belongs to (ICMP and ICMPv6 identifiers share one space per
-/// address, as TCP and UDP ports have their own).
-fn class(proto: u8) -> u8 {
-    if proto == IPPROTO_ICMPV6 {
-        IPPROTO_ICMP
-    } else {
-        proto
-    }
+/// address, as TCP and UDP ports have their own), with the family in the top bit: an IPv4
+/// address is held in the first four bytes of an [`Addr`], as an IPv6 address with twelve
+/// zero bytes after them would be, and the two must not share ports.
+fn class(af: u8, proto: u8) -> u8 {
+    let c = if proto == IPPROTO_ICMPV6 { IPPROTO_ICMP } else { proto };
+    c | if af == AF_INET6 { V6 } else { 0 }
 }
+
+/// [`class`]'s family bit.
+const V6: u8 = 0x80;
 
 impl Nat {
     /// Worker `index` of `workers`: it hands out only ports p with p mod workers = index.
@@ -370,13 +373,13 @@ impl Nat {
         &mut self.cursors[i]
     }
 
-    /// A source port of `addr` in `lo..=hi` for a new flow of `proto` at `now`, for which
+    /// A source port of `addr` (of family `af`) in `lo..=hi` for a new flow of `proto` at `now`, for which
     /// `free(port)` says its key is unused: a port never used yet, else the longest released
     /// one once its hold is over, else (none left) one in use shared with a flow elsewhere,
     /// else a released one still in its hold. At most [`TRIES`] keys are tried each way.
     pub fn take_port(
         &mut self,
-        addr: Addr,
+        (addr, af): (Addr, u8),
         proto: u8,
         (lo, hi): (u16, u16),
         now: u32,
@@ -384,7 +387,7 @@ impl Nat {
         mut free: impl FnMut(u16) -> bool,
     ) -> Option<u16> {
         let share = (self.share.0, self.share.1.max(1));
-        let all = self.ports.entry((addr, class(proto))).or_default();
+        let all = self.ports.entry((addr, class(af, proto))).or_default();
         let k = match all.iter().position(|p| p.range == (lo, hi)) {
             Some(k) => k,
             None => {
@@ -463,9 +466,9 @@ impl Nat {
         self.sticky.clear();
     }
 
-    /// Gives back port `port` of `addr` (a translated state ended at `now`).
-    pub fn put_port(&mut self, addr: Addr, proto: u8, port: u16, now: u32) {
-        let Some(all) = self.ports.get_mut(&(addr, class(proto))) else { return };
+    /// Gives back port `port` of `addr` (family `af`; a translated state ended at `now`).
+    pub fn put_port(&mut self, addr: Addr, af: u8, proto: u8, port: u16, now: u32) {
+        let Some(all) = self.ports.get_mut(&(addr, class(af, proto))) else { return };
         for p in all.iter_mut().filter(|p| p.in_range(port)) {
             let Some(u) = p.users.get_mut(&port) else { continue };
             *u -= 1;
@@ -493,10 +496,10 @@ impl Nat {
 
     /// Another UDP flow of `src:sport` on the port it was mapped to (`to`, of range `range`):
     /// false when the port is no longer in use (the mapping then goes).
-    pub fn reuse_mapping(&mut self, (src, sport): (Addr, u16), to: (Addr, u16), range: (u16, u16)) -> bool {
+    pub fn reuse_mapping(&mut self, (src, sport): (Addr, u16), af: u8, to: (Addr, u16), range: (u16, u16)) -> bool {
         let users = self
             .ports
-            .get_mut(&(to.0, IPPROTO_UDP))
+            .get_mut(&(to.0, class(af, IPPROTO_UDP)))
             .and_then(|all| all.iter_mut().find(|p| p.range == range))
             .and_then(|p| p.users.get_mut(&to.1));
         match users {
@@ -581,11 +584,12 @@ impl Nat {
         }
     }
 
-    /// Per (address, protocol class: 1 for ICMP's identifiers, 6, 17...): ports in use, and
-    /// ports in its ranges (this worker's share).
-    pub fn ports_by_address(&self) -> impl Iterator<Item = (Addr, u8, u64, u64)> + '_ {
+    /// Per (address, its family, protocol class: 1 for ICMP's identifiers, 6, 17...): ports
+    /// in use, and ports in its ranges (this worker's share).
+    pub fn ports_by_address(&self) -> impl Iterator<Item = (Addr, u8, u8, u64, u64)> + '_ {
         self.ports.iter().map(|(&(a, c), rs)| {
-            (a, c, rs.iter().map(|p| p.users.len() as u64).sum(), rs.iter().map(|p| p.n as u64).sum())
+            let af = if c & V6 != 0 { AF_INET6 } else { AF_INET };
+            (a, af, c & !V6, rs.iter().map(|p| p.users.len() as u64).sum(), rs.iter().map(|p| p.n as u64).sum())
         })
     }
 
@@ -625,18 +629,18 @@ mod tests {
         let a = Addr::v4([192, 0, 2, 1]);
         let mut seen = std::collections::HashSet::new();
         for _ in 0..100 {
-            let p = nat.take_port(a, IPPROTO_TCP, (1000, 1099), 5, &mut r, |_| true).unwrap();
+            let p = nat.take_port((a, AF_INET), IPPROTO_TCP, (1000, 1099), 5, &mut r, |_| true).unwrap();
             assert!((1000..=1099).contains(&p));
             assert!(seen.insert(p), "port {p} handed out twice while others were free");
         }
         assert_eq!(nat.ports_used(), (100, 100));
         // All in use: shared, as long as the keys differ.
-        assert!(nat.take_port(a, IPPROTO_TCP, (1000, 1099), 5, &mut r, |_| true).is_some());
+        assert!(nat.take_port((a, AF_INET), IPPROTO_TCP, (1000, 1099), 5, &mut r, |_| true).is_some());
         assert_eq!(nat.counters.shared, 1);
         // Nothing shareable: refused after a bounded number of tries.
         let mut tries = 0;
         assert!(nat
-            .take_port(a, IPPROTO_TCP, (1000, 1099), 5, &mut r, |_| {
+            .take_port((a, AF_INET), IPPROTO_TCP, (1000, 1099), 5, &mut r, |_| {
                 tries += 1;
                 false
             })
@@ -653,7 +657,7 @@ mod tests {
                 let mut nat = Nat::default();
                 let a = Addr::v4([192, 0, 2, seed]);
                 let mut got: Vec<u16> = (0..n)
-                    .map(|_| nat.take_port(a, IPPROTO_UDP, (100, 99 + n), 1, &mut r, |_| true).unwrap())
+                    .map(|_| nat.take_port((a, AF_INET), IPPROTO_UDP, (100, 99 + n), 1, &mut r, |_| true).unwrap())
                     .collect();
                 got.sort_unstable();
                 assert_eq!(got, (100..100 + n).collect::<Vec<_>>(), "range of {n}");
@@ -669,15 +673,33 @@ mod tests {
             let mut nat = Nat::default();
             nat.set_share(w, 3);
             let mut got = Vec::new();
-            while let Some(p) = nat.take_port(a, IPPROTO_TCP, (1000, 1099), 1, &mut r, |p| !got.contains(&p)) {
+            while let Some(p) = nat.take_port((a, AF_INET), IPPROTO_TCP, (1000, 1099), 1, &mut r, |p| !got.contains(&p))
+            {
                 got.push(p);
             }
             assert!(got.iter().all(|p| p % 3 == w), "worker {w}: {got:?}");
             let want = (1000..=1099u16).filter(|p| p % 3 == w).count();
             assert_eq!(got.len(), want);
-            nat.put_port(a, IPPROTO_TCP, got[0], 1);
+            nat.put_port(a, AF_INET, IPPROTO_TCP, got[0], 1);
             assert_eq!(nat.ports_used().0 as usize, want - 1);
         }
+    }
+
+    #[test]
+    fn an_ipv4_and_an_ipv6_address_of_the_same_bytes_have_their_own_ports() {
+        // 192.0.2.1 is held as c000:201:: is: the family keeps their ports apart.
+        let mut r = rng();
+        let (a4, mut a6) = (Addr::v4([192, 0, 2, 1]), Addr::default());
+        a6.0[..4].copy_from_slice(&[192, 0, 2, 1]);
+        assert_eq!(a4, a6);
+        let mut nat = Nat::default();
+        let p4 = nat.take_port((a4, AF_INET), IPPROTO_UDP, (7, 7), 1, &mut r, |_| true);
+        let p6 = nat.take_port((a6, AF_INET6), IPPROTO_UDP, (7, 7), 1, &mut r, |_| true);
+        assert_eq!((p4, p6, nat.counters.shared), (Some(7), Some(7), 0), "each its own fresh port");
+        assert_eq!(nat.ports_by_address().count(), 2);
+        nat.put_port(a6, AF_INET6, IPPROTO_UDP, 7, 2);
+        let used: Vec<(u8, u64)> = nat.ports_by_address().map(|(_, af, _, used, _)| (af, used)).collect();
+        assert!(used.contains(&(AF_INET, 1)) && used.contains(&(AF_INET6, 0)), "{used:?}");
     }
 
     #[test]
@@ -685,18 +707,18 @@ mod tests {
         let mut nat = Nat::default();
         let mut r = rng();
         let a = Addr::v4([192, 0, 2, 1]);
-        let p = nat.take_port(a, IPPROTO_UDP, (7, 8), 10, &mut r, |_| true).unwrap();
-        nat.put_port(a, IPPROTO_UDP, p, 10);
+        let p = nat.take_port((a, AF_INET), IPPROTO_UDP, (7, 8), 10, &mut r, |_| true).unwrap();
+        nat.put_port(a, AF_INET, IPPROTO_UDP, p, 10);
         assert_eq!(nat.ports_used(), (0, 2));
         // The other port, never used, goes first; then the held one, counted as early.
-        let q = nat.take_port(a, IPPROTO_UDP, (7, 8), 11, &mut r, |_| true).unwrap();
+        let q = nat.take_port((a, AF_INET), IPPROTO_UDP, (7, 8), 11, &mut r, |_| true).unwrap();
         assert_ne!(p, q);
         assert_eq!(nat.counters.early, 0);
-        assert_eq!(nat.take_port(a, IPPROTO_UDP, (7, 8), 12, &mut r, |k| k == p), Some(p));
+        assert_eq!(nat.take_port((a, AF_INET), IPPROTO_UDP, (7, 8), 12, &mut r, |k| k == p), Some(p));
         assert_eq!(nat.counters.early, 1);
         // Once its hold is over a released port goes without being early.
-        nat.put_port(a, IPPROTO_UDP, p, 20);
-        assert_eq!(nat.take_port(a, IPPROTO_UDP, (7, 8), 20 + HOLD, &mut r, |k| k == p), Some(p));
+        nat.put_port(a, AF_INET, IPPROTO_UDP, p, 20);
+        assert_eq!(nat.take_port((a, AF_INET), IPPROTO_UDP, (7, 8), 20 + HOLD, &mut r, |k| k == p), Some(p));
         assert_eq!(nat.counters.early, 1);
     }
 

@@ -1024,6 +1024,37 @@ fn nat_to_exhaustion_is_counted_and_released_ports_come_back() {
 }
 
 #[test]
+fn a_synced_translated_state_gives_back_no_port_of_this_box() {
+    let mut w = natting(50001, 50010);
+    let out = udp4([10, 0, 1, 2], [198, 51, 100, 1], 40000, 53);
+    assert_eq!(run(&mut w, std::slice::from_ref(&out), Dir::Out, 1), vec![Verdict::Pass]);
+    let wire = w.t4.iter().next().map(|(_, s)| s.key).unwrap();
+    assert_eq!(w.nat.ports_used().0, 1);
+    // The peer's translated state on the same public address and port, to another server,
+    // as pfsync inserts it: it holds nothing of this box's allocator.
+    let server = xpf_wire::Addr::v4([198, 51, 100, 2]);
+    let key = Key4::from_parts(17, [server, wire.addr(1)], [53, wire.port(1)], wire.kif());
+    let stack = Key4::from_parts(17, [server, xpf_wire::Addr::v4([10, 0, 1, 9])], [53, 1234], wire.kif());
+    let ns = NewState {
+        stack: Some(stack),
+        dir: Dir::Out,
+        timeout: Timeout::UdpMultiple,
+        src_state: 2,
+        dst_state: 2,
+        tcp: None,
+        ..xpf_state::fixtures::established_tcp(key, Default::default())
+    };
+    let id = w.t4.insert(w.t4.hash(&key), ns, 1).unwrap();
+    // Its end gives nothing back: the port is still the local flow's.
+    assert!(w.t4.remove(id));
+    w.maintain(2, 0);
+    assert_eq!((w.states(), w.nat.ports_used().0), (1, 1));
+    // The local flow's end does.
+    w.maintain(2 + 61, u32::MAX);
+    assert_eq!((w.states(), w.nat.ports_used().0), (0, 0));
+}
+
+#[test]
 fn flushing_states_gives_every_port_back_at_once_and_holds_them() {
     let mut w = natting(50001, 50010);
     let flows = |base: u16| (0..5).map(|k| udp4([10, 0, 1, 2], [198, 51, 100, 1], base + k, 53)).collect::<Vec<_>>();

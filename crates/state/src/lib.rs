@@ -26,8 +26,8 @@ pub use event::{Event, EventKind};
 pub use flow::{Flow, FlowEvent, FlowLog};
 pub use key::{os_random, Dir, Key, Key4, Key6, Seed};
 pub use table::{
-    auto_rows, half_open, sf, Actions, Config, Counters, InsertError, Memory, Meta, NewState, Peer, State,
-    StateActions, StateTable, ID_MASK, NONE, STACK,
+    auto_rows, half_open, held, sf, Actions, Config, Counters, InsertError, Memory, Meta, NatGone, NewState, Peer,
+    State, StateActions, StateTable, ID_MASK, NONE, STACK,
 };
 pub use timeout::{Timeout, Timeouts};
 pub use track::{LimitCounters, Overload, Refusal, RuleLimits, Tracking};

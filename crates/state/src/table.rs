@@ -44,6 +44,26 @@ pub mod sf {
     pub const NOSYNC: u8 = 1 << 7;
 }
 
+/// What a translated state holds of this box's translation (the engine's port allocator and
+/// its counts by address), given back through [`StateTable::nat_gone`] when the state goes.
+/// A state synced from a peer holds none of it: the peer's translation made it.
+pub mod held {
+    /// Counted by the translation that made it here (pools' loads, `sticky-address`).
+    pub const COUNTED: u8 = 1;
+    /// Its translated source port came from the allocator.
+    pub const PORT: u8 = 2;
+}
+
+/// A translated state that went while holding some of this box's translation ([`held`]):
+/// its keys, flags and what it held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NatGone<K> {
+    pub wire: K,
+    pub stack: K,
+    pub flags: u8,
+    pub held: u8,
+}
+
 /// One state. 64 bytes for IPv4 (one cache line), 88 for IPv6. TCP sequence tracking lives in
 /// a side record so that UDP states pay nothing for it.
 #[derive(Debug, Clone, Copy)]
@@ -168,6 +188,9 @@ pub struct NewState<K: Key> {
     pub log: u8,
     /// `set queue`: the queue ids (`q | ack << 16`) the state's packets go to (0: none).
     pub queue: u32,
+    /// A translated state: what it holds of this box's translation ([`held`]; 0 for a state
+    /// synced from a peer).
+    pub held: u8,
 }
 
 /// What a state keeps of the rules that made it besides its key and counters (pf's tag,
@@ -379,9 +402,12 @@ pub struct StateTable<K: Key> {
     /// `max-pkt-rate`, `log (all)` or `set queue` make them, or `match` rules with those
     /// before them: then every state of theirs), by id.
     pub actions: StateActions,
-    /// The keys (wire, stack) and flags of the translated states removed since the engine
-    /// last took them: their ports go back to the translation's allocator.
-    pub nat_gone: Vec<(K, K, u8)>,
+    /// The translated states holding some of this box's translation ([`held`]) removed
+    /// since the engine last took them: their ports go back to the translation's allocator.
+    pub nat_gone: Vec<NatGone<K>>,
+    /// [`held`] of each translated state, two bits an id (written at every translated
+    /// insert, so an id's bits are its current state's).
+    held: Vec<u64>,
     /// Flow records of `pflow` states, for the worker to take.
     pub flows: crate::flow::FlowLog,
 }
@@ -447,6 +473,7 @@ impl<K: Key> StateTable<K> {
             sync_push: false,
             actions: StateActions::new()?,
             nat_gone: Vec::new(),
+            held: Vec::new(),
             flows: Default::default(),
         })
     }
@@ -850,6 +877,7 @@ impl<K: Key> StateTable<K> {
         }
         if let Some(hs) = hs {
             self.index.insert(hs, id | STACK);
+            self.set_held(id, s.held);
         }
         let mut due = now.saturating_add(self.timeouts.get(s.timeout));
         if s.pflow {
@@ -1033,8 +1061,9 @@ impl<K: Key> StateTable<K> {
             if index {
                 self.index_remove(self.hash(&k), id | STACK);
             }
-            if gone {
-                self.nat_gone.push((s.key, k, s.flags));
+            let held = self.held_of(id);
+            if gone && held != 0 {
+                self.nat_gone.push(NatGone { wire: s.key, stack: k, flags: s.flags, held });
             }
         }
         if s.ext != NONE {
@@ -1232,6 +1261,22 @@ impl<K: Key> StateTable<K> {
     }
 
     /// The bytes this table holds (entries up to the high-water mark, index, wheel, side).
+    fn set_held(&mut self, id: u32, h: u8) {
+        let (w, b) = (id as usize / 32, (id % 32) * 2);
+        if w >= self.held.len() {
+            if h == 0 {
+                return;
+            }
+            self.held.resize((w + 1).next_power_of_two(), 0);
+        }
+        self.held[w] = (self.held[w] & !(3 << b)) | ((h as u64 & 3) << b);
+    }
+
+    /// [`held`] of translated state `id`.
+    pub fn held_of(&self, id: u32) -> u8 {
+        self.held.get(id as usize / 32).map_or(0, |w| (w >> ((id % 32) * 2)) as u8 & 3)
+    }
+
     pub fn memory(&self) -> Memory {
         Memory {
             entries: self.hwm as usize * core::mem::size_of::<State<K>>(),
@@ -1239,7 +1284,11 @@ impl<K: Key> StateTable<K> {
                 + self.migrating.as_ref().map_or(0, |(o, _)| o.bytes())
                 + self.pending.as_ref().map_or(0, |p| p.populated_bytes(self.prepared)),
             wheel: self.wheel.bytes(),
-            side: self.tcp.bytes() + self.nat.bytes() + self.tcpnat.bytes() + self.actions.bytes(),
+            side: self.tcp.bytes()
+                + self.nat.bytes()
+                + self.tcpnat.bytes()
+                + self.actions.bytes()
+                + self.held.capacity() * 8,
         }
     }
 

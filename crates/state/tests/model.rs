@@ -58,6 +58,7 @@ fn udp_state(key: Key4, timeout: Timeout) -> NewState<Key4> {
         pflow: false,
         log: 0,
         queue: 0,
+        held: 0,
     }
 }
 
@@ -128,7 +129,7 @@ proptest! {
                     let stack = nat.map(stack_key);
                     let taken = |x: &Key4| model.iter().any(|(w, m)| w == x || m.stack.as_ref() == Some(x));
                     let exists = taken(&key) || stack.as_ref().is_some_and(taken);
-                    let ns = NewState { key, stack, dir: Dir::In, rule: 1, timeout: CLASSES[c as usize], src_state: 1, dst_state: 0, tcp: None, nosync: false, allow_opts: false, sloppy: false, tag: tag_of(k), scrub: 0, rate: 0, pflow: false, log: 0, queue: 0 };
+                    let ns = NewState { key, stack, dir: Dir::In, rule: 1, timeout: CLASSES[c as usize], src_state: 1, dst_state: 0, tcp: None, nosync: false, allow_opts: false, sloppy: false, tag: tag_of(k), scrub: 0, rate: 0, pflow: false, log: 0, queue: 0, held: 0 };
                     let r = t.insert(t.hash(&key), ns, now);
                     if model.len() as u32 >= t.limit() {
                         prop_assert_eq!(r, Err(InsertError::Limit));
@@ -549,8 +550,11 @@ fn remove_all_is_removing_each() {
             .unwrap();
             for i in 0..n {
                 let k = key(i);
+                // A third translated, half of those by this box (holding a port), the rest
+                // synced from a peer (holding nothing here).
                 let stack = (i % 3 == 0).then(|| stack_key(i));
-                t.insert(t.hash(&k), NewState { stack, ..udp_state(k, Timeout::UdpFirst) }, 0).unwrap();
+                let held = if i % 6 == 0 { xpf_state::held::PORT } else { 0 };
+                t.insert(t.hash(&k), NewState { stack, held, ..udp_state(k, Timeout::UdpFirst) }, 0).unwrap();
             }
             t.drain_events(|_, _| {});
             t
@@ -562,9 +566,9 @@ fn remove_all_is_removing_each() {
         }
         let mut all = fill();
         assert_eq!(all.remove_all(true), n as u32);
-        // One by one, each translated state's ports are queued for release; all at once, the
-        // caller releases every port itself.
-        for (t, gone) in [(&mut each, n.div_ceil(3) as usize), (&mut all, 0)] {
+        // One by one, each state holding a port of this box's has it queued for release (a
+        // synced one holds none); all at once, the caller releases every port itself.
+        for (t, gone) in [(&mut each, n.div_ceil(6) as usize), (&mut all, 0)] {
             assert_eq!(t.len(), 0);
             assert_eq!(t.counters.removals, n as u64);
             assert_eq!(t.nat_gone.len(), gone);

@@ -733,6 +733,8 @@ fn import<K: Key>(t: &mut StateTable<K>, r: &StateRec, kif: u16, class: Timeout,
         pflow: false,
         log: 0,
         queue: 0,
+        // The peer's translation made it: it holds nothing of this box's allocator.
+        held: 0,
     };
     let h = t.hash(&key);
     let slot = t.insert(h, ns, now).ok()?;

@@ -429,6 +429,7 @@ fn standby_gets_every_state_by_bulk_then_follows_updates_over_a_lossy_reordering
         pflow: false,
         log: 0,
         queue: 0,
+        held: 0,
     };
     add(&mut a.t6, u6, 1);
     // The inserts go out as they happen; the standby starts later and asks for a bulk.

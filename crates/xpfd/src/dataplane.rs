@@ -1645,9 +1645,8 @@ impl Dataplane {
                 let _ = tx.send((Info::of(&self.worker), io, x, c));
             }
             Cmd::NatPorts(tx) => {
-                // IPv4 addresses fill the first four bytes only.
-                let ip = |a: xpf_wire::Addr| a.to_ip(if a.0[4..].iter().all(|&b| b == 0) { 4 } else { 6 });
-                let _ = tx.send(self.worker.nat.ports_by_address().map(|(a, c, u, n)| (ip(a), c, u, n)).collect());
+                let _ = tx
+                    .send(self.worker.nat.ports_by_address().map(|(a, af, c, u, n)| (a.to_ip(af), c, u, n)).collect());
             }
             Cmd::StatesByIf(tx) => {
                 let mut m = std::collections::HashMap::new();
