@@ -155,8 +155,9 @@ pub struct Replica {
     /// Defer mode: our states whose insert the peer acknowledged (slot references, family
     /// bit 31) since the caller last emptied this.
     pub acked: Vec<u32>,
-    /// With `note_gone`: the peers' states this worker removed itself (expired, killed) since
-    /// the caller last emptied this, for whoever placed them here to forget them.
+    /// With `note_gone`: the peers' states this worker no longer holds (it removed them
+    /// itself: expired, killed; or a peer's clear of one interface took them) since the
+    /// caller last emptied this, for whoever placed them here to forget them.
     pub gone: Vec<StateId>,
     pub note_gone: bool,
 }
@@ -540,7 +541,8 @@ impl Replica {
             },
             None => None,
         };
-        let victims: Vec<u32> = self.ids.iter().filter(|(k, _)| k.creatorid == c.creatorid).map(|(_, r)| *r).collect();
+        let victims: Vec<(StateId, u32)> =
+            self.ids.iter().filter(|(k, _)| k.creatorid == c.creatorid).map(|(k, r)| (*k, *r)).collect();
         if kif.is_none() && victims.len() == (tables.t4.len() + tables.t6.len()) as usize {
             // Every state here is the clearing peer's (a standby's tables): emptied at once, as
             // this box's own `-F states` empties them, not a random read of each state through
@@ -550,7 +552,7 @@ impl Replica {
             self.stats.cleared += n as u64;
             return;
         }
-        for r in victims {
+        for (sid, r) in victims {
             let (fam, slot) = ((r >> 31) as usize, r & !V6);
             let on = with_table!(tables, fam, |t| t.state(slot).key.kif());
             if kif.is_some_and(|k| k != on) {
@@ -558,6 +560,10 @@ impl Replica {
             }
             self.remove_quietly(tables, fam, slot);
             self.stats.cleared += 1;
+            // The sync thread forgets a whole creator at its clear of all states only.
+            if self.note_gone && kif.is_some() {
+                self.gone.push(sid);
+            }
         }
     }
 

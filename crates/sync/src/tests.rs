@@ -669,6 +669,34 @@ fn the_peers_states_a_worker_removes_itself_are_noted_for_the_sync_thread() {
 }
 
 #[test]
+fn a_peers_clear_of_one_interface_notes_the_states_it_took() {
+    /// Every state's interface (index 0) is "em0".
+    struct Em0;
+    impl crate::replica::Ifnames for Em0 {
+        fn name(&self, _: u16) -> [u8; IFNAMSIZ] {
+            ifname("em0")
+        }
+        fn index(&self, name: &[u8; IFNAMSIZ]) -> Option<u16> {
+            matches!(ifname_str(name), Some("em0" | "all")).then_some(0)
+        }
+    }
+    let (mut a, mut b) = pair(0..10);
+    b.rep.note_gone = true;
+    for f in a.push(1) {
+        b.receive(1, 1000, &f).unwrap();
+    }
+    add(&mut b.t4, tcp_state(50), 1);
+    let _ = b.push(1);
+    let clr = Msg::Clear(Clr { ifname: ifname("em0"), creatorid: a.rep.creatorid });
+    let mut t = Tables { t4: &mut b.t4, t6: &mut b.t6 };
+    b.rep.apply(&mut t, &clr, 2, &Em0);
+    assert_eq!((b.t4.len(), b.rep.imported(), b.rep.stats.cleared), (1, 0, 10));
+    // The sync thread placed them by id: it is told, as for the states a worker removes.
+    assert_eq!(b.rep.gone.len(), 10);
+    assert!(b.rep.gone.iter().all(|sid| sid.creatorid == a.rep.creatorid));
+}
+
+#[test]
 fn a_standby_holding_only_the_peers_states_empties_its_tables_at_its_clear() {
     let (mut a, mut b) = pair(0..40);
     for f in a.push(1) {

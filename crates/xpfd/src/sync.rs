@@ -276,8 +276,9 @@ fn dispatch(m: Msg, creatorid: u32, placed: &mut HashMap<wire::StateId, u8>, per
             per[w].push(m)
         }
         None => {
-            // A clear of all the peer's states also forgets where they were placed (an
-            // interface's clear does not: which states it ends is not known here).
+            // A clear of all the peer's states also forgets where they were placed. Which
+            // states an interface's clear ends is not known here: the workers report them, as
+            // they report the peer's states they remove themselves.
             if let Msg::Clear(c) = &m {
                 if c.interface().is_none() && c.creatorid != creatorid {
                     placed.retain(|sid, _| sid.creatorid != c.creatorid);
@@ -520,7 +521,7 @@ mod tests {
         assert_eq!(placed.len(), 40);
         assert!(per.iter().all(|v| !v.is_empty()), "the flows spread over both workers");
         let clear = |creatorid: u32, ifname: &str| Msg::Clear(wire::Clr { ifname: wire::ifname(ifname), creatorid });
-        // An interface's clear: the states it ends are not known here.
+        // An interface's clear: the states it ends are not known here (the workers say).
         dispatch(clear(peer, "eth1"), ours, &mut placed, &mut per);
         assert_eq!(placed.len(), 40);
         dispatch(clear(peer, "all"), ours, &mut placed, &mut per);
