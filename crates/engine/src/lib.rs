@@ -1038,10 +1038,10 @@ impl<P: Policy> Worker<P> {
 #[cold]
 fn gone<K: Key>(g: &mut Vec<xpf_state::NatGone<K>>, nat: &mut nat::Nat, now: u32) {
     for xpf_state::NatGone { wire, stack, flags, held } in g.drain(..) {
-        // Keys hold the far side first: the translated source is the wire key's second
-        // address and port going out, the stack key's first coming in (`nat-to` on an `in`
-        // rule). Only a state whose port the allocator gave gives one back: a synced state's
-        // or a static port's may be another flow's here.
+        // Only a state whose port the allocator gave gives one back: a synced state's or a
+        // static port's may be another flow's here. The translated source is the wire key's
+        // second address and port going out, the stack key's first coming in (`nat-to` on an
+        // `in` rule), as below.
         if held & xpf_state::held::PORT != 0 {
             let (a, p) =
                 if flags & sf::OUT != 0 { (wire.addr(1), wire.port(1)) } else { (stack.addr(0), stack.port(0)) };

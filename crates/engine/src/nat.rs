@@ -373,10 +373,11 @@ impl Nat {
         &mut self.cursors[i]
     }
 
-    /// A source port of `addr` (of family `af`) in `lo..=hi` for a new flow of `proto` at `now`, for which
-    /// `free(port)` says its key is unused: a port never used yet, else the longest released
-    /// one once its hold is over, else (none left) one in use shared with a flow elsewhere,
-    /// else a released one still in its hold. At most [`TRIES`] keys are tried each way.
+    /// A source port of `addr` (of family `af`) in `lo..=hi` for a new flow of `proto` at
+    /// `now`, for which `free(port)` says its key is unused: a port never used yet, else the
+    /// longest released one once its hold is over, else (none left) one in use shared with a
+    /// flow elsewhere, else a released one still in its hold. At most [`TRIES`] keys are tried
+    /// each way.
     pub fn take_port(
         &mut self,
         (addr, af): (Addr, u8),
