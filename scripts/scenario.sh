@@ -710,6 +710,10 @@ printf 'pass all\npass out on fs from any to 10.9.9.9 route-to 10.0.2.2\n' > "$D
 check "xpfctl -nf refuses route-to with FILE:LINE" bash -c "! $BIN/xpfctl -nf $DIR/unsupported.conf 2>$DIR/e && grep -q \"unsupported.conf:2: xpf does not support 'route-to' yet\" $DIR/e"
 check "xpfctl -f refuses it too" bash -c "! $CTL -f $DIR/unsupported.conf 2>$DIR/e && grep -q \"xpf does not support 'route-to' yet\" $DIR/e"
 check "xpfctl -nvf still prints what it parsed" bash -c "$BIN/xpfctl -nvf $DIR/unsupported.conf 2>/dev/null | grep -q 'route-to 10.0.2.2'"
+# pfctl's own consistency checks, in its words: a line that would load with part of it dropped.
+printf 'pass all\nblock in on fs keep state\n' > "$DIR/inconsistent.conf"
+check "xpfctl -f refuses 'block ... keep state' as pfctl does, with FILE:LINE" bash -c \
+    "! $CTL -f $DIR/inconsistent.conf 2>$DIR/e && grep -q 'inconsistent.conf:2: keep state is great, but only for pass rules' $DIR/e"
 check "-f back to the full ruleset (after the host checks)" $CTL -f "$DIR/pf.conf"
 check "after all that, the table file ruleset is gone: the client passes" c ping -c 1 -W 1 10.0.2.2
 # A new connection to an idle firewall is answered at once: a worker asleep waits on its
