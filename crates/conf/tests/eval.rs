@@ -967,6 +967,27 @@ fn nat_to_on_an_inbound_rule_gives_its_port_back_when_its_state_goes() {
 }
 
 #[test]
+fn a_source_hash_pool_keeps_its_key_through_recompiles_and_prints_it() {
+    use xpf_engine::nat::Method;
+    // No key given: one is drawn at the load, as pfctl draws it, and kept by every compile of
+    // that load (xpfd compiles again when an address or a route changes: each source keeps its
+    // address); the printed ruleset shows the key in use.
+    let text = "pass out on em1 nat-to 192.0.2.0/28 source-hash\n";
+    let p = parse(text, "test", &[]);
+    let key = |p: &xpf_conf::Parsed| match Ruleset::compile(p, &ifindex).unwrap().pools[0].method {
+        Method::SourceHash(k) => k,
+        ref m => panic!("{m:?}"),
+    };
+    let k = key(&p);
+    assert_eq!(key(&p), k, "a recompile keeps the key");
+    assert_ne!(k, [0; 16]);
+    let hex: String = k.iter().map(|b| format!("{b:02x}")).collect();
+    assert!(xpf_conf::print::parsed(&p).contains(&format!("source-hash 0x{hex}")), "{}", xpf_conf::print::parsed(&p));
+    // The next load draws another.
+    assert_ne!(key(&parse(text, "test", &[])), k);
+}
+
+#[test]
 fn nat_pools_round_robin_over_a_table_and_follow_its_changes() {
     let r = rs("table <pub> { 192.0.2.1 192.0.2.2 }\npass out on em1 nat-to <pub> round-robin\n");
     let mut w = worker(r.clone());

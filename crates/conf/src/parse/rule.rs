@@ -119,6 +119,11 @@ pub(super) fn rule(p: &mut P, line: u32, block_return: bool) -> R<Vec<Template>>
     Ok(vec![t])
 }
 
+/// A source-hash key as pfctl prints it: `0x` and 32 hex digits.
+fn hex_key(k: &[u8]) -> String {
+    format!("0x{}", k.iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
 /// `log`'s options after the word: `(all, matches, user, to IF)`.
 fn log_opts(p: &mut P) -> R<Log> {
     let mut l = Log::default();
@@ -775,7 +780,10 @@ pub(super) fn pool(p: &mut P, nat: bool) -> R<Pool> {
         } else if p.eat("least-states") {
             pl.kind = PoolKind::LeastStates;
         } else if p.eat("source-hash") {
-            // The key: 0x and 32 hex digits, or a string whose MD5 is the key (pfctl's way).
+            // The key: 0x and 32 hex digits, or a string whose MD5 is the key (pfctl's way);
+            // none, a random one drawn here, as pfctl draws it: it stays the rule's until the
+            // next load (a recompile for an address or route change keeps each source's
+            // address) and prints as the key in use.
             let key = match p.peek().clone() {
                 Tok::Word(w) if w.starts_with("0x") => {
                     p.next();
@@ -790,9 +798,9 @@ pub(super) fn pool(p: &mut P, nat: bool) -> R<Pool> {
                     p.next();
                     use md5::Digest;
                     let d = md5::Md5::digest(w.as_bytes());
-                    Some(format!("0x{}", d.iter().map(|b| format!("{b:02x}")).collect::<String>()))
+                    Some(hex_key(&d))
                 }
-                _ => None,
+                _ => Some(hex_key(&xpf_state::os_random::<16>())),
             };
             pl.kind = PoolKind::SourceHash(key);
         } else if p.eat("sticky-address") {
