@@ -1260,7 +1260,7 @@ impl<K: Key> StateTable<K> {
         (0..self.hwm).map(move |i| (i, self.state(i))).filter(|(_, s)| s.flags & sf::LIVE != 0)
     }
 
-    /// The bytes this table holds (entries up to the high-water mark, index, wheel, side).
+    /// Notes what translated state `id` holds ([`held`]).
     fn set_held(&mut self, id: u32, h: u8) {
         let (w, b) = (id as usize / 32, (id % 32) * 2);
         if w >= self.held.len() {
@@ -1273,10 +1273,11 @@ impl<K: Key> StateTable<K> {
     }
 
     /// [`held`] of translated state `id`.
-    pub fn held_of(&self, id: u32) -> u8 {
+    fn held_of(&self, id: u32) -> u8 {
         self.held.get(id as usize / 32).map_or(0, |w| (w >> ((id % 32) * 2)) as u8 & 3)
     }
 
+    /// The bytes this table holds (entries up to the high-water mark, index, wheel, side).
     pub fn memory(&self) -> Memory {
         Memory {
             entries: self.hwm as usize * core::mem::size_of::<State<K>>(),
