@@ -62,7 +62,7 @@ pass in on $ext_if inet proto tcp to 10.0.2.2 port 2225 keep state (max-src-conn
 pass in on $ext_if inet proto udp to 10.0.3.2 port 33434:33534
 block in on $int_if inet proto icmp
 CONF
-printf 'pass all\npass in on nosuchif0\n' > "$DIR/bad.conf"
+printf 'pass all\npass in proto tcp to port 80 set queue nope\n' > "$DIR/bad.conf"
 # A large ruleset (first packets through the classifier): the same policy, 6,000 rules for
 # other hosts' services (an anchor per /24, as a generator writes them), then a last quick
 # rule that blocks iperf3 from the client.
@@ -608,6 +608,72 @@ ip -n ${P}fw route del 198.51.100.0/24 via 10.0.2.2
 check "-f 'block in quick from urpf-failed'" ip netns exec ${P}fw $CTL -f "$DIR/routes-urpf.conf"
 check "urpf-failed: only the server's own source (routed back out of fs) arrives" test "$(from_server $SRCS)" = "10.0.2.2"
 check "urpf-failed: the client still reaches the server (its source routes back out of fc)" c ping -c 1 -W 1 10.0.2.2
+
+# Interface groups: `egress` is the interfaces of the firewall's default routes, followed as
+# they move; `(egress)` its addresses. The firewall starts with no default route: the group
+# has no member, xpfd says so at the load, and nothing is blocked (the negative control). With
+# the default route out of fs, pings out on fs and to fs's address are blocked; moved to fc,
+# the blocks move with it. A Linux link group (here `default`, every link's group until `ip
+# link set ... group` moves it) is a group too.
+cat > "$DIR/egress.conf" <<'CONF'
+pass all
+block out quick on egress inet proto icmp
+block in quick on fc inet proto icmp to (egress)
+CONF
+pings() { # prints which of the server, the firewall's fs address and its fc address answer a ping
+    local out=""
+    for a in 10.0.2.2 10.0.2.1 10.0.1.1; do c ping -c 1 -W 1 $a >/dev/null 2>&1 && out+="$a "; done
+    echo $out
+}
+check "-f a ruleset on egress and (egress), no default route on the firewall" ip netns exec ${P}fw $CTL -f "$DIR/egress.conf"
+check "egress: xpfd says the group has no member" grep -q "egress.conf:2: warning: interface group egress has no member now (no default route)" "$LOG"
+check "egress: without a default route nothing is blocked" test "$(pings)" = "10.0.2.2 10.0.2.1 10.0.1.1"
+ip -n ${P}fw route add default via 10.0.2.2
+sleep 2.5
+check "egress: the default route out of fs makes fs egress: pings out on fs and to its address are blocked ($(pings))" test "$(pings)" = "10.0.1.1"
+check "egress: xpfd compiled again when the group changed" grep -q "interfaces or groups changed: ruleset compiled again" "$LOG"
+check "egress: -s Interfaces -v lists the group and its member" bash -c "$CTL -s Interfaces -v | grep -A2 '^egress\$' | grep -q 'Members: fs'"
+ip -n ${P}fw route replace default via 10.0.1.2
+sleep 2.5
+check "egress: the default route moved to fc, the blocks follow ($(pings))" test "$(pings)" = "10.0.2.2 10.0.2.1"
+check "egress: -s rules prints the group as written" bash -c "$CTL -s rules | grep -q 'block drop out quick on egress inet proto icmp all'"
+# OpenBSD's NAT line: translated only out of the interface the default route takes.
+printf 'pass all\nmatch out on egress inet from !(egress:network) to any nat-to (egress:0)\n' > "$DIR/egress-nat.conf"
+seen_by_server() { # prints the source address a client's datagram reaches the server with
+    $CTL -F states >/dev/null
+    ip netns exec ${P}server python3 -c "
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('10.0.2.2', 4447)); s.settimeout(3)
+try: print(s.recvfrom(100)[1][0])
+except socket.timeout: print('none')" > "$DIR/seen" &
+    local r=$!
+    sleep 0.5
+    c python3 -c "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('10.0.2.2', 4447))"
+    wait $r
+    cat "$DIR/seen"
+}
+check "-f 'match out on egress inet from !(egress:network) to any nat-to (egress:0)'" ip netns exec ${P}fw $CTL -f "$DIR/egress-nat.conf"
+check "egress nat: out of fs, not egress now, the server sees the client's own address" test "$(seen_by_server)" = 10.0.1.2
+ip -n ${P}fw route replace default via 10.0.2.2
+sleep 2.5
+check "egress nat: the default route back out of fs, the server sees the firewall's address there" test "$(seen_by_server)" = 10.0.2.1
+ip -n ${P}fw route del default
+printf 'pass all\nblock out quick on default inet proto icmp\n' > "$DIR/linkgroup.conf"
+check "-f a rule on the link group default" ip netns exec ${P}fw $CTL -f "$DIR/linkgroup.conf"
+check "link group: fs in group default, a ping out on it is blocked" refused c ping -c 1 -W 1 10.0.2.2
+ip -n ${P}fw link set fs group 1
+sleep 2.5
+check "link group: fs moved to group 1, the ping crosses" c ping -c 1 -W 1 10.0.2.2
+ip -n ${P}fw link set fs group 0
+# An interface the firewall lacks (a tunnel not up yet): the rule loads, as pf loads it, xpfd
+# says so, and it waits: on it nothing is blocked, `! on` it blocks everything.
+printf 'pass all\nblock in quick on tun7 inet proto icmp\n' > "$DIR/absent.conf"
+printf 'pass all\nblock in quick on ! tun7 inet proto icmp\n' > "$DIR/absent-not.conf"
+check "-f a rule on tun7, which the firewall lacks" ip netns exec ${P}fw $CTL -f "$DIR/absent.conf"
+check "absent interface: xpfd says the rule waits for it" grep -q "absent.conf:2: warning: no interface tun7 here now: its rules wait for it" "$LOG"
+check "absent interface: a ping in on fc crosses" c ping -c 1 -W 1 10.0.2.2
+check "-f the same rule on ! tun7" ip netns exec ${P}fw $CTL -f "$DIR/absent-not.conf"
+check "absent interface: on ! tun7 the ping is blocked" refused c ping -c 1 -W 1 10.0.2.2
 
 # scrub (max-mss): the server sees the clamped MSS (its socket's TCP_MAXSEG); without the rule
 # it sees the client's own (the negative control).

@@ -524,8 +524,12 @@ impl Mark {
 /// A rule's tests that few rules have, kept out of the rule walk's way.
 #[derive(Debug, Clone)]
 struct Rare {
-    /// `[!] received-on`: (negated, interface index).
-    rcv: Option<(bool, u16)>,
+    /// `[!] on GROUP` (or on an interface not present now): (negated, the members' interface
+    /// indexes). The rule's own interface test is then any, for its skip steps and the
+    /// classifier.
+    on: Option<(bool, Vec<u16>)>,
+    /// `[!] received-on`: (negated, the interface's index, or a group's members').
+    rcv: Option<(bool, Vec<u16>)>,
     /// `[!] no-route` / `[!] urpf-failed` as the source (0) or destination (1): the rule's
     /// own address test is Any there, and this is tested out of line (in the walk's address
     /// tests, even out of line behind a branch never taken, they cost it 15-20%).
@@ -565,8 +569,9 @@ pub struct Ruleset {
     pub nat_targets: Vec<Target>,
     /// The same, unmerged: what the hand-off between workers owns by (docs/nat.md).
     pub nat_owners: Vec<Target>,
-    /// `set loginterface`: its index (0: none, or not present when compiled).
-    pub loginterface: u16,
+    /// `set loginterface`: its index, or a group's members' (empty: none, or not present
+    /// when compiled).
+    pub loginterface: Vec<u16>,
     /// The queue trees, one per interface, for the shaper.
     pub queues: Arc<queues::Queues>,
     /// The named anchors, and the rules loaded into them at run time.
@@ -1002,6 +1007,9 @@ struct Build<'a> {
     /// The ruleset-wide defaults rules take: `set state-defaults`, `set state-policy`.
     globals: &'a Globals,
     ifindex: &'a dyn Fn(&str) -> Option<u16>,
+    /// The interfaces a name that is no interface stands for: a group's members
+    /// (crate::ifgroup), None when it is no group either.
+    groups: &'a dyn Fn(&str) -> Option<Vec<String>>,
     fib: &'a crate::routes::Fib,
     tables: Vec<(String, Arc<Table>)>,
     tags: Vec<String>,
@@ -1024,6 +1032,7 @@ impl<'a> Build<'a> {
     fn new(
         globals: &'a Globals,
         ifindex: &'a dyn Fn(&str) -> Option<u16>,
+        groups: &'a dyn Fn(&str) -> Option<Vec<String>>,
         fib: &'a crate::routes::Fib,
         tables: Vec<(String, Arc<Table>)>,
         tags: Vec<String>,
@@ -1031,6 +1040,7 @@ impl<'a> Build<'a> {
         Build {
             globals,
             ifindex,
+            groups,
             fib,
             tables,
             tag_ids: tags.iter().enumerate().map(|(i, t)| (t.clone(), i as u16 + 1)).collect(),
@@ -1067,24 +1077,27 @@ impl<'a> Build<'a> {
     /// (0: not an anchor) and its named anchor's slot + 1 (0: none).
     fn rule(&mut self, r: &Rule, nr: u32, x: bool, anchor_end: u32, slot: u32) -> Result<CRule, CompileError> {
         let g = self.globals;
-        let ifindex = self.ifindex;
-        let on = match &r.on {
-            Some(i) if i.name == "any" => None,
-            Some(i) => Some((
-                i.neg,
-                ifindex(&i.name)
-                    .ok_or_else(|| CompileError { line: r.line, msg: format!("no such interface: {}", i.name) })?,
-            )),
-            None => None,
+        // An interface, or a group's members (tested out of line, in the rule's rare tests).
+        // A name that is neither stands for no interface, as pf keeps a rule on an interface
+        // it lacks for when it appears (xpfd compiles again then).
+        let iface = |i: &Iface| -> Result<u16, Vec<u16>> {
+            match (self.ifindex)(&i.name) {
+                Some(x) => Ok(x),
+                None => {
+                    Err((self.groups)(&i.name).unwrap_or_default().iter().filter_map(|m| (self.ifindex)(m)).collect())
+                }
+            }
         };
-        let rcv = match &r.received_on {
-            Some(i) => Some((
-                i.neg,
-                ifindex(&i.name)
-                    .ok_or_else(|| CompileError { line: r.line, msg: format!("no such interface: {}", i.name) })?,
-            )),
-            None => None,
-        };
+        let (mut on, mut on_group) = (None, None);
+        match &r.on {
+            Some(i) if i.name == "any" => {}
+            Some(i) => match iface(i) {
+                Ok(x) => on = Some((i.neg, x)),
+                Err(members) => on_group = Some((i.neg, members)),
+            },
+            None => {}
+        }
+        let rcv = r.received_on.as_deref().map(|i| (i.neg, iface(i).map_or_else(|m| m, |x| vec![x])));
         let mark = (r.once || r.max_pkt_rate.is_some()).then(|| {
             let m = Arc::new(Mark {
                 id: limiter_id(r, &mut self.seen_marks),
@@ -1179,8 +1192,8 @@ impl<'a> Build<'a> {
                     q | ack.as_deref().map_or(Ok(q), |a| id(a).map(u32::from))? << 16
                 }
             },
-            rare: if rcv.is_some() || mark.is_some() || routes.iter().any(Option::is_some) {
-                self.rare.push(Rare { rcv, routes, mark });
+            rare: if on_group.is_some() || rcv.is_some() || mark.is_some() || routes.iter().any(Option::is_some) {
+                self.rare.push(Rare { on: on_group, rcv, routes, mark });
                 self.rare.len() as u32
             } else {
                 0
@@ -1206,7 +1219,8 @@ impl<'a> Build<'a> {
 
 impl Ruleset {
     /// Compiles parsed rules. `ifindex` maps interface names to the engine's indexes; a rule on
-    /// an interface the machine does not have is an error, as in pf.
+    /// an interface the machine does not have waits for it, as in pf (it matches no packet on
+    /// that interface, `! on` every packet).
     pub fn compile(p: &Parsed, ifindex: &dyn Fn(&str) -> Option<u16>) -> Result<Ruleset, CompileError> {
         let fib = if Self::uses_routes(p) {
             crate::routes::Fib::kernel().map_err(|e| CompileError {
@@ -1231,6 +1245,23 @@ impl Ruleset {
     pub fn compile_at(
         p: &Parsed,
         ifindex: &dyn Fn(&str) -> Option<u16>,
+        fib: &crate::routes::Fib,
+    ) -> Result<Ruleset, CompileError> {
+        // The links read once a compile, at the first name that is no interface.
+        let links = std::cell::OnceCell::new();
+        let groups = |n: &str| {
+            let l = links.get_or_init(|| crate::ifgroup::Links::now().ok()).as_ref()?;
+            l.is_group(n).then(|| l.interfaces(n)).flatten()
+        };
+        Self::compile_with(p, ifindex, &groups, fib)
+    }
+
+    /// [`Ruleset::compile_at`] with the interface groups `groups` has (a group's members by
+    /// name; None: no group of that name).
+    pub fn compile_with(
+        p: &Parsed,
+        ifindex: &dyn Fn(&str) -> Option<u16>,
+        groups: &dyn Fn(&str) -> Option<Vec<String>>,
         fib: &crate::routes::Fib,
     ) -> Result<Ruleset, CompileError> {
         let mut tables: Vec<(String, Arc<Table>)> = Vec::new();
@@ -1266,7 +1297,7 @@ impl Ruleset {
         }
         let globals = Globals::of(p);
         let queues = queues::compile(&p.queues)?;
-        let mut b = Build::new(&globals, ifindex, fib, tables, Vec::new());
+        let mut b = Build::new(&globals, ifindex, groups, fib, tables, Vec::new());
         b.queue_ids = queues.ids.clone();
         let mut rules = Vec::with_capacity(p.rules.len());
         let mut xrules = Vec::new();
@@ -1340,8 +1371,15 @@ impl Ruleset {
             })
             .collect();
         // An interface `set skip on` names that the machine lacks is skipped when it appears
-        // (pf's groups and absent interfaces), so it is not an error; a reload picks it up.
-        let skip_ifs = p.skip.iter().filter_map(|n| ifindex(n)).collect();
+        // (pf's absent interfaces), so it is not an error; a reload picks it up. A group's
+        // members are skipped.
+        let each = |n: &String| -> Vec<u16> {
+            match ifindex(n) {
+                Some(i) => vec![i],
+                None => groups(n).unwrap_or_default().iter().filter_map(|m| ifindex(m)).collect(),
+            }
+        };
+        let skip_ifs = p.skip.iter().flat_map(each).collect();
         let random = rules.iter().any(|r| r.prob != 0);
         let filter = List::new(rules, Lookup::Auto);
         let xlate = List::new(xrules, Lookup::Auto);
@@ -1362,7 +1400,7 @@ impl Ruleset {
             marks,
             rare,
             urpf,
-            loginterface: p.loginterface.as_deref().and_then(ifindex).unwrap_or(0),
+            loginterface: p.loginterface.as_ref().map(each).unwrap_or_default(),
             queues: Arc::new(queues),
             anchors: Anchors::new(slots, first_of_slot),
             rule_log: RuleLog::of(&p.rules, "").map(Arc::new),
@@ -1554,8 +1592,13 @@ impl Ruleset {
     #[inline(never)]
     fn rare_match(&self, rare: u32, pd: &PDesc, at: &Context) -> bool {
         let x = &self.rare[rare as usize - 1];
-        if let Some((neg, i)) = x.rcv {
-            if (at.rcvif == i) == neg {
+        if let Some((neg, members)) = &x.on {
+            if members.contains(&at.ifidx) == *neg {
+                return false;
+            }
+        }
+        if let Some((neg, i)) = &x.rcv {
+            if i.contains(&at.rcvif) == *neg {
                 return false;
             }
         }

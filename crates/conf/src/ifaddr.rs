@@ -101,28 +101,40 @@ pub fn all() -> Vec<IfAddr> {
 /// length): the interface's addresses, or with `network` their networks, `broadcast` their
 /// broadcast addresses, `peer` the far ends of a point-to-point link, `0` the first address of
 /// each family (no aliases). Empty when the interface has none (or does not exist): pf's
-/// dynamic address then matches nothing until one appears.
+/// dynamic address then matches nothing until one appears. A group stands for its members'.
 pub fn dynamic(ifname: &str, modifier: Option<&str>, prefix: Option<u8>) -> Vec<(IpAddr, u8)> {
-    let addrs = if ifname == "self" { all() } else { addresses(ifname).unwrap_or_default() };
+    let each = if ifname == "self" { vec![all()] } else { addresses_each(ifname).unwrap_or_default() };
     let host = |a: &IpAddr| if a.is_ipv4() { 32 } else { 128 };
     let mut out = Vec::new();
-    let mut seen_family = [false, false];
-    for a in &addrs {
-        let fam = a.addr.is_ipv6() as usize;
-        let e = match modifier {
-            Some("network") => Some((a.addr, a.prefix)),
-            Some("broadcast") => a.dst.filter(|_| !a.point_to_point && a.addr.is_ipv4()).map(|d| (d, host(&d))),
-            Some("peer") => a.dst.filter(|_| a.point_to_point).map(|d| (d, host(&d))),
-            Some("0") if seen_family[fam] => None,
-            _ => Some((a.addr, host(&a.addr))),
-        };
-        seen_family[fam] = true;
-        if let Some((addr, l)) = e {
-            let l = prefix.map_or(l, |p| p.min(host(&addr)));
-            out.push((addr, l));
+    // `:0` is each member's first address of a family, as pf takes a group's members one by one.
+    for addrs in &each {
+        let mut seen_family = [false, false];
+        for a in addrs {
+            let fam = a.addr.is_ipv6() as usize;
+            let e = match modifier {
+                Some("network") => Some((a.addr, a.prefix)),
+                Some("broadcast") => a.dst.filter(|_| !a.point_to_point && a.addr.is_ipv4()).map(|d| (d, host(&d))),
+                Some("peer") => a.dst.filter(|_| a.point_to_point).map(|d| (d, host(&d))),
+                Some("0") if seen_family[fam] => None,
+                _ => Some((a.addr, host(&a.addr))),
+            };
+            seen_family[fam] = true;
+            if let Some((addr, l)) = e {
+                let l = prefix.map_or(l, |p| p.min(host(&addr)));
+                out.push((addr, l));
+            }
         }
     }
     out
+}
+
+/// The addresses of each interface `name` stands for: the interface's, or each member's of a
+/// group of that name (crate::ifgroup); None when it is neither.
+pub fn addresses_each(name: &str) -> Option<Vec<Vec<IfAddr>>> {
+    if let Some(a) = addresses(name) {
+        return Some(vec![a]);
+    }
+    Some(crate::ifgroup::interfaces(name)?.iter().filter_map(|m| addresses(m)).collect())
 }
 
 /// Whether interface `name` is a loopback interface (None: no such interface).

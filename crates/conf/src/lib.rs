@@ -10,6 +10,7 @@ pub mod ast;
 pub mod classify;
 pub mod compile;
 pub mod ifaddr;
+pub mod ifgroup;
 pub mod lex;
 pub mod names;
 pub mod parse;
@@ -105,6 +106,30 @@ mod tests {
         let p = parse::parse_in("include \"loop.conf\"\n", "outer.conf", &[], Some(&d));
         assert!(p.errors.iter().any(|e| e.msg.contains("include nesting too deep")));
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A ruleset is compiled again when the interfaces' addresses change if any address it
+    /// names follows them: in a rule's source or destination, and as much in a translation
+    /// pool (`nat-to (em0)`) or a FreeBSD translation rule (`nat on em0 ... -> (em0)`).
+    #[test]
+    fn a_pool_on_an_interface_follows_its_addresses() {
+        for (src, follows) in [
+            ("pass in from (lo)\n", true),
+            ("pass in to self\n", true),
+            ("pass out on lo nat-to (lo)\n", true),
+            ("pass in on lo rdr-to (lo:0) port 8080\n", true),
+            ("nat on lo from 10.0.0.0/8 to any -> (lo)\n", true),
+            ("binat on lo from 10.0.0.1 to any -> (lo:0)\n", true),
+            ("pass out on lo nat-to 192.0.2.1\n", false),
+            ("nat on lo from 10.0.0.0/8 to any -> 192.0.2.1\n", false),
+        ] {
+            let p = parse(src, "t", &[]);
+            assert!(p.errors.is_empty(), "{src}: {:?}", p.errors);
+            assert_eq!(p.follows_addresses(), follows, "{src}");
+        }
+        let p = parse("set skip on lo\nset loginterface lan\npass in on egress to (dmz) received-on wan\n", "t", &[]);
+        assert!(p.errors.is_empty(), "{:?}", p.errors);
+        assert_eq!(p.interface_names().collect::<Vec<_>>(), vec!["egress", "wan", "dmz", "lo", "lan"]);
     }
 
     #[test]

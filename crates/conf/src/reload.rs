@@ -84,9 +84,9 @@ mod tests {
         assert_eq!(err, vec!["b.conf:2: macro 'nope' not defined"]);
         assert_eq!(slot.generation(), 1);
         assert_eq!(verdict(&slot), Action::Block, "the old ruleset stays in force");
-        // Parses, but names an interface the machine lacks: refused at compile, nothing changes.
-        let err = slot.reload("pass on em9\n", "c.conf", &[], &ifx).unwrap_err();
-        assert_eq!(err, vec!["c.conf:1: no such interface: em9"]);
+        // Parses, but names a queue no line declares: refused at compile, nothing changes.
+        let err = slot.reload("pass\npass out set queue nope\n", "c.conf", &[], &ifx).unwrap_err();
+        assert_eq!(err, vec!["c.conf:2: queue nope is not defined"]);
         assert_eq!(slot.generation(), 1);
         assert_eq!(slot.reload("pass all\n", "d.conf", &[], &ifx), Ok(2));
         assert_eq!(verdict(&slot), Action::Pass);

@@ -82,66 +82,67 @@ fn route_of(m: &[u8]) -> Option<Route> {
     Some(Route { addr, len, reject, oifs })
 }
 
+/// Every message of one rtnetlink dump of `ty` (RTM_GETROUTE, RTM_GETLINK) of both families,
+/// each after its nlmsghdr: `head` is the size of the request's family header (rtmsg 12,
+/// ifinfomsg 16), all zero but for the family (AF_UNSPEC).
+pub(crate) fn dump(ty: u16, head: usize) -> io::Result<Vec<Vec<u8>>> {
+    // The answers are RTM_NEWROUTE, RTM_NEWLINK: two below the request.
+    let reply = ty - 2;
+    let mut out = Vec::new();
+    // SAFETY: plain socket calls on a descriptor we own; buffers outlive the calls.
+    unsafe {
+        let fd = libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let fd = OwnedFd::from_raw_fd(fd);
+        let len = 16 + head;
+        let mut req = vec![0u8; len];
+        req[0..4].copy_from_slice(&(len as u32).to_ne_bytes());
+        req[4..6].copy_from_slice(&ty.to_ne_bytes());
+        req[6..8].copy_from_slice(&((libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16).to_ne_bytes());
+        req[8..12].copy_from_slice(&1u32.to_ne_bytes());
+        let mut sa: libc::sockaddr_nl = std::mem::zeroed();
+        sa.nl_family = libc::AF_NETLINK as u16;
+        let sl = std::mem::size_of::<libc::sockaddr_nl>() as u32;
+        if libc::sendto(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0, (&sa as *const libc::sockaddr_nl).cast(), sl)
+            < 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0);
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let mut b = &buf[..n as usize];
+            while b.len() >= 16 {
+                let len = u32::from_ne_bytes(b[0..4].try_into().unwrap()) as usize;
+                let t = u16::from_ne_bytes([b[4], b[5]]);
+                if len < 16 || len > b.len() {
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, "bad netlink message in a dump"));
+                }
+                match t as i32 {
+                    libc::NLMSG_DONE => return Ok(out),
+                    libc::NLMSG_ERROR => {
+                        let err = i32::from_ne_bytes(b[16..20].try_into().unwrap_or([0; 4]));
+                        return Err(io::Error::from_raw_os_error(-err));
+                    }
+                    _ if t == reply => out.push(b[16..len].to_vec()),
+                    _ => {}
+                }
+                b = &b[len.next_multiple_of(4).min(b.len())..];
+            }
+        }
+    }
+}
+
 impl Fib {
     /// The kernel's routes now.
     pub fn kernel() -> io::Result<Fib> {
-        let mut routes = Vec::new();
-        // SAFETY: plain socket calls on a descriptor we own; buffers outlive the calls.
-        unsafe {
-            let fd = libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE);
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let fd = OwnedFd::from_raw_fd(fd);
-            // nlmsghdr (16) + rtmsg (12), family AF_UNSPEC: both families.
-            let mut req = [0u8; 28];
-            req[0..4].copy_from_slice(&28u32.to_ne_bytes());
-            req[4..6].copy_from_slice(&libc::RTM_GETROUTE.to_ne_bytes());
-            req[6..8].copy_from_slice(&((libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16).to_ne_bytes());
-            req[8..12].copy_from_slice(&1u32.to_ne_bytes());
-            let mut sa: libc::sockaddr_nl = std::mem::zeroed();
-            sa.nl_family = libc::AF_NETLINK as u16;
-            let sl = std::mem::size_of::<libc::sockaddr_nl>() as u32;
-            if libc::sendto(
-                fd.as_raw_fd(),
-                req.as_ptr().cast(),
-                req.len(),
-                0,
-                (&sa as *const libc::sockaddr_nl).cast(),
-                sl,
-            ) < 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                let n = libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0);
-                if n < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                let mut b = &buf[..n as usize];
-                while b.len() >= 16 {
-                    let len = u32::from_ne_bytes(b[0..4].try_into().unwrap()) as usize;
-                    let ty = u16::from_ne_bytes([b[4], b[5]]);
-                    if len < 16 || len > b.len() {
-                        return Err(io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            "bad netlink message in the route dump",
-                        ));
-                    }
-                    match ty as i32 {
-                        libc::NLMSG_DONE => return Ok(Fib { routes }),
-                        libc::NLMSG_ERROR => {
-                            let err = i32::from_ne_bytes(b[16..20].try_into().unwrap_or([0; 4]));
-                            return Err(io::Error::from_raw_os_error(-err));
-                        }
-                        t if t == libc::RTM_NEWROUTE as i32 => routes.extend(route_of(&b[16..len])),
-                        _ => {}
-                    }
-                    b = &b[len.next_multiple_of(4).min(b.len())..];
-                }
-            }
-        }
+        let routes = dump(libc::RTM_GETROUTE, 12)?.iter().filter_map(|m| route_of(m)).collect();
+        Ok(Fib { routes })
     }
 
     /// A hash of the routes, to see whether they changed.

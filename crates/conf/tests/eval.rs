@@ -111,8 +111,11 @@ fn negation_ports_flags_and_interfaces() {
         action(&r, &pkt(IPPROTO_TCP, [11, 0, 0, 1], [2, 2, 2, 2], 5, 1500, tcp::SYN | tcp::ACK), 1, Dir::In),
         Action::Block
     );
-    let p = parse("pass on em7\n", "t", &[]);
-    assert_eq!(Ruleset::compile(&p, &ifindex).unwrap_err().msg, "no such interface: em7");
+    // An interface the machine lacks (em7): the rule loads and waits for it, as in pf.
+    let absent = rs("block all\npass in on em7\n");
+    assert_eq!((action(&absent, &ok, 1, Dir::In), action(&absent, &ok, 2, Dir::In)), (Action::Block, Action::Block));
+    let not = rs("block all\npass in on ! em7\n");
+    assert_eq!((action(&not, &ok, 1, Dir::In), action(&not, &ok, 2, Dir::In)), (Action::Pass, Action::Pass));
 }
 
 #[test]
@@ -830,8 +833,58 @@ fn received_on_matches_the_interface_the_packet_came_in_on() {
     w.process_tagged(&[&g], 2, Dir::Out, 2, 1, &mut v, &mut tags, 0);
     assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Match), "received on em1");
     assert!(rs("pass out received-on em0\n").len() == 1);
-    let bad = parse("pass out received-on nosuch0\n", "t", &[]);
-    assert!(Ruleset::compile(&bad, &ifindex).is_err(), "an unknown interface is a load error");
+    // received-on an interface the machine lacks: nothing came in on it (yet).
+    let absent = rs("block all\npass out on em1 received-on nosuch0\n");
+    assert_eq!(absent.evaluate_in(&p, &Context { rcvif: 1, ..Context::new(2, Dir::Out) }).action, Action::Block);
+}
+
+/// A group (`egress`, a link group) stands for its members wherever an interface is taken:
+/// `on`, `! on`, `received-on`, `set skip on`, `set loginterface`; through the skip steps
+/// (a rule on an interface before a rule on a group) and through the classifier alike.
+#[test]
+fn rules_on_an_interface_group_match_its_members() {
+    let ifs = |n: &str| ["em0", "em1", "em2"].iter().position(|&i| i == n).map(|i| i as u16 + 1);
+    let groups = |n: &str| match n {
+        "egress" => Some(vec!["em0".to_string()]),
+        "lan" => Some(vec!["em1".to_string(), "em2".to_string()]),
+        "dmz" => Some(vec![]),
+        _ => None,
+    };
+    let fib = xpf_conf::routes::Fib::default();
+    let c = |src: &str| {
+        let p = parse(src, "t", &[]);
+        assert!(p.errors.is_empty(), "{:?}", p.errors);
+        Ruleset::compile_with(&p, &ifs, &groups, &fib).unwrap()
+    };
+    let udp = pkt(IPPROTO_UDP, [1, 1, 1, 1], [2, 2, 2, 2], 1, 53, 0);
+    let tcp = pkt(IPPROTO_TCP, [1, 1, 1, 1], [2, 2, 2, 2], 1, 22, tcp::SYN);
+    let on = |r: &Ruleset, p: &PDesc| [1, 2, 3].map(|i| action(r, p, i, Dir::In));
+    let (pass, block) = (Action::Pass, Action::Block);
+    assert_eq!(on(&c("block all\npass in on egress\n"), &udp), [pass, block, block]);
+    assert_eq!(on(&c("block all\npass in on lan\n"), &udp), [block, pass, pass]);
+    assert_eq!(on(&c("block all\npass in on ! lan\n"), &udp), [pass, block, block]);
+    assert_eq!(on(&c("block all\npass in on dmz\n"), &udp), [block, block, block], "no member, no match");
+    // The skip step of the rule on em1 must not pass over the rule on the group.
+    assert_eq!(on(&c("block all\npass in on em1 proto tcp\npass in on egress proto tcp\n"), &tcp), [pass, pass, block]);
+    // Through the classifier (from 64 rules).
+    let mut big = String::from("block all\n");
+    for p in 1000..1100 {
+        big += &format!("pass in on em1 proto tcp to port {p}\n");
+    }
+    big += "pass in on lan proto tcp to port 22\npass in on egress proto udp\n";
+    let b = c(&big);
+    assert_eq!(on(&b, &tcp), [block, pass, pass]);
+    assert_eq!(on(&b, &udp), [pass, block, block]);
+    // received-on a group, in the `out` pass.
+    let r = c("block all\npass out on egress received-on lan\n");
+    let out = |rcvif| r.evaluate_in(&udp, &Context { rcvif, ..Context::new(1, Dir::Out) }).action;
+    assert_eq!([out(1), out(2), out(3)], [block, pass, pass]);
+    // set skip on, set loginterface.
+    let s = c("set skip on lan\nset loginterface lan\nblock all\n");
+    assert!(!s.skip(1) && s.skip(2) && s.skip(3));
+    assert_eq!(s.loginterface, vec![2, 3]);
+    // A name that is neither stands for no interface (yet).
+    assert_eq!(on(&c("block all\npass in on nosuch\n"), &udp), [block, block, block]);
 }
 
 /// `once`: the rule decides one packet, then is gone; the state it made lives on. A
@@ -1442,6 +1495,8 @@ fn anchors_loaded_at_run_time_by_name_and_by_wildcard() {
     for (text, line, says) in [
         ("pass\ntable <x> { 10.9.9.9 }\n", 2, "declare tables in the main ruleset"),
         ("pass in on em0 received-on em1\n", 1, "received-on"),
+        ("pass in on egress\n", 1, "interface groups"),
+        ("pass in on em7\n", 1, "interfaces not present"),
         ("pass proto tcp keep state (max 10)\n", 1, "state limits"),
         ("pass\nanchor \"x\"\n", 2, "inline"),
         ("pass out nat-to 192.0.2.1\n", 1, "translation"),

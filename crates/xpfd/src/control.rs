@@ -56,6 +56,9 @@ impl Loaded {
         }
         let mut l = Self::compile(parsed, file)?;
         l.warnings = warnings;
+        if let Ok(links) = xpf_conf::ifgroup::Links::now() {
+            l.warnings.extend(xpf_conf::ifgroup::interface_warnings(&l.parsed, &links));
+        }
         Ok(l)
     }
 
@@ -431,17 +434,20 @@ impl Daemon {
     }
 
     /// Whether the ruleset in force (its anchors loaded with -a included) names `self` or
-    /// `(if)` addresses, which follow the interfaces' addresses.
+    /// `(if)` addresses, which follow the interfaces' addresses: as rule addresses, in
+    /// translation and routing pools, in translation rules.
     pub fn follows_addresses(&self) -> bool {
-        use xpf_conf::ast::HostKind::{Dynamic, SelfAddr};
         // The anchors loaded with -a too: a recompile compiles them again.
-        let anchored = self.anchors.loads.values().flat_map(|a| a.parsed.rules.iter());
-        self.loaded
-            .parsed
-            .rules
-            .iter()
-            .chain(anchored)
-            .any(|r| [&r.src, &r.dst].iter().any(|h| matches!(h.kind, SelfAddr | Dynamic { .. })))
+        self.loaded.parsed.follows_addresses() || self.anchors.loads.values().any(|a| a.parsed.follows_addresses())
+    }
+
+    /// What the interface names of the ruleset in force (its anchors loaded with -a included)
+    /// stand for in `links`, hashed (xpf_conf::ifgroup::Links::resolution): it is compiled
+    /// again when this changes (an interface it names appears or comes back, a group's
+    /// members change).
+    pub fn interface_resolution(&self, links: &xpf_conf::ifgroup::Links) -> u64 {
+        let anchored = self.anchors.loads.values().flat_map(|a| a.parsed.interface_names());
+        links.resolution(self.loaded.parsed.interface_names().chain(anchored))
     }
 
     /// Whether the ruleset in force tests routes (`no-route`, `urpf-failed`).
@@ -920,7 +926,7 @@ impl Daemon {
                     let l = &io.loginterface;
                     let _ =
                         writeln!(text, "{:<34}{:>16} {:>16}", format!("Interface Stats for {name}"), "IPv4", "IPv6");
-                    if cur.loginterface == 0 {
+                    if cur.loginterface.is_empty() {
                         let _ = writeln!(text, "  (not present when the ruleset was compiled)");
                     }
                     let row = |text: &mut String, k: &str, v: [u64; 2]| {
@@ -1204,8 +1210,8 @@ impl Daemon {
             }
             "queue" | "queues" => self.show_queues(verbose),
             "Interfaces" | "interfaces" => {
-                // pfctl -s Interfaces: the interfaces xpfd filters (and `all`); with -v, what
-                // xpf knows of each: the states bound to it, the rules that name it, its
+                // pfctl -s Interfaces: the interfaces xpfd filters (and `all`, and the groups
+                // and absent interfaces the ruleset names); with -v, what xpf knows of each: the states bound to it, the rules that name it, its
                 // sockets' frames and the steering program's counts.
                 let (_, _, xs, _) = self.snapshot()?;
                 let by_if: std::collections::HashMap<u16, u64> = if verbose > 0 {
@@ -1272,6 +1278,32 @@ impl Daemon {
                     data.push(json!({"name": n, "ifindex": idx, "states": states, "rules": rules_naming(n),
                         "received": rx, "sent": tx, "queues": mine.len(),
                         "steering": st.map(|c| xpf_xdp::steer::COUNTERS.iter().zip(c).map(|((k, _), v)| (k.to_string(), json!(v))).collect::<serde_json::Map<String, Value>>())}));
+                }
+                // The groups the ruleset names and the interfaces it names that are not here
+                // (pf lists its groups, and the interfaces its rules wait for, beside the
+                // others); with -v a group's members.
+                if let Ok(links) = xpf_conf::ifgroup::Links::now() {
+                    let mut named: Vec<&str> = self
+                        .loaded
+                        .parsed
+                        .interface_names()
+                        .filter(|n| *n != "any" && (links.is_group(n) || links.interfaces(n).is_none()))
+                        .collect();
+                    named.sort_unstable();
+                    named.dedup();
+                    for n in named {
+                        let members = links.interfaces(n);
+                        let _ = writeln!(text, "{n}");
+                        if verbose > 0 {
+                            let _ = writeln!(text, "  References:  [ Rules: {:<18} ]", rules_naming(n));
+                            let _ = match &members {
+                                Some(m) => writeln!(text, "  Group:       [ Members: {} ]", m.join(" ")),
+                                None => writeln!(text, "  (not present: its rules wait for it)"),
+                            };
+                        }
+                        data.push(json!({"name": n, "group": members.is_some(), "members": members,
+                            "rules": rules_naming(n)}));
+                    }
                 }
                 Ok((text, json!(data)))
             }

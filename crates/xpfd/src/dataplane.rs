@@ -1070,7 +1070,7 @@ impl Dataplane {
         let clock = Instant::now();
         self.worker.process_tagged(&frames[..n], inif as u16, Dir::In, inif as u16, now, &mut v_in, &mut tags, local);
         self.log_batch(&frames[..n], inif);
-        if self.worker.policy.current().1.loginterface as u32 == inif {
+        if self.worker.policy.current().1.loginterface.iter().any(|&i| i as u32 == inif) {
             self.io.loginterface.count(&frames[..n], &v_in[..n], 0);
         }
         // pf's queue of the `in` pass holds unless the `out` pass names one (as the tag).
@@ -1216,7 +1216,7 @@ impl Dataplane {
                 0,
             );
             self.log_batch(&out_frames[..m], eg);
-            if self.worker.policy.current().1.loginterface as u32 == eg {
+            if self.worker.policy.current().1.loginterface.iter().any(|&i| i as u32 == eg) {
                 self.io.loginterface.count(&out_frames[..m], &v_out[..m], 1);
             }
             spent += clock.elapsed();

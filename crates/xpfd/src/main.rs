@@ -1092,6 +1092,10 @@ fn run(a: Args) -> Result<(), String> {
     // `no-route` and `urpf-failed` follow the kernel's routes the same way.
     let routes_now = || xpf_conf::routes::Fib::kernel().map(|f| f.fingerprint()).unwrap_or(0);
     let mut routes = routes_now();
+    // What the ruleset's interface names stand for (an interface appearing or coming back with
+    // another index, a group's members: `egress` follows the default routes) is followed too.
+    let resolution = |d: &control::Daemon| xpf_conf::ifgroup::Links::now().map(|l| d.interface_resolution(&l)).ok();
+    let mut names = resolution(&d);
     // The interfaces' MACs as the steering program has them (it leaves frames for any other
     // unicast MAC to the kernel): followed once a second, as the addresses are.
     let mut macs: Vec<Option<[u8; 6]>> =
@@ -1126,6 +1130,14 @@ fn run(a: Args) -> Result<(), String> {
                     }
                     routes = r;
                 }
+            }
+            let now = resolution(&d);
+            if now.is_some() && now != names {
+                match d.recompile() {
+                    Ok(n) => log::info!("interfaces or groups changed: ruleset compiled again (generation {n})"),
+                    Err(e) => log::warn!("interfaces or groups changed, compiling again failed:\n{}", e.join("\n")),
+                }
+                names = resolution(&d);
             }
             addrs = (f, std::time::Instant::now());
             if let Some(e) = &egresses {

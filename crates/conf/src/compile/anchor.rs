@@ -209,8 +209,8 @@ impl Ruleset {
     /// This ruleset with `p`'s rules loaded into anchor `path` (replacing what was loaded
     /// there), numbered from `first_nr`; everything else shared. Interfaces as `ifindex` has
     /// them. What an anchor loaded at run time cannot hold is an error at its line: tables,
-    /// options, translation, state limits, and the tests kept outside the rule walk
-    /// (`received-on`, `once`, `max-pkt-rate`, `no-route`, `urpf-failed`); and anchors
+    /// options, translation, state limits, and the tests kept outside the rule walk (`on` a
+    /// group or an interface not present, `received-on`, `once`, `max-pkt-rate`, `no-route`, `urpf-failed`); and anchors
     /// without a body (nothing would ever be loaded into them).
     pub fn with_anchor(
         &self,
@@ -238,7 +238,8 @@ impl Ruleset {
         let fib = crate::routes::Fib::default();
         // The main file's `set state-defaults` and `set state-policy` hold for them too.
         let globals = self.globals;
-        let mut b = Build::new(&globals, ifindex, &fib, self.tables.clone(), self.tags.clone());
+        let mut b =
+            Build::new(&globals, ifindex, &crate::ifgroup::members, &fib, self.tables.clone(), self.tags.clone());
         b.queue_ids = self.queues.ids.clone();
         let mut rules = Vec::with_capacity(p.rules.len());
         for (j, r) in p.rules.iter().enumerate() {
@@ -252,7 +253,7 @@ impl Ruleset {
             };
             let c = b.rule(r, first_nr.wrapping_add(j as u32), false, anchor_end, 0)?;
             let what = if c.rare != 0 {
-                "received-on, once, max-pkt-rate, no-route and urpf-failed"
+                "interface groups (or interfaces not present), received-on, once, max-pkt-rate, no-route and urpf-failed"
             } else if c.limits != 0 {
                 "state limits"
             } else if c.nat != 0 || c.rdr != 0 {

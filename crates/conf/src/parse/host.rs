@@ -35,7 +35,9 @@ pub(super) fn hosts(p: &mut P) -> R<Vec<Host>> {
             && parse_addr(w).is_none()
             && !["any", "self", "no-route", "urpf-failed"].contains(&w.as_str())
         {
-            if let Some(addrs) = crate::ifaddr::addresses(&name) {
+            // A group stands for its members, each taken as an interface (pfctl's
+            // ifa_grouplookup).
+            if let Some(each) = crate::ifaddr::addresses_each(&name) {
                 let neg = p.eat_punct("!");
                 p.next();
                 let prefix = if p.eat_punct("/") {
@@ -43,7 +45,7 @@ pub(super) fn hosts(p: &mut P) -> R<Vec<Host>> {
                 } else {
                     None
                 };
-                return Ok(interface_hosts(&addrs, modifier.as_deref(), prefix, neg));
+                return Ok(each.iter().flat_map(|a| interface_hosts(a, modifier.as_deref(), prefix, neg)).collect());
             }
         }
     }

@@ -99,6 +99,41 @@ pub struct Parsed {
     pub loads: Vec<Load>,
 }
 
+impl Parsed {
+    /// Every address the rules name: sources, destinations, translation and routing pools
+    /// (with their lists), `af-to`'s; the filter rules' and the translation rules'.
+    pub fn hosts(&self) -> impl Iterator<Item = &Host> {
+        self.rules.iter().chain(&self.xrules).flat_map(|r| {
+            let pools = [r.nat.as_deref(), r.rdr.as_deref(), r.binat.as_deref(), r.route.as_deref().map(|x| &x.1)];
+            let af_to = r.af_to.as_deref().map(|x| (&x.1, x.2.as_ref()));
+            [&r.src, &r.dst]
+                .into_iter()
+                .chain(
+                    pools.into_iter().flatten().flat_map(|p| std::iter::once(&p.host).chain(p.list.iter().flatten())),
+                )
+                .chain(af_to.into_iter().flat_map(|(a, b)| std::iter::once(a).chain(b)))
+        })
+    }
+
+    /// Whether an address the rules name follows the interfaces' addresses (`self`, `(if)`):
+    /// the ruleset is compiled again when they change.
+    pub fn follows_addresses(&self) -> bool {
+        self.hosts().any(|h| matches!(h.kind, HostKind::SelfAddr | HostKind::Dynamic { .. }))
+    }
+
+    /// Every interface name the ruleset uses where pf takes an interface or a group: `on`,
+    /// `received-on`, `(if)` addresses, `set skip on`, `set loginterface`.
+    pub fn interface_names(&self) -> impl Iterator<Item = &str> {
+        let rules = self.rules.iter().chain(&self.xrules);
+        let ons = rules.flat_map(|r| r.on.iter().chain(r.received_on.as_deref()).map(|i| i.name.as_str()));
+        let dynamic = self.hosts().filter_map(|h| match &h.kind {
+            HostKind::Dynamic { ifname, .. } => Some(ifname.as_str()),
+            _ => None,
+        });
+        ons.chain(dynamic).chain(self.skip.iter().map(String::as_str)).chain(self.loginterface.as_deref())
+    }
+}
+
 /// A `load anchor` statement.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Load {

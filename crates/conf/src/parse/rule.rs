@@ -316,16 +316,21 @@ pub(super) fn antispoof(p: &mut P, line: u32) -> R<Vec<Template>> {
             out.push(tmpl(&base, on, vec![h]));
             continue;
         }
-        let addrs = crate::ifaddr::addresses(&name)
+        // A group: its members' networks and addresses (pfctl's ifa_grouplookup), the rule
+        // on the group.
+        let each = crate::ifaddr::addresses_each(&name)
             .ok_or_else(|| format!("{BARE}no IP address found for {name}\ncould not parse host specification"))?;
         let fam =
             |v: Vec<Host>| -> Vec<Host> { v.into_iter().filter(|h| base.af == Af::Any || h.af() == base.af).collect() };
-        let nets = fam(interface_hosts(&addrs, Some("network"), None, false));
+        let hosts = |m: Option<&str>| each.iter().flat_map(|a| interface_hosts(a, m, None, false)).collect::<Vec<_>>();
+        let nets = fam(hosts(Some("network")));
         if !nets.is_empty() {
             out.push(tmpl(&base, on, nets));
         }
-        if crate::ifaddr::is_loopback(&name) == Some(false) {
-            let own = fam(interface_hosts(&addrs, None, None, false));
+        // pfctl leaves out the second rule for a loopback interface only (a group has no
+        // interface flags).
+        if crate::ifaddr::is_loopback(&name) != Some(true) {
+            let own = fam(hosts(None));
             if !own.is_empty() {
                 out.push(tmpl(&base, vec![], own));
             }
