@@ -1056,10 +1056,10 @@ fn gone<K: Key>(g: &mut Vec<xpf_state::NatGone<K>>, nat: &mut nat::Nat, now: u32
                 (wire.addr(0), [wire.addr(0), stack.addr(0)], [wire.addr(1), stack.addr(1)])
             };
             if src[0] != src[1] {
-                nat.forget(nat::Use::Source, inside, src[1]);
+                nat.forget(nat::Use::Source, wire.af(), inside, src[1]);
             }
             if dst[0] != dst[1] {
-                nat.forget(nat::Use::Destination, inside, dst[1]);
+                nat.forget(nat::Use::Destination, wire.af(), inside, dst[1]);
             }
         }
     }
@@ -1809,7 +1809,7 @@ fn choose(
     rng: &mut ChaCha20Rng,
 ) -> Result<xpf_wire::Addr, Reason> {
     if pool.sticky {
-        if let Some(a) = nat.stuck(pd.src, u).filter(|a| pool.contains(pd.af, a)) {
+        if let Some(a) = nat.stuck(pd.src, pd.af, u).filter(|a| pool.contains(pd.af, a)) {
             return Ok(a);
         }
     }
@@ -1820,7 +1820,7 @@ fn choose(
         *cursor = start.wrapping_add(1);
         (0..nat::LEAST_OF.min(total))
             .filter_map(|k| pool.nth(pd.af, start.wrapping_add(k)))
-            .min_by_key(|a| nat.load(*a, u))
+            .min_by_key(|a| nat.load(*a, pd.af, u))
     } else {
         pool.pick(pd.af, &pd.src, orig, rng, nat.cursor(i as usize))
     };
@@ -1840,10 +1840,10 @@ fn note_translation<P: Policy>(p: &P, nat: &mut nat::Nat, pd: &PDesc, d: &Decisi
     }
     let sticky = |i: u32| pool(i).is_some_and(|pl| pl.sticky);
     if d.nat != 0 {
-        nat.note(nat::Use::Source, pd.src, rw.addr[0], sticky(d.nat));
+        nat.note(nat::Use::Source, pd.af, pd.src, rw.addr[0], sticky(d.nat));
     }
     if d.rdr != 0 {
-        nat.note(nat::Use::Destination, pd.src, rw.addr[1], sticky(d.rdr));
+        nat.note(nat::Use::Destination, pd.af, pd.src, rw.addr[1], sticky(d.rdr));
     }
 }
 
@@ -1854,7 +1854,7 @@ fn mapped_address(nat: &nat::Nat, pool: &nat::Pool, pd: &PDesc) -> Option<xpf_wi
     if pd.proto != xpf_wire::pdesc::IPPROTO_UDP {
         return None;
     }
-    nat.mapping(pd.src, pd.sport).map(|m| m.0).filter(|a| pool.contains(pd.af, a))
+    nat.mapping(pd.src, pd.af, pd.sport).map(|m| m.0).filter(|a| pool.contains(pd.af, a))
 }
 
 /// `endpoint-independent`: the address and port UDP source `pd` was mapped to, taken once
@@ -1868,7 +1868,7 @@ fn mapped_port(
     n: &PDesc,
     unused: impl Fn(u16) -> bool,
 ) -> Option<(xpf_wire::Addr, u16)> {
-    let to = nat.mapping(pd.src, pd.sport).filter(|to| to.0 == n.src)?;
+    let to = nat.mapping(pd.src, pd.af, pd.sport).filter(|to| to.0 == n.src)?;
     (unused(to.1) && nat.reuse_mapping((pd.src, pd.sport), pd.af, to, pool.ports)).then_some(to)
 }
 
@@ -1919,7 +1919,7 @@ fn translate_port<K: Key, P: Policy>(
             if pool.ports.0 != pool.ports.1 {
                 held = Some((n.src, port));
                 if ei {
-                    nat.map((pd.src, pd.sport), (n.src, port));
+                    nat.map(pd.af, (pd.src, pd.sport), (n.src, port));
                 }
             }
             n.sport = port;

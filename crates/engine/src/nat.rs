@@ -303,18 +303,20 @@ pub struct Nat {
     /// By (address, protocol class and family: [`class`]): the allocators of the ranges
     /// drawn from it.
     ports: HashMap<(Addr, u8), Vec<Ports>>,
-    /// `endpoint-independent` UDP: an inside source (address, port) to the address and port
-    /// it was given, and back (to forget it when its port's last flow ends).
-    mappings: HashMap<(Addr, u16), (Addr, u16)>,
-    mapped: HashMap<(Addr, u16), (Addr, u16)>,
+    /// `endpoint-independent` UDP: an inside source (address, family, port) to the address
+    /// and port it was given, and back (to forget it when its port's last flow ends). Every
+    /// map here is keyed by family too: an IPv4 address and an IPv6 address of twelve
+    /// trailing zero bytes are one [`Addr`].
+    mappings: HashMap<(Addr, u8, u16), (Addr, u16)>,
+    mapped: HashMap<(Addr, u8, u16), (Addr, u16)>,
     /// On once a `sticky-address` or `least-states` pool has translated a flow: translated
     /// states are counted by the address they were given ([`Use`]), and by source.
     track: bool,
-    /// Translated states per (address given, use).
-    loads: HashMap<(Addr, Use), u32>,
-    /// `sticky-address`: per (inside source, use), the address it keeps and the translated
-    /// states it has to that address.
-    sticky: HashMap<(Addr, Use), (Addr, u32)>,
+    /// Translated states per (address given, family, use).
+    loads: HashMap<(Addr, u8, Use), u32>,
+    /// `sticky-address`: per (inside source, family, use), the address it keeps and the
+    /// translated states it has to that address.
+    sticky: HashMap<(Addr, u8, Use), (Addr, u32)>,
     pub counters: Counters,
 }
 
@@ -477,8 +479,8 @@ impl Nat {
                 p.users.remove(&port);
                 p.free.push_back((port, now.saturating_add(HOLD)));
                 if proto == IPPROTO_UDP && !self.mapped.is_empty() {
-                    if let Some(inside) = self.mapped.remove(&(addr, port)) {
-                        self.mappings.remove(&inside);
+                    if let Some((a, p)) = self.mapped.remove(&(addr, af, port)) {
+                        self.mappings.remove(&(a, af, p));
                     }
                 }
             }
@@ -486,13 +488,13 @@ impl Nat {
         }
     }
 
-    /// The address and port inside source `(src, sport)` was given by an
+    /// The address and port inside source `(src, sport)` (family `af`) was given by an
     /// `endpoint-independent` pool, while it has a flow.
-    pub fn mapping(&self, src: Addr, sport: u16) -> Option<(Addr, u16)> {
+    pub fn mapping(&self, src: Addr, af: u8, sport: u16) -> Option<(Addr, u16)> {
         if self.mappings.is_empty() {
             return None;
         }
-        self.mappings.get(&(src, sport)).copied()
+        self.mappings.get(&(src, af, sport)).copied()
     }
 
     /// Another UDP flow of `src:sport` on the port it was mapped to (`to`, of range `range`):
@@ -510,8 +512,8 @@ impl Nat {
                 true
             }
             _ => {
-                self.mappings.remove(&(src, sport));
-                self.mapped.remove(&to);
+                self.mappings.remove(&(src, af, sport));
+                self.mapped.remove(&(to.0, af, to.1));
                 false
             }
         }
@@ -524,25 +526,25 @@ impl Nat {
         self.track
     }
 
-    /// Translated states given address `a` for `u`.
-    pub fn load(&self, a: Addr, u: Use) -> u32 {
-        self.loads.get(&(a, u)).copied().unwrap_or(0)
+    /// Translated states given address `a` (family `af`) for `u`.
+    pub fn load(&self, a: Addr, af: u8, u: Use) -> u32 {
+        self.loads.get(&(a, af, u)).copied().unwrap_or(0)
     }
 
-    /// The address `sticky-address` keeps for source `inside` (for `u`).
-    pub fn stuck(&self, inside: Addr, u: Use) -> Option<Addr> {
-        self.sticky.get(&(inside, u)).map(|e| e.0)
+    /// The address `sticky-address` keeps for source `inside` (family `af`, for `u`).
+    pub fn stuck(&self, inside: Addr, af: u8, u: Use) -> Option<Addr> {
+        self.sticky.get(&(inside, af, u)).map(|e| e.0)
     }
 
-    /// A translated state was made: `inside` was given `to` for `u` (`sticky`: by a
-    /// `sticky-address` pool, which makes the source keep it).
-    pub fn note(&mut self, u: Use, inside: Addr, to: Addr, sticky: bool) {
+    /// A translated state of family `af` was made: `inside` was given `to` for `u`
+    /// (`sticky`: by a `sticky-address` pool, which makes the source keep it).
+    pub fn note(&mut self, u: Use, af: u8, inside: Addr, to: Addr, sticky: bool) {
         self.track = true;
-        *self.loads.entry((to, u)).or_default() += 1;
+        *self.loads.entry((to, af, u)).or_default() += 1;
         let e = if sticky {
-            Some(self.sticky.entry((inside, u)).or_insert((to, 0)))
+            Some(self.sticky.entry((inside, af, u)).or_insert((to, 0)))
         } else {
-            self.sticky.get_mut(&(inside, u))
+            self.sticky.get_mut(&(inside, af, u))
         };
         if let Some(e) = e.filter(|e| e.0 == to) {
             e.1 += 1;
@@ -551,14 +553,14 @@ impl Nat {
 
     /// A translated state ended ([`Nat::note`]'s reverse; states made before counting began,
     /// or synced ones, were not counted and are let go).
-    pub fn forget(&mut self, u: Use, inside: Addr, to: Addr) {
-        if let std::collections::hash_map::Entry::Occupied(mut e) = self.loads.entry((to, u)) {
+    pub fn forget(&mut self, u: Use, af: u8, inside: Addr, to: Addr) {
+        if let std::collections::hash_map::Entry::Occupied(mut e) = self.loads.entry((to, af, u)) {
             *e.get_mut() -= 1;
             if *e.get() == 0 {
                 e.remove();
             }
         }
-        if let std::collections::hash_map::Entry::Occupied(mut e) = self.sticky.entry((inside, u)) {
+        if let std::collections::hash_map::Entry::Occupied(mut e) = self.sticky.entry((inside, af, u)) {
             if e.get().0 == to {
                 e.get_mut().1 = e.get().1.saturating_sub(1);
                 if e.get().1 == 0 {
@@ -576,11 +578,11 @@ impl Nat {
     /// Remembers that UDP source `src:sport` was given `to` (`endpoint-independent`). A port
     /// maps one source: one shared with another source's flow (none was free) is not
     /// remembered, so that every mapping goes when its port's last flow does.
-    pub fn map(&mut self, inside: (Addr, u16), to: (Addr, u16)) {
-        if let std::collections::hash_map::Entry::Vacant(e) = self.mapped.entry(to) {
+    pub fn map(&mut self, af: u8, inside: (Addr, u16), to: (Addr, u16)) {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.mapped.entry((to.0, af, to.1)) {
             e.insert(inside);
-            if let Some(old) = self.mappings.insert(inside, to) {
-                self.mapped.remove(&old);
+            if let Some(old) = self.mappings.insert((inside.0, af, inside.1), to) {
+                self.mapped.remove(&(old.0, af, old.1));
             }
         }
     }
@@ -701,6 +703,26 @@ mod tests {
         nat.put_port(a6, AF_INET6, IPPROTO_UDP, 7, 2);
         let used: Vec<(u8, u64)> = nat.ports_by_address().map(|(_, af, _, used, _)| (af, used)).collect();
         assert!(used.contains(&(AF_INET, 1)) && used.contains(&(AF_INET6, 0)), "{used:?}");
+    }
+
+    #[test]
+    fn counts_sticky_addresses_and_mappings_keep_the_families_apart() {
+        // An IPv4 inside source and an IPv6 one of the same bytes, given the same-byte address
+        // of their own family: neither sees the other's count, sticky address or mapping.
+        let (a4, mut a6) = (Addr::v4([10, 0, 0, 2]), Addr::default());
+        a6.0[..4].copy_from_slice(&[10, 0, 0, 2]);
+        let (t4, mut t6) = (Addr::v4([192, 0, 2, 1]), Addr::default());
+        t6.0[..4].copy_from_slice(&[192, 0, 2, 1]);
+        let mut nat = Nat::default();
+        nat.note(Use::Source, AF_INET, a4, t4, true);
+        assert_eq!((nat.load(t4, AF_INET, Use::Source), nat.load(t6, AF_INET6, Use::Source)), (1, 0));
+        assert_eq!((nat.stuck(a4, AF_INET, Use::Source), nat.stuck(a6, AF_INET6, Use::Source)), (Some(t4), None));
+        nat.forget(Use::Source, AF_INET6, a6, t6);
+        assert_eq!(nat.load(t4, AF_INET, Use::Source), 1, "the IPv6 state's end leaves the IPv4 count");
+        nat.forget(Use::Source, AF_INET, a4, t4);
+        assert_eq!((nat.load(t4, AF_INET, Use::Source), nat.sticky_sources()), (0, 0));
+        nat.map(AF_INET, (a4, 4000), (t4, 50001));
+        assert_eq!((nat.mapping(a4, AF_INET, 4000), nat.mapping(a6, AF_INET6, 4000)), (Some((t4, 50001)), None));
     }
 
     #[test]

@@ -1138,7 +1138,7 @@ fn endpoint_independent_udp_keeps_a_sources_port_towards_every_destination() {
     // The flows end: the mapping goes with its port's last flow.
     w.maintain(200, u32::MAX);
     assert_eq!(w.states(), 0);
-    assert_eq!(w.nat.mapping(xpf_wire::Addr::v4([10, 0, 1, 2]), 40000), None);
+    assert_eq!(w.nat.mapping(xpf_wire::Addr::v4([10, 0, 1, 2]), xpf_wire::pdesc::AF_INET, 40000), None);
     // Without it, each destination gets its own port (the control).
     let mut w = natting(50001, 50100);
     assert_eq!(run(&mut w, &flows[..2], Dir::Out, 1), vec![Verdict::Pass; 2]);
