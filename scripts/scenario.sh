@@ -636,7 +636,7 @@ check "egress: -s Interfaces -v lists the group and its member" bash -c "$CTL -s
 ip -n ${P}fw route replace default via 10.0.1.2
 sleep 2.5
 check "egress: the default route moved to fc, the blocks follow ($(pings))" test "$(pings)" = "10.0.2.2 10.0.2.1"
-check "egress: -s rules prints the group as written" bash -c "$CTL -s rules | grep -q 'block drop out quick on egress inet proto icmp all'"
+check "egress: -sr (pfctl's spelling of -s rules) prints the group as written" bash -c "$CTL -sr | grep -q 'block drop out quick on egress inet proto icmp all'"
 # OpenBSD's NAT line: translated only out of the interface the default route takes.
 printf 'pass all\nmatch out on egress inet from !(egress:network) to any nat-to (egress:0)\n' > "$DIR/egress-nat.conf"
 seen_by_server() { # prints the source address a client's datagram reaches the server with

@@ -89,42 +89,45 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
             }
             return Err(format!("unexpected argument '{a}'"));
         }
-        // Flags may be grouped as pfctl allows: -nvf FILE.
+        // Flags may be grouped as pfctl (getopt) allows: -nvf FILE, and an option's value may
+        // follow it in the same word: -sr, -vsr, -Fa, -tbad -Tshow.
         let flags: Vec<char> = a[1..].chars().collect();
         for (k, c) in flags.iter().enumerate() {
-            let last = k + 1 == flags.len();
+            let takes = matches!(c, 'f' | 'D' | 'o' | 's' | 'k' | 'F' | 't' | 'T' | 'a' | 'x');
+            let mut attached = (takes && k + 1 < flags.len()).then(|| flags[k + 1..].iter().collect::<String>());
+            let mut arg = |i: &mut usize| attached.take().map_or_else(|| val(i), Ok);
             match c {
                 'n' => o.noaction = true,
                 'z' => o.zero = true,
                 'v' => o.verbose += 1,
-                'f' | 'D' | 'o' | 's' | 'k' | 'F' | 't' | 'T' | 'a' | 'x' if !last => {
-                    return Err(format!("option -{c} must come last in '{a}', followed by its value"))
-                }
-                'f' => o.file = Some(val(&mut i)?),
+                'f' => o.file = Some(arg(&mut i)?),
                 'D' => {
-                    let d = val(&mut i)?;
+                    let d = arg(&mut i)?;
                     let (k, v) = d.split_once('=').ok_or_else(|| format!("-D {d}: expected macro=value"))?;
                     o.defines.push((k.to_string(), v.to_string()));
                 }
                 'o' => {
-                    let _ = val(&mut i)?;
+                    let _ = arg(&mut i)?;
                 }
-                's' => o.show = Some(val(&mut i)?),
+                's' => o.show = Some(arg(&mut i)?),
                 'k' => {
-                    let v = val(&mut i)?;
+                    let v = arg(&mut i)?;
                     if v == "label" {
-                        o.label = Some(val(&mut i)?);
+                        o.label = Some(arg(&mut i)?);
                     } else {
                         o.kill.push(v);
                     }
                 }
-                'F' => o.flush = Some(val(&mut i)?),
-                'x' => o.debug = Some(val(&mut i)?),
-                't' => o.table = Some(val(&mut i)?),
-                'T' => o.table_cmd = Some(val(&mut i)?),
-                'a' => o.anchor = Some(val(&mut i)?),
+                'F' => o.flush = Some(arg(&mut i)?),
+                'x' => o.debug = Some(arg(&mut i)?),
+                't' => o.table = Some(arg(&mut i)?),
+                'T' => o.table_cmd = Some(arg(&mut i)?),
+                'a' => o.anchor = Some(arg(&mut i)?),
                 'h' => return Err(USAGE.to_string()),
                 other => return Err(format!("unknown option -{other}\n{USAGE}")),
+            }
+            if takes {
+                break;
             }
         }
         i += 1;
@@ -430,14 +433,12 @@ fn daemon(o: &Opts) -> ExitCode {
         rc = request(o, json!({"op": "debug", "level": l}));
     }
     if let Some(what) = &o.flush {
-        let what = match what.as_str() {
-            "s" | "states" | "state" => "states",
-            "r" | "rules" => "rules",
-            "a" | "all" => "all",
-            w => {
-                eprintln!("xpfctl: -F {w}: states, rules or all");
-                return ExitCode::from(2);
-            }
+        // pfctl takes any unambiguous prefix: -F s, -Fa, -F rul ...
+        let Some(what) =
+            ["states", "rules", "all"].into_iter().find(|n| !what.is_empty() && n.starts_with(what.as_str()))
+        else {
+            eprintln!("xpfctl: -F {what}: states, rules or all");
+            return ExitCode::from(2);
         };
         let mut req = json!({"op": "flush", "what": what});
         if let Some(a) = &o.anchor {
@@ -533,7 +534,23 @@ mod tests {
         assert_eq!(o.verbose, 1);
         assert_eq!(o.file.as_deref(), Some("pf.conf"));
         assert_eq!(o.defines, vec![("ext".to_string(), "em0".to_string())]);
-        assert!(parse_args(&a("-fn x")).unwrap_err().contains("must come last"));
+        // As getopt reads them: a value may follow its option in the same word (-sr, -vsr,
+        // -Fa), and takes the rest of the word (-fn is the file "n").
+        for (args, show, verbose) in
+            [("-sr", "r", 0), ("-vsr", "r", 1), ("-vvsinfo", "info", 2), ("-s states", "states", 0)]
+        {
+            let o = parse_args(&a(args)).unwrap();
+            assert_eq!((o.show.as_deref(), o.verbose), (Some(show), verbose), "{args}");
+        }
+        assert_eq!(parse_args(&a("-Fa")).unwrap().flush.as_deref(), Some("a"));
+        assert_eq!(parse_args(&a("-nvfpf.conf")).unwrap().file.as_deref(), Some("pf.conf"));
+        let o = parse_args(&a("-tbad -Tadd 192.0.2.1")).unwrap();
+        assert_eq!(
+            (o.table.as_deref(), o.table_cmd.as_deref(), &o.rest[..]),
+            (Some("bad"), Some("add"), &["192.0.2.1".to_string()][..])
+        );
+        assert_eq!(parse_args(&a("-klabel web")).unwrap().label.as_deref(), Some("web"));
+        assert!(parse_args(&a("-fn x")).unwrap_err().contains("unexpected argument 'x'"));
         assert!(parse_args(&a("-q")).unwrap_err().contains("unknown option -q"));
         assert!(parse_args(&a("-D novalue")).unwrap_err().contains("macro=value"));
         assert_eq!(parse_args(&a("-s info")).unwrap().show.as_deref(), Some("info"));
