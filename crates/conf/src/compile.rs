@@ -1222,6 +1222,16 @@ impl Ruleset {
     /// an interface the machine does not have waits for it, as in pf (it matches no packet on
     /// that interface, `! on` every packet).
     pub fn compile(p: &Parsed, ifindex: &dyn Fn(&str) -> Option<u16>) -> Result<Ruleset, CompileError> {
+        Self::compile_on(p, ifindex, crate::ifgroup::Links::now().ok().as_ref())
+    }
+
+    /// [`Ruleset::compile`] with the groups of `links` (None: no group), a snapshot the caller
+    /// keeps to see later whether what the ruleset's names stand for changed.
+    pub fn compile_on(
+        p: &Parsed,
+        ifindex: &dyn Fn(&str) -> Option<u16>,
+        links: Option<&crate::ifgroup::Links>,
+    ) -> Result<Ruleset, CompileError> {
         let fib = if Self::uses_routes(p) {
             crate::routes::Fib::kernel().map_err(|e| CompileError {
                 line: 0,
@@ -1230,7 +1240,8 @@ impl Ruleset {
         } else {
             crate::routes::Fib::default()
         };
-        Self::compile_at(p, ifindex, &fib)
+        let groups = |n: &str| links.and_then(|l| l.is_group(n).then(|| l.interfaces(n)).flatten());
+        Self::compile_with(p, ifindex, &groups, &fib)
     }
 
     /// Whether rules of `p` test routes (`no-route`, `urpf-failed`): the ruleset is then

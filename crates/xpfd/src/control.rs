@@ -35,6 +35,8 @@ pub struct Loaded {
     ruleset: Option<Ruleset>,
     /// What loads with a caveat (xpf_conf::support), said on every load.
     pub warnings: Vec<String>,
+    /// The links and groups as the compile saw them (read before it).
+    links: Option<xpf_conf::ifgroup::Links>,
 }
 
 pub(crate) fn ifindex_of(name: &str) -> Option<u16> {
@@ -56,18 +58,21 @@ impl Loaded {
         }
         let mut l = Self::compile(parsed, file)?;
         l.warnings = warnings;
-        if let Ok(links) = xpf_conf::ifgroup::Links::now() {
-            l.warnings.extend(xpf_conf::ifgroup::interface_warnings(&l.parsed, &links));
+        if let Some(links) = &l.links {
+            l.warnings.extend(xpf_conf::ifgroup::interface_warnings(&l.parsed, links));
         }
         Ok(l)
     }
 
     fn compile(parsed: Parsed, file: &str) -> Result<Loaded, Vec<String>> {
-        let r = Ruleset::compile(&parsed, &ifindex_of).map_err(|e| vec![format!("{file}:{}: {}", e.line, e.msg)])?;
+        // The links first: a change after this snapshot is seen as one (xpfd compiles again).
+        let links = xpf_conf::ifgroup::Links::now().ok();
+        let r = Ruleset::compile_on(&parsed, &ifindex_of, links.as_ref())
+            .map_err(|e| vec![format!("{file}:{}: {}", e.line, e.msg)])?;
         if let Some((n, _)) = parsed.limits.iter().find(|(n, _)| !LIMITS.iter().any(|l| l.0 == n)) {
             return Err(vec![format!("{file}: set limit {n}: not a limit xpf knows")]);
         }
-        Ok(Loaded { parsed, ruleset: Some(r), warnings: Vec::new() })
+        Ok(Loaded { parsed, ruleset: Some(r), warnings: Vec::new(), links })
     }
 
     pub fn limit(&self, name: &str) -> u32 {
@@ -297,6 +302,9 @@ pub struct Daemon {
     pub pflog: Option<Arc<crate::pflog::Shared>>,
     /// pflow's counters, when --pflow is on (rules with `pflow` are refused without it).
     pub pflow: Option<Arc<crate::pflow::Shared>>,
+    /// What the interface names of the ruleset in force stood for when it was installed
+    /// ([`Daemon::interface_resolution`]): xpfd compiles again when this changes.
+    pub(crate) resolved: Option<u64>,
 }
 
 fn ask<T>(workers: &[Sender<Cmd>], mk: impl Fn(Sender<T>) -> Cmd) -> Result<Vec<T>, String> {
@@ -426,6 +434,7 @@ impl Daemon {
             start: Instant::now(),
             sync: None,
             egresses: None,
+            resolved: None,
             skb_stats: None,
             skb_nat: None,
             pflog: None,
@@ -448,6 +457,17 @@ impl Daemon {
     pub fn interface_resolution(&self, links: &xpf_conf::ifgroup::Links) -> u64 {
         let anchored = self.anchors.loads.values().flat_map(|a| a.parsed.interface_names());
         links.resolution(self.loaded.parsed.interface_names().chain(anchored))
+    }
+
+    /// The links as the compile of the ruleset in force saw them.
+    pub(crate) fn loaded_links(&self) -> Option<xpf_conf::ifgroup::Links> {
+        self.loaded.links.clone()
+    }
+
+    /// Notes what the names of the ruleset just installed stood for in `links`, the snapshot
+    /// read before it was compiled.
+    pub(crate) fn note_resolution(&mut self, links: Option<&xpf_conf::ifgroup::Links>) {
+        self.resolved = links.map(|l| self.interface_resolution(l));
     }
 
     /// Whether the ruleset in force tests routes (`no-route`, `urpf-failed`).
@@ -518,7 +538,9 @@ impl Daemon {
         let g = self.slot.install(r);
         log::info!("ruleset generation {g}: {summary}");
         self.anchors.forget(&dropped);
+        let links = l.links.clone();
         self.loaded = l;
+        self.note_resolution(links.as_ref());
         Ok(g)
     }
 

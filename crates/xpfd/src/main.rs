@@ -1093,9 +1093,11 @@ fn run(a: Args) -> Result<(), String> {
     let routes_now = || xpf_conf::routes::Fib::kernel().map(|f| f.fingerprint()).unwrap_or(0);
     let mut routes = routes_now();
     // What the ruleset's interface names stand for (an interface appearing or coming back with
-    // another index, a group's members: `egress` follows the default routes) is followed too.
+    // another index, a group's members: `egress` follows the default routes) is followed too,
+    // against what they stood for when the ruleset in force was installed.
     let resolution = |d: &control::Daemon| xpf_conf::ifgroup::Links::now().map(|l| d.interface_resolution(&l)).ok();
-    let mut names = resolution(&d);
+    let at_start = d.loaded_links();
+    d.note_resolution(at_start.as_ref());
     // The interfaces' MACs as the steering program has them (it leaves frames for any other
     // unicast MAC to the kernel): followed once a second, as the addresses are.
     let mut macs: Vec<Option<[u8; 6]>> =
@@ -1132,12 +1134,14 @@ fn run(a: Args) -> Result<(), String> {
                 }
             }
             let now = resolution(&d);
-            if now.is_some() && now != names {
+            if now.is_some() && now != d.resolved {
                 match d.recompile() {
                     Ok(n) => log::info!("interfaces or groups changed: ruleset compiled again (generation {n})"),
-                    Err(e) => log::warn!("interfaces or groups changed, compiling again failed:\n{}", e.join("\n")),
+                    Err(e) => {
+                        log::warn!("interfaces or groups changed, compiling again failed:\n{}", e.join("\n"));
+                        d.resolved = now;
+                    }
                 }
-                names = resolution(&d);
             }
             addrs = (f, std::time::Instant::now());
             if let Some(e) = &egresses {
