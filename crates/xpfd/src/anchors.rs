@@ -95,8 +95,6 @@ impl Daemon {
         let first = self.anchors.next_nr;
         let next = first.checked_add(n).ok_or("rule numbers for anchors are used up: restart xpfd")?;
         let (_, cur) = self.slot.current();
-        // The links before the compile (what its names stand for, followed after).
-        let links = xpf_conf::ifgroup::Links::now().ok();
         let r =
             cur.with_anchor(path, &parsed, first, &ifindex_of).map_err(|e| format!("{file}:{}: {}", e.line, e.msg))?;
         let referenced = r.anchor(path).is_some_and(|a| a.referenced);
@@ -106,7 +104,6 @@ impl Daemon {
         let g = self.slot.install(r);
         self.anchors.next_nr = next;
         self.anchors.loads.insert(path.to_string(), AnchorLoad { parsed, file: file.to_string(), first_nr: first });
-        self.note_resolution(links.as_ref());
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         let note = if referenced { "" } else { " (no anchor rule evaluates it yet)" };
         log::info!("ruleset generation {g}: anchor \"{path}\": {n} rules from {file} in {ms:.1} ms{note}");
@@ -119,14 +116,12 @@ impl Daemon {
             return Err(format!("-a {path}: not an anchor rules can be loaded into"));
         }
         let empty = xpf_conf::parse::parse("", "-F", &[]);
-        let links = xpf_conf::ifgroup::Links::now().ok();
         let (_, cur) = self.slot.current();
         let r = cur.with_anchor(path, &empty, self.anchors.next_nr, &ifindex_of).map_err(|e| e.msg)?;
         let g = self.slot.install(r);
         self.anchors
             .loads
             .insert(path.to_string(), AnchorLoad { parsed: empty, file: "-F".into(), first_nr: self.anchors.next_nr });
-        self.note_resolution(links.as_ref());
         log::info!("ruleset generation {g}: anchor \"{path}\" flushed");
         Ok(("rules cleared\n".into(), json!({"anchor": path, "generation": g})))
     }

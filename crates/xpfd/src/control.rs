@@ -450,13 +450,13 @@ impl Daemon {
         self.loaded.parsed.follows_addresses() || self.anchors.loads.values().any(|a| a.parsed.follows_addresses())
     }
 
-    /// What the interface names of the ruleset in force (its anchors loaded with -a included)
-    /// stand for in `links`, hashed (xpf_conf::ifgroup::Links::resolution): it is compiled
-    /// again when this changes (an interface it names appears or comes back, a group's
-    /// members change).
+    /// What the interface names of the main ruleset in force stand for in `links`, hashed
+    /// (xpf_conf::ifgroup::Links::resolution): it is compiled again when this changes (an
+    /// interface it names appears or comes back, a group's members change). Anchors loaded
+    /// with -a name neither groups nor absent interfaces (refused at their line) and are
+    /// left out: their loads do not move what the main ruleset was compiled against.
     pub fn interface_resolution(&self, links: &xpf_conf::ifgroup::Links) -> u64 {
-        let anchored = self.anchors.loads.values().flat_map(|a| a.parsed.interface_names());
-        links.resolution(self.loaded.parsed.interface_names().chain(anchored))
+        links.resolution(self.loaded.parsed.interface_names())
     }
 
     /// The links as the compile of the ruleset in force saw them.
