@@ -1240,7 +1240,7 @@ impl Ruleset {
         } else {
             crate::routes::Fib::default()
         };
-        let groups = |n: &str| links.and_then(|l| l.is_group(n).then(|| l.interfaces(n)).flatten());
+        let groups = |n: &str| links?.members(n);
         Self::compile_with(p, ifindex, &groups, &fib)
     }
 
@@ -1258,13 +1258,8 @@ impl Ruleset {
         ifindex: &dyn Fn(&str) -> Option<u16>,
         fib: &crate::routes::Fib,
     ) -> Result<Ruleset, CompileError> {
-        // The links read once a compile, at the first name that is no interface.
-        let links = std::cell::OnceCell::new();
-        let groups = |n: &str| {
-            let l = links.get_or_init(|| crate::ifgroup::Links::now().ok()).as_ref()?;
-            l.is_group(n).then(|| l.interfaces(n)).flatten()
-        };
-        Self::compile_with(p, ifindex, &groups, fib)
+        let links = crate::ifgroup::Links::now().ok();
+        Self::compile_with(p, ifindex, &|n| links.as_ref()?.members(n), fib)
     }
 
     /// [`Ruleset::compile_at`] with the interface groups `groups` has (a group's members by

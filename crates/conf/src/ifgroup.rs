@@ -102,17 +102,9 @@ impl Links {
         Some(self.links.iter().filter(|l| l.2 == g).map(|l| l.1.clone()).collect())
     }
 
-    /// The groups and their members, as `-s Interfaces` lists them: `egress` first, then each
-    /// named link group with a member, by name.
-    pub fn groups(&self) -> Vec<(String, Vec<String>)> {
-        let mut out = vec![("egress".to_string(), self.interfaces("egress").unwrap_or_default())];
-        let mut named: Vec<&(u32, String)> =
-            self.names.iter().filter(|g| self.links.iter().any(|l| l.2 == g.0) && self.is_group(&g.1)).collect();
-        named.sort_by(|a, b| a.1.cmp(&b.1));
-        for g in named {
-            out.push((g.1.clone(), self.interfaces(&g.1).unwrap_or_default()));
-        }
-        out
+    /// The members of group `name` here; None when `name` is an interface or no group.
+    pub fn members(&self, name: &str) -> Option<Vec<String>> {
+        self.is_group(name).then(|| self.interfaces(name)).flatten()
     }
 
     /// What `names` stand for here (the indexes of each one's interfaces), hashed: it changes
@@ -166,8 +158,7 @@ pub fn interface_warnings(p: &crate::Parsed, links: &Links) -> Vec<String> {
 /// The members of group `name` now; None when `name` is an interface or no group (or the links
 /// cannot be read).
 pub fn members(name: &str) -> Option<Vec<String>> {
-    let l = Links::now().ok()?;
-    l.is_group(name).then(|| l.interfaces(name)).flatten()
+    Links::now().ok()?.members(name)
 }
 
 /// The interfaces `name` stands for now (see [`Links::interfaces`]); None also when the links
@@ -205,14 +196,6 @@ mod tests {
         // Without a default route, egress has no member.
         m.egress.clear();
         assert_eq!(m.interfaces("egress"), Some(vec![]));
-        assert_eq!(
-            lab().groups(),
-            vec![
-                ("egress".to_string(), vec!["wan0".to_string()]),
-                ("default".to_string(), vec!["lo".to_string(), "wan0".to_string()]),
-                ("lan".to_string(), vec!["lan0".to_string(), "lan1".to_string()])
-            ]
-        );
     }
 
     #[test]
