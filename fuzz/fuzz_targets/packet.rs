@@ -51,7 +51,7 @@ fuzz_target!(|data: &[u8]| {
         let mut tags = [0u16; 2];
         w.process_tagged(&[data, data], 1, Dir::In, 1, *now, &mut v, &mut tags, 0b10);
         translated_still_parse(w, &[data, data], ra.is_ok());
-        let answers: Vec<(u8, Vec<u8>)> = w.take_returns().collect();
+        let answers: Vec<(u8, Vec<u8>)> = std::mem::take(&mut w.batch_mut().returns);
         for (i, a) in answers {
             // An answer is a well-formed frame the parser takes.
             assert!(i < 2);
@@ -73,11 +73,12 @@ fuzz_target!(|data: &[u8]| {
 /// original did.
 fn translated_still_parse(w: &Worker<Ruleset>, frames: &[&[u8]], parsed: bool) {
     for (i, f) in frames.iter().enumerate() {
-        if w.translated & (1 << i) == 0 {
+        let b = w.batch();
+        if b.translated & (1 << i) == 0 {
             continue;
         }
         let mut c = f.to_vec();
-        xpf_wire::translate::apply(&mut c, &w.rewrites[i]);
+        xpf_wire::translate::apply(&mut c, &b.rewrites[i]);
         if parsed {
             let mut pd = PDesc::default();
             assert_eq!(xpf_wire::parse_ether(&c, &mut pd), Ok(()), "translated {c:?}");

@@ -45,24 +45,24 @@ fn run(w: &mut Worker<Ruleset>, data: &[u8], now: u32) {
         let mut v = [Verdict::Pass];
         let mut tags = [0u16];
         w.process_tagged(&[frame], inif, Dir::In, inif, now, &mut v, &mut tags, 0);
-        let answers: Vec<_> = w.take_returns().collect();
+        let answers: Vec<_> = std::mem::take(&mut w.batch_mut().returns);
         for (_, a) in answers {
             parses(&a);
             w.recycle(a);
         }
-        let swapped: Vec<_> = w.take_substitutes().collect();
+        let swapped = std::mem::take(&mut w.batch_mut().substitutes);
         let out: &[u8] = swapped.first().map_or(frame, |(_, b)| &b[..]);
         if let Some((_, b)) = swapped.first() {
             parses(b);
         }
         if v[0] == Verdict::Pass {
             w.process_tagged(&[out], outif, Dir::Out, inif, now, &mut v, &mut tags, 0);
-            let answers: Vec<_> = w.take_returns().collect();
+            let answers: Vec<_> = std::mem::take(&mut w.batch_mut().returns);
             for (_, a) in answers {
                 parses(&a);
                 w.recycle(a);
             }
-            for (_, b) in w.take_substitutes() {
+            for (_, b) in w.batch_mut().substitutes.drain(..) {
                 parses(&b);
             }
         }

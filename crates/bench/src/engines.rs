@@ -114,11 +114,12 @@ impl Engine for XpfOut {
     }
     #[inline]
     fn transmit(&mut self, frames: &mut [[u8; FRAME_LEN]]) {
-        let mut m = self.w.translated;
+        let b = self.w.batch();
+        let mut m = b.translated;
         while m != 0 {
             let i = m.trailing_zeros() as usize;
             m &= m - 1;
-            xpf_wire::translate::apply(&mut frames[i], &self.w.rewrites[i]);
+            xpf_wire::translate::apply(&mut frames[i], &b.rewrites[i]);
         }
     }
     fn states(&self) -> u64 {

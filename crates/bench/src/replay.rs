@@ -63,7 +63,6 @@ pub fn replay_file<P: Policy>(path: &Path, policy: P, reassemble: bool) -> Resul
         w.maintain(now, 1024);
         let dir = if is_reply(&w, &frame) { Dir::Out } else { Dir::In };
         w.process(&[&frame[..]], 1, dir, now, &mut v);
-        w.released.clear();
     }
     rep.passed = w.stats.passed;
     rep.to_host = w.stats.to_host;

@@ -366,7 +366,7 @@ fn block_return_answers_tcp_with_a_rst_and_udp_with_port_unreachable() {
     let mut v = [Verdict::Pass; 3];
     w.process(&[&syn, &dns, &other], 1, Dir::In, 0, &mut v);
     assert!(v.iter().all(|v| *v == Verdict::Drop(xpf_wire::Reason::Match)));
-    let answers: Vec<(u8, Vec<u8>)> = w.take_returns().collect();
+    let answers: Vec<(u8, Vec<u8>)> = w.batch_mut().returns.drain(..).collect();
     assert_eq!(answers.len(), 3);
     let pd = |f: &[u8]| {
         let mut p = PDesc::default();
@@ -434,9 +434,9 @@ fn scrub_rewrites_as_pf_scrub_does() {
     let syn = syn_with_mss(tcp::SYN);
     let mut v = [Verdict::Pass];
     w.process(&[&syn], 1, Dir::In, 0, &mut v);
-    assert_eq!((v[0], w.scrubbed), (Verdict::Pass, 1), "the rules' actions for the first packet");
+    assert_eq!((v[0], w.batch().scrubbed), (Verdict::Pass, 1), "the rules' actions for the first packet");
     let mut f = syn.clone();
-    assert!(xpf_engine::proto::apply_scrub(&mut f, &w.scrubs[0]));
+    assert!(xpf_engine::proto::apply_scrub(&mut f, &w.batch().scrubs[0]));
     let mut pd = PDesc::default();
     xpf_wire::parse_ether(&f, &mut pd).unwrap();
     assert_eq!((pd.ttl, pd.tos, f[20] & 0x40), (100, 0x10, 0), "min-ttl, set-tos (match and pass add up), no-df");
@@ -450,12 +450,15 @@ fn scrub_rewrites_as_pf_scrub_does() {
     // A later packet of the state gets the same actions from the state.
     let ack = syn_with_mss(tcp::ACK);
     w.process(&[&ack], 1, Dir::In, 1, &mut v);
-    assert_eq!(w.scrubbed, 1);
-    assert_eq!((w.scrubs[0].min_ttl, w.scrubs[0].max_mss, w.scrubs[0].set_tos), (100, 1300, Some(0x10)));
+    assert_eq!(w.batch().scrubbed, 1);
+    assert_eq!(
+        (w.batch().scrubs[0].min_ttl, w.batch().scrubs[0].max_mss, w.batch().scrubs[0].set_tos),
+        (100, 1300, Some(0x10))
+    );
     // Without scrub rules nothing is marked.
     let mut plain = worker(rs("pass in proto tcp\n"));
     plain.process(&[&syn], 1, Dir::In, 0, &mut v);
-    assert_eq!(plain.scrubbed, 0);
+    assert_eq!(plain.batch().scrubbed, 0);
 }
 
 /// A TCP segment with a valid checksum (an MSS option when given, `len` bytes of payload).
@@ -508,7 +511,7 @@ fn synproxy_on_an_outbound_rule_keeps_state_as_pf_does_and_says_so() {
     let mut v = [Verdict::Pass];
     w.process(&[&tcp_frame(cl, sv, 4000, 80, 1000, 0, tcp::SYN, 0, Some(1460))], 2, Dir::Out, 0, &mut v);
     assert_eq!(v[0], Verdict::Pass, "the SYN goes on to the server");
-    assert_eq!((w.take_returns().count(), w.states()), (0, 1), "no SYN|ACK from the filter; a state");
+    assert_eq!((w.batch_mut().returns.drain(..).count(), w.states()), (0, 1), "no SYN|ACK from the filter; a state");
     w.process(&[&tcp_frame(sv, cl, 80, 4000, 5000, 1001, tcp::SYN | tcp::ACK, 0, Some(1460))], 2, Dir::In, 0, &mut v);
     assert_eq!(v[0], Verdict::Pass, "the server's answer by the state");
 }
@@ -522,25 +525,25 @@ fn synproxy_completes_the_handshake_then_splices_the_sequence_spaces() {
     // 1. The client's SYN: answered by the filter, dropped.
     w.process(&[&tcp_frame(cl, sv, 4000, 80, 1000, 0, tcp::SYN, 0, Some(1460))], 1, Dir::In, 0, &mut v);
     assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Synproxy));
-    let synack: Vec<_> = w.take_returns().collect();
+    let synack: Vec<_> = w.batch_mut().returns.drain(..).collect();
     let sa = desc(&synack[0].1);
     assert_eq!((sa.src.v4_bytes(), sa.sport, sa.tcp_flags, sa.tcp_ack), (sv, 80, tcp::SYN | tcp::ACK, 1001));
     assert_eq!(xpf_engine::reply::tcp_mss(&synack[0].1, &sa), Some(1460));
     let isn_fw = sa.tcp_seq;
-    assert_eq!(w.take_substitutes().count(), 0, "nothing reaches the server yet");
+    assert_eq!(w.batch_mut().substitutes.drain(..).count(), 0, "nothing reaches the server yet");
     // The SYNs made no state (the SYN|ACK's number is a cookie): a flood fills nothing. A
     // bogus ACK is dropped (no state, and no rule passes a lone ACK).
     w.process(&[&tcp_frame([6, 6, 6, 6], sv, 1, 80, 77, 0, tcp::SYN, 0, None)], 1, Dir::In, 0, &mut v);
     assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Synproxy));
     assert_eq!(w.states(), 0);
-    w.take_returns().for_each(drop);
+    w.batch_mut().returns.drain(..).for_each(drop);
     w.process(&[&tcp_frame(cl, sv, 4000, 80, 1001, isn_fw.wrapping_add(9), tcp::ACK, 0, None)], 1, Dir::In, 0, &mut v);
     assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Match), "an ACK of another number");
     assert_eq!(w.states(), 0);
     // 2. The client's ACK goes on as the SYN to the server, through the out rules.
     w.process(&[&tcp_frame(cl, sv, 4000, 80, 1001, isn_fw.wrapping_add(1), tcp::ACK, 0, None)], 1, Dir::In, 1, &mut v);
     assert_eq!(v[0], Verdict::Pass);
-    let syn: Vec<_> = w.take_substitutes().collect();
+    let syn: Vec<_> = w.batch_mut().substitutes.drain(..).collect();
     let s = desc(&syn[0].1);
     assert_eq!((s.src.v4_bytes(), s.dst.v4_bytes(), s.dport, s.tcp_flags), (cl, sv, 80, tcp::SYN));
     assert_eq!(xpf_engine::reply::tcp_mss(&syn[0].1, &s), Some(1460));
@@ -554,13 +557,13 @@ fn synproxy_completes_the_handshake_then_splices_the_sequence_spaces() {
     assert_eq!(v[0], Verdict::Pass, "by the out state");
     w.process(&[&srv_synack], 1, Dir::Out, 1, &mut v);
     assert_eq!(v[0], Verdict::Pass);
-    let to_server: Vec<_> = w.take_returns().collect();
+    let to_server: Vec<_> = w.batch_mut().returns.drain(..).collect();
     let a = desc(&to_server[0].1);
     assert_eq!(
         (a.src.v4_bytes(), a.dst.v4_bytes(), a.tcp_flags, a.tcp_seq, a.tcp_ack),
         (cl, sv, tcp::ACK, isn_to_server.wrapping_add(1), 5001)
     );
-    let to_client: Vec<_> = w.take_substitutes().collect();
+    let to_client: Vec<_> = w.batch_mut().substitutes.drain(..).collect();
     let c = desc(&to_client[0].1);
     assert_eq!(
         (c.src.v4_bytes(), c.dst.v4_bytes(), c.tcp_flags, c.tcp_seq, c.tcp_ack),
@@ -569,9 +572,9 @@ fn synproxy_completes_the_handshake_then_splices_the_sequence_spaces() {
     // 4. Data both ways, each side's numbers translated into the other's.
     let data = tcp_frame(cl, sv, 4000, 80, 1001, isn_fw.wrapping_add(1), tcp::ACK | tcp::PSH, 10, None);
     w.process(&[&data], 1, Dir::In, 2, &mut v);
-    assert_eq!((v[0], w.patched), (Verdict::Pass, 1));
+    assert_eq!((v[0], w.batch().patched), (Verdict::Pass, 1));
     let mut d = data.clone();
-    let (add, subtract) = w.patches[0];
+    let (add, subtract) = w.batch().patches[0];
     xpf_engine::proto::apply_modulation(&mut d, add, subtract);
     let dp = desc(&d);
     assert_eq!((dp.tcp_seq, dp.tcp_ack), (isn_to_server.wrapping_add(1), 5001), "in the server's numbering");
@@ -581,9 +584,9 @@ fn synproxy_completes_the_handshake_then_splices_the_sequence_spaces() {
     w.process(&[&reply], 2, Dir::In, 2, &mut v);
     assert_eq!(v[0], Verdict::Pass);
     w.process(&[&reply], 1, Dir::Out, 2, &mut v);
-    assert_eq!((v[0], w.patched), (Verdict::Pass, 1));
+    assert_eq!((v[0], w.batch().patched), (Verdict::Pass, 1));
     let mut r = reply.clone();
-    let (add, subtract) = w.patches[0];
+    let (add, subtract) = w.batch().patches[0];
     xpf_engine::proto::apply_modulation(&mut r, add, subtract);
     let rp = desc(&r);
     assert_eq!((rp.tcp_seq, rp.tcp_ack), (isn_fw.wrapping_add(1), 1011), "in the client's numbering");
@@ -606,21 +609,23 @@ fn syncookies_answer_a_syn_without_state_and_the_ack_makes_it() {
     w.process(&[&tcp_frame(cl, sv, 4000, 80, 1000, 0, tcp::SYN, 0, Some(1400))], 1, Dir::In, 100, &mut v);
     assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Synproxy));
     assert_eq!(w.states(), 0, "no state for a SYN");
-    let synack: Vec<_> = w.take_returns().collect();
+    let synack: Vec<_> = w.batch_mut().returns.drain(..).collect();
     let sa = desc(&synack[0].1);
     assert_eq!((sa.src.v4_bytes(), sa.dst.v4_bytes(), sa.tcp_flags, sa.tcp_ack), (sv, cl, tcp::SYN | tcp::ACK, 1001));
     assert_eq!(xpf_engine::reply::tcp_mss(&synack[0].1, &sa), Some(1400));
     let cookie = sa.tcp_seq;
     // A flood of SYNs from 200 sources (the limit is 100): no state, each answered.
+    let mut answered = 0;
     for i in 0..200u32 {
         let src = [172, 16, (i >> 8) as u8, i as u8];
-        w.process(&[&tcp_frame(src, sv, 1024, 80, i, 0, tcp::SYN, 0, None)], 1, Dir::In, 100, &mut v);
+        let b = w.process(&[&tcp_frame(src, sv, 1024, 80, i, 0, tcp::SYN, 0, None)], 1, Dir::In, 100, &mut v);
+        answered += b.returns.len();
         assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Synproxy));
     }
-    assert_eq!((w.states(), w.take_returns().count()), (0, 200));
+    assert_eq!((w.states(), answered), (0, 200));
     // A port the rules block: no answer.
     w.process(&[&tcp_frame(cl, sv, 4001, 22, 1, 0, tcp::SYN, 0, None)], 1, Dir::In, 100, &mut v);
-    assert_eq!((v[0], w.take_returns().count()), (Verdict::Drop(xpf_wire::Reason::Match), 0));
+    assert_eq!((v[0], w.batch_mut().returns.drain(..).count()), (Verdict::Drop(xpf_wire::Reason::Match), 0));
     // Forged ACKs: another number, another port. Nothing made, nothing sent on.
     for f in [
         tcp_frame(cl, sv, 4000, 80, 1001, cookie.wrapping_add(2), tcp::ACK, 0, None),
@@ -629,7 +634,7 @@ fn syncookies_answer_a_syn_without_state_and_the_ack_makes_it() {
         w.process(&[&f], 1, Dir::In, 101, &mut v);
         assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Match));
     }
-    assert_eq!((w.states(), w.take_substitutes().count()), (0, 0));
+    assert_eq!((w.states(), w.batch_mut().substitutes.drain(..).count()), (0, 0));
     // The genuine ACK, an epoch later: the state, and the SYN to the server in its place.
     let now = 100 + xpf_engine::syncookie::EPOCH;
     w.process(
@@ -641,7 +646,7 @@ fn syncookies_answer_a_syn_without_state_and_the_ack_makes_it() {
     );
     assert_eq!(v[0], Verdict::Pass);
     assert_eq!((w.states(), w.halfopen()), (1, 1));
-    let syn: Vec<_> = w.take_substitutes().collect();
+    let syn: Vec<_> = w.batch_mut().substitutes.drain(..).collect();
     let s = desc(&syn[0].1);
     assert_eq!((s.src.v4_bytes(), s.dst.v4_bytes(), s.dport, s.tcp_flags), (cl, sv, 80, tcp::SYN));
     assert_eq!(xpf_engine::reply::tcp_mss(&syn[0].1, &s), Some(1400));
@@ -652,15 +657,15 @@ fn syncookies_answer_a_syn_without_state_and_the_ack_makes_it() {
     w.process(&[&srv], 2, Dir::In, now, &mut v);
     w.process(&[&srv], 1, Dir::Out, now, &mut v);
     assert_eq!(v[0], Verdict::Pass);
-    assert_eq!(w.take_returns().count(), 1);
-    let c = desc(&w.take_substitutes().next().unwrap().1);
+    assert_eq!(w.batch_mut().returns.drain(..).count(), 1);
+    let c = desc(&w.batch_mut().substitutes.drain(..).next().unwrap().1);
     assert_eq!((c.tcp_flags, c.tcp_seq, c.tcp_ack), (tcp::ACK, cookie.wrapping_add(1), 1001));
     // Data from the client establishes the out state too: nothing half-open is left.
     let data = tcp_frame(cl, sv, 4000, 80, 1001, cookie.wrapping_add(1), tcp::ACK | tcp::PSH, 10, None);
     w.process(&[&data], 1, Dir::In, now, &mut v);
     assert_eq!(v[0], Verdict::Pass);
     let mut d = data.clone();
-    xpf_engine::proto::apply_modulation(&mut d, w.patches[0].0, w.patches[0].1);
+    xpf_engine::proto::apply_modulation(&mut d, w.batch().patches[0].0, w.batch().patches[0].1);
     w.process(&[&d], 2, Dir::Out, now, &mut v);
     assert_eq!((v[0], w.states(), w.halfopen()), (Verdict::Pass, 2, 0));
     let (_, on, n) = w.syncookies();
@@ -696,7 +701,7 @@ fn syncookies_work_over_ipv6() {
     let mut v = [Verdict::Pass];
     w.process(&[&tcp6_frame(cl, sv, 5000, 443, 7, 0, tcp::SYN)], 1, Dir::In, 10, &mut v);
     assert_eq!((v[0], w.states()), (Verdict::Drop(xpf_wire::Reason::Synproxy), 0));
-    let sa: Vec<_> = w.take_returns().collect();
+    let sa: Vec<_> = w.batch_mut().returns.drain(..).collect();
     let d = desc(&sa[0].1);
     assert_eq!(
         (d.af, d.src.0, d.dst.0, d.tcp_flags, d.tcp_ack),
@@ -705,7 +710,7 @@ fn syncookies_work_over_ipv6() {
     assert_eq!(xpf_engine::reply::tcp_mss(&sa[0].1, &d), Some(1200), "none offered: the largest under IPv6's 1,220");
     w.process(&[&tcp6_frame(cl, sv, 5000, 443, 8, d.tcp_seq.wrapping_add(1), tcp::ACK)], 1, Dir::In, 11, &mut v);
     assert_eq!((v[0], w.states()), (Verdict::Pass, 1));
-    let syn = desc(&w.take_substitutes().next().unwrap().1);
+    let syn = desc(&w.batch_mut().substitutes.drain(..).next().unwrap().1);
     assert_eq!((syn.af, syn.dst.0, syn.tcp_flags), (xpf_wire::pdesc::AF_INET6, sv, tcp::SYN));
 }
 
@@ -727,7 +732,7 @@ fn syncookies_adaptive_turn_on_at_the_half_open_watermark() {
     assert_eq!((w.states(), w.halfopen(), w.syncookies().1), (10, 10, false));
     w.process(&[&syn(10)], 1, Dir::In, 1, &mut v);
     assert_eq!((v[0], w.states(), w.syncookies().1), (Verdict::Drop(xpf_wire::Reason::Synproxy), 10, true));
-    assert_eq!(w.take_returns().count(), 1);
+    assert_eq!(w.batch_mut().returns.drain(..).count(), 1);
     // Six of the half-open states go (expired, killed): 4 left, below the end mark.
     let ids: Vec<u32> = w.t4.iter().map(|(i, _)| i).take(6).collect();
     for id in ids {
@@ -988,14 +993,14 @@ fn binat_to_compiles_to_a_static_nat_out_and_a_rdr_in() {
     let mut v = [Verdict::Pass];
     w.process(&[&f[..]], 2, Dir::Out, 1, &mut v);
     assert_eq!(v[0], Verdict::Pass);
-    assert_eq!(w.translated, 1);
-    let rw = w.rewrites[0];
+    assert_eq!(w.batch().translated, 1);
+    let rw = w.batch().rewrites[0];
     assert_eq!((rw.addr[0], rw.port[0]), (Addr::v4([192, 0, 2, 7]), 4000));
     // A connection from outside to 192.0.2.9 reaches 10.0.0.9.
     let f = udp([198, 51, 100, 1], [192, 0, 2, 9], 53, 5000);
     w.process(&[&f[..]], 2, Dir::In, 2, &mut v);
     assert_eq!(v[0], Verdict::Pass);
-    assert_eq!(w.rewrites[0].addr[1], Addr::v4([10, 0, 0, 9]));
+    assert_eq!(w.batch().rewrites[0].addr[1], Addr::v4([10, 0, 0, 9]));
 }
 
 #[test]
@@ -1006,15 +1011,18 @@ fn nat_to_on_an_inbound_rule_gives_its_port_back_when_its_state_goes() {
     let mut v = [Verdict::Pass];
     let f = udp([10, 0, 0, 7], [198, 51, 100, 1], 4000, 53);
     w.process(&[&f[..]], 1, Dir::In, 1, &mut v);
-    assert_eq!((v[0], w.translated), (Verdict::Pass, 1));
-    let rw = w.rewrites[0];
+    assert_eq!((v[0], w.batch().translated), (Verdict::Pass, 1));
+    let rw = w.batch().rewrites[0];
     assert_eq!(rw.addr[0], Addr::v4([192, 0, 2, 1]));
     assert!((50001..=50010).contains(&rw.port[0]), "{}", rw.port[0]);
     assert_eq!(w.nat.ports_used().0, 1);
     // The reply, to the translated source, goes back to the inside host.
     let back = udp([198, 51, 100, 1], [192, 0, 2, 1], 53, rw.port[0]);
     w.process(&[&back[..]], 1, Dir::Out, 2, &mut v);
-    assert_eq!((v[0], w.rewrites[0].addr[1], w.rewrites[0].port[1]), (Verdict::Pass, Addr::v4([10, 0, 0, 7]), 4000));
+    assert_eq!(
+        (v[0], w.batch().rewrites[0].addr[1], w.batch().rewrites[0].port[1]),
+        (Verdict::Pass, Addr::v4([10, 0, 0, 7]), 4000)
+    );
     w.maintain(2 + 61, u32::MAX);
     assert_eq!((w.states(), w.nat.ports_used().0), (0, 0));
 }
@@ -1050,7 +1058,7 @@ fn nat_pools_round_robin_over_a_table_and_follow_its_changes() {
         let mut v = [Verdict::Pass];
         w.process(&[&f[..]], 2, Dir::Out, 1, &mut v);
         assert_eq!(v[0], Verdict::Pass);
-        got.push(w.rewrites[0].addr[0]);
+        got.push(w.batch().rewrites[0].addr[0]);
     }
     assert_eq!(got, [[192, 0, 2, 1], [192, 0, 2, 2], [192, 0, 2, 1], [192, 0, 2, 2]].map(Addr::v4));
     let mut t = xpf_conf::compile::Table::default();
@@ -1079,7 +1087,7 @@ pass in on em1 from any to 10.0.0.7
     let mut go = |f: Vec<u8>, dir: Dir, now: u32| {
         let mut v = [Verdict::Pass];
         w.process(&[&f[..]], 2, dir, now, &mut v);
-        (v[0], (w.translated & 1 != 0).then(|| w.rewrites[0]))
+        (v[0], (w.batch().translated & 1 != 0).then(|| w.batch().rewrites[0]))
     };
     // Out through nat: the filter passes it for its translated source.
     let (v, rw) = go(udp([10, 0, 0, 5], [198, 51, 100, 1], 4000, 53), Dir::Out, 1);
@@ -1159,19 +1167,19 @@ fn log_all_logs_every_packet_of_the_state() {
     let all = udp([10, 0, 0, 7], [198, 51, 100, 1], 4000, 53);
     let first = udp([10, 0, 0, 7], [198, 51, 100, 1], 4000, 54);
     w.process(&[&all[..], &first[..]], 2, Dir::In, 1, &mut v);
-    assert_eq!((v, w.logged), ([Verdict::Pass; 2], 0b11));
+    assert_eq!((v, w.batch().logged), ([Verdict::Pass; 2], 0b11));
     // Their next packets match their states: `log (all)` logs it (rule 1, pflog2), `log` not.
     for t in 2..5 {
         w.process(&[&all[..], &first[..]], 2, Dir::In, t, &mut v);
-        assert_eq!((v, w.logged), ([Verdict::Pass; 2], 0b01), "at {t}");
-        let l = w.logs[0];
+        assert_eq!((v, w.batch().logged), ([Verdict::Pass; 2], 0b01), "at {t}");
+        let l = w.batch().logs[0];
         assert_eq!((l.rule, l.unit, l.action, l.dir), (1, 2, 0, 1));
     }
     // The reply too, through the same state.
     let reply = udp([198, 51, 100, 1], [10, 0, 0, 7], 53, 4000);
     w.process(&[&reply[..]], 2, Dir::Out, 5, &mut v[..1]);
-    assert_eq!((v[0], w.logged & 1), (Verdict::Pass, 1));
-    assert_eq!(w.logs[0].dir, 2);
+    assert_eq!((v[0], w.batch().logged & 1), (Verdict::Pass, 1));
+    assert_eq!(w.batch().logs[0].dir, 2);
 }
 
 #[test]
@@ -1183,16 +1191,16 @@ fn a_logging_rule_marks_its_frames_for_pflog() {
     let blocked = udp([10, 0, 0, 7], [198, 51, 100, 1], 4000, 54);
     w.process(&[&q[..], &blocked[..]], 2, Dir::In, 1, &mut v);
     assert_eq!(v, [Verdict::Pass, Verdict::Drop(xpf_wire::Reason::Match)]);
-    assert_eq!(w.logged, 0b11);
-    let l = w.logs;
+    assert_eq!(w.batch().logged, 0b11);
+    let l = w.batch().logs;
     assert_eq!((l[0].rule, l[0].unit, l[0].action, l[0].reason, l[0].dir), (1, 1, 0, 0, 1));
     assert_eq!((l[1].rule, l[1].unit, l[1].action, l[1].reason, l[1].dir), (0, 0, 1, 0, 1));
     // The flow's next packet matches its state: no rule decides it, nothing is logged.
     w.process(&[&q[..]], 2, Dir::In, 1, &mut v[..1]);
-    assert_eq!((v[0], w.logged), (Verdict::Pass, 0));
+    assert_eq!((v[0], w.batch().logged), (Verdict::Pass, 0));
     // A rule without `log` logs nothing.
     w.process(&[&q[..]], 3, Dir::Out, 1, &mut v[..1]);
-    assert_eq!((v[0], w.logged), (Verdict::Pass, 0));
+    assert_eq!((v[0], w.batch().logged), (Verdict::Pass, 0));
 }
 
 /// A rule line for the classifier's property test: addresses of every shape the classifier

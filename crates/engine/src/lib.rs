@@ -1,12 +1,14 @@
 //! xpf-engine: the per-packet path, with no I/O and no clock.
 //!
 //! A [`Worker`] takes a batch of frames received on one interface in one direction, and the
-//! time, and returns a [`Verdict`] per frame. The order is pf's (`pf_test`): fill the
-//! descriptor once, look the state up first, evaluate the ruleset only on a miss, create the
-//! state when the deciding rule keeps state, and count every drop with its reason. Lookups are
-//! batched ([`xpf_state::StateTable::lookup_batch`]); nothing on this path allocates, locks or
+//! time, sets a [`Verdict`] per frame and returns the rest of the batch's output as one
+//! [`Batch`] (rewrites to apply, answers and frames to send, states made). The order is pf's
+//! (`pf_test`): fill the descriptor once, look the state up first, evaluate the ruleset only
+//! on a miss, create the state when the deciding rule keeps state, and count every drop with
+//! its reason. Lookups are batched ([`xpf_state::StateTable::lookup_batch`]); nothing on this path allocates, locks or
 //! makes a system call. The daemon, the benches and the replay tool all run this same code.
 
+pub mod batch;
 pub mod frag;
 pub mod info;
 pub mod nat;
@@ -16,6 +18,7 @@ pub mod reply;
 pub mod syncookie;
 pub mod synproxy;
 
+pub use batch::Batch;
 pub use policy::{Action, BlockAll, Context, Decision, LogName, PassAll, Policy, Return, Scrub};
 
 use nat::Rewrite;
@@ -38,7 +41,7 @@ pub enum Verdict {
     /// Not for the filter (ARP, LLDP...): hand it to the host stack.
     Host,
     /// A fragment kept for reassembly (a copy: the frame itself may be reused). Its datagram
-    /// leaves by [`Worker::released`] when complete and passed.
+    /// leaves by [`Batch::released`] when complete and passed.
     Held,
 }
 
@@ -113,7 +116,7 @@ fn take_log(aux: &mut Aux, logs: &mut [LogMark; BATCH], logged: &mut u64, i: usi
 /// A miss context's rewrite slot for a reassembled datagram ([`Worker::dgram`]).
 const DGRAM: usize = BATCH + 1;
 
-/// In [`Worker::created_ids`]: the slot is an IPv6 state's.
+/// In [`Batch::created_ids`]: the slot is an IPv6 state's.
 pub const V6_SLOT: u32 = 1 << 31;
 
 pub struct Worker<P: Policy> {
@@ -123,58 +126,18 @@ pub struct Worker<P: Policy> {
     pub stats: Stats,
     /// Fragment reassembly (`set reassemble yes`); None passes fragments to the rules.
     pub frags: Option<Box<frag::Frags>>,
-    /// Fragments of datagrams that the last [`Worker::process`] call completed and passed, in
-    /// datagram order, each with the index in that batch of the frame that completed it (its
-    /// route is theirs). The caller sends them on and empties this.
-    pub released: Vec<(u8, Vec<u8>)>,
-    /// Which of them (by the index they are released with) a translation rewrote: their
-    /// route is the rewritten destination's, not the completing frame's.
-    pub released_translated: u64,
-    /// The translation of the datagram [`Worker::filter_datagram`] passed last, if it has
-    /// one: the caller applies it to each fragment it sends
-    /// ([`xpf_wire::translate::apply_fragment`]).
-    pub datagram_rewrite: Option<Rewrite>,
+    /// What the last batch leaves its caller besides the verdicts.
+    out: Batch,
     /// Where the filter notes a reassembled datagram's translation (slot 0).
     dgram: Box<[Rewrite; BATCH]>,
     dgram_mask: u64,
     /// The datagram being filtered came to this host's address.
     dgram_local: bool,
-    /// Fragments of datagrams to this host that were not a translation's: the caller gives
-    /// them back to the host's stack as they came (taken like [`Worker::released`]).
-    pub host_pieces: Vec<(u8, Vec<u8>)>,
     frag_buf: Vec<u8>,
-    /// `modulate state`: frames of the last batch to rewrite before they leave (bit i: frame
-    /// i), with (added to SEQ, taken from ACK and SACK); [`proto::apply_modulation`] does it.
-    pub patched: u64,
-    pub patches: [(u32, u32); BATCH],
-    /// Frames of the last batch that created a state (bit i: frame i), and which (slot, with
-    /// bit 31 set for IPv6): sync's defer mode holds them.
-    pub created: u64,
     /// Half-open TCP states this `in` pass made: each gets its `out` state when the batch's
     /// `out` pass runs, and `set syncookies adaptive` counts them already (pf's count after
     /// each packet's whole path).
     syn_pending: u32,
-    pub created_ids: [u32; BATCH],
-    /// `scrub (...)`: frames of the last batch to rewrite before they leave (bit i: frame i),
-    /// with what to do ([`proto::apply_scrub`]): the rules' actions on a miss, the state's on
-    /// a hit.
-    pub scrubbed: u64,
-    pub scrubs: [Scrub; BATCH],
-    /// Translation (`nat-to`, `rdr-to`, `binat-to`): frames of the last batch to rewrite
-    /// before they go on (bit i: frame i), with what they become
-    /// ([`xpf_wire::translate::apply`]): the state's other key on a hit, the new flow's
-    /// translation on a miss. An `in` pass's rewrite changes what the `out` pass sees and
-    /// where the packet is routed.
-    pub translated: u64,
-    pub rewrites: [Rewrite; BATCH],
-    /// `log`: frames of the last batch a logging rule decided (bit i: frame i), with what
-    /// pflog records of them ([`LogMark`]).
-    pub logged: u64,
-    pub logs: [LogMark; BATCH],
-    /// `set queue`: the queue ids (`q | ack << 16`, 0: none) of each frame of the last
-    /// batch, from its state or, on a miss, its rules; the shaper of the interface the frame
-    /// leaves by takes it (two more slots: a reassembled datagram's miss writes past BATCH).
-    pub queues: [u32; BATCH + 2],
     /// The pools' round-robin positions and the source-port allocators.
     pub nat: nat::Nat,
     /// The batch's frames addressed to this host ([`Worker::process_tagged`]'s `local`).
@@ -184,13 +147,7 @@ pub struct Worker<P: Policy> {
     /// `synproxy state`: what the batch's packets make the filter send (frame, state slot with
     /// V6_SLOT for IPv6, action), built after the batch ([`synproxy::emit`]).
     proxies: Vec<(u8, u32, synproxy::Proxy)>,
-    /// Frames of the last batch that go on as another segment (synproxy), by frame index;
-    /// taken with [`Worker::take_substitutes`].
-    substitutes: Vec<(u8, Vec<u8>)>,
-    /// `block return`: the answers the last batch gave, each with the index of the blocked
-    /// frame in that batch; the caller sends them out of the interface that frame came in on
-    /// (taken with [`Worker::take_returns`]).
-    returns: Vec<(u8, Vec<u8>)>,
+    /// Buffers of answers given back ([`Worker::recycle`]).
     spare: Vec<Vec<u8>>,
     /// What blocked frames of the batch are to get (set by a miss, answered after the batch).
     ret: [Return; BATCH],
@@ -242,26 +199,12 @@ impl<P: Policy> Worker<P> {
             policy,
             stats: Stats::default(),
             frags: None,
-            released: Vec::new(),
-            released_translated: 0,
-            datagram_rewrite: None,
+            out: Batch::new(),
             dgram: Box::new([Rewrite::default(); BATCH]),
             dgram_mask: 0,
             dgram_local: false,
-            host_pieces: Vec::new(),
             frag_buf: Vec::new(),
-            patched: 0,
-            created: 0,
             syn_pending: 0,
-            created_ids: [0; BATCH],
-            patches: [(0, 0); BATCH],
-            scrubbed: 0,
-            scrubs: [Scrub::NONE; BATCH],
-            translated: 0,
-            logged: 0,
-            logs: [LogMark::default(); BATCH],
-            queues: [0; BATCH + 2],
-            rewrites: [Rewrite::default(); BATCH],
             nat: nat::Nat::default(),
             local: 0,
             aux: {
@@ -271,8 +214,6 @@ impl<P: Policy> Worker<P> {
                 Aux { rng, proxy: None, log: None, cookies: Box::new(syncookie::Cookies::new(key)) }
             },
             proxies: Vec::new(),
-            substitutes: Vec::new(),
-            returns: Vec::new(),
             spare: Vec::new(),
             ret: [Return::DROP; BATCH],
             ret_mask: 0,
@@ -332,13 +273,21 @@ impl<P: Policy> Worker<P> {
     }
 
     /// Filters a batch of frames that arrived on (`dir` = In) or leave by (Out) interface
-    /// `ifidx`. `verdicts[i]` is set for `frames[i]`.
+    /// `ifidx`. `verdicts[i]` is set for `frames[i]`; what else the batch asks of the caller
+    /// (rewrites, frames to send, states made) is returned.
     // PERF: 9.7 ns/pkt at 9,800 states and 17.9 ns/pkt at 10M (one core, established UDP,
     // xpf-bench states; docs/bench-results.md).
-    pub fn process(&mut self, frames: &[&[u8]], ifidx: u16, dir: Dir, now: u32, verdicts: &mut [Verdict]) {
+    pub fn process(
+        &mut self,
+        frames: &[&[u8]],
+        ifidx: u16,
+        dir: Dir,
+        now: u32,
+        verdicts: &mut [Verdict],
+    ) -> &mut Batch {
         let mut tags = [0u16; BATCH];
         let rcvif = if dir == Dir::In { ifidx } else { 0 };
-        self.process_tagged(frames, ifidx, dir, rcvif, now, verdicts, &mut tags, 0);
+        self.process_tagged(frames, ifidx, dir, rcvif, now, verdicts, &mut tags, 0)
     }
 
     /// [`Worker::process`] for frames received on `rcvif` (for an `out` pass, the interface
@@ -361,22 +310,17 @@ impl<P: Policy> Worker<P> {
         verdicts: &mut [Verdict],
         tags: &mut [u16],
         local: u64,
-    ) {
+    ) -> &mut Batch {
         self.rcvif = rcvif;
         self.local = local;
         let n = frames.len().min(BATCH);
         let (mut n4, mut n6) = (0usize, 0usize);
-        self.patched = 0;
-        self.created = 0;
+        self.out.clear(n);
         self.syn_pending = 0;
         self.ret_mask = 0;
-        self.scrubbed = 0;
-        self.translated = 0;
-        self.logged = 0;
-        self.released_translated = 0;
-        self.queues[..n].fill(0);
         if self.policy.skip(ifidx) {
-            return self.skipped(&frames[..n], verdicts);
+            self.skipped(&frames[..n], verdicts);
+            return &mut self.out;
         }
         // Parse the whole batch first, then key it: reading a descriptor right after the parser
         // wrote it stalled on store forwarding (~30% of the worker's samples at 9,800 states).
@@ -433,7 +377,7 @@ impl<P: Policy> Worker<P> {
                 let i = self.i4[j] as usize;
                 let pd = &self.pd[i];
                 let v = if self.r4[j] != NONE {
-                    let out = Some((&mut self.rewrites, &mut self.translated, i));
+                    let out = Some((&mut self.out.rewrites, &mut self.out.translated, i));
                     let local = self.local & (1 << i) != 0;
                     hit_nat(&mut self.t4, self.r4[j], pd, dir, now, &mut self.aux, out, local).map(|v| {
                         match state_actions(
@@ -443,12 +387,17 @@ impl<P: Policy> Worker<P> {
                             dir,
                             now,
                             &mut tags[i],
-                            &mut self.queues[i],
+                            &mut self.out.queues[i],
                         ) {
                             Ok(0) => v,
                             Ok(a) => {
                                 let rule = self.t4.meta(self.r4[j] & ID_MASK).rule;
-                                let marks = (&mut self.scrubs, &mut self.scrubbed, &mut self.logs, &mut self.logged);
+                                let marks = (
+                                    &mut self.out.scrubs,
+                                    &mut self.out.scrubbed,
+                                    &mut self.out.logs,
+                                    &mut self.out.logged,
+                                );
                                 state_marks(marks, i, a, rule, dir);
                                 v
                             }
@@ -463,10 +412,10 @@ impl<P: Policy> Worker<P> {
                 } else {
                     let c = ctx!(self, t6, ifidx, dir, now, &mut tags[i], i, i);
                     let v = miss(&mut self.t4, &self.policy, c, pd, self.k4[j], self.h4[j]);
-                    take_log(&mut self.aux, &mut self.logs, &mut self.logged, i);
+                    take_log(&mut self.aux, &mut self.out.logs, &mut self.out.logged, i);
                     if let Some(id) = self.t4.created.take() {
-                        self.created |= 1 << i;
-                        self.created_ids[i] = id;
+                        self.out.created |= 1 << i;
+                        self.out.created_ids[i] = id;
                         if dir == Dir::In && pd.proto == IPPROTO_TCP && pd.tcp_flags & (tcp::SYN | tcp::ACK) == tcp::SYN
                         {
                             self.syn_pending += 1;
@@ -488,7 +437,7 @@ impl<P: Policy> Worker<P> {
                 let i = self.i6[j] as usize;
                 let pd = &self.pd[i];
                 let v = if self.r6[j] != NONE {
-                    let out = Some((&mut self.rewrites, &mut self.translated, i));
+                    let out = Some((&mut self.out.rewrites, &mut self.out.translated, i));
                     let local = self.local & (1 << i) != 0;
                     hit_nat(&mut self.t6, self.r6[j], pd, dir, now, &mut self.aux, out, local).map(|v| {
                         match state_actions(
@@ -498,12 +447,17 @@ impl<P: Policy> Worker<P> {
                             dir,
                             now,
                             &mut tags[i],
-                            &mut self.queues[i],
+                            &mut self.out.queues[i],
                         ) {
                             Ok(0) => v,
                             Ok(a) => {
                                 let rule = self.t6.meta(self.r6[j] & ID_MASK).rule;
-                                let marks = (&mut self.scrubs, &mut self.scrubbed, &mut self.logs, &mut self.logged);
+                                let marks = (
+                                    &mut self.out.scrubs,
+                                    &mut self.out.scrubbed,
+                                    &mut self.out.logs,
+                                    &mut self.out.logged,
+                                );
                                 state_marks(marks, i, a, rule, dir);
                                 v
                             }
@@ -518,10 +472,10 @@ impl<P: Policy> Worker<P> {
                 } else {
                     let c = ctx!(self, t4, ifidx, dir, now, &mut tags[i], i, i);
                     let v = miss(&mut self.t6, &self.policy, c, pd, self.k6[j], self.h6[j]);
-                    take_log(&mut self.aux, &mut self.logs, &mut self.logged, i);
+                    take_log(&mut self.aux, &mut self.out.logs, &mut self.out.logged, i);
                     if let Some(id) = self.t6.created.take() {
-                        self.created |= 1 << i;
-                        self.created_ids[i] = id | V6_SLOT;
+                        self.out.created |= 1 << i;
+                        self.out.created_ids[i] = id | V6_SLOT;
                         if dir == Dir::In && pd.proto == IPPROTO_TCP && pd.tcp_flags & (tcp::SYN | tcp::ACK) == tcp::SYN
                         {
                             self.syn_pending += 1;
@@ -540,11 +494,11 @@ impl<P: Policy> Worker<P> {
         if self.ret_mask != 0 {
             self.answer(frames, now);
         }
-        if self.logged != 0 {
+        if self.out.logged != 0 {
             self.log_verdicts(verdicts);
         }
         self.release_ports(now);
-        if self.scrubbed != 0 {
+        if self.out.scrubbed != 0 {
             self.scrub_ids();
         }
         if !self.proxies.is_empty() {
@@ -565,16 +519,27 @@ impl<P: Policy> Worker<P> {
                 Verdict::Held => {}
             }
         }
+        &mut self.out
+    }
+
+    /// What the last batch left ([`Worker::process_tagged`]'s return), until the next.
+    pub fn batch(&self) -> &Batch {
+        &self.out
+    }
+
+    /// The same, to take its vectors.
+    pub fn batch_mut(&mut self) -> &mut Batch {
+        &mut self.out
     }
 
     /// What the logged frames' verdicts were: pflog's action and reason.
     #[cold]
     fn log_verdicts(&mut self, verdicts: &[Verdict]) {
-        let mut m = self.logged;
+        let mut m = self.out.logged;
         while m != 0 {
             let i = m.trailing_zeros() as usize;
             m &= m - 1;
-            let l = &mut self.logs[i];
+            let l = &mut self.out.logs[i];
             (l.action, l.reason) = match verdicts[i] {
                 Verdict::Drop(r) => (PF_DROP, pf_reason(r)),
                 _ => (PF_PASS, 0),
@@ -621,7 +586,7 @@ impl<P: Policy> Worker<P> {
             if reply::build(frames[i], &self.pd[i], &self.ret[i], &mut buf) {
                 self.return_budget.0 -= 1;
                 self.stats.returned += 1;
-                self.returns.push((i as u8, buf));
+                self.out.returns.push((i as u8, buf));
             } else {
                 self.spare.push(buf);
             }
@@ -631,12 +596,12 @@ impl<P: Policy> Worker<P> {
     /// Draws the random identifications `scrub (random-id)` frames of the batch get.
     #[cold]
     fn scrub_ids(&mut self) {
-        let mut m = self.scrubbed;
+        let mut m = self.out.scrubbed;
         while m != 0 {
             let i = m.trailing_zeros() as usize;
             m &= m - 1;
-            if self.scrubs[i].random_id {
-                self.scrubs[i].id = rand_core::Rng::next_u32(&mut self.aux.rng) as u16;
+            if self.out.scrubs[i].random_id {
+                self.out.scrubs[i].id = rand_core::Rng::next_u32(&mut self.aux.rng) as u16;
             }
         }
     }
@@ -665,13 +630,13 @@ impl<P: Policy> Worker<P> {
             let (sent, goes_on) = synproxy::emit(frames[i], &pd, &a, &mut answer, &mut instead);
             if sent {
                 self.stats.proxied += 1;
-                self.returns.push((i as u8, answer));
+                self.out.returns.push((i as u8, answer));
             } else {
                 self.spare.push(answer);
             }
             if goes_on {
                 self.stats.proxied += 1;
-                self.substitutes.push((i as u8, instead));
+                self.out.substitutes.push((i as u8, instead));
             }
         }
     }
@@ -691,7 +656,7 @@ impl<P: Policy> Worker<P> {
     /// `set queue (q, ack)`'s second for a TCP segment with no data but its ACK, or a packet
     /// whose TOS asks for low delay, as pf does; the first otherwise.
     pub fn queue_of(&self, i: usize) -> u16 {
-        let q = self.queues[i];
+        let q = self.out.queues[i];
         let ack = (q >> 16) as u16;
         let pd = &self.pd[i];
         let prio =
@@ -703,19 +668,7 @@ impl<P: Policy> Worker<P> {
         }
     }
 
-    /// Frames of the last batch that go on as another segment (`synproxy state`), each with
-    /// its frame index: the caller filters and sends these bytes in the frame's place.
-    pub fn take_substitutes(&mut self) -> std::vec::Drain<'_, (u8, Vec<u8>)> {
-        self.substitutes.drain(..)
-    }
-
-    /// The answers to blocked frames of the last batch (`block return`), each with the index
-    /// of its blocked frame; give the buffers back with [`Worker::recycle`].
-    pub fn take_returns(&mut self) -> std::vec::Drain<'_, (u8, Vec<u8>)> {
-        self.returns.drain(..)
-    }
-
-    /// Hands a buffer of [`Worker::take_returns`] back for reuse.
+    /// Hands a buffer of [`Batch::returns`] back for reuse.
     pub fn recycle(&mut self, b: Vec<u8>) {
         if self.spare.len() < BATCH {
             self.spare.push(b);
@@ -726,8 +679,8 @@ impl<P: Policy> Worker<P> {
     #[cold]
     fn take_patch(&mut self, i: usize) {
         if let Some(m) = self.t4.modulated.take().or_else(|| self.t6.modulated.take()) {
-            self.patches[i] = m;
-            self.patched |= 1 << i;
+            self.out.patches[i] = m;
+            self.out.patched |= 1 << i;
         }
     }
 
@@ -792,9 +745,9 @@ impl<P: Policy> Worker<P> {
                         self.stats.passed += n as u64;
                         let to = (self.dgram_mask != 0).then_some(self.dgram[0]);
                         if to.is_some() {
-                            self.released_translated |= 1 << i;
+                            self.out.released_translated |= 1 << i;
                         }
-                        self.released.extend(pieces.into_iter().map(|mut p| {
+                        self.out.released.extend(pieces.into_iter().map(|mut p| {
                             if let Some(to) = &to {
                                 xpf_wire::translate::apply_fragment(&mut p.frame, to);
                             }
@@ -810,7 +763,7 @@ impl<P: Policy> Worker<P> {
                     Verdict::Host if self.local & (1 << i) != 0 => {
                         // The host's own: every fragment back to it, as it came.
                         self.stats.to_host += n as u64;
-                        self.host_pieces.extend(pieces.into_iter().map(|p| (i as u8, p.frame)));
+                        self.out.host_pieces.extend(pieces.into_iter().map(|p| (i as u8, p.frame)));
                         Verdict::Held
                     }
                     Verdict::Host | Verdict::Held => {
@@ -841,15 +794,24 @@ impl<P: Policy> Worker<P> {
 
     /// Filters the fragments of one datagram, complete and in datagram order, as a whole, on
     /// `ifidx` in direction `dir`, without holding them: the `out` pass of a datagram that
-    /// [`Worker::released`] gave after its `in` pass on `rcvif`. Counted as that many packets.
-    pub fn filter_datagram(&mut self, frames: &[&[u8]], ifidx: u16, dir: Dir, rcvif: u16, now: u32) -> Verdict {
+    /// [`Batch::released`] gave after its `in` pass on `rcvif`. Counted as that many packets.
+    /// With its verdict comes its translation, if it has one: the caller applies it to each
+    /// fragment it sends ([`xpf_wire::translate::apply_fragment`]). The last batch's
+    /// [`Batch`] is left as it was.
+    pub fn filter_datagram(
+        &mut self,
+        frames: &[&[u8]],
+        ifidx: u16,
+        dir: Dir,
+        rcvif: u16,
+        now: u32,
+    ) -> (Verdict, Option<Rewrite>) {
         self.rcvif = rcvif;
-        self.datagram_rewrite = None;
         let mut pieces = Vec::with_capacity(frames.len());
         for f in frames {
             let mut pd = PDesc::default();
             if parse_ether(f, &mut pd).is_err() || pd.flags & pdf::FRAGMENT == 0 {
-                return Verdict::Drop(Reason::Fragment);
+                return (Verdict::Drop(Reason::Fragment), None);
             }
             pieces.push(frag::Piece::of(f, &pd));
         }
@@ -866,8 +828,7 @@ impl<P: Policy> Worker<P> {
             Verdict::Drop(r) => self.count_dropped(n as u32, r),
             _ => self.stats.to_host += n,
         }
-        self.datagram_rewrite = (v == Verdict::Pass && self.dgram_mask != 0).then_some(self.dgram[0]);
-        v
+        (v, (v == Verdict::Pass && self.dgram_mask != 0).then_some(self.dgram[0]))
     }
 
     /// One packet, whole, through the state table and the rules (frame `i` of the batch;
@@ -875,14 +836,14 @@ impl<P: Policy> Worker<P> {
     fn single(&mut self, i: usize, frame: &[u8], pd: &PDesc, ifidx: u16, dir: Dir, now: u32) -> Verdict {
         if pd.flags & pdf::ICMP_ERROR != 0 {
             let q = frame.get(pd.l4_off as usize + 8..).unwrap_or(&[]);
-            let out = (i < BATCH).then_some((&mut self.rewrites, &mut self.translated, i));
+            let out = (i < BATCH).then_some((&mut self.out.rewrites, &mut self.out.translated, i));
             let v = if pd.af == AF_INET {
                 icmp_error(&mut self.t4, q, pd, ifidx, dir, self.any_if_bound, out)
             } else {
                 icmp_error(&mut self.t6, q, pd, ifidx, dir, self.any_if_bound, out)
             };
             // To this host and about no translation: the host's.
-            if i < BATCH && self.local & (1 << i) != 0 && self.translated & (1 << i) == 0 {
+            if i < BATCH && self.local & (1 << i) != 0 && self.out.translated & (1 << i) == 0 {
                 return Verdict::Host;
             }
             return v.unwrap_or_else(|| stateless(&self.policy, pd, ifidx, dir, &mut self.stats.rule_passes));
@@ -905,7 +866,7 @@ impl<P: Policy> Worker<P> {
             let c = ctx!(self, t4, ifidx, dir, now, &mut tag, BATCH, rw);
             miss_whole(&mut self.t6, &self.policy, c, pd)
         };
-        take_log(&mut self.aux, &mut self.logs, &mut self.logged, i);
+        take_log(&mut self.aux, &mut self.out.logs, &mut self.out.logged, i);
         v
     }
 
@@ -1255,7 +1216,7 @@ macro_rules! ctx {
             aux: &mut $w.aux,
             nat: &mut $w.nat,
             rw: if $rw < BATCH {
-                Some((&mut $w.rewrites, &mut $w.translated, $rw))
+                Some((&mut $w.out.rewrites, &mut $w.out.translated, $rw))
             } else if $rw == DGRAM {
                 Some((&mut *$w.dgram, &mut $w.dgram_mask, 0))
             } else {
@@ -1263,9 +1224,9 @@ macro_rules! ctx {
             },
             local: ($i < BATCH && $w.local & (1u64 << $i) != 0) || ($rw == DGRAM && $w.dgram_local),
             tag: $tag,
-            queue: &mut $w.queues[$i.min(BATCH + 1)],
+            queue: &mut $w.out.queues[$i.min(BATCH + 1)],
             ret: if $i < BATCH { Some((&mut $w.ret, &mut $w.ret_mask, $i)) } else { None },
-            scrub: if $i < BATCH { Some((&mut $w.scrubs, &mut $w.scrubbed, $i)) } else { None },
+            scrub: if $i < BATCH { Some((&mut $w.out.scrubs, &mut $w.out.scrubbed, $i)) } else { None },
             limit: $w.limit,
             other: $w.$other.len(),
             halfopen: $w.t4.halfopen() + $w.t6.halfopen() + if $dir == Dir::In { $w.syn_pending } else { 0 },

@@ -161,7 +161,7 @@ pub fn emit(frame: &[u8], pd: &PDesc, a: &Proxy, answers: &mut Vec<u8>, instead:
     }
 }
 
-/// The MSS a client's SYN offers (for [`start`]).
+/// The MSS a client's SYN offers (the proxy's SYN|ACK states it back).
 pub fn offered_mss(frame: &[u8], pd: &PDesc) -> u16 {
     mss_for(tcp_mss(frame, pd), pd.af)
 }

@@ -626,7 +626,7 @@ fn fragments_are_held_then_filtered_as_one_datagram_and_released_in_order() {
     // Out of order: the last, the first, then the middle one completes it.
     let v = run(&mut w, &[f[2].clone(), f[0].clone(), f[1].clone()], Dir::In, 1);
     assert_eq!(v, vec![Verdict::Held; 3]);
-    let rel: Vec<(u8, Vec<u8>)> = std::mem::take(&mut w.released);
+    let rel: Vec<(u8, Vec<u8>)> = std::mem::take(&mut w.batch_mut().released);
     assert_eq!(rel.len(), 3);
     assert!(rel.iter().all(|r| r.0 == 2), "released with the frame that completed it");
     assert_eq!(rel.iter().map(|r| r.1.clone()).collect::<Vec<_>>(), f, "unchanged, in datagram order");
@@ -636,7 +636,7 @@ fn fragments_are_held_then_filtered_as_one_datagram_and_released_in_order() {
     assert_eq!((c.held, c.reassembled), (0, 1));
     // The reply's fragments ride the state.
     let out = w.filter_datagram(&f.iter().map(|x| &x[..]).collect::<Vec<_>>(), 2, Dir::Out, 1, 1);
-    assert_eq!(out, Verdict::Pass);
+    assert_eq!(out, (Verdict::Pass, None), "passed, untranslated");
 }
 
 #[test]
@@ -645,7 +645,7 @@ fn a_datagram_the_rules_block_is_dropped_whole() {
     let f = frags4(8, 54, 2000, &[1480]);
     let v = run(&mut w, &f, Dir::In, 1);
     assert_eq!(v, vec![Verdict::Held, Verdict::Drop(Reason::Match)]);
-    assert!(w.released.is_empty());
+    assert!(w.batch().released.is_empty());
     assert_eq!((w.stats.dropped, w.stats.reasons[Reason::Match as usize]), (2, 2));
     // Without reassembly the later fragment has no ports: a port rule cannot pass it.
     let mut plain = worker(dns_only(), 100);
@@ -695,7 +695,7 @@ fn incomplete_datagrams_expire_and_the_limit_flushes_the_oldest() {
     // The survivors still complete.
     let v = run(&mut w, &[frags4(5, 53, 2000, &[1480])[1].clone()], Dir::In, 40);
     assert_eq!(v, vec![Verdict::Held]);
-    assert_eq!(w.released.len(), 2);
+    assert_eq!(w.batch().released.len(), 2);
 }
 
 #[test]
@@ -727,7 +727,7 @@ fn ipv6_fragments_reassemble_and_match_by_port() {
     let f = frags6(0xabcd, 53, 2500, &[1232]);
     let v = run(&mut w, &f, Dir::In, 1);
     assert_eq!(v, vec![Verdict::Held, Verdict::Held]);
-    assert_eq!(w.released.len(), 2);
+    assert_eq!(w.batch().released.len(), 2);
     assert_eq!(w.t6.len(), 1);
     let blocked = frags6(0xabce, 54, 2500, &[1232]);
     assert_eq!(run(&mut w, &blocked, Dir::In, 1)[1], Verdict::Drop(Reason::Match));
@@ -779,8 +779,8 @@ fn modulate_state_replaces_both_initial_sequence_numbers() {
     let pass = |w: &mut Worker<_>, f: Vec<u8>, dir| {
         let mut f = ck(f);
         assert_eq!(run(w, std::slice::from_ref(&f), dir, 1), vec![Verdict::Pass]);
-        if w.patched & 1 != 0 {
-            let (a, s) = w.patches[0];
+        if w.batch().patched & 1 != 0 {
+            let (a, s) = w.batch().patches[0];
             assert!(proto::apply_modulation(&mut f, a, s));
         }
         assert_eq!(u16::from_be_bytes([f[50], f[51]]), tcp_cksum(&f), "checksum kept valid");
@@ -946,9 +946,9 @@ fn a_pflow_state_is_recorded_at_its_end_while_active_and_when_translated() {
 
 /// Frame `f` rewritten as the worker's last batch said for frame `i`.
 fn rewritten<P: Policy>(w: &Worker<P>, i: usize, f: &[u8]) -> Vec<u8> {
-    assert!(w.translated & (1 << i) != 0, "frame {i} not translated");
+    assert!(w.batch().translated & (1 << i) != 0, "frame {i} not translated");
     let mut f = f.to_vec();
-    assert!(xpf_wire::translate::apply(&mut f, &w.rewrites[i]));
+    assert!(xpf_wire::translate::apply(&mut f, &w.batch().rewrites[i]));
     f
 }
 
@@ -979,7 +979,7 @@ fn nat_to_translates_out_and_back_in() {
         (r.dst, r.dport, r.src, r.sport),
         (xpf_wire::Addr::v4([10, 0, 1, 2]), 40000, xpf_wire::Addr::v4([198, 51, 100, 1]), 53)
     );
-    assert_eq!(w.translated & 2, 0);
+    assert_eq!(w.batch().translated & 2, 0);
     // Port unreachable from the server about the translated datagram: back to the inside
     // host, quoting what it sent.
     let q = rewritten_out(&out, &o);
@@ -1109,11 +1109,11 @@ fn a_translated_packet_that_makes_no_state_is_dropped_not_sent_untranslated() {
     // inside address.
     let ack = tcp4([10, 0, 1, 2], [198, 51, 100, 1], 40000, 80, tcp::ACK);
     assert_eq!(run(&mut w, &[ack], Dir::Out, 1), vec![Verdict::Drop(Reason::Translate)]);
-    assert_eq!(w.translated, 0);
+    assert_eq!(w.batch().translated, 0);
     assert_eq!(w.states(), 0);
     let syn = tcp4([10, 0, 1, 2], [198, 51, 100, 1], 40000, 80, tcp::SYN);
     assert_eq!(run(&mut w, &[syn], Dir::Out, 1), vec![Verdict::Pass]);
-    assert_eq!(w.translated, 1);
+    assert_eq!(w.batch().translated, 1);
 }
 
 #[test]
@@ -1238,8 +1238,9 @@ fn fragments_of_a_translated_flow_are_translated_each() {
     let mut f = frags4(11, 53, 3000, &[1480, 2960]);
     readdress(&mut f, [10, 0, 1, 2], [198, 51, 100, 1], 40000, 53);
     let refs: Vec<&[u8]> = f.iter().map(|x| &x[..]).collect();
-    assert_eq!(w.filter_datagram(&refs, 2, Dir::Out, 1, 1), Verdict::Pass);
-    let to = w.datagram_rewrite.expect("the datagram's translation");
+    let (v, to) = w.filter_datagram(&refs, 2, Dir::Out, 1, 1);
+    assert_eq!(v, Verdict::Pass);
+    let to = to.expect("the datagram's translation");
     let mut out = f.clone();
     for x in &mut out {
         assert!(xpf_wire::translate::apply_fragment(x, &to));
@@ -1257,8 +1258,8 @@ fn fragments_of_a_translated_flow_are_translated_each() {
     readdress(&mut r, [198, 51, 100, 1], [192, 0, 2, 1], 53, sport);
     let v = run(&mut w, &[r[1].clone(), r[0].clone()], Dir::In, 2);
     assert_eq!(v, vec![Verdict::Held; 2]);
-    assert_eq!(w.released_translated, 1 << 1, "released with the frame that completed it");
-    let back: Vec<Vec<u8>> = std::mem::take(&mut w.released).into_iter().map(|x| x.1).collect();
+    assert_eq!(w.batch().released_translated, 1 << 1, "released with the frame that completed it");
+    let back: Vec<Vec<u8>> = std::mem::take(&mut w.batch_mut().released).into_iter().map(|x| x.1).collect();
     for x in &back {
         assert!(ip_ok(x));
         assert_eq!(x[30..34], [10, 0, 1, 2]);
@@ -1294,7 +1295,7 @@ fn forwarded<P: Policy>(w: &mut Worker<P>, f: &[u8], from: u16, now: u32) -> Vec
         let mut v = [Verdict::Pass];
         w.process(&[&f[..]], kif, dir, now, &mut v);
         assert_eq!(v[0], Verdict::Pass, "{dir:?} on {kif}");
-        if w.translated & 1 != 0 {
+        if w.batch().translated & 1 != 0 {
             f = rewritten(w, 0, &f);
         }
     }

@@ -102,6 +102,53 @@ impl<T: AsRef<[u8]>> VlanTag<T> {
     }
 }
 
+/// A router's rewrite of a frame it forwards: the next hop's link address and its own, and
+/// the IPv4 TTL (its header checksum patched, RFC 1624) or the IPv6 hop limit one less (RFC
+/// 1812 5.3.1, RFC 8200 section 3), under up to two VLAN tags. A frame too short for a header
+/// keeps what that header would have had (the filter passed it: it has them).
+// PERF: 2.4 ns a frame, as the hand-written offsets it replaced (a throwaway loop over 60-byte
+// IPv4 frames in the test profile, A/B; bench-results "Forwarded frames through the views").
+#[inline]
+pub fn forward(f: &mut [u8], dst: [u8; 6], src: [u8; 6]) {
+    let Ok(mut eth) = Frame::new_checked(&mut *f) else { return };
+    eth.set_dst(dst);
+    eth.set_src(src);
+    let (mut et, mut at) = (eth.ethertype(), HEADER_LEN);
+    if et == ETHERTYPE_VLAN || et == ETHERTYPE_QINQ {
+        (et, at) = match untag(f) {
+            Some(x) => x,
+            None => return,
+        };
+    }
+    match et {
+        ETHERTYPE_IPV4 => {
+            if let Ok(mut p) = crate::ipv4::Packet::new_header(&mut f[at..]) {
+                p.dec_ttl();
+            }
+        }
+        ETHERTYPE_IPV6 => {
+            if let Ok(mut p) = crate::ipv6::Packet::new_header(&mut f[at..]) {
+                p.dec_hop_limit();
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The ethertype under up to two VLAN tags, and where its header starts.
+#[cold]
+fn untag(f: &[u8]) -> Option<(u16, usize)> {
+    let (mut et, mut at) = (ETHERTYPE_VLAN, HEADER_LEN);
+    for _ in 0..2 {
+        if et != ETHERTYPE_VLAN && et != ETHERTYPE_QINQ {
+            break;
+        }
+        et = VlanTag::new_checked(&f[at..]).ok()?.ethertype();
+        at += VLAN_TAG_LEN;
+    }
+    Some((et, at))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,5 +185,40 @@ mod tests {
         f.set_ethertype(ETHERTYPE_IPV6);
         assert_eq!(&b[0..6], &[1, 2, 3, 4, 5, 6]);
         assert_eq!(&b[12..14], &[0x86, 0xdd]);
+    }
+
+    #[test]
+    fn forwarding_rewrites_the_link_and_the_hop_count() {
+        // IPv4 under one VLAN tag: TTL 64 -> 63, the header checksum still valid.
+        let mut v4 = vec![0u8; 18 + 20];
+        v4[12..14].copy_from_slice(&ETHERTYPE_VLAN.to_be_bytes());
+        v4[16..18].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+        let ip = &mut v4[18..];
+        ip[0] = 0x45;
+        ip[2..4].copy_from_slice(&20u16.to_be_bytes());
+        ip[8] = 64;
+        ip[9] = 17;
+        ip[12..20].copy_from_slice(&[10, 0, 0, 1, 10, 0, 1, 1]);
+        let ck = crate::checksum::checksum(ip);
+        ip[10..12].copy_from_slice(&ck.to_be_bytes());
+        forward(&mut v4, [2; 6], [4; 6]);
+        assert_eq!(&v4[0..12], &[2, 2, 2, 2, 2, 2, 4, 4, 4, 4, 4, 4]);
+        assert_eq!(v4[18 + 8], 63);
+        assert_eq!(crate::checksum::checksum(&v4[18..]), 0, "the header sums to zero");
+        // IPv6: the hop limit.
+        let mut v6 = vec![0u8; 14 + 40];
+        v6[12..14].copy_from_slice(&ETHERTYPE_IPV6.to_be_bytes());
+        v6[14] = 0x60;
+        v6[14 + 7] = 1;
+        forward(&mut v6, [1; 6], [3; 6]);
+        assert_eq!((v6[0], v6[6], v6[14 + 7]), (1, 3, 0));
+        // ARP, and a frame cut inside its IPv4 header: the link addresses only.
+        let mut arp = vec![9u8; 42];
+        arp[12..14].copy_from_slice(&ETHERTYPE_ARP.to_be_bytes());
+        forward(&mut arp, [5; 6], [6; 6]);
+        assert_eq!((arp[0], arp[6], arp[22]), (5, 6, 9));
+        let mut cut = v4[..30].to_vec();
+        forward(&mut cut, [7; 6], [8; 6]);
+        assert_eq!((cut[0], cut[26]), (7, 63), "a header cut short left as it was");
     }
 }

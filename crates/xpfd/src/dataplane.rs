@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use xpf_engine::{info::Info, Verdict, Worker, BATCH};
 use xpf_state::{Dir, Key, Timeouts};
+use xpf_wire::ethernet;
 use xpf_wire::offload::Partial;
 use xpf_xdp::packet::offload::{gso_size, gso_type};
 use xpf_xdp::packet::Routed;
@@ -143,12 +144,13 @@ impl LogIfStats {
     #[cold]
     fn count(&mut self, frames: &[&[u8]], v: &[Verdict], dir: usize) {
         for (f, v) in frames.iter().zip(v) {
-            let af = match f.get(14).map(|b| b >> 4) {
-                Some(4) => 0,
-                Some(6) => 1,
+            let Ok(link) = ethernet::Frame::new_checked(*f) else { continue };
+            let af = match link.ethertype() {
+                ethernet::ETHERTYPE_IPV4 => 0,
+                ethernet::ETHERTYPE_IPV6 => 1,
                 _ => continue,
             };
-            self.bytes[af][dir] += f.len().saturating_sub(14) as u64;
+            self.bytes[af][dir] += link.payload().len() as u64;
             if matches!(v, Verdict::Drop(_)) {
                 self.blocked[af][dir] += 1;
             } else {
@@ -629,7 +631,7 @@ impl Dataplane {
     /// pflog, with the verdict, the rule and the translation the worker noted.
     #[inline]
     fn log_batch(&self, frames: &[&[u8]], ifindex: u32) {
-        let m = self.worker.logged;
+        let m = self.worker.batch().logged;
         if m == 0 {
             return;
         }
@@ -1085,16 +1087,19 @@ impl Dataplane {
         }
         // Defer mode: which frames made a state on the way in (the `out` pass may make more).
         let defer = self.sync.as_ref().is_some_and(|s| s.defer.is_some());
-        let (created_in, ids_in) = if defer { (self.worker.created, self.worker.created_ids) } else { (0, [0; BATCH]) };
+        let b = self.worker.batch();
+        let (created_in, ids_in) = if defer { (b.created, b.created_ids) } else { (0, [0; BATCH]) };
         // `scrub (...)` of the `in` pass, applied with the `out` pass's when the frame leaves.
-        let scrub_in = (self.worker.scrubbed != 0).then_some((self.worker.scrubbed, self.worker.scrubs));
+        let scrub_in = (b.scrubbed != 0).then_some((b.scrubbed, b.scrubs));
         let mut held = Vec::new();
-        if !self.worker.released.is_empty() {
-            let released = std::mem::take(&mut self.worker.released);
-            self.forward_datagrams(&released, &routes, inif as u16, now);
+        let b = self.worker.batch_mut();
+        if !b.released.is_empty() {
+            let (released, rewritten) = (std::mem::take(&mut b.released), b.released_translated);
+            self.forward_datagrams(&released, rewritten, &routes, inif as u16, now);
         }
-        if !self.worker.host_pieces.is_empty() {
-            let pieces = std::mem::take(&mut self.worker.host_pieces);
+        let b = self.worker.batch_mut();
+        if !b.host_pieces.is_empty() {
+            let pieces = std::mem::take(&mut b.host_pieces);
             self.give_back(&pieces, inif);
         }
         // TCP/UDP checksums their senders left to offload, seen on the frames as they came
@@ -1111,30 +1116,31 @@ impl Dataplane {
         let mut bufs = std::mem::take(&mut self.mod_bufs);
         // `synproxy state`: frames that go on as another segment (the SYN to the server).
         let mut swapped = 0u64;
-        for (i, b) in self.worker.take_substitutes() {
+        for (i, b) in self.worker.batch_mut().substitutes.drain(..) {
             bufs.resize_with(BATCH, Vec::new);
             bufs[i as usize] = b;
             swapped |= 1 << i;
         }
         // Translated on the way in (`rdr-to`, replies of a translated state): rewritten
         // too, and routed where the new destination goes.
-        let xlated = self.worker.translated;
-        let copied = self.worker.patched | swapped | xlated;
+        let b = self.worker.batch();
+        let xlated = b.translated;
+        let copied = b.patched | swapped | xlated;
         if copied != 0 {
             bufs.resize_with(BATCH, Vec::new);
-            for i in bits(self.worker.patched) {
+            for i in bits(b.patched) {
                 bufs[i].clear();
                 bufs[i].extend_from_slice(frames[i]);
-                let (a, s) = self.worker.patches[i];
+                let (a, s) = b.patches[i];
                 xpf_engine::proto::apply_modulation(&mut bufs[i], a, s);
             }
             let t = Instant::now();
             for i in bits(xlated) {
-                if (self.worker.patched | swapped) & (1 << i) == 0 {
+                if (b.patched | swapped) & (1 << i) == 0 {
                     bufs[i].clear();
                     bufs[i].extend_from_slice(frames[i]);
                 }
-                xpf_wire::translate::apply(&mut bufs[i], &self.worker.rewrites[i]);
+                xpf_wire::translate::apply(&mut bufs[i], &b.rewrites[i]);
                 if v_in[i] == Verdict::Pass {
                     routes[i] = match self.router.route(&bufs[i], t) {
                         Routed::Out(r) => r,
@@ -1223,7 +1229,7 @@ impl Dataplane {
             // A block out with return answers the sender, back where the packet came in.
             self.send_returns(p);
             // Frames that leave as another segment (synproxy's ACK to the client).
-            let swapped: Vec<(u8, Vec<u8>)> = self.worker.take_substitutes().collect();
+            let swapped = std::mem::take(&mut self.worker.batch_mut().substitutes);
             for k in 0..m {
                 if v_out[k] != Verdict::Pass {
                     continue;
@@ -1232,7 +1238,10 @@ impl Dataplane {
                 let frame_k = swapped.iter().find(|(j, _)| *j as usize == k).map_or(out_frames[k], |(_, b)| &b[..]);
                 let made = |bits: u64, ids: &[u32; BATCH], i: usize| (bits & (1 << i) != 0).then(|| ids[i]);
                 let wait = if defer {
-                    [made(created_in, &ids_in, sel[k]), made(self.worker.created, &self.worker.created_ids, k)]
+                    [
+                        made(created_in, &ids_in, sel[k]),
+                        made(self.worker.batch().created, &self.worker.batch().created_ids, k),
+                    ]
                 } else {
                     [None, None]
                 };
@@ -1314,7 +1323,7 @@ impl Dataplane {
                                 // already: rdr-to, a reply to nat-to). A frame whose `out` pass
                                 // made its state is a flow's first: nothing to offer yet (no
                                 // flow goes on before its second packet or its handshake).
-                                let first = self.worker.created & (1 << k) != 0;
+                                let first = self.worker.batch().created & (1 << k) != 0;
                                 if let Some(fp) = self.fast.as_mut().filter(|_| !first && !self.shaping.any()) {
                                     let arrived = alls[sel[k]].get(META_LEN..).unwrap_or(&[]);
                                     fp.offer(&mut self.worker, arrived, f, inif, eg);
@@ -1372,7 +1381,7 @@ impl Dataplane {
     /// Sends the answers to blocked packets (`block return`) out of port `p`, where the
     /// packets came in.
     fn send_returns(&mut self, p: usize) {
-        let answers: Vec<(u8, Vec<u8>)> = self.worker.take_returns().collect();
+        let answers = std::mem::take(&mut self.worker.batch_mut().returns);
         for (_, f) in answers {
             if !self.ports[p].io.room_for_answers() {
                 self.io.answers_shed += 1;
@@ -1408,7 +1417,7 @@ impl Dataplane {
     /// filtered `out` as a whole on the egress its completing frame was routed to, and its
     /// fragments leave unchanged but for the link header and TTL.
     #[cold]
-    fn forward_datagrams(&mut self, released: &[(u8, Vec<u8>)], routes: &[Route], inif: u16, now: u32) {
+    fn forward_datagrams(&mut self, released: &[(u8, Vec<u8>)], rewritten: u64, routes: &[Route], inif: u16, now: u32) {
         let mut start = 0;
         while start < released.len() {
             let idx = released[start].0;
@@ -1417,7 +1426,7 @@ impl Dataplane {
             start = end;
             // Translated on the way in (`rdr-to`, a reply of a translated flow): routed where the
             // rewritten destination goes.
-            let route = if self.worker.released_translated & (1 << idx) != 0 {
+            let route = if rewritten & (1 << idx) != 0 {
                 match self.router.route(group[0], Instant::now()) {
                     Routed::Out(r) => r,
                     Routed::Local | Routed::Not => {
@@ -1447,17 +1456,17 @@ impl Dataplane {
                 self.io.egress_not_filtered += group.len() as u64;
                 continue;
             };
-            if self.worker.filter_datagram(&group, eg as u16, Dir::Out, inif, now) != Verdict::Pass {
+            let (v, to) = self.worker.filter_datagram(&group, eg as u16, Dir::Out, inif, now);
+            if v != Verdict::Pass {
                 continue;
             }
-            let to = self.worker.datagram_rewrite.take();
             for f in group {
                 match self.ports[ep].io.tx_copy(f) {
                     Some(out) => {
                         if let Some(to) = &to {
                             xpf_wire::translate::apply_fragment(out, to);
                         }
-                        rewrite(out, &dmac, &smac);
+                        ethernet::forward(out, dmac, smac);
                         self.io.forwarded += 1;
                     }
                     None => self.io.tx_full += 1,
@@ -1595,11 +1604,9 @@ impl Dataplane {
                         u.frames.len()
                     );
                     for mut f in u.frames {
-                        if f.len() < 14 {
-                            continue;
-                        }
-                        f[0..6].copy_from_slice(&d);
-                        f[6..12].copy_from_slice(&sm);
+                        let Ok(mut link) = ethernet::Frame::new_checked(&mut f[..]) else { continue };
+                        link.set_dst(d);
+                        link.set_src(sm);
                         match self.ports[u.ep].io.tx_copy(&f) {
                             Some(_) => {
                                 self.io.forwarded += 1;
@@ -1755,15 +1762,16 @@ fn outgoing(
     dmac: &[u8; 6],
     smac: &[u8; 6],
 ) {
-    if w.patched & (1 << k) != 0 {
-        let (a, s) = w.patches[k];
+    let b = w.batch();
+    if b.patched & (1 << k) != 0 {
+        let (a, s) = b.patches[k];
         xpf_engine::proto::apply_modulation(f, a, s);
     }
-    if w.translated & (1 << k) != 0 {
-        xpf_wire::translate::apply(f, &w.rewrites[k]);
+    if b.translated & (1 << k) != 0 {
+        xpf_wire::translate::apply(f, &b.rewrites[k]);
     }
     scrub(f, scrub_in, i, w, k);
-    rewrite(f, dmac, smac);
+    ethernet::forward(f, *dmac, *smac);
 }
 
 fn scrub(f: &mut [u8], scrub_in: &Option<(u64, [xpf_engine::Scrub; BATCH])>, i: usize, w: &Worker<Live>, k: usize) {
@@ -1771,8 +1779,8 @@ fn scrub(f: &mut [u8], scrub_in: &Option<(u64, [xpf_engine::Scrub; BATCH])>, i: 
         Some((m, v)) if m & (1 << i) != 0 => Some(v[i]),
         _ => None,
     };
-    if w.scrubbed & (1 << k) != 0 {
-        let o = w.scrubs[k];
+    if w.batch().scrubbed & (1 << k) != 0 {
+        let o = w.batch().scrubs[k];
         match &mut s {
             Some(s) => {
                 s.merge(&o);
@@ -1788,60 +1796,8 @@ fn scrub(f: &mut [u8], scrub_in: &Option<(u64, [xpf_engine::Scrub; BATCH])>, i: 
     }
 }
 
-/// The router's part of forwarding: new Ethernet addresses, TTL or hop limit one less.
-#[inline]
-pub fn rewrite(f: &mut [u8], dmac: &[u8; 6], smac: &[u8; 6]) {
-    if f.len() < 14 {
-        return;
-    }
-    f[0..6].copy_from_slice(dmac);
-    f[6..12].copy_from_slice(smac);
-    let et = u16::from_be_bytes([f[12], f[13]]);
-    match et {
-        0x0800 if f.len() >= 34 => {
-            let old = u16::from_be_bytes([f[22], f[23]]);
-            f[22] = f[22].wrapping_sub(1);
-            let new = u16::from_be_bytes([f[22], f[23]]);
-            let ck = u16::from_be_bytes([f[24], f[25]]);
-            let ck = xpf_wire::checksum::update16(ck, old, new);
-            f[24..26].copy_from_slice(&ck.to_be_bytes());
-        }
-        0x86dd if f.len() >= 54 => f[21] = f[21].wrapping_sub(1),
-        _ => {}
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
-
-    #[test]
-    fn rewrite_decrements_ttl_and_keeps_the_checksum_valid() {
-        let mut f = vec![0u8; 60];
-        f[12] = 0x08;
-        f[14] = 0x45;
-        f[16..18].copy_from_slice(&46u16.to_be_bytes());
-        f[22] = 64;
-        f[23] = 17;
-        f[26..30].copy_from_slice(&[10, 0, 0, 1]);
-        f[30..34].copy_from_slice(&[10, 0, 1, 1]);
-        let ck = xpf_wire::checksum::checksum(&f[14..34]);
-        f[24..26].copy_from_slice(&ck.to_be_bytes());
-        rewrite(&mut f, &[2; 6], &[4; 6]);
-        assert_eq!(&f[0..12], &[2, 2, 2, 2, 2, 2, 4, 4, 4, 4, 4, 4]);
-        assert_eq!(f[22], 63);
-        assert_eq!(xpf_wire::checksum::checksum(&f[14..34]), 0, "header checksum still verifies");
-    }
-
-    #[test]
-    fn hop_limit_of_ipv6() {
-        let mut f = vec![0u8; 60];
-        f[12..14].copy_from_slice(&[0x86, 0xdd]);
-        f[21] = 64;
-        rewrite(&mut f, &[1; 6], &[3; 6]);
-        assert_eq!(f[21], 63);
-    }
-
     /// The real-time class in a SYN flood only: in at the first look that finds new
     /// connections dropped at their ring, kept while drops go on, out after RT_HOLD without.
     #[test]

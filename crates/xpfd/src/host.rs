@@ -122,8 +122,8 @@ impl HostPath {
             frame.extend_from_slice(&ethertype.to_be_bytes());
             frame.extend_from_slice(p.packet);
             let mut v = [Verdict::Pass];
-            w.process(&[&frame[..]], ifidx as u16, dir, now, &mut v);
-            if let (Some(tx), 1) = (pflog, w.logged & 1) {
+            let logged = w.process(&[&frame[..]], ifidx as u16, dir, now, &mut v).logged;
+            if let (Some(tx), 1) = (pflog, logged & 1) {
                 crate::pflog::log_frames(tx, w, &[&frame[..]], ifidx, 1);
             }
             // A fragment (IPv6 at INPUT: see the module's note): its verdict waits for its
@@ -136,8 +136,8 @@ impl HostPath {
                 && xpf_wire::parse_ether(frame, &mut pd).is_ok()
                 && pd.flags & xpf_wire::pdesc::pdf::FRAGMENT != 0)
                 .then_some((pd.src.0, pd.dst.0, pd.frag_id));
-            let complete = !w.released.is_empty();
-            w.released.clear();
+            let b = w.batch_mut();
+            let complete = !b.released.is_empty();
             if let (Some(k), Verdict::Held, false) = (frag, v[0], complete) {
                 if *pending_n < PENDING_MAX {
                     pending.entry(k).or_default().push((p.id, now));
@@ -161,19 +161,19 @@ impl HostPath {
                 }
                 verdicts.extend(held.into_iter().map(|(id, _)| (id, accept, None)));
             }
-            let rewritten = (accept && (w.patched | w.scrubbed | w.translated) & 1 != 0).then(|| {
+            let rewritten = (accept && (b.patched | b.scrubbed | b.translated) & 1 != 0).then(|| {
                 // A translated packet of the host's (its own connection through `nat-to`, a
                 // `rdr-to` to one of its ports): the kernel takes it rewritten (and routes
                 // an outgoing one again).
-                if w.translated & 1 != 0 {
-                    xpf_wire::translate::apply(frame, &w.rewrites[0]);
+                if b.translated & 1 != 0 {
+                    xpf_wire::translate::apply(frame, &b.rewrites[0]);
                 }
-                if w.patched & 1 != 0 {
-                    let (a, s) = w.patches[0];
+                if b.patched & 1 != 0 {
+                    let (a, s) = b.patches[0];
                     xpf_engine::proto::apply_modulation(frame, a, s);
                 }
-                if w.scrubbed & 1 != 0 {
-                    xpf_engine::proto::apply_scrub(frame, &w.scrubs[0]);
+                if b.scrubbed & 1 != 0 {
+                    xpf_engine::proto::apply_scrub(frame, &b.scrubs[0]);
                 }
                 frame[14..].to_vec()
             });
@@ -182,7 +182,7 @@ impl HostPath {
             }
             // synproxy: the packet goes on as another segment (the SYN to the local server,
             // the ACK to the client).
-            let rewritten = match w.take_substitutes().next() {
+            let rewritten = match b.substitutes.pop() {
                 Some((_, b)) => Some(b[14..].to_vec()),
                 None => rewritten,
             };
@@ -215,7 +215,7 @@ impl HostPath {
         if let Err(e) = q.flush().and(r.map(|_| ())) {
             log::warn!("host traffic queue: {e}");
         }
-        let answers: Vec<(u8, Vec<u8>)> = w.take_returns().collect();
+        let answers = std::mem::take(&mut w.batch_mut().returns);
         for (_, f) in answers {
             self.answer(&f[14..]);
             w.recycle(f);

@@ -307,7 +307,7 @@ pub fn log_frames<P: xpf_engine::Policy>(tx: &Tx, w: &xpf_engine::Worker<P>, fra
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     let ts = (t.as_secs() as u32, t.subsec_micros());
     for i in (0..frames.len().min(64)).filter(|&i| m & (1 << i) != 0) {
-        let l = w.logs[i];
+        let l = w.batch().logs[i];
         if !tx.admit(l.rule, ts.0) {
             continue;
         }
@@ -323,7 +323,8 @@ pub fn log_frames<P: xpf_engine::Policy>(tx: &Tx, w: &xpf_engine::Worker<P>, fra
             Some(6) => fmt::AF_INET6,
             _ => continue,
         };
-        let rewritten = (w.translated & (1 << i) != 0).then(|| (w.rewrites[i].addr, w.rewrites[i].port));
+        let b = w.batch();
+        let rewritten = (b.translated & (1 << i) != 0).then(|| (b.rewrites[i].addr, b.rewrites[i].port));
         // pf's names: a rule in an anchor is logged under the main ruleset's anchor rule.
         let name = w.policy.log_name(l.rule);
         let len = ip.len().min(fmt::SNAPLEN);

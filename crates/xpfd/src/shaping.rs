@@ -93,23 +93,25 @@ pub fn coordinate(board: Arc<Board>, slot: Arc<xpf_conf::reload::Slot>, workers:
     }
 }
 
-/// A flow's hash for FQ-CoDel: protocol, addresses and ports (IPv4 or IPv6; the ports
-/// where a header without options or extensions puts them).
+/// A flow's hash for FQ-CoDel: protocol, addresses and ports (or ICMP's identifier), as the
+/// parser finds them (VLAN tags, IPv4 options, IPv6 extension headers); 0 for a frame it does
+/// not take. Held frames are hashed again from their bytes when a reload rebuilds a tree.
+// PERF: 17.4 ns a 60-byte IPv4 frame against 12.3 ns for the fixed offsets it replaced (FNV
+// over their bytes; a throwaway loop, A/B): a shaped packet's, and only in a queue with `flows`.
 fn flow_hash(f: &[u8]) -> u32 {
-    let (proto, from, to) = match f.get(12..14) {
-        Some([8, 0]) => {
-            let ports = 14 + (f.get(14).map_or(5, |b| b & 0x0f) as usize) * 4;
-            (14 + 9, 14 + 12, ports + 4)
-        }
-        Some([0x86, 0xdd]) => (14 + 6, 14 + 8, 14 + 44),
-        _ => (0, 0, 0),
-    };
-    let mut h: u32 = 0x811c_9dc5;
-    let bytes = f.get(proto..proto + 1).unwrap_or(&[]).iter().chain(f.get(from..to).unwrap_or(&[]));
-    for &b in bytes {
-        h = (h ^ b as u32).wrapping_mul(0x0100_0193);
+    let mut pd = xpf_wire::PDesc::default();
+    if xpf_wire::parse_ether(f, &mut pd).is_err() {
+        return 0;
     }
-    h
+    let (s, d) = (u128::from_ne_bytes(pd.src.0), u128::from_ne_bytes(pd.dst.0));
+    let mix = |h: u64, x: u64| {
+        let m = (h ^ x) as u128 * 0x9e37_79b9_7f4a_7c15;
+        (m >> 64) as u64 ^ m as u64
+    };
+    let ports = (pd.proto as u64) << 32 | (pd.sport as u64) << 16 | pd.dport as u64;
+    let h =
+        mix(mix(mix(mix(mix(0x243f_6a88_85a3_08d3, s as u64), (s >> 64) as u64), d as u64), (d >> 64) as u64), ports);
+    (h >> 32) as u32 ^ h as u32
 }
 
 impl Shaping {
@@ -357,9 +359,14 @@ mod tests {
             xpf_wire::ipv4::emit_header(&mut f[14..], [10, 0, 0, 1], [10, 0, 0, 2], 6, 46, 64, id);
             f[34..36].copy_from_slice(&sport.to_be_bytes());
             f[36..38].copy_from_slice(&80u16.to_be_bytes());
+            f[46] = 0x50; // data offset 20
             f
         };
         assert_eq!(flow_hash(&frame(1, 4000)), flow_hash(&frame(999, 4000)));
         assert_ne!(flow_hash(&frame(1, 4000)), flow_hash(&frame(1, 4001)));
+        // Under a VLAN tag: the same flow.
+        let mut tagged = frame(7, 4000);
+        tagged.splice(12..12, [0x81, 0x00, 0x00, 0x64]);
+        assert_eq!(flow_hash(&tagged), flow_hash(&frame(1, 4000)));
     }
 }
