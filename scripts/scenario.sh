@@ -458,7 +458,34 @@ try:
     s.recv(10); raise SystemExit('an answer')
 except ConnectionRefusedError:
     pass"
-check "host: -s info counts the answers" test "$(info 'd["block_return"]["answers_sent"]')" -ge 2
+# A burst: the kernel queues several packets before xpfd reads them, and each gets its answer.
+check "host: block return: a burst of 20 UDP datagrams from 20 sockets, each refused" ip netns exec ${P}client python3 -c "
+import socket
+ss = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(20)]
+for s in ss:
+    s.settimeout(2); s.connect(('10.0.1.1', 2229))
+for s in ss:
+    s.send(b'x')
+refused = 0
+for s in ss:
+    try:
+        s.recv(10)
+    except ConnectionRefusedError:
+        refused += 1
+    except OSError:
+        pass
+raise SystemExit(0 if refused == 20 else f'{refused} of 20 refused')"
+check "host: -s info counts the answers" test "$(info 'd["block_return"]["answers_sent"]')" -ge 22
+# pfctl -d: every packet passes unfiltered (the firewall's own closed port, a forwarded
+# connection block all refuses); -e filters again with the same ruleset.
+check "-d: pf disabled, as pfctl says it" bash -c "$CTL -d 2>&1 | grep -qx 'pf disabled'"
+check "-d again: 'pf not enabled', exit 1" bash -c "! $CTL -d 2>$DIR/e && grep -qx 'pf not enabled' $DIR/e"
+check "-s info: Status: Disabled" bash -c "$CTL -s info | grep -q '^Status: Disabled for 0 days'"
+check "disabled: a port block all closes on the firewall opens (nc)" c nc -z -w 2 10.0.1.1 2228
+check "disabled: a forwarded connection block all refuses passes (curl)" c curl -sf -m 5 -o /dev/null http://10.0.2.2/
+check "-e: pf enabled" bash -c "$CTL -e 2>&1 | grep -qx 'pf enabled'"
+check "enabled: that port closed again (nc)" refused c nc -z -w 2 10.0.1.1 2228
+check "enabled: and the forwarded connection refused again (curl)" refused c curl -sf -m 3 -o /dev/null http://10.0.2.2/
 check "host: the firewall's own traffic out passes (pass out): ping and HTTP to the server" bash -c "ip netns exec ${P}fw ping -c 1 -W 1 10.0.2.2 >/dev/null && ip netns exec ${P}fw curl -sf -m 5 -o /dev/null http://10.0.2.2/"
 printf 'block all\npass in on fc\n' > "$DIR/host-in-only.conf"
 check "-f a ruleset without 'pass out'" $CTL -f "$DIR/host-in-only.conf"
@@ -895,7 +922,24 @@ $CTL -s states >/dev/null   # -s states carries the kernel's counts into the sta
 kern=$($CTL -s info | awk -F'  +' '/forwarded in the kernel/ {s += $NF} END {print s+0}')
 check "--fastpath: the steering program forwarded those too ($((kern - kern0)) packets)" test $((kern - kern0)) -gt 19000
 check "--fastpath: the kernel's counts were carried into the states ($(fastjson packets) packets)" test "$(fastjson packets)" -gt 10000
-check "--fastpath: the flows are in the kernel's map before -k ($(fastjson flows))" test "$(fastjson flows)" -gt 0
+check "--fastpath: the flows are in the kernel's map before -d ($(fastjson flows))" test "$(fastjson flows)" -gt 0
+# pf disabled: every flow comes back through xpfd, which passes its packets unfiltered, and
+# none is offered until -e; then the next packets offer theirs again.
+udp_burst() { ip netns exec ${P}client python3 -c "
+import socket, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('10.0.1.2', 7000))
+for i in range(300):
+    s.sendto(b'x' * 100, ('10.0.2.2', 7001)); time.sleep(0.002)"; }
+no_flows() { for i in $(seq 30); do test "$(fastjson flows)" -eq 0 && return 0; sleep 0.1; done; return 1; }
+$CTL -d 2>/dev/null
+check "--fastpath: -d takes every flow back from the kernel's map" no_flows
+k0=$(info 'd["forwarding"]["forwarded"]')
+udp_burst
+check "--fastpath: disabled, a flow's datagrams pass through xpfd, none offered ($(fastjson flows) flows)" \
+    test "$(fastjson flows)" -eq 0 -a $(( $(info 'd["forwarding"]["forwarded"]') - k0 )) -ge 290
+$CTL -e 2>/dev/null
+udp_burst
+check "--fastpath: enabled again, the flow is in the kernel's map again ($(fastjson flows))" test "$(fastjson flows)" -gt 0
 $CTL -k 10.0.1.2 >/dev/null; $CTL -k 0.0.0.0/0 -k 10.0.1.2 >/dev/null; $CTL -k fd00:1::2 >/dev/null
 check "--fastpath: -k takes the client's flows out of the kernel's map" test "$(fastjson flows)" -eq 0
 

@@ -15,6 +15,7 @@ const SOCKET: &str = "/run/xpfd.sock";
 const USAGE: &str = "usage: xpfctl [-nv] [-D macro=value] [-o level] -f FILE      check (-n) or load a pf.conf (-f - : stdin)\n       \
                      xpfctl [-v[v]] -s info|states|memory|rules|nat|labels|timeouts|Tables|Interfaces|all\n       \
                      xpfctl -a ANCHOR [-n] -f FILE | -F rules | [-v] -s rules   an anchor's rules: load, flush, show ('*': all)\n       \
+                     xpfctl -e | -d                              enable (filter) or disable (pass everything unfiltered)\n       \
                      xpfctl -z                                   zero the rules' evaluations\n       \
                      xpfctl -x level                             xpfd's log level: emerg .. err, warning, notice, info, debug\n       \
                      xpfctl -k host [-k host] | -k label NAME    kill states\n       \
@@ -50,6 +51,22 @@ struct Opts {
     zero: bool,
     /// `-a ANCHOR`: -f, -F rules and -s rules act on that anchor.
     anchor: Option<String>,
+    /// `-e`, `-d`: pf enabled (filtering) or disabled (every packet passes unfiltered).
+    enable: bool,
+    disable: bool,
+}
+
+impl Opts {
+    /// Whether it asks xpfd for something besides a load, -e and -d.
+    fn acts(&self) -> bool {
+        self.show.is_some()
+            || !self.kill.is_empty()
+            || self.label.is_some()
+            || self.flush.is_some()
+            || self.table.is_some()
+            || self.zero
+            || self.debug.is_some()
+    }
 }
 
 fn parse_args(args: &[String]) -> Result<Opts, String> {
@@ -99,6 +116,8 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
             match c {
                 'n' => o.noaction = true,
                 'z' => o.zero = true,
+                'e' => o.enable = true,
+                'd' => o.disable = true,
                 'v' => o.verbose += 1,
                 'f' => o.file = Some(arg(&mut i)?),
                 'D' => {
@@ -277,18 +296,36 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Some((on, bare)) = o.steer {
-        return request(&o, json!({"op": "steer", "on": on, "bare": bare}));
+    // pfctl's order: -d before anything else, -e after everything (`-ef pf.conf` loads, then
+    // enables; a failed load leaves it as it was).
+    if o.disable && status(&o, false) != ExitCode::SUCCESS {
+        return ExitCode::FAILURE;
     }
-    if o.show.is_some()
-        || !o.kill.is_empty()
-        || o.label.is_some()
-        || o.flush.is_some()
-        || o.table.is_some()
-        || o.zero
-        || o.debug.is_some()
-    {
-        return daemon(&o);
+    let alone = o.file.is_none() && o.steer.is_none() && !o.acts();
+    let rc = if (o.enable || o.disable) && alone { ExitCode::SUCCESS } else { act(&o) };
+    if o.enable && rc == ExitCode::SUCCESS {
+        return status(&o, true);
+    }
+    rc
+}
+
+/// `-e` (true) or `-d`: pfctl's words on stderr, and its errors.
+fn status(o: &Opts, on: bool) -> ExitCode {
+    let quiet = Opts { json: false, socket: o.socket.clone(), ..Opts::default() };
+    let rc = request(&quiet, json!({"op": "status", "enabled": on}));
+    if rc == ExitCode::SUCCESS {
+        eprintln!("pf {}", if on { "enabled" } else { "disabled" });
+    }
+    rc
+}
+
+/// Everything but -e and -d.
+fn act(o: &Opts) -> ExitCode {
+    if let Some((on, bare)) = o.steer {
+        return request(o, json!({"op": "steer", "on": on, "bare": bare}));
+    }
+    if o.acts() {
+        return daemon(o);
     }
     let Some(file) = o.file.clone() else {
         eprintln!("{USAGE}");
@@ -298,7 +335,7 @@ fn main() -> ExitCode {
     // warnings come back, -D goes with it): a 1.6M-rule file took seconds to parse here
     // first. -n and -v print what was parsed: those parse here.
     if !o.noaction && o.verbose == 0 && file != "-" {
-        return load_request(&o, &file);
+        return load_request(o, &file);
     }
     let (name, src) = if file == "-" {
         let mut s = String::new();
@@ -360,7 +397,7 @@ fn main() -> ExitCode {
             eprintln!("xpfctl: loading from stdin into xpfd: write the ruleset to a file and give its path");
             return ExitCode::from(2);
         }
-        return load_request(&o, &file);
+        return load_request(o, &file);
     }
     ExitCode::SUCCESS
 }
@@ -543,6 +580,13 @@ mod tests {
             assert_eq!((o.show.as_deref(), o.verbose), (Some(show), verbose), "{args}");
         }
         assert_eq!(parse_args(&a("-Fa")).unwrap().flush.as_deref(), Some("a"));
+        // -e and -d alone, or with a load (pfctl -ef pf.conf).
+        let o = parse_args(&a("-ef pf.conf")).unwrap();
+        assert!(o.enable && !o.disable && !o.acts());
+        assert_eq!(o.file.as_deref(), Some("pf.conf"));
+        let o = parse_args(&a("-d")).unwrap();
+        assert!(o.disable && o.file.is_none() && !o.acts());
+        assert!(parse_args(&a("-d -s info")).unwrap().acts());
         assert_eq!(parse_args(&a("-nvfpf.conf")).unwrap().file.as_deref(), Some("pf.conf"));
         let o = parse_args(&a("-tbad -Tadd 192.0.2.1")).unwrap();
         assert_eq!(

@@ -290,6 +290,8 @@ pub struct Daemon {
     /// The queues' counters at the last `-s queue` (what -v measures against).
     queues_seen: Option<(Instant, QueueSums)>,
     pub(crate) start: Instant,
+    /// pf's status (`-e`, `-d`), shared with the workers' policies.
+    pub status: Arc<crate::policy::Status>,
     /// State sync's counters, when --sync-dev is on.
     pub sync: Option<Arc<crate::sync::Shared>>,
     /// Which interfaces take the fast path's redirected frames (fast path on).
@@ -432,6 +434,7 @@ impl Daemon {
             ifaces: Vec::new(),
             queues_seen: None,
             start: Instant::now(),
+            status: Default::default(),
             sync: None,
             egresses: None,
             resolved: None,
@@ -718,6 +721,22 @@ impl Daemon {
                 Ok((text, data))
             }
             "table" => self.table(req),
+            "status" => {
+                // pfctl -e, -d: the workers read it before each batch (Live::skip).
+                let on = req["enabled"].as_bool().ok_or("status: enabled true|false")?;
+                if !self.status.set(on) {
+                    return Err(if on { "pf already enabled" } else { "pf not enabled" }.into());
+                }
+                log::info!(
+                    "pf {}",
+                    if on {
+                        "enabled"
+                    } else {
+                        "disabled: every packet passes unfiltered, without states or translation"
+                    }
+                );
+                Ok((String::new(), json!({"enabled": on})))
+            }
             "steer" => {
                 // Maintenance and the lab: take the steering programs off (the kernel forwards
                 // unfiltered, by its own rules) or put them back.
@@ -939,7 +958,7 @@ impl Daemon {
         match what {
             "info" => {
                 let (info, io, xs, pc) = self.snapshot()?;
-                let mut text = info.render(uptime);
+                let mut text = info.render_status(uptime, self.status.now());
                 let steer: Vec<(String, [u64; xpf_xdp::steer::COUNTERS.len()])> =
                     self.steers.lock().unwrap().iter().map(|(n, s)| (n.clone(), s.counters())).collect();
                 let (_, cur) = self.slot.current();
@@ -1120,8 +1139,10 @@ impl Daemon {
                 let keyed = |names: &[(&str, &str)], c: &[u64]| -> serde_json::Map<String, Value> {
                     names.iter().zip(c).map(|((k, _), v)| (k.to_string(), json!(v))).collect()
                 };
+                let (enabled, status_secs) = self.status.now();
                 let mut data = json!({
                     "uptime": uptime,
+                    "enabled": enabled, "status_secs": status_secs,
                     "states": info.states, "limit": info.limit,
                     "searches": info.searches, "inserts": info.inserts, "removals": info.removals,
                     "packets": info.stats.packets, "bytes": info.stats.bytes,

@@ -175,6 +175,8 @@ pub struct FastPath {
     egresses: Arc<Egresses>,
     /// The egresses' generation this worker last acted on.
     egress_gen: u32,
+    /// pf was disabled when [`FastPath::sync`] last looked: the flows came back, none is offered.
+    disabled: bool,
     owner: u8,
     recs: Vec<Option<Rec>>,
     free: Vec<u32>,
@@ -220,6 +222,7 @@ impl FastPath {
             tables,
             egresses,
             egress_gen: 0,
+            disabled: false,
             owner: owner as u8,
             recs: Vec::new(),
             free: Vec::new(),
@@ -253,7 +256,7 @@ impl FastPath {
     pub fn offer(&mut self, w: &mut Worker<Live>, frame: &[u8], sent: &[u8], in_if: u32, out_if: u32) {
         // The cheap refusals first: on hosts whose interfaces take no redirected frames this is
         // all a forwarded packet pays.
-        if !self.egresses.ok(out_if) || self.refused_at.is_some_and(|t| t.elapsed() < BACKOFF) {
+        if !self.egresses.ok(out_if) || self.refused_at.is_some_and(|t| t.elapsed() < BACKOFF) || self.disabled {
             return;
         }
         let Some(k) = FlowKey::of_frame(frame) else { return };
@@ -545,6 +548,18 @@ impl FastPath {
     /// Carries the kernel's counts into the states and takes back the flows whose states are
     /// gone: a pass every `interval`, a slice per call. Frees the flows held long enough.
     pub fn sync(&mut self, w: &mut Worker<Live>, now: u32) {
+        // pf disabled (`xpfctl -d`): every flow comes back at once, so that its packets pass
+        // through xpfd unfiltered and untranslated, and none is offered until it is enabled.
+        if self.disabled == w.policy.enabled() {
+            self.disabled = !self.disabled;
+            if self.disabled {
+                for slot in 0..self.recs.len() as u32 {
+                    if self.recs[slot as usize].as_ref().is_some_and(|r| !r.held) {
+                        self.take_back(slot);
+                    }
+                }
+            }
+        }
         let g = self.egresses.generation.load(Relaxed);
         if g != self.egress_gen {
             // An egress stopped taking redirected frames: its flows come back at once.

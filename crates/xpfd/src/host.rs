@@ -104,6 +104,9 @@ impl HostPath {
     /// Returns the packets handled.
     pub fn poll<P: Policy>(&mut self, w: &mut Worker<P>, now: u32, pflog: Option<&crate::pflog::Tx>) -> usize {
         let HostPath { q, frame, verdicts, stats, pending, pending_n, .. } = self;
+        // `block return` answers, gathered packet by packet (each call of the engine returns
+        // its own) and sent once the kernel has its verdicts.
+        let mut answers = Vec::new();
         let r = q.recv(|p| {
             let (dir, ifidx) = match p.hook {
                 HOOK_INPUT => (Dir::In, p.indev),
@@ -122,7 +125,9 @@ impl HostPath {
             frame.extend_from_slice(&ethertype.to_be_bytes());
             frame.extend_from_slice(p.packet);
             let mut v = [Verdict::Pass];
-            let logged = w.process(&[&frame[..]], ifidx as u16, dir, now, &mut v).logged;
+            let b = w.process(&[&frame[..]], ifidx as u16, dir, now, &mut v);
+            let logged = b.logged;
+            answers.append(&mut b.returns);
             if let (Some(tx), 1) = (pflog, logged & 1) {
                 crate::pflog::log_frames(tx, w, &[&frame[..]], ifidx, 1);
             }
@@ -215,7 +220,6 @@ impl HostPath {
         if let Err(e) = q.flush().and(r.map(|_| ())) {
             log::warn!("host traffic queue: {e}");
         }
-        let answers = std::mem::take(&mut w.batch_mut().returns);
         for (_, f) in answers {
             self.answer(&f[14..]);
             w.recycle(f);

@@ -691,6 +691,7 @@ fn run(a: Args) -> Result<(), String> {
     let timeouts = loaded.timeouts();
     let (ruleset, loaded) = loaded.take_ruleset();
     let slot = Arc::new(xpf_conf::reload::Slot::new(ruleset));
+    let status = Arc::new(policy::Status::new());
 
     // What the ruleset asks of the daemon, checked before any interface is touched.
     control::pflow_fits(&loaded.parsed, a.pflow.is_some())?;
@@ -984,8 +985,8 @@ fn run(a: Args) -> Result<(), String> {
             prefault: true,
             secret: xpf_state::os_random(),
         };
-        let mut worker =
-            Worker::new(cfg, policy::Live::new(slot.clone())).map_err(|e| format!("state table: {e:?}"))?;
+        let mut worker = Worker::new(cfg, policy::Live::new(slot.clone(), status.clone()))
+            .map_err(|e| format!("state table: {e:?}"))?;
         let wsync = sync_setup.as_ref().map(|(cfg, tx, shared, maxupd)| {
             worker.t4.sync_max = *maxupd;
             worker.t6.sync_max = *maxupd;
@@ -1074,6 +1075,7 @@ fn run(a: Args) -> Result<(), String> {
     }
     let mut d = Daemon::new(a.file.clone(), a.defines.clone(), loaded, slot, txs, steers.clone());
     d.sync = sync_shared.clone();
+    d.status = status;
     d.ifaces = a.ifaces.clone();
     d.egresses = egresses.clone();
     d.skb_nat = skb_nat;
