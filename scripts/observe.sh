@@ -232,6 +232,7 @@ check "set debug debug: control requests are logged at debug; xpfctl -x info qui
     $CTL -x info && $CTL -s memory >/dev/null
     [[ \$n -ge 1 && \$(grep -c 'xpfd: debug: control: show memory' $LOG) -eq \$n ]] &&
         grep -q 'xpfd: info: debug level info (xpfctl -x)' $LOG && ! $CTL -x verbose"
+check "-s info names the debug level as pfctl -si does (Debug: info)" bash -c "$CTL -s info | head -1 | grep -q 'Debug: info\$'"
 
 # Refused where it cannot be kept.
 printf 'pass in log (matches) proto tcp\n' >"$DIR/matches.conf"

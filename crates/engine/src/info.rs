@@ -211,18 +211,22 @@ impl Info {
     /// The text of `pfctl -si` after `uptime_secs` seconds, enabled all along, rates being
     /// totals over uptime. xpf's finer drop reasons follow pf's seventeen.
     pub fn render(&self, uptime_secs: u64) -> String {
-        self.render_status(uptime_secs, (true, uptime_secs))
+        self.render_status(uptime_secs, (true, uptime_secs), "err")
     }
 
     /// [`Info::render`] with pf's status: enabled or not, for how many seconds (the counters'
-    /// rates stay over the whole uptime: they count since then).
-    pub fn render_status(&self, uptime_secs: u64, (enabled, for_secs): (bool, u64)) -> String {
+    /// rates stay over the whole uptime: they count since then), and the debug level's name.
+    pub fn render_status(&self, uptime_secs: u64, (enabled, for_secs): (bool, u64), debug: &str) -> String {
         let mut o = String::new();
         let t = for_secs;
         let (d, h, m, s) = (t / 86400, t / 3600 % 24, t / 60 % 60, t % 60);
         let what = if enabled { "Enabled" } else { "Disabled" };
-        let _ =
-            writeln!(o, "{:<44}{:>15}\n", format!("Status: {what} for {d} days {h:02}:{m:02}:{s:02}"), "Debug: err");
+        let _ = writeln!(
+            o,
+            "{:<44}{:>15}\n",
+            format!("Status: {what} for {d} days {h:02}:{m:02}:{s:02}"),
+            format!("Debug: {debug}")
+        );
         let rate = |x: u64| {
             if uptime_secs > 0 {
                 format!("{:>14.1}/s", x as f64 / uptime_secs as f64)

@@ -5,8 +5,9 @@
 //! [`Batch`] (rewrites to apply, answers and frames to send, states made). The order is pf's
 //! (`pf_test`): fill the descriptor once, look the state up first, evaluate the ruleset only
 //! on a miss, create the state when the deciding rule keeps state, and count every drop with
-//! its reason. Lookups are batched ([`xpf_state::StateTable::lookup_batch`]); nothing on this path allocates, locks or
-//! makes a system call. The daemon, the benches and the replay tool all run this same code.
+//! its reason. Lookups are batched ([`xpf_state::StateTable::lookup_batch`]); nothing on this
+//! path allocates, locks or makes a system call. The daemon, the benches and the replay tool
+//! all run this same code.
 
 pub mod batch;
 pub mod frag;

@@ -958,7 +958,7 @@ impl Daemon {
         match what {
             "info" => {
                 let (info, io, xs, pc) = self.snapshot()?;
-                let mut text = info.render_status(uptime, self.status.now());
+                let mut text = info.render_status(uptime, self.status.now(), crate::logging::level_name());
                 let steer: Vec<(String, [u64; xpf_xdp::steer::COUNTERS.len()])> =
                     self.steers.lock().unwrap().iter().map(|(n, s)| (n.clone(), s.counters())).collect();
                 let (_, cur) = self.slot.current();
@@ -1142,7 +1142,7 @@ impl Daemon {
                 let (enabled, status_secs) = self.status.now();
                 let mut data = json!({
                     "uptime": uptime,
-                    "enabled": enabled, "status_secs": status_secs,
+                    "enabled": enabled, "status_secs": status_secs, "debug": crate::logging::level_name(),
                     "states": info.states, "limit": info.limit,
                     "searches": info.searches, "inserts": info.inserts, "removals": info.removals,
                     "packets": info.stats.packets, "bytes": info.stats.bytes,
