@@ -13,7 +13,8 @@
 # the worker that owns its flow); after the failover, `-k` on the standby must leave the sync
 # thread's map of where the old primary's states were placed with them.
 # NAT=1: the client's network goes out as the virtual address (`nat-to 10.0.2.1`): the
-# standby must carry the translated flows with the same address and ports.
+# standby must carry the translated flows with the same address and ports, its translation
+# holding those ports.
 # IDLE=N: before the live flows, N idle states on the primary (half-open TCP from a SYN
 # flood out of the client's namespace, `xpf-bench flood`), which the standby takes by bulk
 # update before the kill, beside the live flows (conntrackd's standby must first commit such
@@ -286,6 +287,11 @@ if [[ ${NAT:-0} == 1 ]]; then
     xlat=$(XPFD_SOCKET=$DIR/fwb.sock "$BIN/xpfctl" -s states | grep -c '10\.0\.2\.1:[0-9]* (10\.0\.1\.2:' || true)
     echo "failover: fwb holds $xlat translated states"
     [[ $xlat -ge $FLOWS ]] || { echo "failover: FAILED: the standby lacks the translated states"; exit 1; }
+    # The standby's translation holds the ports those states use: taking over, it hands
+    # none of them to a new flow and gives each back when its state ends.
+    held=$(sync_count fwb "source ports in use")
+    echo "failover: fwb's translation holds $held source ports of the synced flows"
+    [[ $held -ge $FLOWS ]] || { echo "failover: FAILED: the standby's allocator knows $held of the $FLOWS synced flows' ports"; exit 1; }
 fi
 # The standby must have stayed standby: a pair whose standby took the addresses while the
 # primary lived (its adverts held up on the way, in the primary's host path or the

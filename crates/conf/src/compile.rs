@@ -1883,6 +1883,10 @@ impl Policy for Ruleset {
         self.pools.get((i as usize).wrapping_sub(1))
     }
 
+    fn pools(&self) -> &[xpf_engine::nat::Pool] {
+        &self.pools
+    }
+
     fn translation(&self, pd: &PDesc, at: &Context) -> Option<xpf_engine::policy::Xlate> {
         if self.xlate.rules.is_empty() {
             return None;

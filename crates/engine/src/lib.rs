@@ -985,6 +985,32 @@ impl<P: Policy> Worker<P> {
         n
     }
 
+    /// Takes translated states a peer made (inserted by sync; `slots` as
+    /// [`Batch::created_ids`] names them, [`V6_SLOT`] for IPv6) into this box's translation, as
+    /// if its own rules had made them: the source port they use counts as a flow of that port
+    /// in the allocator of the pool that holds their address (not handed out fresh while they
+    /// last, given back when they go), an `endpoint-independent` pool's UDP source keeps its
+    /// address and port for its next flows, and `sticky-address` and `least-states` count them.
+    /// A standby that takes over then translates the sources it carried as the primary did.
+    /// The pool is the first whose addresses hold the translated address (and whose port range
+    /// holds the port): both boxes load one ruleset.
+    pub fn adopt(&mut self, slots: &[u32]) {
+        for &slot in slots {
+            if slot & V6_SLOT != 0 {
+                adopt(&mut self.t6, &self.policy, &mut self.nat, &mut self.aux.rng, slot & !V6_SLOT);
+            } else {
+                adopt(&mut self.t4, &self.policy, &mut self.nat, &mut self.aux.rng, slot);
+            }
+        }
+    }
+
+    /// A peer's clear emptied the tables (every state was the peer's): what
+    /// [`adopt`](Self::adopt) took in goes back as `-F states` gives it back.
+    pub fn peer_emptied(&mut self, now: u32) {
+        self.release_ports(now);
+        self.nat.release_all(now);
+    }
+
     /// Gives the source ports of the translated states that ended back to the allocator.
     #[inline]
     fn release_ports(&mut self, now: u32) {
@@ -995,6 +1021,58 @@ impl<P: Policy> Worker<P> {
             gone(&mut self.t6.nat_gone, &mut self.nat, now);
         }
     }
+}
+
+/// [`Worker::adopt`] of state `id` of `t`.
+fn adopt<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, nat: &mut nat::Nat, rng: &mut ChaCha20Rng, id: u32) {
+    let s = *t.state(id);
+    let Some(stack) = t.stack_key(id).filter(|_| s.flags & sf::LIVE != 0 && t.held_of(id) == 0) else { return };
+    let (wire, af, proto) = (s.key, s.key.af(), s.key.proto());
+    // As in `gone`: the source (original, translated) and destination (original,
+    // translated), each address and port; going out the wire key holds the translated
+    // source second, coming in the stack key holds it first.
+    let (src, dst) = if s.flags & sf::OUT != 0 {
+        (
+            [(stack.addr(1), stack.port(1)), (wire.addr(1), wire.port(1))],
+            [(stack.addr(0), stack.port(0)), (wire.addr(0), wire.port(0))],
+        )
+    } else {
+        (
+            [(wire.addr(0), wire.port(0)), (stack.addr(0), stack.port(0))],
+            [(wire.addr(1), wire.port(1)), (stack.addr(1), stack.port(1))],
+        )
+    };
+    let pools = p.pools();
+    let inside = src[0].0;
+    let counts = |nat: &nat::Nat, pl: &nat::Pool| nat.tracking() || pl.sticky || pl.method == nat::Method::LeastStates;
+    let mut held = 0;
+    if src[0] != src[1] {
+        let to = src[1];
+        if let Some((i, ranged)) = nat.pool_holding(pools, nat::Use::Source, (to.0, af), Some(to.1)) {
+            let pl = &pools[i];
+            // Its port from the allocator's range (not `static-port`, not one fixed port).
+            if ranged && !pl.static_port && nat.adopt_port((to.0, af), proto, pl.ports, to.1, rng) {
+                held |= xpf_state::held::PORT;
+                if pl.endpoint_independent && proto == xpf_wire::pdesc::IPPROTO_UDP {
+                    nat.map(af, src[0], to);
+                }
+            }
+            if counts(nat, pl) {
+                nat.note(nat::Use::Source, af, inside, to.0, pl.sticky);
+                held |= xpf_state::held::COUNTED;
+            }
+        }
+    }
+    if dst[0].0 != dst[1].0 {
+        let to = dst[1].0;
+        if let Some((i, _)) = nat.pool_holding(pools, nat::Use::Destination, (to, af), None) {
+            if counts(nat, &pools[i]) {
+                nat.note(nat::Use::Destination, af, inside, to, pools[i].sticky);
+                held |= xpf_state::held::COUNTED;
+            }
+        }
+    }
+    t.set_held(id, held);
 }
 
 #[cold]

@@ -19,6 +19,7 @@
 
 use rand_chacha::ChaCha20Rng;
 use rand_core::Rng;
+use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 
 /// The allocator's maps: keyed by the pools' own addresses and the ports it chose, nothing a
@@ -317,6 +318,9 @@ pub struct Nat {
     /// `sticky-address`: per (inside source, family, use), the address it keeps and the
     /// translated states it has to that address.
     sticky: HashMap<(Addr, u8, Use), (Addr, u32)>,
+    /// The pools [`Nat::pool_holding`] found last, per [`Use`]: a peer's translated states
+    /// come by the thousand from one or a few pools.
+    hint: [usize; 2],
     pub counters: Counters,
 }
 
@@ -375,6 +379,83 @@ impl Nat {
         &mut self.cursors[i]
     }
 
+    /// The allocator of `addr`'s ports in `lo..=hi` for `proto` (made on first use), and the
+    /// counters.
+    #[inline(always)]
+    fn ports_of(
+        &mut self,
+        (addr, af): (Addr, u8),
+        proto: u8,
+        (lo, hi): (u16, u16),
+        rng: &mut ChaCha20Rng,
+    ) -> (&mut Ports, &mut Counters) {
+        let share = (self.share.0, self.share.1.max(1));
+        let all = self.ports.entry((addr, class(af, proto))).or_default();
+        let k = match all.iter().position(|p| p.range == (lo, hi)) {
+            Some(k) => k,
+            None => {
+                all.push(Ports { range: (lo, hi), ..Ports::new(lo, hi, share, rng) });
+                all.len() - 1
+            }
+        };
+        (&mut all[k], &mut self.counters)
+    }
+
+    /// The first of `pools` whose addresses hold `addr` (family `af`) and, with `port`, whose
+    /// source port range holds that port (else the first that holds the address), by its
+    /// index, and whether the port is in its range. The pool found before is asked first.
+    pub fn pool_holding(
+        &mut self,
+        pools: &[Pool],
+        u: Use,
+        (addr, af): (Addr, u8),
+        port: Option<u16>,
+    ) -> Option<(usize, bool)> {
+        let ranged =
+            |pl: &Pool| port.is_some_and(|p| pl.ports.0 < pl.ports.1 && (pl.ports.0..=pl.ports.1).contains(&p));
+        let h = &mut self.hint[u as usize];
+        if let Some(pl) = pools.get(*h).filter(|pl| pl.contains(af, &addr)) {
+            if port.is_none() || ranged(pl) {
+                return Some((*h, ranged(pl)));
+            }
+        }
+        let holding = || pools.iter().enumerate().filter(|(_, pl)| pl.contains(af, &addr));
+        let (i, r) = match holding().find(|(_, pl)| ranged(pl)) {
+            Some((i, _)) => (i, true),
+            None => (holding().next()?.0, false),
+        };
+        *h = i;
+        Some((i, r))
+    }
+
+    /// A translated state this box's allocator did not make (a peer's, synced) uses `port` of
+    /// `addr` (family `af`) in range `lo..=hi`: counted as a flow of that port, so that it is
+    /// not handed out fresh while the state lasts and goes back when the state does
+    /// ([`put_port`](Self::put_port)). False when the port is not this worker's share of the
+    /// range.
+    pub fn adopt_port(
+        &mut self,
+        (addr, af): (Addr, u8),
+        proto: u8,
+        range: (u16, u16),
+        port: u16,
+        rng: &mut ChaCha20Rng,
+    ) -> bool {
+        if port < range.0 || port > range.1 {
+            return false;
+        }
+        let (p, _) = self.ports_of((addr, af), proto, range, rng);
+        if !p.in_range(port) {
+            return false;
+        }
+        let u = p.users.entry(port).or_insert(0);
+        if *u == u16::MAX {
+            return false;
+        }
+        *u += 1;
+        true
+    }
+
     /// A source port of `addr` (of family `af`) in `lo..=hi` for a new flow of `proto` at
     /// `now`, for which `free(port)` says its key is unused: a port never used yet, else the
     /// longest released one once its hold is over, else (none left) one in use shared with a
@@ -389,40 +470,42 @@ impl Nat {
         rng: &mut ChaCha20Rng,
         mut free: impl FnMut(u16) -> bool,
     ) -> Option<u16> {
-        let share = (self.share.0, self.share.1.max(1));
-        let all = self.ports.entry((addr, class(af, proto))).or_default();
-        let k = match all.iter().position(|p| p.range == (lo, hi)) {
-            Some(k) => k,
-            None => {
-                all.push(Ports { range: (lo, hi), ..Ports::new(lo, hi, share, rng) });
-                all.len() - 1
-            }
-        };
-        let p = &mut all[k];
+        let (p, counters) = self.ports_of((addr, af), proto, (lo, hi), rng);
         let mut tries = 0;
         while p.fresh < p.n && tries < TRIES {
             let i = ((p.mul as u64 * p.fresh as u64 + p.add as u64) % p.n as u64) as u32;
             p.fresh += 1;
             let port = p.port(i);
-            if free(port) {
-                p.users.insert(port, 1);
-                return Some(port);
+            match p.users.entry(port) {
+                // A peer's flow holds it (a synced state taken in): it goes back with that
+                // state, as any other.
+                Entry::Occupied(_) => {}
+                Entry::Vacant(e) if free(port) => {
+                    e.insert(1);
+                    return Some(port);
+                }
+                // Its key is taken by a state that does not hold it here (a state that kept
+                // its port): released when that state goes, as any other.
+                Entry::Vacant(_) => counters.collisions += 1,
             }
-            // Its key is taken by a state that does not hold it here (a synced state):
-            // released when that state goes, as any other.
-            self.counters.collisions += 1;
             tries += 1;
         }
         for _ in 0..TRIES {
             match p.free.front() {
                 Some(&(port, ready)) if ready <= now => {
                     p.free.pop_front();
-                    if free(port) {
-                        p.users.insert(port, 1);
-                        return Some(port);
+                    match p.users.entry(port) {
+                        // Taken again meanwhile by a peer's flow: queued again when that ends.
+                        Entry::Occupied(_) => {}
+                        Entry::Vacant(e) if free(port) => {
+                            e.insert(1);
+                            return Some(port);
+                        }
+                        Entry::Vacant(_) => {
+                            counters.collisions += 1;
+                            p.free.push_back((port, now));
+                        }
                     }
-                    self.counters.collisions += 1;
-                    p.free.push_back((port, now));
                 }
                 _ => break,
             }
@@ -433,7 +516,7 @@ impl Nat {
             if let Some(u) = p.users.get_mut(&port) {
                 if *u < u16::MAX && free(port) {
                     *u += 1;
-                    self.counters.shared += 1;
+                    counters.shared += 1;
                     return Some(port);
                 }
             }
@@ -443,15 +526,20 @@ impl Nat {
         // for two minutes).
         for _ in 0..TRIES {
             let Some((port, _)) = p.free.pop_front() else { break };
-            if free(port) {
-                p.users.insert(port, 1);
-                self.counters.early += 1;
-                return Some(port);
+            match p.users.entry(port) {
+                Entry::Occupied(_) => {}
+                Entry::Vacant(e) if free(port) => {
+                    e.insert(1);
+                    counters.early += 1;
+                    return Some(port);
+                }
+                Entry::Vacant(_) => {
+                    counters.collisions += 1;
+                    p.free.push_back((port, now));
+                }
             }
-            self.counters.collisions += 1;
-            p.free.push_back((port, now));
         }
-        self.counters.exhausted += 1;
+        counters.exhausted += 1;
         None
     }
 

@@ -209,6 +209,10 @@ pub trait Policy {
     fn pool(&self, _i: u32) -> Option<&crate::nat::Pool> {
         None
     }
+    /// Every translation pool (pool `i` is `pools()[i - 1]`).
+    fn pools(&self) -> &[crate::nat::Pool] {
+        &[]
+    }
     /// The translation rules' answer for a new flow, before the filter rules see it (which
     /// then see it translated); None when none matches or a `no` rule does.
     fn translation(&self, _pd: &PDesc, _at: &Context) -> Option<Xlate> {

@@ -848,6 +848,9 @@ impl Policy for Natting {
     fn pool(&self, i: u32) -> Option<&nat::Pool> {
         self.0.get(i as usize - 1)
     }
+    fn pools(&self) -> &[nat::Pool] {
+        &self.0
+    }
 }
 
 fn natting(lo: u16, hi: u16) -> Worker<Natting> {
@@ -1031,10 +1034,23 @@ fn a_synced_translated_state_gives_back_no_port_of_this_box() {
     let wire = w.t4.iter().next().map(|(_, s)| s.key).unwrap();
     assert_eq!(w.nat.ports_used().0, 1);
     // The peer's translated state on the same public address and port, to another server,
-    // as pfsync inserts it: it holds nothing of this box's allocator.
-    let server = xpf_wire::Addr::v4([198, 51, 100, 2]);
-    let key = Key4::from_parts(17, [server, wire.addr(1)], [53, wire.port(1)], wire.kif());
-    let stack = Key4::from_parts(17, [server, xpf_wire::Addr::v4([10, 0, 1, 9])], [53, 1234], wire.kif());
+    // as pfsync inserts it (not taken in): it holds nothing of this box's allocator.
+    let id = peer_translated(&mut w, ([10, 0, 1, 9], 1234), wire.port(1), [198, 51, 100, 2]);
+    // Its end gives nothing back: the port is still the local flow's.
+    assert!(w.t4.remove(id));
+    w.maintain(2, 0);
+    assert_eq!((w.states(), w.nat.ports_used().0), (1, 1));
+    // The local flow's end does.
+    w.maintain(2 + 61, u32::MAX);
+    assert_eq!((w.states(), w.nat.ports_used().0), (0, 0));
+}
+
+/// A peer's translated UDP state from inside source `src` on public port `port` to
+/// `server`:53, as pfsync inserts it (holding nothing of this box's translation); its id.
+fn peer_translated<P: Policy>(w: &mut Worker<P>, src: ([u8; 4], u16), port: u16, server: [u8; 4]) -> u32 {
+    let a = xpf_wire::Addr::v4;
+    let key = Key4::from_parts(17, [a(server), a([192, 0, 2, 1])], [53, port], 1);
+    let stack = Key4::from_parts(17, [a(server), a(src.0)], [53, src.1], 1);
     let ns = NewState {
         stack: Some(stack),
         dir: Dir::Out,
@@ -1044,14 +1060,46 @@ fn a_synced_translated_state_gives_back_no_port_of_this_box() {
         tcp: None,
         ..xpf_state::fixtures::established_tcp(key, Default::default())
     };
-    let id = w.t4.insert(w.t4.hash(&key), ns, 1).unwrap();
-    // Its end gives nothing back: the port is still the local flow's.
-    assert!(w.t4.remove(id));
-    w.maintain(2, 0);
-    assert_eq!((w.states(), w.nat.ports_used().0), (1, 1));
-    // The local flow's end does.
-    w.maintain(2 + 61, u32::MAX);
-    assert_eq!((w.states(), w.nat.ports_used().0), (0, 0));
+    w.t4.insert(w.t4.hash(&key), ns, 1).unwrap()
+}
+
+#[test]
+fn a_peers_translated_states_taken_in_keep_their_ports_and_mappings() {
+    let mut w = natting(50001, 50004);
+    w.policy.0[0].endpoint_independent = true;
+    // Two of the peer's flows through this box's pool (the standby's view before it takes
+    // over), taken in as sync's worker does.
+    let a = peer_translated(&mut w, ([10, 0, 1, 2], 40000), 50003, [198, 51, 100, 1]);
+    let b = peer_translated(&mut w, ([10, 0, 1, 3], 40000), 50001, [198, 51, 100, 1]);
+    w.adopt(&[a, b]);
+    assert_eq!(w.nat.ports_used().0, 2);
+    assert_eq!(w.t4.held_of(a), xpf_state::held::PORT);
+    // Taken in once: a second word about the same state changes nothing.
+    w.adopt(&[a]);
+    assert_eq!(w.nat.ports_used().0, 2);
+    // The first source's next flow, to another server, leaves from the same address and port
+    // (endpoint-independent, RFC 4787 REQ-1), as it did through the peer.
+    let next = udp4([10, 0, 1, 2], [198, 51, 100, 9], 40000, 53);
+    assert_eq!(run(&mut w, std::slice::from_ref(&next), Dir::Out, 2), vec![Verdict::Pass]);
+    let o = pd_of(&rewritten(&w, 0, &next));
+    assert_eq!((o.src, o.sport), (xpf_wire::Addr::v4([192, 0, 2, 1]), 50003));
+    // New sources get the two ports nobody holds, not the peer's.
+    let others: Vec<_> = (0..2).map(|k| udp4([10, 0, 2, 1 + k], [198, 51, 100, 9], 41000, 53)).collect();
+    assert!(run(&mut w, &others, Dir::Out, 2).iter().all(|v| *v == Verdict::Pass));
+    let got: std::collections::BTreeSet<u16> = (0..2).map(|i| pd_of(&rewritten(&w, i, &others[i])).sport).collect();
+    assert_eq!(got, [50002, 50004].into_iter().collect());
+    assert_eq!(w.nat.counters.shared, 0);
+    // The peer's states' end gives their ports back (the first's still used by its next flow).
+    assert!(w.t4.remove(a) && w.t4.remove(b));
+    w.maintain(3, 0);
+    assert_eq!(w.nat.ports_used().0, 3);
+    // A peer's clear of every state lets go of all it held.
+    let c = peer_translated(&mut w, ([10, 0, 1, 4], 40000), 50001, [198, 51, 100, 1]);
+    w.adopt(&[c]);
+    assert_eq!(w.nat.ports_used().0, 4);
+    w.t4.remove_all_quietly();
+    w.peer_emptied(4);
+    assert_eq!(w.nat.ports_used().0, 0);
 }
 
 #[test]

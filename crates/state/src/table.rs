@@ -1260,8 +1260,10 @@ impl<K: Key> StateTable<K> {
         (0..self.hwm).map(move |i| (i, self.state(i))).filter(|(_, s)| s.flags & sf::LIVE != 0)
     }
 
-    /// Notes what translated state `id` holds ([`held`]).
-    fn set_held(&mut self, id: u32, h: u8) {
+    /// Notes what translated state `id` holds ([`held`]): given back through
+    /// [`nat_gone`](Self::nat_gone) when it goes (the engine takes a peer's synced states in
+    /// this way).
+    pub fn set_held(&mut self, id: u32, h: u8) {
         let (w, b) = (id as usize / 32, (id % 32) * 2);
         if w >= self.held.len() {
             if h == 0 {
@@ -1273,7 +1275,7 @@ impl<K: Key> StateTable<K> {
     }
 
     /// [`held`] of translated state `id`.
-    fn held_of(&self, id: u32) -> u8 {
+    pub fn held_of(&self, id: u32) -> u8 {
         self.held.get(id as usize / 32).map_or(0, |w| (w >> ((id % 32) * 2)) as u8 & 3)
     }
 

@@ -90,6 +90,10 @@ impl Policy for Live {
         self.rules.pool(i)
     }
 
+    fn pools(&self) -> &[xpf_engine::nat::Pool] {
+        self.rules.pools()
+    }
+
     fn translation(&self, pd: &PDesc, at: &Context) -> Option<xpf_engine::policy::Xlate> {
         self.rules.translation(pd, at)
     }

@@ -190,6 +190,16 @@ impl WorkerSync {
         for m in msgs {
             self.rep.apply(&mut t, m, now, &self.names);
         }
+        // The translation takes in the peer's translated states (and lets go of them when a
+        // clear emptied the tables): a standby that takes over keeps their ports, mappings
+        // and counts.
+        if std::mem::take(&mut self.rep.emptied) {
+            w.peer_emptied(now);
+        }
+        if !self.rep.translated.is_empty() {
+            w.adopt(&self.rep.translated);
+            self.rep.translated.clear();
+        }
         if let Some(d) = &mut self.defer {
             d.acked(&self.rep.acked, Instant::now(), released);
         }
