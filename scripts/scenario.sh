@@ -406,8 +406,25 @@ conn 3 >/dev/null 2>&1
 sleep 0.5
 check "max-src-conn 2: the third connection put its source in <blocked>" bash -c "$CTL -t blocked -T show | grep -q 10.0.1.2"
 check "and the overloaded source gets nothing more" refused c ping -c 2 -i 0.2 -W 1 10.0.2.2
-kill $LISTEN 2>/dev/null; wait $LISTEN 2>/dev/null
+# The earlier connections' states go (their counts in the source's node with them: closed,
+# they still counted as connections), then the source leaves <blocked>.
+$CTL -k 10.0.1.2 >/dev/null
 $CTL -t blocked -T flush >/dev/null
+# pfctl -s Sources and -K: the rule's tracked source while two connections are held.
+c python3 -c "
+import socket, time
+held = [socket.create_connection(('10.0.2.2', 2225), timeout=2) for i in range(2)]
+time.sleep(4)" &
+HOLD=$!
+sleep 1
+check "-s Sources: the tracked source, its states and connections" bash -c \
+    "$CTL -s Sources | tee /dev/stderr | grep -Eq '^10\.0\.1\.2 \( states 2, connections 2, rate [0-9]+\.[0-9]/[0-9]+s \)$'"
+check "-s Sources -v: its age and the rule that made it" bash -c "$CTL -v -s Sources | grep -Eq '^   age 00:00:0[0-9], rule [0-9]+$'"
+check "-K 10.0.1.2: its source node goes, its states stay" bash -c \
+    "$CTL -K 10.0.1.2 2>&1 | grep -q 'killed 1 src nodes' && ! $CTL -s Sources | grep -q 10.0.1.2 && $CTL -s states | grep -q ':2225 '"
+check "-K of a source with no node kills none" bash -c "$CTL -K 10.0.1.99 2>&1 | grep -q 'killed 0 src nodes'"
+wait $HOLD 2>/dev/null
+kill $LISTEN 2>/dev/null; wait $LISTEN 2>/dev/null
 check "-f back to the full ruleset (after the limits)" $CTL -f "$DIR/pf.conf"
 
 # modulate state: both initial sequence numbers replaced, every segment rewritten (SEQ, ACK,

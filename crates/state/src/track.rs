@@ -288,6 +288,27 @@ impl Tracking {
         }
     }
 
+    /// Removes the source nodes whose source `pick` chooses (`pfctl -K`), states or not: their
+    /// states stay and no longer count to a node (pf_kill_srcnodes unlinks them); a new state
+    /// from the source starts a new node. Returns the nodes removed.
+    pub fn kill_nodes(&mut self, mut pick: impl FnMut(&Addr) -> bool) -> u32 {
+        let gone: Vec<((Addr, u32), u32)> =
+            self.nodes.iter().filter(|(k, _)| pick(&k.0)).map(|(k, n)| (*k, n.limiter)).collect();
+        if gone.is_empty() {
+            return 0;
+        }
+        for (k, lim) in &gone {
+            self.nodes.remove(k);
+            self.node_gone(*lim);
+        }
+        for x in self.extra.values_mut() {
+            if x.node.is_some_and(|k| !self.nodes.contains_key(&k)) {
+                x.node = None;
+            }
+        }
+        gone.len() as u32
+    }
+
     /// Removes the source nodes without states whose `src.track` time has passed.
     pub fn purge_nodes(&mut self, now: u32, src_track: u32) -> usize {
         let gone: Vec<((Addr, u32), u32)> = self
@@ -373,6 +394,27 @@ mod tests {
         assert_eq!(tr.purge_nodes(39, 30), 0);
         assert_eq!(tr.purge_nodes(40, 30), 1);
         assert!(tr.rules.is_empty());
+    }
+
+    #[test]
+    fn killed_nodes_leave_their_states_counting_to_no_node() {
+        let mut tr = Tracking::default();
+        let (a, b) = (Addr::v4([10, 0, 0, 1]), Addr::v4([10, 0, 0, 2]));
+        let l = RuleLimits { max_src_nodes: 1, ..lim(7) };
+        tr.attach(1, &l, a, 0, 0);
+        tr.attach(2, &l, b, 0, 0);
+        assert_eq!(tr.kill_nodes(|x| *x == a), 1);
+        assert_eq!((tr.nodes.len(), tr.rules[&7].nodes), (1, 1));
+        // The killed node's state is the rule's still, but no node's: a new state from the
+        // source makes a new node, which the old state's end does not touch.
+        assert_eq!(tr.admit(&l, a, 0), Err(Refusal::Src), "b's node is the rule's one");
+        tr.detach(2, 5, 0);
+        tr.attach(3, &l, a, 0, 0);
+        assert_eq!(tr.nodes[&(a, 0)].states, 1);
+        tr.detach(1, 6, 0);
+        assert_eq!((tr.nodes[&(a, 0)].states, tr.rule_states(7)), (1, 1));
+        tr.detach(3, 7, 0);
+        assert!(tr.nodes.is_empty() && tr.rules.is_empty() && tr.extra.is_empty());
     }
 
     #[test]

@@ -13,12 +13,13 @@ use std::process::ExitCode;
 const SOCKET: &str = "/run/xpfd.sock";
 
 const USAGE: &str = "usage: xpfctl [-nv] [-D macro=value] [-o level] -f FILE      check (-n) or load a pf.conf (-f - : stdin)\n       \
-                     xpfctl [-v[v]] -s info|states|memory|rules|nat|labels|timeouts|Tables|Interfaces|all\n       \
+                     xpfctl [-v[v]] -s info|states|Sources|memory|rules|nat|labels|queue|timeouts|Tables|Interfaces|all\n       \
                      xpfctl -a ANCHOR [-n] -f FILE | -F rules | [-v] -s rules   an anchor's rules: load, flush, show ('*': all)\n       \
                      xpfctl -e | -d                              enable (filter) or disable (pass everything unfiltered)\n       \
                      xpfctl -z                                   zero the rules' evaluations\n       \
                      xpfctl -x level                             xpfd's log level: emerg .. err, warning, notice, info, debug\n       \
                      xpfctl -k host [-k host] | -k label NAME    kill states\n       \
+                     xpfctl -K host                              kill the source nodes (-s Sources) of a host or network\n       \
                      xpfctl -F states|rules|all\n       \
                      xpfctl -t table -T show|add|delete|replace|test|flush|zero|expire [address ...]\n       \
                      xpfctl --steer on|off|bare                  forwarding by xpfd, the kernel, or XDP unfiltered\n       \
@@ -34,6 +35,8 @@ struct Opts {
     defines: Vec<(String, String)>,
     show: Option<String>,
     kill: Vec<String>,
+    /// `-K host`: source nodes to kill.
+    kill_src: Vec<String>,
     label: Option<String>,
     flush: Option<String>,
     table: Option<String>,
@@ -61,6 +64,7 @@ impl Opts {
     fn acts(&self) -> bool {
         self.show.is_some()
             || !self.kill.is_empty()
+            || !self.kill_src.is_empty()
             || self.label.is_some()
             || self.flush.is_some()
             || self.table.is_some()
@@ -110,7 +114,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         // follow it in the same word: -sr, -vsr, -Fa, -tbad -Tshow.
         let flags: Vec<char> = a[1..].chars().collect();
         for (k, c) in flags.iter().enumerate() {
-            let takes = matches!(c, 'f' | 'D' | 'o' | 's' | 'k' | 'F' | 't' | 'T' | 'a' | 'x');
+            let takes = matches!(c, 'f' | 'D' | 'o' | 's' | 'k' | 'K' | 'F' | 't' | 'T' | 'a' | 'x');
             let mut attached = (takes && k + 1 < flags.len()).then(|| flags[k + 1..].iter().collect::<String>());
             let mut arg = |i: &mut usize| attached.take().map_or_else(|| val(i), Ok);
             match c {
@@ -137,6 +141,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
                         o.kill.push(v);
                     }
                 }
+                'K' => o.kill_src.push(arg(&mut i)?),
                 'F' => o.flush = Some(arg(&mut i)?),
                 'x' => o.debug = Some(arg(&mut i)?),
                 't' => o.table = Some(arg(&mut i)?),
@@ -488,6 +493,15 @@ fn daemon(o: &Opts) -> ExitCode {
     } else if !o.kill.is_empty() {
         rc = request(o, json!({"op": "kill", "hosts": o.kill}));
     }
+    if !o.kill_src.is_empty() {
+        if o.kill_src.len() > 1 {
+            // pfctl's second -K names the address a sticky-address source was given; xpf's
+            // source nodes are the tracked sources alone.
+            eprintln!("xpfctl: -K: one host or network (xpf's source nodes have no translation address)");
+            return ExitCode::from(2);
+        }
+        rc = request(o, json!({"op": "killsrc", "hosts": o.kill_src}));
+    }
     if let Some(t) = &o.table {
         let cmd = o.table_cmd.clone().unwrap_or_else(|| "show".into());
         let full = ["add", "delete", "replace", "show", "test", "flush", "zero", "expire"]
@@ -533,8 +547,20 @@ fn daemon(o: &Opts) -> ExitCode {
     }
     if let Some(what) = &o.show {
         // pfctl accepts any unambiguous prefix: -s i, -s st, -s r ...
-        let names =
-            ["info", "states", "memory", "rules", "nat", "labels", "queue", "timeouts", "Tables", "Interfaces", "all"];
+        let names = [
+            "info",
+            "states",
+            "Sources",
+            "memory",
+            "rules",
+            "nat",
+            "labels",
+            "queue",
+            "timeouts",
+            "Tables",
+            "Interfaces",
+            "all",
+        ];
         let full: Vec<&&str> = names.iter().filter(|n| n.starts_with(what.as_str())).collect();
         let full = if names.contains(&what.as_str()) {
             vec![names.iter().find(|n| **n == what.as_str()).unwrap()]
@@ -543,7 +569,7 @@ fn daemon(o: &Opts) -> ExitCode {
         };
         if full.len() != 1 {
             eprintln!(
-                "xpfctl: -s {what}: one of info, states, memory, rules, nat, labels, queue, timeouts, Tables, Interfaces, all"
+                "xpfctl: -s {what}: one of info, states, Sources, memory, rules, nat, labels, queue, timeouts, Tables, Interfaces, all"
             );
             return ExitCode::from(2);
         }
@@ -600,6 +626,7 @@ mod tests {
         assert_eq!(parse_args(&a("-s info")).unwrap().show.as_deref(), Some("info"));
         let o = parse_args(&a("-k 10.0.0.1 -k 10.0.1.0/24")).unwrap();
         assert_eq!(o.kill, vec!["10.0.0.1", "10.0.1.0/24"]);
+        assert_eq!(parse_args(&a("-K 10.0.1.2")).unwrap().kill_src, vec!["10.0.1.2"]);
         assert_eq!(parse_args(&a("-k label web")).unwrap().label.as_deref(), Some("web"));
         let o = parse_args(&a("-t bad -T add 192.0.2.1 192.0.2.0/28")).unwrap();
         assert_eq!((o.table.as_deref(), o.table_cmd.as_deref()), (Some("bad"), Some("add")));

@@ -3,9 +3,9 @@
 //! "...", "data": {...}}` or `{"ok": false, "error": "..."}`. The daemon renders pfctl's text
 //! itself, so that xpfctl stays a thin client and `--json` gets the same facts.
 //!
-//! Requests: `{"op":"show","what":"info|states|memory|rules|timeouts|Tables|all","verbose":N}`,
+//! Requests: `{"op":"show","what":"info|states|Sources|memory|rules|timeouts|Tables|all","verbose":N}`,
 //! `{"op":"load","file":PATH,"noaction":bool}`, `{"op":"kill","hosts":[..]}` or
-//! `{"op":"kill","label":L}`, `{"op":"flush","what":"states|rules|all"}`,
+//! `{"op":"kill","label":L}`, `{"op":"killsrc","hosts":[NET]}`, `{"op":"flush","what":"states|rules|all"}`,
 //! `{"op":"table","name":T,"cmd":"add|delete|replace|show|test|flush|zero","addrs":[..]}`.
 
 use crate::dataplane::{Cmd, IoStats, RuleSums, Select, Snapshot, StateRow};
@@ -690,6 +690,18 @@ impl Daemon {
                 let what = hosts.join(" -> ");
                 Ok((format!("killed {n} states from host {what}\n"), json!({"killed": n})))
             }
+            "killsrc" => {
+                // pfctl -K host|network: the source nodes of those sources go; their states
+                // stay, no longer counted to a node.
+                let hosts: Vec<&str> =
+                    req["hosts"].as_array().map(|a| a.iter().filter_map(|h| h.as_str()).collect()).unwrap_or_default();
+                let [h] = hosts[..] else {
+                    return Err("-K: one host or network".into());
+                };
+                let net = parse_host(h)?;
+                let n: u32 = ask(&self.workers, |tx| Cmd::KillSources(net, tx))?.iter().sum();
+                Ok((format!("killed {n} src nodes from 1 sources and 0 destinations\n"), json!({"killed": n})))
+            }
             "flush" => {
                 let what = req["what"].as_str().unwrap_or("");
                 if let Some(a) = req["anchor"].as_str() {
@@ -1252,6 +1264,47 @@ impl Daemon {
                 Ok((text, json!(data)))
             }
             "queue" | "queues" => self.show_queues(verbose),
+            "Sources" => {
+                // pfctl -s Sources: one line a source node; with -v its age, when a node
+                // without states goes, and the rule that made it. Each worker counts the
+                // sources of its own flows: a source is one line, its counts summed.
+                let mut by: Vec<(IpAddr, crate::dataplane::SrcRow)> = Vec::new();
+                for r in ask(&self.workers, Cmd::Sources)?.into_iter().flatten() {
+                    match by.iter_mut().find(|(a, _)| *a == r.addr) {
+                        Some((_, m)) => {
+                            m.states += r.states;
+                            m.conn += r.conn;
+                            m.rate.0 += r.rate.0;
+                            m.age = m.age.max(r.age);
+                            m.expires = if m.states > 0 { None } else { m.expires.max(r.expires) };
+                        }
+                        None => by.push((r.addr, r)),
+                    }
+                }
+                by.sort_by_key(|(a, _)| *a);
+                let hms = |t: u32| format!("{:02}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60);
+                let mut text = String::new();
+                let mut data = Vec::new();
+                for (a, r) in &by {
+                    let (count, secs) = r.rate;
+                    let _ = writeln!(
+                        text,
+                        "{a} ( states {}, connections {}, rate {}.{}/{secs}s )",
+                        r.states,
+                        r.conn,
+                        count / 1000,
+                        count % 1000 / 100
+                    );
+                    if verbose > 0 {
+                        let expires = r.expires.map(|e| format!(", expires in {}", hms(e))).unwrap_or_default();
+                        let _ = writeln!(text, "   age {}{expires}, rule {}", hms(r.age), r.rule);
+                    }
+                    data.push(json!({"address": a.to_string(), "states": r.states, "connections": r.conn,
+                        "rate": count as f64 / 1000.0, "rate_seconds": secs, "age": r.age, "expires": r.expires,
+                        "rule": r.rule}));
+                }
+                Ok((text, json!(data)))
+            }
             "Interfaces" | "interfaces" => {
                 // pfctl -s Interfaces: the interfaces xpfd filters (and `all`, and the groups
                 // and absent interfaces the ruleset names); with -v, what xpf knows of each: the states bound to it, the rules that name it, its
@@ -1371,19 +1424,25 @@ impl Daemon {
                     ("TRANSLATION RULES", "nat"),
                     ("RULES", "rules"),
                     ("STATES", "states"),
+                    ("SOURCE TRACKING NODES", "Sources"),
                     ("INFO", "info"),
                     ("TIMEOUTS", "timeouts"),
                     ("LIMITS", "memory"),
                     ("TABLES", "Tables"),
                 ] {
                     let (t, d) = self.show(w, verbose, want)?;
-                    let _ = writeln!(text, "{title}:\n{t}");
+                    // pfctl names the source nodes only when there are some.
+                    if !(w == "Sources" && t.is_empty()) {
+                        let _ = writeln!(text, "{title}:\n{t}");
+                    }
                     data.insert(w.to_lowercase(), d);
                 }
                 Ok((text, Value::Object(data)))
             }
             _ => {
-                Err(format!("-s {what}: info, states, memory, rules, nat, labels, timeouts, Tables, Interfaces or all"))
+                Err(format!(
+                    "-s {what}: info, states, Sources, memory, rules, nat, labels, queue, timeouts, Tables, Interfaces or all"
+                ))
             }
         }
     }

@@ -269,6 +269,40 @@ pub enum Cmd {
     SyncBulk,
     /// The queues' counters: (interface, queue, counters).
     Queues(Sender<Vec<(String, String, xpf_shape::QueueStats)>>),
+    /// The source nodes (`-s Sources`).
+    Sources(Sender<Vec<SrcRow>>),
+    /// `-K`: the source nodes of sources in this network go; how many.
+    KillSources((std::net::IpAddr, u8), Sender<u32>),
+}
+
+/// A source node as `-s Sources` shows it (pf's `pf_src_node`): a source that rules with
+/// `source-track` or `max-src-*` count.
+#[derive(Debug, Clone)]
+pub struct SrcRow {
+    pub addr: std::net::IpAddr,
+    pub states: u32,
+    pub conn: u32,
+    /// Its connection rate as pf keeps it: (connections x 1000, seconds).
+    pub rate: (u64, u32),
+    pub age: u32,
+    /// A node without states: seconds until it goes (`src.track`).
+    pub expires: Option<u32>,
+    /// The rule that made it (pf's number).
+    pub rule: u32,
+}
+
+/// The source nodes of table `t` (family `af`) at `now`.
+fn src_rows<K: Key>(t: &xpf_state::StateTable<K>, af: u8, now: u32, out: &mut Vec<SrcRow>) {
+    let keep = t.timeouts().get(xpf_state::Timeout::SrcTrack);
+    out.extend(t.track.nodes.iter().map(|((a, _), n)| SrcRow {
+        addr: a.to_ip(af),
+        states: n.states,
+        conn: n.conn,
+        rate: (n.rate.count, n.rate.seconds),
+        age: now.saturating_sub(n.creation),
+        expires: (n.states == 0).then(|| n.expire.saturating_add(keep).saturating_sub(now)),
+        rule: n.rule,
+    }));
 }
 
 pub struct Port {
@@ -1672,6 +1706,17 @@ impl Dataplane {
             // after a kill, its flows leave the tables before the answer.
             Cmd::RuleSums(tx) => self.after_read_back(Fresh::RuleSums(tx)),
             Cmd::States(tx) => self.after_read_back(Fresh::States(tx)),
+            Cmd::Sources(tx) => {
+                let mut rows = Vec::new();
+                src_rows(&self.worker.t4, xpf_wire::pdesc::AF_INET, now, &mut rows);
+                src_rows(&self.worker.t6, xpf_wire::pdesc::AF_INET6, now, &mut rows);
+                let _ = tx.send(rows);
+            }
+            Cmd::KillSources(net, tx) => {
+                let n = self.worker.t4.track.kill_nodes(|a| in_net(a, xpf_wire::pdesc::AF_INET, &net))
+                    + self.worker.t6.track.kill_nodes(|a| in_net(a, xpf_wire::pdesc::AF_INET6, &net));
+                let _ = tx.send(n);
+            }
             Cmd::Kill(sel, tx) => {
                 let n = kill(&mut self.worker.t4, &sel) + kill(&mut self.worker.t6, &sel);
                 self.after_read_back(Fresh::Killed(tx, n));
