@@ -46,7 +46,8 @@ pub mod sf {
 
 /// What a translated state holds of this box's translation (the engine's port allocator and
 /// its counts by address), given back through [`StateTable::nat_gone`] when the state goes.
-/// A state synced from a peer holds none of it: the peer's translation made it.
+/// A state synced from a peer is inserted holding none of it (the peer's translation made it);
+/// the engine takes it in afterwards ([`StateTable::set_held`]).
 pub mod held {
     /// Counted by the translation that made it here (pools' loads, `sticky-address`).
     pub const COUNTED: u8 = 1;
@@ -981,9 +982,9 @@ impl<K: Key> StateTable<K> {
     }
 
     /// Removes every state as a peer's clear does: no sync event and no flow record (the
-    /// peer that ended them tells its own collector), no port released (a peer's states
-    /// hold none of this box's), the index emptied at once as [`remove_all`](Self::remove_all)
-    /// does. Returns the states removed.
+    /// peer that ended them tells its own collector), no port released one by one (the
+    /// caller lets go of what the peer's states held at once), the index emptied at once as
+    /// [`remove_all`](Self::remove_all) does. Returns the states removed.
     pub fn remove_all_quietly(&mut self) -> u32 {
         self.remove_every(false, false)
     }
