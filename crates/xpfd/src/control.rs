@@ -1268,21 +1268,22 @@ impl Daemon {
                 // pfctl -s Sources: one line a source node; with -v its age, when a node
                 // without states goes, and the rule that made it. Each worker counts the
                 // sources of its own flows: a source is one line, its counts summed.
-                let mut by: Vec<(IpAddr, crate::dataplane::SrcRow)> = Vec::new();
+                let mut by: std::collections::BTreeMap<IpAddr, crate::dataplane::SrcRow> = Default::default();
                 for r in ask(&self.workers, Cmd::Sources)?.into_iter().flatten() {
-                    match by.iter_mut().find(|(a, _)| *a == r.addr) {
-                        Some((_, m)) => {
+                    match by.entry(r.addr) {
+                        std::collections::btree_map::Entry::Occupied(mut e) => {
+                            let m = e.get_mut();
                             m.states += r.states;
                             m.conn += r.conn;
                             m.rate.0 += r.rate.0;
                             m.age = m.age.max(r.age);
                             m.expires = if m.states > 0 { None } else { m.expires.max(r.expires) };
                         }
-                        None => by.push((r.addr, r)),
+                        std::collections::btree_map::Entry::Vacant(e) => {
+                            e.insert(r);
+                        }
                     }
                 }
-                by.sort_by_key(|(a, _)| *a);
-                let hms = |t: u32| format!("{:02}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60);
                 let mut text = String::new();
                 let mut data = Vec::new();
                 for (a, r) in &by {
