@@ -242,6 +242,36 @@ fn state_options_reach_the_engine_and_limiters_survive_a_recompile() {
     assert_ne!(changed.limits[0].limiter, l.limiter);
 }
 
+/// `max-src-states` alone tracks sources globally, as pfctl makes it: one node a source,
+/// shared by every rule that tracks globally, so a source's states through two such rules
+/// count together; with `source-track rule` each rule counts its own. (The node, connection
+/// and connection-rate limits are always a rule's own.)
+#[test]
+fn max_src_states_alone_counts_a_source_across_the_globally_tracking_rules() {
+    for (opts, third) in [
+        ("max-src-states 2", Verdict::Drop(xpf_wire::Reason::SrcLimit)),
+        ("source-track global, max-src-states 2", Verdict::Drop(xpf_wire::Reason::SrcLimit)),
+        ("source-track rule, max-src-states 2", Verdict::Pass),
+    ] {
+        let r = rs(&format!(
+            "pass in proto udp to port 53 keep state ({opts})\npass in proto udp to port 54 keep state ({opts})\n"
+        ));
+        let mut w = worker(r);
+        let mut v = [Verdict::Pass; 1];
+        for (sport, dport, want) in [(1000, 53, Verdict::Pass), (1001, 54, Verdict::Pass), (1002, 53, third)] {
+            let f = udp([10, 0, 0, 1], [10, 0, 0, 9], sport, dport);
+            w.process(&[&f], 1, Dir::In, 1, &mut v);
+            assert_eq!(v[0], want, "({opts}): the source's state to port {dport} from {sport}");
+        }
+    }
+    let p = parse("pass in proto tcp keep state (source-track global, max-src-conn 3)\n", "test", &[]);
+    assert!(
+        p.errors.iter().any(|e| e.msg.contains("'max-src-conn' is incompatible with 'source-track global'")),
+        "{:?}",
+        p.errors
+    );
+}
+
 /// pf's tags cross passes: the `in` pass tags, the `out` pass on another interface filters on
 /// `tagged`; later packets take the tag from their `in` state, so an `out` state that went
 /// (killed, expired) is made again under the same tag.

@@ -8,11 +8,14 @@ use super::*;
 /// table (round-robin unless told), as pfctl does.
 pub(super) fn resolve_pools(r: &mut Rule, out: &mut Parsed) -> R<()> {
     let af = r.af;
-    for pl in [r.nat.as_mut(), r.rdr.as_mut()].into_iter().flatten() {
+    let route = r.route.as_mut().map(|x| &mut x.1);
+    for (pl, what) in [(r.nat.as_deref_mut(), "translation"), (r.rdr.as_deref_mut(), "translation"), (route, "routing")]
+    {
+        let Some(pl) = pl else { continue };
         let Some(list) = pl.list.take() else { continue };
         let l: Vec<Host> = list.into_iter().filter(|h| af == Af::Any || h.af() == Af::Any || h.af() == af).collect();
         match l.len() {
-            0 => return Err("no translation address with matching address family found.".into()),
+            0 => return Err(format!("no {what} address with matching address family found.")),
             1 => pl.host = l[0].clone(),
             _ => {
                 pl.host = auto_table(l, out);
@@ -249,12 +252,21 @@ pub(super) fn expand(t: &Template, nr: &mut u32, parsed: &mut Parsed) -> Result<
                                                 })
                                             });
                                         }
+                                        // A routing pool's list pins the family when all its
+                                        // addresses are of one (pfctl); a translation pool's
+                                        // list is filtered by the family instead.
+                                        let route_list_af =
+                                            r.route.as_ref().and_then(|x| x.1.list.as_ref()).and_then(|l| {
+                                                let a = l.first()?.af();
+                                                l.iter().all(|h| h.af() == a).then_some(a)
+                                            });
                                         let pool_af =
                                             [r.nat.as_deref(), r.rdr.as_deref(), r.route.as_ref().map(|x| &x.1)]
                                                 .into_iter()
                                                 .flatten()
                                                 .filter(|p| p.list.is_none())
                                                 .map(|p| p.host.af())
+                                                .chain(route_list_af)
                                                 .find(|a| *a != Af::Any)
                                                 .unwrap_or(Af::Any);
                                         for a in [s.af(), d.af(), pool_af] {

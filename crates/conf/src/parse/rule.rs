@@ -716,16 +716,24 @@ pub(super) fn state_opts(p: &mut P, o: &mut StateOpts) -> R<()> {
             },
         }
         if p.eat_punct(")") {
-            // Source limits need source tracking: pfctl makes it per rule unless told global.
-            let limits = o.max_src_nodes.is_some()
-                || o.max_src_states.is_some()
-                || o.max_src_conn.is_some()
-                || o.max_src_conn_rate.is_some();
-            if explicit == Some(false) && o.max_src_nodes.is_some() {
-                return Err("'max-src-nodes' is incompatible with 'source-track global'".into());
+            // Source limits need source tracking (pfctl): `max-src-states` alone tracks
+            // globally (one node a source, shared by every rule that tracks globally) unless
+            // told `rule`; the node, connection and connection-rate limits are a rule's own,
+            // and refused with `source-track global`.
+            let per_rule = [
+                (o.max_src_nodes.is_some(), "max-src-nodes"),
+                (o.max_src_conn.is_some(), "max-src-conn"),
+                (o.max_src_conn_rate.is_some(), "max-src-conn-rate"),
+            ];
+            if explicit == Some(false) {
+                if let Some((_, name)) = per_rule.iter().find(|(set, _)| *set) {
+                    return Err(format!("'{name}' is incompatible with 'source-track global'"));
+                }
             }
-            if limits && explicit != Some(false) {
+            if per_rule.iter().any(|(set, _)| *set) {
                 o.source_track = Some(true);
+            } else if o.max_src_states.is_some() && o.source_track.is_none() {
+                o.source_track = Some(false);
             }
             // The rate's interval keeps source nodes that long, unless told (pfctl).
             if let Some((_, secs)) = o.max_src_conn_rate {
