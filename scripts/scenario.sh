@@ -370,6 +370,18 @@ send(a, verbose=0); send(b, verbose=0)
 time.sleep(0.5)"
 check "-s info counts the overlap" test $(( $(info 'd["fragments"]["overlapping"]') - o0 )) -ge 1
 
+# TCP normalization (pf_normalize_tcp), before states and rules: a SYN+FIN to the iperf3
+# server goes on as a SYN (the server's stack answers it; Linux drops a SYN+FIN, so without
+# the cleaning nothing comes back); null, FIN and Xmas scans are dropped as `normalize`
+# (`block all` would drop them as `match`).
+n0=$(info 'd["counters"]["normalize"]')
+check "a SYN+FIN goes on as a SYN: the server answers SYN-ACK (scapy)" scapy "
+r = sr1(IP(src='10.0.1.2', dst='10.0.2.2')/TCP(sport=40123, dport=5201, flags='SF', seq=1000), timeout=2, verbose=0)
+assert r is not None and r[TCP].flags == 'SA', r"
+scapy "send([IP(src='10.0.1.2', dst='10.0.2.2')/TCP(sport=40124, dport=5201, flags=f) for f in ('', 'F', 'FPU')], verbose=0)"
+sleep 0.3
+check "null, FIN and Xmas scans are dropped as normalize" test $(( $(info 'd["counters"]["normalize"]') - n0 )) -ge 3
+
 check "-f a ruleset with state limits" $CTL -f "$DIR/limits.conf"
 # traceroute: hop 2 (the server) and hop 3 (the far host) answer with ICMP errors that xpfd
 # lets back only as part of the probes' states.

@@ -1153,6 +1153,7 @@ impl<'a> Build<'a> {
                 set_tos: s.set_tos,
                 max_mss: s.max_mss.unwrap_or(0),
                 id: 0,
+                tcp_clean: false,
             }),
             tos: r.tos,
             prob: r.probability.map_or(0, prob_threshold),

@@ -153,6 +153,8 @@ pub struct Worker<P: Policy> {
     /// What blocked frames of the batch are to get (set by a miss, answered after the batch).
     ret: [Return; BATCH],
     ret_mask: u64,
+    /// Frames of this batch whose TCP header pf_normalize_tcp cleans ([`proto::tcp_normal`]).
+    unclean: u64,
     /// The answers left for the current second, and that second.
     return_budget: (u32, u32),
     limit: u32,
@@ -218,6 +220,7 @@ impl<P: Policy> Worker<P> {
             spare: Vec::new(),
             ret: [Return::DROP; BATCH],
             ret_mask: 0,
+            unclean: 0,
             return_budget: (RETURN_PER_SECOND, cfg.now),
             limit: cfg.limit,
             any_if_bound: false,
@@ -319,6 +322,7 @@ impl<P: Policy> Worker<P> {
         self.out.clear(n);
         self.syn_pending = 0;
         self.ret_mask = 0;
+        self.unclean = 0;
         if self.policy.skip(ifidx) {
             self.skipped(&frames[..n], verdicts);
             return &mut self.out;
@@ -340,6 +344,19 @@ impl<P: Policy> Worker<P> {
         while m != 0 {
             let i = m.trailing_zeros() as usize;
             m &= m - 1;
+            let pd = &self.pd[i];
+            // pf_normalize_tcp, before the state and the rules; what it leaves as it is (a
+            // clean header on an ACK without SYN, a plain SYN, a SYN-ACK) passes these tests.
+            if pd.proto == IPPROTO_TCP && pd.flags & pdf::HAS_PORTS != 0 && !tcp_plain(pd) {
+                match proto::tcp_normal(&mut self.pd[i]) {
+                    None => {
+                        verdicts[i] = Verdict::Drop(Reason::Normalize);
+                        continue;
+                    }
+                    Some(true) => self.unclean |= 1 << i,
+                    Some(false) => {}
+                }
+            }
             let pd = &self.pd[i];
             if pd.flags & (pdf::FRAGMENT | pdf::ICMP_ERROR) != 0 {
                 let pd = *pd;
@@ -499,6 +516,9 @@ impl<P: Policy> Worker<P> {
             self.log_verdicts(verdicts);
         }
         self.release_ports(now);
+        if self.unclean != 0 {
+            self.clean_tcp(verdicts);
+        }
         if self.out.scrubbed != 0 {
             self.scrub_ids();
         }
@@ -591,6 +611,26 @@ impl<P: Policy> Worker<P> {
             } else {
                 self.spare.push(buf);
             }
+        }
+    }
+
+    /// The passed frames whose TCP header pf_normalize_tcp cleans get it cleaned with their
+    /// scrub actions (with none of a rule's, alone).
+    #[cold]
+    #[inline(never)]
+    fn clean_tcp(&mut self, verdicts: &[Verdict]) {
+        let mut m = self.unclean;
+        while m != 0 {
+            let i = m.trailing_zeros() as usize;
+            m &= m - 1;
+            if verdicts[i] != Verdict::Pass {
+                continue;
+            }
+            if self.out.scrubbed & (1 << i) == 0 {
+                self.out.scrubs[i] = Scrub::NONE;
+                self.out.scrubbed |= 1 << i;
+            }
+            self.out.scrubs[i].tcp_clean = true;
         }
     }
 
@@ -784,6 +824,12 @@ impl<P: Policy> Worker<P> {
         let v = match frag::Frags::assemble(pieces, &mut buf) {
             None => Verdict::Drop(Reason::Fragment),
             Some(()) => match parse_ether(&buf, &mut whole) {
+                // A segment that came in fragments is checked as pf_normalize_tcp checks one;
+                // one whose header it would clean is dropped (its fragments go on as they
+                // came, and the cleaning would be of the first one's header).
+                Ok(()) if whole.proto == IPPROTO_TCP && proto::tcp_normal(&mut whole) != Some(false) => {
+                    Verdict::Drop(Reason::Normalize)
+                }
                 Ok(()) => self.single(BATCH, &buf, &whole, ifidx, dir, now),
                 Err(Parse::NotIp(_)) => Verdict::Drop(Reason::Fragment),
                 Err(Parse::Drop(r)) => Verdict::Drop(r),
@@ -2005,6 +2051,19 @@ pub fn pf_reason(r: Reason) -> u8 {
     } else {
         4
     }
+}
+
+/// Whether pf_normalize_tcp leaves TCP segment `pd` as it is without a closer look
+/// ([`proto::tcp_normal`]): a clean header on an ACK without SYN, a plain SYN, or a SYN-ACK
+/// without FIN or RST.
+#[inline(always)]
+fn tcp_plain(pd: &PDesc) -> bool {
+    use tcp::{ACK, FIN, PSH, RST, SYN, URG};
+    let f = pd.tcp_flags;
+    pd.flags & pdf::TCP_UNCLEAN == 0
+        && (f & (SYN | ACK) == ACK
+            || f & (SYN | ACK | RST | FIN | PSH | URG) == SYN
+            || f & (SYN | ACK | RST | FIN) == SYN | ACK)
 }
 
 /// [`miss`] for a packet not keyed in a batch.

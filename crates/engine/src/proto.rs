@@ -387,6 +387,32 @@ pub fn apply_modulation(frame: &mut [u8], seq_add: u32, ack_sub: u32) -> bool {
     true
 }
 
+/// pf_normalize_tcp's judgement of a TCP segment `pd`, which pf makes of every segment before
+/// its state or rules see it: None for one no TCP sends (SYN with RST; neither SYN, ACK nor
+/// RST; FIN, PSH or URG without ACK): dropped, `normalize`. Otherwise whether its header
+/// needs cleaning before it goes on: a SYN's FIN is taken off (here in `pd` too, so that
+/// the rules and the state see the SYN pf sees), and reserved bits and an urgent pointer
+/// without URG are zeroed ([`apply_scrub`] with [`crate::Scrub::tcp_clean`]).
+#[cold]
+#[inline(never)]
+pub fn tcp_normal(pd: &mut PDesc) -> Option<bool> {
+    let mut f = pd.tcp_flags;
+    if f & tcp::SYN != 0 {
+        if f & tcp::RST != 0 {
+            return None;
+        }
+        f &= !tcp::FIN;
+    } else if f & (tcp::ACK | tcp::RST) == 0 {
+        return None;
+    }
+    if f & tcp::ACK == 0 && f & (tcp::FIN | tcp::PSH | tcp::URG) != 0 {
+        return None;
+    }
+    let unclean = f != pd.tcp_flags || pd.flags & pdf::TCP_UNCLEAN != 0;
+    pd.tcp_flags = f;
+    Some(unclean)
+}
+
 /// Applies scrub actions `s` to `frame` (Ethernet), as pf_scrub and pf_normalize_mss do:
 /// IPv4 don't-fragment cleared, a random identification on an unfragmented packet, the TTL
 /// (hop limit) raised to `min_ttl`, the TOS (traffic class) set with its ECN bits kept, and a
@@ -431,6 +457,25 @@ pub fn apply_scrub(frame: &mut [u8], s: &crate::Scrub) -> bool {
             frame[l3] = (frame[l3] & 0xf0) | tc >> 4;
             frame[l3 + 1] = (frame[l3 + 1] & 0x0f) | tc << 4;
         }
+    }
+    if s.tcp_clean && pd.proto == IPPROTO_TCP && pd.flags & pdf::HAS_PORTS != 0 {
+        // pf_normalize_tcp: the data offset's reserved bits and a SYN's FIN cleared (one
+        // 16-bit word with the flags), the urgent pointer zeroed without URG.
+        let t = pd.l4_off as usize;
+        let mut ck = word(frame, t + 16);
+        let old = word(frame, t + 12);
+        let flags = if old & tcp::SYN as u16 != 0 { old as u8 & !tcp::FIN } else { old as u8 };
+        let new = u16::from_be_bytes([frame[t + 12] & 0xf0, flags]);
+        if new != old {
+            frame[t + 12..t + 14].copy_from_slice(&new.to_be_bytes());
+            ck = update16(ck, old, new);
+        }
+        let urp = word(frame, t + 18);
+        if flags & tcp::URG == 0 && urp != 0 {
+            frame[t + 18..t + 20].copy_from_slice(&[0, 0]);
+            ck = update16(ck, urp, 0);
+        }
+        frame[t + 16..t + 18].copy_from_slice(&ck.to_be_bytes());
     }
     if s.max_mss != 0 && pd.proto == IPPROTO_TCP && pd.tcp_flags & tcp::SYN != 0 && pd.flags & pdf::HAS_PORTS != 0 {
         let t = pd.l4_off as usize;

@@ -869,7 +869,15 @@ fn natting(lo: u16, hi: u16) -> Worker<Natting> {
 
 #[test]
 fn packed_scrub_actions_stay_below_a_states_log_unit() {
-    let most = Scrub { no_df: true, random_id: true, min_ttl: 255, set_tos: Some(255), max_mss: u16::MAX, id: 0 };
+    let most = Scrub {
+        no_df: true,
+        random_id: true,
+        min_ttl: 255,
+        set_tos: Some(255),
+        max_mss: u16::MAX,
+        id: 0,
+        tcp_clean: false,
+    };
     assert_eq!(most.pack() & !crate::SCRUB_BITS, 0);
     assert_eq!(Scrub::unpack((most.pack() | 3 << crate::LOG_SHIFT) & crate::SCRUB_BITS), Scrub::unpack(most.pack()));
 }
@@ -1402,4 +1410,65 @@ fn an_untranslated_forwarded_flow_is_held_by_its_states() {
     let h = w.fast_flow(&f, &sent, 1, 2).expect("both states");
     assert!(!h.translated);
     assert_eq!(h.packets, 1);
+}
+
+/// pf_normalize_tcp, before states and rules: segments no TCP sends are dropped as
+/// `normalize` (null, FIN and Xmas scans, SYN with RST, FIN without ACK); a SYN's FIN is
+/// taken off (the rules and the state see a SYN, the server gets one), and reserved bits and
+/// an urgent pointer without URG are zeroed in the frame that goes on, its checksum right.
+#[test]
+fn tcp_segments_are_normalized_as_pf_normalizes_them() {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    let mut w = worker(
+        move |pd: &PDesc, _: u16, _: Dir| {
+            s2.lock().unwrap().push(pd.tcp_flags);
+            Decision::PASS
+        },
+        100,
+    );
+    let (c, s) = ([10, 0, 0, 1], [10, 0, 0, 2]);
+    use tcp::{ACK, FIN, PSH, RST, SYN, URG};
+    for (flags, what) in [
+        (0, "null scan"),
+        (FIN, "FIN scan"),
+        (FIN | PSH | URG, "Xmas scan"),
+        (SYN | RST, "SYN+RST"),
+        (PSH, "PSH alone"),
+    ] {
+        let v = run(&mut w, &[ck(tcp4(c, s, 4000, 80, flags))], Dir::In, 1);
+        assert_eq!(v, vec![Verdict::Drop(Reason::Normalize)], "{what}");
+    }
+    assert!(seen.lock().unwrap().is_empty(), "no rule saw them");
+    assert_eq!(w.states(), 0);
+    // Sent on as the I/O layer would: the batch's scrub actions applied.
+    let pass = |w: &mut Worker<_>, f: Vec<u8>| {
+        let mut f = ck(f);
+        assert_eq!(run(w, std::slice::from_ref(&f), Dir::In, 1), vec![Verdict::Pass]);
+        let b = w.batch();
+        if b.scrubbed & 1 != 0 {
+            assert!(proto::apply_scrub(&mut f, &b.scrubs[0]));
+        }
+        assert_eq!(u16::from_be_bytes([f[50], f[51]]), tcp_cksum(&f), "checksum kept valid");
+        (f, b.scrubbed & 1 != 0)
+    };
+    let (syn, cleaned) = pass(&mut w, tcp4(c, s, 4000, 80, SYN | FIN));
+    assert!(cleaned);
+    assert_eq!(syn[47], SYN, "the FIN is taken off the SYN");
+    assert_eq!(seen.lock().unwrap().pop(), Some(SYN), "the rules saw a SYN");
+    let mut odd = tcp4(c, s, 4001, 80, ACK | RST);
+    odd[46] |= 0x0f;
+    odd[52..54].copy_from_slice(&7u16.to_be_bytes());
+    let (f, cleaned) = pass(&mut w, odd);
+    assert!(cleaned);
+    assert_eq!((f[46], f[47], &f[52..54]), (0x50, ACK | RST, &[0u8, 0][..]), "reserved bits and urgent pointer zeroed");
+    // An urgent pointer with URG stays; a clean segment is not touched.
+    let mut urg = tcp4(c, s, 4002, 80, ACK | URG);
+    urg[52..54].copy_from_slice(&7u16.to_be_bytes());
+    let (f, cleaned) = pass(&mut w, urg);
+    assert!(!cleaned && f[52..54] == [0, 7]);
+    let (_, cleaned) = pass(&mut w, tcp4(c, s, 4003, 80, SYN | ACK));
+    assert!(!cleaned);
+    let norm = w.stats.reasons[Reason::Normalize as usize];
+    assert_eq!(norm, 5, "each counted as normalize");
 }

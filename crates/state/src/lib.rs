@@ -51,10 +51,15 @@ pub struct Scrub {
     pub max_mss: u16,
     /// The random identification for this packet (drawn by the worker).
     pub id: u16,
+    /// This packet's TCP header cleaned as pf_normalize_tcp cleans it (FIN taken off a SYN,
+    /// the reserved bits and an urgent pointer without URG zeroed): set per packet by the
+    /// worker, never a rule's or a state's (not packed).
+    pub tcp_clean: bool,
 }
 
 impl Scrub {
-    pub const NONE: Scrub = Scrub { no_df: false, random_id: false, min_ttl: 0, set_tos: None, max_mss: 0, id: 0 };
+    pub const NONE: Scrub =
+        Scrub { no_df: false, random_id: false, min_ttl: 0, set_tos: None, max_mss: 0, id: 0, tcp_clean: false };
 
     pub fn is_none(&self) -> bool {
         Scrub { id: 0, ..*self } == Scrub::NONE
@@ -64,6 +69,7 @@ impl Scrub {
     pub fn merge(&mut self, o: &Scrub) {
         self.no_df |= o.no_df;
         self.random_id |= o.random_id;
+        self.tcp_clean |= o.tcp_clean;
         if o.min_ttl != 0 {
             self.min_ttl = o.min_ttl;
         }
@@ -77,7 +83,7 @@ impl Scrub {
 
     /// Packed for the state's side record (0: none).
     pub fn pack(&self) -> u64 {
-        if self.is_none() {
+        if (Scrub { tcp_clean: false, ..*self }).is_none() {
             return 0;
         }
         1 | (self.no_df as u64) << 1
@@ -99,6 +105,7 @@ impl Scrub {
             set_tos: (v & 8 != 0).then_some((v >> 16) as u8),
             max_mss: (v >> 24) as u16,
             id: 0,
+            tcp_clean: false,
         }
     }
 }

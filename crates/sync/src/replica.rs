@@ -746,6 +746,7 @@ fn import<K: Key>(t: &mut StateTable<K>, r: &StateRec, kif: u16, class: Timeout,
             set_tos: (r.state_flags & wire::PFSTATE_SETTOS != 0).then_some(r.set_tos),
             max_mss: r.max_mss,
             id: 0,
+            tcp_clean: false,
         }
         .pack(),
         rate: 0,

@@ -404,8 +404,15 @@ fn same_tables(a: &Node, b: &Node) -> usize {
     n
 }
 
-const SCRUB: xpf_state::Scrub =
-    xpf_state::Scrub { no_df: true, random_id: true, min_ttl: 64, set_tos: Some(0x10), max_mss: 1300, id: 0 };
+const SCRUB: xpf_state::Scrub = xpf_state::Scrub {
+    no_df: true,
+    random_id: true,
+    min_ttl: 64,
+    set_tos: Some(0x10),
+    max_mss: 1300,
+    id: 0,
+    tcp_clean: false,
+};
 
 #[test]
 fn standby_gets_every_state_by_bulk_then_follows_updates_over_a_lossy_reordering_link() {

@@ -28,6 +28,9 @@ pub mod pdf {
     pub const HAS_PORTS: u16 = 1 << 5;
     /// A fragment with more after it (IPv4 MF, IPv6 M): not the last one.
     pub const MORE_FRAGS: u16 = 1 << 6;
+    /// A TCP header with reserved bits set, or an urgent pointer without URG: what
+    /// pf_normalize_tcp clears before the packet goes on.
+    pub const TCP_UNCLEAN: u16 = 1 << 7;
 }
 
 /// An address: IPv4 in the first four bytes, the rest zero.
@@ -203,6 +206,9 @@ fn fast_udp_tcp4(f: &[u8]) -> Option<PDesc> {
             pd.tcp_flags = t[13];
             pd.tcp_win = u16::from_be_bytes([t[14], t[15]]);
             pd.payload_len = (l4.len() - off) as u16;
+            if t[12] & 0x0f != 0 || t[13] & tcp::URG == 0 && t[18] | t[19] != 0 {
+                pd.flags |= pdf::TCP_UNCLEAN;
+            }
             if t[13] & tcp::SYN != 0 && off > 20 {
                 pd.tcp_wscale = wscale_of(&l4[20..off]);
             }
@@ -488,6 +494,9 @@ fn parse_l4(l4: &[u8], pd: &mut PDesc, partial: bool) -> Result<(), Parse> {
                 pd.tcp_wscale = wscale_of(&l4[20..t.header_len()]);
             }
             pd.flags |= pdf::HAS_PORTS;
+            if t.reserved() != 0 || pd.tcp_flags & tcp::URG == 0 && t.urgent() != 0 {
+                pd.flags |= pdf::TCP_UNCLEAN;
+            }
         }
         IPPROTO_ICMP | IPPROTO_ICMPV6 => {
             let m = icmp::Packet::new_checked(l4).map_err(|_| Reason::Short)?;

@@ -84,6 +84,11 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn urgent(&self) -> u16 {
         u16::from_be_bytes([self.b()[18], self.b()[19]])
     }
+    /// The four bits between the data offset and the flags (reserved; pf's `th_x2`).
+    #[inline]
+    pub fn reserved(&self) -> u8 {
+        self.b()[12] & 0x0f
+    }
     #[inline]
     pub fn options_raw(&self) -> &[u8] {
         &self.b()[MIN_HEADER_LEN..self.header_len()]

@@ -292,6 +292,10 @@ INLINE int tcp_check(__u8 family, struct fast_tail *t, __u8 *th, void *end, __u3
     __u8 flags = th[13];
     if ((flags & 0x17) != 0x10) /* FIN 0x01, SYN 0x02, RST 0x04; ACK 0x10 */
         return -1;
+    /* Reserved bits, or an urgent pointer without URG (0x20): xpfd cleans the header, as
+     * pf_normalize_tcp does. */
+    if ((th[12] & 0x0f) || (!(flags & 0x20) && (th[18] | th[19])))
+        return -1;
     __u32 doff = (th[12] >> 4) * 4;
     if (doff < 20 || doff > len)
         return -1;
