@@ -381,6 +381,15 @@ assert r is not None and r[TCP].flags == 'SA', r"
 scapy "send([IP(src='10.0.1.2', dst='10.0.2.2')/TCP(sport=40124, dport=5201, flags=f) for f in ('', 'F', 'FPU')], verbose=0)"
 sleep 0.3
 check "null, FIN and Xmas scans are dropped as normalize" test $(( $(info 'd["counters"]["normalize"]') - n0 )) -ge 3
+# FreeBSD's scrub rules (pfSense writes one per interface) load: what they ask for, xpfd does
+# to every packet; one with a per-packet option is refused with its line.
+{ echo 'scrub in on fc all fragment reassemble'; cat "$DIR/pf.conf"; } > "$DIR/scrub.conf"
+check "-f a ruleset with a FreeBSD scrub rule; -s rules lists it first" bash -c \
+    "$CTL -f $DIR/scrub.conf && $CTL -s rules | head -1 | grep -qx 'scrub in on fc all fragment reassemble'"
+check "a fragmented ping passes whole under it" c ping -c 1 -W 2 -s 3000 10.0.2.2
+{ echo 'scrub in on fc all random-id'; cat "$DIR/pf.conf"; } > "$DIR/scrub-bad.conf"
+check "a scrub rule with random-id is refused with FILE:LINE" bash -c \
+    "! $CTL -f $DIR/scrub-bad.conf 2> $DIR/scrub.err; grep -q 'scrub-bad.conf:1: xpf does not support .random-id. on a scrub rule' $DIR/scrub.err"
 
 check "-f a ruleset with state limits" $CTL -f "$DIR/limits.conf"
 # traceroute: hop 2 (the server) and hop 3 (the far host) answer with ICMP errors that xpfd

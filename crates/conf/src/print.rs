@@ -469,6 +469,13 @@ pub fn parsed(p: &crate::Parsed) -> String {
     s
 }
 
+/// A FreeBSD scrub rule, held as the `match` rule selecting its packets, as pfctl prints it:
+/// `scrub in on em0 all fragment reassemble`.
+pub fn scrub(r: &Rule) -> String {
+    let m = rule(r);
+    format!("scrub{} fragment reassemble", m.strip_prefix("match").unwrap_or(&m))
+}
+
 /// The rules as `pfctl -nv` prints them, inline anchors' bodies indented inside braces.
 pub fn ruleset(rules: &[Rule]) -> String {
     ruleset_numbered(rules, false)

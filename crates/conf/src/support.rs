@@ -295,6 +295,9 @@ mod tests {
         ("block in log (to pflog1) proto udp", Yes("a_logging_rule_marks_its_frames_for_pflog")),
         ("pass in log (all) proto udp", Yes("log_all_logs_every_packet_of_the_state")),
         ("match in log proto udp", No("log on match rules and anchors")),
+        // What a FreeBSD scrub rule asks for its packets, xpf does to every packet.
+        ("scrub in on lo inet all fragment reassemble", Yes("a fragmented ping passes whole (reassembly)")),
+        ("scrub in all", Yes("null, FIN and Xmas scans are dropped as normalize")),
         ("pass in inet proto icmp icmp-type echoreq code 0", Yes("an_icmp_error_quoting_no_state_is_left_to_the_rules")),
         ("pass in tos 0x10", Yes("tos_matches_the_tos_byte_without_its_ecn_bits")),
         ("pass in proto tcp keep state (max 3, max-src-conn 2, overload <b> flush global, tcp.established 5)", Yes("state_options_reach_the_engine_and_limiters_survive_a_recompile")),

@@ -133,7 +133,16 @@ impl Daemon {
         let sums = if verbose > 0 { self.rule_sums()? } else { Default::default() };
         let mut out = Rows { text: String::new(), data: Vec::new(), verbose, sums, counts: Vec::new() };
         match anchor {
-            None | Some("*") => self.rows_of_main(&cur, 0, self.loaded.parsed.rules.len(), 0, &mut out),
+            None | Some("*") => {
+                // FreeBSD's scrub rules first, as pfctl lists them; without counters: here they
+                // select packets xpf normalizes anyway (docs/pfconf.md).
+                for r in &self.loaded.parsed.scrubs {
+                    let line = xpf_conf::print::scrub(r);
+                    out.line(0, &line, false);
+                    out.data.push(json!({"scrub": true, "rule": line}));
+                }
+                self.rows_of_main(&cur, 0, self.loaded.parsed.rules.len(), 0, &mut out)
+            }
             Some(path) => match cur.anchor(path) {
                 Some(info) => {
                     let a = &self.anchors.loads[path];

@@ -400,6 +400,47 @@ mod tests {
         crate::parse::parse(&format!("{line}\n"), "t.conf", &[]).errors.into_iter().map(|e| e.msg).collect()
     }
 
+    /// FreeBSD's scrub rules: taken when they ask only for what xpf does to every packet
+    /// (normalization, reassembly), printed as pfctl prints them, kept out of the filter
+    /// rules; an option that acts per packet, `no scrub` and `set reassemble no` refused.
+    #[test]
+    fn scrub_rules_that_ask_for_reassembly_load_and_the_rest_are_refused_by_name() {
+        let p = crate::parse::parse(
+            "ext = \"em0\"\nscrub in all\nscrub on $ext inet all fragment reassemble\n\
+             scrub out proto tcp from 10.0.0.0/8 to any\npass all\n",
+            "t.conf",
+            &[],
+        );
+        assert!(p.errors.is_empty(), "{:?}", p.errors);
+        assert_eq!(p.scrubs.len(), 3);
+        assert_eq!(p.rules.len(), 1, "scrub rules are not filter rules");
+        assert_eq!(
+            crate::print::parsed(&p),
+            "ext = \"em0\"\nscrub in all fragment reassemble\nscrub on em0 inet all fragment reassemble\n\
+             scrub out inet proto tcp from 10.0.0.0/8 to any fragment reassemble\npass all flags S/SA\n"
+        );
+        assert_eq!(p.interface_names().collect::<Vec<_>>(), ["em0"], "its interface must exist at load");
+        for (line, msg) in [
+            ("scrub in all random-id", "xpf does not support 'random-id' on a scrub rule yet"),
+            ("scrub in all max-mss 1400", "xpf does not support 'max-mss' on a scrub rule yet"),
+            ("scrub in all no-df fragment reassemble", "xpf does not support 'no-df' on a scrub rule yet"),
+            ("scrub in all reassemble tcp", "xpf does not support 'reassemble tcp' yet"),
+            ("scrub in all fragment crop", "xpf does not support 'fragment crop' on a scrub rule yet"),
+            ("no scrub in on em0 all", "xpf does not support 'no scrub' yet"),
+            (
+                "set reassemble no\nscrub in all",
+                "a scrub rule asks for reassembly, which `set reassemble no` turns off",
+            ),
+            (
+                "scrub in all\nset reassemble no",
+                "`set reassemble no` turns off the reassembly the scrub rules before it ask for",
+            ),
+        ] {
+            let got = refused(line);
+            assert!(got.len() == 1 && got[0].starts_with(msg), "{line}: {got:?}");
+        }
+    }
+
     #[test]
     fn what_pfctls_consistency_checks_refuse_is_refused_in_its_words() {
         let skip = |m: &[&str]| {

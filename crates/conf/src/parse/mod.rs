@@ -97,13 +97,18 @@ pub struct Parsed {
     pub settings: Vec<(String, std::sync::Arc<str>, u32)>,
     /// `load anchor NAME from FILE`: the name, the file as written, and where it was said.
     pub loads: Vec<Load>,
+    /// FreeBSD's normalization rules (`scrub ...`), each as the `match` rule that selects the
+    /// same packets (printed back as a scrub rule by [`crate::print::scrub`]). They decide
+    /// nothing: xpf normalizes every packet and reassembles every fragmented datagram, which
+    /// is what such a rule asks for its packets (see [`scrub_statement`]).
+    pub scrubs: Vec<Rule>,
 }
 
 impl Parsed {
     /// Every address the rules name: sources, destinations, translation and routing pools
     /// (with their lists), `af-to`'s; the filter rules' and the translation rules'.
     pub fn hosts(&self) -> impl Iterator<Item = &Host> {
-        self.rules.iter().chain(&self.xrules).flat_map(|r| {
+        self.rules.iter().chain(&self.xrules).chain(&self.scrubs).flat_map(|r| {
             let pools = [r.nat.as_deref(), r.rdr.as_deref(), r.binat.as_deref(), r.route.as_deref().map(|x| &x.1)];
             let af_to = r.af_to.as_deref().map(|x| (&x.1, x.2.as_ref()));
             [&r.src, &r.dst]
@@ -124,7 +129,7 @@ impl Parsed {
     /// Every interface name the ruleset uses where pf takes an interface or a group: `on`,
     /// `received-on`, `(if)` addresses, `set skip on`, `set loginterface`.
     pub fn interface_names(&self) -> impl Iterator<Item = &str> {
-        let rules = self.rules.iter().chain(&self.xrules);
+        let rules = self.rules.iter().chain(&self.xrules).chain(&self.scrubs);
         let ons = rules.flat_map(|r| r.on.iter().chain(r.received_on.as_deref()).map(|i| i.name.as_str()));
         let dynamic = self.hosts().filter_map(|h| match &h.kind {
             HostKind::Dynamic { ifname, .. } => Some(ifname.as_str()),
@@ -469,6 +474,10 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
         let res = match p.word() {
             Some("pass") | Some("block") | Some("match") | Some("anchor") => rule(&mut p, last_line, out.block_return),
             Some("antispoof") => antispoof(&mut p, last_line),
+            Some("scrub") => scrub_statement(&toks, last_line, file, out).map(|()| Vec::new()),
+            Some("no") if matches!(toks.get(1).map(|t| &t.tok), Some(Tok::Word(w)) if w == "scrub") => {
+                Err(unsupported("no scrub"))
+            }
             Some("nat" | "rdr" | "binat" | "no" | "nat-anchor" | "rdr-anchor" | "binat-anchor") => {
                 xrule(&mut p, last_line)
             }
@@ -678,6 +687,63 @@ fn load(p: &mut P) -> R<(String, String)> {
     Ok((name, path))
 }
 
+/// FreeBSD's normalization rule, `scrub [in|out] [on IF] [af] [proto] HOSTS [options]`
+/// (pfSense and OPNsense write one per interface). xpf normalizes every packet and
+/// reassembles every fragmented datagram (OpenBSD's way: `set reassemble yes`, its default),
+/// which is what a scrub rule asks for the packets it selects with `fragment reassemble`, its
+/// default option: such a rule is taken, checked as the `match` rule selecting the same
+/// packets is, and printed as pfctl prints it. Options that act on each packet (`no-df`,
+/// `random-id`, `min-ttl`, `max-mss`, `set-tos`, `reassemble tcp`) and the other fragment
+/// modes (`crop`, `drop-ovl`) are refused by name, as is `no scrub` (which asks for packets
+/// to be left alone) and a scrub rule with `set reassemble no`.
+fn scrub_statement(toks: &[Token], line: u32, file: &str, out: &mut Parsed) -> R<()> {
+    let word = |i: usize| match toks.get(i).map(|t| &t.tok) {
+        Some(Tok::Word(w)) => Some(w.as_str()),
+        _ => None,
+    };
+    let mut t: Vec<Token> = Vec::with_capacity(toks.len());
+    t.push(Token { tok: Tok::Word("match".into()), line: toks[0].line });
+    let mut i = 1;
+    while i < toks.len() {
+        match word(i) {
+            Some("fragment") => match word(i + 1) {
+                Some("reassemble") => {
+                    i += 2;
+                    continue;
+                }
+                Some(m @ ("crop" | "drop-ovl")) => {
+                    return Err(format!("xpf does not support 'fragment {m}' on a scrub rule yet"))
+                }
+                _ => return Err("syntax error".into()),
+            },
+            Some("reassemble") => return Err("xpf does not support 'reassemble tcp' yet".into()),
+            Some(o @ ("no-df" | "random-id" | "min-ttl" | "max-mss" | "set-tos")) => {
+                return Err(format!(
+                    "xpf does not support '{o}' on a scrub rule yet (a match rule's `scrub ({o} ...)` gives it to the states it makes)"
+                ));
+            }
+            _ => t.push(toks[i].clone()),
+        }
+        i += 1;
+    }
+    if out.reassemble == Some(false) {
+        return Err("a scrub rule asks for reassembly, which `set reassemble no` turns off".into());
+    }
+    let mut p = P { t: &t, i: 0, scope: None };
+    let tmpls = rule(&mut p, line, false)?;
+    let f: std::sync::Arc<str> = file.into();
+    for tm in tmpls {
+        let mut nr = 0;
+        let rules = expand(&tm, &mut nr, out).map_err(|m| m.join("\n"))?;
+        for mut r in rules {
+            r.file = f.clone();
+            out.header.push(crate::print::scrub(&r));
+            out.scrubs.push(r);
+        }
+    }
+    Ok(())
+}
+
 /// A pf.conf construct that pfctl accepts and xpf does not implement yet: said as such, so
 /// that nobody mistakes it for a mistake in the file.
 fn unsupported(what: &str) -> String {
@@ -685,7 +751,7 @@ fn unsupported(what: &str) -> String {
 }
 
 /// Statements of pf.conf (OpenBSD's and the older FreeBSD dialect's) that xpf does not read yet.
-const UNSUPPORTED_STATEMENTS: &[&str] = &["scrub", "altq", "scrub-anchor", "dummynet-anchor", "ether"];
+const UNSUPPORTED_STATEMENTS: &[&str] = &["altq", "scrub-anchor", "dummynet-anchor", "ether"];
 
 /// Rule options pfctl knows that xpf does not implement yet.
 const UNSUPPORTED_OPTIONS: &[&str] = &["os", "prio", "queue", "fragment", "no-df", "rdomain", "pflow", "delay"];

@@ -70,6 +70,9 @@ pub(super) fn set_option(p: &mut P, out: &mut Parsed) -> R<()> {
                 return Err("syntax error".into());
             }
             let nodf = p.eat("no-df");
+            if v == "no" && !out.scrubs.is_empty() {
+                return Err("`set reassemble no` turns off the reassembly the scrub rules before it ask for".into());
+            }
             out.header.push(format!("set reassemble {v} {}", if nodf { "no-df" } else { "" }));
             out.reassemble = Some(v == "yes");
             out.reassemble_no_df = nodf;
