@@ -427,6 +427,12 @@ mod tests {
             ("scrub in all reassemble tcp", "xpf does not support 'reassemble tcp' yet"),
             ("scrub in all fragment crop", "xpf does not support 'fragment crop' on a scrub rule yet"),
             ("no scrub in on em0 all", "xpf does not support 'no scrub' yet"),
+            ("scrub in log all", "xpf does not support 'log' on a scrub rule yet"),
+            ("scrub in all tag T", "xpf does not support 'tag' on a scrub rule yet"),
+            (
+                "scrub in all nat-to 10.0.0.1",
+                "xpf takes a scrub rule's interface, direction, family, protocol and addresses",
+            ),
             (
                 "set reassemble no\nscrub in all",
                 "a scrub rule asks for reassembly, which `set reassemble no` turns off",

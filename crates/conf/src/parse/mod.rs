@@ -737,6 +737,32 @@ fn scrub_statement(toks: &[Token], line: u32, file: &str, out: &mut Parsed) -> R
         let rules = expand(&tm, &mut nr, out).map_err(|m| m.join("\n"))?;
         for mut r in rules {
             r.file = f.clone();
+            // FreeBSD's grammar gives a scrub rule its direction, interface, family, protocol
+            // and addresses; anything else the match rule's parser took would go unenforced.
+            let plain = Rule {
+                dir: r.dir,
+                on: r.on.clone(),
+                af: r.af,
+                proto: r.proto,
+                src: r.src.clone(),
+                src_port: r.src_port,
+                dst: r.dst.clone(),
+                dst_port: r.dst_port,
+                file: r.file.clone(),
+                ..rule_shell(Action::Match, r.line)
+            };
+            if r != plain {
+                let named = [
+                    (r.log.is_some(), "log"),
+                    (r.quick, "quick"),
+                    (r.label.is_some(), "label"),
+                    (r.tag.is_some(), "tag"),
+                ];
+                return Err(match named.iter().find(|(set, _)| *set) {
+                    Some((_, o)) => format!("xpf does not support '{o}' on a scrub rule yet"),
+                    None => "xpf takes a scrub rule's interface, direction, family, protocol and addresses, and no other option yet".into(),
+                });
+            }
             out.header.push(crate::print::scrub(&r));
             out.scrubs.push(r);
         }
