@@ -76,16 +76,10 @@ const COMMON_MIN: usize = 16;
 /// A rule moves into a wider shape only while the list it joins is shorter than this.
 pub const MERGE_LIMIT: usize = 8;
 
-/// A list longer than this gets an index of its own, over fine shapes (prefix lengths as
-/// they are), when that index is cheaper to probe than the list is to test.
-pub const SPLIT_FROM: usize = 32;
-/// In [`Slot::len`]: the slot's `start` is an index in [`Classifier::subs`].
-const SUB: u32 = 1 << 31;
-
-/// A rule's own shape: prefix lengths rounded down to the levels, or as they are (`fine`).
-fn shape_id(k: &RuleKey, fine: bool) -> ShapeId {
+/// A rule's own shape: prefix lengths rounded down to the levels.
+fn shape_id(k: &RuleKey) -> ShapeId {
     let af = if k.src.is_some() || k.dst.is_some() { k.af } else { 0 };
-    let lv = |l: u8| if fine { l } else { level(af, l) };
+    let lv = |l: u8| level(af, l);
     ShapeId {
         af,
         ifidx: k.ifidx != 0,
@@ -204,8 +198,6 @@ pub struct Classifier {
     /// For large tables: which keys the slots may hold.
     filter: Option<Filter>,
     ids: Vec<u32>,
-    /// The indexes of long lists (their slots say which).
-    subs: Vec<Classifier>,
     /// The longest list (a measure of the worst lookup).
     pub longest: usize,
 }
@@ -416,7 +408,6 @@ impl std::fmt::Debug for Classifier {
             .field("slots", &self.slots.len())
             .field("filter", &self.filter.is_some())
             .field("rules", &self.ids.len())
-            .field("subs", &self.subs)
             .field("longest", &self.longest)
             .finish()
     }
@@ -429,15 +420,12 @@ impl Classifier {
     /// fewer than [`MERGE_LIMIT`] rules (TupleMerge's relaxation: fewer shapes to probe for
     /// a few more candidates per probe); otherwise its own shape is kept.
     ///
-    /// A list longer than [`SPLIT_FROM`] (rules that share every indexed field at the
-    /// levels) is indexed again over their own prefix lengths, directions and source ports
-    /// when that leaves shorter lists; only packets that reach it probe that index.
+    /// A long list (rules that share every indexed field at the levels) stays one list: a
+    /// lookup that finds it merges it with the others as the walk takes its rules, so it
+    /// costs the rules the walk tests, not its length (an index of its own over the rules'
+    /// exact prefix lengths cost more to probe than it saved: docs/rules.md).
     pub fn build(keys: &[RuleKey]) -> Classifier {
-        Self::build_with(keys, false)
-    }
-
-    fn build_with(keys: &[RuleKey], fine: bool) -> Classifier {
-        let natural: Vec<ShapeId> = keys.iter().map(|k| shape_id(k, fine)).collect();
+        let natural: Vec<ShapeId> = keys.iter().map(shape_id).collect();
         let mut count: HashMap<ShapeId, usize> = HashMap::new();
         for id in &natural {
             *count.entry(*id).or_default() += 1;
@@ -464,7 +452,7 @@ impl Classifier {
         for i in order {
             let k = &keys[i as usize];
             let own = natural[i as usize];
-            let target = if fine || size[i as usize] >= big {
+            let target = if size[i as usize] >= big {
                 intern(&mut chosen, own)
             } else {
                 // The most specific chosen shape it fits, with room in its list.
@@ -486,10 +474,8 @@ impl Classifier {
         let mut filter = (cap >= FILTER_FROM).then(|| Filter::new(cap));
         let mut ids = Vec::with_capacity(keys.len());
         let mut longest = 0;
-        let mut subs = Vec::new();
         for group in filed.chunk_by(|a, b| a.0 == b.0) {
             let h = group[0].0;
-            let rule = |k: usize| group[k].1;
             let mut j = h as usize & (cap - 1);
             while slots[j].hash != 0 {
                 j = (j + 1) & (cap - 1);
@@ -497,29 +483,13 @@ impl Classifier {
             if let Some(f) = &mut filter {
                 f.insert(h);
             }
-            if !fine && group.len() > SPLIT_FROM {
-                let sub_keys: Vec<RuleKey> = group.iter().map(|&(_, i)| keys[i as usize]).collect();
-                let mut sub = Classifier::build_with(&sub_keys, true);
-                // Worth it when its probes (a shape costs about three rules' tests) and its
-                // longest list cost less than testing the whole list.
-                if sub.shapes4.len().max(sub.shapes6.len()) * 3 + sub.longest < group.len() {
-                    // Its ids are positions in the list: the rules' own (in order still).
-                    for id in &mut sub.ids {
-                        *id = rule(*id as usize);
-                    }
-                    slots[j] = Slot { hash: h, start: subs.len() as u32, len: SUB | group.len() as u32 };
-                    longest = longest.max(sub.longest);
-                    subs.push(sub);
-                    continue;
-                }
-            }
             slots[j] = Slot { hash: h, start: ids.len() as u32, len: group.len() as u32 };
             longest = longest.max(group.len());
             ids.extend(group.iter().map(|x| x.1));
         }
         let shapes4 = chosen.iter().filter(|(id, _)| id.af != AF_INET6).map(|x| x.1.clone()).collect();
         let shapes6 = chosen.iter().filter(|(id, _)| id.af != AF_INET).map(|x| x.1.clone()).collect();
-        Classifier { shapes4, shapes6, slots, filter, ids, subs, longest }
+        Classifier { shapes4, shapes6, slots, filter, ids, longest }
     }
 
     /// How many shapes a packet of family `af` probes.
@@ -537,7 +507,6 @@ impl Classifier {
             + self.filter.as_ref().map_or(0, |f| f.words.len() * 8)
             + self.ids.len() * 4
             + (self.shapes4.len() + self.shapes6.len()) * std::mem::size_of::<Shape>()
-            + self.subs.iter().map(Classifier::bytes).sum::<usize>()
     }
 
     #[inline]
@@ -601,10 +570,8 @@ impl Classifier {
                 prefetch(&self.slots[h as usize & m]);
             }
             for &h in &hs[..n] {
-                match self.find(h) {
-                    Some(s) if s.len & SUB != 0 => self.subs[s.start as usize].probe(v6, meta, a4, s6, d6, out),
-                    Some(s) => out.extend(&self.ids[s.start as usize..(s.start + s.len) as usize]),
-                    None => {}
+                if let Some(s) = self.find(h) {
+                    out.extend(&self.ids[s.start as usize..(s.start + s.len) as usize]);
                 }
             }
         }
