@@ -71,7 +71,7 @@ struct ShapeId {
 
 /// A shape with at least this share (1/N) of the rules, or [`COMMON_MIN`] rules, is kept as
 /// it is; the rules of rarer shapes may move into a wider one.
-const COMMON_SHARE: usize = 100;
+const COMMON_SHARE: usize = 30;
 const COMMON_MIN: usize = 16;
 /// A rule moves into a wider shape only while the list it joins is shorter than this.
 pub const MERGE_LIMIT: usize = 8;
