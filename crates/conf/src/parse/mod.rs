@@ -474,7 +474,7 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
         let res = match p.word() {
             Some("pass") | Some("block") | Some("match") | Some("anchor") => rule(&mut p, last_line, out.block_return),
             Some("antispoof") => antispoof(&mut p, last_line),
-            Some("scrub") => scrub_statement(&toks, last_line, file, out).map(|()| Vec::new()),
+            Some("scrub") => scrub_statement(&mut p, last_line, file, out).map(|()| Vec::new()),
             Some("no") if matches!(toks.get(1).map(|t| &t.tok), Some(Tok::Word(w)) if w == "scrub") => {
                 Err(unsupported("no scrub"))
             }
@@ -696,35 +696,33 @@ fn load(p: &mut P) -> R<(String, String)> {
 /// `random-id`, `min-ttl`, `max-mss`, `set-tos`, `reassemble tcp`) and the other fragment
 /// modes (`crop`, `drop-ovl`) are refused by name, as is `no scrub` (which asks for packets
 /// to be left alone) and a scrub rule with `set reassemble no`.
-fn scrub_statement(toks: &[Token], line: u32, file: &str, out: &mut Parsed) -> R<()> {
-    let word = |i: usize| match toks.get(i).map(|t| &t.tok) {
-        Some(Tok::Word(w)) => Some(w.as_str()),
-        _ => None,
-    };
-    let mut t: Vec<Token> = Vec::with_capacity(toks.len());
-    t.push(Token { tok: Tok::Word("match".into()), line: toks[0].line });
-    let mut i = 1;
-    while i < toks.len() {
-        match word(i) {
-            Some("fragment") => match word(i + 1) {
+fn scrub_statement(p: &mut P, line: u32, file: &str, out: &mut Parsed) -> R<()> {
+    let mut t: Vec<Token> = Vec::with_capacity(p.t.len());
+    t.push(Token { tok: Tok::Word("match".into()), line: p.t[p.i].line });
+    p.i += 1;
+    while p.i < p.t.len() {
+        if p.eat("fragment") {
+            match p.word() {
                 Some("reassemble") => {
-                    i += 2;
+                    p.i += 1;
                     continue;
                 }
                 Some(m @ ("crop" | "drop-ovl")) => {
                     return Err(format!("xpf does not support 'fragment {m}' on a scrub rule yet"))
                 }
                 _ => return Err("syntax error".into()),
-            },
+            }
+        }
+        match p.word() {
             Some("reassemble") => return Err("xpf does not support 'reassemble tcp' yet".into()),
             Some(o @ ("no-df" | "random-id" | "min-ttl" | "max-mss" | "set-tos")) => {
                 return Err(format!(
                     "xpf does not support '{o}' on a scrub rule yet (a match rule's `scrub ({o} ...)` gives it to the states it makes)"
                 ));
             }
-            _ => t.push(toks[i].clone()),
+            _ => t.push(p.t[p.i].clone()),
         }
-        i += 1;
+        p.i += 1;
     }
     if out.reassemble == Some(false) {
         return Err("a scrub rule asks for reassembly, which `set reassemble no` turns off".into());
