@@ -59,6 +59,8 @@ pub enum HostKind {
     Any,
     NoRoute,
     UrpfFailed,
+    /// `route "label"`: the addresses OpenBSD's routes with this label lead to.
+    RouteLabel(String),
     SelfAddr,
     /// An address and prefix length (host bits cleared).
     Net(IpAddr, u8),
@@ -150,6 +152,9 @@ pub struct Rule {
     /// Explicit `keep state`: printed even without options.
     pub state_explicit: bool,
     pub allow_opts: bool,
+    /// `fragment`: the rule matches only fragments that were not reassembled (pf's
+    /// PFRULE_FRAGMENT), and keeps no state for them.
+    pub fragment: bool,
     pub label: Option<String>,
     pub tag: Option<String>,
     pub tagged: Option<(bool, String)>,

@@ -536,6 +536,8 @@ struct Rare {
     routes: [Option<(bool, AddrTest)>; 2],
     /// `once` or `max-pkt-rate`: the rule's run-time mark.
     mark: Option<Arc<Mark>>,
+    /// `fragment`: only a fragment not reassembled matches.
+    fragment: bool,
 }
 
 /// The compiled ruleset; it is the engine's `Policy`.
@@ -942,6 +944,8 @@ fn addr_test(
 ) -> (bool, AddrTest) {
     let t = match &h.kind {
         HostKind::Any => AddrTest::Any,
+        // Refused before it gets here (support.rs): Linux's routes carry no labels.
+        HostKind::RouteLabel(_) => AddrTest::Never,
         HostKind::Net(IpAddr::V4(a), l) => AddrTest::V4(u32::from(*a) & mask4(*l), mask4(*l)),
         HostKind::Net(IpAddr::V6(a), l) => AddrTest::V6(u128::from(*a) & mask6(*l), mask6(*l)),
         HostKind::Range(IpAddr::V4(a), IpAddr::V4(b)) => AddrTest::Range4(u32::from(*a), u32::from(*b)),
@@ -1144,7 +1148,8 @@ impl<'a> Build<'a> {
                 _ => None,
             },
             icmp: r.icmp,
-            keep_state: r.state != StateKind::No,
+            // pf keeps no state for a fragment (`fragment` rules match nothing else).
+            keep_state: r.state != StateKind::No && !r.fragment,
             ret: engine_return(&r.ret),
             scrub: r.scrub.as_ref().map_or(EScrub::NONE, |s| EScrub {
                 no_df: s.no_df,
@@ -1193,8 +1198,13 @@ impl<'a> Build<'a> {
                     q | ack.as_deref().map_or(Ok(q), |a| id(a).map(u32::from))? << 16
                 }
             },
-            rare: if on_group.is_some() || rcv.is_some() || mark.is_some() || routes.iter().any(Option::is_some) {
-                self.rare.push(Rare { on: on_group, rcv, routes, mark });
+            rare: if on_group.is_some()
+                || rcv.is_some()
+                || mark.is_some()
+                || routes.iter().any(Option::is_some)
+                || r.fragment
+            {
+                self.rare.push(Rare { on: on_group, rcv, routes, mark, fragment: r.fragment });
                 self.rare.len() as u32
             } else {
                 0
@@ -1563,7 +1573,8 @@ impl Ruleset {
             }
         }
         if let Some((t, code)) = r.icmp {
-            if pd.icmp_type != t || code.is_some_and(|c| c != pd.icmp_code) {
+            // A later fragment has no ICMP header (pf: a fragment matches no type or code).
+            if pd.icmp_type != t || code.is_some_and(|c| c != pd.icmp_code) || pd.flags & pdf::NOT_FIRST_FRAG != 0 {
                 return Some(usize::MAX);
             }
         }
@@ -1599,6 +1610,9 @@ impl Ruleset {
     #[inline(never)]
     fn rare_match(&self, rare: u32, pd: &PDesc, at: &Context) -> bool {
         let x = &self.rare[rare as usize - 1];
+        if x.fragment && pd.flags & pdf::FRAGMENT == 0 {
+            return false;
+        }
         if let Some((neg, members)) = &x.on {
             if members.contains(&at.ifidx) == *neg {
                 return false;

@@ -33,6 +33,7 @@ pub fn host_label(h: &Host) -> String {
         HostKind::Any => "any".into(),
         HostKind::NoRoute => "no-route".into(),
         HostKind::UrpfFailed => "urpf-failed".into(),
+        HostKind::RouteLabel(l) => format!("route {}", quoted(l)),
         HostKind::SelfAddr => "self".into(),
         HostKind::Net(a, l) => {
             let full = if a.is_ipv4() { 32 } else { 128 };
@@ -321,6 +322,9 @@ pub fn rule(r: &Rule) -> String {
             t = t.trim_end_matches('0').trim_end_matches('.').to_string();
         }
         let _ = write!(s, " probability {t}%");
+    }
+    if r.fragment {
+        s.push_str(" fragment");
     }
     if let Some(sc) = &r.scrub {
         let mut v: Vec<String> = Vec::new();

@@ -79,6 +79,9 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
             state,
             state_explicit: _,
             allow_opts: _,
+            // Enforced: only a fragment not reassembled matches (with `set reassemble yes`,
+            // pf's default, none reaches the rules, as in pf), and it makes no state.
+            fragment: _,
             label: _,
             tag: _,
             tagged: _,
@@ -148,6 +151,8 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
                 // Enforced: the interfaces' addresses and the kernel's routes at compile time,
                 // followed by xpfd.
                 HostKind::SelfAddr | HostKind::Dynamic { .. } | HostKind::NoRoute | HostKind::UrpfFailed => {}
+                // OpenBSD's route labels: Linux's routes have none to match.
+                HostKind::RouteLabel(l) => refuse(&format!("route \"{l}\"")),
             }
         }
         // Enforced: `tos` matches the TOS byte without its ECN bits (pf_setup_pdesc).
@@ -309,6 +314,7 @@ mod tests {
         ("pass in proto tcp modulate state", Yes("modulate_state_replaces_both_initial_sequence_numbers")),
         ("pass in proto tcp no state", Yes("no_match_passes_without_state")),
         ("pass in allow-opts", Yes("ip_options_need_allow_opts_on_rule_and_state")),
+        ("pass in proto udp fragment", Yes("fragment_rules_match_only_fragments_not_reassembled")),
         ("pass in label \"web\"", Yes("-k label")),
         ("pass in to self", Yes("self_stands_for_the_interfaces_addresses")),
         ("pass in to (lo)", Yes("self_stands_for_the_interfaces_addresses")),
@@ -318,6 +324,7 @@ mod tests {
         ("pass in proto tcp synproxy state (max-src-conn 5)", No("synproxy state with max-src-conn")),
         ("pass in proto tcp keep state (pflow)", Yes("a_pflow_state_is_recorded_at_its_end_while_active_and_when_translated")),
         ("pass in to no-route", Yes("no_route_and_urpf_failed_follow_the_routes")),
+        ("pass in from route \"dmz\"", No("route \"dmz\"")),
         ("pass in from urpf-failed", Yes("no_route_and_urpf_failed_follow_the_routes")),
         ("pass in proto tcp user 0", No("user")),
         ("pass in proto tcp group 0", No("group")),

@@ -316,6 +316,58 @@ fn tos_matches_the_tos_byte_without_its_ecn_bits() {
     assert_eq!(action(&r, &p, 1, Dir::In), Action::Block);
 }
 
+/// A fragment of a UDP datagram from 10.0.0.1 to 10.0.0.2 (id 7): `payload` at 8-byte
+/// offset `off8`, more to come when `more`.
+fn udp_fragment(off8: u16, more: bool, payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![0u8; 60.max(34 + payload.len())];
+    f[12] = 8;
+    xpf_wire::ipv4::emit_header(&mut f[14..], [10, 0, 0, 1], [10, 0, 0, 2], 17, 20 + payload.len() as u16, 64, 7);
+    f[20..22].copy_from_slice(&(off8 | if more { 0x2000 } else { 0 }).to_be_bytes());
+    f[24..26].copy_from_slice(&[0, 0]);
+    let c = xpf_wire::checksum::checksum(&f[14..34]);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+    f[34..34 + payload.len()].copy_from_slice(payload);
+    f
+}
+
+/// `fragment` (pf's): the rule matches only fragments that were not reassembled and keeps no
+/// state for them; with reassembly on, the datagram is filtered whole and such a rule does
+/// not match it. A later fragment matches no rule with an ICMP type (it has no ICMP header).
+#[test]
+fn fragment_rules_match_only_fragments_not_reassembled() {
+    let conf = "block all\npass in proto udp fragment\npass in inet proto icmp icmp-type echoreq\n";
+    let r = rs(conf);
+    assert_eq!(action(&r, &pkt(IPPROTO_UDP, [1, 1, 1, 1], [2, 2, 2, 2], 1, 2, 0), 1, Dir::In), Action::Block);
+    let mut later = pkt(IPPROTO_UDP, [1, 1, 1, 1], [2, 2, 2, 2], 0, 0, 0);
+    later.flags = pdf::FRAGMENT | pdf::NOT_FIRST_FRAG;
+    let d = r.evaluate(&later, 1, Dir::In);
+    assert_eq!((d.action, d.keep_state), (Action::Pass, false));
+    let mut echo = pkt(xpf_wire::pdesc::IPPROTO_ICMP, [1, 1, 1, 1], [2, 2, 2, 2], 0, 0, 0);
+    echo.flags = 0;
+    echo.icmp_type = 8;
+    assert_eq!(action(&r, &echo, 1, Dir::In), Action::Pass);
+    echo.flags = pdf::FRAGMENT | pdf::NOT_FIRST_FRAG;
+    assert_eq!(action(&r, &echo, 1, Dir::In), Action::Block, "a later fragment has no ICMP type");
+    // A datagram in two fragments (its UDP header, 8 bytes of data; 16 more bytes).
+    let mut head = vec![0u8; 16];
+    xpf_wire::udp::emit_header(&mut head, 5000, 53, 32);
+    let frags = [udp_fragment(0, true, &head), udp_fragment(2, false, &[0x5a; 16])];
+    let frames: Vec<&[u8]> = frags.iter().map(|f| &f[..]).collect();
+    // Without reassembly each fragment meets the rules: both pass, and no state is made.
+    let mut w = worker(rs(conf));
+    let mut v = [Verdict::Pass; 2];
+    w.process(&frames, 1, Dir::In, 0, &mut v);
+    assert_eq!(v, [Verdict::Pass; 2]);
+    assert_eq!(w.states(), 0);
+    // With reassembly the rules see the whole datagram, which `fragment` does not match.
+    let mut w = worker(rs(conf));
+    w.set_reassemble(true, 100, 60);
+    w.process(&frames, 1, Dir::In, 0, &mut v);
+    assert_eq!(v[0], Verdict::Held);
+    assert_eq!(v[1], Verdict::Drop(xpf_wire::Reason::Match), "blocked whole");
+    assert_eq!((w.stats.passed, w.states()), (0, 0));
+}
+
 fn udp_frame(dst: [u8; 4]) -> Vec<u8> {
     udp([10, 0, 0, 1], dst, 5000, 53)
 }

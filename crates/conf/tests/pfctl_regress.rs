@@ -61,7 +61,9 @@ impl Netns {
         if unsafe { libc::geteuid() } != 0 {
             return Err("the interface cases need root (a network namespace with dummy interfaces)".into());
         }
-        let name = format!("xpfrg{}", std::process::id());
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("xpfrg{}-{seq}", std::process::id());
         let ip = |args: &[&str]| -> Result<(), String> {
             let o = std::process::Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
             if o.status.success() {
@@ -86,18 +88,60 @@ impl Netns {
         Ok(ns)
     }
 
-    /// Runs `f` on a thread that has entered the namespace.
+    /// Runs `f` on a thread that has entered the namespace and sees OpenBSD's users and groups.
     fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
         let path = format!("/var/run/netns/{}", self.0);
-        std::thread::spawn(move || {
+        let users = std::env::temp_dir().join(format!("{}-users", self.0));
+        let u = users.clone();
+        let out = std::thread::spawn(move || {
             let fd = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
             // SAFETY: fd is a network namespace file; setns affects only this thread.
             let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&fd), libc::CLONE_NEWNET) };
             assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+            openbsd_users(&u);
             f()
         })
-        .join()
-        .unwrap()
+        .join();
+        let _ = std::fs::remove_dir_all(&users);
+        out.unwrap()
+    }
+}
+
+/// The users and groups the cases name, with the ids OpenBSD gives them (the expected output
+/// holds ids: `user bin` is `user = 3`), over /etc/passwd and /etc/group in a mount namespace
+/// of this thread's own: the host's own files are not touched, and go with the thread.
+fn openbsd_users(dir: &std::path::Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let files = [
+        ("passwd", "root:*:0:0:root:/root:/bin/ksh\ndaemon:*:1:1::/root:/sbin/nologin\nbin:*:3:7::/:/sbin/nologin\nsshd:*:27:27::/var/empty:/sbin/nologin\nnobody:*:32767:32767::/nonexistent:/sbin/nologin\n"),
+        ("group", "wheel:*:0:root\ndaemon:*:1:daemon\nbin:*:7:\nsshd:*:27:\nnobody:*:32767:\n"),
+    ];
+    let c = |s: &str| std::ffi::CString::new(s).unwrap();
+    // SAFETY: unshare and mount with valid C strings; they change this thread's view only
+    // (CLONE_FS: the thread leaves the process's shared root and working directory).
+    unsafe {
+        assert_eq!(
+            libc::unshare(libc::CLONE_FS | libc::CLONE_NEWNS),
+            0,
+            "unshare: {}",
+            std::io::Error::last_os_error()
+        );
+        let rc = libc::mount(
+            std::ptr::null(),
+            c("/").as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        );
+        assert_eq!(rc, 0, "mount --make-rprivate /: {}", std::io::Error::last_os_error());
+    }
+    for (name, text) in files {
+        let src = dir.join(name);
+        std::fs::write(&src, text).unwrap();
+        let (src, dst) = (c(src.to_str().unwrap()), c(&format!("/etc/{name}")));
+        // SAFETY: as above.
+        let rc = unsafe { libc::mount(src.as_ptr(), dst.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) };
+        assert_eq!(rc, 0, "mount --bind over /etc/{name}: {}", std::io::Error::last_os_error());
     }
 }
 

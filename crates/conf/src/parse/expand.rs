@@ -28,6 +28,37 @@ pub(super) fn resolve_pools(r: &mut Rule, out: &mut Parsed) -> R<()> {
     Ok(())
 }
 
+/// pfctl's collapse of a translation or routing list, made for every combination of a rule
+/// before its family is checked: several addresses of one family (of the rule's, when it
+/// names one) become an automatic table, and pin the combination to that family. A
+/// combination then dropped for its family has still numbered a table, as in pfctl (`to lo0`
+/// over ::1, fe80::1 and 127.0.0.1 with `rdr-to { 127.0.0.1, 127.0.0.2 }` makes three tables
+/// and one rule). A list of mixed families, or of fewer addresses, waits for
+/// [`resolve_pools`], which keeps those of the combination's family.
+fn collapse_lists(r: &mut Rule, out: &mut Parsed) -> Af {
+    let af = r.af;
+    let mut pinned = Af::Any;
+    let route = r.route.as_mut().map(|x| &mut x.1);
+    for pl in [r.nat.as_deref_mut(), r.rdr.as_deref_mut(), route].into_iter().flatten() {
+        let Some(list) = &pl.list else { continue };
+        let kept: Vec<Host> =
+            list.iter().filter(|h| af == Af::Any || h.af() == Af::Any || h.af() == af).cloned().collect();
+        let fam = kept.first().map_or(Af::Any, Host::af);
+        if kept.len() < 2 || fam == Af::Any || kept.iter().any(|h| h.af() != fam) {
+            continue;
+        }
+        pl.list = None;
+        pl.host = auto_table(kept, out);
+        if pl.kind == PoolKind::None {
+            pl.kind = PoolKind::RoundRobin;
+        }
+        if pinned == Af::Any {
+            pinned = fam;
+        }
+    }
+    pinned
+}
+
 /// A pool of several addresses becomes a const table `__automatic_N`, printed with the header.
 fn auto_table(hosts: Vec<Host>, out: &mut Parsed) -> Host {
     let name = format!("__automatic_{}", out.auto_tables);
@@ -201,6 +232,7 @@ pub(super) fn expand(t: &Template, nr: &mut u32, parsed: &mut Parsed) -> Result<
                                         r.user = uid;
                                         r.group = gid;
                                         r.icmp = ic;
+                                        let list_af = collapse_lists(&mut r, parsed);
                                         // The family: the rule's, or what the addresses pin.
                                         let mut af = r.af;
                                         let mut ok = true;
@@ -267,6 +299,7 @@ pub(super) fn expand(t: &Template, nr: &mut u32, parsed: &mut Parsed) -> Result<
                                                 .filter(|p| p.list.is_none())
                                                 .map(|p| p.host.af())
                                                 .chain(route_list_af)
+                                                .chain([list_af])
                                                 .find(|a| *a != Af::Any)
                                                 .unwrap_or(Af::Any);
                                         for a in [s.af(), d.af(), pool_af] {
@@ -334,6 +367,7 @@ pub(super) fn expand(t: &Template, nr: &mut u32, parsed: &mut Parsed) -> Result<
                                         }
                                         if r.flags.is_none()
                                             && r.anchor.is_none()
+                                            && !r.fragment
                                             && r.action != Action::Block
                                             && r.state != StateKind::No
                                             && matches!(proto, None | Some(6))
@@ -508,5 +542,33 @@ mod tests {
         ] {
             assert_eq!(refused(line), Vec::<String>::new(), "{line}");
         }
+    }
+
+    /// A list of one family becomes its automatic table in every combination, as pfctl
+    /// collapses it before checking the family: the combinations of the other family are left
+    /// out (and have numbered tables), the rule keeps the family the list pins.
+    #[test]
+    fn a_pool_list_pins_the_family_and_numbers_a_table_per_combination() {
+        let p = crate::parse::parse(
+            "match in on lo from any to { ::1, 127.0.0.1 } rdr-to { 127.0.0.1, 127.0.0.2 }\n\
+             match out on lo nat-to { 192.0.2.1, 192.0.2.2 } random\n",
+            "t.conf",
+            &[],
+        );
+        assert!(p.errors.is_empty(), "{:?}", p.errors);
+        let names: Vec<&str> = p.tables.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["__automatic_0", "__automatic_1", "__automatic_2"]);
+        let printed = crate::print::parsed(&p);
+        assert!(
+            printed.contains("match in on lo inet from any to 127.0.0.1 rdr-to <__automatic_1> round-robin\n"),
+            "{printed}"
+        );
+        assert!(printed.contains("match out on lo inet all nat-to <__automatic_2> random\n"), "{printed}");
+        assert_eq!(p.rules.len(), 2, "{printed}");
+        // No combination of the list's family: refused.
+        assert_eq!(
+            refused("match in on lo from any to ::1 rdr-to { 127.0.0.1, 127.0.0.2 }"),
+            ["rule expands to no valid combination"]
+        );
     }
 }

@@ -33,7 +33,7 @@ pub(super) fn hosts(p: &mut P) -> R<Vec<Host>> {
         };
         if w.parse::<IpAddr>().is_err()
             && parse_addr(w).is_none()
-            && !["any", "self", "no-route", "urpf-failed"].contains(&w.as_str())
+            && !["any", "self", "no-route", "urpf-failed", "route"].contains(&w.as_str())
         {
             // A group stands for its members, each taken as an interface (pfctl's
             // ifa_grouplookup).
@@ -128,6 +128,7 @@ pub(super) fn host(p: &mut P) -> R<Host> {
             "no-route" => HostKind::NoRoute,
             "urpf-failed" => HostKind::UrpfFailed,
             "self" => HostKind::SelfAddr,
+            "route" if matches!(p.t.get(p.i).map(|t| &t.tok), Some(Tok::Str(_))) => HostKind::RouteLabel(p.string()?),
             _ => {
                 let Some((a, short)) = parse_addr(&s) else {
                     return Err(format!("{BARE}no IP address found for {s}\ncould not parse host specification"));

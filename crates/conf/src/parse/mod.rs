@@ -778,4 +778,4 @@ fn unsupported(what: &str) -> String {
 const UNSUPPORTED_STATEMENTS: &[&str] = &["altq", "scrub-anchor", "dummynet-anchor", "ether"];
 
 /// Rule options pfctl knows that xpf does not implement yet.
-const UNSUPPORTED_OPTIONS: &[&str] = &["os", "prio", "queue", "fragment", "no-df", "rdomain", "pflow", "delay"];
+const UNSUPPORTED_OPTIONS: &[&str] = &["os", "prio", "queue", "no-df", "rdomain", "pflow", "delay"];

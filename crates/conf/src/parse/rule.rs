@@ -361,6 +361,7 @@ pub(super) fn rule_shell(action: Action, line: u32) -> Rule {
         state: if action == Action::Pass { StateKind::Keep } else { StateKind::No },
         state_explicit: false,
         allow_opts: false,
+        fragment: false,
         label: None,
         tag: None,
         tagged: None,
@@ -626,6 +627,8 @@ pub(super) fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
             t.r.scrub = Some(scrub_opts(p)?);
         } else if p.eat("allow-opts") {
             t.r.allow_opts = true;
+        } else if p.eat("fragment") {
+            t.r.fragment = true;
         } else if p.eat("label") {
             t.r.label = Some(p.name()?);
         } else if p.eat("tag") {
