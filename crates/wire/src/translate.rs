@@ -167,10 +167,12 @@ fn transport<const N: usize, const SUM: usize>(
             d += (!u16::from_ne_bytes([t[4], t[5]])) as u64 + u16::from_ne_bytes([a, b]) as u64;
             (t[4], t[5]) = (a, b);
         } else {
-            let [c, e] = rw.port[1].to_be_bytes();
+            // Both ports as one word in the header's byte order, built once and used for the
+            // sum and the store.
+            let new = ((u32::from(rw.port[0]) << 16) | u32::from(rw.port[1])).to_be();
             let p: &mut [u8; 4] = (&mut t[..4]).try_into().expect("4 bytes");
-            d += change(p, &[a, b, c, e]);
-            *p = [a, b, c, e];
+            d += u64::from(!u32::from_ne_bytes(*p)) + u64::from(new);
+            *p = new.to_ne_bytes();
         }
     }
     let c = u16::from_ne_bytes([t[SUM], t[SUM + 1]]);
