@@ -476,17 +476,11 @@ impl Nat {
             let i = ((p.mul as u64 * p.fresh as u64 + p.add as u64) % p.n as u64) as u32;
             p.fresh += 1;
             let port = p.port(i);
-            match p.users.entry(port) {
-                // A peer's flow holds it (a synced state taken in): it goes back with that
-                // state, as any other.
-                Entry::Occupied(_) => {}
-                Entry::Vacant(e) if free(port) => {
-                    e.insert(1);
-                    return Some(port);
-                }
-                // Its key is taken by a state that does not hold it here (a state that kept
-                // its port): released when that state goes, as any other.
-                Entry::Vacant(_) => counters.collisions += 1,
+            match claim(&mut p.users, port, &mut free) {
+                Claim::Taken => return Some(port),
+                // Released when the state that holds it, or its key, goes, as any other.
+                Claim::InUse => {}
+                Claim::KeyTaken => counters.collisions += 1,
             }
             tries += 1;
         }
@@ -494,14 +488,11 @@ impl Nat {
             match p.free.front() {
                 Some(&(port, ready)) if ready <= now => {
                     p.free.pop_front();
-                    match p.users.entry(port) {
+                    match claim(&mut p.users, port, &mut free) {
+                        Claim::Taken => return Some(port),
                         // Taken again meanwhile by a peer's flow: queued again when that ends.
-                        Entry::Occupied(_) => {}
-                        Entry::Vacant(e) if free(port) => {
-                            e.insert(1);
-                            return Some(port);
-                        }
-                        Entry::Vacant(_) => {
+                        Claim::InUse => {}
+                        Claim::KeyTaken => {
                             counters.collisions += 1;
                             p.free.push_back((port, now));
                         }
@@ -526,14 +517,13 @@ impl Nat {
         // for two minutes).
         for _ in 0..TRIES {
             let Some((port, _)) = p.free.pop_front() else { break };
-            match p.users.entry(port) {
-                Entry::Occupied(_) => {}
-                Entry::Vacant(e) if free(port) => {
-                    e.insert(1);
+            match claim(&mut p.users, port, &mut free) {
+                Claim::Taken => {
                     counters.early += 1;
                     return Some(port);
                 }
-                Entry::Vacant(_) => {
+                Claim::InUse => {}
+                Claim::KeyTaken => {
                     counters.collisions += 1;
                     p.free.push_back((port, now));
                 }
@@ -702,6 +692,29 @@ pub fn of_packet(pd: &PDesc) -> Rewrite {
 pub fn oriented<K: xpf_state::Key>(k: &K, dir: xpf_state::Dir) -> Rewrite {
     let (s, d) = if dir == xpf_state::Dir::In { (0, 1) } else { (1, 0) };
     Rewrite { addr: [k.addr(s), k.addr(d)], port: [k.port(s), k.port(d)], ..Rewrite::default() }
+}
+
+/// What became of a port offered to a new flow.
+enum Claim {
+    /// Now the flow's.
+    Taken,
+    /// A flow here holds it (a peer's synced state among them).
+    InUse,
+    /// No flow here holds it, but its key is a state's that does not (one that kept its port).
+    KeyTaken,
+}
+
+/// Offers `port` to a new flow: taken when no flow here holds it and its key is free.
+#[inline(always)]
+fn claim(users: &mut HashMap<u16, u16>, port: u16, free: &mut impl FnMut(u16) -> bool) -> Claim {
+    match users.entry(port) {
+        Entry::Occupied(_) => Claim::InUse,
+        Entry::Vacant(e) if free(port) => {
+            e.insert(1);
+            Claim::Taken
+        }
+        Entry::Vacant(_) => Claim::KeyTaken,
+    }
 }
 
 #[cfg(test)]
