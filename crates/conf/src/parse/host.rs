@@ -17,7 +17,7 @@ pub(super) fn hosts(p: &mut P) -> R<Vec<Host>> {
         let l6 = Host { neg: false, kind: HostKind::Net(mask(IpAddr::from(std::net::Ipv6Addr::LOCALHOST), b6), b6) };
         return Ok(vec![l4, l6]);
     }
-    if p.punct("!") && matches!(p.t.get(p.i + 1).map(|t| &t.tok), Some(Tok::Word(w)) if w == "localhost") {
+    if p.punct("!") && matches!(p.peek_at(1), Tok::Word(w) if w == "localhost") {
         p.next();
         let mut v = hosts(p)?;
         for h in &mut v {
@@ -26,7 +26,7 @@ pub(super) fn hosts(p: &mut P) -> R<Vec<Host>> {
         return Ok(v);
     }
     // An interface name: its addresses now (pfctl resolves them when it reads the file).
-    if let Some(Tok::Word(w)) = p.t.get(p.i + p.punct("!") as usize).map(|t| &t.tok) {
+    if let Tok::Word(w) = p.peek_at(p.punct("!") as usize) {
         let (name, modifier) = match w.split_once(':') {
             Some((a, b)) => (a.to_string(), Some(b.to_string())),
             None => (w.clone(), None),
@@ -128,7 +128,7 @@ pub(super) fn host(p: &mut P) -> R<Host> {
             "no-route" => HostKind::NoRoute,
             "urpf-failed" => HostKind::UrpfFailed,
             "self" => HostKind::SelfAddr,
-            "route" if matches!(p.t.get(p.i).map(|t| &t.tok), Some(Tok::Str(_))) => HostKind::RouteLabel(p.string()?),
+            "route" if matches!(p.peek(), Tok::Str(_)) => HostKind::RouteLabel(p.string()?),
             _ => {
                 let Some((a, short)) = parse_addr(&s) else {
                     return Err(format!("{BARE}no IP address found for {s}\ncould not parse host specification"));

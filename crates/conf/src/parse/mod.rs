@@ -218,7 +218,11 @@ type R<T> = Result<T, String>;
 
 impl<'a> P<'a> {
     fn peek(&self) -> &Tok {
-        self.t.get(self.i).map_or(&Tok::Eof, |t| &t.tok)
+        self.peek_at(0)
+    }
+    /// The token `n` after the current one (lookahead).
+    fn peek_at(&self, n: usize) -> &Tok {
+        self.t.get(self.i + n).map_or(&Tok::Eof, |t| &t.tok)
     }
     fn next(&mut self) -> Tok {
         let t = self.peek().clone();
@@ -475,9 +479,7 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
             Some("pass") | Some("block") | Some("match") | Some("anchor") => rule(&mut p, last_line, out.block_return),
             Some("antispoof") => antispoof(&mut p, last_line),
             Some("scrub") => scrub_statement(&mut p, last_line, file, out).map(|()| Vec::new()),
-            Some("no") if matches!(toks.get(1).map(|t| &t.tok), Some(Tok::Word(w)) if w == "scrub") => {
-                Err(unsupported("no scrub"))
-            }
+            Some("no") if matches!(p.peek_at(1), Tok::Word(w) if w == "scrub") => Err(unsupported("no scrub")),
             Some("nat" | "rdr" | "binat" | "no" | "nat-anchor" | "rdr-anchor" | "binat-anchor") => {
                 xrule(&mut p, last_line)
             }
