@@ -13,7 +13,7 @@ pub(super) fn resolve_pools(r: &mut Rule, out: &mut Parsed) -> R<()> {
     {
         let Some(pl) = pl else { continue };
         let Some(list) = pl.list.take() else { continue };
-        let l: Vec<Host> = list.into_iter().filter(|h| af == Af::Any || h.af() == Af::Any || h.af() == af).collect();
+        let l: Vec<Host> = list.into_iter().filter(|h| fits(h, af)).collect();
         match l.len() {
             0 => return Err(format!("no {what} address with matching address family found.")),
             1 => pl.host = l[0].clone(),
@@ -41,8 +41,7 @@ fn collapse_lists(r: &mut Rule, out: &mut Parsed) -> Af {
     let route = r.route.as_mut().map(|x| &mut x.1);
     for pl in [r.nat.as_deref_mut(), r.rdr.as_deref_mut(), route].into_iter().flatten() {
         let Some(list) = &pl.list else { continue };
-        let kept: Vec<Host> =
-            list.iter().filter(|h| af == Af::Any || h.af() == Af::Any || h.af() == af).cloned().collect();
+        let kept: Vec<Host> = list.iter().filter(|h| fits(h, af)).cloned().collect();
         let fam = kept.first().map_or(Af::Any, Host::af);
         if kept.len() < 2 || fam == Af::Any || kept.iter().any(|h| h.af() != fam) {
             continue;
@@ -57,6 +56,11 @@ fn collapse_lists(r: &mut Rule, out: &mut Parsed) -> Af {
         }
     }
     pinned
+}
+
+/// Whether pool address `h` may serve a rule of family `af` (either unpinned, or the same).
+fn fits(h: &Host, af: Af) -> bool {
+    af == Af::Any || h.af() == Af::Any || h.af() == af
 }
 
 /// A pool of several addresses becomes a const table `__automatic_N`, printed with the header.
@@ -261,10 +265,7 @@ pub(super) fn expand(t: &Template, nr: &mut u32, parsed: &mut Parsed) -> Result<
                                                 .find(|a| *a != Af::Any)
                                                 .unwrap_or(Af::Any);
                                             let all = b.list.clone().unwrap_or_else(|| vec![b.host.clone()]);
-                                            let kept: Vec<Host> = all
-                                                .into_iter()
-                                                .filter(|h| fam == Af::Any || h.af() == Af::Any || h.af() == fam)
-                                                .collect();
+                                            let kept: Vec<Host> = all.into_iter().filter(|h| fits(h, fam)).collect();
                                             match kept.len() {
                                                 0 => {
                                                     binat_errs.push("af mismatch in translation spec".to_string());
