@@ -1568,7 +1568,8 @@ impl Ruleset {
         }
         // Fields without skip steps: a mismatch goes to the next rule.
         if let Some((bits, mask)) = r.flags {
-            if pd.proto == IPPROTO_TCP && pd.tcp_flags & mask != bits {
+            // A later fragment has no TCP header (pf: a fragment matches no `flags`).
+            if pd.proto == IPPROTO_TCP && (pd.tcp_flags & mask != bits || pd.flags & pdf::NOT_FIRST_FRAG != 0) {
                 return Some(usize::MAX);
             }
         }

@@ -330,6 +330,14 @@ fn udp_fragment(off8: u16, more: bool, payload: &[u8]) -> Vec<u8> {
     f
 }
 
+/// A DNS datagram (10.0.0.1:5000 to 10.0.0.2:53) in two fragments: its UDP header and 8
+/// bytes of data, then 16 more bytes.
+fn dns_in_two_fragments() -> [Vec<u8>; 2] {
+    let mut head = vec![0u8; 16];
+    xpf_wire::udp::emit_header(&mut head, 5000, 53, 32);
+    [udp_fragment(0, true, &head), udp_fragment(2, false, &[0x5a; 16])]
+}
+
 /// `fragment` (pf's): the rule matches only fragments that were not reassembled and keeps no
 /// state for them; with reassembly on, the datagram is filtered whole and such a rule does
 /// not match it. A later fragment matches no rule with an ICMP type (it has no ICMP header).
@@ -348,10 +356,7 @@ fn fragment_rules_match_only_fragments_not_reassembled() {
     assert_eq!(action(&r, &echo, 1, Dir::In), Action::Pass);
     echo.flags = pdf::FRAGMENT | pdf::NOT_FIRST_FRAG;
     assert_eq!(action(&r, &echo, 1, Dir::In), Action::Block, "a later fragment has no ICMP type");
-    // A datagram in two fragments (its UDP header, 8 bytes of data; 16 more bytes).
-    let mut head = vec![0u8; 16];
-    xpf_wire::udp::emit_header(&mut head, 5000, 53, 32);
-    let frags = [udp_fragment(0, true, &head), udp_fragment(2, false, &[0x5a; 16])];
+    let frags = dns_in_two_fragments();
     let frames: Vec<&[u8]> = frags.iter().map(|f| &f[..]).collect();
     // Without reassembly each fragment meets the rules: both pass, and no state is made.
     let mut w = worker(rs(conf));
@@ -366,6 +371,51 @@ fn fragment_rules_match_only_fragments_not_reassembled() {
     assert_eq!(v[0], Verdict::Held);
     assert_eq!(v[1], Verdict::Drop(xpf_wire::Reason::Match), "blocked whole");
     assert_eq!((w.stats.passed, w.states()), (0, 0));
+}
+
+/// Without reassembly a first fragment is a fragment, as pf takes it (PF_VPROTO_FRAGMENT):
+/// its ports unread, so a rule with ports does not pass it and no state is made; a rule
+/// without ports passes every fragment; a blocked one is counted as a fragment, and a
+/// logging rule logs it.
+#[test]
+fn without_reassembly_a_first_fragment_matches_no_ports_as_in_pf() {
+    let conf = "block log all\npass in proto udp to port 53\npass in proto udp from 10.0.0.1 to 10.0.0.9\n";
+    let frags = dns_in_two_fragments();
+    let frames: Vec<&[u8]> = frags.iter().map(|f| &f[..]).collect();
+    let mut w = worker(rs(conf));
+    let mut v = [Verdict::Pass; 2];
+    w.process(&frames, 1, Dir::In, 0, &mut v);
+    assert_eq!(v, [Verdict::Drop(xpf_wire::Reason::Fragment); 2], "port 53 is not seen in a fragment");
+    assert_eq!((w.states(), w.batch().logged), (0, 0b11), "no state, both logged");
+    // The same datagram whole passes by its port (and makes its state).
+    let whole = udp([10, 0, 0, 1], [10, 0, 0, 2], 5000, 53);
+    w.process(&[&whole[..]], 1, Dir::In, 0, &mut v[..1]);
+    assert_eq!((v[0], w.states()), (Verdict::Pass, 1));
+    // To 10.0.0.9 a rule without ports passes both fragments, and makes no state.
+    let to9: Vec<Vec<u8>> = frags.iter().map(|f| retarget(f, [10, 0, 0, 9])).collect();
+    let frames: Vec<&[u8]> = to9.iter().map(|f| &f[..]).collect();
+    let mut w = worker(rs(conf));
+    w.process(&frames, 1, Dir::In, 0, &mut v);
+    assert_eq!((v, w.states(), w.batch().logged), ([Verdict::Pass; 2], 0, 0));
+    // A TCP rule with flags (pf's default S/SA) passes no fragment, the first with its SYN
+    // included; `flags any` passes both.
+    let syn = |flags: &str| {
+        let r = rs(&format!("block all\npass in proto tcp from 10.0.0.1 {flags}\n"));
+        let mut pd = pkt(xpf_wire::pdesc::IPPROTO_TCP, [10, 0, 0, 1], [10, 0, 0, 2], 0, 0, 0);
+        pd.flags = pdf::FRAGMENT | pdf::NOT_FIRST_FRAG;
+        r.evaluate(&pd, 1, Dir::In).action
+    };
+    assert_eq!((syn("flags S/SA"), syn("flags /SA"), syn("flags any")), (Action::Block, Action::Block, Action::Pass));
+}
+
+/// `f` (an IPv4 frame) sent to `dst` instead, its header checksum made again.
+fn retarget(f: &[u8], dst: [u8; 4]) -> Vec<u8> {
+    let mut g = f.to_vec();
+    g[30..34].copy_from_slice(&dst);
+    g[24..26].copy_from_slice(&[0, 0]);
+    let c = xpf_wire::checksum::checksum(&g[14..34]);
+    g[24..26].copy_from_slice(&c.to_be_bytes());
+    g
 }
 
 fn udp_frame(dst: [u8; 4]) -> Vec<u8> {

@@ -748,9 +748,9 @@ impl<P: Policy> Worker<P> {
     }
 
     /// Fragments and ICMP errors, out of the batch's way (frame `i`). With reassembly, a
-    /// fragment waits for its datagram; without it, a later fragment (no ports to key a state
-    /// on) is left to the rules and a first fragment is filtered as a packet. An ICMP error
-    /// passes with the state of the packet it quotes, or else the rules decide.
+    /// fragment waits for its datagram; without it, every fragment, the first too, is left to
+    /// the rules as a fragment ([`Worker::unreassembled`]). An ICMP error passes with the
+    /// state of the packet it quotes, or else the rules decide.
     // PERF: one cold call behind one flag test: with the branches inline the batch loop ran
     // 5-7% slower on whole UDP packets (xpf-bench states --quick --points 9800, A/B).
     #[cold]
@@ -758,10 +758,45 @@ impl<P: Policy> Worker<P> {
     fn special(&mut self, i: usize, frame: &[u8], pd: &PDesc, ifidx: u16, dir: Dir, now: u32) -> Verdict {
         if pd.flags & pdf::FRAGMENT != 0 && self.frags.is_some() {
             self.fragment(i, frame, pd, ifidx, dir, now)
-        } else if pd.flags & (pdf::NOT_FIRST_FRAG | pdf::ICMP_ERROR) == pdf::NOT_FIRST_FRAG {
-            stateless(&self.policy, pd, ifidx, dir, &mut self.stats.rule_passes)
+        } else if pd.flags & pdf::FRAGMENT != 0 {
+            self.unreassembled(i, pd, ifidx, dir)
         } else {
             self.single(i, frame, pd, ifidx, dir, now)
+        }
+    }
+
+    /// A fragment with reassembly off (frame `i`), as pf takes one (PF_VPROTO_FRAGMENT): the
+    /// first one too is a fragment, its transport header unread, so it matches no rule with
+    /// ports, TCP flags or an ICMP type, makes no state, and a blocked one is counted as a
+    /// fragment. Without this a first fragment would make a state (and pass by its ports)
+    /// that its later fragments, without ports, could never use.
+    fn unreassembled(&mut self, i: usize, pd: &PDesc, ifidx: u16, dir: Dir) -> Verdict {
+        let mut f = *pd;
+        f.flags = (f.flags | pdf::NOT_FIRST_FRAG) & !(pdf::HAS_PORTS | pdf::ICMP_ERROR);
+        (f.sport, f.dport, f.tcp_flags, f.icmp_type, f.icmp_code) = (0, 0, 0, 0, 0);
+        match self.stateless(i, &f, ifidx, dir) {
+            Verdict::Drop(Reason::Match) => Verdict::Drop(Reason::Fragment),
+            v => v,
+        }
+    }
+
+    /// What the rules decide for a packet that makes no state (a fragment not reassembled, an
+    /// ICMP error no state claims); a logging rule's mark for pflog, as on any other miss.
+    fn stateless(&mut self, i: usize, pd: &PDesc, ifidx: u16, dir: Dir) -> Verdict {
+        let d = self.policy.evaluate(pd, ifidx, dir);
+        if d.log != 0 && i < BATCH {
+            self.out.logs[i] = LogMark::of(d.rule, d.log, dir);
+            self.out.logged |= 1 << i;
+        }
+        match d.action {
+            Action::Block => Verdict::Drop(Reason::Match),
+            // A fragment without ports of a flow the rules translate: it cannot be rewritten.
+            Action::Pass if d.nat != 0 || d.rdr != 0 => Verdict::Drop(Reason::Translate),
+            Action::Pass if pd.flags & pdf::IP_OPTIONS != 0 && !d.allow_opts => Verdict::Drop(Reason::IpOption),
+            Action::Pass => {
+                self.stats.rule_passes += 1;
+                Verdict::Pass
+            }
         }
     }
 
@@ -893,7 +928,7 @@ impl<P: Policy> Worker<P> {
             if i < BATCH && self.local & (1 << i) != 0 && self.out.translated & (1 << i) == 0 {
                 return Verdict::Host;
             }
-            return v.unwrap_or_else(|| stateless(&self.policy, pd, ifidx, dir, &mut self.stats.rule_passes));
+            return v.unwrap_or_else(|| self.stateless(i, pd, ifidx, dir));
         }
         // Tags of fragmented datagrams and ICMP errors are not carried to the `out` pass.
         let mut tag = 0;
@@ -1408,21 +1443,6 @@ struct Ctx<'a> {
     now: u32,
     any_if_bound: &'a mut bool,
     rule_passes: &'a mut u64,
-}
-
-#[inline]
-fn stateless<P: Policy>(p: &P, pd: &PDesc, ifidx: u16, dir: Dir, rule_passes: &mut u64) -> Verdict {
-    let d = p.evaluate(pd, ifidx, dir);
-    match d.action {
-        Action::Block => Verdict::Drop(Reason::Match),
-        // A fragment without ports of a flow the rules translate: it cannot be rewritten.
-        Action::Pass if d.nat != 0 || d.rdr != 0 => Verdict::Drop(Reason::Translate),
-        Action::Pass if pd.flags & pdf::IP_OPTIONS != 0 && !d.allow_opts => Verdict::Drop(Reason::IpOption),
-        Action::Pass => {
-            *rule_passes += 1;
-            Verdict::Pass
-        }
-    }
 }
 
 /// An ICMP or ICMPv6 error (`pd`, quoting `q`) met on `ifidx` going `dir` (pf's

@@ -374,7 +374,14 @@ fn an_icmp_error_quoting_no_state_is_left_to_the_rules() {
     let mut w = outbound_only();
     let never_sent = udp4([10, 0, 0, 1], [192, 0, 2, 9], 5000, 53);
     let err = unreach([192, 0, 2, 9], [10, 0, 0, 1], &never_sent);
+    assert_eq!(run(&mut w, std::slice::from_ref(&err), Dir::In, 1)[0], Verdict::Drop(Reason::Match));
+    assert_eq!(w.batch().logged, 0, "no rule logs");
+    // A logging rule that blocks it marks it for pflog, as any packet it decides.
+    let p = |_: &PDesc, _: u16, _: Dir| Decision { action: Action::Block, rule: 4, log: 1, ..Decision::PASS };
+    let mut w = worker(p, 10);
     assert_eq!(run(&mut w, &[err], Dir::In, 1)[0], Verdict::Drop(Reason::Match));
+    let l = w.batch().logs[0];
+    assert_eq!((w.batch().logged, l.rule, l.dir), (1, 4, 1));
 }
 
 #[test]
@@ -647,10 +654,12 @@ fn a_datagram_the_rules_block_is_dropped_whole() {
     assert_eq!(v, vec![Verdict::Held, Verdict::Drop(Reason::Match)]);
     assert!(w.batch().released.is_empty());
     assert_eq!((w.stats.dropped, w.stats.reasons[Reason::Match as usize]), (2, 2));
-    // Without reassembly the later fragment has no ports: a port rule cannot pass it.
+    // Without reassembly no fragment's ports are read (pf's way): a port rule passes neither
+    // the first nor the later one, each counted as a blocked fragment, and no state is made.
     let mut plain = worker(dns_only(), 100);
     let f = frags4(9, 53, 2000, &[1480]);
-    assert_eq!(run(&mut plain, &f, Dir::In, 1), vec![Verdict::Pass, Verdict::Drop(Reason::Match)]);
+    assert_eq!(run(&mut plain, &f, Dir::In, 1), vec![Verdict::Drop(Reason::Fragment); 2]);
+    assert_eq!(plain.states(), 0);
 }
 
 #[test]
