@@ -426,9 +426,19 @@ check "max-src-conn 2: two connections, and the source is not overloaded" bash -
 # Closed, their states still count as connections of the source (as pf's do, until the states
 # go): they go first, so that the next three connections start from none.
 $CTL -k 10.0.1.2 >/dev/null
-conn 3 >/dev/null 2>&1
-sleep 0.5
-check "max-src-conn 2: the third connection put its source in <blocked>" bash -c "$CTL -t blocked -T show | grep -q 10.0.1.2"
+# The third connection's handshake puts the source in <blocked> (the worker wakes the control
+# loop, which installs the table): a fourth connection 50 ms later meets `block quick from
+# <blocked>` (before the wake, the loop's 200-ms poll let most such connections through).
+check "max-src-conn 2: the third connection overloads its source; a fourth 50 ms later is blocked" c python3 -c "
+import socket, time
+held = [socket.create_connection(('10.0.2.2', 2225), timeout=2) for i in range(3)]
+time.sleep(0.05)
+try:
+    socket.create_connection(('10.0.2.2', 2225), timeout=1)
+except OSError:
+    raise SystemExit(0)
+raise SystemExit('a fourth connection got through 50 ms after the source was overloaded')"
+check "... and the source is in <blocked>" bash -c "$CTL -t blocked -T show | grep -q 10.0.1.2"
 check "and the overloaded source gets nothing more" refused c ping -c 2 -i 0.2 -W 1 10.0.2.2
 # The earlier connections' states go (their counts in the source's node with them: closed,
 # they still counted as connections), then the source leaves <blocked>.

@@ -10,6 +10,7 @@
 
 use crate::policy::Live;
 use serde::Serialize;
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
@@ -310,6 +311,16 @@ pub struct Port {
     pub ifindex: u32,
 }
 
+/// Where workers send the sources over their connection limits (`overload`): the control
+/// loop's channel, and the socket that wakes that loop, so that a source is in its table a
+/// turn of the loop after its worker found it over the limit (about a millisecond), not at the
+/// end of the loop's idle poll. pf adds it before its next packet; until the table is
+/// installed, the source's next first packets meet the rules without it.
+pub struct Overloads {
+    pub tx: Sender<(String, std::net::IpAddr)>,
+    pub wake: Arc<std::os::unix::net::UnixStream>,
+}
+
 pub struct Dataplane {
     pub worker: Worker<Live>,
     pub ports: Vec<Port>,
@@ -331,8 +342,8 @@ pub struct Dataplane {
     /// The host's own traffic, queued by the kernel (worker 0 only).
     pub host: Option<crate::host::HostPath>,
     /// Sources over `max-src-conn(-rate)` to add to an `overload` table, for the control
-    /// thread (tables change by recompiling the ruleset, which is not the worker's job).
-    pub overload: Option<Sender<(String, std::net::IpAddr)>>,
+    /// thread (a table changes by a copy installed beside the rules, not the worker's job).
+    pub overload: Option<Overloads>,
     /// Copies of frames that `modulate state` rewrote on the way in (the RX ring is not
     /// written), reused from batch to batch.
     mod_bufs: Vec<Vec<u8>>,
@@ -944,10 +955,12 @@ impl Dataplane {
         }
         let v4 = w.t4.track.overloads.drain(..).map(|(t, a)| (t, a.to_ip(xpf_wire::pdesc::AF_INET)));
         let v6 = w.t6.track.overloads.drain(..).map(|(t, a)| (t, a.to_ip(xpf_wire::pdesc::AF_INET6)));
-        for x in v4.chain(v6) {
-            if let Some(tx) = &self.overload {
-                let _ = tx.send(x);
+        if let Some(o) = &self.overload {
+            for x in v4.chain(v6) {
+                let _ = o.tx.send(x);
             }
+            // The control loop would otherwise see them at its next poll's end (up to 200 ms).
+            let _ = (&*o.wake).write(&[1]);
         }
     }
 

@@ -860,6 +860,11 @@ fn run(a: Args) -> Result<(), String> {
     let mut handles = Vec::new();
     let seed = Seed::random();
     let (overload_tx, overload_rx) = mpsc::channel::<(String, std::net::IpAddr)>();
+    let (overload_wake, overload_woken) =
+        std::os::unix::net::UnixStream::pair().map_err(|e| format!("the overload wake socket: {e}"))?;
+    overload_wake.set_nonblocking(true).map_err(|e| e.to_string())?;
+    overload_woken.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let overload_wake = Arc::new(overload_wake);
     let sync_setup = match &a.sync {
         Some(sa) => {
             use md5::Digest;
@@ -1004,7 +1009,7 @@ fn run(a: Args) -> Result<(), String> {
         let cpu = cpus[w % cpus.len()];
         let (stop, busy, sched) = (stop.clone(), a.busy, a.worker_sched);
         let fast = tables.clone().zip(egresses.clone());
-        let overload = overload_tx.clone();
+        let overload = dataplane::Overloads { tx: overload_tx.clone(), wake: overload_wake.clone() };
         let logger = pflog.clone();
         let flows = pflow.clone();
         let board = shape_board.clone();
@@ -1170,7 +1175,13 @@ fn run(a: Args) -> Result<(), String> {
                 Err(e) => log::warn!("overload: table <{table}>: {e}"),
             }
         }
-        control::serve_once(&listener, scrapes.as_ref(), &mut d, if over.is_empty() { 200 } else { 0 });
+        control::serve_once(
+            &listener,
+            scrapes.as_ref(),
+            &overload_woken,
+            &mut d,
+            if over.is_empty() { 200 } else { 0 },
+        );
     }
     log::info!("stopping");
     stop.store(true, Ordering::Relaxed);
