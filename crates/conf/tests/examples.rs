@@ -1,7 +1,7 @@
-//! Real pf.conf files written by others (../shared/peer/pf-conf-examples, openbsd/ and
-//! real-world/): each must load, or fail only for reasons it names (a macro its harness passes
-//! with -D, a user, interface or file this host lacks, a feature xpf does not support yet),
-//! never with a bare "syntax error".
+//! Real pf.conf files written by others (../shared/peer/pf-conf-examples, openbsd/,
+//! real-world/ and freebsd/): each must load, or fail only for reasons it names (a macro its
+//! harness passes with -D, a user, interface or file this host lacks, a feature xpf does not
+//! support yet, such as FreeBSD's ALTQ on every line of it), never with a bare "syntax error".
 
 use std::path::PathBuf;
 
@@ -11,7 +11,7 @@ fn examples_load_or_say_why_not() {
     assert!(root.is_dir(), "{} is missing", root.display());
     let mut loaded = Vec::new();
     let mut seen = 0;
-    for sub in ["openbsd", "real-world"] {
+    for sub in ["openbsd", "real-world", "freebsd"] {
         for f in std::fs::read_dir(root.join(sub)).unwrap() {
             let f = f.unwrap().path();
             let name = f.file_name().unwrap().to_string_lossy().to_string();

@@ -482,6 +482,43 @@ mod tests {
         }
     }
 
+    /// Bandwidths as pfctl reads them (strtod, then b, K, M or G, the last three with an
+    /// optional b, bit, B or Bit) and prints them; FreeBSD's ALTQ refused by name on every line
+    /// of it, never as a bare syntax error.
+    #[test]
+    fn bandwidths_read_as_pfctl_reads_them_and_altq_is_refused_by_name() {
+        let p = crate::parse::parse(
+            "queue r on em0 bandwidth 1.5Mb\nqueue a parent r bandwidth 600Kbit\n\
+             queue b parent r bandwidth 0.5MB max 1.2M\nqueue c parent r bandwidth 2300b default\npass all\n",
+            "t.conf",
+            &[],
+        );
+        assert!(p.errors.is_empty(), "{:?}", p.errors);
+        let printed: Vec<String> = p.queues.iter().map(crate::print::queue).collect();
+        assert_eq!(
+            printed,
+            [
+                "queue r on em0 bandwidth 1500K",
+                "queue a parent r bandwidth 600K",
+                "queue b parent r bandwidth 500K, max 1200K",
+                "queue c parent r bandwidth 2300 default"
+            ]
+        );
+        assert_eq!(refused("queue r on em0 bandwidth 10Mbps"), ["unknown unit Mbps"]);
+        assert_eq!(refused("queue r on em0 bandwidth 1.2.3M"), ["invalid bandwidth 1.2.3M"]);
+        for (line, what) in [
+            ("altq on em0 cbq bandwidth 5Mb queue { std, http }", "altq on"),
+            ("queue std bandwidth 10% cbq(default)", "cbq"),
+            ("queue q_pri priority 7", "priority"),
+            ("queue ssh bandwidth 20% { ssh_interactive, ssh_bulk }", "{ child, ... }"),
+            ("pass out on em0 proto tcp queue (q_def, q_pri)", "queue"),
+        ] {
+            let m = refused(line);
+            assert_eq!(m.len(), 1, "{line}: {m:?}");
+            assert!(m[0].starts_with(&format!("xpf does not support ALTQ's '{what}' yet")), "{line}: {m:?}");
+        }
+    }
+
     #[test]
     fn what_pfctls_consistency_checks_refuse_is_refused_in_its_words() {
         let skip = |m: &[&str]| {

@@ -542,6 +542,7 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
                     Err(e) => Err(e),
                 }
             }
+            Some("altq") => Err(stmt::altq("altq on")),
             Some(w) if UNSUPPORTED_STATEMENTS.contains(&w) => Err(unsupported(w)),
             _ => Err("syntax error".into()),
         };
@@ -777,7 +778,7 @@ fn unsupported(what: &str) -> String {
 }
 
 /// Statements of pf.conf (OpenBSD's and the older FreeBSD dialect's) that xpf does not read yet.
-const UNSUPPORTED_STATEMENTS: &[&str] = &["altq", "scrub-anchor", "dummynet-anchor", "ether"];
+const UNSUPPORTED_STATEMENTS: &[&str] = &["scrub-anchor", "dummynet-anchor", "ether"];
 
 /// Rule options pfctl knows that xpf does not implement yet.
-const UNSUPPORTED_OPTIONS: &[&str] = &["os", "prio", "queue", "no-df", "rdomain", "pflow", "delay"];
+const UNSUPPORTED_OPTIONS: &[&str] = &["os", "prio", "no-df", "rdomain", "pflow", "delay"];

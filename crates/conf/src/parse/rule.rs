@@ -657,6 +657,8 @@ pub(super) fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
                 return Err("syntax error".into());
             }
             t.r.tagged = Some((true, p.name()?));
+        } else if p.word() == Some("queue") {
+            return Err(super::stmt::altq("queue"));
         } else if let Some(w) = p.word().filter(|w| UNSUPPORTED_OPTIONS.contains(w)) {
             return Err(unsupported(w));
         } else {

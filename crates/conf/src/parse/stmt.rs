@@ -210,14 +210,25 @@ pub(super) fn bandwidth(p: &mut P) -> R<Bandwidth> {
     if let Some(x) = s.strip_suffix('%') {
         return x.parse().map(Bandwidth::Percent).map_err(|_| format!("invalid bandwidth {s}"));
     }
-    let t = s.strip_suffix("b").unwrap_or(&s);
-    let (num, mul) = match t.chars().last() {
-        Some('K') => (&t[..t.len() - 1], 1_000u64),
-        Some('M') => (&t[..t.len() - 1], 1_000_000),
-        Some('G') => (&t[..t.len() - 1], 1_000_000_000),
-        _ => (t, 1),
+    // pfctl's: a number, fractions too (strtod), then b, K, M or G; after K, M or G, one of b,
+    // bit, B or Bit changes nothing ("1.5Mb" is 1,500,000 bits/s, kept as whole bits).
+    let end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(end);
+    let unit = match unit.get(1..) {
+        Some("b" | "bit" | "B" | "Bit") => &unit[..1],
+        _ => unit,
     };
-    num.parse::<u64>().map(|n| Bandwidth::Bits(n * mul)).map_err(|_| format!("invalid bandwidth {s}"))
+    let mul = match unit {
+        "" | "b" => 1.0,
+        "K" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        _ => return Err(format!("unknown unit {unit}")),
+    };
+    match num.parse::<f64>() {
+        Ok(n) if n.is_finite() => Ok(Bandwidth::Bits((n * mul) as u64)),
+        _ => Err(format!("invalid bandwidth {s}")),
+    }
 }
 
 /// A rate's `burst M for Tms`, if it follows.
@@ -240,8 +251,12 @@ pub(super) fn queue(p: &mut P, line: u32) -> R<Queue> {
     let mut q = Queue { name: p.string()?, line, ..Queue::default() };
     let num = |p: &mut P| -> R<u32> { p.string()?.parse().map_err(|_| "syntax error".to_string()) };
     while !p.done() {
+        if p.eat_punct("{") {
+            return Err(altq("{ child, ... }"));
+        }
         let w = p.string()?;
         match w.as_str() {
+            "priority" | "cbq" | "priq" | "hfsc" | "fairq" | "codel" => return Err(altq(&w)),
             "on" => q.on = Some(p.string()?),
             "parent" => q.parent = Some(p.string()?),
             "bandwidth" => (q.bandwidth, q.burst[1]) = (Some(bandwidth(p)?), burst(p)?),
@@ -259,6 +274,12 @@ pub(super) fn queue(p: &mut P, line: u32) -> R<Queue> {
         return Err("no bandwidth or flow specification".into());
     }
     Ok(q)
+}
+
+/// The refusal of FreeBSD's ALTQ (`altq on`, its queues' schedulers, priorities and child
+/// lists, and its rules' `queue` option): xpf's queues are OpenBSD's.
+pub(super) fn altq(what: &str) -> String {
+    format!("xpf does not support ALTQ's '{what}' yet (its queues are OpenBSD's: queue NAME parent P bandwidth B ..., set queue NAME)")
 }
 
 /// pfctl's checks of the queue tree, after the whole file is read (bare `pfctl:` messages).
