@@ -347,7 +347,7 @@ impl<P: Policy> Worker<P> {
             let pd = &self.pd[i];
             // pf_normalize_tcp, before the state and the rules; what it leaves as it is (a
             // clean header on an ACK without SYN, a plain SYN, a SYN-ACK) passes these tests.
-            if pd.proto == IPPROTO_TCP && pd.flags & pdf::HAS_PORTS != 0 && !tcp_plain(pd) {
+            if pd.proto == IPPROTO_TCP && pd.flags & pdf::HAS_PORTS != 0 && !proto::tcp_plain(pd) {
                 match proto::tcp_normal(&mut self.pd[i]) {
                     None => {
                         verdicts[i] = Verdict::Drop(Reason::Normalize);
@@ -2071,19 +2071,6 @@ pub fn pf_reason(r: Reason) -> u8 {
     } else {
         4
     }
-}
-
-/// Whether pf_normalize_tcp leaves TCP segment `pd` as it is without a closer look
-/// ([`proto::tcp_normal`]): a clean header on an ACK without SYN, a plain SYN, or a SYN-ACK
-/// without FIN or RST.
-#[inline(always)]
-fn tcp_plain(pd: &PDesc) -> bool {
-    use tcp::{ACK, FIN, PSH, RST, SYN, URG};
-    let f = pd.tcp_flags;
-    pd.flags & pdf::TCP_UNCLEAN == 0
-        && (f & (SYN | ACK) == ACK
-            || f & (SYN | ACK | RST | FIN | PSH | URG) == SYN
-            || f & (SYN | ACK | RST | FIN) == SYN | ACK)
 }
 
 /// [`miss`] for a packet not keyed in a batch.

@@ -387,6 +387,19 @@ pub fn apply_modulation(frame: &mut [u8], seq_add: u32, ack_sub: u32) -> bool {
     true
 }
 
+/// Whether pf_normalize_tcp leaves TCP segment `pd` as it is without a closer look
+/// ([`tcp_normal`]): a clean header on an ACK without SYN, a plain SYN, or a SYN-ACK without
+/// FIN or RST. The per-packet test; `tcp_normal` is out of line for the rest.
+#[inline(always)]
+pub fn tcp_plain(pd: &PDesc) -> bool {
+    use tcp::{ACK, FIN, PSH, RST, SYN, URG};
+    let f = pd.tcp_flags;
+    pd.flags & pdf::TCP_UNCLEAN == 0
+        && (f & (SYN | ACK) == ACK
+            || f & (SYN | ACK | RST | FIN | PSH | URG) == SYN
+            || f & (SYN | ACK | RST | FIN) == SYN | ACK)
+}
+
 /// pf_normalize_tcp's judgement of a TCP segment `pd`, which pf makes of every segment before
 /// its state or rules see it: None for one no TCP sends (SYN with RST; neither SYN, ACK nor
 /// RST; FIN, PSH or URG without ACK): dropped, `normalize`. Otherwise whether its header
