@@ -964,8 +964,19 @@ impl Dataplane {
         }
     }
 
-    /// Sleeps until a socket has something to read, a command is rung in, or `d` passes.
-    fn wait(&self, d: Duration) {
+    /// Sleeps until a socket has something to read, a command is rung in or a frame handed
+    /// over, or `d` passes.
+    fn wait(&mut self, d: Duration) {
+        if let (Some(w), Some(h)) = (&self.wake, &self.handoff) {
+            w.sleeping(true);
+            // A frame another worker queued before it saw the flag: no sleep (it is taken
+            // first in the next round).
+            if let Ok(it) = h.inbox.try_recv() {
+                w.sleeping(false);
+                self.handed.push(it);
+                return;
+            }
+        }
         // Each port's socket, and its socket for new connections: a SYN wakes the worker too.
         let mut fds: Vec<libc::pollfd> = self
             .ports
@@ -984,6 +995,7 @@ impl Dataplane {
         // SAFETY: fds is a live array of pollfd of the length passed; ts lives across the call.
         unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
         if let Some(w) = &self.wake {
+            w.sleeping(false);
             w.clear();
         }
     }
@@ -1015,6 +1027,7 @@ impl Dataplane {
         }
         let nat = &self.nat_owners.1;
         let mut m = 0;
+        let mut sent = 0u64;
         for d in descs {
             // SAFETY: as in forward: the frame is ours until rx_done.
             let all = unsafe { self.ports[p].io.frame_unbound(d.addr, d.len) };
@@ -1031,8 +1044,15 @@ impl Dataplane {
             }
             if h.send(w, self.ports[p].ifindex, d.options, all) {
                 self.io.handed_off += 1;
+                sent |= 1 << (w % 64);
             } else {
                 self.io.handoff_full += 1;
+            }
+        }
+        // Workers that sleep are woken for what they were handed (one check of a flag each).
+        for (w, wake) in h.wakes.iter().enumerate() {
+            if sent & (1 << (w % 64)) != 0 {
+                wake.nudge();
             }
         }
         m
@@ -1042,7 +1062,7 @@ impl Dataplane {
     fn take_handed(&mut self, now: u32) -> usize {
         let Some(h) = &self.handoff else { return 0 };
         let mut items = std::mem::take(&mut self.handed);
-        items.extend(h.inbox.try_iter().take(BATCH));
+        items.extend(h.inbox.try_iter().take(BATCH - items.len()));
         let n = items.len();
         self.io.handed_in += n as u64;
         let mut done = 0u64;
@@ -1773,8 +1793,10 @@ impl Dataplane {
     }
 }
 
-/// An eventfd that wakes a sleeping worker.
-pub struct Wake(i32);
+/// An eventfd that wakes a sleeping worker, and whether it sleeps: a frame handed to it by
+/// another worker rings it only then ([`Wake::nudge`]), so that a busy worker's hand-offs cost
+/// no system call and an idle one's handed frame does not wait out its sleep (10 ms).
+pub struct Wake(i32, std::sync::atomic::AtomicBool);
 
 impl Wake {
     pub fn new() -> std::io::Result<Wake> {
@@ -1783,12 +1805,30 @@ impl Wake {
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
-        Ok(Wake(fd))
+        Ok(Wake(fd, std::sync::atomic::AtomicBool::new(false)))
     }
     pub fn ring(&self) {
         let one = 1u64;
         // SAFETY: writes 8 bytes from a live u64.
         unsafe { libc::write(self.0, &one as *const u64 as *const libc::c_void, 8) };
+    }
+    /// Rings the worker if it sleeps or is about to, after the caller queued something for it.
+    /// With [`Wake::sleeping`] this is Dekker's handshake: the sender queues, then reads the
+    /// flag; the worker raises the flag, then looks at its queue; the fences keep each pair in
+    /// order, so at least one of them sees the other and no frame waits for a sleep to end.
+    pub fn nudge(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.1.load(Ordering::SeqCst) {
+            self.ring();
+        }
+    }
+    /// The worker's side of [`Wake::nudge`]: raised before it looks at its queue one last time
+    /// and sleeps, lowered when it wakes.
+    fn sleeping(&self, on: bool) {
+        self.1.store(on, Ordering::SeqCst);
+        if on {
+            std::sync::atomic::fence(Ordering::SeqCst);
+        }
     }
     fn clear(&self) {
         let mut v = 0u64;

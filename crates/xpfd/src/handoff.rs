@@ -34,6 +34,9 @@ pub struct Item {
 /// reused buffers instead of a new allocation each.
 pub struct Handoff {
     pub me: usize,
+    /// Every worker's wake, in worker order: a worker asleep is rung for what it is handed
+    /// (set by the daemon once every worker's exists; empty, nobody is rung).
+    pub wakes: Vec<std::sync::Arc<crate::dataplane::Wake>>,
     to: Vec<SyncSender<Item>>,
     pub inbox: Receiver<Item>,
     back: Vec<SyncSender<Vec<u8>>>,
@@ -47,7 +50,14 @@ pub fn mesh(n: usize) -> Vec<Handoff> {
     rxs.into_iter()
         .zip(spares)
         .enumerate()
-        .map(|(me, (inbox, spare))| Handoff { me, to: txs.clone(), inbox, back: backs.clone(), spare })
+        .map(|(me, (inbox, spare))| Handoff {
+            me,
+            wakes: Vec::new(),
+            to: txs.clone(),
+            inbox,
+            back: backs.clone(),
+            spare,
+        })
         .collect()
 }
 

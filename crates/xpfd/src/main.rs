@@ -972,14 +972,23 @@ fn run(a: Args) -> Result<(), String> {
         let p = if c.proto == pflow::Proto::Ipfix { "IPFIX" } else { "NetFlow v5" };
         log::info!("pflow: flows of pflow states to {} ({p}, active timeout {} s)", c.collector, c.active);
     }
-    let mut handoffs: Vec<Option<handoff::Handoff>> =
-        if ports_of.len() > 1 { handoff::mesh(ports_of.len()).into_iter().map(Some).collect() } else { vec![None] };
+    for _ in 0..ports_of.len() {
+        wakes.push(Arc::new(dataplane::Wake::new().map_err(|e| format!("eventfd: {e}"))?));
+    }
+    let mut handoffs: Vec<Option<handoff::Handoff>> = if ports_of.len() > 1 {
+        let mut m = handoff::mesh(ports_of.len());
+        for h in &mut m {
+            h.wakes = wakes.clone();
+        }
+        m.into_iter().map(Some).collect()
+    } else {
+        vec![None]
+    };
     for (w, ports) in ports_of.into_iter().enumerate() {
         let handoff = handoffs[w].take();
         let (tx, rx) = mpsc::channel::<Cmd>();
         txs.push(tx);
-        let wake = Arc::new(dataplane::Wake::new().map_err(|e| format!("eventfd: {e}"))?);
-        wakes.push(wake.clone());
+        let wake = wakes[w].clone();
         let events = if sync_setup.is_some() { 1 << 20 } else { 0 };
         let cfg = WorkerConfig {
             limit: per_worker,
