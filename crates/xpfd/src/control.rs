@@ -11,7 +11,7 @@
 use crate::dataplane::{Cmd, IoStats, RuleSums, Select, Snapshot, StateRow};
 use serde_json::{json, Value};
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -1496,7 +1496,7 @@ enum Want {
 pub fn serve_once(
     l: &UnixListener,
     scrapes: Option<&crate::metrics::Scrapes>,
-    overloads: &UnixStream,
+    overloads: &crate::dataplane::Wake,
     d: &mut Daemon,
     ms: i32,
 ) {
@@ -1504,7 +1504,7 @@ pub fn serve_once(
     let mut p = [
         libc::pollfd { fd: l.as_raw_fd(), events: libc::POLLIN, revents: 0 },
         libc::pollfd { fd: scrapes.map_or(-1, |s| s.wake.as_raw_fd()), events: libc::POLLIN, revents: 0 },
-        libc::pollfd { fd: overloads.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: overloads.fd(), events: libc::POLLIN, revents: 0 },
     ];
     // SAFETY: three pollfds (a negative fd is ignored).
     if unsafe { libc::poll(p.as_mut_ptr(), 3, ms) } <= 0 {
@@ -1512,8 +1512,7 @@ pub fn serve_once(
     }
     if p[2].revents != 0 {
         // Sources over their limits wait in the channel: the caller's loop takes them now.
-        let mut b = [0u8; 64];
-        while matches!((&*overloads).read(&mut b), Ok(n) if n > 0) {}
+        overloads.clear();
         return;
     }
     if let Some(s) = scrapes.filter(|_| p[1].revents != 0) {

@@ -10,7 +10,6 @@
 
 use crate::policy::Live;
 use serde::Serialize;
-use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
@@ -312,13 +311,13 @@ pub struct Port {
 }
 
 /// Where workers send the sources over their connection limits (`overload`): the control
-/// loop's channel, and the socket that wakes that loop, so that a source is in its table a
+/// loop's channel, and the eventfd that wakes that loop, so that a source is in its table a
 /// turn of the loop after its worker found it over the limit (about a millisecond), not at the
 /// end of the loop's idle poll. pf adds it before its next packet; until the table is
 /// installed, the source's next first packets meet the rules without it.
 pub struct Overloads {
     pub tx: Sender<(String, std::net::IpAddr)>,
-    pub wake: Arc<std::os::unix::net::UnixStream>,
+    pub wake: Arc<Wake>,
 }
 
 pub struct Dataplane {
@@ -960,7 +959,7 @@ impl Dataplane {
                 let _ = o.tx.send(x);
             }
             // The control loop would otherwise see them at its next poll's end (up to 200 ms).
-            let _ = (&*o.wake).write(&[1]);
+            o.wake.ring();
         }
     }
 
@@ -1793,7 +1792,7 @@ impl Dataplane {
     }
 }
 
-/// An eventfd that wakes a sleeping worker, and whether it sleeps: a frame handed to it by
+/// An eventfd that wakes a sleeping worker (or the control loop), and whether it sleeps: a frame handed to it by
 /// another worker rings it only then ([`Wake::nudge`]), so that a busy worker's hand-offs cost
 /// no system call and an idle one's handed frame does not wait out its sleep (10 ms).
 pub struct Wake(i32, std::sync::atomic::AtomicBool);
@@ -1830,7 +1829,11 @@ impl Wake {
             std::sync::atomic::fence(Ordering::SeqCst);
         }
     }
-    fn clear(&self) {
+    /// The eventfd, for a poll that waits on it.
+    pub fn fd(&self) -> i32 {
+        self.0
+    }
+    pub fn clear(&self) {
         let mut v = 0u64;
         // SAFETY: reads 8 bytes into a live u64 (non-blocking).
         unsafe { libc::read(self.0, &mut v as *mut u64 as *mut libc::c_void, 8) };

@@ -860,11 +860,7 @@ fn run(a: Args) -> Result<(), String> {
     let mut handles = Vec::new();
     let seed = Seed::random();
     let (overload_tx, overload_rx) = mpsc::channel::<(String, std::net::IpAddr)>();
-    let (overload_wake, overload_woken) =
-        std::os::unix::net::UnixStream::pair().map_err(|e| format!("the overload wake socket: {e}"))?;
-    overload_wake.set_nonblocking(true).map_err(|e| e.to_string())?;
-    overload_woken.set_nonblocking(true).map_err(|e| e.to_string())?;
-    let overload_wake = Arc::new(overload_wake);
+    let overload_wake = Arc::new(dataplane::Wake::new().map_err(|e| format!("eventfd: {e}"))?);
     let sync_setup = match &a.sync {
         Some(sa) => {
             use md5::Digest;
@@ -1184,13 +1180,7 @@ fn run(a: Args) -> Result<(), String> {
                 Err(e) => log::warn!("overload: table <{table}>: {e}"),
             }
         }
-        control::serve_once(
-            &listener,
-            scrapes.as_ref(),
-            &overload_woken,
-            &mut d,
-            if over.is_empty() { 200 } else { 0 },
-        );
+        control::serve_once(&listener, scrapes.as_ref(), &overload_wake, &mut d, if over.is_empty() { 200 } else { 0 });
     }
     log::info!("stopping");
     stop.store(true, Ordering::Relaxed);
