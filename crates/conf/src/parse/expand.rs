@@ -506,6 +506,18 @@ mod tests {
         );
         assert_eq!(refused("queue r on em0 bandwidth 10Mbps"), ["unknown unit Mbps"]);
         assert_eq!(refused("queue r on em0 bandwidth 1.2.3M"), ["invalid bandwidth 1.2.3M"]);
+        assert_eq!(refused("queue r on em0 bandwidth 1.5"), ["unknown unit "]);
+        assert_eq!(
+            refused("queue r on em0 bandwidth 100M\nqueue a parent r bandwidth 101%"),
+            ["bandwidth spec out of range"]
+        );
+        let p = crate::parse::parse(
+            "queue r on em0 bandwidth 100M\nqueue a parent r bandwidth 12.5% default\n",
+            "t.conf",
+            &[],
+        );
+        assert!(p.errors.is_empty(), "{:?}", p.errors);
+        assert_eq!(crate::print::queue(&p.queues[1]), "queue a parent r bandwidth 12% default");
         for (line, what) in [
             ("altq on em0 cbq bandwidth 5Mb queue { std, http }", "altq on"),
             ("queue std bandwidth 10% cbq(default)", "cbq"),

@@ -207,19 +207,26 @@ pub(super) fn tos_value(s: &str) -> R<u8> {
 
 pub(super) fn bandwidth(p: &mut P) -> R<Bandwidth> {
     let s = p.string()?;
-    if let Some(x) = s.strip_suffix('%') {
-        return x.parse().map(Bandwidth::Percent).map_err(|_| format!("invalid bandwidth {s}"));
-    }
-    // pfctl's: a number, fractions too (strtod), then b, K, M or G; after K, M or G, one of b,
-    // bit, B or Bit changes nothing ("1.5Mb" is 1,500,000 bits/s, kept as whole bits).
+    // pfctl's: a number, fractions too (strtod), then b, K, M, G or %; after K, M or G, one of
+    // b, bit, B or Bit changes nothing ("1.5Mb" is 1,500,000 bits/s, kept as whole bits). A bare
+    // number is bits only when it is a whole one (its lexer's NUMBER): "1.5" has no unit, and a
+    // percentage is 0 to 100, its fraction dropped.
     let end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
     let (num, unit) = s.split_at(end);
+    if unit == "%" {
+        return match num.parse::<f64>() {
+            Ok(n) if (0.0..=100.0).contains(&n) => Ok(Bandwidth::Percent(n as u32)),
+            Ok(_) => Err("bandwidth spec out of range".into()),
+            Err(_) => Err(format!("invalid bandwidth {s}")),
+        };
+    }
     let unit = match unit.get(1..) {
         Some("b" | "bit" | "B" | "Bit") => &unit[..1],
         _ => unit,
     };
     let mul = match unit {
-        "" | "b" => 1.0,
+        "" if !num.contains('.') => 1.0,
+        "b" => 1.0,
         "K" => 1e3,
         "M" => 1e6,
         "G" => 1e9,
