@@ -102,10 +102,14 @@ pub const DEFAULT_FQ_QLIMIT: u32 = 1024;
 /// How far ahead of its rate a class may send, in ns: the worker's wake-ups come late by up
 /// to about a millisecond, and a rate must not lose that time.
 pub const TOLERANCE_NS: u64 = 2_000_000;
-/// The root's (the interface's): a worker preempted for up to this long (its core shared
-/// with the kernel's packet work) sends what it could not meanwhile, and the interface keeps
-/// its rate (2 ms lost 10% of it in the shaper lab, its worker at saturation).
-pub const ROOT_TOLERANCE_NS: u64 = 10_000_000;
+/// How far behind its schedule a backlogged rate may fall and still send all it was due: the
+/// root's (the interface's: a worker preempted for up to this long, its core shared with the
+/// kernel's packet work, sends what it could not meanwhile; 2 ms lost 10% of the interface's
+/// rate in the shaper lab, its worker at saturation) and each leaf's own (after a stall the
+/// leaves that were due catch up, before the round robin lends anything: when the root
+/// caught up alone, what the leaves had lost went to whichever members the round robin
+/// turned to, and in the shaper lab some members got 5-10% over their rates, others under).
+pub const CATCH_UP_NS: u64 = 10_000_000;
 
 /// Per queue counters, as `pfctl -s queue` shows them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -166,7 +170,25 @@ impl Gcra {
             self.tat = self.tat.max(now) + ((len as u64 * self.cost) >> 20);
         }
     }
-    /// When a packet of `len` bytes sent from now on at this rate would be done: its deadline.
+    /// A rate charged while its class stays backlogged (a leaf's tiers, the root): a clock
+    /// left behind `now` (the worker late, preempted) keeps up to [`CATCH_UP_NS`] of its
+    /// schedule.
+    #[inline]
+    fn charge_backlogged(&mut self, now: u64, len: usize) {
+        if self.cost != 0 {
+            let c = (len as u64 * self.cost) >> 20;
+            self.tat = self.tat.max(now.saturating_sub(CATCH_UP_NS + c)) + c;
+        }
+    }
+    /// A class with something to send again after nothing: its clock starts at `now` at the
+    /// earliest (an idle spell earns no catching up; `burst` is what earns a spell).
+    #[inline]
+    fn anchor(&mut self, now: u64) {
+        self.tat = self.tat.max(now);
+    }
+    /// When a packet of `len` bytes sent from now on at this rate would be done: its deadline
+    /// (from `now` for a clock left behind: catching up is no claim to go before a leaf that
+    /// just woke).
     #[inline]
     fn finish(&self, now: u64, len: usize) -> u64 {
         self.tat.max(now) + ((len as u64 * self.cost) >> 20)
@@ -346,7 +368,8 @@ impl Slots {
 struct Class {
     parent: u32,
     st: St,
-    /// Bytes a turn of the parent's round robin adds (at most 4,096 x 256: an i32).
+    /// What a turn of the parent's round robin adds, in 256ths of [`Shaper::turn_bytes`] (at
+    /// most 4,096 x 256: an i32).
     quantum: i32,
     deficit: i64,
     cap: Gcra,
@@ -412,17 +435,23 @@ pub struct Shaper {
     dropped: Vec<Pkt>,
     /// Turns the round robin gave (a class moved to its ring's back): its cost.
     turns: u64,
+    /// What a turn gives the smallest share, x16: the mean of the lent packets' bytes (a
+    /// moving average over the last 16 or so), so that a turn is one packet of the smallest
+    /// share whatever their size. A fixed turn of 256 bytes handed 60-byte packets out in
+    /// lumps of four or five (a member of the shaper lab with 57 packets in its 10-s window
+    /// got 7% over its rate from one turn) and a 1,500-byte packet after six turns; one of an
+    /// MTU had handed small packets out in lumps of 25.
+    turn_bytes: u32,
     /// The leaves [`Shaper::sync`] reports (those given packets since it last ran, and those
     /// still holding some), and the inner classes, which it always does.
     to_report: Vec<u32>,
     inner: Vec<u32>,
 }
 
-/// The quanta of siblings with these bandwidths, in proportion: the smallest `BASE` bytes, the
-/// largest at most 4,096 of those (beyond that ratio the small ones get less per turn and wait
-/// more turns: still exact over time). A quantum below an MTU costs a few more turns per large
-/// packet; one of an MTU handed what is borrowed out in lumps of 25 small packets, so that
-/// with many members each one's borrowed rate was off by a tenth over 10 s (the shaper lab).
+/// The quanta of siblings with these bandwidths, in proportion, in 256ths of a turn's bytes
+/// ([`Shaper::turn_bytes`]): the smallest 256 (one packet a turn), the largest at most 4,096
+/// times that (beyond that ratio the small ones get less per turn and wait more turns: still
+/// exact over time).
 fn quanta(bws: &[u64]) -> Vec<i64> {
     const BASE: u128 = 256;
     let lo = bws.iter().copied().filter(|&b| b > 0).min().unwrap_or(1) as u128;
@@ -472,7 +501,7 @@ impl Shaper {
                 st: St::Idle,
                 quantum: 1514,
                 deficit: 0,
-                cap: Gcra { tol: if c.parent.is_none() { ROOT_TOLERANCE_NS } else { TOLERANCE_NS }, ..Gcra::new(cap) },
+                cap: Gcra { tol: if c.parent.is_none() { CATCH_UP_NS } else { TOLERANCE_NS }, ..Gcra::new(cap) },
                 cap_bits: cap,
                 offered: 0,
                 seen_drops: 0,
@@ -526,6 +555,7 @@ impl Shaper {
             slots: Slots::new(),
             dropped: Vec::new(),
             turns: 0,
+            turn_bytes: 256 << 4,
             to_report: Vec::new(),
             inner,
         }
@@ -636,12 +666,18 @@ impl Shaper {
                 }
                 b[2].start(&mut cl.cap, now);
             }
+            for t in cl.tier.iter_mut() {
+                t.anchor(now);
+            }
+        }
+        if self.backlog == 0 {
+            self.classes[self.root as usize].cap.anchor(now);
         }
         self.backlog += 1;
         for k in 0..2 {
             if self.classes[c].tier[k].on() && !self.classes[c].in_tier[k] {
                 self.classes[c].in_tier[k] = true;
-                self.file_tier(c, k, now);
+                self.file_tier(c, k, now, true);
             }
         }
         let cl = &mut self.classes[c];
@@ -724,19 +760,24 @@ impl Shaper {
     fn charge(&mut self, mut c: u32, len: usize, now: u64, borrowed: bool) {
         let cl = &mut self.classes[c as usize];
         for t in cl.tier.iter_mut() {
-            t.charge(now, len);
+            t.charge_backlogged(now, len);
         }
         if let Some(b) = cl.bursts.as_deref_mut() {
             for (x, t) in b.iter_mut().zip(cl.tier.iter_mut()) {
                 x.end(t, now);
             }
         }
+        let root = self.root;
         while c != NONE {
             let cl = &mut self.classes[c as usize];
             if borrowed {
                 cl.deficit -= len as i64;
             }
-            cl.cap.charge(now, len);
+            if c == root {
+                cl.cap.charge_backlogged(now, len);
+            } else {
+                cl.cap.charge(now, len);
+            }
             if let Some(b) = cl.bursts.as_deref_mut() {
                 b[2].end(&mut cl.cap, now);
             }
@@ -780,7 +821,7 @@ impl Shaper {
                 continue;
             }
             if cl.deficit <= 0 {
-                cl.deficit += cl.quantum as i64;
+                cl.deficit += (cl.quantum as i64 * self.turn_bytes as i64) >> 12;
                 self.turns += 1;
                 let ring = &mut self.classes[node as usize].ring;
                 ring.pop_front();
@@ -804,10 +845,21 @@ impl Shaper {
 
     /// Files leaf `c` (with packets) in tier `k`: ready by its next packet's deadline if its
     /// rate lets it send now, else pending until it does.
-    fn file_tier(&mut self, c: usize, k: usize, now: u64) {
+    ///
+    /// A leaf `woken` (packets again after none) goes no later than the earliest deadline
+    /// waiting: when the interface is slower than the tree (every busy leaf behind its rate,
+    /// catching up), the ready leaves' deadlines lag behind now, and one just woken, dated
+    /// from now, waited that lag behind them (an idle member's ping, ~10 ms). Within its rate
+    /// it goes first, one packet before the busy ones, as a sparse flow in FQ-CoDel.
+    fn file_tier(&mut self, c: usize, k: usize, now: u64, woken: bool) {
         let t = &self.classes[c].tier[k];
         if t.conforms(now) {
-            let d = t.finish(now, self.head_len(c));
+            let mut d = t.finish(now, self.head_len(c));
+            if woken {
+                if let Some(&Reverse((first, _))) = self.ready[k].peek() {
+                    d = d.min(first);
+                }
+            }
             self.ready[k].push(Reverse((d, c as u32)));
         } else {
             self.pending[k].push(Reverse((t.next(), c as u32)));
@@ -826,7 +878,7 @@ impl Shaper {
             if self.classes[c].stats.qlen == 0 {
                 self.classes[c].in_tier[k] = false;
             } else {
-                self.file_tier(c, k, now);
+                self.file_tier(c, k, now, false);
             }
         }
         while let Some(Reverse((_, c))) = self.ready[k].pop() {
@@ -853,7 +905,7 @@ impl Shaper {
             };
             self.charge(c as u32, p.wire(), now, false);
             if self.classes[c].stats.qlen > 0 {
-                self.file_tier(c, k, now);
+                self.file_tier(c, k, now, false);
             } else {
                 self.classes[c].in_tier[k] = false;
             }
@@ -890,9 +942,15 @@ impl Shaper {
                 return Out::Packet(p);
             }
         }
-        while let Some(c) = self.pick(now) {
+        // What the tiers leave is lent only up to `now` on the root's clock: its tolerance
+        // ahead is the tiers' (a leaf due a moment later finds the interface's time free, not
+        // taken by a loan).
+        let lent = self.classes[self.root as usize].cap.tat;
+        while let Some(c) = if lent <= now { self.pick(now) } else { None } {
             if let Some(p) = self.pop_leaf(c, now) {
-                self.charge(c as u32, p.wire(), now, true);
+                let len = p.wire() as u32;
+                self.turn_bytes = self.turn_bytes - (self.turn_bytes >> 4) + len.min(65_535);
+                self.charge(c as u32, len as usize, now, true);
                 return Out::Packet(p);
             }
         }
@@ -901,7 +959,8 @@ impl Shaper {
         }
         let a = self.capped.peek().map_or(u64::MAX, |r| r.0 .0);
         let b = self.pending.iter().filter_map(|h| h.peek()).map(|r| r.0 .0).min().unwrap_or(u64::MAX);
-        Out::Wait(a.min(b).max(now))
+        let c = if lent > now { lent } else { u64::MAX };
+        Out::Wait(a.min(b).min(c).max(now))
     }
 
     /// Reports to `coord` what worker `w`'s tree was offered, and takes this worker's share
