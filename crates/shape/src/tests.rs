@@ -414,11 +414,7 @@ fn a_worker_reporting_less_often_than_the_ticks_keeps_its_share() {
 #[test]
 fn an_idle_member_waits_for_no_round_of_the_busy_ones() {
     let n = 2000u16;
-    let mut classes = vec![class("root", 1, None, 24_000_000)];
-    classes.push(ClassSpec { default: true, ..class("idle", 2, Some(0), 240_000) });
-    for i in 0..n {
-        classes.push(class(&format!("m{i}"), i + 3, Some(0), 11_000));
-    }
+    let spec = member_tree(n, 24_000_000, 240_000, |_| 11_000);
     let busy = |sh: &mut Shaper, now: u64| {
         for i in 0..n {
             if sh.classes[i as usize + 2].stats.qlen < 4 {
@@ -426,19 +422,25 @@ fn an_idle_member_waits_for_no_round_of_the_busy_ones() {
             }
         }
     };
-    let waits = ping_waits(&mut Shaper::new(&tree(classes)), 0, 3.0, 100_000, (2, 98, 50_000_000, 0), busy);
+    let waits = ping_waits(&mut Shaper::new(&spec), 0, 3.0, 100_000, (2, 98, 50_000_000, 0), busy);
     assert!(waits.len() >= 55 && waits[waits.len() - 1] <= 1_000_000, "the idle member waited {waits:?} ns");
 }
 
-/// The shaper lab's tree at 17 Mbit/s: an idle member (1%, the default queue, qid 2) and `n`
-/// members of 1 to 4 parts (qids 3..): 99% of the root in all, the idle member's 1% borrowed.
-fn members(n: u16) -> TreeSpec {
-    let mut classes = vec![class("root", 1, None, 17_000_000)];
-    classes.push(ClassSpec { default: true, ..class("idle", 2, Some(0), 170_000) });
+/// A shaper lab's tree: a root, an idle member (the default queue, qid 2) and `n` members
+/// (qids 3..), member i of bandwidth `bw(i)`.
+fn member_tree(n: u16, root: u64, idle: u64, bw: impl Fn(u64) -> u64) -> TreeSpec {
+    let mut classes = vec![class("root", 1, None, root)];
+    classes.push(ClassSpec { default: true, ..class("idle", 2, Some(0), idle) });
     for i in 0..n {
-        classes.push(class(&format!("m{i}"), i + 3, Some(0), 16_830_000 / 60_000 * (1 + i as u64 % 4)));
+        classes.push(class(&format!("m{i}"), i + 3, Some(0), bw(i as u64)));
     }
     tree(classes)
+}
+
+/// The shaper lab's tree at 17 Mbit/s: an idle member (1%) and `n` members of 1 to 4 parts:
+/// 99% of the root in all, the idle member's 1% borrowed.
+fn members(n: u16) -> TreeSpec {
+    member_tree(n, 17_000_000, 170_000, |i| 16_830_000 / 60_000 * (1 + i % 4))
 }
 
 /// The round robin shares only what the tiers leave: its turns per borrowed packet stay a
@@ -624,13 +626,8 @@ fn fifo_leaves_keep_their_order_in_one_arena() {
 #[test]
 fn an_idle_member_waits_for_nobody_when_the_interface_is_slower_than_its_root() {
     let (n, root) = (2000u16, 50_000_000u64);
-    let mut classes = vec![class("root", 1, None, root)];
-    classes.push(ClassSpec { default: true, ..class("idle", 2, Some(0), 100_000) });
     let parts: u64 = (0..n as u64).map(|i| 1 + i % 4).sum();
-    for i in 0..n {
-        classes.push(class(&format!("m{i}"), i + 3, Some(0), (root - 100_000) / parts * (1 + i as u64 % 4)));
-    }
-    let mut sh = Shaper::new(&tree(classes));
+    let mut sh = Shaper::new(&member_tree(n, root, 100_000, |i| (root - 100_000) / parts * (1 + i % 4)));
     let step = 100_000u64;
     let (mut budget, mut offered, mut k, mut sent) = (0f64, 0f64, 0u32, 0u64);
     let mut waits = Vec::new();
@@ -677,12 +674,7 @@ fn members_keep_their_shares_through_a_stalled_worker() {
     let n = 500u16;
     // 1 to 4 parts of a 17 Mbit/s root: 280 to 1,130 packets of 60 bytes a member over 10 s
     // (one packet well inside 2%).
-    let mut classes = vec![class("root", 1, None, 17_000_000)];
-    classes.push(ClassSpec { default: true, ..class("idle", 2, Some(0), 25_000) });
-    for i in 0..n {
-        classes.push(class(&format!("m{i}"), i + 3, Some(0), 16_975_000 / 1_250 * (1 + i as u64 % 4)));
-    }
-    let spec = tree(classes);
+    let spec = member_tree(n, 17_000_000, 25_000, |i| 16_975_000 / 1_250 * (1 + i % 4));
     let want: Vec<f64> = spec.classes[2..].iter().map(|c| c.bandwidth as f64).collect();
     for stall in [0, 6_000_000u64] {
         let mut sh = Shaper::new(&spec);

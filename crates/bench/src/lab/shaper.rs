@@ -312,10 +312,10 @@ fn accuracy(run: &Run, want: &[u64], secs: f64) -> Accuracy {
     let share =
         |f: &dyn Fn(f64) -> bool| 100.0 * signed.iter().filter(|&&e| f(e)).count() as f64 / signed.len().max(1) as f64;
     let (under_2, over_2) = (share(&|e| e < -2.0), share(&|e| e > 2.0));
-    let packet = FRAME_BITS / secs;
+    // One packet in the window, % of each member's rate.
+    let packet = FRAME_BITS / secs * 100.0;
     let within_packet = 100.0
-        * run.members.iter().zip(want).filter(|&(&g, &w)| (g - w as f64).abs() <= (0.02 * w as f64).max(packet)).count()
-            as f64
+        * signed.iter().zip(want).filter(|&(e, &w)| e.abs() <= 2f64.max(packet / w as f64)).count() as f64
         / want.len().max(1) as f64;
     let mut err: Vec<f64> = signed.iter().map(|e| e.abs()).collect();
     let within = err.iter().filter(|&&e| e <= 2.0).count() as f64 / err.len().max(1) as f64;
