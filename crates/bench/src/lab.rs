@@ -416,16 +416,32 @@ impl Gen {
 
 struct Sink {
     prog: Program,
+    /// `sink_src` mapped: a counter a source, by the low 16 bits of its address.
+    by_src: xpf_xdp::bpf::Mapped,
 }
 
 impl Sink {
     fn new() -> Result<Sink, String> {
         let prog = Program::load("xpf_sink", objects::SINK).map_err(|e| e.to_string())?;
         attach_native(&prog, NS[2], "s0").map_err(|e| format!("attaching the sink: {e}"))?;
-        Ok(Sink { prog })
+        let by_src = prog.map("sink_src").mmap().map_err(|e| e.to_string())?;
+        Ok(Sink { prog, by_src })
     }
     fn count(&self) -> u64 {
         self.prog.map("sink_count").percpu_sum(0).unwrap_or(0)
+    }
+    /// The counts of sources `low..low + n` (the low 16 bits of their addresses), read
+    /// from the mapped array in one pass (microseconds for 24,000: one instant).
+    fn by_source(&self, low: u32, n: u32) -> Vec<u64> {
+        (0..n)
+            .map(|i| {
+                let k = ((low + i) & 0xffff) as usize;
+                // SAFETY: the mapping holds 65,536 aligned u64 counters, which the sink's
+                // program adds to atomically.
+                let c = unsafe { &*(self.by_src.ptr as *const std::sync::atomic::AtomicU64).add(k) };
+                c.load(std::sync::atomic::Ordering::Relaxed)
+            })
+            .collect()
     }
 }
 

@@ -14,7 +14,9 @@
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 struct xpf_map sink_count SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 1, 0 };
-struct xpf_map sink_src SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 8, 65536, 0 };
+/* Mapped by the lab (BPF_F_MMAPABLE): the shaper lab reads every member's count at one
+ * instant, without a lookup each. */
+struct xpf_map sink_src SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 8, 65536, BPF_F_MMAPABLE };
 
 /* Answers the TCP flows' handshake in place: a SYN to port 2000 with its SYN/ACK (syn), a
  * SYN/ACK from port 2000 with its ACK (!syn); 1 when it did. The frame goes back where it

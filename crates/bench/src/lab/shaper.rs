@@ -149,17 +149,6 @@ fn cpu_time(c: usize) -> (u64, u64) {
     (total - idle, total)
 }
 
-fn per_member(s: &Sink, n: u32) -> Vec<u64> {
-    let m = s.prog.map("sink_src");
-    (0..n)
-        .map(|i| {
-            let mut v = [0u8; 8];
-            let key = (SRC0 + i) & 0xffff;
-            m.lookup(&key.to_ne_bytes(), &mut v).map_or(0, |_| u64::from_ne_bytes(v))
-        })
-        .collect()
-}
-
 #[derive(serde::Serialize, Default)]
 struct Run {
     pps: f64,
@@ -226,34 +215,24 @@ fn shaped_run(
     let sent = std::thread::scope(|sc| {
         sc.spawn(|| {
             std::thread::sleep(SETTLE);
-            // The members' counters are read one by one (a lookup each, 24,000 taking tens to
-            // hundreds of milliseconds on a loaded machine): each member's window runs from
-            // its read to its read, its time taken from where it falls in each pass.
-            let (a, m0, b) = (Instant::now(), per_member(s, n), Instant::now());
+            // The members' counters, read from the sink's mapped array at one instant each
+            // end of the window.
+            let (m0, a) = (s.by_source(SRC0, n), Instant::now());
             let (c0, k0, t0) = (cpu_time(FW_CPU), s.count(), Instant::now());
             std::thread::sleep(Duration::from_secs_f64(secs));
             let (c1, k1, el) = (cpu_time(FW_CPU), s.count(), t0.elapsed().as_secs_f64());
-            let (c, m1, d) = (Instant::now(), per_member(s, n), Instant::now());
-            let passes = [(b - a).as_secs_f64(), (d - c).as_secs_f64(), (c - a).as_secs_f64()];
-            let _ = tx.send((m0, m1, c0, c1, k1 - k0, el, passes));
+            let (m1, span) = (s.by_source(SRC0, n), a.elapsed().as_secs_f64());
+            let _ = tx.send((m0, m1, c0, c1, k1 - k0, el, span));
         });
         g.run(SETTLE + Duration::from_secs_f64(secs) + Duration::from_millis(500))
     });
     g.pace(None);
     sent?;
-    let (m0, m1, c0, c1, got, el, [p0, p1, span]) = rx.recv().map_err(|_| "measuring thread".to_string())?;
+    let (m0, m1, c0, c1, got, el, span) = rx.recv().map_err(|_| "measuring thread".to_string())?;
     let pps = got as f64 / el;
     // Every member's queue full (50 packets, both shapers) at the root's rate, and 2 s more.
     drain(o, s, Duration::from_secs_f64((n as f64 + 1.0) * 50.0 * FRAME_BITS / root.max(1) as f64 * 2.0 + 5.0));
-    let members = m0
-        .iter()
-        .zip(&m1)
-        .enumerate()
-        .map(|(i, (a, b))| {
-            let at = i as f64 / n.max(1) as f64;
-            (b - a) as f64 * FRAME_BITS / (span + at * (p1 - p0))
-        })
-        .collect();
+    let members = m0.iter().zip(&m1).map(|(a, b)| (b - a) as f64 * FRAME_BITS / span).collect();
     let busy = (c1.0 - c0.0) as f64 / (c1.1 - c0.1).max(1) as f64;
     let gbit = pps * FRAME_BITS / 1e9;
     let rtt_ms: Vec<f64> = pinger
