@@ -382,14 +382,15 @@ scapy "send([IP(src='10.0.1.2', dst='10.0.2.2')/TCP(sport=40124, dport=5201, fla
 sleep 0.3
 check "null, FIN and Xmas scans are dropped as normalize" test $(( $(info 'd["counters"]["normalize"]') - n0 )) -ge 3
 # FreeBSD's scrub rules (pfSense writes one per interface) load: what they ask for, xpfd does
-# to every packet; one with a per-packet option is refused with its line.
+# to every packet; one asking for what xpf does not do (`reassemble tcp`) is refused with its
+# line.
 { echo 'scrub in on fc all fragment reassemble'; cat "$DIR/pf.conf"; } > "$DIR/scrub.conf"
 check "-f a ruleset with a FreeBSD scrub rule; -s rules lists it first" bash -c \
     "$CTL -f $DIR/scrub.conf && $CTL -s rules | head -1 | grep -qx 'scrub in on fc all fragment reassemble'"
 check "a fragmented ping passes whole under it" c ping -c 1 -W 2 -s 3000 10.0.2.2
-{ echo 'scrub in on fc all random-id'; cat "$DIR/pf.conf"; } > "$DIR/scrub-bad.conf"
-check "a scrub rule with random-id is refused with FILE:LINE" bash -c \
-    "! $CTL -f $DIR/scrub-bad.conf 2> $DIR/scrub.err; grep -q 'scrub-bad.conf:1: xpf does not support .random-id. on a scrub rule' $DIR/scrub.err"
+{ echo 'scrub in on fc all reassemble tcp'; cat "$DIR/pf.conf"; } > "$DIR/scrub-bad.conf"
+check "a scrub rule with reassemble tcp is refused with FILE:LINE" bash -c \
+    "! $CTL -f $DIR/scrub-bad.conf 2> $DIR/scrub.err; grep -q 'scrub-bad.conf:1: xpf does not support .reassemble tcp. yet' $DIR/scrub.err"
 
 check "-f a ruleset with state limits" $CTL -f "$DIR/limits.conf"
 # traceroute: hop 2 (the server) and hop 3 (the far host) answer with ICMP errors that xpfd
@@ -778,6 +779,16 @@ check "scrub: without max-mss the server sees the client's MSS (> 1400)" bash -c
 printf 'match in on $ext_if scrub (max-mss 1200)\n' >> "$DIR/scrub.conf"
 check "-f the same with 'match in on fc scrub (max-mss 1200)'" $CTL -f "$DIR/scrub.conf"
 check "scrub: with max-mss 1200 the server sees at most 1200" bash -c "$(declare -f mss_seen c); P=$P DIR=$DIR; m=\$(mss_seen); echo mss \$m; test \$m -le 1200"
+# FreeBSD's scrub rule: every packet it selects, the first that matches (a plain one before it
+# gives none).
+cat "$DIR/pf.conf" - > "$DIR/scrub-rule.conf" <<'CONF'
+scrub in on $ext_if inet proto tcp from any to 10.0.2.3 fragment reassemble
+scrub in on $ext_if all max-mss 1100 random-id
+pass in on $ext_if inet proto tcp to 10.0.2.2 port 2230
+CONF
+check "-f a FreeBSD scrub rule 'scrub in on fc all max-mss 1100 random-id'" $CTL -f "$DIR/scrub-rule.conf"
+check "scrub rule: -s rules prints it as pfctl does" bash -c "$CTL -s rules | grep -qx 'scrub in on fc all random-id max-mss 1100 fragment reassemble'"
+check "scrub rule: the server sees at most 1100" bash -c "$(declare -f mss_seen c); P=$P DIR=$DIR; m=\$(mss_seen); echo mss \$m; test \$m -le 1100"
 
 # synproxy: xpfd completes the client's handshake before the server hears of it. A flood of
 # SYNs from spoofed sources then leaves no half-open connection on the server; the same flood

@@ -548,6 +548,11 @@ pub struct Ruleset {
     /// FreeBSD's translation rules (a `binat` as its out and in halves), each `quick`: the
     /// first that matches decides. Empty for most rulesets.
     xlate: List,
+    /// FreeBSD's scrub rules, each `quick`: the first that matches a packet gives it its
+    /// options. None unless one of them has options that act on packets (`no-df`,
+    /// `random-id`, `min-ttl`, `max-mss`, `set-tos`): the rest ask only for what every
+    /// packet gets.
+    scrubs: Option<List>,
     pub tables: Vec<(String, Arc<Table>)>,
     tags: Vec<String>,
     /// The state limits of the rules that have some.
@@ -1347,6 +1352,15 @@ impl Ruleset {
                 rules.push(c)
             };
         }
+        let scrubs = if p.scrubs.iter().any(|r| r.scrub.is_some()) {
+            let mut v = Vec::with_capacity(p.scrubs.len());
+            for (nr, r) in p.scrubs.iter().enumerate() {
+                v.push(b.rule(r, nr as u32, true, 0, 0)?);
+            }
+            Some(List::new(v, Lookup::Auto))
+        } else {
+            None
+        };
         let Build { tables, tags, limits, marks, rare, pools, pool_tables, nat_targets, urpf, .. } = b;
         // Several ranges for one protocol and network: the span of them (packets outside a
         // translation go back to the host). The program takes the longest prefix only: a
@@ -1409,6 +1423,7 @@ impl Ruleset {
             nat_owners: nat_targets,
             filter,
             xlate,
+            scrubs,
             tables,
             tags,
             limits,
@@ -1901,6 +1916,19 @@ impl Policy for Ruleset {
 
     fn pools(&self) -> &[xpf_engine::nat::Pool] {
         &self.pools
+    }
+
+    #[inline]
+    fn packet_scrubs(&self) -> bool {
+        self.scrubs.is_some()
+    }
+
+    fn packet_scrub(&self, pd: &PDesc, at: &Context) -> EScrub {
+        let Some(l) = &self.scrubs else { return EScrub::NONE };
+        let mut w = Walked { tag: at.tag, last: None };
+        let mut acc = Acts { scrub: EScrub::NONE, nat: 0, rdr: 0, queue: 0 };
+        self.walk_in(l, pd, at, &mut acc, &mut w);
+        acc.scrub
     }
 
     fn translation(&self, pd: &PDesc, at: &Context) -> Option<xpf_engine::policy::Xlate> {

@@ -476,8 +476,28 @@ pub fn parsed(p: &crate::Parsed) -> String {
 /// A FreeBSD scrub rule, held as the `match` rule selecting its packets, as pfctl prints it:
 /// `scrub in on em0 all fragment reassemble`.
 pub fn scrub(r: &Rule) -> String {
-    let m = rule(r);
-    format!("scrub{} fragment reassemble", m.strip_prefix("match").unwrap_or(&m))
+    // The match rule's printing without its `scrub (...)`: a scrub rule's options follow its
+    // addresses bare, in pfctl's order (print_rule), before `fragment reassemble`.
+    let m = rule(&Rule { scrub: None, ..r.clone() });
+    let mut s = format!("scrub{}", m.strip_prefix("match").unwrap_or(&m));
+    if let Some(o) = &r.scrub {
+        if o.no_df {
+            s.push_str(" no-df");
+        }
+        if o.random_id {
+            s.push_str(" random-id");
+        }
+        if let Some(t) = o.min_ttl {
+            let _ = write!(s, " min-ttl {t}");
+        }
+        if let Some(m) = o.max_mss {
+            let _ = write!(s, " max-mss {m}");
+        }
+        if let Some(t) = o.set_tos {
+            let _ = write!(s, " set-tos 0x{t:02x}");
+        }
+    }
+    s + " fragment reassemble"
 }
 
 /// The rules as `pfctl -nv` prints them, inline anchors' bodies indented inside braces.

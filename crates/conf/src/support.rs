@@ -303,6 +303,7 @@ mod tests {
         // What a FreeBSD scrub rule asks for its packets, xpf does to every packet.
         ("scrub in on lo inet all fragment reassemble", Yes("a fragmented ping passes whole (reassembly)")),
         ("scrub in all", Yes("null, FIN and Xmas scans are dropped as normalize")),
+        ("scrub in all no-df random-id min-ttl 9 max-mss 1400 set-tos 0x10", Yes("scrub_rules_act_on_every_packet_they_select_first_match")),
         ("pass in inet proto icmp icmp-type echoreq code 0", Yes("an_icmp_error_quoting_no_state_is_left_to_the_rules")),
         ("pass in tos 0x10", Yes("tos_matches_the_tos_byte_without_its_ecn_bits")),
         ("pass in proto tcp keep state (max 3, max-src-conn 2, overload <b> flush global, tcp.established 5)", Yes("state_options_reach_the_engine_and_limiters_survive_a_recompile")),

@@ -593,6 +593,51 @@ fn scrub_rewrites_as_pf_scrub_does() {
     assert_eq!(plain.batch().scrubbed, 0);
 }
 
+/// FreeBSD's scrub rules act on every packet they select, a state's or not: the first that
+/// matches gives its options (a plain one before a later one with options gives none), in
+/// the direction and on the interface it names, applied before the state's own.
+#[test]
+fn scrub_rules_act_on_every_packet_they_select_first_match() {
+    let conf = "scrub in on em1 all fragment reassemble\nscrub in all no-df min-ttl 100 max-mss 1400\n\
+                scrub out all set-tos 0x10\nmatch in scrub (max-mss 1300, min-ttl 50)\npass all\n";
+    let mut w = worker(rs(conf));
+    let syn = syn_with_mss(tcp::SYN);
+    let mut v = [Verdict::Pass];
+    let applied = |w: &Worker<Ruleset>| {
+        let mut f = syn.clone();
+        assert!(xpf_engine::proto::apply_scrub(&mut f, &w.batch().scrubs[0]));
+        let pd = desc(&f);
+        assert_eq!(xpf_wire::checksum::checksum(&f[14..34]), 0, "IP checksum");
+        (pd.ttl, pd.tos, f[20] & 0x40, u16::from_be_bytes([f[56], f[57]]))
+    };
+    w.process(&[&syn], 1, Dir::In, 0, &mut v);
+    assert_eq!((v[0], w.batch().scrubbed), (Verdict::Pass, 1));
+    // The scrub rule's min-ttl 100 stands over the match rule's 50, the match rule's lower
+    // MSS over the scrub rule's.
+    assert_eq!(applied(&w), (100, 0, 0, 1300), "in on em0: the second scrub rule, then the state's");
+    // The state's later packets get the scrub rule's options too.
+    let ack = syn_with_mss(tcp::ACK);
+    w.process(&[&ack], 1, Dir::In, 1, &mut v);
+    assert_eq!(w.batch().scrubbed, 1);
+    assert!(w.batch().scrubs[0].no_df && w.batch().scrubs[0].min_ttl == 100);
+    // In on em1 the plain scrub rule matches first: only the match rule's options.
+    let mut w = worker(rs(conf));
+    w.process(&[&syn], 2, Dir::In, 0, &mut v);
+    assert_eq!(applied(&w), (50, 0, 0x40, 1300), "in on em1: the plain rule first, DF kept");
+    // Going out, the third.
+    let mut w = worker(rs(conf));
+    w.process(&[&syn], 1, Dir::Out, 0, &mut v);
+    assert_eq!(applied(&w), (3, 0x10, 0x40, 1460), "out: set-tos only");
+    // Scrub rules without options mark nothing.
+    let mut plain = worker(rs("scrub in all\npass all\n"));
+    plain.process(&[&syn], 1, Dir::In, 0, &mut v);
+    assert_eq!(plain.batch().scrubbed, 0);
+    // A blocked packet is left alone.
+    let mut blocked = worker(rs("scrub in all no-df\nblock all\n"));
+    blocked.process(&[&syn], 1, Dir::In, 0, &mut v);
+    assert!(matches!(v[0], Verdict::Drop(_)) && blocked.batch().scrubbed == 0, "{:?}", v[0]);
+}
+
 /// A TCP segment with a valid checksum (an MSS option when given, `len` bytes of payload).
 #[allow(clippy::too_many_arguments)]
 fn tcp_frame(

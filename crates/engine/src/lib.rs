@@ -519,6 +519,9 @@ impl<P: Policy> Worker<P> {
         if self.unclean != 0 {
             self.clean_tcp(verdicts);
         }
+        if self.policy.packet_scrubs() {
+            self.scrub_rules(ifidx, dir, &verdicts[..n]);
+        }
         if self.out.scrubbed != 0 {
             self.scrub_ids();
         }
@@ -631,6 +634,26 @@ impl<P: Policy> Worker<P> {
                 self.out.scrubbed |= 1 << i;
             }
             self.out.scrubs[i].tcp_clean = true;
+        }
+    }
+
+    /// FreeBSD's scrub rules on the passed frames: the first rule that matches a frame gives
+    /// its options, applied before its state's or rules' (pf_normalize_ip runs first).
+    #[cold]
+    #[inline(never)]
+    fn scrub_rules(&mut self, ifidx: u16, dir: Dir, verdicts: &[Verdict]) {
+        let at = Context { ifidx, dir, rcvif: self.rcvif, tag: 0, rnd: 0, now: 0 };
+        for (i, v) in verdicts.iter().enumerate() {
+            if *v != Verdict::Pass {
+                continue;
+            }
+            let s = self.policy.packet_scrub(&self.pd[i], &at);
+            if s.is_none() {
+                continue;
+            }
+            let bit = 1u64 << i;
+            self.out.scrubs[i] = if self.out.scrubbed & bit != 0 { s.then(&self.out.scrubs[i]) } else { s };
+            self.out.scrubbed |= bit;
         }
     }
 
@@ -958,8 +981,13 @@ impl<P: Policy> Worker<P> {
     /// (`in` and `out`, floating or bound to those interfaces) for the kernel fast path
     /// (xpfd --fastpath) to hold, and the `in` state's packets in the packet's direction. None
     /// without both, when they have actions every packet needs (scrub, tag, max-pkt-rate,
-    /// log (all)), or when both translate (the fast path rewrites a packet once).
+    /// log (all)), when both translate (the fast path rewrites a packet once), or while
+    /// FreeBSD scrub rules with options are loaded ([`Policy::packet_scrubs`]).
     pub fn fast_flow(&self, arrived: &[u8], sent: &[u8], in_if: u16, out_if: u16) -> Option<FastFlow> {
+        // FreeBSD scrub rules with options act on every packet: none leaves through the kernel.
+        if self.policy.packet_scrubs() {
+            return None;
+        }
         let pa = flow_pd(arrived)?;
         if pa.af == AF_INET {
             flow_pair(&self.t4, &pa, sent, in_if, out_if, self.any_if_bound)

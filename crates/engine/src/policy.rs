@@ -205,6 +205,16 @@ pub trait Policy {
     fn wants_random(&self) -> bool {
         false
     }
+    /// Whether FreeBSD scrub rules with options that act on packets are loaded
+    /// ([`Policy::packet_scrub`]); read once a batch.
+    fn packet_scrubs(&self) -> bool {
+        false
+    }
+    /// FreeBSD's scrub rules (pf_normalize_ip, pf_normalize_tcp): the options of the first
+    /// one that matches the packet (none: [`Scrub::NONE`]), for every packet, a state's or not.
+    fn packet_scrub(&self, _pd: &PDesc, _at: &Context) -> crate::Scrub {
+        crate::Scrub::NONE
+    }
     /// Translation pool `i` (a [`Decision`]'s `nat` or `rdr`).
     fn pool(&self, _i: u32) -> Option<&crate::nat::Pool> {
         None

@@ -81,6 +81,21 @@ impl Scrub {
         }
     }
 
+    /// Both applied in turn, this first (a FreeBSD scrub rule's, pf_normalize_ip, then a
+    /// state's, pf_scrub): flags add up, the higher TTL and the lower MSS stand, the later TOS.
+    pub fn then(&self, later: &Scrub) -> Scrub {
+        let nz = |a: u16, b: u16| if a == 0 || b == 0 { a.max(b) } else { a.min(b) };
+        Scrub {
+            no_df: self.no_df | later.no_df,
+            random_id: self.random_id | later.random_id,
+            min_ttl: self.min_ttl.max(later.min_ttl),
+            set_tos: later.set_tos.or(self.set_tos),
+            max_mss: nz(self.max_mss, later.max_mss),
+            id: self.id,
+            tcp_clean: self.tcp_clean | later.tcp_clean,
+        }
+    }
+
     /// Packed for the state's side record (0: none).
     pub fn pack(&self) -> u64 {
         if (Scrub { tcp_clean: false, ..*self }).is_none() {

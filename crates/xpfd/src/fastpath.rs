@@ -34,6 +34,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use xpf_engine::Policy as _;
 use xpf_engine::{FlowRef, Win, Worker};
 use xpf_state::{Peer, Timeout};
 use xpf_xdp::flows::{seq_max, FlowKey, FlowTables, Tail};
@@ -175,7 +176,8 @@ pub struct FastPath {
     egresses: Arc<Egresses>,
     /// The egresses' generation this worker last acted on.
     egress_gen: u32,
-    /// pf was disabled when [`FastPath::sync`] last looked: the flows came back, none is offered.
+    /// pf was disabled, or the ruleset had scrub rules with options, when [`FastPath::sync`]
+    /// last looked: the flows came back, none is offered.
     disabled: bool,
     owner: u8,
     recs: Vec<Option<Rec>>,
@@ -550,7 +552,9 @@ impl FastPath {
     pub fn sync(&mut self, w: &mut Worker<Live>, now: u32) {
         // pf disabled (`xpfctl -d`): every flow comes back at once, so that its packets pass
         // through xpfd unfiltered and untranslated, and none is offered until it is enabled.
-        if self.disabled == w.policy.enabled() {
+        // So too while the ruleset has FreeBSD scrub rules with options (every packet they
+        // select is rewritten in xpfd).
+        if self.disabled == (w.policy.enabled() && !w.policy.packet_scrubs()) {
             self.disabled = !self.disabled;
             if self.disabled {
                 for slot in 0..self.recs.len() as u32 {

@@ -131,6 +131,15 @@ impl Policy for Live {
     fn wants_random(&self) -> bool {
         self.rules.wants_random()
     }
+
+    #[inline]
+    fn packet_scrubs(&self) -> bool {
+        self.rules.packet_scrubs()
+    }
+
+    fn packet_scrub(&self, pd: &PDesc, at: &Context) -> xpf_engine::Scrub {
+        self.rules.packet_scrub(pd, at)
+    }
 }
 
 #[cfg(test)]

@@ -435,9 +435,10 @@ mod tests {
         crate::parse::parse(&format!("{line}\n"), "t.conf", &[]).errors.into_iter().map(|e| e.msg).collect()
     }
 
-    /// FreeBSD's scrub rules: taken when they ask only for what xpf does to every packet
-    /// (normalization, reassembly), printed as pfctl prints them, kept out of the filter
-    /// rules; an option that acts per packet, `no scrub` and `set reassemble no` refused.
+    /// FreeBSD's scrub rules: taken with what xpf does to every packet (normalization,
+    /// reassembly) and the options that act on each packet, printed as pfctl prints them,
+    /// kept out of the filter rules; `reassemble tcp`, other fragment modes, `no scrub`,
+    /// rule options beyond a scrub rule's and `set reassemble no` refused.
     #[test]
     fn scrub_rules_that_ask_for_reassembly_load_and_the_rest_are_refused_by_name() {
         let p = crate::parse::parse(
@@ -455,10 +456,25 @@ mod tests {
              scrub out inet proto tcp from 10.0.0.0/8 to any fragment reassemble\npass all flags S/SA\n"
         );
         assert_eq!(p.interface_names().collect::<Vec<_>>(), ["em0"], "its interface must exist at load");
+        // The per-packet options, in any order, printed in pfctl's.
+        let p = crate::parse::parse(
+            "scrub in all no-df
+scrub on em0 all set-tos 16 max-mss 1400 random-id min-ttl 9 fragment reassemble
+",
+            "t.conf",
+            &[],
+        );
+        assert!(p.errors.is_empty(), "{:?}", p.errors);
+        assert_eq!(
+            crate::print::parsed(&p),
+            "scrub in all no-df fragment reassemble\n\
+             scrub on em0 all random-id min-ttl 9 max-mss 1400 set-tos 0x10 fragment reassemble\n"
+        );
+        let got = refused("scrub in inet6 all random-id");
+        assert_eq!(got[0], "address family inet6 does not support scrub options no-df, random-id", "{got:?}");
         for (line, msg) in [
-            ("scrub in all random-id", "xpf does not support 'random-id' on a scrub rule yet"),
-            ("scrub in all max-mss 1400", "xpf does not support 'max-mss' on a scrub rule yet"),
-            ("scrub in all no-df fragment reassemble", "xpf does not support 'no-df' on a scrub rule yet"),
+            ("scrub in all no-df no-df", "no-df cannot be respecified"),
+            ("scrub in all min-ttl 256", "illegal min-ttl value 256"),
             ("scrub in all reassemble tcp", "xpf does not support 'reassemble tcp' yet"),
             ("scrub in all fragment crop", "xpf does not support 'fragment crop' on a scrub rule yet"),
             ("no scrub in on em0 all", "xpf does not support 'no scrub' yet"),

@@ -624,52 +624,62 @@ const FLAG_CHARS: &str = "FSRPAUEW";
 fn scrub_opts(p: &mut P) -> R<Scrub> {
     let mut sc = Scrub::default();
     p.expect_punct("(")?;
-    let num = |p: &mut P| -> R<u64> { p.string()?.parse().map_err(|_| "syntax error".to_string()) };
     while !p.eat_punct(")") {
-        let w = p.string()?;
-        match w.as_str() {
-            "no-df" => {
-                if sc.no_df {
-                    return Err("no-df cannot be respecified".into());
-                }
-                sc.no_df = true;
+        if !scrub_opt(p, &mut sc)? {
+            if p.string()? != "reassemble" || !p.eat("tcp") {
+                return Err("syntax error".into());
             }
-            "random-id" => {
-                if sc.random_id {
-                    return Err("random-id cannot be respecified".into());
-                }
-                sc.random_id = true;
-            }
-            "min-ttl" => {
-                if sc.min_ttl.is_some() {
-                    return Err("min-ttl cannot be respecified".into());
-                }
-                let v = num(p)?;
-                sc.min_ttl = Some(u8::try_from(v).map_err(|_| format!("illegal min-ttl value {v}"))?);
-            }
-            "max-mss" => {
-                if sc.max_mss.is_some() {
-                    return Err("max-mss cannot be respecified".into());
-                }
-                let v = num(p)?;
-                sc.max_mss = Some(u16::try_from(v).map_err(|_| format!("illegal max-mss value {v}"))?);
-            }
-            "set-tos" => {
-                let s = p.string()?;
-                let v = if let Some(h) = s.strip_prefix("0x") { u8::from_str_radix(h, 16) } else { s.parse() };
-                sc.set_tos = Some(v.map_err(|_| format!("illegal tos value {s}"))?);
-            }
-            "reassemble" => {
-                if !p.eat("tcp") {
-                    return Err("syntax error".into());
-                }
-                sc.reassemble_tcp = true;
-            }
-            _ => return Err("syntax error".into()),
+            sc.reassemble_tcp = true;
         }
         p.eat_punct(",");
     }
     Ok(sc)
+}
+
+/// One of the scrub options that act on each packet (`no-df`, `random-id`, `min-ttl N`,
+/// `max-mss N`, `set-tos T`) at `p`, taken into `sc` as pfctl's scrub_opt takes it; false
+/// (nothing taken) when `p` is at another word.
+fn scrub_opt(p: &mut P, sc: &mut Scrub) -> R<bool> {
+    let num = |p: &mut P| -> R<u64> { p.string()?.parse().map_err(|_| "syntax error".to_string()) };
+    let again = |w: &str| Err(format!("{w} cannot be respecified"));
+    match p.word() {
+        Some("no-df") => {
+            p.i += 1;
+            if std::mem::replace(&mut sc.no_df, true) {
+                return again("no-df");
+            }
+        }
+        Some("random-id") => {
+            p.i += 1;
+            if std::mem::replace(&mut sc.random_id, true) {
+                return again("random-id");
+            }
+        }
+        Some("min-ttl") => {
+            p.i += 1;
+            if sc.min_ttl.is_some() {
+                return again("min-ttl");
+            }
+            let v = num(p)?;
+            sc.min_ttl = Some(u8::try_from(v).map_err(|_| format!("illegal min-ttl value {v}"))?);
+        }
+        Some("max-mss") => {
+            p.i += 1;
+            if sc.max_mss.is_some() {
+                return again("max-mss");
+            }
+            let v = num(p)?;
+            sc.max_mss = Some(u16::try_from(v).map_err(|_| format!("illegal max-mss value {v}"))?);
+        }
+        Some("set-tos") => {
+            p.i += 1;
+            let s = p.string()?;
+            let v = if let Some(h) = s.strip_prefix("0x") { u8::from_str_radix(h, 16) } else { s.parse() };
+            sc.set_tos = Some(v.map_err(|_| format!("illegal tos value {s}"))?);
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
 }
 
 const SKIPPING: &str = "skipping rule due to errors";
@@ -695,15 +705,22 @@ fn load(p: &mut P) -> R<(String, String)> {
 /// reassembles every fragmented datagram (OpenBSD's way: `set reassemble yes`, its default),
 /// which is what a scrub rule asks for the packets it selects with `fragment reassemble`, its
 /// default option: such a rule is taken, checked as the `match` rule selecting the same
-/// packets is, and printed as pfctl prints it. Options that act on each packet (`no-df`,
-/// `random-id`, `min-ttl`, `max-mss`, `set-tos`, `reassemble tcp`) and the other fragment
-/// modes (`crop`, `drop-ovl`) are refused by name, as is `no scrub` (which asks for packets
-/// to be left alone) and a scrub rule with `set reassemble no`.
+/// packets is, and printed as pfctl prints it. The options that act on each packet (`no-df`,
+/// `random-id`, `min-ttl`, `max-mss`, `set-tos`) are the rule's `scrub (...)`: the compiled
+/// ruleset gives every packet the first matching scrub rule's ([`crate::Ruleset`]'s
+/// `packet_scrub`). `reassemble tcp` and the other fragment modes (`crop`, `drop-ovl`) are
+/// refused by name, as is `no scrub` (which asks for packets to be left alone) and a scrub
+/// rule with `set reassemble no`.
 fn scrub_statement(p: &mut P, line: u32, file: &str, out: &mut Parsed) -> R<()> {
     let mut t: Vec<Token> = Vec::with_capacity(p.t.len());
     t.push(Token { tok: Tok::Word("match".into()), line: p.t[p.i].line });
     p.i += 1;
+    let mut sc = Scrub::default();
     while p.i < p.t.len() {
+        // The options that act on each packet, as a match rule's `scrub (...)` takes them.
+        if scrub_opt(p, &mut sc)? {
+            continue;
+        }
         if p.eat("fragment") {
             match p.word() {
                 Some("reassemble") => {
@@ -718,11 +735,6 @@ fn scrub_statement(p: &mut P, line: u32, file: &str, out: &mut Parsed) -> R<()> 
         }
         match p.word() {
             Some("reassemble") => return Err("xpf does not support 'reassemble tcp' yet".into()),
-            Some(o @ ("no-df" | "random-id" | "min-ttl" | "max-mss" | "set-tos")) => {
-                return Err(format!(
-                    "xpf does not support '{o}' on a scrub rule yet (a match rule's `scrub ({o} ...)` gives it to the states it makes)"
-                ));
-            }
             _ => t.push(p.t[p.i].clone()),
         }
         p.i += 1;
@@ -733,7 +745,9 @@ fn scrub_statement(p: &mut P, line: u32, file: &str, out: &mut Parsed) -> R<()> 
     let mut p = P { t: &t, i: 0, scope: None };
     let tmpls = rule(&mut p, line, false)?;
     let f: std::sync::Arc<str> = file.into();
-    for tm in tmpls {
+    let scrub = (sc != Scrub::default()).then_some(sc);
+    for mut tm in tmpls {
+        tm.r.scrub = scrub.clone();
         let mut nr = 0;
         let rules = expand(&tm, &mut nr, out).map_err(|m| m.join("\n"))?;
         for mut r in rules {
@@ -750,6 +764,7 @@ fn scrub_statement(p: &mut P, line: u32, file: &str, out: &mut Parsed) -> R<()> 
                 dst: r.dst.clone(),
                 dst_port: r.dst_port,
                 file: r.file.clone(),
+                scrub: scrub.clone(),
                 ..rule_shell(Action::Match, r.line)
             };
             if r != plain {
