@@ -640,44 +640,30 @@ fn scrub_opts(p: &mut P) -> R<Scrub> {
 /// `max-mss N`, `set-tos T`) at `p`, taken into `sc` as pfctl's scrub_opt takes it; false
 /// (nothing taken) when `p` is at another word.
 fn scrub_opt(p: &mut P, sc: &mut Scrub) -> R<bool> {
-    let num = |p: &mut P| -> R<u64> { p.string()?.parse().map_err(|_| "syntax error".to_string()) };
-    let again = |w: &str| Err(format!("{w} cannot be respecified"));
-    match p.word() {
-        Some("no-df") => {
-            p.i += 1;
-            if std::mem::replace(&mut sc.no_df, true) {
-                return again("no-df");
-            }
+    const OPTS: [&str; 5] = ["no-df", "random-id", "min-ttl", "max-mss", "set-tos"];
+    let Some(w) = p.word().and_then(|w| OPTS.into_iter().find(|&o| o == w)) else { return Ok(false) };
+    p.i += 1;
+    let again = || Err(format!("{w} cannot be respecified"));
+    // `min-ttl N`, `max-mss N`: a number of the option's width, once.
+    fn number<T: TryFrom<u64>>(p: &mut P, w: &str, slot: &mut Option<T>) -> R<()> {
+        if slot.is_some() {
+            return Err(format!("{w} cannot be respecified"));
         }
-        Some("random-id") => {
-            p.i += 1;
-            if std::mem::replace(&mut sc.random_id, true) {
-                return again("random-id");
-            }
-        }
-        Some("min-ttl") => {
-            p.i += 1;
-            if sc.min_ttl.is_some() {
-                return again("min-ttl");
-            }
-            let v = num(p)?;
-            sc.min_ttl = Some(u8::try_from(v).map_err(|_| format!("illegal min-ttl value {v}"))?);
-        }
-        Some("max-mss") => {
-            p.i += 1;
-            if sc.max_mss.is_some() {
-                return again("max-mss");
-            }
-            let v = num(p)?;
-            sc.max_mss = Some(u16::try_from(v).map_err(|_| format!("illegal max-mss value {v}"))?);
-        }
-        Some("set-tos") => {
-            p.i += 1;
+        let v: u64 = p.string()?.parse().map_err(|_| "syntax error".to_string())?;
+        *slot = Some(T::try_from(v).map_err(|_| format!("illegal {w} value {v}"))?);
+        Ok(())
+    }
+    match w {
+        "no-df" if std::mem::replace(&mut sc.no_df, true) => return again(),
+        "random-id" if std::mem::replace(&mut sc.random_id, true) => return again(),
+        "min-ttl" => number(p, w, &mut sc.min_ttl)?,
+        "max-mss" => number(p, w, &mut sc.max_mss)?,
+        "set-tos" => {
             let s = p.string()?;
             let v = if let Some(h) = s.strip_prefix("0x") { u8::from_str_radix(h, 16) } else { s.parse() };
             sc.set_tos = Some(v.map_err(|_| format!("illegal tos value {s}"))?);
         }
-        _ => return Ok(false),
+        _ => {}
     }
     Ok(true)
 }
