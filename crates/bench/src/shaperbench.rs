@@ -8,6 +8,14 @@
 //! what its report costs). Runs of 1 and 2 workers alternate, ABBA. The root binds nobody here
 //! (100 Gbit/s): the figure is what classifying and scheduling cost per packet, which the
 //! shaper lab's saturation phase measures end to end on one worker.
+//!
+//! A second measurement times one worker's frame on a clock of the bench's own (the
+//! shaper takes `now` as an argument), in the two regimes of the shaper lab: a root that binds
+//! nobody (every frame leaves as it comes) and every member backlogged (equal shares, the
+//! frames offered at 1.5 times the root as the lab's last phase offers them: each member's
+//! queue full, a third of the frames dropped at its `qlimit`). Each frame is copied into the
+//! shaper's buffer (unless its queue refuses it) and out of it as xpfd's worker copies it; the figure is wall time over
+//! frames offered, the regimes alternated.
 
 use crate::stats::{self, Summary};
 use crate::Opts;
@@ -98,6 +106,69 @@ fn run(n: u32, workers: usize, secs: f64) -> Vec<u64> {
     out
 }
 
+/// The shaper lab's last phase: a root of this many frames/s, offered 1.5 times it.
+const BACKLOG_ROOT_PPS: f64 = 200_000.0;
+const BACKLOG_OFFERED: f64 = 1.5;
+
+/// ns of one worker's time a frame offered to `n` members in turn, on the bench's clock:
+/// `backlogged`, equal shares of a root of [`BACKLOG_ROOT_PPS`] offered 1.5 times it; else
+/// the same tree's root at 100 Gbit/s (nothing waits). Also the frames sent and dropped.
+fn one_worker(n: u32, backlogged: bool, frames: u64) -> (f64, u64, u64) {
+    let root = if backlogged { (BACKLOG_ROOT_PPS * FRAME as f64 * 8.0) as u64 } else { ROOT };
+    let mut classes = vec![ClassSpec::new("root", 1, None, root)];
+    classes.extend((0..n).map(|i| ClassSpec::new(format!("m{i}"), 2 + i as u16, Some(0), root / n as u64)));
+    classes[1].default = true;
+    let mut sh = Shaper::new(&TreeSpec { ifname: "bench0".into(), classes });
+    // One frame a member, its source address the member's.
+    let frames_of: Vec<[u8; FRAME]> = (0..n)
+        .map(|i| {
+            let mut f = [0u8; FRAME];
+            f[12] = 0x08;
+            f[14] = 0x45;
+            f[26..30].copy_from_slice(&(0xc612_0000u32 + i).to_be_bytes());
+            f
+        })
+        .collect();
+    let gap = 1e9 / (BACKLOG_ROOT_PPS * BACKLOG_OFFERED);
+    let (mut clock, mut next, mut sent, mut dropped) = (0f64, 0usize, 0u64, 0u64);
+    let mut tx = [0u8; FRAME];
+    // The queues fill first, untimed: a member gains half its rate over what it is served,
+    // so its 50 frames (pf's qlimit) take 150 of its frames offered.
+    let warm = if backlogged { n as u64 * 200 } else { n as u64 };
+    let mut t0 = Instant::now();
+    let mut i = 0u64;
+    while i < warm + frames {
+        if i == warm {
+            (sent, dropped, t0) = (0, 0, Instant::now());
+        }
+        for _ in 0..64 {
+            clock += gap;
+            let now = clock as u64;
+            let q = 2 + next as u16;
+            let f = &frames_of[next];
+            next = if next + 1 == n as usize { 0 } else { next + 1 };
+            // As xpfd's worker holds a frame: refused unbuilt by a full queue, else copied.
+            if sh.refuse(q, FRAME) {
+                dropped += 1;
+                continue;
+            }
+            let mut b = sh.buffer();
+            b.extend_from_slice(f);
+            if !sh.enqueue(q, Pkt { buf: b, enq: now, meta: 0, extra: 0 }, q as u32, now) {
+                dropped += 1;
+            }
+        }
+        i += 64;
+        while let Out::Packet(p) = sh.dequeue(clock as u64) {
+            tx.copy_from_slice(&p.buf[..FRAME]);
+            std::hint::black_box(&tx);
+            sh.recycle(p.buf);
+            sent += 1;
+        }
+    }
+    (t0.elapsed().as_nanos() as f64 / frames as f64, sent, dropped)
+}
+
 pub fn bench(o: &Opts) -> Result<(), String> {
     let n = if o.shaper > 0 { o.shaper } else { 24_000 };
     let secs = if o.quick { 1.0 } else { o.seconds.max(3.0) };
@@ -128,8 +199,40 @@ pub fn bench(o: &Opts) -> Result<(), String> {
     println!("{}", stats::row("1", &a));
     println!("{}", stats::row("2", &b));
     println!("  2 workers / 1: {:.2}x", b.median / a.median);
+    // One worker's cost a frame, with the root binding nobody and with every member backlogged.
+    let frames = if o.quick { 2_000_000 } else { 10_000_000 };
+    println!(
+        "\none worker's time a frame offered ({frames} frames, {n} members in turn, each copied in and out), on the\n\
+         bench's clock: the root binding nobody, and equal shares of a root of {BACKLOG_ROOT_PPS:.0} frames/s offered\n\
+         {BACKLOG_OFFERED} times it (every member backlogged); {} runs of each, alternated",
+        o.runs
+    );
+    let (mut free, mut held, mut split) = (Vec::new(), Vec::new(), (0u64, 0u64));
+    for r in 0..o.runs {
+        for backlogged in if r % 2 == 0 { [false, true] } else { [true, false] } {
+            let _s = crate::progress::step(if backlogged { "backlogged" } else { "unbound" });
+            let (ns, sent, dropped) = one_worker(n, backlogged, frames);
+            if backlogged {
+                held.push(ns);
+                split = (sent, dropped);
+            } else {
+                free.push(ns);
+            }
+        }
+    }
+    let (c, d) = (Summary::of(&free), Summary::of(&held));
+    println!("{}", stats::header("regime", "ns a frame offered, one worker"));
+    println!("{}", stats::row("unbound", &c));
+    println!("{}", stats::row("backlogged", &d));
+    println!(
+        "  backlogged / unbound: {:.2}x (a backlogged run sent {} and dropped {} of its frames)",
+        d.median / c.median,
+        split.0,
+        split.1
+    );
     if o.json {
-        let j = serde_json::json!({"members": n, "one": a, "two": b, "ratio": b.median / a.median});
+        let j = serde_json::json!({"members": n, "one": a, "two": b, "ratio": b.median / a.median,
+            "ns_unbound": c, "ns_backlogged": d});
         println!("{}", serde_json::to_string_pretty(&j).unwrap_or_default());
     }
     Ok(())

@@ -16,6 +16,7 @@
 
 pub mod coord;
 pub mod fq;
+mod wheel;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -428,7 +429,9 @@ pub struct Shaper {
     /// next packet (earliest deadline first: a queue of a high rate that was idle goes before
     /// the first packets of many slow ones), and those it does not yet, by when it will.
     ready: [BinaryHeap<Reverse<(u64, u32)>>; 2],
-    pending: [BinaryHeap<Reverse<(u64, u32)>>; 2],
+    pending: [wheel::Wheel; 2],
+    /// The pending leaves a tier takes at once (storage kept).
+    due: Vec<(u64, u32)>,
     backlog: u32,
     spare: Vec<Vec<u8>>,
     slots: Slots,
@@ -549,7 +552,8 @@ impl Shaper {
             root,
             capped: BinaryHeap::new(),
             ready: [BinaryHeap::new(), BinaryHeap::new()],
-            pending: [BinaryHeap::new(), BinaryHeap::new()],
+            pending: Default::default(),
+            due: Vec::new(),
             backlog: 0,
             spare: Vec::new(),
             slots: Slots::new(),
@@ -618,18 +622,49 @@ impl Shaper {
         }
     }
 
-    /// Queues packet `p` (of flow `hash`) in the queue `qid` names; false when the queue is
-    /// full (the packet is dropped and counted).
-    pub fn enqueue(&mut self, qid: u16, mut p: Pkt, hash: u32, now: u64) -> bool {
+    /// Whether the queue `qid` names spreads its packets by flow (FQ-CoDel): [`Shaper::enqueue`]
+    /// reads `hash` only for those.
+    #[inline]
+    pub fn hashes(&self, qid: u16) -> bool {
+        matches!(self.classes[self.leaf_of(qid)].leaf, Some(Leaf::Fq(_)))
+    }
+
+    /// A packet of `len` bytes on the wire for the queue `qid` names, refused before it is
+    /// built when that queue is a full FIFO (tail drop): offered, dropped and counted as
+    /// [`Shaper::enqueue`] would. With every member backlogged a third of the frames are
+    /// refused, and copying each into a buffer to drop it was the caller's work for nothing.
+    pub fn refuse(&mut self, qid: u16, len: usize) -> bool {
         let c = self.leaf_of(qid);
-        p.enq = now;
-        let len = p.wire() as u64;
+        let cl = &self.classes[c];
+        if cl.stats.qlen < cl.qlimit || !matches!(cl.leaf, Some(Leaf::Fifo(_))) {
+            return false;
+        }
+        self.offer(c, len as u64);
+        let st = &mut self.classes[c].stats;
+        st.drop_pkts += 1;
+        st.drop_bytes += len as u64;
+        true
+    }
+
+    /// Counts `len` bytes offered to leaf `c` (reported to the coordinator).
+    #[inline]
+    fn offer(&mut self, c: usize, len: u64) {
         let cl = &mut self.classes[c];
         cl.offered += len;
         if !cl.to_report {
             cl.to_report = true;
             self.to_report.push(c as u32);
         }
+    }
+
+    /// Queues packet `p` (of flow `hash`) in the queue `qid` names; false when the queue is
+    /// full (the packet is dropped and counted).
+    pub fn enqueue(&mut self, qid: u16, mut p: Pkt, hash: u32, now: u64) -> bool {
+        let c = self.leaf_of(qid);
+        p.enq = now;
+        let len = p.wire() as u64;
+        self.offer(c, len);
+        let cl = &mut self.classes[c];
         if cl.stats.qlen >= cl.qlimit {
             match cl.leaf.as_mut() {
                 Some(Leaf::Fq(f)) => {
@@ -862,24 +897,26 @@ impl Shaper {
             }
             self.ready[k].push(Reverse((d, c as u32)));
         } else {
-            self.pending[k].push(Reverse((t.next(), c as u32)));
+            self.pending[k].push(t.next(), c as u32);
         }
     }
 
     /// A packet of tier `k`'s leaf with the earliest deadline among those its rate lets send
     /// now, if any.
     fn serve_tier(&mut self, k: usize, now: u64) -> Option<Pkt> {
-        while let Some(&Reverse((t, c))) = self.pending[k].peek() {
-            if t > now {
-                break;
+        if !self.pending[k].is_empty() {
+            let mut due = std::mem::take(&mut self.due);
+            self.pending[k].take_due(now, &mut due);
+            for &(_, c) in &due {
+                let c = c as usize;
+                if self.classes[c].stats.qlen == 0 {
+                    self.classes[c].in_tier[k] = false;
+                } else {
+                    self.file_tier(c, k, now, false);
+                }
             }
-            self.pending[k].pop();
-            let c = c as usize;
-            if self.classes[c].stats.qlen == 0 {
-                self.classes[c].in_tier[k] = false;
-            } else {
-                self.file_tier(c, k, now, false);
-            }
+            due.clear();
+            self.due = due;
         }
         while let Some(Reverse((_, c))) = self.ready[k].pop() {
             let c = c as usize;
@@ -890,12 +927,12 @@ impl Shaper {
             }
             if !cl.tier[k].conforms(now) {
                 // Served meanwhile (by another tier or the shares): pending again.
-                self.pending[k].push(Reverse((cl.tier[k].next(), c as u32)));
+                self.pending[k].push(cl.tier[k].next(), c as u32);
                 continue;
             }
             // Within its own and its parents' caps (the root's is checked already).
             if let Some(t) = self.capped_above(c, now) {
-                self.pending[k].push(Reverse((t, c as u32)));
+                self.pending[k].push(t, c as u32);
                 continue;
             }
             let Some(p) = self.pop_leaf(c, now) else {
@@ -958,7 +995,7 @@ impl Shaper {
             return Out::Empty;
         }
         let a = self.capped.peek().map_or(u64::MAX, |r| r.0 .0);
-        let b = self.pending.iter().filter_map(|h| h.peek()).map(|r| r.0 .0).min().unwrap_or(u64::MAX);
+        let b = self.pending.iter().filter_map(|w| w.next()).min().unwrap_or(u64::MAX);
         let c = if lent > now { lent } else { u64::MAX };
         Out::Wait(a.min(b).min(c).max(now))
     }

@@ -198,6 +198,25 @@ fn unknown_queues_go_to_the_default_and_full_queues_drop_counted() {
     let a = sh.stats().nth(1).unwrap().1;
     assert_eq!((a.qlen, a.drop_pkts, a.drop_bytes), (10, 15, 15_000));
     assert_eq!(sh.backlog(), 10);
+    // Refused unbuilt while full, counted the same; the other queue, with room, refuses none.
+    assert!(sh.refuse(2, 500) && !sh.refuse(3, 500));
+    let a = sh.stats().nth(1).unwrap().1;
+    assert_eq!((a.qlen, a.drop_pkts, a.drop_bytes), (10, 16, 15_500));
+    assert!(matches!(sh.dequeue(0), Out::Packet(_)));
+    assert!(!sh.refuse(2, 500), "room again");
+    // A flow queue makes room at its fattest flow instead: never refused, and it asks for
+    // the flows' hash, a FIFO does not.
+    let spec = tree(vec![
+        class("root", 1, None, 8 * M),
+        ClassSpec { qlimit: 2, flows: 16, default: true, ..class("f", 2, Some(0), 8 * M) },
+    ]);
+    let mut sh = Shaper::new(&spec);
+    for h in 0..3 {
+        sh.enqueue(2, Pkt { buf: vec![0; 100], enq: 0, meta: 0, extra: 0 }, h, 0);
+    }
+    assert!(!sh.refuse(2, 100) && sh.hashes(2));
+    assert_eq!(sh.stats().nth(1).unwrap().1.drop_pkts, 1);
+    assert!(!Shaper::new(&tree(vec![class("root", 1, None, M)])).hashes(1));
 }
 
 #[test]

@@ -1337,7 +1337,7 @@ impl Dataplane {
                             _ => 0,
                         };
                         let w = &self.worker;
-                        self.shaping.hold(ep, qid, gso, shaped_at, |b| {
+                        let built = self.shaping.hold(ep, qid, gso, shaped_at, frame_k.len(), |b| {
                             b.extend_from_slice(frame_k);
                             outgoing(b, w, k, sel[k], &scrub_in, &dmac, &smac);
                             // Held frames leave by plain copy (or whole, GSO): checksums
@@ -1348,7 +1348,7 @@ impl Dataplane {
                                 None => {}
                             }
                         });
-                        if partial.is_some() && gso == 0 {
+                        if built && partial.is_some() && gso == 0 {
                             self.io.csum_finished += 1;
                         }
                         self.io.shaped += 1;

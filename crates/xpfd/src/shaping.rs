@@ -158,13 +158,26 @@ impl Shaping {
         self.from = Some(queues.clone());
     }
 
-    /// Holds frame `f` (built by `fill` into a buffer of the shaper's) in queue `qid` of
-    /// port `port`'s tree. `gso`: the frame goes out as a GSO packet (see [`gso_meta`]).
-    pub fn hold(&mut self, port: usize, qid: u16, gso: u64, now: u64, fill: impl FnOnce(&mut Vec<u8>)) {
-        let Some(Some(sh)) = self.shapers.get_mut(port) else { return };
+    /// Holds frame `f` of `len` bytes (built by `fill` into a buffer of the shaper's) in queue
+    /// `qid` of port `port`'s tree. `gso`: the frame goes out as a GSO packet (see
+    /// [`gso_meta`]). A frame for a full FIFO queue is dropped and counted unbuilt: false.
+    pub fn hold(
+        &mut self,
+        port: usize,
+        qid: u16,
+        gso: u64,
+        now: u64,
+        len: usize,
+        fill: impl FnOnce(&mut Vec<u8>),
+    ) -> bool {
+        let Some(Some(sh)) = self.shapers.get_mut(port) else { return false };
+        if gso == 0 && sh.refuse(qid, len) {
+            return false;
+        }
         let mut b = sh.buffer();
         fill(&mut b);
-        let h = flow_hash(&b);
+        // The flow's hash only for a queue that spreads its flows (FQ-CoDel).
+        let h = if sh.hashes(qid) { flow_hash(&b) } else { 0 };
         self.due = Some(now);
         if gso != 0 && sh.root_bits() < SPLIT_GSO_BELOW {
             let size = gso_size(Gso::of(&b, gso).opts) as usize;
@@ -175,11 +188,12 @@ impl Shaping {
             });
             if cut {
                 sh.recycle(b);
-                return;
+                return true;
             }
         }
         let extra = if gso != 0 { gso_extra(&b, gso) } else { 0 };
         sh.enqueue(qid, Pkt { buf: b, enq: 0, meta: gso | qid as u64, extra }, h, now);
+        true
     }
 
     /// Several workers: takes a new coordination when one is published, and every period
