@@ -29,19 +29,19 @@ const ROOT: u64 = 100_000_000_000;
 const FRAME: usize = 60;
 const PERIOD: Duration = Duration::from_millis(2);
 
-fn tree(n: u32) -> TreeSpec {
-    let parts: u64 = (0..n as u64).map(|i| 1 + i % 4).sum();
-    let mut classes = vec![ClassSpec::new("root", 1, None, ROOT)];
-    classes.extend(
-        (0..n).map(|i| ClassSpec::new(format!("m{i}"), 2 + i as u16, Some(0), ROOT / parts * (1 + i as u64 % 4))),
-    );
+/// `n` members under a root of `root` bits/s, member i's share `part(i)` parts of it.
+fn tree(n: u32, root: u64, part: impl Fn(u64) -> u64) -> TreeSpec {
+    let parts: u64 = (0..n as u64).map(&part).sum();
+    let mut classes = vec![ClassSpec::new("root", 1, None, root)];
+    classes
+        .extend((0..n).map(|i| ClassSpec::new(format!("m{i}"), 2 + i as u16, Some(0), root / parts * part(i as u64))));
     classes[1].default = true;
     TreeSpec { ifname: "bench0".into(), classes }
 }
 
 /// Packets each of `workers` workers moved through its tree in `secs`.
 fn run(n: u32, workers: usize, secs: f64) -> Vec<u64> {
-    let spec = Arc::new(tree(n));
+    let spec = Arc::new(tree(n, ROOT, |i| 1 + i % 4));
     let coord = Arc::new(Coord::new(&spec, workers));
     let period = Arc::new(AtomicU64::new(PERIOD.as_nanos() as u64));
     let stop = Arc::new(AtomicBool::new(false));
@@ -115,10 +115,7 @@ const BACKLOG_OFFERED: f64 = 1.5;
 /// the same tree's root at 100 Gbit/s (nothing waits). Also the frames sent and dropped.
 fn one_worker(n: u32, backlogged: bool, frames: u64) -> (f64, u64, u64) {
     let root = if backlogged { (BACKLOG_ROOT_PPS * FRAME as f64 * 8.0) as u64 } else { ROOT };
-    let mut classes = vec![ClassSpec::new("root", 1, None, root)];
-    classes.extend((0..n).map(|i| ClassSpec::new(format!("m{i}"), 2 + i as u16, Some(0), root / n as u64)));
-    classes[1].default = true;
-    let mut sh = Shaper::new(&TreeSpec { ifname: "bench0".into(), classes });
+    let mut sh = Shaper::new(&tree(n, root, |_| 1));
     // One frame a member, its source address the member's.
     let frames_of: Vec<[u8; FRAME]> = (0..n)
         .map(|i| {

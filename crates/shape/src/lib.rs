@@ -634,15 +634,20 @@ impl Shaper {
     /// [`Shaper::enqueue`] would. With every member backlogged a third of the frames are
     /// refused, and copying each into a buffer to drop it was the caller's work for nothing.
     pub fn refuse(&mut self, qid: u16, len: usize) -> bool {
-        let c = self.leaf_of(qid);
+        self.refuse_at(self.leaf_of(qid), len as u64)
+    }
+
+    /// [`Shaper::refuse`] for leaf `c`.
+    #[inline]
+    fn refuse_at(&mut self, c: usize, len: u64) -> bool {
         let cl = &self.classes[c];
         if cl.stats.qlen < cl.qlimit || !matches!(cl.leaf, Some(Leaf::Fifo(_))) {
             return false;
         }
-        self.offer(c, len as u64);
+        self.offer(c, len);
         let st = &mut self.classes[c].stats;
         st.drop_pkts += 1;
-        st.drop_bytes += len as u64;
+        st.drop_bytes += len;
         true
     }
 
@@ -663,25 +668,22 @@ impl Shaper {
         let c = self.leaf_of(qid);
         p.enq = now;
         let len = p.wire() as u64;
+        if self.refuse_at(c, len) {
+            self.recycle(p.buf);
+            return false;
+        }
         self.offer(c, len);
         let cl = &mut self.classes[c];
         if cl.stats.qlen >= cl.qlimit {
-            match cl.leaf.as_mut() {
-                Some(Leaf::Fq(f)) => {
-                    // FQ-CoDel makes room at the fattest flow's head.
-                    if let Some(old) = f.drop_fattest() {
-                        cl.stats.drop_pkts += 1;
-                        cl.stats.drop_bytes += old.wire() as u64;
-                        cl.stats.qlen -= 1;
-                        self.backlog -= 1;
-                        self.recycle(old.buf);
-                    }
-                }
-                _ => {
+            // A full flow queue (a FIFO refused it above): FQ-CoDel makes room at the fattest
+            // flow's head.
+            if let Some(Leaf::Fq(f)) = cl.leaf.as_mut() {
+                if let Some(old) = f.drop_fattest() {
                     cl.stats.drop_pkts += 1;
-                    cl.stats.drop_bytes += len;
-                    self.recycle(p.buf);
-                    return false;
+                    cl.stats.drop_bytes += old.wire() as u64;
+                    cl.stats.qlen -= 1;
+                    self.backlog -= 1;
+                    self.recycle(old.buf);
                 }
             }
         }
