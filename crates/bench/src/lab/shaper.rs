@@ -158,6 +158,8 @@ struct Run {
     #[serde(skip)]
     members: Vec<f64>,
     rtt_ms: Vec<f64>,
+    /// The idle member's pings in the window that had no answer, %.
+    ping_lost: f64,
 }
 
 /// What the generator offers in the shares phase and the scale phase, times the root.
@@ -183,9 +185,12 @@ fn shaped_run(
     pace: Option<f64>,
 ) -> Result<Run, String> {
     xpfctl(&o.bin, &["--steer", if xpf { "on" } else { "off" }])?;
+    // Pings, one per 50 ms from before the settling time to the window's end; icmp_seq counts
+    // from 1, and the window's first is `first`.
+    let count = ((secs + SETTLE.as_secs_f64()) / 0.05) as u32;
+    let first = (SETTLE.as_secs_f64() / 0.05) as u32 + 1;
     let pinger = ping
         .then(|| {
-            let count = ((secs + SETTLE.as_secs_f64()) / 0.05) as u32;
             Command::new("ip")
                 // Real-time priority: on two cores both busy (the generator, the firewall) a
                 // ping process waits for the scheduler, and its RTTs are its own waits.
@@ -238,9 +243,7 @@ fn shaped_run(
     let rtt_ms: Vec<f64> = pinger
         .and_then(|p| p.wait_with_output().ok())
         .map(|out| {
-            // Only the replies to pings sent in the window (icmp_seq counts from 1, one per
-            // 50 ms).
-            let first = (SETTLE.as_secs_f64() / 0.05) as u32 + 1;
+            // Only the replies to pings sent in the window.
             String::from_utf8_lossy(&out.stdout)
                 .lines()
                 .filter_map(|l| {
@@ -251,7 +254,9 @@ fn shaped_run(
                 .collect()
         })
         .unwrap_or_default();
-    Ok(Run { pps, cpu_per_gbit: if gbit > 0.0 { busy / gbit } else { f64::NAN }, members, rtt_ms })
+    let window = count.saturating_sub(first) + 1;
+    let ping_lost = if ping { 100.0 * window.saturating_sub(rtt_ms.len() as u32) as f64 / window as f64 } else { 0.0 };
+    Ok(Run { pps, cpu_per_gbit: if gbit > 0.0 { busy / gbit } else { f64::NAN }, members, rtt_ms, ping_lost })
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -280,6 +285,7 @@ struct Accuracy {
     packets: f64,
     rtt_p50_ms: f64,
     rtt_p99_ms: f64,
+    ping_lost: f64,
     cpu_per_gbit: f64,
     /// The members' rates together, % of what their shares add up to.
     total: f64,
@@ -311,6 +317,7 @@ fn accuracy(run: &Run, want: &[u64], secs: f64) -> Accuracy {
         packets: pct(&mut pk, 0.5),
         rtt_p50_ms: pct(&mut rtt, 0.5),
         rtt_p99_ms: pct(&mut rtt, 0.99),
+        ping_lost: run.ping_lost,
         cpu_per_gbit: run.cpu_per_gbit,
         total,
     }
@@ -393,7 +400,7 @@ pub(super) fn run(o: &LabOpts, g: &Gen, s: &Sink, limit: u64, restore: &Path) ->
             offered,
         );
         println!(
-            "{:>10} {:>8} {:>8} {:>8} {:>10} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}",
+            "{:>10} {:>8} {:>8} {:>8} {:>10} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>9} {:>10} {:>8}",
             "setup",
             "median",
             "p99",
@@ -405,13 +412,14 @@ pub(super) fn run(o: &LabOpts, g: &Gen, s: &Sink, limit: u64, restore: &Path) ->
             "packets",
             "rtt p50",
             "rtt p99",
+            "ping lost",
             "cpu/Gbit",
             "total"
         );
         for (name, runs) in [("xpf", &v.0), ("kernel-htb", &v.1)] {
             for r in runs.iter() {
                 println!(
-                    "{name:>10} {:>8.2} {:>8.2} {:>8.2} {:>9.1}% {:>7.1}% {:>7.1}% {:>9.1}% {:>10.0} {:>8.3}ms {:>8.3}ms {:>10.2} {:>7.1}%",
+                    "{name:>10} {:>8.2} {:>8.2} {:>8.2} {:>9.1}% {:>7.1}% {:>7.1}% {:>9.1}% {:>10.0} {:>8.3}ms {:>8.3}ms {:>8.1}% {:>10.2} {:>7.1}%",
                     r.median,
                     r.p99,
                     r.worst,
@@ -422,6 +430,7 @@ pub(super) fn run(o: &LabOpts, g: &Gen, s: &Sink, limit: u64, restore: &Path) ->
                     r.packets,
                     r.rtt_p50_ms,
                     r.rtt_p99_ms,
+                    r.ping_lost,
                     r.cpu_per_gbit,
                     r.total
                 );
