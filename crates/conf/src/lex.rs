@@ -3,6 +3,7 @@
 //! next; `"..."` is one string; `$name` is replaced by the macro's value, which is lexed again
 //! (so a macro may hold several tokens, a list for example). Every token knows its line.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,8 +91,9 @@ fn lex_into(src: &str, line: u32, macros: &HashMap<String, String>, out: &mut Ve
                         i += 1;
                         break;
                     }
-                    Some('\\') if cs.get(i + 1) == Some(&c) => {
-                        s.push(c);
+                    // As pfctl: a backslash before the quote, a space or a tab stands for it.
+                    Some('\\') if cs.get(i + 1).is_some_and(|&n| n == c || n == ' ' || n == '\t') => {
+                        s.push(cs[i + 1]);
                         i += 2;
                     }
                     Some(&ch) => {
@@ -165,22 +167,71 @@ fn lex_into(src: &str, line: u32, macros: &HashMap<String, String>, out: &mut Ve
 /// Groups physical lines into logical ones (a backslash before the newline continues): each
 /// logical line is its physical pieces with their line numbers, so that tokens keep the line
 /// they stand on, as pfctl reports them. Comments are left for the lexer.
-/// Borrowed from `src`, one logical line at a time.
-pub fn logical_lines(src: &str) -> impl Iterator<Item = Vec<(u32, &str)>> {
+/// A quoted string may run over several lines, as in pfctl's lexer (a macro's list written
+/// over lines, each ending in a backslash): its newlines, and a backslash before one, are not
+/// part of it. A piece that ends inside a string is joined with the next, the string's first
+/// line standing for both.
+/// Borrowed from `src`, one logical line at a time (a piece is owned only where it was joined).
+pub fn logical_lines(src: &str) -> impl Iterator<Item = Vec<(u32, Cow<'_, str>)>> {
     let mut lines = src.lines().enumerate();
     std::iter::from_fn(move || {
-        let mut cur = Vec::new();
+        let mut cur: Vec<(u32, Cow<str>)> = Vec::new();
+        // The quote a joined piece is still inside, and whether a comment has begun.
+        let mut quote = None;
+        let mut comment = false;
         for (n, l) in lines.by_ref() {
             let n = n as u32 + 1;
-            if let Some(stripped) = l.strip_suffix('\\') {
-                cur.push((n, stripped));
-                continue;
+            let (text, continued) = match l.strip_suffix('\\') {
+                Some(t) => (t, true),
+                None => (l, false),
+            };
+            let inside = quote;
+            if !comment {
+                (quote, comment) = scan_quotes(text, quote);
             }
-            cur.push((n, l));
-            return Some(cur);
+            match (inside, cur.last_mut()) {
+                (Some(_), Some((_, prev))) => prev.to_mut().push_str(text),
+                _ => cur.push((n, Cow::Borrowed(text))),
+            }
+            if !continued && quote.is_none() {
+                return Some(cur);
+            }
         }
         (!cur.is_empty()).then_some(cur)
     })
+}
+
+/// The quote still open at the end of `text` (given the one open at its start), and whether a
+/// comment began outside quotes; the lexer's own reading of strings, without building them.
+fn scan_quotes(text: &str, open: Option<char>) -> (Option<char>, bool) {
+    // Bytes: every mark read here is ASCII, which no byte of a longer UTF-8 character equals.
+    // (memchr: a 1.6M-rule ruleset has a label string on most lines.)
+    let b = text.as_bytes();
+    let mut open = open.map(|q| q as u8);
+    let mut i = 0;
+    loop {
+        match open {
+            None => match memchr::memchr3(b'"', b'\'', b'#', &b[i..]) {
+                None => return (None, false),
+                Some(j) if b[i + j] == b'#' => return (None, true),
+                Some(j) => {
+                    open = Some(b[i + j]);
+                    i += j + 1;
+                }
+            },
+            Some(q) => match memchr::memchr2(q, b'\\', &b[i..]) {
+                None => return (open.map(char::from), false),
+                Some(j) if b[i + j] == q => {
+                    open = None;
+                    i += j + 1;
+                }
+                Some(j) => {
+                    let escapes = b.get(i + j + 1).is_some_and(|&n| n == q || n == b' ' || n == b'\t');
+                    i += j + 1 + escapes as usize;
+                }
+            },
+        }
+    }
 }
 
 #[cfg(test)]
@@ -267,9 +318,34 @@ mod tests {
         assert_eq!(toks("\"$x\"", &[]).unwrap(), vec![Tok::Str("$x".into())]);
     }
 
+    /// A quoted macro written over several lines (as real rulesets write long port lists):
+    /// pfctl leaves the newlines and the backslashes before them out of the string, and reads
+    /// a backslash before a space or a tab as that character.
+    #[test]
+    fn a_quoted_string_runs_over_lines() {
+        let src =
+            "ports = \"{ 22, \\\n\t80,\t\\\n 443 }\"\nlbl = 'two\nlines' # it's\npass label \"a\\ b\" # \"\nblock\n";
+        let l: Vec<_> = logical_lines(src).collect();
+        assert_eq!(
+            l,
+            vec![
+                vec![(1, "ports = \"{ 22, \t80,\t 443 }\"".into())],
+                vec![(4, "lbl = 'twolines' # it's".into())],
+                vec![(6, "pass label \"a\\ b\" # \"".into())],
+                vec![(7, "block".into())],
+            ]
+        );
+        assert_eq!(toks(&l[0][0].1, &[]).unwrap()[2], Tok::Str("{ 22, \t80,\t 443 }".into()));
+        assert_eq!(toks(&l[2][0].1, &[]).unwrap()[2], Tok::Str("a b".into()));
+        // A quote never closed takes the rest of the file and is refused at its first line.
+        let l: Vec<_> = logical_lines("pass label \"open\nblock\n").collect();
+        assert_eq!(l.len(), 1);
+        assert_eq!(toks(&l[0][0].1, &[]).unwrap_err().msg, "unterminated quote");
+    }
+
     #[test]
     fn continuation_joins_lines() {
         let l: Vec<_> = logical_lines("pass in \\\n  all\nblock\n").collect();
-        assert_eq!(l, vec![vec![(1, "pass in "), (2, "  all")], vec![(3, "block")]]);
+        assert_eq!(l, vec![vec![(1, "pass in ".into()), (2, "  all".into())], vec![(3, "block".into())]]);
     }
 }

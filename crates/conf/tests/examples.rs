@@ -28,6 +28,8 @@ fn examples_load_or_say_why_not() {
             }
             for e in &p.errors {
                 assert_ne!(e.msg, "syntax error", "{name}: {e} (an example must fail for a named reason)");
+                // macOS Fortress writes a quoted port list over three lines, as pfctl allows.
+                assert_ne!(e.msg, "unterminated quote", "{name}: {e}");
             }
         }
     }
