@@ -1,5 +1,6 @@
 //! Names pf.conf accepts for numbers, as OpenBSD's /etc/protocols, /etc/services and pfctl's
-//! ICMP tables give them. Built in, so that the printed form does not depend on the host.
+//! ICMP tables give them. Built in, so that the printed form does not depend on the host (a
+//! service name the built-in list lacks is looked up in the host's /etc/services).
 
 /// (name, number), the first name of each number being the one pfctl prints.
 pub const PROTOCOLS: &[(&str, u8)] = &[
@@ -120,11 +121,46 @@ pub const SERVICES: &[(&str, u16)] = &[
     ("x11", 6000),
 ];
 
+/// A port by number or name: the built-in names first (so that a ruleset reads the same on any
+/// host, as the regress suite expects), then the host's /etc/services as pfctl reads it
+/// (`getservbyname` for tcp, then for udp): `mdns` or `privoxy` load where the host names them.
 pub fn port_number(name: &str) -> Option<u16> {
     if let Ok(n) = name.parse::<u32>() {
         return u16::try_from(n).ok();
     }
-    SERVICES.iter().find(|(n, _)| *n == name).map(|p| p.1)
+    if let Some(p) = SERVICES.iter().find(|(n, _)| *n == name) {
+        return Some(p.1);
+    }
+    static HOST: std::sync::OnceLock<std::collections::HashMap<String, u16>> = std::sync::OnceLock::new();
+    HOST.get_or_init(|| std::fs::read_to_string("/etc/services").map(|t| services(&t)).unwrap_or_default())
+        .get(name)
+        .copied()
+}
+
+/// Names and aliases of a services(5) file to their ports: a name's first tcp entry, else its
+/// first udp one (the order of pfctl's lookups).
+fn services(text: &str) -> std::collections::HashMap<String, u16> {
+    let mut m: std::collections::HashMap<String, (u16, bool)> = std::collections::HashMap::new();
+    for line in text.lines() {
+        let line = line.split('#').next().unwrap_or("");
+        let mut f = line.split_whitespace();
+        let (Some(name), Some(pp)) = (f.next(), f.next()) else { continue };
+        let Some((port, proto)) = pp.split_once('/') else { continue };
+        let (Ok(port), tcp) = (port.parse::<u16>(), proto == "tcp") else { continue };
+        if !tcp && proto != "udp" {
+            continue;
+        }
+        for n in std::iter::once(name).chain(f) {
+            match m.get(n) {
+                Some(&(_, true)) => {}
+                Some(&(_, false)) if !tcp => {}
+                _ => {
+                    m.insert(n.to_string(), (port, tcp));
+                }
+            }
+        }
+    }
+    m.into_iter().map(|(n, (p, _))| (n, p)).collect()
 }
 
 /// ICMP types (pfctl's icmp_type table).
@@ -258,4 +294,27 @@ pub fn icmp_code(name: &str, v6: bool) -> Option<(Option<u8>, u8)> {
 pub fn icmp_code_name(t: u8, code: u8, v6: bool) -> Option<&'static str> {
     let c = if v6 { ICMP6_CODES } else { ICMP_CODES };
     c.iter().find(|p| p.1 == t && p.2 == code).map(|p| p.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_services_file_reads_as_getservbyname_answers() {
+        let m = services(
+            "# comment\nmdns\t\t5353/udp\t\t\t# Multicast DNS\nfoo 7000/udp bar\nfoo 7001/tcp\nfoo 7002/tcp\n\
+             sctp-only 9/sctp\nbad x/tcp\nprivoxy 8118/tcp\n",
+        );
+        assert_eq!(m.get("mdns"), Some(&5353));
+        // tcp before udp, whatever the order of the lines; the first tcp line wins.
+        assert_eq!(m.get("foo"), Some(&7001));
+        assert_eq!(m.get("bar"), Some(&7000));
+        assert_eq!(m.get("privoxy"), Some(&8118));
+        assert_eq!(m.get("sctp-only"), None);
+        assert_eq!(m.get("bad"), None);
+        // The built-in names come first.
+        assert_eq!(port_number("www"), Some(80));
+        assert_eq!(port_number("70000"), None);
+    }
 }
