@@ -119,6 +119,10 @@ pub const SERVICES: &[(&str, u16)] = &[
     ("sip", 5060),
     ("postgresql", 5432),
     ("x11", 6000),
+    // OpenBSD's spamd(8) and its configuration port (Debian's services file names
+    // SpamAssassin's 783 `spamd`; a pf ruleset means OpenBSD's).
+    ("spamd", 8025),
+    ("spamd-cfg", 8026),
 ];
 
 /// A port by number or name: the built-in names first (so that a ruleset reads the same on any
@@ -315,6 +319,7 @@ mod tests {
         assert_eq!(m.get("bad"), None);
         // The built-in names come first.
         assert_eq!(port_number("www"), Some(80));
+        assert_eq!(port_number("spamd"), Some(8025));
         assert_eq!(port_number("70000"), None);
     }
 }

@@ -36,4 +36,6 @@ fn examples_load_or_say_why_not() {
     println!("examples loaded: {loaded:?} of {seen}");
     assert!(seen >= 12);
     assert!(loaded.iter().any(|n| n == "etc-examples-pf.conf"));
+    // `port spamd` is OpenBSD's 8025, whatever the host's services file says.
+    assert!(loaded.iter().any(|n| n == "share-examples-pf-spamd"));
 }
