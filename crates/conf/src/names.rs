@@ -135,10 +135,21 @@ pub fn port_number(name: &str) -> Option<u16> {
     if let Some(p) = SERVICES.iter().find(|(n, _)| *n == name) {
         return Some(p.1);
     }
-    static HOST: std::sync::OnceLock<std::collections::HashMap<String, u16>> = std::sync::OnceLock::new();
-    HOST.get_or_init(|| std::fs::read_to_string("/etc/services").map(|t| services(&t)).unwrap_or_default())
-        .get(name)
-        .copied()
+    host_service(name)
+}
+
+/// `name` in the host's /etc/services, read again when the file changes (a reload after an
+/// edit sees the edit, as a new pfctl would).
+fn host_service(name: &str) -> Option<u16> {
+    type Cache = Option<(Option<std::time::SystemTime>, std::collections::HashMap<String, u16>)>;
+    static HOST: std::sync::Mutex<Cache> = std::sync::Mutex::new(None);
+    const PATH: &str = "/etc/services";
+    let mtime = std::fs::metadata(PATH).and_then(|m| m.modified()).ok();
+    let mut c = HOST.lock().unwrap_or_else(|e| e.into_inner());
+    if c.as_ref().is_none_or(|(t, _)| *t != mtime) {
+        *c = Some((mtime, std::fs::read_to_string(PATH).map(|t| services(&t)).unwrap_or_default()));
+    }
+    c.as_ref().and_then(|(_, m)| m.get(name).copied())
 }
 
 /// Names and aliases of a services(5) file to their ports: a name's first tcp entry, else its
