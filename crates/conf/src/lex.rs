@@ -39,8 +39,10 @@ pub fn is_word(s: &str) -> bool {
     !s.is_empty() && s.chars().all(|c| is_word_char(c) && c != '$')
 }
 
+#[inline]
 fn is_word_char(c: char) -> bool {
-    !(c.is_whitespace() || "(){}<>!=/#,\"'".contains(c))
+    // A match, not a search of the marks' string: the lexer asks this of every character.
+    !(c.is_whitespace() || matches!(c, '(' | ')' | '{' | '}' | '<' | '>' | '!' | '=' | '/' | '#' | ',' | '"' | '\''))
 }
 
 /// Splits `src` into tokens, expanding `$macros` from `macros` (definitions met on the way are
@@ -67,17 +69,29 @@ pub fn lex_line(
 /// that names itself would expand forever.
 const MAX_EXPANSIONS: u32 = 4096;
 
+/// The character at byte `i` of `s` (ASCII, nearly every one, without decoding).
+#[inline(always)]
+fn char_at(s: &str, i: usize) -> char {
+    let b = s.as_bytes()[i];
+    if b < 0x80 {
+        b as char
+    } else {
+        s[i..].chars().next().unwrap_or('\0')
+    }
+}
+
 fn lex_into(src: &str, line: u32, macros: &HashMap<String, String>, out: &mut Vec<Token>) -> Result<bool, LexError> {
-    let mut cs: Vec<char> = src.chars().collect();
+    // The line as it is, until a macro's value is put in front of what is left of it.
+    let mut cs: Cow<str> = Cow::Borrowed(src);
     let mut expansions = 0;
     let mut i = 0;
     while i < cs.len() {
-        let c = cs[i];
+        let c = char_at(&cs, i);
         if c == '#' {
             return Ok(true);
         }
         if c.is_whitespace() {
-            i += 1;
+            i += c.len_utf8();
             continue;
         }
         // pfctl's lexer quotes with either mark; a string ends at the mark it began with.
@@ -85,22 +99,23 @@ fn lex_into(src: &str, line: u32, macros: &HashMap<String, String>, out: &mut Ve
             let mut s = String::new();
             i += 1;
             loop {
-                match cs.get(i) {
-                    None => return Err(LexError { line, msg: "unterminated quote".into() }),
-                    Some(&q) if q == c => {
-                        i += 1;
-                        break;
-                    }
-                    // As pfctl: a backslash before the quote, a space or a tab stands for it.
-                    Some('\\') if cs.get(i + 1).is_some_and(|&n| n == c || n == ' ' || n == '\t') => {
-                        s.push(cs[i + 1]);
-                        i += 2;
-                    }
-                    Some(&ch) => {
-                        s.push(ch);
-                        i += 1;
-                    }
+                if i >= cs.len() {
+                    return Err(LexError { line, msg: "unterminated quote".into() });
                 }
+                let ch = char_at(&cs, i);
+                if ch == c {
+                    i += 1;
+                    break;
+                }
+                // As pfctl: a backslash before the quote, a space or a tab stands for it.
+                let next = cs.as_bytes().get(i + 1).copied();
+                if ch == '\\' && next.is_some_and(|n| n == c as u8 || n == b' ' || n == b'\t') {
+                    s.push(next.unwrap_or(b' ') as char);
+                    i += 2;
+                    continue;
+                }
+                s.push(ch);
+                i += ch.len_utf8();
             }
             // pfctl's lexer holds a token in 8,096 bytes.
             if s.len() >= 8096 {
@@ -114,30 +129,32 @@ fn lex_into(src: &str, line: u32, macros: &HashMap<String, String>, out: &mut Ve
         }
         if c == '$' {
             let start = i + 1;
+            let b = cs.as_bytes();
             let mut j = start;
-            while j < cs.len() && (cs[j].is_ascii_alphanumeric() || cs[j] == '_') {
+            while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_') {
                 j += 1;
             }
-            let name: String = cs[start..j].iter().collect();
+            let name = &cs[start..j];
             // Textual, as pfctl's lexer pushes the value back onto its input: `($if:0)` is
             // one word after the value, not the value and `:0`.
-            match macros.get(&name) {
+            match macros.get(name) {
                 Some(v) => {
                     expansions += 1;
                     if expansions > MAX_EXPANSIONS {
                         return Err(LexError { line, msg: "macro expansion too deep".into() });
                     }
-                    let mut rest: Vec<char> = v.chars().collect();
-                    rest.extend_from_slice(&cs[j..]);
-                    cs = rest;
+                    let mut rest = String::with_capacity(v.len() + cs.len() - j);
+                    rest.push_str(v);
+                    rest.push_str(&cs[j..]);
+                    cs = Cow::Owned(rest);
                     i = 0;
                 }
                 None => return Err(LexError { line, msg: format!("macro '{name}' not defined") }),
             }
             continue;
         }
-        if i + 1 < cs.len() {
-            if let Some(p) = PUNCT2.iter().find(|p| p.chars().eq(cs[i..i + 2].iter().copied())) {
+        if let Some(two) = cs.as_bytes().get(i..i + 2) {
+            if let Some(p) = PUNCT2.iter().find(|p| p.as_bytes() == two) {
                 out.push(Token { tok: Tok::Punct(p), line });
                 i += 2;
                 continue;
@@ -149,17 +166,21 @@ fn lex_into(src: &str, line: u32, macros: &HashMap<String, String>, out: &mut Ve
             continue;
         }
         let start = i;
-        while i < cs.len() && is_word_char(cs[i]) && cs[i] != '$' {
-            i += 1;
+        while i < cs.len() {
+            let ch = char_at(&cs, i);
+            if !is_word_char(ch) || ch == '$' {
+                break;
+            }
+            i += ch.len_utf8();
         }
-        let w: String = cs[start..i].iter().collect();
+        let w = &cs[start..i];
         if w.is_empty() {
             return Err(LexError { line, msg: format!("unexpected character '{c}'") });
         }
         if w.ends_with('\\') {
-            return Err(unquotable(&w, line));
+            return Err(unquotable(w, line));
         }
-        out.push(Token { tok: Tok::Word(w), line });
+        out.push(Token { tok: Tok::Word(w.to_string()), line });
     }
     Ok(false)
 }
@@ -341,6 +362,17 @@ mod tests {
         let l: Vec<_> = logical_lines("pass label \"open\nblock\n").collect();
         assert_eq!(l.len(), 1);
         assert_eq!(toks(&l[0][0].1, &[]).unwrap_err().msg, "unterminated quote");
+    }
+
+    /// Characters past ASCII in words and strings stay whole (the lexer walks bytes, decoding
+    /// only those).
+    #[test]
+    fn characters_past_ascii_stay_whole() {
+        let w = |s: &str| Tok::Word(s.into());
+        assert_eq!(
+            toks("pass label \"café ünï\" tag größe\u{a0}x $m", &[("m", "é")]).unwrap(),
+            vec![w("pass"), w("label"), Tok::Str("café ünï".into()), w("tag"), w("größe"), w("x"), w("é")]
+        );
     }
 
     #[test]
