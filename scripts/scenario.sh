@@ -210,6 +210,12 @@ check "HTTP passes through the large ruleset" c curl -sf -m 5 -o /dev/null http:
 check "iperf3 is blocked by its last rule (the negative control)" refused c iperf3 -c 10.0.2.2 -t 1 --connect-timeout 2000
 check "-s rules -v counts the blocking rule's evaluations" bash -c \
     "$CTL -s rules -v | grep -A1 'from 10.0.1.2 to 10.0.2.2 port = 5201' | grep -Eq 'Evaluations: [1-9]'"
+# pfctl -sA: the anchors under the main ruleset, with -v every one below, with -a those under it.
+check "-s Anchors lists the one top-level anchor, members" bash -c "[ \"\$($CTL -s Anchors)\" = '  members' ]"
+check "-s Anchors -v lists members and its 24 per-network anchors, depth first" bash -c \
+    "$CTL -s Anchors -v > $DIR/anchors && [ \$(grep -c . $DIR/anchors) = 25 ] && head -2 $DIR/anchors | tail -1 | grep -qx '  members/192.0.0'"
+check "-a members -s Anchors lists the 24 under it" bash -c "[ \$($CTL -a members -s Anchors | grep -c '^  members/192\.0\.') = 24 ]"
+check "-a nope -s Anchors is refused" bash -c "! $CTL -a nope -s Anchors 2>/dev/null"
 # `load anchor`: the member's file opens port 2222 (closed by the main rules, above). Its file
 # replaced and the ruleset loaded again while an iperf3 transfer runs: new connections meet the
 # new rules, the running transfer keeps its states.

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 const SOCKET: &str = "/run/xpfd.sock";
 
 const USAGE: &str = "usage: xpfctl [-nv] [-D macro=value] [-o level] -f FILE      check (-n) or load a pf.conf (-f - : stdin)\n       \
-                     xpfctl [-v[v]] -s info|states|Sources|memory|rules|nat|labels|queue|timeouts|Tables|Interfaces|all\n       \
+                     xpfctl [-v[v]] -s info|states|Sources|memory|rules|nat|labels|queue|timeouts|Tables|Interfaces|Anchors|all\n       \
                      xpfctl -a ANCHOR [-n] -f FILE | -F rules | [-v] -s rules   an anchor's rules: load, flush, show ('*': all)\n       \
                      xpfctl -e | -d                              enable (filter) or disable (pass everything unfiltered)\n       \
                      xpfctl -z                                   zero the rules' evaluations\n       \
@@ -559,6 +559,7 @@ fn daemon(o: &Opts) -> ExitCode {
             "timeouts",
             "Tables",
             "Interfaces",
+            "Anchors",
             "all",
         ];
         let full: Vec<&&str> = names.iter().filter(|n| n.starts_with(what.as_str())).collect();
@@ -569,7 +570,7 @@ fn daemon(o: &Opts) -> ExitCode {
         };
         if full.len() != 1 {
             eprintln!(
-                "xpfctl: -s {what}: one of info, states, Sources, memory, rules, nat, labels, queue, timeouts, Tables, Interfaces, all"
+                "xpfctl: -s {what}: one of info, states, Sources, memory, rules, nat, labels, queue, timeouts, Tables, Interfaces, Anchors, all"
             );
             return ExitCode::from(2);
         }

@@ -126,6 +126,26 @@ impl Daemon {
         Ok(("rules cleared\n".into(), json!({"anchor": path, "generation": g})))
     }
 
+    /// `-s Anchors [-a PATH]` (pfctl -sA): the anchors directly under PATH (the main ruleset
+    /// without -a), each by its path; with -v every anchor below, depth first, names in order
+    /// at each level as pf's anchor tree keeps them. An anchor exists once a rule names it
+    /// (`anchor "ftp-proxy/*"` makes `ftp-proxy`), a body or a file gives it rules, or `xpfctl
+    /// -a` loads it, and so do the anchors its path runs through.
+    pub(crate) fn show_anchors(&self, under: Option<&str>, verbose: u8) -> Result<(String, Value), String> {
+        let parsed = &self.loaded.parsed;
+        let mut paths: Vec<String> = xpf_conf::compile::anchor_paths(&parsed.rules).into_iter().flatten().collect();
+        paths.extend(parsed.xrules.iter().filter_map(|r| r.anchor.clone()).filter(|n| !n.is_empty()));
+        for (path, a) in &self.anchors.loads {
+            paths.push(path.clone());
+            paths.extend(
+                xpf_conf::compile::anchor_paths(&a.parsed.rules).into_iter().flatten().map(|p| format!("{path}/{p}")),
+            );
+        }
+        let rows = anchor_rows(&paths, under.unwrap_or(""), verbose > 0)?;
+        let text: String = rows.iter().map(|p| format!("  {p}\n")).collect();
+        Ok((text, json!(rows)))
+    }
+
     /// `-s rules [-a PATH|'*']`: the main ruleset with its anchors' rules inside braces (the
     /// rules loaded at run time where they replace a body), or one anchor's rules.
     pub(crate) fn show_rules(&self, anchor: Option<&str>, verbose: u8) -> Result<(String, Value), String> {
@@ -313,5 +333,59 @@ impl Rows {
         }
         self.data.push(json!({"nr": nr, "rule": line, "evaluations": evals, "states": states,
             "state_packets": pk, "state_bytes": by, "expired": expired, "depth": depth}));
+    }
+}
+
+/// The rows of `-s Anchors [-a under]` from the anchor paths rules name (a wildcard `P/*`
+/// names `P`) and loads made: every path and the anchors it runs through, the children of
+/// `under` in name order, each followed by its own when `deep` (pf's order: the paths' own
+/// order would put `a-b` before `a/c`).
+fn anchor_rows(paths: &[String], under: &str, deep: bool) -> Result<Vec<String>, String> {
+    let mut all = std::collections::BTreeSet::new();
+    for p in paths {
+        let p = p.strip_suffix('*').unwrap_or(p).trim_end_matches('/');
+        for (i, _) in p.match_indices('/').chain(std::iter::once((p.len(), ""))) {
+            if i > 0 {
+                all.insert(p[..i].to_string());
+            }
+        }
+    }
+    let base = under.trim_matches('/');
+    if !base.is_empty() && !all.contains(base) {
+        return Err(format!("-a {base}: no such anchor"));
+    }
+    fn walk(all: &std::collections::BTreeSet<String>, prefix: &str, deep: bool, out: &mut Vec<String>) {
+        let kids: Vec<&String> = all
+            .range(prefix.to_string()..)
+            .take_while(|p| p.starts_with(prefix))
+            .filter(|p| p.len() > prefix.len() && !p[prefix.len()..].contains('/'))
+            .collect();
+        for k in kids {
+            out.push(k.clone());
+            if deep {
+                walk(all, &format!("{k}/"), deep, out);
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    walk(&all, &if base.is_empty() { String::new() } else { format!("{base}/") }, deep, &mut rows);
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod anchor_rows_tests {
+    use super::anchor_rows;
+
+    #[test]
+    fn anchors_list_as_pfctl_sa_does() {
+        let p: Vec<String> = ["ftp-proxy/*", "a/c", "a-b", "x/y/z", "a"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(anchor_rows(&p, "", false).unwrap(), vec!["a", "a-b", "ftp-proxy", "x"]);
+        // Depth first, each anchor's children after it: a/c before a-b.
+        assert_eq!(anchor_rows(&p, "", true).unwrap(), vec!["a", "a/c", "a-b", "ftp-proxy", "x", "x/y", "x/y/z"]);
+        assert_eq!(anchor_rows(&p, "x", false).unwrap(), vec!["x/y"]);
+        assert_eq!(anchor_rows(&p, "x/", true).unwrap(), vec!["x/y", "x/y/z"]);
+        assert_eq!(anchor_rows(&p, "ftp-proxy", true).unwrap(), Vec::<String>::new());
+        assert!(anchor_rows(&p, "nope", false).is_err());
+        assert_eq!(anchor_rows(&["*".to_string()], "", true).unwrap(), Vec::<String>::new());
     }
 }

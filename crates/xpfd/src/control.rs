@@ -632,8 +632,11 @@ impl Daemon {
                 if what == "rules" {
                     return self.show_rules(req["anchor"].as_str(), verbose);
                 }
+                if what == "Anchors" {
+                    return self.show_anchors(req["anchor"].as_str(), verbose);
+                }
                 if req["anchor"].is_string() {
-                    return Err(format!("-a with -s {what}: only -s rules shows an anchor"));
+                    return Err(format!("-a with -s {what}: only -s rules and -s Anchors take an anchor"));
                 }
                 self.show(what, verbose, want)
             }
