@@ -69,6 +69,13 @@ pub fn lex_line(
 /// that names itself would expand forever.
 const MAX_EXPANSIONS: u32 = 4096;
 
+/// Inside a string quoted with `q`, whether a backslash before `next` stands for `next`
+/// (pfctl: the quote, a space or a tab); any other backslash is itself.
+#[inline(always)]
+fn escaped(q: u8, next: Option<u8>) -> bool {
+    next.is_some_and(|n| n == q || n == b' ' || n == b'\t')
+}
+
 /// The character at byte `i` of `s` (ASCII, nearly every one, without decoding).
 #[inline(always)]
 fn char_at(s: &str, i: usize) -> char {
@@ -107,9 +114,8 @@ fn lex_into(src: &str, line: u32, macros: &HashMap<String, String>, out: &mut Ve
                     i += 1;
                     break;
                 }
-                // As pfctl: a backslash before the quote, a space or a tab stands for it.
                 let next = cs.as_bytes().get(i + 1).copied();
-                if ch == '\\' && next.is_some_and(|n| n == c as u8 || n == b' ' || n == b'\t') {
+                if ch == '\\' && escaped(c as u8, next) {
                     s.push(next.unwrap_or(b' ') as char);
                     i += 2;
                     continue;
@@ -246,10 +252,7 @@ fn scan_quotes(text: &str, open: Option<char>) -> (Option<char>, bool) {
                     open = None;
                     i += j + 1;
                 }
-                Some(j) => {
-                    let escapes = b.get(i + j + 1).is_some_and(|&n| n == q || n == b' ' || n == b'\t');
-                    i += j + 1 + escapes as usize;
-                }
+                Some(j) => i += j + 1 + escaped(q, b.get(i + j + 1).copied()) as usize,
             },
         }
     }

@@ -343,7 +343,8 @@ impl Rows {
 fn anchor_rows(paths: &[String], under: &str, deep: bool) -> Result<Vec<String>, String> {
     let mut all = std::collections::BTreeSet::new();
     for p in paths {
-        let p = p.strip_suffix('*').unwrap_or(p).trim_end_matches('/');
+        // `P/*` names `P` (and `*` none).
+        let p = xpf_conf::compile::wildcard(p).unwrap_or(p).trim_end_matches('/');
         for (i, _) in p.match_indices('/').chain(std::iter::once((p.len(), ""))) {
             if i > 0 {
                 all.insert(p[..i].to_string());
@@ -358,7 +359,7 @@ fn anchor_rows(paths: &[String], under: &str, deep: bool) -> Result<Vec<String>,
         let kids: Vec<&String> = all
             .range(prefix.to_string()..)
             .take_while(|p| p.starts_with(prefix))
-            .filter(|p| p.len() > prefix.len() && !p[prefix.len()..].contains('/'))
+            .filter(|p| xpf_conf::compile::child_of(prefix, p).is_some())
             .collect();
         for k in kids {
             out.push(k.clone());
