@@ -329,7 +329,8 @@ impl<'a> Candidates<'a> {
     /// After the probes: few candidates copied and sorted, or the merge started.
     fn finish(&mut self) {
         if self.total <= INLINE {
-            for l in &self.lists[..self.nl] {
+            // The spilled lists too: more than LISTS short lists still fit the copy.
+            for l in self.lists[..self.nl].iter().chain(&self.spill) {
                 self.buf[self.n..self.n + l.len()].copy_from_slice(l);
                 self.n += l.len();
             }
@@ -681,5 +682,41 @@ mod tests {
         }
         assert!(merged * 4 > lookups, "only {merged} of {lookups} lookups past the stack");
         assert!(spilled * 8 > lookups, "only {spilled} of {lookups} lookups found more lists than the stack holds");
+    }
+
+    /// More lists than the stack holds, but few rules in them: the lists past the stack are
+    /// copied with the others (they were left out, and their rules with them).
+    #[test]
+    fn few_candidates_in_many_lists_are_all_found() {
+        let a = 0x0a01_0203u32;
+        let mut keys = Vec::new();
+        // Shapes none of which covers another (one more indexed field, one less level), so
+        // each stays its own: 34 lists of one rule, all matching the packet below.
+        for (ifidx, proto, dport) in (0..8).map(|b| (b & 1 != 0, b & 2 != 0, b & 4 != 0)) {
+            let fields = ifidx as u8 + proto as u8 + dport as u8;
+            for s in 0..=4u8 {
+                let Some(d) = (5 - fields).checked_sub(s).filter(|&d| d <= 4) else { continue };
+                let net = |l: u8| (l > 0).then(|| ((a & mask(AF_INET, l * 8) as u32) as u128, l * 8));
+                keys.push(RuleKey {
+                    ifidx: if ifidx { 1 } else { 0 },
+                    dir: 0,
+                    af: AF_INET,
+                    proto: proto.then_some(6),
+                    src: net(s),
+                    dst: net(d),
+                    sport: None,
+                    dport: dport.then_some(80),
+                });
+            }
+        }
+        assert_eq!(keys.len(), 34);
+        let c = Classifier::build(&keys);
+        assert!(c.shapes(AF_INET) > LISTS, "{c:?}");
+        let v4 = xpf_wire::pdesc::Addr::v4(a.to_be_bytes());
+        let pd = PDesc { af: AF_INET, proto: 6, src: v4, dst: v4, sport: 1000, dport: 80, ..PDesc::default() };
+        let mut out = Candidates::new();
+        c.candidates(&pd, 1, 1, &mut out);
+        let got: Vec<u32> = out.collect();
+        assert_eq!(got, (0..keys.len() as u32).collect::<Vec<_>>());
     }
 }
