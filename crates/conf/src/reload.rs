@@ -37,11 +37,14 @@ impl Slot {
     }
 
     /// Installs a ruleset compiled elsewhere (the daemon, which keeps the parsed form too);
-    /// returns the new generation.
-    pub fn install(&self, r: Ruleset) -> u64 {
+    /// returns the new generation and the ruleset it replaced. Workers may still hold the old
+    /// one until their next batch: whoever drops the last reference frees it, so the daemon
+    /// keeps this one until they have moved (a large ruleset takes a while to free, and not on
+    /// a worker's time).
+    pub fn install(&self, r: Ruleset) -> (u64, Arc<Ruleset>) {
         let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        *cur = Arc::new(r);
-        self.generation.fetch_add(1, Ordering::Release) + 1
+        let old = std::mem::replace(&mut *cur, Arc::new(r));
+        (self.generation.fetch_add(1, Ordering::Release) + 1, old)
     }
 
     /// The generation in force (cheap: for a worker's per-batch check).

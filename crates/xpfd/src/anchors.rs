@@ -101,7 +101,7 @@ impl Daemon {
         if noaction {
             return Ok((String::new(), json!({"anchor": path, "rules": n, "loaded": false})));
         }
-        let g = self.slot.install(r);
+        let g = crate::retire::install(&self.slot, r, None);
         self.anchors.next_nr = next;
         self.anchors.loads.insert(path.to_string(), AnchorLoad { parsed, file: file.to_string(), first_nr: first });
         let ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -118,7 +118,7 @@ impl Daemon {
         let empty = xpf_conf::parse::parse("", "-F", &[]);
         let (_, cur) = self.slot.current();
         let r = cur.with_anchor(path, &empty, self.anchors.next_nr, &ifindex_of).map_err(|e| e.msg)?;
-        let g = self.slot.install(r);
+        let g = crate::retire::install(&self.slot, r, None);
         self.anchors
             .loads
             .insert(path.to_string(), AnchorLoad { parsed: empty, file: "-F".into(), first_nr: self.anchors.next_nr });

@@ -37,6 +37,8 @@ pub struct Loaded {
     pub warnings: Vec<String>,
     /// The links and groups as the compile saw them (read before it).
     links: Option<xpf_conf::ifgroup::Links>,
+    /// How long each step of this load took (read, parse, check, compile), for the log.
+    pub took: Vec<(&'static str, Duration)>,
 }
 
 pub(crate) fn ifindex_of(name: &str) -> Option<u16> {
@@ -47,16 +49,20 @@ impl Loaded {
     /// Parses and compiles; errors as `FILE:LINE: message`.
     pub fn build(text: &str, file: &str, defines: &[(String, String)]) -> Result<Loaded, Vec<String>> {
         let base = std::path::Path::new(file).parent().map(|d| d.to_path_buf());
+        let t = Instant::now();
         let parsed = xpf_conf::parse::parse_in(text, file, defines, base.as_deref());
         if !parsed.errors.is_empty() {
             return Err(parsed.errors.iter().map(|e| e.to_string()).collect());
         }
+        let parse = t.elapsed();
         // A line that loads is enforced: what xpf cannot enforce is refused here.
         let (refused, warnings) = xpf_conf::support::refusals(&parsed);
         if !refused.is_empty() {
             return Err(refused.iter().map(|e| e.to_string()).collect());
         }
+        let check = t.elapsed() - parse;
         let mut l = Self::compile(parsed, file)?;
+        l.took = vec![("parse", parse), ("check", check), ("compile", t.elapsed() - parse - check)];
         l.warnings = warnings;
         if let Some(links) = &l.links {
             l.warnings.extend(xpf_conf::ifgroup::interface_warnings(&l.parsed, links));
@@ -72,7 +78,7 @@ impl Loaded {
         if let Some((n, _)) = parsed.limits.iter().find(|(n, _)| !LIMITS.iter().any(|l| l.0 == n)) {
             return Err(vec![format!("{file}: set limit {n}: not a limit xpf knows")]);
         }
-        Ok(Loaded { parsed, ruleset: Some(r), warnings: Vec::new(), links })
+        Ok(Loaded { parsed, ruleset: Some(r), warnings: Vec::new(), links, took: Vec::new() })
     }
 
     pub fn limit(&self, name: &str) -> u32 {
@@ -198,6 +204,18 @@ pub fn pflow_fits(p: &Parsed, exporting: bool) -> Result<(), String> {
 /// translation rules, tables (and their entries), set options.
 /// Rulesets up to this many rules get "+added -removed" in the load's log line.
 const DIFF_UP_TO: usize = 100_000;
+
+/// A load's steps as the log says them: ` in 7.1 s (read 0.1, parse 3.2, ...)`; empty for a
+/// compile of the ruleset in force (nothing was read).
+fn took(steps: &[(&str, Duration)], install: Duration) -> String {
+    if steps.is_empty() {
+        return String::new();
+    }
+    let total: Duration = steps.iter().map(|s| s.1).sum::<Duration>() + install;
+    let each: Vec<String> =
+        steps.iter().chain([&("install", install)]).map(|(n, d)| format!("{n} {:.2}", d.as_secs_f64())).collect();
+    format!(" in {:.2} s ({})", total.as_secs_f64(), each.join(", "))
+}
 
 fn change_summary(old: &Parsed, old_r: &Ruleset, new: &Parsed, new_r: &Ruleset) -> String {
     use std::collections::HashMap;
@@ -497,8 +515,12 @@ impl Daemon {
     /// Parses, compiles and installs `file`; on any error nothing changes.
     /// `defines`: xpfctl's -D for this load, over xpfd's own.
     pub fn load(&mut self, file: &str, noaction: bool, defines: &[(String, String)]) -> Result<u64, Vec<String>> {
+        let t = Instant::now();
         let text = std::fs::read_to_string(file).map_err(|e| vec![format!("{file}: {e}")])?;
-        let l = Loaded::build(&text, file, &self.defines_with(defines))?;
+        let read = t.elapsed();
+        let mut l = Loaded::build(&text, file, &self.defines_with(defines))?;
+        drop(text);
+        l.took.insert(0, ("read", read));
         for w in &l.warnings {
             log::warn!("{w}");
         }
@@ -517,6 +539,7 @@ impl Daemon {
     }
 
     fn install(&mut self, l: Loaded) -> Result<u64, Vec<String>> {
+        let t0 = Instant::now();
         // What xpfd cannot keep is refused before anything changes.
         pflow_fits(&l.parsed, self.pflow.is_some()).map_err(|e| vec![e])?;
         let divert = !self.steers.lock().unwrap().is_empty() || self.skb_nat.is_some();
@@ -538,11 +561,13 @@ impl Daemon {
         if let Some(level) = l.parsed.debug.as_deref().and_then(crate::logging::level_of) {
             log::set_max_level(level);
         }
-        let g = self.slot.install(r);
-        log::info!("ruleset generation {g}: {summary}");
-        self.anchors.forget(&dropped);
         let links = l.links.clone();
-        self.loaded = l;
+        let took = took(&l.took, t0.elapsed());
+        // The parse tree replaced goes with the ruleset replaced, freed off the reply's time.
+        let old = std::mem::replace(&mut self.loaded, l);
+        let g = crate::retire::install(&self.slot, r, Some(Box::new(old)));
+        log::info!("ruleset generation {g}: {summary}{took}");
+        self.anchors.forget(&dropped);
         self.note_resolution(links.as_ref());
         Ok(g)
     }
@@ -895,7 +920,7 @@ impl Daemon {
                 let entries = tb.len();
                 let r = cur.with_table(&name, tb).ok_or_else(|| format!("table <{name}> does not exist"))?;
                 write_nat_targets(&r, &self.steers.lock().unwrap(), self.skb_nat.as_ref())?;
-                self.slot.install(r);
+                crate::retire::install(&self.slot, r, None);
                 Ok((format!("{verb}\n"), json!({"changed": changed, "entries": entries})))
             }
             _ => Err(format!("-T {cmd}: add, delete, replace, show, test, flush, zero or expire")),

@@ -35,6 +35,7 @@ mod metrics;
 mod pflog;
 mod pflow;
 mod policy;
+mod retire;
 mod shaping;
 mod sync;
 

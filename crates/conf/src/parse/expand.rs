@@ -200,28 +200,38 @@ fn consistent(r: &Rule, af: Af) -> Vec<String> {
     e
 }
 
-pub(super) fn one_or_none<T: Clone>(v: &[T]) -> Vec<Option<T>> {
-    if v.is_empty() {
-        vec![None]
-    } else {
-        v.iter().cloned().map(Some).collect()
-    }
+pub(super) fn one_or_none<T: Clone>(v: &[T]) -> impl Iterator<Item = Option<T>> + '_ {
+    let none = v.is_empty().then_some(None);
+    v.iter().cloned().map(Some).chain(none)
 }
 
 /// pfctl's expand_rule: every combination of interface, protocol, source and destination
 /// (and their ports, and ICMP types), each one a rule if its address families agree.
 pub(super) fn expand(t: &Template, nr: &mut u32, parsed: &mut Parsed) -> Result<Vec<Rule>, Vec<String>> {
-    let mut out = Vec::new();
     let mut errs = Vec::new();
-    let srcs = if t.src.is_empty() { vec![Host::ANY] } else { t.src.clone() };
-    let dsts = if t.dst.is_empty() { vec![Host::ANY] } else { t.dst.clone() };
+    let any = [Host::ANY];
+    let srcs: &[Host] = if t.src.is_empty() { &any } else { &t.src };
+    let dsts: &[Host] = if t.dst.is_empty() { &any } else { &t.dst };
+    // Room for every combination at once (most rules are one).
+    let n = [
+        t.ifs.len(),
+        t.protos.len(),
+        t.icmp.len(),
+        t.src_ports.len(),
+        t.dst_ports.len(),
+        t.users.len(),
+        t.groups.len(),
+    ]
+    .iter()
+    .fold(srcs.len() * dsts.len(), |n, &k| n.saturating_mul(k.max(1)));
+    let mut out = Vec::with_capacity(n.min(1 << 16));
     // pfctl's order: interface, protocol, ICMP type, source, destination, source port,
     // destination port.
     for on in one_or_none(&t.ifs) {
         for proto in one_or_none(&t.protos) {
             for ic in one_or_none(&t.icmp) {
-                for s in &srcs {
-                    for d in &dsts {
+                for s in srcs {
+                    for d in dsts {
                         for sp in one_or_none(&t.src_ports) {
                             for dp in one_or_none(&t.dst_ports) {
                                 for uid in one_or_none(&t.users) {

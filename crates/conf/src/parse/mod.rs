@@ -413,11 +413,17 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
     let fixed = st.fixed.clone();
     let mut nr = st.nr;
     let mut depth = st.depth;
-    // A `{ }` list may run over several lines (pfctl's grammar allows newlines in it): the
-    // tokens of a line with an unclosed list wait here for the lines that close it.
-    let mut pending: Vec<Token> = Vec::new();
+    // One buffer for every line's tokens. A `{ }` list may run over several lines (pfctl's
+    // grammar allows newlines in it): with `pending`, a line's tokens stay in it for the
+    // lines that close the list.
+    let mut toks: Vec<Token> = Vec::with_capacity(64);
+    let mut pending = false;
+    // The file's name, shared by its rules.
+    let f: std::sync::Arc<str> = file.into();
     'lines: for pieces in logical_lines(src) {
-        let mut toks = std::mem::take(&mut pending);
+        if !std::mem::take(&mut pending) {
+            toks.clear();
+        }
         let last_line = pieces.last().map_or(0, |p| p.0);
         for (line, text) in &pieces {
             match lex_line(text, *line, &out.macros, &mut toks) {
@@ -438,7 +444,7 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
             && toks.last().map(|t| &t.tok) == Some(&Tok::Punct("{"))
             && open == close + 1;
         if open > close && !anchor_body {
-            pending = toks;
+            pending = true;
             continue;
         }
         // `}` closes an inline anchor.
@@ -553,23 +559,20 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
                     let xlate = t.r.xlate.is_some();
                     let counter = if xlate { &mut st.xnr } else { &mut nr };
                     match expand(&t, counter, out) {
-                        Ok(rules) => {
+                        Ok(mut rules) => {
                             // A combination whose translation pool has no address of its family
                             // is left out, as pfctl leaves it; if none is left, the rule fails.
-                            let n = rules.len();
                             let mut bad = None;
-                            let mut kept = Vec::with_capacity(n);
-                            for mut r in rules {
-                                match resolve_pools(&mut r, out) {
-                                    Ok(()) => kept.push(r),
-                                    Err(e) => bad = Some(e),
+                            rules.retain_mut(|r| match resolve_pools(r, out) {
+                                Ok(()) => true,
+                                Err(e) => {
+                                    bad = Some(e);
+                                    false
                                 }
-                            }
-                            let rules = kept;
+                            });
                             match bad.filter(|_| rules.is_empty()) {
                                 Some(e) => out.errors.extend(to_errors(file, last_line, &e)),
                                 None => {
-                                    let f: std::sync::Arc<str> = file.into();
                                     for mut r in rules {
                                         r.file = f.clone();
                                         if xlate {
@@ -605,7 +608,7 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
             }
         }
     }
-    if let Some(t) = pending.first() {
+    if let Some(t) = toks.first().filter(|_| pending) {
         out.errors.push(ConfError { file: file.into(), line: t.line, msg: "syntax error".into(), bare: false });
     }
     if depth > st.depth {
