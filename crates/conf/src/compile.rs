@@ -1035,6 +1035,8 @@ struct Build<'a> {
     urpf: Vec<(u16, usize)>,
     /// The queues by name (`set queue`).
     queue_ids: HashMap<String, u16>,
+    /// What interface names stood for, asked once a name ([`Build::iface`]).
+    ifs: HashMap<String, Result<u16, Vec<u16>>>,
 }
 
 impl<'a> Build<'a> {
@@ -1064,6 +1066,7 @@ impl<'a> Build<'a> {
             nat_targets: Vec::new(),
             urpf: Vec::new(),
             queue_ids: HashMap::new(),
+            ifs: HashMap::new(),
         }
     }
 
@@ -1082,6 +1085,22 @@ impl<'a> Build<'a> {
         Ok(id)
     }
 
+    /// Interface `name`: its index, or a group's members' (`Err`; empty when it is neither).
+    /// Asked once a name per compile: the system's answer costs a socket and an ioctl, and a
+    /// generated ruleset names its few interfaces on every rule (1.6M rules on one interface
+    /// took seconds of a reload in these calls).
+    fn iface(&mut self, name: &str) -> Result<u16, Vec<u16>> {
+        if let Some(x) = self.ifs.get(name) {
+            return x.clone();
+        }
+        let x = match (self.ifindex)(name) {
+            Some(x) => Ok(x),
+            None => Err((self.groups)(name).unwrap_or_default().iter().filter_map(|m| (self.ifindex)(m)).collect()),
+        };
+        self.ifs.insert(name.to_string(), x.clone());
+        x
+    }
+
     /// Compiles rule `r` (pf number `nr`; `x`: a translation rule) with its anchor's end
     /// (0: not an anchor) and its named anchor's slot + 1 (0: none).
     fn rule(&mut self, r: &Rule, nr: u32, x: bool, anchor_end: u32, slot: u32) -> Result<CRule, CompileError> {
@@ -1089,24 +1108,16 @@ impl<'a> Build<'a> {
         // An interface, or a group's members (tested out of line, in the rule's rare tests).
         // A name that is neither stands for no interface, as pf keeps a rule on an interface
         // it lacks for when it appears (xpfd compiles again then).
-        let iface = |i: &Iface| -> Result<u16, Vec<u16>> {
-            match (self.ifindex)(&i.name) {
-                Some(x) => Ok(x),
-                None => {
-                    Err((self.groups)(&i.name).unwrap_or_default().iter().filter_map(|m| (self.ifindex)(m)).collect())
-                }
-            }
-        };
         let (mut on, mut on_group) = (None, None);
         match &r.on {
             Some(i) if i.name == "any" => {}
-            Some(i) => match iface(i) {
+            Some(i) => match self.iface(&i.name) {
                 Ok(x) => on = Some((i.neg, x)),
                 Err(members) => on_group = Some((i.neg, members)),
             },
             None => {}
         }
-        let rcv = r.received_on.as_deref().map(|i| (i.neg, iface(i).map_or_else(|m| m, |x| vec![x])));
+        let rcv = r.received_on.as_deref().map(|i| (i.neg, self.iface(&i.name).map_or_else(|m| m, |x| vec![x])));
         let mark = (r.once || r.max_pkt_rate.is_some()).then(|| {
             let m = Arc::new(Mark {
                 id: limiter_id(r, &mut self.seen_marks),

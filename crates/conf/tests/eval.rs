@@ -1829,3 +1829,40 @@ fn tags_end_at_pfs_tagid_max_with_the_rule_line() {
     assert_eq!(e.line as usize, xpf_conf::compile::TAGS_MAX + 2);
     assert!(e.msg.contains("one_too_many") && e.msg.contains("50000"), "{}", e.msg);
 }
+
+/// A compile asks the system what an interface name stands for once a name, not once a rule
+/// (each answer is a socket and an ioctl in xpfd), and every rule still gets the answer.
+#[test]
+fn interface_names_are_resolved_once_per_compile() {
+    use std::cell::Cell;
+    let src: String = (0..3000)
+        .map(|i| format!("pass out on {} proto tcp to port {} received-on em1\n", ["em0", "em1", "lan"][i % 3], i + 1))
+        .collect();
+    let p = parse(&src, "t", &[]);
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    let (asked, members) = (Cell::new(0), Cell::new(0));
+    let counted = |n: &str| {
+        asked.set(asked.get() + 1);
+        ifindex(n)
+    };
+    let groups = |n: &str| {
+        members.set(members.get() + 1);
+        (n == "lan").then(|| vec!["em0".to_string(), "em1".to_string()])
+    };
+    let r = Ruleset::compile_with(&p, &counted, &groups, &xpf_conf::routes::Fib::default()).unwrap();
+    // em0, em1, lan, and lan's two members.
+    assert_eq!((asked.get(), members.get()), (5, 1));
+    let cases = [
+        (1u16, 2u16, 1u16, true),
+        (2, 2, 2, true),
+        (1, 2, 3, true),
+        (2, 2, 3, true),
+        (2, 2, 1, false),
+        (1, 1, 1, false),
+    ];
+    for (ifi, rcvif, port, hit) in cases {
+        let pd = pkt(IPPROTO_TCP, [10, 0, 0, 1], [10, 0, 0, 2], 1000, port, tcp::SYN);
+        let at = Context { rcvif, ..Context::new(ifi, Dir::Out) };
+        assert_eq!(r.eval_naive(&pd, &at).0.is_some(), hit, "out on {ifi} from {rcvif} to port {port}");
+    }
+}
