@@ -27,14 +27,14 @@ pub(super) fn hosts(p: &mut P) -> R<Vec<Host>> {
     }
     // An interface name: its addresses now (pfctl resolves them when it reads the file).
     if let Tok::Word(w) = p.peek_at(p.punct("!") as usize) {
-        let (name, modifier) = match w.split_once(':') {
-            Some((a, b)) => (a.to_string(), Some(b.to_string())),
-            None => (w.clone(), None),
-        };
-        if w.parse::<IpAddr>().is_err()
+        if !["any", "self", "no-route", "urpf-failed", "route"].contains(&w.as_str())
+            && w.parse::<IpAddr>().is_err()
             && parse_addr(w).is_none()
-            && !["any", "self", "no-route", "urpf-failed", "route"].contains(&w.as_str())
         {
+            let (name, modifier) = match w.split_once(':') {
+                Some((a, b)) => (a.to_string(), Some(b.to_string())),
+                None => (w.clone(), None),
+            };
             // A group stands for its members, each taken as an interface (pfctl's
             // ifa_grouplookup).
             if let Some(each) = crate::ifaddr::addresses_each(&name) {
@@ -168,15 +168,17 @@ pub(super) fn parse_addr(s: &str) -> Option<(IpAddr, Option<u8>)> {
         return Some((a, None));
     }
     // pfctl's short forms: 10, 10.1, 10.1.2 (the rest zero), used with a prefix: 10/8.
-    let parts: Vec<&str> = s.split('.').collect();
-    if parts.len() < 4 && parts.iter().all(|x| !x.is_empty() && x.len() <= 3 && x.bytes().all(|b| b.is_ascii_digit())) {
-        let mut b = [0u8; 4];
-        for (i, x) in parts.iter().enumerate() {
-            b[i] = x.parse().ok()?;
+    // (Asked of every host word that is no full address, `any` among them: no allocation.)
+    let mut b = [0u8; 4];
+    let mut n = 0;
+    for x in s.split('.') {
+        if n == 3 || x.is_empty() || x.len() > 3 || !x.bytes().all(|c| c.is_ascii_digit()) {
+            return None;
         }
-        return Some((IpAddr::from(b), Some((parts.len() * 8) as u8)));
+        b[n] = x.parse().ok()?;
+        n += 1;
     }
-    None
+    Some((IpAddr::from(b), Some((n * 8) as u8)))
 }
 
 pub(super) fn mask(a: IpAddr, len: u8) -> IpAddr {
