@@ -957,21 +957,26 @@ fn addr_test(
         HostKind::Range(IpAddr::V6(a), IpAddr::V6(b)) => AddrTest::Range6(u128::from(*a), u128::from(*b)),
         // `self` and `(if)` are the addresses the interfaces have at compile time, in a table
         // of their own; xpfd compiles again when they change (pf follows them the same way).
+        // The addresses are read (getifaddrs) once a compile, for the rule that first names
+        // them: `to self` on every rule of a large ruleset would read them per rule.
         HostKind::SelfAddr | HostKind::Dynamic { .. } => {
-            let (name, addrs) = match &h.kind {
-                HostKind::Dynamic { ifname, modifier, prefix } => (
-                    format!(
-                        "__dynamic_{ifname}{}{}",
-                        modifier.as_deref().map_or(String::new(), |m| format!(":{m}")),
-                        prefix.map_or(String::new(), |p| format!("/{p}"))
-                    ),
-                    crate::ifaddr::dynamic(ifname, modifier.as_deref(), *prefix),
+            let name = match &h.kind {
+                HostKind::Dynamic { ifname, modifier, prefix } => format!(
+                    "__dynamic_{ifname}{}{}",
+                    modifier.as_deref().map_or(String::new(), |m| format!(":{m}")),
+                    prefix.map_or(String::new(), |p| format!("/{p}"))
                 ),
-                _ => ("__self".to_string(), crate::ifaddr::dynamic("self", None, None)),
+                _ => "__self".to_string(),
             };
             match tables.iter().position(|t| t.0 == name) {
                 Some(i) => AddrTest::Table(i),
                 None => {
+                    let addrs = match &h.kind {
+                        HostKind::Dynamic { ifname, modifier, prefix } => {
+                            crate::ifaddr::dynamic(ifname, modifier.as_deref(), *prefix)
+                        }
+                        _ => crate::ifaddr::dynamic("self", None, None),
+                    };
                     let mut tb = Table::default();
                     for (a, l) in addrs {
                         tb.insert(a, l, false);
