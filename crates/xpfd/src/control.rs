@@ -562,11 +562,11 @@ impl Daemon {
             log::set_max_level(level);
         }
         let links = l.links.clone();
-        let took = took(&l.took, t0.elapsed());
+        let steps = took(&l.took, t0.elapsed());
         // The parse tree replaced goes with the ruleset replaced, freed off the reply's time.
         let old = std::mem::replace(&mut self.loaded, l);
         let g = crate::retire::install(&self.slot, r, Some(Box::new(old)));
-        log::info!("ruleset generation {g}: {summary}{took}");
+        log::info!("ruleset generation {g}: {summary}{steps}");
         self.anchors.forget(&dropped);
         self.note_resolution(links.as_ref());
         Ok(g)

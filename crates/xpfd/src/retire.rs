@@ -61,19 +61,11 @@ fn run(rx: Receiver<Retired>) {
             // A large ruleset's load: what xpfd holds once the one it replaced is gone (the
             // allocator keeps freed pages for the next load).
             if ms >= 10.0 {
-                let rss = resident_mib().map_or(String::new(), |m| format!("; xpfd resident {m} MiB"));
-                log::info!("ruleset generation {g}: the one it replaced freed in {ms:.0} ms{rss}");
+                let rss = xpf_state::region::resident_bytes() >> 20;
+                log::info!("ruleset generation {g}: the one it replaced freed in {ms:.0} ms; xpfd resident {rss} MiB");
             }
         }
     }
-}
-
-/// The process's resident memory (VmRSS), in MiB.
-fn resident_mib() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb: u64 =
-        s.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
-    Some(kb >> 10)
 }
 
 #[cfg(test)]
@@ -109,6 +101,6 @@ mod tests {
         assert_eq!(by.lock().unwrap().as_deref(), Some("xpfd-retire"));
         assert!(weak.upgrade().is_none(), "the ruleset went with it");
         assert_eq!(slot.generation(), 2);
-        assert!(resident_mib().is_some_and(|m| m > 0));
+        assert!(xpf_state::region::resident_bytes() > 0);
     }
 }
