@@ -109,6 +109,20 @@ impl ShapeId {
 
     /// The shape a new one is made as for a rule of this shape: direction and source port
     /// left out (few rules differ only there), so that later rules fit it too.
+    /// The id as one word (a map's key).
+    fn packed(&self) -> u64 {
+        u64::from_le_bytes([
+            self.af,
+            self.ifidx as u8,
+            self.dir as u8,
+            self.proto as u8,
+            self.src,
+            self.dst,
+            self.sport as u8,
+            self.dport as u8,
+        ])
+    }
+
     fn relaxed(&self) -> ShapeId {
         ShapeId { dir: false, sport: false, ..*self }
     }
@@ -213,6 +227,27 @@ fn mix(x: u64, k: u64) -> u64 {
     let m = (x ^ k) as u128 * 0x9e37_79b9_7f4a_7c15u128;
     (m >> 64) as u64 ^ m as u64
 }
+
+/// The build's maps' hasher: their keys are words (a shape's id packed, a key's hash), each
+/// mixed once. std's SipHash, over a million rules' keys, was a fifth of a build.
+#[derive(Default, Clone, Copy)]
+struct Mixer(u64);
+
+impl std::hash::Hasher for Mixer {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = mix(self.0, b as u64);
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = mix(self.0, x);
+    }
+}
+
+type Mixed = std::hash::BuildHasherDefault<Mixer>;
 
 #[inline(always)]
 fn meta_word(ifidx: u16, dir: u8, proto: u8, sport: u16, dport: u16) -> u64 {
@@ -427,11 +462,11 @@ impl Classifier {
     /// exact prefix lengths cost more to probe than it saved: docs/rules.md).
     pub fn build(keys: &[RuleKey]) -> Classifier {
         let natural: Vec<ShapeId> = keys.iter().map(shape_id).collect();
-        let mut count: HashMap<ShapeId, usize> = HashMap::new();
+        let mut count: HashMap<u64, u32, Mixed> = HashMap::default();
         for id in &natural {
-            *count.entry(*id).or_default() += 1;
+            *count.entry(id.packed()).or_default() += 1;
         }
-        let size: Vec<u32> = natural.iter().map(|id| count[id] as u32).collect();
+        let size: Vec<u32> = natural.iter().map(|id| count[&id.packed()]).collect();
         let big = (keys.len() / COMMON_SHARE).max(COMMON_MIN) as u32;
         // Shapes by size, then rule order inside each (stable).
         let mut order: Vec<u32> = (0..keys.len() as u32).collect();
@@ -439,7 +474,10 @@ impl Classifier {
         let mut chosen: Vec<(ShapeId, Shape)> = Vec::new();
         // (key hash, rule) as filed, and each key's list length so far.
         let mut filed: Vec<(u64, u32)> = Vec::with_capacity(keys.len());
-        let mut lens: HashMap<u64, u32> = HashMap::with_capacity(keys.len());
+        let mut lens: HashMap<u64, u32, Mixed> = HashMap::with_capacity_and_hasher(keys.len(), Mixed::default());
+        // Per rare shape, the chosen shapes that cover it, most specific first, as of how many
+        // shapes were chosen then (the rules of a shape ask the same question).
+        let mut fits_of: HashMap<u64, (usize, Vec<usize>), Mixed> = HashMap::default();
         let intern = |chosen: &mut Vec<(ShapeId, Shape)>, id: ShapeId| -> usize {
             match chosen.iter().position(|c| c.0 == id) {
                 Some(i) => i,
@@ -453,17 +491,28 @@ impl Classifier {
         for i in order {
             let k = &keys[i as usize];
             let own = natural[i as usize];
-            let target = if size[i as usize] >= big {
-                intern(&mut chosen, own)
+            let h = if size[i as usize] >= big {
+                let t = intern(&mut chosen, own);
+                key_hash(&chosen[t].1, k)
             } else {
                 // The most specific chosen shape it fits, with room in its list.
-                let mut fits: Vec<usize> = (0..chosen.len()).filter(|&c| chosen[c].0.covers(&own)).collect();
-                fits.sort_by_key(|&c| std::cmp::Reverse(chosen[c].0.specificity()));
-                fits.into_iter()
-                    .find(|&c| lens.get(&key_hash(&chosen[c].1, k)).is_none_or(|&l| (l as usize) < MERGE_LIMIT))
-                    .unwrap_or_else(|| intern(&mut chosen, own.relaxed()))
+                let n = chosen.len();
+                let fits = fits_of.entry(own.packed()).or_insert_with(|| (usize::MAX, Vec::new()));
+                if fits.0 != n {
+                    fits.1.clear();
+                    fits.1.extend((0..n).filter(|&c| chosen[c].0.covers(&own)));
+                    fits.1.sort_by_key(|&c| std::cmp::Reverse(chosen[c].0.specificity()));
+                    fits.0 = n;
+                }
+                let room = |h: &u64| lens.get(h).is_none_or(|&l| (l as usize) < MERGE_LIMIT);
+                match fits.1.iter().map(|&c| key_hash(&chosen[c].1, k)).find(room) {
+                    Some(h) => h,
+                    None => {
+                        let t = intern(&mut chosen, own.relaxed());
+                        key_hash(&chosen[t].1, k)
+                    }
+                }
             };
-            let h = key_hash(&chosen[target].1, k);
             *lens.entry(h).or_default() += 1;
             filed.push((h, i));
         }

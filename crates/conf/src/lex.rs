@@ -45,10 +45,6 @@ fn is_word_char(c: char) -> bool {
     !(c.is_whitespace() || matches!(c, '(' | ')' | '{' | '}' | '<' | '>' | '!' | '=' | '/' | '#' | ',' | '"' | '\''))
 }
 
-/// Splits `src` into tokens, expanding `$macros` from `macros` (definitions met on the way are
-/// not seen here: the parser lexes line by line and defines macros between lines).
-/// Returns true if a comment started: the rest of the logical line, continued lines too, is
-/// comment.
 /// pf.conf's quoting cannot hold a string that ends in a backslash (`"\\"` is an escaped
 /// quote): such a word would load but never print back as a ruleset that loads, so it is
 /// refused where it is read.
@@ -56,13 +52,13 @@ fn unquotable(w: &str, line: u32) -> LexError {
     LexError { line, msg: format!("{w:?} ends in a backslash, which pf.conf cannot quote") }
 }
 
-pub fn lex_line(
-    src: &str,
-    line: u32,
-    macros: &HashMap<String, String>,
-    out: &mut Vec<Token>,
-) -> Result<bool, LexError> {
-    lex_into(src, line, macros, out)
+/// Empties `toks`, keeping its words' buffers in `spare` for the next line's words.
+pub fn recycle(toks: &mut Vec<Token>, spare: &mut Vec<String>) {
+    for t in toks.drain(..) {
+        if let Tok::Word(s) | Tok::Str(s) = t.tok {
+            spare.push(s);
+        }
+    }
 }
 
 /// Macro uses a line may expand (one macro naming another counts each time): a definition
@@ -87,7 +83,18 @@ fn char_at(s: &str, i: usize) -> char {
     }
 }
 
-fn lex_into(src: &str, line: u32, macros: &HashMap<String, String>, out: &mut Vec<Token>) -> Result<bool, LexError> {
+/// Splits `src` into tokens, expanding `$macros` from `macros` (definitions met on the way are
+/// not seen here: the parser lexes line by line and defines macros between lines).
+/// Returns true if a comment started: the rest of the logical line, continued lines too, is
+/// comment. Words take their buffers from `spare` (see [`recycle`]): a parse of a million
+/// lines allocates no string per word.
+pub fn lex_line(
+    src: &str,
+    line: u32,
+    macros: &HashMap<String, String>,
+    out: &mut Vec<Token>,
+    spare: &mut Vec<String>,
+) -> Result<bool, LexError> {
     // The line as it is, until a macro's value is put in front of what is left of it.
     let mut cs: Cow<str> = Cow::Borrowed(src);
     let mut expansions = 0;
@@ -186,7 +193,10 @@ fn lex_into(src: &str, line: u32, macros: &HashMap<String, String>, out: &mut Ve
         if w.ends_with('\\') {
             return Err(unquotable(w, line));
         }
-        out.push(Token { tok: Tok::Word(w.to_string()), line });
+        let mut s = spare.pop().unwrap_or_default();
+        s.clear();
+        s.push_str(w);
+        out.push(Token { tok: Tok::Word(s), line });
     }
     Ok(false)
 }
@@ -265,7 +275,7 @@ mod tests {
     fn toks(s: &str, m: &[(&str, &str)]) -> Result<Vec<Tok>, LexError> {
         let macros = m.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
         let mut v = Vec::new();
-        lex_line(s, 1, &macros, &mut v)?;
+        lex_line(s, 1, &macros, &mut v, &mut Vec::new())?;
         Ok(v.into_iter().map(|t| t.tok).collect())
     }
 

@@ -6,7 +6,7 @@
 //! `expand` turns a rule line into rules as pfctl does.
 
 use crate::ast::*;
-use crate::lex::{lex_line, logical_lines, Tok, Token};
+use crate::lex::{lex_line, logical_lines, recycle, Tok, Token};
 use crate::names;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -221,11 +221,12 @@ impl<'a> P<'a> {
         self.peek_at(0)
     }
     /// The token `n` after the current one (lookahead).
-    fn peek_at(&self, n: usize) -> &Tok {
+    fn peek_at(&self, n: usize) -> &'a Tok {
         self.t.get(self.i + n).map_or(&Tok::Eof, |t| &t.tok)
     }
-    fn next(&mut self) -> Tok {
-        let t = self.peek().clone();
+    /// The current token, stepping past it (borrowed: most callers only step).
+    fn next(&mut self) -> &'a Tok {
+        let t = self.peek_at(0);
         self.i += 1;
         t
     }
@@ -266,7 +267,7 @@ impl<'a> P<'a> {
     }
     fn string(&mut self) -> R<String> {
         match self.next() {
-            Tok::Word(w) | Tok::Str(w) => Ok(w),
+            Tok::Word(w) | Tok::Str(w) => Ok(w.clone()),
             _ => Err("syntax error".into()),
         }
     }
@@ -417,16 +418,18 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
     // grammar allows newlines in it): with `pending`, a line's tokens stay in it for the
     // lines that close the list.
     let mut toks: Vec<Token> = Vec::with_capacity(64);
+    // The words' buffers of lines done, for the next lines' words.
+    let mut spare: Vec<String> = Vec::with_capacity(64);
     let mut pending = false;
     // The file's name, shared by its rules.
     let f: std::sync::Arc<str> = file.into();
     'lines: for pieces in logical_lines(src) {
         if !std::mem::take(&mut pending) {
-            toks.clear();
+            recycle(&mut toks, &mut spare);
         }
         let last_line = pieces.last().map_or(0, |p| p.0);
         for (line, text) in &pieces {
-            match lex_line(text, *line, &out.macros, &mut toks) {
+            match lex_line(text, *line, &out.macros, &mut toks, &mut spare) {
                 Ok(false) => {}
                 Ok(true) => break, // a comment runs to the end of the logical line
                 Err(e) => {
