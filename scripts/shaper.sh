@@ -58,8 +58,8 @@ within() { python3 -c "import sys; g,w,t=map(float,sys.argv[1:]); w*=1448/1514; 
 
 # TCP's rate through the shaper, measured on a VM that shares its host: for minutes at a
 # time every rate of this script read 5-15% low, with hundreds of retransmissions, and then
-# 38.2 of 40 Mbit/s with none again (tc HTB in the same lab read 38 meanwhile; one CI run read
-# 24 where 38 were due). A rate that misses its bound is measured once more, and the check
+# 38.2 of 40 Mbit/s with none again (tc HTB in the same lab, measured between such a run and
+# the next good one, read 36.8-38.3; one CI run read 24 where 38 were due). A rate that misses its bound is measured once more, and the check
 # takes the second figure; the first is printed beside it.
 both() { # $1: streams a member. a and b at once for 10 s; prints their Mbit/s
     c iperf3 -c 10.0.2.2 -p 5201 -t 10 -O 2 -P "$1" -J > "$DIR/a.json" 2>&1 &

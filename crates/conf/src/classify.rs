@@ -107,8 +107,6 @@ impl ShapeId {
             && self.dst <= r.dst
     }
 
-    /// The shape a new one is made as for a rule of this shape: direction and source port
-    /// left out (few rules differ only there), so that later rules fit it too.
     /// The id as one word (a map's key).
     fn packed(&self) -> u64 {
         u64::from_le_bytes([
@@ -123,6 +121,8 @@ impl ShapeId {
         ])
     }
 
+    /// The shape a new one is made as for a rule of this shape: direction and source port
+    /// left out (few rules differ only there), so that later rules fit it too.
     fn relaxed(&self) -> ShapeId {
         ShapeId { dir: false, sport: false, ..*self }
     }
