@@ -960,23 +960,22 @@ fn addr_test(
         // The addresses are read (getifaddrs) once a compile, for the rule that first names
         // them: `to self` on every rule of a large ruleset would read them per rule.
         HostKind::SelfAddr | HostKind::Dynamic { .. } => {
-            let name = match &h.kind {
-                HostKind::Dynamic { ifname, modifier, prefix } => format!(
+            let (ifname, modifier, prefix) = match &h.kind {
+                HostKind::Dynamic { ifname, modifier, prefix } => (ifname.as_str(), modifier.as_deref(), *prefix),
+                _ => ("self", None, None),
+            };
+            let name = match h.kind {
+                HostKind::SelfAddr => "__self".to_string(),
+                _ => format!(
                     "__dynamic_{ifname}{}{}",
-                    modifier.as_deref().map_or(String::new(), |m| format!(":{m}")),
+                    modifier.map_or(String::new(), |m| format!(":{m}")),
                     prefix.map_or(String::new(), |p| format!("/{p}"))
                 ),
-                _ => "__self".to_string(),
             };
             match tables.iter().position(|t| t.0 == name) {
                 Some(i) => AddrTest::Table(i),
                 None => {
-                    let addrs = match &h.kind {
-                        HostKind::Dynamic { ifname, modifier, prefix } => {
-                            crate::ifaddr::dynamic(ifname, modifier.as_deref(), *prefix)
-                        }
-                        _ => crate::ifaddr::dynamic("self", None, None),
-                    };
+                    let addrs = crate::ifaddr::dynamic(ifname, modifier, prefix);
                     let mut tb = Table::default();
                     for (a, l) in addrs {
                         tb.insert(a, l, false);
