@@ -439,8 +439,8 @@ pub struct Shaper {
     /// Turns the round robin gave (a class moved to its ring's back): its cost.
     turns: u64,
     /// What a turn gives the smallest share, x16: the mean of the lent packets' bytes (a
-    /// moving average over the last 16 or so), so that a turn is one packet of the smallest
-    /// share whatever their size. A fixed turn of 256 bytes handed 60-byte packets out in
+    /// moving average over the last 16 or so, from [`TURN0`]), so that a turn is one packet of
+    /// the smallest share whatever their size. A fixed turn of 256 bytes handed 60-byte packets out in
     /// lumps of four or five (a member of the shaper lab with 57 packets in its 10-s window
     /// got 7% over its rate from one turn) and a 1,500-byte packet after six turns; one of an
     /// MTU had handed small packets out in lumps of 25.
@@ -450,6 +450,10 @@ pub struct Shaper {
     to_report: Vec<u32>,
     inner: Vec<u32>,
 }
+
+/// A packet's bytes as the round robin counts them before it has lent any: the smallest
+/// frame (60 bytes without its check sequence).
+const TURN0: u32 = 60;
 
 /// The quanta of siblings with these bandwidths, in proportion, in 256ths of a turn's bytes
 /// ([`Shaper::turn_bytes`]): the smallest 256 (one packet a turn), the largest at most 4,096
@@ -530,7 +534,11 @@ impl Shaper {
             let bws: Vec<u64> = kids.iter().map(|&k| spec.classes[k].bandwidth).collect();
             for (k, q) in kids.iter().zip(quanta(&bws)) {
                 classes[*k].quantum = q as i32;
-                classes[*k].deficit = q;
+                // One turn to start with, at the packets' size before any was lent (none: the
+                // first pick turned past every sibling, 24,000 for one packet). Counted at 256
+                // bytes a turn, a member of 4 parts in the shaper lab was first lent 17 of its
+                // 60-byte frames at once, 13% over its rate in a 10-s window.
+                classes[*k].deficit = (q * TURN0 as i64) >> 8;
             }
         }
         let max_qid = spec.classes.iter().map(|c| c.qid).max().unwrap_or(0) as usize;
@@ -559,7 +567,7 @@ impl Shaper {
             slots: Slots::new(),
             dropped: Vec::new(),
             turns: 0,
-            turn_bytes: 256 << 4,
+            turn_bytes: TURN0 << 4,
             to_report: Vec::new(),
             inner,
         }
