@@ -37,7 +37,15 @@ pub struct Shaping {
     next_sync: u64,
     /// Where a GSO packet's segments are built, one at a time.
     seg: Vec<u8>,
+    /// The packets a drain took from a tree and sends next (storage kept).
+    batch: Vec<Pkt>,
 }
+
+/// Packets a drain takes from a tree before it sends them: each one's frame is asked for as it
+/// is taken, so that the copies into the transmit ring wait on memory once for all of them
+/// (a held frame came seconds before with every member backlogged: its copy out was 9% of
+/// the worker's time in the shaper lab, each a miss on its own).
+const DRAIN_BATCH: usize = 16;
 
 /// The trees' coordination for a ruleset's queues (several workers): published by the
 /// coordinator thread, taken by the workers when its generation changes.
@@ -256,26 +264,41 @@ impl Shaping {
                     due = Some(now);
                     break;
                 }
-                match sh.dequeue(now) {
-                    Out::Packet(pkt) => {
-                        let sent = if pkt.meta & GSO != 0 {
-                            let g = Gso::of(&pkt.buf, pkt.meta);
-                            port.tx_gso(&pkt.buf, gso_type(g.opts), gso_size(g.opts), g.start, g.offset, g.hdr_end)
-                        } else {
-                            port.tx_copy(&pkt.buf).is_some()
-                        };
-                        if sent {
-                            io.forwarded += 1;
-                        } else {
-                            io.tx_full += 1;
+                // A quarter of the ring is free: room for a batch.
+                let mut last = None;
+                while self.batch.len() < DRAIN_BATCH {
+                    match sh.dequeue(now) {
+                        Out::Packet(pkt) => {
+                            xpf_state::region::prefetch(pkt.buf.as_ptr());
+                            self.batch.push(pkt);
                         }
-                        sh.recycle(pkt.buf);
+                        o => {
+                            last = Some(o);
+                            break;
+                        }
                     }
-                    Out::Wait(t) => {
+                }
+                for pkt in self.batch.drain(..) {
+                    let sent = if pkt.meta & GSO != 0 {
+                        let g = Gso::of(&pkt.buf, pkt.meta);
+                        port.tx_gso(&pkt.buf, gso_type(g.opts), gso_size(g.opts), g.start, g.offset, g.hdr_end)
+                    } else {
+                        port.tx_copy(&pkt.buf).is_some()
+                    };
+                    if sent {
+                        io.forwarded += 1;
+                    } else {
+                        io.tx_full += 1;
+                    }
+                    sh.recycle(pkt.buf);
+                }
+                match last {
+                    Some(Out::Wait(t)) => {
                         due = Some(due.map_or(t, |d| d.min(t)));
                         break;
                     }
-                    Out::Empty => break,
+                    Some(_) => break,
+                    None => {}
                 }
             }
             port.flush();
