@@ -65,9 +65,9 @@ impl Clone for Table {
 
 /// A table's entries by (prefix length, masked address). A first packet's lookup hashes its
 /// address once per prefix length present: with std's SipHash that was ~3% of a worker's time
-/// making connections through the 1.6M-rule campus ruleset (its member tables). foldhash's
-/// `quality` hasher, keyed per process: an overload table's entries are sources that
-/// connected, so the seed is not something a sender can see.
+/// making connections through the 1.6M-rule campus ruleset (its bogons, blocklist and
+/// trackers tables). foldhash's `quality` hasher with a random seed per process, so that the
+/// sources an `overload` rule adds cannot be chosen to fall on one group of slots.
 type TableMap<K> = HashMap<K, Entry, foldhash::quality::RandomState>;
 
 /// A table entry's key: the address masked to its prefix.

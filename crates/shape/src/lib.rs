@@ -446,11 +446,11 @@ pub struct Shaper {
     /// Turns the round robin gave (a class moved to its ring's back): its cost.
     turns: u64,
     /// What a turn gives the smallest share, x16: the mean of the lent packets' bytes (a
-    /// moving average over the last 16 or so, from [`TURN0`]), so that a turn is one packet of
-    /// the smallest share whatever their size. A fixed turn of 256 bytes handed 60-byte packets out in
-    /// lumps of four or five (a member of the shaper lab with 57 packets in its 10-s window
-    /// got 7% over its rate from one turn) and a 1,500-byte packet after six turns; one of an
-    /// MTU had handed small packets out in lumps of 25.
+    /// moving average over the last 16 or so, from [`TURN0`]), so that a turn is one packet
+    /// of the smallest share whatever their size. A fixed turn of 256 bytes handed 60-byte
+    /// packets out in lumps of four or five (a member of the shaper lab with 57 packets in its
+    /// 10-s window got 7% over its rate from one turn) and a 1,500-byte packet after six
+    /// turns; one of an MTU had handed small packets out in lumps of 25.
     turn_bytes: u32,
     /// The leaves [`Shaper::sync`] reports (those given packets since it last ran, and those
     /// still holding some), and the inner classes, which it always does.
