@@ -160,22 +160,9 @@ fn one_worker(n: u32, backlogged: bool, frames: u64) -> (f64, u64, u64) {
             }
         }
         i += 64;
-        // As xpfd's worker drains: a batch taken, each frame asked for as it comes, then
-        // copied out.
+        // As xpfd's worker drains: a batch taken, then copied out.
         loop {
-            let mut end = false;
-            while batch.len() < DRAIN_BATCH {
-                match sh.dequeue(clock as u64) {
-                    Out::Packet(p) => {
-                        xpf_state::region::prefetch(p.buf.as_ptr());
-                        batch.push(p);
-                    }
-                    _ => {
-                        end = true;
-                        break;
-                    }
-                }
-            }
+            let end = sh.dequeue_batch(clock as u64, &mut batch, DRAIN_BATCH).is_some();
             for p in batch.drain(..) {
                 tx.copy_from_slice(&p.buf[..FRAME]);
                 std::hint::black_box(&tx);

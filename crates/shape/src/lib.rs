@@ -1017,6 +1017,24 @@ impl Shaper {
         Out::Wait(a.min(b).min(c).max(now))
     }
 
+    /// Up to `most` packets that may leave now, appended to `out`, each one's frame asked of
+    /// memory as it is taken: a frame held a while is out of the caches, and its copy out then
+    /// waits on memory once for the batch instead of once a packet. Gives what ended the
+    /// batch: `None` when `most` were taken (more may be ready), else [`Out::Wait`] or
+    /// [`Out::Empty`].
+    pub fn dequeue_batch(&mut self, now: u64, out: &mut Vec<Pkt>, most: usize) -> Option<Out> {
+        for _ in 0..most {
+            match self.dequeue(now) {
+                Out::Packet(p) => {
+                    xpf_state::region::prefetch(p.buf.as_ptr());
+                    out.push(p);
+                }
+                end => return Some(end),
+            }
+        }
+        None
+    }
+
     /// Reports to `coord` what worker `w`'s tree was offered, and takes this worker's share
     /// of every rate from it (each within its configured cap).
     pub fn sync(&mut self, coord: &coord::Coord, w: usize, now: u64) {

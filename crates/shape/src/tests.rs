@@ -782,3 +782,60 @@ fn lent_packets_go_one_turn_at_a_time_from_the_first() {
         &off[..off.len().min(5)]
     );
 }
+
+/// A drain in batches sends what one packet at a time sends, in the same order, and ends on
+/// the same wait.
+#[test]
+fn batches_take_what_single_dequeues_take() {
+    let spec = tree(vec![
+        class("root", 1, None, 10 * M),
+        class("a", 2, Some(0), 6 * M),
+        class("b", 3, Some(0), 3 * M),
+        class("c", 4, Some(0), M),
+    ]);
+    let (mut one, mut many) = (Shaper::new(&spec), Shaper::new(&spec));
+    let mut batch = Vec::new();
+    let mut now = 0;
+    for step in 0..2_000u64 {
+        for sh in [&mut one, &mut many] {
+            for q in 2..5u16 {
+                let mut b = sh.buffer();
+                b.resize(100 + 300 * (q as usize - 2) + (step % 7) as usize, 0);
+                sh.enqueue(q, Pkt { buf: b, enq: now, meta: q as u64 | step << 8, extra: 0 }, q as u32, now);
+            }
+        }
+        let mut singles = Vec::new();
+        let single_end = loop {
+            match one.dequeue(now) {
+                Out::Packet(p) => {
+                    singles.push((p.meta, p.buf.len()));
+                    one.recycle(p.buf);
+                }
+                end => break end,
+            }
+        };
+        let mut batched = Vec::new();
+        let batch_end = loop {
+            let end = many.dequeue_batch(now, &mut batch, 5);
+            assert!(batch.len() <= 5);
+            if end.is_none() {
+                assert_eq!(batch.len(), 5, "a batch ends short only on a wait or an empty tree");
+            }
+            for p in batch.drain(..) {
+                batched.push((p.meta, p.buf.len()));
+                many.recycle(p.buf);
+            }
+            if let Some(end) = end {
+                break end;
+            }
+        };
+        assert_eq!(singles, batched, "step {step}");
+        match (single_end, batch_end) {
+            (Out::Wait(a), Out::Wait(b)) => assert_eq!(a, b),
+            (Out::Empty, Out::Empty) => {}
+            _ => panic!("step {step}: the drains ended differently"),
+        }
+        now += 150_000;
+    }
+    assert!(one.backlog() > 0, "the sources offered more than the root: packets wait");
+}
