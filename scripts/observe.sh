@@ -66,6 +66,11 @@ ip netns exec ${P}fw $BIN/xpfd -f "$DIR/pf.conf" -i fc -i fs --socket $SOCK "${I
 XPFD=$!
 for _ in $(seq 100); do $CTL -s memory >/dev/null 2>&1 && break; sleep 0.1; done
 check "xpfd starts with log rules and --pflog" $CTL -s memory
+HEAD12=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+check "xpfd --version and its log's first line name the commit it was built from ($HEAD12)" bash -c "
+    $BIN/xpfd --version | tee /dev/stderr | grep -qE '^xpfd [0-9]+\.[0-9]+\.[0-9]+ \(commit $HEAD12(\+dirty)?\)\$' &&
+    $BIN/xpfctl --version | grep -qE '^xpfctl [0-9.]+ \(commit $HEAD12(\+dirty)?\)\$' &&
+    grep -m1 -E 'xpfd [0-9.]+ \(commit $HEAD12(\+dirty)?\) starting' '$LOG'"
 
 # Live first: a reader on the stream sees the next blocked connection.
 timeout 10 $BIN/xpfctl log --socket $SOCK 2>"$DIR/live.err" | timeout 10 tcpdump -n -e -r - -c 1 'tcp port 7002' >"$DIR/live.txt" 2>/dev/null &
@@ -129,7 +134,8 @@ check "the page has pf's counters, the state table, per-rule and per-socket seri
     grep -E '^xpf_rule_evaluations_total\{rule=\"1\",label=\"web\"\} [1-9]' $DIR/metrics.txt &&
     grep -E '^xpf_socket_received_packets_total\{interface=\"fc\",queue=\"0\"\} [1-9]' $DIR/metrics.txt &&
     grep -E '^xpf_pflog_total\{counter=\"logged\"\} [1-9]' $DIR/metrics.txt &&
-    grep -E '^xpf_table_matches_total\{table=\"inside\"\} [1-9]' $DIR/metrics.txt"
+    grep -E '^xpf_table_matches_total\{table=\"inside\"\} [1-9]' $DIR/metrics.txt &&
+    grep -E '^xpf_build_info\{version=\"[0-9.]+\",commit=\"$HEAD12(\+dirty)?\"\} 1$' $DIR/metrics.txt"
 check "anything but GET /metrics is refused (404, 405)" bash -c "
     [[ \$(fw curl -s -o /dev/null -w '%{http_code}' http://$METRICS/x) == 404 ]] &&
     [[ \$(fw curl -s -o /dev/null -w '%{http_code}' -X POST http://$METRICS/metrics) == 405 ]]"

@@ -25,7 +25,7 @@ struct Env {
 
 fn env(o: &Opts) -> Env {
     Env {
-        commit: crate::sys::commit(),
+        commit: xpf_version::COMMIT.to_string(),
         cpu: crate::sys::cpu_model(),
         cpus: crate::sys::cpus(),
         thp: crate::sys::thp(),

@@ -1,4 +1,4 @@
-//! Small system helpers for the benches: CPU pinning, resident memory, the commit measured.
+//! Small system helpers for the benches: CPU pinning, resident memory, the CPU model.
 
 /// Pins the calling thread to `cpu` (mod the CPUs online). Failure is not fatal: the figure is
 /// still valid, only noisier.
@@ -19,29 +19,6 @@ pub fn cpus() -> usize {
 
 pub fn rss() -> u64 {
     xpf_state::region::resident_bytes()
-}
-
-/// The commit of the working tree the bench was built from, with "+dirty" when it has changes.
-pub fn commit() -> String {
-    let out = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    match out(&["rev-parse", "--short=12", "HEAD"]) {
-        Some(c) => {
-            let dirty = out(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
-            if dirty {
-                format!("{c}+dirty")
-            } else {
-                c
-            }
-        }
-        None => "unknown".into(),
-    }
 }
 
 pub fn cpu_model() -> String {

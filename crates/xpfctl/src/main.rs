@@ -24,7 +24,8 @@ const USAGE: &str = "usage: xpfctl [-nv] [-D macro=value] [-o level] -f FILE    
                      xpfctl -t table -T show|add|delete|replace|test|flush|zero|expire [address ...]\n       \
                      xpfctl --steer on|off|bare                  forwarding by xpfd, the kernel, or XDP unfiltered\n       \
                      xpfctl log [-i pflogN]                      pflog live, as pcap: | tcpdump -n -e -r -\n       \
-                     xpfctl sync-decode FILE.pcap                pfsync frames of a capture, decoded\n\
+                     xpfctl sync-decode FILE.pcap                pfsync frames of a capture, decoded\n       \
+                     xpfctl --version                            this build's version and commit\n\
                      options: --json (the answer's data as JSON), --socket PATH (xpfd's control socket; XPFD_SOCKET, /run/xpfd.sock)";
 
 #[derive(Debug, Default)]
@@ -280,6 +281,10 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    if args.first().map(String::as_str) == Some("--version") {
+        println!("{}", xpf_version::line("xpfctl"));
         return ExitCode::SUCCESS;
     }
     if args.first().map(String::as_str) == Some("log") {

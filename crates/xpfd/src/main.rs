@@ -56,7 +56,7 @@ pub const DEFAULT_SOCKET: &str = "/run/xpfd.sock";
 
 const USAGE: &str = "usage: xpfd -f FILE -i IF [-i IF ...] [--io xdp|packet|auto] [--workers N] [--cpus LIST] \
                      [--socket PATH] [--busy-poll] [--no-xdp-tx] [--worker-nice N] [--worker-rt auto|off|PRIO] [--fastpath FLOWS | --no-fastpath] [-D macro=value] \
-                     [--pflog FILE] [--pflog-size BYTES] [--pflog-rate N] [--log-level LEVEL] [--log-format text|json] [--syslog] [--metrics ADDR:PORT] [--pflow HOST:PORT [--pflow-proto 10|5] [--pflow-src ADDR] [--pflow-active SECS]] [--sync-dev IF [--sync-peer ADDR] [--sync-key FILE] [--sync-maxupd N] [--sync-hostid ID] [--sync-defer]]";
+                     [--pflog FILE] [--pflog-size BYTES] [--pflog-rate N] [--log-level LEVEL] [--log-format text|json] [--syslog] [--metrics ADDR:PORT] [--pflow HOST:PORT [--pflow-proto 10|5] [--pflow-src ADDR] [--pflow-active SECS]] [--sync-dev IF [--sync-peer ADDR] [--sync-key FILE] [--sync-maxupd N] [--sync-hostid ID] [--sync-defer]] | --version";
 
 #[derive(Debug)]
 struct Args {
@@ -543,6 +543,10 @@ fn main() {
         println!("{USAGE}");
         return;
     }
+    if args.iter().any(|a| a == "--version") {
+        println!("{}", xpf_version::line("xpfd"));
+        return;
+    }
     let a = match parse_args(&args) {
         Ok(a) => a,
         Err(e) => {
@@ -682,6 +686,7 @@ fn tx_lanes(steers: &[(String, Steer)], e: &fastpath::Egresses, ports_of: &mut [
 }
 
 fn run(a: Args) -> Result<(), String> {
+    log::info!("{} starting", xpf_version::line("xpfd"));
     let text = std::fs::read_to_string(&a.file).map_err(|e| format!("{}: {e}", a.file))?;
     let loaded = Loaded::build(&text, &a.file, &a.defines).map_err(|e| e.join("\n"))?;
     log::info!("{}: {} rules, {} tables", a.file, loaded.parsed.rules.len(), loaded.parsed.tables.len());

@@ -195,6 +195,8 @@ impl Daemon {
         use Kind::{Counter, Gauge};
         let (info, io, xs, pc) = self.snapshot()?;
         let mut p = Page::default();
+        p.family("xpf_build_info", Gauge, "The build of xpfd running: its version and commit, in labels.");
+        p.sample("xpf_build_info", &[("version", xpf_version::VERSION), ("commit", xpf_version::COMMIT)], 1);
         p.one("xpf_uptime_seconds", Gauge, "Seconds since xpfd started.", self.start.elapsed().as_secs());
         p.one("xpf_ruleset_generation", Gauge, "The ruleset in force: bumped by every load.", self.slot.generation());
         p.one("xpf_states", Gauge, "States in the table (pfctl -si's current entries).", info.states);
