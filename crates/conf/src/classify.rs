@@ -204,9 +204,15 @@ impl Filter {
 
 /// The classifier of one list of rules.
 pub struct Classifier {
-    /// The shapes an IPv4 (IPv6) packet probes: its family's and the family-free ones.
-    shapes4: Vec<Shape>,
-    shapes6: Vec<Shape>,
+    /// The shapes a packet probes, by family and direction (IPv4 in, IPv4 out, IPv6 in,
+    /// IPv6 out: [`Classifier::shapes_for`]): its family's and the family-free ones that hold
+    /// a rule of its direction or of either. A shape of `out` rules alone (a campus's
+    /// outbound rules per member source address) is not probed by an inbound packet: its
+    /// key there, a new source address at each new connection, would be a miss in the filter
+    /// that finds nothing.
+    shapes: [Vec<Shape>; 4],
+    /// The shapes of each family, both directions together (what `shapes()` counts).
+    families: [usize; 2],
     /// Open addressing, a power of two.
     slots: Vec<Slot>,
     /// For large tables: which keys the slots may hold.
@@ -439,8 +445,8 @@ fn insertion_sort(v: &mut [u32]) {
 impl std::fmt::Debug for Classifier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Classifier")
-            .field("shapes4", &self.shapes4.len())
-            .field("shapes6", &self.shapes6.len())
+            .field("shapes4", &self.families[0])
+            .field("shapes6", &self.families[1])
             .field("slots", &self.slots.len())
             .field("filter", &self.filter.is_some())
             .field("rules", &self.ids.len())
@@ -472,6 +478,8 @@ impl Classifier {
         let mut order: Vec<u32> = (0..keys.len() as u32).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(size[i as usize]));
         let mut chosen: Vec<(ShapeId, Shape)> = Vec::new();
+        // Per chosen shape, the directions of the rules filed under it (1: in, 2: out).
+        let mut dirs: Vec<u8> = Vec::new();
         // (key hash, rule) as filed, and each key's list length so far.
         let mut filed: Vec<(u64, u32)> = Vec::with_capacity(keys.len());
         let mut lens: HashMap<u64, u32, Mixed> = HashMap::with_capacity_and_hasher(keys.len(), Mixed::default());
@@ -491,9 +499,9 @@ impl Classifier {
         for i in order {
             let k = &keys[i as usize];
             let own = natural[i as usize];
-            let h = if size[i as usize] >= big {
+            let (t, h) = if size[i as usize] >= big {
                 let t = intern(&mut chosen, own);
-                key_hash(&chosen[t].1, k)
+                (t, key_hash(&chosen[t].1, k))
             } else {
                 // The most specific chosen shape it fits, with room in its list.
                 let n = chosen.len();
@@ -505,13 +513,19 @@ impl Classifier {
                     fits.0 = n;
                 }
                 let room = |h: &u64| lens.get(h).is_none_or(|&l| (l as usize) < MERGE_LIMIT);
-                match fits.1.iter().map(|&c| key_hash(&chosen[c].1, k)).find(room) {
-                    Some(h) => h,
+                match fits.1.iter().map(|&c| (c, key_hash(&chosen[c].1, k))).find(|(_, h)| room(h)) {
+                    Some(found) => found,
                     None => {
                         let t = intern(&mut chosen, own.relaxed());
-                        key_hash(&chosen[t].1, k)
+                        (t, key_hash(&chosen[t].1, k))
                     }
                 }
+            };
+            dirs.resize(chosen.len(), 0);
+            dirs[t] |= match k.dir {
+                1 => 1,
+                2 => 2,
+                _ => 3,
             };
             *lens.entry(h).or_default() += 1;
             filed.push((h, i));
@@ -537,18 +551,22 @@ impl Classifier {
             longest = longest.max(group.len());
             ids.extend(group.iter().map(|x| x.1));
         }
-        let shapes4 = chosen.iter().filter(|(id, _)| id.af != AF_INET6).map(|x| x.1.clone()).collect();
-        let shapes6 = chosen.iter().filter(|(id, _)| id.af != AF_INET).map(|x| x.1.clone()).collect();
-        Classifier { shapes4, shapes6, slots, filter, ids, longest }
+        let of = |not: u8, dir: u8| -> Vec<Shape> {
+            chosen
+                .iter()
+                .zip(&dirs)
+                .filter(|((id, _), &d)| id.af != not && d & dir != 0)
+                .map(|x| x.0 .1.clone())
+                .collect()
+        };
+        let shapes = [of(AF_INET6, 1), of(AF_INET6, 2), of(AF_INET, 1), of(AF_INET, 2)];
+        let families = [AF_INET6, AF_INET].map(|not| chosen.iter().filter(|(id, _)| id.af != not).count());
+        Classifier { shapes, families, slots, filter, ids, longest }
     }
 
     /// How many shapes a packet of family `af` probes.
     pub fn shapes(&self, af: u8) -> usize {
-        if af == AF_INET6 {
-            self.shapes6.len()
-        } else {
-            self.shapes4.len()
-        }
+        self.families[(af == AF_INET6) as usize]
     }
 
     /// Bytes the classifier holds.
@@ -556,7 +574,7 @@ impl Classifier {
         self.slots.len() * std::mem::size_of::<Slot>()
             + self.filter.as_ref().map_or(0, |f| f.words.len() * 8)
             + self.ids.len() * 4
-            + (self.shapes4.len() + self.shapes6.len()) * std::mem::size_of::<Shape>()
+            + self.shapes.iter().map(Vec::len).sum::<usize>() * std::mem::size_of::<Shape>()
     }
 
     #[inline]
@@ -581,18 +599,24 @@ impl Classifier {
     pub fn candidates<'a>(&'a self, pd: &PDesc, ifidx: u16, dir: u8, out: &mut Candidates<'a>) {
         out.clear();
         let meta = meta_word(ifidx, dir, pd.proto, pd.sport, pd.dport);
+        let shapes = self.shapes_for(pd.af, dir);
         if pd.af == AF_INET {
-            self.probe(false, meta, (pd.src.v4_u32() as u64) << 32 | pd.dst.v4_u32() as u64, 0, 0, out);
+            self.probe(shapes, meta, (pd.src.v4_u32() as u64) << 32 | pd.dst.v4_u32() as u64, 0, 0, out);
         } else {
-            self.probe(true, meta, 0, u128::from_be_bytes(pd.src.0), u128::from_be_bytes(pd.dst.0), out);
+            self.probe(shapes, meta, 0, u128::from_be_bytes(pd.src.0), u128::from_be_bytes(pd.dst.0), out);
         }
         out.finish();
     }
 
-    /// Every shape of the family probed with the packet's words; what is found, into `out`.
+    /// The shapes a packet of family `af` in direction `dir` (1 in, 2 out) probes.
+    #[inline(always)]
+    fn shapes_for(&self, af: u8, dir: u8) -> &[Shape] {
+        &self.shapes[(af == AF_INET6) as usize * 2 + (dir == 2) as usize]
+    }
+
+    /// The packet's shapes probed with its words; what is found, into `out`.
     #[inline]
-    fn probe<'a>(&'a self, v6: bool, meta: u64, a4: u64, s6: u128, d6: u128, out: &mut Candidates<'a>) {
-        let shapes = if v6 { &self.shapes6 } else { &self.shapes4 };
+    fn probe<'a>(&'a self, shapes: &[Shape], meta: u64, a4: u64, s6: u128, d6: u128, out: &mut Candidates<'a>) {
         // Hashes first, each slot's line prefetched, then the probes: the loads overlap
         // instead of waiting one by one. With a filter, its words are asked for first and
         // only the slots it may hold are probed. Up to 64 shapes at a time: a random
@@ -731,6 +755,57 @@ mod tests {
         }
         assert!(merged * 4 > lookups, "only {merged} of {lookups} lookups past the stack");
         assert!(spilled * 8 > lookups, "only {spilled} of {lookups} lookups found more lists than the stack holds");
+    }
+
+    /// Rules of one direction in a shape of their own: a packet of the other direction does
+    /// not probe it (and finds none of them), a packet of theirs does; rules of either
+    /// direction are found both ways.
+    #[test]
+    fn a_shape_of_one_direction_is_probed_by_that_direction_only() {
+        let host = |k: u32| Some((0x2c00_0000 + k as u128, 32));
+        let mut keys: Vec<RuleKey> = (0..1000)
+            .map(|k| RuleKey {
+                dir: 2,
+                af: AF_INET,
+                proto: Some(6),
+                src: host(k),
+                dport: Some(25),
+                ..RuleKey::default()
+            })
+            .collect();
+        keys.extend((0..1000).map(|k| RuleKey {
+            dir: 1,
+            af: AF_INET,
+            proto: Some(6),
+            dst: host(k),
+            dport: Some(22),
+            ..RuleKey::default()
+        }));
+        keys.push(RuleKey { af: AF_INET, proto: Some(6), ..RuleKey::default() });
+        let c = Classifier::build(&keys);
+        let (inb, outb) = (c.shapes_for(AF_INET, 1).len(), c.shapes_for(AF_INET, 2).len());
+        assert_eq!((inb, outb, c.shapes(AF_INET)), (2, 2, 3), "in, out and the either-way shape");
+        let lookup = |src: u32, dst: u32, dport: u16, dir: u8| -> Vec<u32> {
+            let pd = PDesc {
+                af: AF_INET,
+                proto: 6,
+                src: xpf_wire::pdesc::Addr::v4(src.to_be_bytes()),
+                dst: xpf_wire::pdesc::Addr::v4(dst.to_be_bytes()),
+                sport: 40000,
+                dport,
+                ..PDesc::default()
+            };
+            let mut out = Candidates::new();
+            c.candidates(&pd, 1, dir, &mut out);
+            out.collect()
+        };
+        // Member 7 sends mail out: its out rule and the either-way rule.
+        assert_eq!(lookup(0x2c00_0007, 0x0808_0808, 25, 2), vec![7, 2000]);
+        // The same addresses inbound: the out rule is not a candidate.
+        assert_eq!(lookup(0x2c00_0007, 0x0808_0808, 25, 1), vec![2000]);
+        // ssh in to member 9: its in rule; outbound, not.
+        assert_eq!(lookup(0x0808_0808, 0x2c00_0009, 22, 1), vec![1009, 2000]);
+        assert_eq!(lookup(0x0808_0808, 0x2c00_0009, 22, 2), vec![2000]);
     }
 
     /// More lists than the stack holds, but few rules in them: the lists past the stack are
