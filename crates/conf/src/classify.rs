@@ -153,6 +153,9 @@ struct Shape {
     src6: u128,
     dst6: u128,
     wide: bool,
+    /// Its part of the [`Filter`]: first word and mask of its (power-of-two) word count.
+    fbase: u32,
+    fmask: u32,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -165,39 +168,38 @@ struct Slot {
 /// Slots from this many on (1 MiB, the size of a core's L2 here) get a [`Filter`].
 const FILTER_FROM: usize = 1 << 16;
 
-/// Which keys the slots may hold: a blocked Bloom filter (two bits of one word a key, four
-/// bits of filter a slot, so 8-16 bits a key: a few per cent of false positives). At a
-/// million rules the slots (tens of MiB) are out of the caches and a probe that finds nothing
-/// costs a miss like one that finds a list; the filter, 32 times smaller than the slots,
-/// leaves those probes out (docs/rules.md has the figures).
+/// Which keys the slots may hold: a blocked Bloom filter (two bits of one word a key, a word
+/// per 4-8 keys, so 8-16 bits a key: a few per cent of false positives). At a million rules
+/// the slots (tens of MiB) are out of the caches and a probe that finds nothing costs a miss
+/// like one that finds a list; the filter, 32 times smaller than the slots, leaves those
+/// probes out (docs/rules.md has the figures). Each shape has its own part, sized for its
+/// keys: a shape of a few hundred keys is a few lines a lookup finds in the caches, whatever
+/// the packet, and only the shapes of many keys (per member address) cost a miss when their
+/// key is new.
 struct Filter {
     words: Vec<u64>,
 }
 
 impl Filter {
-    fn new(slots: usize) -> Filter {
-        Filter { words: vec![0; slots / 16] }
-    }
-
     #[inline(always)]
-    fn at(&self, h: u64) -> (usize, u64) {
-        let w = (h >> 24) as usize & (self.words.len() - 1);
+    fn at(h: u64, s: &Shape) -> (usize, u64) {
+        let w = s.fbase as usize + ((h >> 24) as usize & s.fmask as usize);
         (w, 1u64 << (h >> 58) | 1u64 << ((h >> 52) & 63))
     }
 
-    fn insert(&mut self, h: u64) {
-        let (w, bits) = self.at(h);
+    fn insert(&mut self, h: u64, s: &Shape) {
+        let (w, bits) = Filter::at(h, s);
         self.words[w] |= bits;
     }
 
     #[inline(always)]
-    fn prefetch(&self, h: u64) {
-        prefetch(&self.words[self.at(h).0]);
+    fn prefetch(&self, h: u64, s: &Shape) {
+        prefetch(&self.words[Filter::at(h, s).0]);
     }
 
     #[inline(always)]
-    fn may_hold(&self, h: u64) -> bool {
-        let (w, bits) = self.at(h);
+    fn may_hold(&self, h: u64, s: &Shape) -> bool {
+        let (w, bits) = Filter::at(h, s);
         self.words[w] & bits == bits
     }
 }
@@ -277,6 +279,8 @@ impl Shape {
             src6: if id.af == AF_INET6 { s } else { 0 },
             dst6: if id.af == AF_INET6 { d } else { 0 },
             wide: id.af == AF_INET6,
+            fbase: 0,
+            fmask: 0,
         }
     }
 
@@ -480,6 +484,8 @@ impl Classifier {
         let mut chosen: Vec<(ShapeId, Shape)> = Vec::new();
         // Per chosen shape, the directions of the rules filed under it (1: in, 2: out).
         let mut dirs: Vec<u8> = Vec::new();
+        // Each rule's chosen shape.
+        let mut shape_of: Vec<u32> = vec![0; keys.len()];
         // (key hash, rule) as filed, and each key's list length so far.
         let mut filed: Vec<(u64, u32)> = Vec::with_capacity(keys.len());
         let mut lens: HashMap<u64, u32, Mixed> = HashMap::with_capacity_and_hasher(keys.len(), Mixed::default());
@@ -522,6 +528,7 @@ impl Classifier {
                 }
             };
             dirs.resize(chosen.len(), 0);
+            shape_of[i as usize] = t as u32;
             dirs[t] |= match k.dir {
                 1 => 1,
                 2 => 2,
@@ -535,7 +542,31 @@ impl Classifier {
         let cap = (lens.len() * 2).next_power_of_two().max(16);
         drop(lens);
         let mut slots = vec![Slot::default(); cap];
-        let mut filter = (cap >= FILTER_FROM).then(|| Filter::new(cap));
+        let mut filter = (cap >= FILTER_FROM).then(|| {
+            // Each shape's keys (a list of rules of several shapes, two keys of one hash, is
+            // a key of each), then its part: a word per 8 keys or fewer, a power of two, the
+            // largest first so that every part starts on a multiple of its size.
+            let (mut keys_of, mut stamp) = (vec![0usize; chosen.len()], vec![usize::MAX; chosen.len()]);
+            for (g, group) in filed.chunk_by(|a, b| a.0 == b.0).enumerate() {
+                for x in group {
+                    let t = shape_of[x.1 as usize] as usize;
+                    if stamp[t] != g {
+                        stamp[t] = g;
+                        keys_of[t] += 1;
+                    }
+                }
+            }
+            let words_of = |t: usize| keys_of[t].div_ceil(8).next_power_of_two();
+            let mut by_size: Vec<usize> = (0..chosen.len()).collect();
+            by_size.sort_by_key(|&t| std::cmp::Reverse(words_of(t)));
+            let mut base = 0;
+            for t in by_size {
+                let sh = &mut chosen[t].1;
+                (sh.fbase, sh.fmask) = (base as u32, words_of(t) as u32 - 1);
+                base += words_of(t);
+            }
+            Filter { words: vec![0; base] }
+        });
         let mut ids = Vec::with_capacity(keys.len());
         let mut longest = 0;
         for group in filed.chunk_by(|a, b| a.0 == b.0) {
@@ -545,7 +576,9 @@ impl Classifier {
                 j = (j + 1) & (cap - 1);
             }
             if let Some(f) = &mut filter {
-                f.insert(h);
+                for x in group {
+                    f.insert(h, &chosen[shape_of[x.1 as usize] as usize].1);
+                }
             }
             slots[j] = Slot { hash: h, start: ids.len() as u32, len: group.len() as u32 };
             longest = longest.max(group.len());
@@ -629,12 +662,12 @@ impl Classifier {
             }
             let mut n = chunk.len();
             if let Some(f) = &self.filter {
-                for &h in &hs[..n] {
-                    f.prefetch(h);
+                for (&h, s) in hs.iter().zip(chunk) {
+                    f.prefetch(h, s);
                 }
                 n = 0;
-                for k in 0..chunk.len() {
-                    if f.may_hold(hs[k]) {
+                for (k, s) in chunk.iter().enumerate() {
+                    if f.may_hold(hs[k], s) {
                         hs[n] = hs[k];
                         n += 1;
                     }
@@ -716,9 +749,15 @@ mod tests {
         }));
         let c = Classifier::build(&keys);
         let f = c.filter.as_ref().expect("a table past the filter's size has one");
-        // Keys it never held pass it at a few per cent (8-16 bits a key, two a key).
-        let passed = (0..100_000u64).filter(|&k| f.may_hold(mix(k, 0x1234_5678) | 1)).count();
-        assert!(passed < 8_000, "{passed} of 100,000 absent keys passed the filter");
+        // Keys it never held pass a shape's part at a few per cent (8-16 bits a key, two a
+        // key); the part of the shape of 40,000 host keys holds them in 8,192 words.
+        let mut sized = 0;
+        for sh in c.shapes.iter().flatten() {
+            let passed = (0..100_000u64).filter(|&k| f.may_hold(mix(k, 0x1234_5678) | 1, sh)).count();
+            assert!(passed < 8_000, "{passed} of 100,000 absent keys passed the filter");
+            sized += usize::from(sh.fmask == 8_191);
+        }
+        assert!(sized > 0, "no part of 8,192 words: {:?}", c.shapes[0].iter().map(|s| s.fmask).collect::<Vec<_>>());
         let (mut merged, mut spilled, mut lookups) = (0, 0, 0);
         for src in [0x0a01_0203u32, 0x0a01_0207, 0x0a02_0000, 0x0c00_0001] {
             for dst in [0x0a01_0203u32, 0x0a01_0301, 0x0b00_0005, 0x0b00_9c40] {
