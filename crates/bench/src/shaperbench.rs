@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use xpf_shape::coord::Coord;
-use xpf_shape::{ClassSpec, Out, Pkt, Shaper, TreeSpec};
+use xpf_shape::{ClassSpec, Out, Pkt, Shaper, TreeSpec, DRAIN_BATCH};
 
 const ROOT: u64 = 100_000_000_000;
 const FRAME: usize = 60;
@@ -105,9 +105,6 @@ fn run(n: u32, workers: usize, secs: f64) -> Vec<u64> {
     }
     out
 }
-
-/// Packets taken from the tree before they are copied out (xpfd's drain).
-const DRAIN_BATCH: usize = 16;
 
 /// The shaper lab's last phase: a root of this many frames/s, offered 1.5 times it.
 const BACKLOG_ROOT_PPS: f64 = 200_000.0;

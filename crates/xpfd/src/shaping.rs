@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use xpf_conf::compile::queues::Queues;
 use xpf_shape::coord::Coord;
-use xpf_shape::{Out, Pkt, QueueStats, Shaper};
+use xpf_shape::{Out, Pkt, QueueStats, Shaper, DRAIN_BATCH};
 use xpf_xdp::packet::offload::{gso_size, gso_type};
 
 /// A held frame that goes out as a GSO packet: its offload fields in [`Pkt::meta`].
@@ -40,11 +40,6 @@ pub struct Shaping {
     /// The packets a drain took from a tree and sends next (storage kept).
     batch: Vec<Pkt>,
 }
-
-/// Packets a drain takes from a tree before it sends them ([`Shaper::dequeue_batch`]: with
-/// every member backlogged a held frame came seconds before, and copied out one at a time
-/// the copies were 9% of the worker's time in the shaper lab, each a miss on its own).
-const DRAIN_BATCH: usize = 16;
 
 /// The trees' coordination for a ruleset's queues (several workers): published by the
 /// coordinator thread, taken by the workers when its generation changes.
