@@ -128,6 +128,10 @@ print(round(statistics.median(t), 3) if len(t) >= 30 else 99)")
 check "ping's round trip across the hand-off with both workers idle: p50 ${rtt} ms (< 2)" python3 -c "import sys; sys.exit(0 if $rtt < 2 else 1)"
 n=$(c python3 "$DIR/client.py" tcp 7100 1000)
 check "1,000 TCP connections from 32 addresses all succeed ($n)" test "$n" -eq 1000
+# Each worker counts the rules it tests in its own row; -s rules -v shows their sum: every
+# one of the 1,000 SYNs, whichever worker took it, tested the rule that passed it.
+n=$($BIN/xpfctl --socket $SOCK -s rules -v | grep -A1 'port = 7100' | grep -oE 'Evaluations: +[0-9]+' | grep -oE '[0-9]+$')
+check "-s rules -v: the TCP rule's evaluations are both workers' ($n >= 1000)" test "${n:-0}" -ge 1000
 n=$(c python3 "$DIR/client.py" udp 7200 100)
 check "100 UDP flows all answered ($n)" test "$n" -eq 100
 n=$(c python3 "$DIR/client.py" tcp 7300 20)

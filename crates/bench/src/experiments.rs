@@ -577,22 +577,42 @@ fn random_probes(p: &xpf_conf::Parsed, n: usize, seed: u64) -> Vec<xpf_wire::PDe
         .collect()
 }
 
-/// Evaluations per second of `r` over `pkts` (direction of each given), `runs` times.
+/// Evaluations per second of `r` over `pkts` (direction of each given), `runs` times; with
+/// `--workers N`, N threads pinned one per CPU evaluate at once, each as its own worker (as
+/// xpfd's workers share one ruleset), and the figure is their sum.
 fn eval_rate(o: &Opts, r: &xpf_conf::Ruleset, pkts: &[(xpf_wire::PDesc, xpf_state::Dir)]) -> Vec<f64> {
     use std::time::Instant;
-    use xpf_engine::Policy;
-    let mut runs = Vec::new();
-    for _ in 0..o.runs {
+    use xpf_engine::{Context, Policy};
+    let one = |worker: usize| {
         let (mut k, t) = (0usize, Instant::now());
+        let from = worker * pkts.len() / o.workers;
         while t.elapsed().as_secs_f64() < o.seconds || k < 16 {
-            for (pd, dir) in pkts.iter().cycle().skip(k % pkts.len()).take(16) {
-                std::hint::black_box(r.evaluate(pd, 1, *dir));
+            for (pd, dir) in pkts.iter().cycle().skip((from + k) % pkts.len()).take(16) {
+                let at = Context { worker: worker as u16, ..Context::new(1, *dir) };
+                std::hint::black_box(r.evaluate_in(pd, &at));
             }
             k += 16;
         }
-        runs.push(k as f64 / t.elapsed().as_secs_f64());
-    }
-    runs
+        k as f64 / t.elapsed().as_secs_f64()
+    };
+    (0..o.runs)
+        .map(|_| {
+            if o.workers == 1 {
+                return one(0);
+            }
+            std::thread::scope(|s| {
+                let all: Vec<_> = (0..o.workers)
+                    .map(|w| {
+                        s.spawn(move || {
+                            crate::sys::pin(w);
+                            one(w)
+                        })
+                    })
+                    .collect();
+                all.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
+            })
+        })
+        .collect()
 }
 
 /// Writes the generated rulesets (`--campus N`: pf.conf and the two nftables forms;
@@ -631,7 +651,7 @@ pub fn rules(o: &Opts) -> Result<(), String> {
         .map(|v| v.into_iter().map(|x| x as usize).collect())
         .unwrap_or(if o.quick { vec![10, 1_000, 100_000] } else { vec![10, 1_000, 100_000, 1_000_000, 1_600_000] });
     let e = env(o);
-    say(o, format!("xpf-bench rules: first-packet evaluations/s, skip-step walk and classifier, campus and random sets, {} runs; commit {}", o.runs, e.commit));
+    say(o, format!("xpf-bench rules: first-packet evaluations/s, skip-step walk and classifier, campus and random sets, {} runs, {} worker{}; commit {}", o.runs, o.workers, if o.workers == 1 { "" } else { "s together" }, e.commit));
     let ifindex = |n: &str| match n {
         "em0" => Some(1),
         "em1" => Some(2),

@@ -20,7 +20,7 @@ use std::process::ExitCode;
 
 /// Every flag, once: name, value placeholder, help.
 const FLAGS: &[(&str, &str, &str)] = &[
-    ("--workers", "N", "worker threads, one per CPU, pinned (default 1)"),
+    ("--workers", "N", "worker threads, one per CPU, pinned (default 1); rules: threads evaluating the ruleset at once"),
     ("--mode", "shard|shared", "per-worker tables with flow steering (default), or one shared striped table"),
     ("--runs", "N", "measured runs per point (default 5; 3 with --quick)"),
     ("--seconds", "S", "minimum engine time per run (default 1.0; 0.25 with --quick)"),

@@ -21,9 +21,11 @@ use xpf_wire::pdesc::{pdf, AF_INET, AF_INET6, IPPROTO_TCP};
 use xpf_wire::{Addr, PDesc};
 
 mod anchor;
+mod evaluations;
 pub mod queues;
 pub use anchor::{anchor_paths, body_end, child_of, valid_anchor_path, wildcard, AnchorInfo};
 use anchor::{Anchors, RuleLog};
+use evaluations::Evaluations;
 
 /// A table: longest-prefix match over the entries, a negated entry excluding what it covers.
 /// Lookup walks only the prefix lengths present, longest first. A table in force is not
@@ -434,7 +436,7 @@ struct List {
     /// The classifier, for lists of [`CLASSIFY_FROM`] rules or more (None: the skip-step walk).
     class: Option<Arc<Classified>>,
     /// Evaluations (pfctl -s rules -v), per rule.
-    evaluations: Arc<Vec<AtomicU64>>,
+    evaluations: Arc<Evaluations>,
 }
 
 impl List {
@@ -453,7 +455,7 @@ impl List {
         };
         List {
             skip: Arc::new(skip),
-            evaluations: Arc::new((0..rules.len()).map(|_| AtomicU64::new(0)).collect()),
+            evaluations: Arc::new(Evaluations::new(rules.len())),
             rules: Arc::new(rules),
             class,
         }
@@ -1522,26 +1524,21 @@ impl Ruleset {
 
     /// `pfctl -z`: every rule's evaluations back to 0.
     pub fn zero_evaluations(&self) {
-        let loaded = self.anchors.loaded.values().flat_map(|a| a.list.evaluations.iter());
-        for e in self.filter.evaluations.iter().chain(self.xlate.evaluations.iter()).chain(loaded) {
-            e.store(0, Ordering::Relaxed);
+        let loaded = self.anchors.loaded.values().map(|a| &a.list.evaluations);
+        for e in [&self.filter.evaluations, &self.xlate.evaluations].into_iter().chain(loaded) {
+            e.zero();
         }
     }
 
     /// Evaluations of translation rule `i` (both halves of a `binat`).
     pub fn xlate_evaluations(&self, i: usize) -> u64 {
-        self.xlate
-            .rules
-            .iter()
-            .zip(self.xlate.evaluations.iter())
-            .filter(|(r, _)| r.nr as usize == i)
-            .map(|(_, e)| e.load(Ordering::Relaxed))
-            .sum()
+        let e = &self.xlate.evaluations;
+        self.xlate.rules.iter().enumerate().filter(|(_, r)| r.nr as usize == i).map(|(k, _)| e.get(k)).sum()
     }
 
     /// Evaluations of filter rule `i` since the load or the last `-z`.
     pub fn evaluations(&self, i: usize) -> u64 {
-        self.filter.evaluations.get(i).map_or(0, |e| e.load(Ordering::Relaxed))
+        self.filter.evaluations.get(i)
     }
 
     /// Whether rule `i` is a `once` rule that has fired (pfctl -s rules leaves it out).
@@ -1772,9 +1769,9 @@ impl Ruleset {
         acc: &mut Acts,
         w: &mut Walked<'a>,
     ) -> bool {
-        // Plain slices: through the Arcs, every rule would reload the pointers (the
-        // counter's atomic add stands between them).
-        let (rules, evaluations) = (&l.rules[..], &l.evaluations[..]);
+        // Plain slices and this worker's row of counters, taken once: through the Arcs,
+        // every rule would reload the pointers.
+        let (rules, evaluations) = (&l.rules[..], l.evaluations.row(at.worker));
         let mut cands = Candidates::new();
         c.class.candidates(pd, at.ifidx, if at.dir == SDir::In { 1 } else { 2 }, &mut cands);
         // Anchors entered: (anchor rule, end of body, quick, last match when entered).
@@ -1795,7 +1792,7 @@ impl Ruleset {
             }
             let i = i as usize;
             let r = &rules[i];
-            evaluations[i].fetch_add(1, Ordering::Relaxed);
+            evaluations.add(i);
             if self.first_mismatch(r, pd, at, w.tag).is_some() {
                 continue;
             }
@@ -1821,7 +1818,7 @@ impl Ruleset {
     #[inline(always)]
     fn walk_list<'a>(&'a self, l: &'a List, pd: &PDesc, at: &Context, acc: &mut Acts, w: &mut Walked<'a>) -> bool {
         // Plain slices, as in walk_classified.
-        let (rules, skip, evaluations) = (&l.rules[..], &l.skip[..], &l.evaluations[..]);
+        let (rules, skip, evaluations) = (&l.rules[..], &l.skip[..], l.evaluations.row(at.worker));
         let mut i = 0;
         // Quick anchors entered: (end of body, last match when entered).
         let mut quick: Vec<(usize, Option<*const CRule>)> = Vec::new();
@@ -1839,7 +1836,7 @@ impl Ruleset {
                 return false;
             }
             let r = &rules[i];
-            evaluations[i].fetch_add(1, Ordering::Relaxed);
+            evaluations.add(i);
             let miss = self.first_mismatch(r, pd, at, w.tag);
             if r.anchor_end != 0 {
                 match miss {

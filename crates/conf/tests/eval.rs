@@ -153,6 +153,39 @@ fn a_ruleset_drives_the_engine() {
     assert_eq!(w.states(), 1);
 }
 
+/// Each worker counts the rules it tests in its own row; `-s rules -v` reads their sum and
+/// `-z` starts it again from 0. Both lookups: the walk (a few rules) and the classifier (from
+/// 64), with more workers than the rows of their own.
+#[test]
+fn evaluations_of_every_worker_are_summed_and_zeroed() {
+    let small = "block all\npass in proto udp to port 53\npass in proto tcp\n".to_string();
+    let mut big = "block all\n".to_string();
+    for k in 0..100 {
+        big += &format!("pass in proto udp from 10.{k}.0.0/16 to port 53\n");
+    }
+    for (text, last) in [(small, 1), (big, 100)] {
+        let r = rs(&text);
+        let p = pkt(IPPROTO_UDP, [10, 99, 1, 1], [2, 2, 2, 2], 1000, 53, 0);
+        std::thread::scope(|s| {
+            for worker in 0..20u16 {
+                let r = &r;
+                s.spawn(move || {
+                    for _ in 0..1_000 {
+                        let d = r.evaluate_in(&p, &Context { worker, ..Context::new(1, Dir::In) });
+                        assert_eq!((d.action, d.rule), (Action::Pass, last as u32));
+                    }
+                });
+            }
+        });
+        assert_eq!(r.evaluations(0), 20_000, "rule 0 tested by every packet ({text:.20})");
+        assert_eq!(r.evaluations(last), 20_000, "the deciding rule, every packet");
+        r.zero_evaluations();
+        assert_eq!((r.evaluations(0), r.evaluations(last)), (0, 0));
+        r.evaluate_in(&p, &Context { worker: 3, ..Context::new(1, Dir::In) });
+        assert_eq!((r.evaluations(0), r.evaluations(last)), (1, 1), "counting goes on after -z");
+    }
+}
+
 fn rule_line() -> impl Strategy<Value = String> {
     let action = prop_oneof![Just("pass"), Just("block"), Just("match")];
     let dir = prop_oneof![Just(""), Just(" in"), Just(" out")];

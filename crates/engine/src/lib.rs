@@ -214,7 +214,7 @@ impl<P: Policy> Worker<P> {
                 let mut rng = ChaCha20Rng::from_seed(cfg.secret);
                 let mut key = [0u8; 32];
                 rand_core::Rng::fill_bytes(&mut rng, &mut key);
-                Aux { rng, proxy: None, log: None, cookies: Box::new(syncookie::Cookies::new(key)) }
+                Aux { rng, proxy: None, log: None, cookies: Box::new(syncookie::Cookies::new(key)), worker: 0 }
             },
             proxies: Vec::new(),
             spare: Vec::new(),
@@ -245,6 +245,13 @@ impl<P: Policy> Worker<P> {
     /// TCP states of both tables whose handshake has not completed.
     pub fn halfopen(&self) -> u32 {
         self.t4.halfopen() + self.t6.halfopen()
+    }
+
+    /// Worker `index` of `workers`: the row of the rules' evaluation counters it counts in,
+    /// and its share of the translation source ports (p mod workers = index).
+    pub fn set_index(&mut self, index: u16, workers: u16) {
+        self.aux.worker = index;
+        self.nat.set_share(index, workers);
     }
 
     /// `set syncookies`; `secret` keys the cookies (one secret for all the workers of a
@@ -642,7 +649,7 @@ impl<P: Policy> Worker<P> {
     #[cold]
     #[inline(never)]
     fn scrub_rules(&mut self, ifidx: u16, dir: Dir, verdicts: &[Verdict]) {
-        let at = Context { ifidx, dir, rcvif: self.rcvif, tag: 0, rnd: 0, now: 0 };
+        let at = Context { ifidx, dir, rcvif: self.rcvif, tag: 0, rnd: 0, now: 0, worker: self.aux.worker };
         for (i, v) in verdicts.iter().enumerate() {
             if *v != Verdict::Pass {
                 continue;
@@ -806,7 +813,7 @@ impl<P: Policy> Worker<P> {
     /// What the rules decide for a packet that makes no state (a fragment not reassembled, an
     /// ICMP error no state claims); a logging rule's mark for pflog, as on any other miss.
     fn stateless(&mut self, i: usize, pd: &PDesc, ifidx: u16, dir: Dir) -> Verdict {
-        let d = self.policy.evaluate(pd, ifidx, dir);
+        let d = self.policy.evaluate_in(pd, &Context { worker: self.aux.worker, ..Context::new(ifidx, dir) });
         if d.log != 0 && i < BATCH {
             self.out.logs[i] = LogMark::of(d.rule, d.log, dir);
             self.out.logged |= 1 << i;
@@ -1439,6 +1446,8 @@ struct Aux {
     log: Option<LogMark>,
     /// `set syncookies` (boxed: the lanes' hot fields stay together).
     cookies: Box<syncookie::Cookies>,
+    /// This worker's index ([`Worker::set_index`]).
+    worker: u16,
 }
 
 struct Ctx<'a> {
@@ -2148,7 +2157,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         pd
     };
     let rnd = if p.wants_random() { rand_core::Rng::next_u32(&mut c.aux.rng) } else { 0 };
-    let at = Context { ifidx: c.ifidx, dir: c.dir, rcvif: c.rcvif, tag: *c.tag, rnd, now: c.now };
+    let at = Context { ifidx: c.ifidx, dir: c.dir, rcvif: c.rcvif, tag: *c.tag, rnd, now: c.now, worker: c.aux.worker };
     // FreeBSD's translation rules come first; the filter rules then see the packet with its
     // translated addresses (and a rdr's port), or not at all after a `pass` one.
     let mut pre = None;

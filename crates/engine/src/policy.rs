@@ -133,12 +133,15 @@ pub struct Context {
     pub rnd: u32,
     /// The worker's clock, in seconds (`max-pkt-rate`).
     pub now: u32,
+    /// The worker's index (its own row of the rules' evaluation counters).
+    pub worker: u16,
 }
 
 impl Context {
-    /// A packet with no tag, no draw, at time 0; received on `ifidx` when it comes in.
+    /// A packet with no tag, no draw, at time 0, on worker 0; received on `ifidx` when it
+    /// comes in.
     pub fn new(ifidx: u16, dir: Dir) -> Context {
-        Context { ifidx, dir, rcvif: if dir == Dir::In { ifidx } else { 0 }, tag: 0, rnd: 0, now: 0 }
+        Context { ifidx, dir, rcvif: if dir == Dir::In { ifidx } else { 0 }, tag: 0, rnd: 0, now: 0, worker: 0 }
     }
 }
 

@@ -1015,8 +1015,9 @@ fn run(a: Args) -> Result<(), String> {
         worker.set_reassemble(frags.0, frags.1, timeouts.get(xpf_state::Timeout::Frag));
         worker.set_syncookies(cookies, Some(cookie_key));
         worker.set_flow_active(a.pflow.as_ref().map_or(0, |c| c.active));
-        // Translation's source ports: each worker its residue (the hand-off owns replies by port).
-        worker.nat.set_share(w as u16, workers as u16);
+        // Its own row of rule counters; translation's source ports by residue (the hand-off
+        // owns replies by port).
+        worker.set_index(w as u16, workers as u16);
         let cpu = cpus[w % cpus.len()];
         let (stop, busy, sched) = (stop.clone(), a.busy, a.worker_sched);
         let fast = tables.clone().zip(egresses.clone());

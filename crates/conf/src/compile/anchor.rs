@@ -292,7 +292,7 @@ impl Ruleset {
         let a = self.anchors.loaded.get(path)?;
         Some(AnchorInfo {
             first_nr: a.first_nr,
-            evaluations: a.list.evaluations.iter().map(|e| e.load(Ordering::Relaxed)).collect(),
+            evaluations: a.list.evaluations.all(),
             referenced: self.anchors.slots.contains_key(path) || self.anchors.slots.contains_key(&wildcard_of(path)),
         })
     }
