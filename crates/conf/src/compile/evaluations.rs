@@ -77,13 +77,17 @@ impl Evaluations {
         Row { c: self.rows[k].get_or_init(|| zeroed(self.n)), shared: k == ROWS - 1 }
     }
 
+    /// Rule `i`'s count summed over the rows, since the list was made.
+    fn counted(&self, i: usize) -> u64 {
+        self.rows.iter().filter_map(OnceLock::get).map(|r| r[i].load(Ordering::Relaxed)).sum()
+    }
+
     /// Rule `i`'s evaluations since the list was made or last zeroed.
     pub fn get(&self, i: usize) -> u64 {
         if i >= self.n {
             return 0;
         }
-        let sum = self.rows.iter().filter_map(OnceLock::get).map(|r| r[i].load(Ordering::Relaxed)).sum::<u64>();
-        sum.wrapping_sub(self.base.get().map_or(0, |b| b[i].load(Ordering::Relaxed)))
+        self.counted(i).wrapping_sub(self.base.get().map_or(0, |b| b[i].load(Ordering::Relaxed)))
     }
 
     /// Every rule's evaluations, in order.
@@ -95,8 +99,7 @@ impl Evaluations {
     pub fn zero(&self) {
         let base = self.base.get_or_init(|| zeroed(self.n));
         for (i, b) in base.iter().enumerate() {
-            let sum = self.rows.iter().filter_map(OnceLock::get).map(|r| r[i].load(Ordering::Relaxed)).sum::<u64>();
-            b.store(sum, Ordering::Relaxed);
+            b.store(self.counted(i), Ordering::Relaxed);
         }
     }
 }
