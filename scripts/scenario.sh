@@ -278,6 +278,7 @@ check "-s states no longer lists the client" bash -c "! $CTL -s states -v | grep
 check "-t blocked -T add 10.0.1.2" $CTL -t blocked -T add 10.0.1.2
 check "a blocked host gets nothing" refused c ping -c 2 -i 0.2 -W 1 10.0.2.2
 check "-t blocked -T test 10.0.1.2" $CTL -t blocked -T test 10.0.1.2
+check "-T test counts no match on the entry (asking is not a packet)" bash -c "a=\$($CTL -t blocked -T show -v | grep Matches); $CTL -t blocked -T test 10.0.1.2 > /dev/null; b=\$($CTL -t blocked -T show -v | grep Matches); echo \"\$a / \$b\"; [ -n \"\$a\" ] && [ \"\$a\" = \"\$b\" ]"
 check "-t blocked -T delete 10.0.1.2" $CTL -t blocked -T delete 10.0.1.2
 check "unblocked, ping passes again" c ping -c 2 -i 0.2 -W 1 10.0.2.2
 check "-t blocked -T add 10.0.1.2, to expire" $CTL -t blocked -T add 10.0.1.2

@@ -226,22 +226,30 @@ impl Table {
         self.len() == 0
     }
 
-    /// Whether `a` (family `af`) is in the table, counting the deciding entry.
-    pub fn contains(&self, a: &Addr, af: u8) -> bool {
-        let e = if af == AF_INET {
+    /// The entry that decides for `a` (family `af`): the longest prefix holding it.
+    #[inline]
+    fn deciding(&self, a: &Addr, af: u8) -> Option<&Entry> {
+        if af == AF_INET {
             let x = a.v4_u32();
             self.lens4.iter().find_map(|&l| self.v4.get(&(l, x & mask4(l))))
         } else {
             let x = u128::from_be_bytes(a.0);
             self.lens6.iter().find_map(|&l| self.v6.get(&(l, x & mask6(l))))
-        };
-        match e {
-            Some(e) => {
-                e.matches.fetch_add(1, Ordering::Relaxed);
-                !e.neg
-            }
-            None => false,
         }
+    }
+
+    /// Whether `a` (family `af`) is in the table, counting the deciding entry (a rule's test).
+    pub fn contains(&self, a: &Addr, af: u8) -> bool {
+        self.deciding(a, af).is_some_and(|e| {
+            e.matches.fetch_add(1, Ordering::Relaxed);
+            !e.neg
+        })
+    }
+
+    /// Whether `a` (family `af`) is in the table, counting nothing (`-T test`: asking is not
+    /// a packet matching).
+    pub fn holds(&self, a: &Addr, af: u8) -> bool {
+        self.deciding(a, af).is_some_and(|e| !e.neg)
     }
 }
 

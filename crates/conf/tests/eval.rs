@@ -128,6 +128,13 @@ fn tables_are_longest_prefix_with_negation_and_counters() {
     assert_eq!(a([11, 0, 0, 1]), Action::Block);
     let t = r.table("t").unwrap();
     assert_eq!(t.len(), 3);
+    // Each rule test counts the entry that decided; asking (`-T test`) counts nothing.
+    let counts = |t: &xpf_conf::compile::Table| t.entries().iter().map(|e| e.3).collect::<Vec<_>>();
+    assert_eq!(counts(t), [1, 1, 1], "10/8, !10.1/16, 10.1.2.3 each decided once");
+    let probe = xpf_wire::Addr::v4([10, 1, 2, 3]);
+    assert!(t.holds(&probe, xpf_wire::pdesc::AF_INET));
+    assert!(!t.holds(&xpf_wire::Addr::v4([10, 1, 7, 7]), xpf_wire::pdesc::AF_INET));
+    assert_eq!(counts(t), [1, 1, 1], "asking is not a packet matching");
 }
 
 #[test]

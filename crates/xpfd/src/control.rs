@@ -876,7 +876,7 @@ impl Daemon {
                         IpAddr::V6(v) => xpf_wire::Addr(v.octets()),
                     };
                     let af = if a.is_ipv4() { xpf_wire::pdesc::AF_INET } else { xpf_wire::pdesc::AF_INET6 };
-                    if t.contains(&x, af) {
+                    if t.holds(&x, af) {
                         hits += 1;
                         let _ = writeln!(text, "{a}");
                     }

@@ -80,6 +80,73 @@ fn syn_run(o: &LabOpts, g: &Gen, s: &Sink, xpf: bool) -> Result<f64, String> {
     r
 }
 
+/// xpfd's smallest and largest rulesets measured in turns, a reload before each run, so that
+/// their ratio compares runs seconds apart (this VM's speed moves between points minutes
+/// apart by more than the ratio's target allows).
+#[derive(serde::Serialize)]
+struct Alternated {
+    small_rules: usize,
+    large_rules: usize,
+    small: Summary,
+    large: Summary,
+    /// Each pair's large / small.
+    pair_ratios: Vec<f64>,
+    /// The medians' ratio.
+    ratio: f64,
+}
+
+fn alternate(
+    o: &LabOpts,
+    g: &Gen,
+    s: &Sink,
+    small: (usize, &(std::path::PathBuf, u32, u16)),
+    large: (usize, &(std::path::PathBuf, u32, u16)),
+) -> Result<Alternated, String> {
+    let step = crate::progress::step(format!(
+        "xpfd alone: campus {} and {} rules in turns, a reload before each, {} pairs",
+        small.0, large.0, o.runs
+    ));
+    let one = |(_, (pf, dst, port)): (usize, &(std::path::PathBuf, u32, u16))| -> Result<f64, String> {
+        xpfctl(&o.bin, &["-f", &pf.to_string_lossy()])?;
+        gen_config(&g.prog, [SRC0, *dst, SRCS, 1, 1, 1024], g.dmac, g.smac, 6, *port as u32);
+        syn_run(o, g, s, true)
+    };
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for k in 0..o.runs {
+        if STOP.load(Ordering::Relaxed) {
+            break;
+        }
+        // Which goes first changes each pair (ABBA), so a drift weighs on both alike.
+        if k % 2 == 0 {
+            a.push(one(small)?);
+            b.push(one(large)?);
+        } else {
+            b.push(one(large)?);
+            a.push(one(small)?);
+        }
+    }
+    drop(step);
+    if a.is_empty() || a.len() != b.len() {
+        return Err("the alternated runs were interrupted".to_string());
+    }
+    let (sa, sb) = (Summary::of(&a), Summary::of(&b));
+    let pair_ratios: Vec<f64> = a.iter().zip(&b).map(|(x, y)| if *x > 0.0 { y / x } else { 0.0 }).collect();
+    let ratio = if sa.median > 0.0 { sb.median / sa.median } else { 0.0 };
+    println!("xpfd alone, campus {} and {} rules in turns (a reload before each run):", small.0, large.0);
+    println!("{}", stats::header("rules", "new connections/s forwarded"));
+    println!("{}", stats::row(&small.0.to_string(), &sa));
+    println!("{}", stats::row(&large.0.to_string(), &sb));
+    let pairs: Vec<String> = pair_ratios.iter().map(|r| format!("{:.0}%", 100.0 * r)).collect();
+    println!(
+        "  xpf at {} rules: {:.0}% of its figure at {} rules in the same runs (each pair: {})\n",
+        large.0,
+        100.0 * ratio,
+        small.0,
+        pairs.join(" / ")
+    );
+    Ok(Alternated { small_rules: small.0, large_rules: large.0, small: sa, large: sb, pair_ratios, ratio })
+}
+
 fn nft_load(file: &Path) -> Result<f64, String> {
     let t = Instant::now();
     ns(NS[1], &["nft", "-f", &file.to_string_lossy()])?;
@@ -97,6 +164,8 @@ pub(super) fn run(o: &LabOpts, g: &Gen, s: &Sink, limit: u64, restore: &Path) ->
     println!("member's service the policy passes; xpfd (pf.conf) against the kernel (nftables + conntrack), the");
     println!("expert form alternated with xpfd in each run, the rule-by-rule form after them\n");
     let mut points = Vec::new();
+    // Each point's file and target, for the alternation after the points.
+    let mut loaded: Vec<(std::path::PathBuf, u32, u16)> = Vec::new();
     for &n in &o.rules {
         if STOP.load(Ordering::Relaxed) {
             break;
@@ -104,7 +173,7 @@ pub(super) fn run(o: &LabOpts, g: &Gen, s: &Sink, limit: u64, restore: &Path) ->
         let step = crate::progress::step(format!("campus {n} rules: generate, load, {} runs", o.runs));
         let pol = rulegen::campus(n, 1);
         let (dst, port) = target(&pol)?;
-        let pf = dir.join("campus.pf.conf");
+        let pf = dir.join(format!("campus-{n}.pf.conf"));
         // The lab's state limit, as the kernel's conntrack has it (the campus file's own, 1M,
         // filled within a run at the kernel's rate, and xpfd then refused new states as
         // state-limit while conntrack took them).
@@ -195,19 +264,27 @@ pub(super) fn run(o: &LabOpts, g: &Gen, s: &Sink, limit: u64, restore: &Path) ->
             p.syn_dropped
         );
         points.push(p);
+        loaded.push((pf, dst, port));
     }
     if let (Some(first), Some(last)) = (points.first(), points.last()) {
         if points.len() > 1 {
             println!(
-                "xpf at {} rules: {:.0}% of its figure at {} rules",
+                "xpf at {} rules: {:.0}% of its figure at {} rules (the points measured minutes apart)",
                 last.rules,
                 100.0 * last.xpf.median / first.xpf.median,
                 first.rules
             );
         }
     }
+    let alternated = match (points.first(), points.last(), loaded.first(), loaded.last()) {
+        (Some(a), Some(b), Some(fa), Some(fb)) if points.len() > 1 && !STOP.load(Ordering::Relaxed) => {
+            Some(alternate(o, g, s, (a.rules, fa), (b.rules, fb))?)
+        }
+        _ => None,
+    };
     if o.json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"rules": points})).unwrap_or_default());
+        let v = serde_json::json!({"rules": points, "alternated": alternated});
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     }
     xpfctl(&o.bin, &["-f", &restore.to_string_lossy()])?;
     nft(true, false)?;
