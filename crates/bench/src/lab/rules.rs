@@ -276,9 +276,10 @@ pub(super) fn run(o: &LabOpts, g: &Gen, s: &Sink, limit: u64, restore: &Path) ->
             );
         }
     }
+    // A failure here costs the ratio, not the points measured, nor the restore below.
     let alternated = match (points.first(), points.last(), loaded.first(), loaded.last()) {
         (Some(a), Some(b), Some(fa), Some(fb)) if points.len() > 1 && !STOP.load(Ordering::Relaxed) => {
-            Some(alternate(o, g, s, (a.rules, fa), (b.rules, fb))?)
+            alternate(o, g, s, (a.rules, fa), (b.rules, fb)).map_err(|e| println!("  the rulesets in turns: {e}")).ok()
         }
         _ => None,
     };
