@@ -61,6 +61,11 @@ struct RulesPoint {
     /// Over xpfd's runs: SYNs its new-connection queue received, and dropped (ring full).
     syn_received: u64,
     syn_dropped: u64,
+    /// Its pf.conf and the member service its SYNs go to, for the turns after the points.
+    #[serde(skip)]
+    pf: std::path::PathBuf,
+    #[serde(skip)]
+    target: (u32, u16),
 }
 
 /// xpfd's new-connection queue so far: (received, dropped because its ring was full).
@@ -95,20 +100,15 @@ struct Alternated {
     ratio: f64,
 }
 
-fn alternate(
-    o: &LabOpts,
-    g: &Gen,
-    s: &Sink,
-    small: (usize, &(std::path::PathBuf, u32, u16)),
-    large: (usize, &(std::path::PathBuf, u32, u16)),
-) -> Result<Alternated, String> {
+fn alternate(o: &LabOpts, g: &Gen, s: &Sink, small: &RulesPoint, large: &RulesPoint) -> Result<Alternated, String> {
     let step = crate::progress::step(format!(
         "xpfd alone: campus {} and {} rules in turns, a reload before each, {} pairs",
-        small.0, large.0, o.runs
+        small.rules, large.rules, o.runs
     ));
-    let one = |(_, (pf, dst, port)): (usize, &(std::path::PathBuf, u32, u16))| -> Result<f64, String> {
-        xpfctl(&o.bin, &["-f", &pf.to_string_lossy()])?;
-        gen_config(&g.prog, [SRC0, *dst, SRCS, 1, 1, 1024], g.dmac, g.smac, 6, *port as u32);
+    let one = |p: &RulesPoint| -> Result<f64, String> {
+        xpfctl(&o.bin, &["-f", &p.pf.to_string_lossy()])?;
+        let (dst, port) = p.target;
+        gen_config(&g.prog, [SRC0, dst, SRCS, 1, 1, 1024], g.dmac, g.smac, 6, port as u32);
         syn_run(o, g, s, true)
     };
     let (mut a, mut b) = (Vec::new(), Vec::new());
@@ -132,19 +132,19 @@ fn alternate(
     let (sa, sb) = (Summary::of(&a), Summary::of(&b));
     let pair_ratios: Vec<f64> = a.iter().zip(&b).map(|(x, y)| if *x > 0.0 { y / x } else { 0.0 }).collect();
     let ratio = if sa.median > 0.0 { sb.median / sa.median } else { 0.0 };
-    println!("xpfd alone, campus {} and {} rules in turns (a reload before each run):", small.0, large.0);
+    println!("xpfd alone, campus {} and {} rules in turns (a reload before each run):", small.rules, large.rules);
     println!("{}", stats::header("rules", "new connections/s forwarded"));
-    println!("{}", stats::row(&small.0.to_string(), &sa));
-    println!("{}", stats::row(&large.0.to_string(), &sb));
+    println!("{}", stats::row(&small.rules.to_string(), &sa));
+    println!("{}", stats::row(&large.rules.to_string(), &sb));
     let pairs: Vec<String> = pair_ratios.iter().map(|r| format!("{:.0}%", 100.0 * r)).collect();
     println!(
         "  xpf at {} rules: {:.0}% of its figure at {} rules in the same runs (each pair: {})\n",
-        large.0,
+        large.rules,
         100.0 * ratio,
-        small.0,
+        small.rules,
         pairs.join(" / ")
     );
-    Ok(Alternated { small_rules: small.0, large_rules: large.0, small: sa, large: sb, pair_ratios, ratio })
+    Ok(Alternated { small_rules: small.rules, large_rules: large.rules, small: sa, large: sb, pair_ratios, ratio })
 }
 
 fn nft_load(file: &Path) -> Result<f64, String> {
@@ -164,8 +164,6 @@ pub(super) fn run(o: &LabOpts, g: &Gen, s: &Sink, limit: u64, restore: &Path) ->
     println!("member's service the policy passes; xpfd (pf.conf) against the kernel (nftables + conntrack), the");
     println!("expert form alternated with xpfd in each run, the rule-by-rule form after them\n");
     let mut points = Vec::new();
-    // Each point's file and target, for the alternation after the points.
-    let mut loaded: Vec<(std::path::PathBuf, u32, u16)> = Vec::new();
     for &n in &o.rules {
         if STOP.load(Ordering::Relaxed) {
             break;
@@ -237,6 +235,8 @@ pub(super) fn run(o: &LabOpts, g: &Gen, s: &Sink, limit: u64, restore: &Path) ->
             naive_load_s,
             syn_received,
             syn_dropped,
+            pf,
+            target: (dst, port),
         };
         for (name, s) in [("xpfd", &p.xpf), ("the kernel (expert)", &p.kernel_expert)] {
             if s.median <= 0.0 {
@@ -264,7 +264,6 @@ pub(super) fn run(o: &LabOpts, g: &Gen, s: &Sink, limit: u64, restore: &Path) ->
             p.syn_dropped
         );
         points.push(p);
-        loaded.push((pf, dst, port));
     }
     if let (Some(first), Some(last)) = (points.first(), points.last()) {
         if points.len() > 1 {
@@ -277,9 +276,9 @@ pub(super) fn run(o: &LabOpts, g: &Gen, s: &Sink, limit: u64, restore: &Path) ->
         }
     }
     // A failure here costs the ratio, not the points measured, nor the restore below.
-    let alternated = match (points.first(), points.last(), loaded.first(), loaded.last()) {
-        (Some(a), Some(b), Some(fa), Some(fb)) if points.len() > 1 && !STOP.load(Ordering::Relaxed) => {
-            alternate(o, g, s, (a.rules, fa), (b.rules, fb)).map_err(|e| println!("  the rulesets in turns: {e}")).ok()
+    let alternated = match (points.first(), points.last()) {
+        (Some(a), Some(b)) if points.len() > 1 && !STOP.load(Ordering::Relaxed) => {
+            alternate(o, g, s, a, b).map_err(|e| println!("  the rulesets in turns: {e}")).ok()
         }
         _ => None,
     };
