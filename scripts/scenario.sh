@@ -289,6 +289,47 @@ sleep 2
 check "-T expire 1 removes it two seconds later" bash -c "$CTL -t blocked -T expire 1 | grep -q '^1/1 addresses expired'"
 check "expired, ping passes again" c ping -c 2 -i 0.2 -W 1 10.0.2.2
 
+# `table <T> counters`: each entry counts what the rules naming the table did with its
+# packets, in and out, blocked and passed (pfctl -T show -v's rows); a table without counts none.
+{ sed 's/^table <blocked> persist$/table <blocked> persist counters/' "$DIR/pf.conf"
+  printf 'table <clients> counters { 10.0.1.0/24 }\npass in on $ext_if inet proto icmp from <clients> icmp-type echoreq\n'; } > "$DIR/counters.conf"
+# The packets and bytes of entry $2's row $3 (In/Block, Out/Pass...) in table $1.
+row() { $CTL -t "$1" -T show -v | awk -v e="$2" -v r="$3:" '$1 == e { on = 1; next } /^   / { on = 0 } on && $1 == r { print $4, $6 }'; }
+check "-f a ruleset whose tables count" $CTL -f "$DIR/counters.conf"
+check "-s Tables -v: pfctl's flags (persist, active, referenced, counters)" bash -c "
+    $CTL -s Tables -v | grep -qP '^-pa-r-C\tblocked\$' && $CTL -s Tables -v | grep -qP '^--a-r-C\tclients\$'"
+$CTL -t blocked -T add 10.0.1.2 > /dev/null
+check "a host in the counting <blocked> gets nothing" refused c ping -c 3 -i 0.2 -W 1 10.0.2.2
+check "its entry counts the pings blocked coming in (In/Block), none passed" bash -c "$(declare -f row); CTL='$CTL'
+    b=\$(row blocked 10.0.1.2 In/Block); p=\$(row blocked 10.0.1.2 In/Pass); echo \"block \$b pass \$p\"
+    [ \"\${b%% *}\" -ge 3 ] && [ \"\$p\" = '0 0' ]"
+check "-T zero clears them" bash -c "$(declare -f row); CTL='$CTL'
+    $CTL -t blocked -T zero > /dev/null; b=\$(row blocked 10.0.1.2 In/Block); echo \"\$b\"; [ \"\$b\" = '0 0' ]"
+$CTL -t blocked -T delete 10.0.1.2 > /dev/null
+check "out of <blocked>, 4 pings pass by the rule naming <clients>" c ping -c 4 -i 0.2 -W 1 10.0.2.2
+check "<clients>' entry counts its state's packets: 4 in (336 bytes), 4 replies out" bash -c "$(declare -f row); CTL='$CTL'
+    i=\$(row clients 10.0.1.0/24 In/Pass); o=\$(row clients 10.0.1.0/24 Out/Pass); echo \"in \$i out \$o\"
+    [ \"\$i\" = '4 336' ] && [ \"\$o\" = '4 336' ]"
+check "-f back to the full ruleset" $CTL -f "$DIR/pf.conf"
+$CTL -t blocked -T add 10.0.1.9 > /dev/null
+check "a table without counters shows no counter rows (pfctl's Cleared only)" bash -c "
+    $CTL -t blocked -T show -v | grep -q Cleared && ! $CTL -t blocked -T show -v | grep -q In/Block"
+$CTL -t blocked -T delete 10.0.1.9 > /dev/null
+
+# `set limit table-entries` and `set limit tables` hold at load and at run time.
+{ echo 'set limit table-entries 1'; cat "$DIR/pf.conf"; } > "$DIR/entries.conf"
+{ echo 'set limit tables 1'; cat "$DIR/pf.conf"; printf 'table <x> { 10.9.9.9 }\npass in from <x>\n'; } > "$DIR/tables.conf"
+check "-f with set limit table-entries 1" $CTL -f "$DIR/entries.conf"
+check "-T add of a first address" $CTL -t blocked -T add 10.0.1.9
+check "-T add past set limit table-entries is refused, naming the limit, and adds nothing" bash -c "
+    out=\$($CTL -t blocked -T add 10.0.1.8 2>&1) && exit 1; echo \"\$out\"
+    echo \"\$out\" | grep -q 'over set limit table-entries 1' && ! $CTL -t blocked -T show | grep -q 10.0.1.8"
+check "a ruleset past set limit tables is refused at its table's FILE:LINE" bash -c "
+    out=\$($CTL -f $DIR/tables.conf 2>&1) && exit 1; echo \"\$out\"
+    echo \"\$out\" | grep -q 'tables.conf:[0-9]*: table <x>: table 2 of the ruleset, over set limit tables 1'"
+check "-f back to the full ruleset" $CTL -f "$DIR/pf.conf"
+$CTL -t blocked -T flush > /dev/null
+
 # TCP tracking on a live transfer: spoofed RSTs with the connection's addresses and ports but
 # a guessed sequence number are dropped (state-mismatch) and the transfer goes on.
 mm() { info 'd["tracking"]["tcp_out_of_window"]'; }

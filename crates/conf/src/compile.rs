@@ -37,6 +37,9 @@ pub struct Table {
     v6: TableMap<(u8, u128)>,
     lens4: Vec<u8>,
     lens6: Vec<u8>,
+    /// `counters`: each entry counts the packets and bytes the rules naming the table
+    /// blocked and passed for it, in and out (pf's PFR_TFLAG_COUNTERS).
+    counted: bool,
 }
 
 #[derive(Debug, Default)]
@@ -47,6 +50,56 @@ pub struct Entry {
     /// When its counters were last cleared, in seconds since the epoch: when it was added,
     /// or zeroed (pfctl's "Cleared"; `-T expire` goes by it).
     pub cleared: u64,
+    /// A `counters` table's entry: the packets decided without a state (see
+    /// [`Table::count`]); None in other tables.
+    counts: Option<Box<EntryCounts>>,
+}
+
+/// pf's per-entry counters (`pfras_packets`/`pfras_bytes`): packets and bytes by
+/// [`Verdict::slot`] (In/Block, In/Pass, Out/Block, Out/Pass).
+#[derive(Debug, Default)]
+struct EntryCounts([[AtomicU64; 2]; 4]);
+
+impl EntryCounts {
+    fn load(&self) -> [[u64; 2]; 4] {
+        self.0.each_ref().map(|c| c.each_ref().map(|x| x.load(Ordering::Relaxed)))
+    }
+
+    fn of(v: [[u64; 2]; 4]) -> EntryCounts {
+        EntryCounts(v.map(|c| c.map(AtomicU64::new)))
+    }
+}
+
+/// Where a packet counts in a `counters` table's entry: its direction and what the rule did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    pub out: bool,
+    pub pass: bool,
+}
+
+impl Verdict {
+    /// The row in pfctl's order: In/Block, In/Pass, Out/Block, Out/Pass.
+    pub fn slot(self) -> usize {
+        (self.out as usize) << 1 | self.pass as usize
+    }
+}
+
+/// pfctl's names of an entry's counter rows, by [`Verdict::slot`].
+pub const ENTRY_COUNTER_ROWS: [&str; 4] = ["In/Block:", "In/Pass:", "Out/Block:", "Out/Pass:"];
+
+/// An entry as `-T show -v` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct EntryRow {
+    pub addr: IpAddr,
+    pub len: u8,
+    pub neg: bool,
+    /// Rule tests it decided.
+    pub matches: u64,
+    pub cleared: u64,
+    /// A `counters` table's entry: packets and bytes by [`Verdict::slot`], of the packets
+    /// decided without a state since cleared (the states' own are summed by the reader,
+    /// [`StateCounts`]).
+    pub counts: Option<[[u64; 2]; 4]>,
 }
 
 impl Clone for Table {
@@ -55,12 +108,14 @@ impl Clone for Table {
             neg: x.neg,
             matches: AtomicU64::new(x.matches.load(Ordering::Relaxed)),
             cleared: x.cleared,
+            counts: x.counts.as_ref().map(|c| Box::new(EntryCounts::of(c.load()))),
         };
         Table {
             v4: self.v4.iter().map(|(k, x)| (*k, e(x))).collect(),
             v6: self.v6.iter().map(|(k, x)| (*k, e(x))).collect(),
             lens4: self.lens4.clone(),
             lens6: self.lens6.clone(),
+            counted: self.counted,
         }
     }
 }
@@ -92,9 +147,30 @@ pub fn unix_now() -> u64 {
 }
 
 impl Table {
+    /// An empty table whose entries count what the rules do with their packets when
+    /// `counted` (`table <T> counters`).
+    pub fn counting(counted: bool) -> Table {
+        Table { counted, ..Table::default() }
+    }
+
+    /// Whether it was declared with `counters`.
+    pub fn counted(&self) -> bool {
+        self.counted
+    }
+
+    /// A new entry, cleared at `cleared`.
+    fn fresh(&self, neg: bool, cleared: u64) -> Entry {
+        Entry {
+            neg,
+            matches: AtomicU64::new(0),
+            cleared,
+            counts: self.counted.then(|| Box::new(EntryCounts::default())),
+        }
+    }
+
     /// Sets entry `a/len` (a new entry, or an existing one with its counters cleared).
     pub fn insert(&mut self, a: IpAddr, len: u8, neg: bool) {
-        self.put(a, len, Entry { neg, matches: AtomicU64::new(0), cleared: 0 });
+        self.put(a, len, self.fresh(neg, 0));
     }
 
     fn put(&mut self, a: IpAddr, len: u8, e: Entry) {
@@ -115,7 +191,7 @@ impl Table {
             EntryKey::V6(l, x) => self.v6.contains_key(&(l, x)),
         };
         if !there {
-            self.put(a, len, Entry { neg: false, matches: AtomicU64::new(0), cleared: now });
+            self.put(a, len, self.fresh(false, now));
         }
         !there
     }
@@ -137,17 +213,20 @@ impl Table {
     /// `-T replace`: exactly `set`, cleared at `now`, but for the entries that stay, which
     /// keep their counters.
     pub fn replaced(&self, set: &[(IpAddr, u8)], now: u64) -> Table {
-        let mut t = Table::default();
+        let mut t = Table::counting(self.counted);
         for &(a, len) in set {
             let old = match entry_key(a, len) {
                 EntryKey::V4(l, x) => self.v4.get(&(l, x)),
                 EntryKey::V6(l, x) => self.v6.get(&(l, x)),
             };
             let e = match old {
-                Some(o) if !o.neg => {
-                    Entry { neg: false, matches: AtomicU64::new(o.matches.load(Ordering::Relaxed)), cleared: o.cleared }
-                }
-                _ => Entry { neg: false, matches: AtomicU64::new(0), cleared: now },
+                Some(o) if !o.neg => Entry {
+                    neg: false,
+                    matches: AtomicU64::new(o.matches.load(Ordering::Relaxed)),
+                    cleared: o.cleared,
+                    counts: o.counts.as_ref().map(|c| Box::new(EntryCounts::of(c.load()))),
+                },
+                _ => t.fresh(false, now),
             };
             t.put(a, len, e);
         }
@@ -169,9 +248,11 @@ impl Table {
     }
 
     pub fn zero(&mut self, now: u64) {
+        let counted = self.counted;
         for e in self.v4.values_mut().chain(self.v6.values_mut()) {
             e.matches = AtomicU64::new(0);
             e.cleared = now;
+            e.counts = counted.then(|| Box::new(EntryCounts::default()));
         }
     }
 
@@ -194,21 +275,43 @@ impl Table {
         self.lens6.retain(|&l| in6[l.min(128) as usize]);
     }
 
-    /// The entries: address, prefix length, negated, packets matched, when cleared
-    /// (pfctl -T show -v).
-    pub fn entries(&self) -> Vec<(IpAddr, u8, bool, u64, u64)> {
+    /// The entries in address order (pfctl -T show -v).
+    pub fn entries(&self) -> Vec<EntryRow> {
+        let row = |addr: IpAddr, len: u8, e: &Entry| EntryRow {
+            addr,
+            len,
+            neg: e.neg,
+            matches: e.matches.load(Ordering::Relaxed),
+            cleared: e.cleared,
+            counts: e.counts.as_ref().map(|c| c.load()),
+        };
         let mut v: Vec<_> = self
             .v4
             .iter()
-            .map(|(&(l, a), e)| {
-                (IpAddr::from(std::net::Ipv4Addr::from(a)), l, e.neg, e.matches.load(Ordering::Relaxed), e.cleared)
-            })
-            .chain(self.v6.iter().map(|(&(l, a), e)| {
-                (IpAddr::from(std::net::Ipv6Addr::from(a)), l, e.neg, e.matches.load(Ordering::Relaxed), e.cleared)
-            }))
+            .map(|(&(l, a), e)| row(IpAddr::from(std::net::Ipv4Addr::from(a)), l, e))
+            .chain(self.v6.iter().map(|(&(l, a), e)| row(IpAddr::from(std::net::Ipv6Addr::from(a)), l, e)))
             .collect();
         v.sort();
         v
+    }
+
+    /// The entry a rule's test of `a` counts on, for a rule side negated or not (`neg`):
+    /// the deciding entry when its sense agrees with the rule's (pf's pfr_update_stats;
+    /// otherwise the packet is pf's XPass, which no entry counts), with its prefix length.
+    fn counting_entry(&self, a: &Addr, af: u8, neg: bool) -> Option<(&Entry, u8)> {
+        self.deciding(a, af).filter(|(e, _)| e.neg == neg)
+    }
+
+    /// A packet of `bytes` a rule naming the table (side negated: `neg`) decided without a
+    /// state: counted on `a`'s entry in a `counters` table.
+    pub fn count(&self, a: &Addr, af: u8, neg: bool, v: Verdict, bytes: u64) {
+        if let Some((e, _)) = self.counting_entry(a, af, neg) {
+            if let Some(c) = &e.counts {
+                let [p, b] = &c.0[v.slot()];
+                p.fetch_add(1, Ordering::Relaxed);
+                b.fetch_add(bytes, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Packets that matched an entry, summed over the entries (their counters: since each
@@ -226,21 +329,22 @@ impl Table {
         self.len() == 0
     }
 
-    /// The entry that decides for `a` (family `af`): the longest prefix holding it.
+    /// The entry that decides for `a` (family `af`): the longest prefix holding it, with
+    /// that prefix's length.
     #[inline]
-    fn deciding(&self, a: &Addr, af: u8) -> Option<&Entry> {
+    fn deciding(&self, a: &Addr, af: u8) -> Option<(&Entry, u8)> {
         if af == AF_INET {
             let x = a.v4_u32();
-            self.lens4.iter().find_map(|&l| self.v4.get(&(l, x & mask4(l))))
+            self.lens4.iter().find_map(|&l| self.v4.get(&(l, x & mask4(l))).map(|e| (e, l)))
         } else {
             let x = u128::from_be_bytes(a.0);
-            self.lens6.iter().find_map(|&l| self.v6.get(&(l, x & mask6(l))))
+            self.lens6.iter().find_map(|&l| self.v6.get(&(l, x & mask6(l))).map(|e| (e, l)))
         }
     }
 
     /// Whether `a` (family `af`) is in the table, counting the deciding entry (a rule's test).
     pub fn contains(&self, a: &Addr, af: u8) -> bool {
-        self.deciding(a, af).is_some_and(|e| {
+        self.deciding(a, af).is_some_and(|(e, _)| {
             e.matches.fetch_add(1, Ordering::Relaxed);
             !e.neg
         })
@@ -249,7 +353,7 @@ impl Table {
     /// Whether `a` (family `af`) is in the table, counting nothing (`-T test`: asking is not
     /// a packet matching).
     pub fn holds(&self, a: &Addr, af: u8) -> bool {
-        self.deciding(a, af).is_some_and(|e| !e.neg)
+        self.deciding(a, af).is_some_and(|(e, _)| !e.neg)
     }
 }
 
@@ -376,6 +480,9 @@ struct CRule {
     log: u8,
     /// `log (all)`: every packet of the rule's states too.
     log_all: bool,
+    /// Its source or destination is a `counters` table: the packets it decides without a
+    /// state count on their entries ([`Ruleset::count_tables`]).
+    counted: bool,
 }
 
 const SKIP_IF: usize = 0;
@@ -1163,7 +1270,9 @@ impl<'a> Build<'a> {
         }
         let tag = r.tag.as_deref().map(|t| self.tag_id(t, r.line)).transpose()?;
         let tagged = r.tagged.as_ref().map(|(n, t)| self.tag_id(t, r.line).map(|id| (*n, id))).transpose()?;
+        let counted = [&src, &dst].iter().any(|t| matches!(t.1, AddrTest::Table(i) if self.tables[i].1.counted));
         let c = CRule {
+            counted,
             nr,
             action: r.action,
             // A translation rule: the first match decides.
@@ -1320,7 +1429,7 @@ impl Ruleset {
     ) -> Result<Ruleset, CompileError> {
         let mut tables: Vec<(String, Arc<Table>)> = Vec::new();
         for t in &p.tables {
-            let mut tb = Table::default();
+            let mut tb = Table::counting(t.counters);
             for part in &t.parts {
                 match part {
                     TablePart::Hosts(hs) => {
@@ -1922,6 +2031,32 @@ impl Ruleset {
         false
     }
 
+    /// Rule `r` decided a packet that makes no state: it counts on its entries of the
+    /// `counters` tables the rule names (a state's packets are summed from the state,
+    /// [`StateCounts`]).
+    #[inline(never)]
+    fn count_tables(&self, r: &CRule, pd: &PDesc, dir: SDir) {
+        let v = Verdict { out: dir == SDir::Out, pass: r.action == Action::Pass };
+        for ((neg, t), a) in [(r.src, &pd.src), (r.dst, &pd.dst)] {
+            if let AddrTest::Table(i) = t {
+                self.tables[i].1.count(a, pd.af, neg, v, pd.ip_len as u64);
+            }
+        }
+    }
+
+    /// What sums the states of the rules naming `counters` tables into the entries (None
+    /// when no rule does): a walk of the state table gives it each state.
+    pub fn state_counts(&self) -> Option<StateCounts<'_>> {
+        let loaded = self.anchors.loaded.values().map(|a| &a.list);
+        let rules: HashMap<u32, [(bool, AddrTest); 2]> = std::iter::once(&self.filter)
+            .chain(loaded)
+            .flat_map(|l| l.rules.iter())
+            .filter(|r| r.counted)
+            .map(|r| (r.nr, [r.src, r.dst]))
+            .collect();
+        (!rules.is_empty()).then(|| StateCounts { rs: self, rules, sums: HashMap::new() })
+    }
+
     /// The pf rule number of compiled rule `i` (its place in the printed ruleset).
     pub fn rule_nr(&self, i: usize) -> u32 {
         self.filter.rules[i].nr
@@ -2029,9 +2164,13 @@ impl Policy for Ruleset {
                     }
                 }
                 let (nat, rdr) = translated(Some(r));
+                let keep_state = (r.keep_state || nat != 0 || rdr != 0) && r.action == Action::Pass;
+                if r.counted && !keep_state {
+                    self.count_tables(r, pd, at.dir);
+                }
                 Decision {
                     action: if r.action == Action::Block { EAction::Block } else { EAction::Pass },
-                    keep_state: (r.keep_state || nat != 0 || rdr != 0) && r.action == Action::Pass,
+                    keep_state,
                     nat,
                     rdr,
                     rule: r.nr,
@@ -2055,6 +2194,50 @@ impl Policy for Ruleset {
                     log_all: r.log_all,
                     queue: if r.queue != 0 { r.queue } else { acts.queue },
                 }
+            }
+        }
+    }
+}
+
+/// Sums of the states of rules naming `counters` tables, per entry ([`Ruleset::state_counts`]):
+/// a state's packets from its creator count in its direction, the replies in the other, as
+/// pass, on the entries that hold the addresses its rule saw (the first packet's, before
+/// translation). The states in the table now: what `-s rules -v` counts for a rule.
+pub struct StateCounts<'a> {
+    rs: &'a Ruleset,
+    rules: HashMap<u32, [(bool, AddrTest); 2]>,
+    /// By (table name, entry address, prefix length): packets and bytes by [`Verdict::slot`].
+    pub sums: HashMap<(String, IpAddr, u8), [[u64; 2]; 4]>,
+}
+
+impl StateCounts<'_> {
+    /// Every state of table `t`.
+    pub fn walk<K: xpf_state::Key>(&mut self, t: &xpf_state::StateTable<K>) {
+        for (id, s) in t.iter() {
+            // The addresses its rule saw: coming in, the wire's; going out, the stack's
+            // (before translation). A key holds them as an inbound packet has them.
+            let out = s.flags & xpf_state::sf::OUT != 0;
+            let k = if out { t.stack_key(id).unwrap_or(s.key) } else { s.key };
+            let (a0, a1) = (k.addr(0), k.addr(1));
+            let sd = if out { [&a1, &a0] } else { [&a0, &a1] };
+            self.add(t.meta(id).rule, k.af(), sd, out, s.packets, s.bytes);
+        }
+    }
+
+    /// A state of rule `rule` (family `af`) whose first packet went from `src` to `dst`
+    /// going out (`out`) or in; `packets` and `bytes` from the creator and towards it.
+    fn add(&mut self, rule: u32, af: u8, [src, dst]: [&Addr; 2], out: bool, packets: [u32; 2], bytes: [u64; 2]) {
+        let Some(sides) = self.rules.get(&rule) else { return };
+        for ((neg, t), a) in sides.iter().zip([src, dst]) {
+            let AddrTest::Table(i) = *t else { continue };
+            let (name, table) = &self.rs.tables[i];
+            let Some((_, len)) = table.counting_entry(a, af, *neg) else { continue };
+            let ip = a.to_ip(af);
+            let key = (name.clone(), masked_addr(ip, len), len);
+            let sum = self.sums.entry(key).or_default();
+            for (k, v) in [Verdict { out, pass: true }, Verdict { out: !out, pass: true }].into_iter().enumerate() {
+                sum[v.slot()][0] += packets[k] as u64;
+                sum[v.slot()][1] += bytes[k];
             }
         }
     }

@@ -320,6 +320,7 @@ mod tests {
         ("pass in to self", Yes("self_stands_for_the_interfaces_addresses")),
         ("pass in to (lo)", Yes("self_stands_for_the_interfaces_addresses")),
         ("pass in from <t> to 10.0.0.1 - 10.0.0.9", Yes("tables_are_longest_prefix_with_negation_and_counters")),
+        ("table <c> persist counters { 10.0.0.2 }\npass in from <c>", Yes("a_counters_table_counts_per_entry_what_its_rules_decide")),
         ("anchor \"a\" {\n pass\n}", Yes("anchors_are_evaluated_in_place")),
         ("pass in proto tcp synproxy state", Yes("synproxy_completes_the_handshake_then_splices_the_sequence_spaces")),
         ("pass in proto tcp synproxy state (max-src-conn 5)", No("synproxy state with max-src-conn")),

@@ -129,12 +129,77 @@ fn tables_are_longest_prefix_with_negation_and_counters() {
     let t = r.table("t").unwrap();
     assert_eq!(t.len(), 3);
     // Each rule test counts the entry that decided; asking (`-T test`) counts nothing.
-    let counts = |t: &xpf_conf::compile::Table| t.entries().iter().map(|e| e.3).collect::<Vec<_>>();
+    let counts = |t: &xpf_conf::compile::Table| t.entries().iter().map(|e| e.matches).collect::<Vec<_>>();
     assert_eq!(counts(t), [1, 1, 1], "10/8, !10.1/16, 10.1.2.3 each decided once");
     let probe = xpf_wire::Addr::v4([10, 1, 2, 3]);
     assert!(t.holds(&probe, xpf_wire::pdesc::AF_INET));
     assert!(!t.holds(&xpf_wire::Addr::v4([10, 1, 7, 7]), xpf_wire::pdesc::AF_INET));
     assert_eq!(counts(t), [1, 1, 1], "asking is not a packet matching");
+}
+
+/// `table <T> counters`: each entry counts the packets the rules naming the table decided
+/// for it, in and out, blocked and passed (pf's per-entry counters): packets without a state
+/// at evaluation, a state's from the state. A table without `counters` counts none.
+#[test]
+fn a_counters_table_counts_per_entry_what_its_rules_decide() {
+    use xpf_conf::compile::Verdict as V;
+    let r = rs("table <t> counters { 10/8 !10.1/16 }\ntable <u> { 10/8 }\nblock all\n\
+        pass in proto udp from <t> to port 53\npass in proto udp from <t> to port 54 no state\n\
+        block in proto udp from <t> to port 55\nblock in proto udp from ! <t> to port 56\n\
+        pass in proto udp from <u> to port 57 no state\nblock out proto udp to <t> port 58\n");
+    let go = |src: [u8; 4], dst: [u8; 4], port: u16, dir: Dir| {
+        let p = PDesc { ip_len: 100, ..pkt(IPPROTO_UDP, src, dst, 1000, port, 0) };
+        r.evaluate(&p, 1, dir)
+    };
+    assert!(go([10, 2, 3, 4], [2, 2, 2, 2], 53, Dir::In).keep_state, "a state's packets count from the state");
+    assert_eq!(go([10, 2, 3, 4], [2, 2, 2, 2], 54, Dir::In).action, Action::Pass);
+    assert_eq!(go([10, 2, 3, 4], [2, 2, 2, 2], 55, Dir::In).action, Action::Block);
+    assert_eq!(go([10, 2, 3, 5], [2, 2, 2, 2], 55, Dir::In).action, Action::Block);
+    // `! <t>`: an address no entry holds counts nowhere (pf's XPass); one the negated entry
+    // decides counts there.
+    assert_eq!(go([11, 0, 0, 1], [2, 2, 2, 2], 56, Dir::In).action, Action::Block);
+    assert_eq!(go([10, 1, 0, 1], [2, 2, 2, 2], 56, Dir::In).action, Action::Block);
+    assert_eq!(go([10, 2, 3, 4], [2, 2, 2, 2], 57, Dir::In).action, Action::Pass);
+    assert_eq!(go([2, 2, 2, 2], [10, 7, 7, 7], 58, Dir::Out).action, Action::Block);
+    let t = r.table("t").unwrap();
+    assert!(t.counted() && !r.table("u").unwrap().counted());
+    let e = t.entries();
+    let slot = |out, pass| V { out, pass }.slot();
+    let mut want = [[0u64; 2]; 4];
+    want[slot(false, false)] = [2, 200];
+    want[slot(false, true)] = [1, 100];
+    want[slot(true, false)] = [1, 100];
+    assert_eq!((e[0].addr.to_string(), e[0].counts), ("10.0.0.0".into(), Some(want)));
+    let mut neg = [[0u64; 2]; 4];
+    neg[slot(false, false)] = [1, 100];
+    assert_eq!((e[1].neg, e[1].counts), (true, Some(neg)));
+    assert_eq!(r.table("u").unwrap().entries()[0].counts, None);
+    // A copy `-T add` installs keeps them, `-T replace` keeps those of entries that stay,
+    // `-T zero` clears them, `-T flush` leaves a table that still counts.
+    let mut c = t.clone();
+    assert_eq!(c.entries()[0].counts, Some(want));
+    let ten = "10.0.0.0".parse().unwrap();
+    assert_eq!(t.replaced(&[(ten, 8)], 5).entries()[0].counts, Some(want));
+    c.zero(7);
+    assert_eq!(c.entries()[0].counts, Some([[0; 2]; 4]));
+    assert!(t.replaced(&[], 5).counted());
+
+    // A state's packets: from the creator in its direction, the replies in the other, on the
+    // entry of the address its rule saw.
+    let mut w = worker(rs("table <t> counters { 10/8 }\nblock all\npass in proto udp from <t>\n"));
+    let mut v = [Verdict::Pass; 2];
+    w.process(&[&udp([10, 2, 3, 4], [2, 2, 2, 2], 5000, 53)], 1, Dir::In, 0, &mut v);
+    let reply = udp([2, 2, 2, 2], [10, 2, 3, 4], 53, 5000);
+    w.process(&[&reply, &reply], 1, Dir::Out, 1, &mut v);
+    assert_eq!(v, [Verdict::Pass; 2]);
+    let mut sums = w.policy.state_counts().expect("a rule names a counters table");
+    sums.walk(&w.t4);
+    let got = sums.sums.get(&("t".to_string(), ten, 8)).copied();
+    let mut want = [[0u64; 2]; 4];
+    want[slot(false, true)] = [1, 46];
+    want[slot(true, true)] = [2, 92];
+    assert_eq!(got, Some(want));
+    assert!(rs("table <u> { 10/8 }\npass from <u>\n").state_counts().is_none(), "nothing to walk for");
 }
 
 #[test]

@@ -80,7 +80,7 @@ pub const FRAG_NAMES: [Name; 8] = [
 ];
 
 /// pfctl -si -v's limit counters that xpf keeps.
-pub const LIMIT_NAMES: [Name; 7] = [
+pub const LIMIT_NAMES: [Name; 8] = [
     ev("max_states", "max states per rule"),
     ev("max_src_states", "max-src-states"),
     ev("max_src_nodes", "max-src-nodes"),
@@ -88,6 +88,7 @@ pub const LIMIT_NAMES: [Name; 7] = [
     ev("max_src_conn_rate", "max-src-conn-rate"),
     ev("overload_table_insertion", "overload table insertion"),
     ev("overload_flush_states", "overload flush states"),
+    ev("src_nodes_limit", "src-nodes limit"),
 ];
 
 /// xpf's detail behind pf's state-mismatch counter, and state reuse.
@@ -104,7 +105,16 @@ fn add_all(a: &mut [u64], b: &[u64]) {
 }
 
 fn limit_values(c: &xpf_state::LimitCounters) -> [u64; LIMIT_NAMES.len()] {
-    [c.states, c.src_states, c.src_nodes, c.src_conn, c.src_conn_rate, c.overload_table, c.overload_flush]
+    [
+        c.states,
+        c.src_states,
+        c.src_nodes,
+        c.src_conn,
+        c.src_conn_rate,
+        c.overload_table,
+        c.overload_flush,
+        c.src_nodes_limit,
+    ]
 }
 
 impl Info {

@@ -277,6 +277,13 @@ impl<P: Policy> Worker<P> {
     }
 
     /// `set limit states`: raising it grows the indexes online.
+    /// `set limit src-nodes`: this worker's share of the source nodes, both families
+    /// together (0: no limit).
+    pub fn set_src_node_limit(&mut self, n: u32) {
+        self.t4.track.node_limit = n;
+        self.t6.track.node_limit = n;
+    }
+
     pub fn set_limit(&mut self, limit: u32) -> Result<(), xpf_state::region::MapError> {
         self.limit = limit;
         self.t4.set_limit(limit)?;
@@ -2233,7 +2240,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     }
     let limits = if d.limits != 0 { p.limits(d.limits) } else { None };
     if let Some(l) = limits {
-        match t.track.admit(l, pd.src, c.elsewhere.rule_states(l.limiter)) {
+        match t.track.admit(l, pd.src, c.elsewhere) {
             Ok(()) => {}
             Err(Refusal::Max) => return Verdict::Drop(Reason::StateLimit),
             Err(Refusal::Src) => return Verdict::Drop(Reason::SrcLimit),

@@ -128,6 +128,9 @@ pub struct LimitCounters {
     pub overload_table: u64,
     /// "overload flush states"
     pub overload_flush: u64,
+    /// A new source node refused at `set limit src-nodes` (pf's src-limit reason; pf
+    /// keeps no limit counter of its own for it).
+    pub src_nodes_limit: u64,
 }
 
 /// A source that went over `max-src-conn` or `max-src-conn-rate`.
@@ -156,6 +159,9 @@ pub struct Tracking {
     /// Sources to add to their overload table: the daemon takes them between batches.
     pub overloads: Vec<(String, Addr)>,
     pub next_purge: u32,
+    /// `set limit src-nodes`: the source nodes this table and the other family's may hold
+    /// together (this worker's share; 0: no limit).
+    pub node_limit: u32,
 }
 
 impl Tracking {
@@ -167,10 +173,11 @@ impl Tracking {
         (src, if l.per_rule_nodes { l.limiter } else { 0 })
     }
 
-    /// Whether a state from `src` may be made under `l`, with `elsewhere` states of the rule in
-    /// the other family's table (pf_test_rule's and pf_insert_src_node's checks).
-    pub fn admit(&mut self, l: &RuleLimits, src: Addr, elsewhere: u32) -> Result<(), Refusal> {
-        if l.max != 0 && self.rule_states(l.limiter) + elsewhere >= l.max {
+    /// Whether a state from `src` may be made under `l`, with the other family's table's
+    /// tracking `elsewhere` (a rule's `max` and `set limit src-nodes` count both; pf_test_rule's
+    /// and pf_insert_src_node's checks).
+    pub fn admit(&mut self, l: &RuleLimits, src: Addr, elsewhere: &Tracking) -> Result<(), Refusal> {
+        if l.max != 0 && self.rule_states(l.limiter) + elsewhere.rule_states(l.limiter) >= l.max {
             self.counters.states += 1;
             return Err(Refusal::Max);
         }
@@ -185,6 +192,10 @@ impl Tracking {
             Some(_) => Ok(()),
             None if l.max_src_nodes != 0 && self.rules.get(&l.limiter).is_some_and(|r| r.nodes >= l.max_src_nodes) => {
                 self.counters.src_nodes += 1;
+                Err(Refusal::Src)
+            }
+            None if self.node_limit != 0 && self.nodes.len() + elsewhere.nodes.len() >= self.node_limit as usize => {
+                self.counters.src_nodes_limit += 1;
                 Err(Refusal::Src)
             }
             None => Ok(()),
@@ -407,7 +418,7 @@ mod tests {
         assert_eq!((tr.nodes.len(), tr.rules[&7].nodes), (1, 1));
         // The killed node's state is the rule's still, but no node's: a new state from the
         // source makes a new node, which the old state's end does not touch.
-        assert_eq!(tr.admit(&l, a, 0), Err(Refusal::Src), "b's node is the rule's one");
+        assert_eq!(tr.admit(&l, a, &Tracking::default()), Err(Refusal::Src), "b's node is the rule's one");
         tr.detach(2, 5, 0);
         tr.attach(3, &l, a, 0, 0);
         assert_eq!(tr.nodes[&(a, 0)].states, 1);
@@ -422,13 +433,37 @@ mod tests {
         let mut tr = Tracking::default();
         let (a, b) = (Addr::v4([10, 0, 0, 1]), Addr::v4([10, 0, 0, 2]));
         let l = RuleLimits { max: 3, max_src_states: 2, max_src_nodes: 1, ..lim(4) };
-        assert_eq!(tr.admit(&l, a, 0), Ok(()));
+        let none = Tracking::default();
+        assert_eq!(tr.admit(&l, a, &none), Ok(()));
         tr.attach(1, &l, a, 0, 0);
         tr.attach(2, &l, a, 0, 0);
-        assert_eq!(tr.admit(&l, a, 0), Err(Refusal::Src), "max-src-states 2");
-        assert_eq!(tr.admit(&l, b, 0), Err(Refusal::Src), "max-src-nodes 1");
-        assert_eq!(tr.admit(&l, a, 1), Err(Refusal::Max), "max 3 counts the other family");
+        assert_eq!(tr.admit(&l, a, &none), Err(Refusal::Src), "max-src-states 2");
+        assert_eq!(tr.admit(&l, b, &none), Err(Refusal::Src), "max-src-nodes 1");
+        let mut other = Tracking::default();
+        other.attach(9, &l, Addr::v4([10, 0, 0, 9]), 0, 0);
+        assert_eq!(tr.admit(&l, a, &other), Err(Refusal::Max), "max 3 counts the other family");
         assert_eq!(tr.counters, LimitCounters { states: 1, src_states: 1, src_nodes: 1, ..Default::default() });
+    }
+
+    /// `set limit src-nodes`: a new source's node is refused once this table's and the other
+    /// family's nodes reach the limit; a source with a node goes on; a node gone frees room.
+    #[test]
+    fn the_src_nodes_limit_counts_both_families() {
+        let l = RuleLimits { track_src: true, ..lim(4) };
+        let (a, b, c) = (Addr::v4([10, 0, 0, 1]), Addr::v4([10, 0, 0, 2]), Addr::v4([10, 0, 0, 3]));
+        let mut tr = Tracking { node_limit: 2, ..Default::default() };
+        let mut other = Tracking::default();
+        tr.attach(1, &l, a, 0, 0);
+        assert_eq!(tr.admit(&l, b, &other), Ok(()), "one node of two");
+        other.attach(2, &l, Addr::v4([10, 0, 0, 9]), 0, 0);
+        assert_eq!(tr.admit(&l, b, &other), Err(Refusal::Src), "two in both families: full");
+        assert_eq!(tr.admit(&l, a, &other), Ok(()), "a source with a node takes no new one");
+        assert_eq!(tr.counters.src_nodes_limit, 1);
+        other.detach(2, 5, 0);
+        assert_eq!(tr.admit(&l, c, &other), Ok(()));
+        tr.node_limit = 0;
+        other.attach(3, &l, b, 0, 0);
+        assert_eq!(tr.admit(&l, c, &other), Ok(()), "0: no limit");
     }
 
     #[test]

@@ -357,8 +357,10 @@ int xpf_skb(struct __sk_buff *skb) {
         if (tcp_check(family, t, th, end, c.l4len) < 0)
             return to_xpfd(skb, ifindex, family, &c, frag);
     }
+    /* The IP length, as pf and the engine count a packet's bytes (skb->len holds the
+     * Ethernet header, and a short frame's padding). */
     __sync_fetch_and_add(&t->packets, 1);
-    __sync_fetch_and_add(&t->bytes, skb->len);
+    __sync_fetch_and_add(&t->bytes, c.l4len + (family == AF_INET ? 20 : 40));
     return forward(skb, ifindex, family, out_if, at, &c, x & X_XLAT);
 }
 

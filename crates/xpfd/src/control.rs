@@ -18,6 +18,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use xpf_conf::compile::{Table, ENTRY_COUNTER_ROWS};
 use xpf_conf::parse::Parsed;
 use xpf_conf::reload::Slot;
 use xpf_conf::Ruleset;
@@ -83,6 +84,7 @@ impl Loaded {
         if let Some((n, _)) = parsed.limits.iter().find(|(n, _)| !LIMITS.iter().any(|l| l.0 == n)) {
             return Err(vec![format!("{file}: set limit {n}: not a limit xpf knows")]);
         }
+        table_limits(&parsed, &r, file).map_err(|e| vec![e])?;
         let mut names: Vec<String> = parsed
             .interface_names()
             .collect::<std::collections::HashSet<&str>>()
@@ -95,8 +97,7 @@ impl Loaded {
     }
 
     pub fn limit(&self, name: &str) -> u32 {
-        let d = LIMITS.iter().find(|l| l.0 == name).map(|l| l.1).unwrap_or(0);
-        self.parsed.limits.iter().rev().find(|(n, _)| n == name).map(|l| l.1).unwrap_or(d)
+        limit_of(&self.parsed, name)
     }
 
     pub fn state_limit(&self) -> u32 {
@@ -121,6 +122,44 @@ impl Loaded {
         let r = self.ruleset.take().expect("compiled");
         (r, self)
     }
+}
+
+/// `set limit NAME` as the ruleset gives it, else pf's default.
+fn limit_of(p: &Parsed, name: &str) -> u32 {
+    let d = LIMITS.iter().find(|l| l.0 == name).map(|l| l.1).unwrap_or(0);
+    p.limits.iter().rev().find(|(n, _)| n == name).map(|l| l.1).unwrap_or(d)
+}
+
+/// The tables `set limit tables` and `table-entries` count: those pf.conf declares or its
+/// rules name, and pfctl's for address lists (`__automatic_N`); not xpf's own (`self`,
+/// `(if)`, the routes').
+fn counted_tables(r: &Ruleset) -> impl Iterator<Item = &(String, Arc<xpf_conf::compile::Table>)> {
+    r.tables.iter().filter(|(n, _)| !n.starts_with("__") || n.starts_with("__automatic"))
+}
+
+/// pf refuses a ruleset whose tables pass `set limit tables` or whose addresses pass `set
+/// limit table-entries`: the table that passes it, with where it is declared.
+fn table_limits(p: &Parsed, r: &Ruleset, file: &str) -> Result<(), String> {
+    let (most, most_entries) = (limit_of(p, "tables") as usize, limit_of(p, "table-entries") as usize);
+    let at = |n: &str| match p.tables.iter().find(|t| t.name == n && t.line != 0) {
+        Some(t) => format!("{}:{}: table <{n}>", t.file, t.line),
+        None => format!("{file}: table <{n}>"),
+    };
+    let mut entries = 0;
+    for (k, (n, t)) in counted_tables(r).enumerate() {
+        if k + 1 > most {
+            return Err(format!("{}: table {} of the ruleset, over set limit tables {most}", at(n), k + 1));
+        }
+        entries += t.len();
+        if entries > most_entries {
+            return Err(format!(
+                "{}: {} addresses, {entries} in the tables so far, over set limit table-entries {most_entries}",
+                at(n),
+                t.len()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Refuses translation rules where xpfd cannot keep them yet: with several workers (a
@@ -562,8 +601,16 @@ impl Daemon {
         let t = l.timeouts();
         let frags = l.frags(self.workers.len());
         let cookies = l.parsed.syncookies.unwrap_or_default();
-        let results = ask(&self.workers, |done| Cmd::Limits { states: per, timeouts: t.clone(), frags, cookies, done })
-            .map_err(|e| vec![e])?;
+        let src_nodes = (l.limit("src-nodes") / self.workers.len() as u32).max(1);
+        let results = ask(&self.workers, |done| Cmd::Limits {
+            states: per,
+            timeouts: t.clone(),
+            frags,
+            cookies,
+            src_nodes,
+            done,
+        })
+        .map_err(|e| vec![e])?;
         if let Some(Err(e)) = results.into_iter().find(|r| r.is_err()) {
             return Err(vec![format!("{}: {e}", self.file)]);
         }
@@ -849,23 +896,55 @@ impl Daemon {
         };
         match cmd {
             "show" => {
-                let entries = t.entries();
+                let t = t.clone();
+                let mut entries = t.entries();
                 let verbose = req["verbose"].as_u64().unwrap_or(0) > 0;
+                // A `counters` table: its entries' packets decided without a state, and its
+                // rules' states now (a walk of the state tables).
+                if verbose && t.counted() {
+                    let mut sums = crate::dataplane::TableSums::new();
+                    for m in ask(&self.workers, Cmd::TableSums)? {
+                        for (k, v) in m {
+                            let a = sums.entry(k).or_default();
+                            a.iter_mut().flatten().zip(v.iter().flatten()).for_each(|(x, y)| *x += y);
+                        }
+                    }
+                    for e in &mut entries {
+                        if let (Some(c), Some(v)) = (&mut e.counts, sums.get(&(name.clone(), e.addr, e.len))) {
+                            c.iter_mut().flatten().zip(v.iter().flatten()).for_each(|(x, y)| *x += y);
+                        }
+                    }
+                }
                 let mut text = String::new();
-                for &(a, l, neg, m, cleared) in &entries {
-                    let _ = writeln!(text, "   {}", fmt(a, l, neg));
+                for e in &entries {
+                    let _ = writeln!(text, "   {}", fmt(e.addr, e.len, e.neg));
                     if verbose {
-                        let _ = writeln!(text, "\tCleared:     {}", clock_time(cleared));
-                        let _ = writeln!(text, "\tMatches: {m}");
+                        let _ = writeln!(text, "\tCleared:     {}", clock_time(e.cleared));
+                        for (row, [p, b]) in ENTRY_COUNTER_ROWS.iter().zip(e.counts.unwrap_or_default()) {
+                            if e.counts.is_some() {
+                                let _ = writeln!(text, "\t{row:<12} [ Packets: {p:<18} Bytes: {b:<18} ]");
+                            }
+                        }
+                        let _ = writeln!(text, "\tMatches: {}", e.matches);
                     }
                 }
                 let data: Vec<Value> = entries
                     .iter()
-                    .map(|&(a, l, neg, m, cleared)| {
-                        json!({"addr": a.to_string(), "prefix": l, "negated": neg, "matches": m, "cleared": cleared})
+                    .map(|e| {
+                        let mut v = json!({"addr": e.addr.to_string(), "prefix": e.len, "negated": e.neg,
+                            "matches": e.matches, "cleared": e.cleared});
+                        if let Some(c) = e.counts {
+                            let keys = ["in_block", "in_pass", "out_block", "out_pass"];
+                            v["counters"] = keys
+                                .iter()
+                                .zip(c)
+                                .map(|(k, [p, b])| (k.to_string(), json!({"packets": p, "bytes": b})))
+                                .collect();
+                        }
+                        v
                     })
                     .collect();
-                Ok((text, json!({"table": name, "entries": data})))
+                Ok((text, json!({"table": name, "counters": t.counted(), "entries": data})))
             }
             "test" => {
                 let mut text = String::new();
@@ -917,7 +996,7 @@ impl Daemon {
                         let n = tb.len();
                         (tb, format!("{n} addresses replaced ({before} before)."), n.max(before))
                     }
-                    "flush" => (Default::default(), format!("{before} addresses deleted."), before),
+                    "flush" => (Table::counting(t.counted()), format!("{before} addresses deleted."), before),
                     "zero" => {
                         let mut tb = (**t).clone();
                         tb.zero(now);
@@ -931,6 +1010,15 @@ impl Daemon {
                     }
                 };
                 let entries = tb.len();
+                // `set limit table-entries` holds at run time too (pf: "Cannot allocate
+                // memory"); a change that adds nothing always goes through.
+                let most = self.loaded.limit("table-entries") as usize;
+                let all = counted_tables(&cur).map(|(n, x)| if *n == name { entries } else { x.len() }).sum::<usize>();
+                if entries > before && all > most {
+                    return Err(format!(
+                        "-T {cmd}: table <{name}>: {all} addresses in the tables, over set limit table-entries {most}"
+                    ));
+                }
                 let r = cur.with_table(&name, tb).ok_or_else(|| format!("table <{name}> does not exist"))?;
                 write_nat_targets(&r, &self.steers.lock().unwrap(), self.skb_nat.as_ref())?;
                 crate::retire::install(&self.slot, r, None);
@@ -1449,13 +1537,34 @@ impl Daemon {
                 let (_, cur) = self.slot.current();
                 let mut text = String::new();
                 let mut data = Vec::new();
+                // pf's REFERENCED: a rule's source, destination or pool names the table.
+                let names = |h: &xpf_conf::ast::Host, n: &str| matches!(&h.kind, xpf_conf::ast::HostKind::Table(x) if x == n);
+                let referenced = |n: &str| {
+                    self.loaded.parsed.rules.iter().any(|r| {
+                        let pools = [&r.nat, &r.rdr, &r.binat].into_iter().flatten().map(|p| &p.host);
+                        [&r.src, &r.dst].into_iter().chain(pools).chain(r.route.iter().map(|b| &b.1.host)).any(|h| names(h, n))
+                    })
+                };
                 for (n, t) in &cur.tables {
                     // pfctl's address-list tables and xpf's own (`self`, `(if)`, routes).
                     if n.starts_with("__") {
                         continue;
                     }
-                    let _ = writeln!(text, "{n}");
-                    data.push(json!({"name": n, "entries": t.len()}));
+                    let def = self.loaded.parsed.tables.iter().find(|d| &d.name == n);
+                    let (konst, persist) = def.map_or((false, false), |d| (d.konst, d.persist));
+                    let refd = referenced(n);
+                    if verbose > 0 {
+                        // pfctl -sT -v: const, persist, active, inactive, referenced, referenced
+                        // by an anchor, counters.
+                        let f = |on: bool, c: char| if on { c } else { '-' };
+                        let flags: String =
+                            [f(konst, 'c'), f(persist, 'p'), 'a', '-', f(refd, 'r'), '-', f(t.counted(), 'C')].iter().collect();
+                        let _ = writeln!(text, "{flags}\t{n}");
+                    } else {
+                        let _ = writeln!(text, "{n}");
+                    }
+                    data.push(json!({"name": n, "entries": t.len(), "const": konst, "persist": persist,
+                        "referenced": refd, "counters": t.counted()}));
                 }
                 Ok((text, json!(data)))
             }
@@ -1609,6 +1718,27 @@ mod tests {
         let (p2, r2) = load(&big);
         let s = change_summary(&p1, &r1, &p2, &r2);
         assert!(s.starts_with(&format!("rules {} (was 3), classifier ", DIFF_UP_TO + 1)), "{s}");
+    }
+
+    /// `set limit tables` and `table-entries`: a ruleset past them is refused at the table
+    /// that passes, with its file and line; pfctl's list tables count, xpf's own do not.
+    #[test]
+    fn a_ruleset_past_its_table_limits_is_refused_at_the_table() {
+        let two =
+            "table <a> { 10.0.0.1 10.0.0.2 }\ntable <b> { 10.0.0.3 10.0.0.4 }\npass from <a>\npass from <b> to self\n";
+        assert!(Loaded::build(two, "t", &[]).is_ok());
+        let e = Loaded::build(&format!("set limit table-entries 3\n{two}"), "t", &[]).err().unwrap().join("\n");
+        assert!(
+            e.contains("t:3: table <b>: 2 addresses, 4 in the tables so far, over set limit table-entries 3"),
+            "{e}"
+        );
+        assert!(Loaded::build(&format!("set limit table-entries 4\n{two}"), "t", &[]).is_ok());
+        let e = Loaded::build(&format!("set limit tables 1\n{two}"), "t", &[]).err().unwrap().join("\n");
+        assert!(e.contains("t:3: table <b>: table 2 of the ruleset, over set limit tables 1"), "{e}");
+        let list = "set limit tables 2\ntable <a> { 10.0.0.1 }\npass from <a>\npass in to 10.0.0.5 rdr-to { 10.0.0.7 10.0.0.8 }\n";
+        assert!(Loaded::build(list, "t", &[]).is_ok(), "a list's table is the second");
+        let e = Loaded::build(&list.replace("tables 2", "tables 1"), "t", &[]).err().unwrap().join("\n");
+        assert!(e.contains("table <__automatic_0>: table 2 of the ruleset, over set limit tables 1"), "{e}");
     }
 
     /// What the once-a-second watch asks of the ruleset is found at its load: the interface

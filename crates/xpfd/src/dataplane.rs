@@ -228,6 +228,10 @@ fn rule_sums<K: Key>(t: &xpf_state::StateTable<K>, out: &mut RuleSums) {
     }
 }
 
+/// Per entry of a `counters` table (table, address, prefix length), what the states of the
+/// rules naming it carried, packets and bytes by `xpf_conf::compile::Verdict::slot`.
+pub type TableSums = std::collections::HashMap<(String, std::net::IpAddr, u8), [[u64; 2]; 4]>;
+
 /// Which states a kill or a listing selects: hosts as pfctl -k gives them.
 #[derive(Debug, Clone, Default)]
 pub struct Select {
@@ -247,6 +251,8 @@ pub enum Cmd {
     States(Sender<Vec<RawRow>>),
     /// Per rule (by number), what its states in the table now have carried: see [`RuleSums`].
     RuleSums(Sender<RuleSums>),
+    /// Per entry of the `counters` tables, what its rules' states carried: see [`TableSums`].
+    TableSums(Sender<TableSums>),
     /// States per interface they are bound to (0: floating), for `-s Interfaces -v`.
     StatesByIf(Sender<std::collections::HashMap<u16, u64>>),
     /// Translation's port use per (address, protocol class): (in use, in the ranges).
@@ -261,6 +267,8 @@ pub enum Cmd {
         frags: (bool, u32),
         /// `set syncookies`.
         cookies: xpf_engine::syncookie::Mode,
+        /// `set limit src-nodes` (this worker's share).
+        src_nodes: u32,
         done: Sender<Result<(), String>>,
     },
     /// Records from the sync peer for states this worker owns.
@@ -390,6 +398,7 @@ pub struct Dataplane {
 enum Fresh {
     States(Sender<Vec<RawRow>>),
     RuleSums(Sender<RuleSums>),
+    TableSums(Sender<TableSums>),
     /// `-k` and `-F states`: the states killed (their flows leave the tables in the pass).
     Killed(Sender<u32>, u32),
 }
@@ -890,6 +899,15 @@ impl Dataplane {
                 rule_sums(&self.worker.t4, &mut m);
                 rule_sums(&self.worker.t6, &mut m);
                 let _ = tx.send(m);
+            }
+            Fresh::TableSums(tx) => {
+                let w = &self.worker;
+                let sums = w.policy.current().1.state_counts().map_or_else(TableSums::new, |mut c| {
+                    c.walk(&w.t4);
+                    c.walk(&w.t6);
+                    c.sums
+                });
+                let _ = tx.send(sums);
             }
             Fresh::Killed(tx, n) => {
                 let _ = tx.send(n);
@@ -1737,6 +1755,7 @@ impl Dataplane {
             // The fast path's counts first, so that packets, bytes and expiry are current;
             // after a kill, its flows leave the tables before the answer.
             Cmd::RuleSums(tx) => self.after_read_back(Fresh::RuleSums(tx)),
+            Cmd::TableSums(tx) => self.after_read_back(Fresh::TableSums(tx)),
             Cmd::States(tx) => self.after_read_back(Fresh::States(tx)),
             Cmd::Sources(tx) => {
                 let mut rows = Vec::new();
@@ -1760,7 +1779,8 @@ impl Dataplane {
                 };
                 self.after_read_back(Fresh::Killed(tx, n));
             }
-            Cmd::Limits { states, timeouts, frags, cookies, done } => {
+            Cmd::Limits { states, timeouts, frags, cookies, src_nodes, done } => {
+                self.worker.set_src_node_limit(src_nodes);
                 if self.worker.syncookies().0 != cookies {
                     self.worker.set_syncookies(cookies, None);
                 }

@@ -837,6 +837,8 @@ fn run(a: Args) -> Result<(), String> {
     };
     let workers = ports_of.len();
     let frags = loaded.frags(workers);
+    // `set limit src-nodes`: each worker's share (a reload sets it again, control.rs).
+    let src_nodes = (loaded.limit("src-nodes") / workers as u32).max(1);
     // One key for every worker's syncookies: an ACK proves a cookie whichever worker sent it.
     let (cookies, cookie_key) = (loaded.parsed.syncookies.unwrap_or_default(), xpf_state::os_random());
     let cpus: Vec<usize> = a.cpus.clone().unwrap_or_else(|| (0..workers).map(|w| w % ncpu).collect());
@@ -1014,6 +1016,7 @@ fn run(a: Args) -> Result<(), String> {
         worker.t6.set_timeouts(timeouts.clone());
         worker.set_reassemble(frags.0, frags.1, timeouts.get(xpf_state::Timeout::Frag));
         worker.set_syncookies(cookies, Some(cookie_key));
+        worker.set_src_node_limit(src_nodes);
         worker.set_flow_active(a.pflow.as_ref().map_or(0, |c| c.active));
         // Its own row of rule counters; translation's source ports by residue (the hand-off
         // owns replies by port).
