@@ -26,7 +26,15 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
     for (text, file, line) in &p.settings {
         let words: Vec<&str> = text.split_whitespace().collect();
         match words.get(1).copied().unwrap_or("") {
-            // Enforced: block-policy (the rules carry it), timeout, limit, reassemble,
+            // xpfd holds states, frags, src-nodes, tables and table-entries; it has no delay
+            // queue and does not bound its anchors.
+            "limit" => {
+                let named = |n: &str| words.iter().any(|w| w.trim_matches(['{', ',', '}']) == n);
+                for n in ["pktdelay-pkts", "anchors"].into_iter().filter(|n| named(n)) {
+                    no(file, *line, &format!("set limit {n}"));
+                }
+            }
+            // Enforced: block-policy (the rules carry it), timeout, reassemble,
             // state-policy, skip; ruleset-optimization changes no verdict (pfctl's optimizer
             // only reorders and merges rules that decide alike).
             // `hostid` is sync's creator id (xpfd --sync-hostid wins); syncookies, the engine's
@@ -40,7 +48,6 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
             | "loginterface"
             | "state-defaults"
             | "timeout"
-            | "limit"
             | "state-policy"
             | "skip"
             | "ruleset-optimization"
@@ -276,6 +283,8 @@ mod tests {
         include_str!("../../../scripts/observe.sh"),
         include_str!("../../xpfd/src/logging.rs"),
         include_str!("../../shape/src/tests.rs"),
+        include_str!("../../state/src/track.rs"),
+        include_str!("../../xpfd/src/control.rs"),
     ];
 
     enum Expect {
@@ -385,6 +394,10 @@ mod tests {
         ("set syncookies adaptive (start 25%, end 12%)", Yes("syncookies_adaptive_turn_on_at_the_half_open_watermark")),
         ("set syncookies never", Yes("syncookies_answer_a_syn_without_state_and_the_ack_makes_it")),
         ("set debug crit", Yes("pf_debug_names_map_to_levels")),
+        ("set limit table-entries 10", Yes("a_ruleset_past_its_table_limits_is_refused_at_the_table")),
+        ("set limit src-nodes 10", Yes("the_src_nodes_limit_counts_both_families")),
+        ("set limit anchors 10", No("set limit anchors")),
+        ("set limit { states 10, pktdelay-pkts 5 }", No("set limit pktdelay-pkts")),
     ];
 
     #[test]
