@@ -84,8 +84,9 @@ impl Verdict {
     }
 }
 
-/// pfctl's names of an entry's counter rows, by [`Verdict::slot`].
-pub const ENTRY_COUNTER_ROWS: [&str; 4] = ["In/Block:", "In/Pass:", "Out/Block:", "Out/Pass:"];
+/// An entry's counter rows by [`Verdict::slot`]: pfctl's name, and the JSON key.
+pub const ENTRY_COUNTER_ROWS: [(&str, &str); 4] =
+    [("In/Block:", "in_block"), ("In/Pass:", "in_pass"), ("Out/Block:", "out_block"), ("Out/Pass:", "out_pass")];
 
 /// An entry as `-T show -v` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -2206,11 +2207,18 @@ impl Policy for Ruleset {
 pub struct StateCounts<'a> {
     rs: &'a Ruleset,
     rules: HashMap<u32, [(bool, AddrTest); 2]>,
-    /// By (table name, entry address, prefix length): packets and bytes by [`Verdict::slot`].
-    pub sums: HashMap<(String, IpAddr, u8), [[u64; 2]; 4]>,
+    /// By (table index, entry address, prefix length): packets and bytes by [`Verdict::slot`].
+    sums: HashMap<(usize, IpAddr, u8), [[u64; 2]; 4]>,
 }
 
 impl StateCounts<'_> {
+    /// The sums by (table name, entry address, prefix length): packets and bytes by
+    /// [`Verdict::slot`].
+    pub fn sums(self) -> HashMap<(String, IpAddr, u8), [[u64; 2]; 4]> {
+        let names = &self.rs.tables;
+        self.sums.into_iter().map(|((i, a, l), v)| ((names[i].0.clone(), a, l), v)).collect()
+    }
+
     /// Every state of table `t`.
     pub fn walk<K: xpf_state::Key>(&mut self, t: &xpf_state::StateTable<K>) {
         for (id, s) in t.iter() {
@@ -2230,11 +2238,8 @@ impl StateCounts<'_> {
         let Some(sides) = self.rules.get(&rule) else { return };
         for ((neg, t), a) in sides.iter().zip([src, dst]) {
             let AddrTest::Table(i) = *t else { continue };
-            let (name, table) = &self.rs.tables[i];
-            let Some((_, len)) = table.counting_entry(a, af, *neg) else { continue };
-            let ip = a.to_ip(af);
-            let key = (name.clone(), masked_addr(ip, len), len);
-            let sum = self.sums.entry(key).or_default();
+            let Some((_, len)) = self.rs.tables[i].1.counting_entry(a, af, *neg) else { continue };
+            let sum = self.sums.entry((i, masked_addr(a.to_ip(af), len), len)).or_default();
             for (k, v) in [Verdict { out, pass: true }, Verdict { out: !out, pass: true }].into_iter().enumerate() {
                 sum[v.slot()][0] += packets[k] as u64;
                 sum[v.slot()][1] += bytes[k];

@@ -194,7 +194,7 @@ fn a_counters_table_counts_per_entry_what_its_rules_decide() {
     assert_eq!(v, [Verdict::Pass; 2]);
     let mut sums = w.policy.state_counts().expect("a rule names a counters table");
     sums.walk(&w.t4);
-    let got = sums.sums.get(&("t".to_string(), ten, 8)).copied();
+    let got = sums.sums().get(&("t".to_string(), ten, 8)).copied();
     let mut want = [[0u64; 2]; 4];
     want[slot(false, true)] = [1, 46];
     want[slot(true, true)] = [2, 92];

@@ -920,10 +920,8 @@ impl Daemon {
                     let _ = writeln!(text, "   {}", fmt(e.addr, e.len, e.neg));
                     if verbose {
                         let _ = writeln!(text, "\tCleared:     {}", clock_time(e.cleared));
-                        for (row, [p, b]) in ENTRY_COUNTER_ROWS.iter().zip(e.counts.unwrap_or_default()) {
-                            if e.counts.is_some() {
-                                let _ = writeln!(text, "\t{row:<12} [ Packets: {p:<18} Bytes: {b:<18} ]");
-                            }
+                        for ((row, _), [p, b]) in e.counts.iter().flat_map(|c| ENTRY_COUNTER_ROWS.iter().zip(*c)) {
+                            let _ = writeln!(text, "\t{row:<12} [ Packets: {p:<18} Bytes: {b:<18} ]");
                         }
                         let _ = writeln!(text, "\tMatches: {}", e.matches);
                     }
@@ -934,11 +932,10 @@ impl Daemon {
                         let mut v = json!({"addr": e.addr.to_string(), "prefix": e.len, "negated": e.neg,
                             "matches": e.matches, "cleared": e.cleared});
                         if let Some(c) = e.counts {
-                            let keys = ["in_block", "in_pass", "out_block", "out_pass"];
-                            v["counters"] = keys
+                            v["counters"] = ENTRY_COUNTER_ROWS
                                 .iter()
                                 .zip(c)
-                                .map(|(k, [p, b])| (k.to_string(), json!({"packets": p, "bytes": b})))
+                                .map(|((_, k), [p, b])| (k.to_string(), json!({"packets": p, "bytes": b})))
                                 .collect();
                         }
                         v

@@ -905,7 +905,7 @@ impl Dataplane {
                 let sums = w.policy.current().1.state_counts().map_or_else(TableSums::new, |mut c| {
                     c.walk(&w.t4);
                     c.walk(&w.t6);
-                    c.sums
+                    c.sums()
                 });
                 let _ = tx.send(sums);
             }
