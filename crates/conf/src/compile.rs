@@ -88,6 +88,15 @@ impl Verdict {
 pub const ENTRY_COUNTER_ROWS: [(&str, &str); 4] =
     [("In/Block:", "in_block"), ("In/Pass:", "in_pass"), ("Out/Block:", "out_block"), ("Out/Pass:", "out_pass")];
 
+/// Entries' counts by (table name, entry address, prefix length), packets and bytes by
+/// [`Verdict::slot`]: what [`StateCounts`] sums, and a reader merges.
+pub type EntrySums = HashMap<(String, IpAddr, u8), [[u64; 2]; 4]>;
+
+/// Adds counts `b` to `a`, row by row.
+pub fn add_counts(a: &mut [[u64; 2]; 4], b: &[[u64; 2]; 4]) {
+    a.iter_mut().flatten().zip(b.iter().flatten()).for_each(|(x, y)| *x += y);
+}
+
 /// An entry as `-T show -v` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct EntryRow {
@@ -2214,7 +2223,7 @@ pub struct StateCounts<'a> {
 impl StateCounts<'_> {
     /// The sums by (table name, entry address, prefix length): packets and bytes by
     /// [`Verdict::slot`].
-    pub fn sums(self) -> HashMap<(String, IpAddr, u8), [[u64; 2]; 4]> {
+    pub fn sums(self) -> EntrySums {
         let names = &self.rs.tables;
         self.sums.into_iter().map(|((i, a, l), v)| ((names[i].0.clone(), a, l), v)).collect()
     }

@@ -18,7 +18,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use xpf_conf::compile::{Table, ENTRY_COUNTER_ROWS};
+use xpf_conf::compile::{add_counts, EntrySums, Table, ENTRY_COUNTER_ROWS};
 use xpf_conf::parse::Parsed;
 use xpf_conf::reload::Slot;
 use xpf_conf::Ruleset;
@@ -100,6 +100,11 @@ impl Loaded {
         limit_of(&self.parsed, name)
     }
 
+    /// Each of `workers`' share of `set limit NAME` (at least 1).
+    pub fn share(&self, name: &str, workers: usize) -> u32 {
+        (self.limit(name) / workers.max(1) as u32).max(1)
+    }
+
     pub fn state_limit(&self) -> u32 {
         self.limit("states").max(1)
     }
@@ -107,7 +112,7 @@ impl Loaded {
     /// Reassembly on or off (`set reassemble`, pf's default yes) and each of `workers`'
     /// share of `set limit frags`.
     pub fn frags(&self, workers: usize) -> (bool, u32) {
-        (self.parsed.reassemble != Some(false), (self.limit("frags") / workers.max(1) as u32).max(1))
+        (self.parsed.reassemble != Some(false), self.share("frags", workers))
     }
 
     pub fn timeouts(&self) -> Timeouts {
@@ -601,7 +606,7 @@ impl Daemon {
         let t = l.timeouts();
         let frags = l.frags(self.workers.len());
         let cookies = l.parsed.syncookies.unwrap_or_default();
-        let src_nodes = (l.limit("src-nodes") / self.workers.len() as u32).max(1);
+        let src_nodes = l.share("src-nodes", self.workers.len());
         let results = ask(&self.workers, |done| Cmd::Limits {
             states: per,
             timeouts: t.clone(),
@@ -896,22 +901,20 @@ impl Daemon {
         };
         match cmd {
             "show" => {
-                let t = t.clone();
                 let mut entries = t.entries();
                 let verbose = req["verbose"].as_u64().unwrap_or(0) > 0;
                 // A `counters` table: its entries' packets decided without a state, and its
                 // rules' states now (a walk of the state tables).
                 if verbose && t.counted() {
-                    let mut sums = crate::dataplane::TableSums::new();
+                    let mut sums = EntrySums::new();
                     for m in ask(&self.workers, Cmd::TableSums)? {
                         for (k, v) in m {
-                            let a = sums.entry(k).or_default();
-                            a.iter_mut().flatten().zip(v.iter().flatten()).for_each(|(x, y)| *x += y);
+                            add_counts(sums.entry(k).or_default(), &v);
                         }
                     }
                     for e in &mut entries {
                         if let (Some(c), Some(v)) = (&mut e.counts, sums.get(&(name.clone(), e.addr, e.len))) {
-                            c.iter_mut().flatten().zip(v.iter().flatten()).for_each(|(x, y)| *x += y);
+                            add_counts(c, v);
                         }
                     }
                 }
@@ -1534,14 +1537,22 @@ impl Daemon {
                 let (_, cur) = self.slot.current();
                 let mut text = String::new();
                 let mut data = Vec::new();
-                // pf's REFERENCED: a rule's source, destination or pool names the table.
-                let names = |h: &xpf_conf::ast::Host, n: &str| matches!(&h.kind, xpf_conf::ast::HostKind::Table(x) if x == n);
-                let referenced = |n: &str| {
-                    self.loaded.parsed.rules.iter().any(|r| {
+                // pf's REFERENCED: a rule's source, destination or pool names the table. One
+                // pass over the rules, whatever the number of tables.
+                let referenced: std::collections::HashSet<&str> = self
+                    .loaded
+                    .parsed
+                    .rules
+                    .iter()
+                    .flat_map(|r| {
                         let pools = [&r.nat, &r.rdr, &r.binat].into_iter().flatten().map(|p| &p.host);
-                        [&r.src, &r.dst].into_iter().chain(pools).chain(r.route.iter().map(|b| &b.1.host)).any(|h| names(h, n))
+                        [&r.src, &r.dst].into_iter().chain(pools).chain(r.route.iter().map(|b| &b.1.host))
                     })
-                };
+                    .filter_map(|h| match &h.kind {
+                        xpf_conf::ast::HostKind::Table(x) => Some(x.as_str()),
+                        _ => None,
+                    })
+                    .collect();
                 for (n, t) in &cur.tables {
                     // pfctl's address-list tables and xpf's own (`self`, `(if)`, routes).
                     if n.starts_with("__") {
@@ -1549,7 +1560,7 @@ impl Daemon {
                     }
                     let def = self.loaded.parsed.tables.iter().find(|d| &d.name == n);
                     let (konst, persist) = def.map_or((false, false), |d| (d.konst, d.persist));
-                    let refd = referenced(n);
+                    let refd = referenced.contains(n.as_str());
                     if verbose > 0 {
                         // pfctl -sT -v: const, persist, active, inactive, referenced, referenced
                         // by an anchor, counters.

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use xpf_conf::compile::EntrySums;
 use xpf_engine::{info::Info, Verdict, Worker, BATCH};
 use xpf_state::{Dir, Key, Timeouts};
 use xpf_wire::ethernet;
@@ -228,10 +229,6 @@ fn rule_sums<K: Key>(t: &xpf_state::StateTable<K>, out: &mut RuleSums) {
     }
 }
 
-/// Per entry of a `counters` table (table, address, prefix length), what the states of the
-/// rules naming it carried, packets and bytes by `xpf_conf::compile::Verdict::slot`.
-pub type TableSums = std::collections::HashMap<(String, std::net::IpAddr, u8), [[u64; 2]; 4]>;
-
 /// Which states a kill or a listing selects: hosts as pfctl -k gives them.
 #[derive(Debug, Clone, Default)]
 pub struct Select {
@@ -251,8 +248,8 @@ pub enum Cmd {
     States(Sender<Vec<RawRow>>),
     /// Per rule (by number), what its states in the table now have carried: see [`RuleSums`].
     RuleSums(Sender<RuleSums>),
-    /// Per entry of the `counters` tables, what its rules' states carried: see [`TableSums`].
-    TableSums(Sender<TableSums>),
+    /// Per entry of the `counters` tables, what its rules' states carried.
+    TableSums(Sender<EntrySums>),
     /// States per interface they are bound to (0: floating), for `-s Interfaces -v`.
     StatesByIf(Sender<std::collections::HashMap<u16, u64>>),
     /// Translation's port use per (address, protocol class): (in use, in the ranges).
@@ -398,7 +395,7 @@ pub struct Dataplane {
 enum Fresh {
     States(Sender<Vec<RawRow>>),
     RuleSums(Sender<RuleSums>),
-    TableSums(Sender<TableSums>),
+    TableSums(Sender<EntrySums>),
     /// `-k` and `-F states`: the states killed (their flows leave the tables in the pass).
     Killed(Sender<u32>, u32),
 }
@@ -902,7 +899,7 @@ impl Dataplane {
             }
             Fresh::TableSums(tx) => {
                 let w = &self.worker;
-                let sums = w.policy.current().1.state_counts().map_or_else(TableSums::new, |mut c| {
+                let sums = w.policy.current().1.state_counts().map_or_else(EntrySums::new, |mut c| {
                     c.walk(&w.t4);
                     c.walk(&w.t6);
                     c.sums()

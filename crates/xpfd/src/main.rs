@@ -838,7 +838,7 @@ fn run(a: Args) -> Result<(), String> {
     let workers = ports_of.len();
     let frags = loaded.frags(workers);
     // `set limit src-nodes`: each worker's share (a reload sets it again, control.rs).
-    let src_nodes = (loaded.limit("src-nodes") / workers as u32).max(1);
+    let src_nodes = loaded.share("src-nodes", workers);
     // One key for every worker's syncookies: an ACK proves a cookie whichever worker sent it.
     let (cookies, cookie_key) = (loaded.parsed.syncookies.unwrap_or_default(), xpf_state::os_random());
     let cpus: Vec<usize> = a.cpus.clone().unwrap_or_else(|| (0..workers).map(|w| w % ncpu).collect());
