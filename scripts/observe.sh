@@ -227,6 +227,19 @@ check "log (all): the flow's 4 datagrams and 4 answers are all in pflog2" bash -
     [[ \$(grep -cE '10\.0\.2\.2\.7000 > 10\.0\.1\.2\.46000' $DIR/all.txt) -eq 4 ]]"
 $CTL -f "$DIR/pf.conf"
 
+# pf's rule counters, since the load just made: what a block rule blocked, a rule's states'
+# packets kept after the states end, and who loaded the rules.
+try tcp 7000; try tcp 7000; try tcp 7999
+check "-s rules -v: the block rule counts the packets it blocked; the rules name the pid of the xpfctl that loaded them" bash -c "
+    $CTL -s rules -v >$DIR/rv.txt; cat $DIR/rv.txt
+    grep -A1 '^block drop log all\$' $DIR/rv.txt | grep -qE 'Packets: +[1-9]' &&
+        pid=\$(grep -A2 '^block drop log all\$' $DIR/rv.txt | sed -nE 's/.*Inserted: uid 0 pid ([0-9]+) State Creations: 0 +]\$/\\1/p') &&
+        [[ -n \$pid && \$pid != $XPFD && \$pid != \$(pgrep -x xpfd | head -1) ]]"
+check "a rule keeps its states' packets when they end: after -F states, web's 2 connections still counted (States: 0, 2 creations)" bash -c "
+    $CTL -F states && $CTL -s labels | tee /dev/stderr |
+        grep -E '^web [1-9][0-9]* [1-9][0-9]* [1-9][0-9]* [1-9][0-9]* [1-9][0-9]* [1-9][0-9]* [1-9][0-9]* 2\$' &&
+        $CTL -s rules -v | grep -A1 'label \"web\"' | tee /dev/stderr | grep -qE 'States: 0 '"
+
 # xpfd's own log: levelled lines, one summary line per load, pf's debug levels.
 cp "$DIR/pf.conf" "$DIR/pf2.conf"
 printf 'set debug debug\npass in on fc inet proto udp to 10.0.2.2 port 7001\n' >>"$DIR/pf2.conf"

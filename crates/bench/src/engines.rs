@@ -3,7 +3,7 @@
 //! foldhash) doing the same parse, key, lookup-or-insert and counter update, one packet at a time.
 
 use hashbrown::HashMap;
-use xpf_engine::{PassAll, Verdict, Worker, WorkerConfig, BATCH};
+use xpf_engine::{BlockAll, PassAll, Verdict, Worker, WorkerConfig, BATCH};
 use xpf_io::gen::FRAME_LEN;
 use xpf_state::{Dir, Key, Key4, Seed};
 use xpf_wire::{parse_ether, PDesc};
@@ -23,9 +23,23 @@ pub trait Engine: Send {
     fn settle(&mut self) {}
 }
 
-pub struct Xpf {
-    pub w: Worker<PassAll>,
+pub struct Xpf<P: xpf_engine::Policy = PassAll> {
+    pub w: Worker<P>,
     verdicts: [Verdict; BATCH],
+}
+
+/// A bench worker's configuration: a table for `limit` states (prefaulted), `rows` index
+/// rows (None: sized from the limit), sync's event queues of `events` entries (0: off).
+fn config(limit: u64, rows: Option<u32>, events: usize) -> WorkerConfig {
+    WorkerConfig {
+        limit: limit as u32,
+        rows,
+        seed: Seed::random(),
+        events,
+        now: 1,
+        prefault: true,
+        secret: xpf_state::os_random(),
+    }
 }
 
 impl Xpf {
@@ -34,20 +48,27 @@ impl Xpf {
     }
     /// With sync's event queues of `events` entries (0: off).
     pub fn with_events(limit: u64, rows: Option<u32>, events: usize) -> Xpf {
-        let cfg = WorkerConfig {
-            limit: limit as u32,
-            rows,
-            seed: Seed::random(),
-            events,
-            now: 1,
-            prefault: true,
-            secret: xpf_state::os_random(),
-        };
-        Xpf { w: Worker::new(cfg, PassAll).expect("state table memory"), verdicts: [Verdict::Pass; BATCH] }
+        Xpf::with_policy(config(limit, rows, events), PassAll)
     }
 }
 
-impl Engine for Xpf {
+/// xpf's worker under `block all`: every packet a first packet, decided by the rule and
+/// dropped (and counted on it), no state made: what a flood against a blocked port costs.
+pub type XpfBlock = Xpf<BlockAll>;
+
+impl XpfBlock {
+    pub fn blocking(limit: u64) -> XpfBlock {
+        Xpf::with_policy(config(limit, None, 0), BlockAll)
+    }
+}
+
+impl<P: xpf_engine::Policy> Xpf<P> {
+    fn with_policy(cfg: WorkerConfig, p: P) -> Xpf<P> {
+        Xpf { w: Worker::new(cfg, p).expect("state table memory"), verdicts: [Verdict::Pass; BATCH] }
+    }
+}
+
+impl<P: xpf_engine::Policy + Send> Engine for Xpf<P> {
     #[inline]
     fn process(&mut self, frames: &[&[u8]], now: u32) -> usize {
         self.w.process(frames, 1, Dir::In, now, &mut self.verdicts);
@@ -93,15 +114,7 @@ pub struct XpfOut {
 impl XpfOut {
     /// Flows from the generator's sources, translated to `pool` (None: not translated).
     pub fn new(limit: u64, pool: Option<xpf_engine::nat::Pool>) -> XpfOut {
-        let cfg = WorkerConfig {
-            limit: limit as u32,
-            rows: None,
-            seed: Seed::random(),
-            events: 0,
-            now: 1,
-            prefault: true,
-            secret: xpf_state::os_random(),
-        };
+        let cfg = config(limit, None, 0);
         XpfOut { w: Worker::new(cfg, NatPolicy(pool)).expect("state table memory"), verdicts: [Verdict::Pass; BATCH] }
     }
 }

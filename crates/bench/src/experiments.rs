@@ -347,6 +347,8 @@ pub fn insert(o: &Opts) -> Result<(), String> {
     let h = o.baseline.then(|| insert_runs(&g, o.runs, o.batch, HashMapBaseline::new));
     let xs = Summary::of(&x);
     let hs = h.as_ref().map(|v| Summary::of(v));
+    // The same packets under `block all`: each decided by the rule, dropped and counted on it.
+    let b = Summary::of(&crate::runner::blocked_runs(&g, o.runs, o.batch, crate::engines::XpfBlock::blocking));
     {
         say(o, stats::header("engine", "new states/s"));
         say(o, stats::row("xpf", &xs));
@@ -354,6 +356,8 @@ pub fn insert(o: &Opts) -> Result<(), String> {
             say(o, stats::row("HashMap", hs));
             say(o, format!("xpf/HashMap: {:.2}x", xs.median / hs.median));
         }
+        say(o, stats::header("engine", "packets/s a block rule drops"));
+        say(o, stats::row("xpf block", &b));
     }
     // `-F states` on the full table: the worker forwards nothing meanwhile.
     let flush = |whole: bool| {

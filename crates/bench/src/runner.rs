@@ -247,16 +247,36 @@ pub fn paired_runs<A: Engine, B: Engine>(
     (ma, mb)
 }
 
-/// New states per second: each run fills a fresh engine with `gen`'s flows once.
-pub fn insert_runs<E: Engine>(gen: &Gen, runs: usize, batch: usize, make: impl Fn(u64) -> E) -> Vec<f64> {
+/// Packets per second over `gen`'s flows once each: `runs` runs, each of a fresh engine, that
+/// `check` holds to what it must have done (given the engine, the run and the flows' count).
+fn once_runs<E: Engine>(
+    gen: &Gen,
+    runs: usize,
+    batch: usize,
+    make: impl Fn(u64) -> E,
+    check: impl Fn(&E, &Pumped, u64),
+) -> Vec<f64> {
     (0..runs)
         .map(|_| {
             let mut feed = Feed::new(gen.clone(), 0, 1);
             let mut e = make(feed.count);
             let count = feed.count;
             let p = pump(&mut e, &mut feed, count, 0.0, batch, 1);
-            assert_eq!(e.states(), feed.count);
+            check(&e, &p, count);
             p.packets as f64 / p.secs
         })
         .collect()
+}
+
+/// New states per second: each run fills a fresh engine with `gen`'s flows once.
+pub fn insert_runs<E: Engine>(gen: &Gen, runs: usize, batch: usize, make: impl Fn(u64) -> E) -> Vec<f64> {
+    once_runs(gen, runs, batch, make, |e, _, n| assert_eq!(e.states(), n))
+}
+
+/// Packets per second an engine that keeps no state (`block all`) decides over `gen`'s flows
+/// once each; each run checks that every packet was dropped.
+pub fn blocked_runs<E: Engine>(gen: &Gen, runs: usize, batch: usize, make: impl Fn(u64) -> E) -> Vec<f64> {
+    once_runs(gen, runs, batch, make, |e, p, _| {
+        assert_eq!((e.states(), p.passed), (0, 0), "every packet dropped, no state made")
+    })
 }

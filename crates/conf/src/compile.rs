@@ -1649,6 +1649,22 @@ impl Ruleset {
         Some(r)
     }
 
+    /// The lists of filter rules in force, the main ruleset's and each anchor's loaded at run
+    /// time: (identity, lowest and highest rule number). A list a load replaces has a new
+    /// identity, so that its rules' counts start from the load, as pf's do; one that stays
+    /// (the main ruleset when an anchor is loaded) keeps its identity.
+    pub fn rule_lists(&self) -> Vec<RuleList> {
+        let loaded = self.anchors.loaded.values().map(|a| &a.list);
+        std::iter::once(&self.filter)
+            .chain(loaded)
+            .map(|l| {
+                // A list numbers its rules in order (a rule made of several numbers each alike).
+                let (lo, hi) = (l.rules.first().map_or(0, |r| r.nr), l.rules.last().map_or(0, |r| r.nr));
+                RuleList { id: Arc::as_ptr(&l.evaluations) as usize, lo, hi }
+            })
+            .collect()
+    }
+
     /// `pfctl -z`: every rule's evaluations back to 0.
     pub fn zero_evaluations(&self) {
         let loaded = self.anchors.loaded.values().map(|a| &a.list.evaluations);
@@ -2056,15 +2072,8 @@ impl Ruleset {
 
     /// What sums the states of the rules naming `counters` tables into the entries (None
     /// when no rule does): a walk of the state table gives it each state.
-    pub fn state_counts(&self) -> Option<StateCounts<'_>> {
-        let loaded = self.anchors.loaded.values().map(|a| &a.list);
-        let rules: HashMap<u32, [(bool, AddrTest); 2]> = std::iter::once(&self.filter)
-            .chain(loaded)
-            .flat_map(|l| l.rules.iter())
-            .filter(|r| r.counted)
-            .map(|r| (r.nr, [r.src, r.dst]))
-            .collect();
-        (!rules.is_empty()).then(|| StateCounts { rs: self, rules, sums: HashMap::new() })
+    pub fn state_counts(&self) -> Option<StateCounts<&Ruleset>> {
+        StateCounts::of(self)
     }
 
     /// The pf rule number of compiled rule `i` (its place in the printed ruleset).
@@ -2117,7 +2126,7 @@ impl Policy for Ruleset {
             pass: r.natpass,
             // A `nat pass` state's rule is in the translation ruleset, which numbers apart:
             // pf's "no rule" (-1), so that it counts against no filter rule.
-            rule: u32::MAX,
+            rule: xpf_engine::policy::NO_RULE,
             tag,
             log: r.log,
         })
@@ -2159,7 +2168,18 @@ impl Policy for Ruleset {
             None => {
                 let (nat, rdr) = translated(None);
                 let queue = acts.queue;
-                Decision { keep_state: nat != 0 || rdr != 0, tag, scrub, nat, rdr, log: 0, queue, ..Decision::PASS }
+                // pf's default rule: no rule of the ruleset counts it.
+                Decision {
+                    keep_state: nat != 0 || rdr != 0,
+                    tag,
+                    scrub,
+                    nat,
+                    rdr,
+                    log: 0,
+                    queue,
+                    rule: xpf_engine::policy::NO_RULE,
+                    ..Decision::PASS
+                }
             }
             Some(r) => {
                 let mut rate = 0;
@@ -2209,18 +2229,47 @@ impl Policy for Ruleset {
     }
 }
 
+/// A list of filter rules in force ([`Ruleset::rule_lists`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuleList {
+    /// Its identity while it is in force.
+    pub id: usize,
+    /// Its rules' lowest and highest numbers.
+    pub lo: u32,
+    pub hi: u32,
+}
+
+impl RuleList {
+    pub fn holds(&self, nr: u32) -> bool {
+        (self.lo..=self.hi).contains(&nr)
+    }
+}
+
 /// Sums of the states of rules naming `counters` tables, per entry ([`Ruleset::state_counts`]):
 /// a state's packets from its creator count in its direction, the replies in the other, as
 /// pass, on the entries that hold the addresses its rule saw (the first packet's, before
-/// translation). The states in the table now: what `-s rules -v` counts for a rule.
-pub struct StateCounts<'a> {
-    rs: &'a Ruleset,
+/// translation). The states in the table now: what `-s rules -v` counts for a rule. `R` holds
+/// the ruleset: a borrow, or an `Arc` for a walk that goes a slice at a time.
+pub struct StateCounts<R: std::ops::Deref<Target = Ruleset>> {
+    rs: R,
     rules: HashMap<u32, [(bool, AddrTest); 2]>,
     /// By (table index, entry address, prefix length): packets and bytes by [`Verdict::slot`].
     sums: HashMap<(usize, IpAddr, u8), [[u64; 2]; 4]>,
 }
 
-impl StateCounts<'_> {
+impl<R: std::ops::Deref<Target = Ruleset>> StateCounts<R> {
+    /// The sums for ruleset `rs` (None when no rule names a `counters` table).
+    pub fn of(rs: R) -> Option<StateCounts<R>> {
+        let loaded = rs.anchors.loaded.values().map(|a| &a.list);
+        let rules: HashMap<u32, [(bool, AddrTest); 2]> = std::iter::once(&rs.filter)
+            .chain(loaded)
+            .flat_map(|l| l.rules.iter())
+            .filter(|r| r.counted)
+            .map(|r| (r.nr, [r.src, r.dst]))
+            .collect();
+        (!rules.is_empty()).then(|| StateCounts { rs, rules, sums: HashMap::new() })
+    }
+
     /// The sums by (table name, entry address, prefix length): packets and bytes by
     /// [`Verdict::slot`].
     pub fn sums(self) -> EntrySums {
@@ -2231,14 +2280,19 @@ impl StateCounts<'_> {
     /// Every state of table `t`.
     pub fn walk<K: xpf_state::Key>(&mut self, t: &xpf_state::StateTable<K>) {
         for (id, s) in t.iter() {
-            // The addresses its rule saw: coming in, the wire's; going out, the stack's
-            // (before translation). A key holds them as an inbound packet has them.
-            let out = s.flags & xpf_state::sf::OUT != 0;
-            let k = if out { t.stack_key(id).unwrap_or(s.key) } else { s.key };
-            let (a0, a1) = (k.addr(0), k.addr(1));
-            let sd = if out { [&a1, &a0] } else { [&a0, &a1] };
-            self.add(t.meta(id).rule, k.af(), sd, out, s.packets, s.bytes);
+            self.state(t, id, s);
         }
+    }
+
+    /// State `id` (`s`) of table `t`.
+    pub fn state<K: xpf_state::Key>(&mut self, t: &xpf_state::StateTable<K>, id: u32, s: &xpf_state::State<K>) {
+        // The addresses its rule saw: coming in, the wire's; going out, the stack's
+        // (before translation). A key holds them as an inbound packet has them.
+        let out = s.flags & xpf_state::sf::OUT != 0;
+        let k = if out { t.stack_key(id).unwrap_or(s.key) } else { s.key };
+        let (a0, a1) = (k.addr(0), k.addr(1));
+        let sd = if out { [&a1, &a0] } else { [&a0, &a1] };
+        self.add(t.meta(id).rule, k.af(), sd, out, s.packets, s.bytes);
     }
 
     /// A state of rule `rule` (family `af`) whose first packet went from `src` to `dst`

@@ -202,6 +202,48 @@ fn a_counters_table_counts_per_entry_what_its_rules_decide() {
     assert!(rs("table <u> { 10/8 }\npass from <u>\n").state_counts().is_none(), "nothing to walk for");
 }
 
+/// A rule's packets and bytes as pf counts them (`-s rules -v`, `-s labels`): in and out by
+/// the interface's direction, what it blocked and passed without a state as it decided, its
+/// states' packets (those in the table now summed by a reader, those that ended kept in the
+/// table's tally with the states they made); a packet no rule decided counts on none.
+#[test]
+fn rules_count_what_they_block_pass_and_their_states_carried() {
+    let mut w = worker(rs("block in proto udp to port 9
+pass in proto udp to port 53
+        pass out proto udp to port 54 no state
+block in proto tcp to port 22
+"));
+    let mut v = [Verdict::Pass; 4];
+    // Rule 0 blocks two datagrams in (46 bytes each: 20 + 8 + 18).
+    let nine = udp([10, 0, 0, 1], [2, 2, 2, 2], 5000, 9);
+    w.process(&[&nine, &nine], 1, Dir::In, 0, &mut v);
+    assert_eq!(v[..2], [Verdict::Drop(xpf_wire::Reason::Match); 2]);
+    // Rule 1 makes a state: one in, two replies out; then a second state that is killed.
+    w.process(&[&udp([10, 0, 0, 1], [2, 2, 2, 2], 5000, 53)], 1, Dir::In, 1, &mut v);
+    let reply = udp([2, 2, 2, 2], [10, 0, 0, 1], 53, 5000);
+    w.process(&[&reply, &reply], 1, Dir::Out, 1, &mut v);
+    w.process(&[&udp([10, 0, 0, 2], [2, 2, 2, 2], 5001, 53)], 1, Dir::In, 1, &mut v);
+    // Rule 2 passes one out without a state; nothing matches a datagram to port 99 (pf's
+    // default rule passes it, and it counts on no rule).
+    w.process(&[&udp([10, 0, 0, 1], [2, 2, 2, 2], 5000, 54)], 1, Dir::Out, 2, &mut v);
+    w.process(&[&udp([10, 0, 0, 1], [2, 2, 2, 2], 5000, 99)], 1, Dir::In, 2, &mut v);
+    assert_eq!(v[0], Verdict::Pass);
+    let killed = w.t4.iter().find(|(_, s)| s.packets == [1, 0]).map(|(id, _)| id).expect("the second state");
+    assert!(w.t4.remove(killed));
+
+    let tally = |r: u32| w.t4.tally.get(r).copied().unwrap_or_default();
+    assert_eq!((tally(0).packets, tally(0).bytes, tally(0).created), ([2, 0], [92, 0], 0));
+    assert_eq!((tally(1).packets, tally(1).bytes, tally(1).created), ([1, 0], [46, 0], 1), "the killed state");
+    assert_eq!((tally(2).packets, tally(2).bytes), ([0, 1], [0, 46]));
+    assert!(w.t4.tally.get(3).is_none() && w.t4.tally.get(xpf_engine::policy::NO_RULE).is_none());
+    // The live state, as a reader's walk adds it.
+    let (id, s) = w.t4.iter().next().expect("the first state");
+    assert_eq!(w.t4.meta(id).rule, 1);
+    let mut c = tally(1);
+    c.add_state(s.flags & xpf_state::sf::OUT != 0, s.packets, s.bytes);
+    assert_eq!((c.packets, c.bytes), ([2, 2], [92, 92]), "in: 2 from the creators; out: the 2 replies");
+}
+
 #[test]
 fn no_match_passes_without_state() {
     let r = rs("block in on em1\n");

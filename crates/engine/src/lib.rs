@@ -2195,6 +2195,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     }
     *c.tag = d.tag;
     if d.action == Action::Block {
+        t.tally.decided(d.rule, c.dir == Dir::Out, pd.ip_len as u64);
         if !d.ret.is_drop() {
             if let Some((ret, mask, i)) = c.ret {
                 ret[i] = d.ret;
@@ -2217,6 +2218,9 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         } else if d.nat != 0 || d.rdr != 0 {
             Verdict::Drop(Reason::Translate)
         } else {
+            if d.rule != policy::NO_RULE {
+                t.tally.decided(d.rule, c.dir == Dir::Out, pd.ip_len as u64);
+            }
             Verdict::Pass
         };
     }

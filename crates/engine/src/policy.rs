@@ -64,6 +64,10 @@ pub struct Decision {
     pub queue: u32,
 }
 
+/// pf's "no rule" (`-1`): the rule number of a decision no filter rule made (pf's default
+/// rule, a `nat pass` translation's); it counts against no rule.
+pub const NO_RULE: u32 = u32::MAX;
+
 impl Decision {
     /// `pass` with pf's defaults (keep state, no options allowed).
     pub const PASS: Decision = Decision {

@@ -18,6 +18,7 @@ pub mod index;
 pub mod key;
 pub mod region;
 pub mod table;
+pub mod tally;
 pub mod timeout;
 pub mod track;
 pub mod wheel;
@@ -29,6 +30,7 @@ pub use table::{
     auto_rows, half_open, held, sf, Actions, Config, Counters, InsertError, Memory, Meta, NatGone, NewState, Peer,
     State, StateActions, StateTable, ID_MASK, NONE, STACK,
 };
+pub use tally::{RuleCount, RuleCounts, RuleTally};
 pub use timeout::{Timeout, Timeouts};
 pub use track::{LimitCounters, Overload, Refusal, RuleLimits, Tracking};
 

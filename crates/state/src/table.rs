@@ -411,6 +411,9 @@ pub struct StateTable<K: Key> {
     held: Vec<u64>,
     /// Flow records of `pflow` states, for the worker to take.
     pub flows: crate::flow::FlowLog,
+    /// The rules' counts that no state in the table holds ([`crate::tally`]): the states
+    /// that ended, folded in at their removal, and what the engine decided without a state.
+    pub tally: crate::tally::RuleTally,
 }
 
 impl<K: Key> Drop for StateTable<K> {
@@ -476,7 +479,18 @@ impl<K: Key> StateTable<K> {
             nat_gone: Vec::new(),
             held: Vec::new(),
             flows: Default::default(),
+            tally: Default::default(),
         })
+    }
+
+    /// The sequence number of the last state made ([`Meta::seq`]).
+    pub fn seq(&self) -> u32 {
+        self.seq
+    }
+
+    /// The latest time the table was told.
+    pub fn now(&self) -> u32 {
+        self.now
     }
 
     /// Current entries.
@@ -1052,6 +1066,12 @@ impl<K: Key> StateTable<K> {
     #[inline(always)]
     fn unlink_from(&mut self, id: u32, index: bool, event: bool, gone: bool) {
         let s = *self.state(id);
+        // Its packets stay with its rule (read before the side record, which may hold the
+        // rule, is released).
+        let m = self.meta(id);
+        if self.tally.counts(m.rule, m.creation, m.seq) {
+            self.tally.ended(m.rule, s.flags & sf::OUT != 0, s.packets, s.bytes);
+        }
         if s.timeout & TO_PFLOW != 0 {
             self.pflow_record(id, crate::flow::FlowEvent::End, self.now);
         }

@@ -101,7 +101,7 @@ impl Daemon {
         if noaction {
             return Ok((String::new(), json!({"anchor": path, "rules": n, "loaded": false})));
         }
-        let g = crate::retire::install(&self.slot, r, None);
+        let g = self.put(r, None);
         self.anchors.next_nr = next;
         self.anchors.loads.insert(path.to_string(), AnchorLoad { parsed, file: file.to_string(), first_nr: first });
         let ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -118,7 +118,7 @@ impl Daemon {
         let empty = xpf_conf::parse::parse("", "-F", &[]);
         let (_, cur) = self.slot.current();
         let r = cur.with_anchor(path, &empty, self.anchors.next_nr, &ifindex_of).map_err(|e| e.msg)?;
-        let g = crate::retire::install(&self.slot, r, None);
+        let g = self.put(r, None);
         self.anchors
             .loads
             .insert(path.to_string(), AnchorLoad { parsed: empty, file: "-F".into(), first_nr: self.anchors.next_nr });
@@ -151,7 +151,10 @@ impl Daemon {
     pub(crate) fn show_rules(&self, anchor: Option<&str>, verbose: u8) -> Result<(String, Value), String> {
         let (_, cur) = self.slot.current();
         let sums = if verbose > 0 { self.rule_sums()? } else { Default::default() };
-        let mut out = Rows { text: String::new(), data: Vec::new(), verbose, sums, counts: Vec::new() };
+        let own = std::process::id();
+        let loaders =
+            cur.rule_lists().into_iter().map(|l| (l, self.inserted.get(&l.id).copied().unwrap_or(own))).collect();
+        let mut out = Rows { text: String::new(), data: Vec::new(), verbose, sums, loaders, counts: Vec::new() };
         match anchor {
             None | Some("*") => {
                 // FreeBSD's scrub rules first, as pfctl lists them; without counters: here they
@@ -287,6 +290,8 @@ struct Rows {
     data: Vec<Value>,
     verbose: u8,
     sums: crate::dataplane::RuleSums,
+    /// Who loaded each list of rules (pf's `cpid`).
+    loaders: Vec<(xpf_conf::compile::RuleList, u32)>,
     /// Rules written so far at each depth of the bodies open.
     counts: Vec<u32>,
 }
@@ -323,16 +328,23 @@ impl Rows {
         } else {
             let _ = writeln!(self.text, "{pad}{line}{brace}");
         }
-        let [p0, b0, p1, b1, states] = self.sums.get(&nr).copied().unwrap_or_default();
-        let (pk, by) = (p0 + p1, b0 + b1);
+        let c = self.sums.get(&nr).copied().unwrap_or_default();
+        let (pk, by) = (c.packets[0] + c.packets[1], c.bytes[0] + c.bytes[1]);
         if self.verbose > 0 {
+            // pfctl's two lines, in its columns.
             let _ = writeln!(
                 self.text,
-                "{pad}  [ Evaluations: {evals:<8} Packets: {pk:<10} Bytes: {by:<10} States: {states:<6}]"
+                "{pad}  [ Evaluations: {evals:<8}  Packets: {pk:<8}  Bytes: {by:<10}  States: {:<6}]",
+                c.states
             );
+            // Root only may load rules.
+            let pid = self.loaders.iter().find(|(l, _)| l.holds(nr)).map_or(0, |x| x.1);
+            let _ = writeln!(self.text, "{pad}  [ Inserted: uid 0 pid {pid} State Creations: {:<6}]", c.created);
         }
-        self.data.push(json!({"nr": nr, "rule": line, "evaluations": evals, "states": states,
-            "state_packets": pk, "state_bytes": by, "expired": expired, "depth": depth}));
+        self.data.push(json!({"nr": nr, "rule": line, "evaluations": evals, "states": c.states,
+            "state_creations": c.created, "packets": pk, "bytes": by, "packets_in": c.packets[0],
+            "bytes_in": c.bytes[0], "packets_out": c.packets[1], "bytes_out": c.bytes[1],
+            "expired": expired, "depth": depth}));
     }
 }
 

@@ -382,6 +382,14 @@ pub struct Daemon {
     /// What the interface names of the ruleset in force stood for when it was installed
     /// ([`Daemon::interface_resolution`]): xpfd compiles again when this changes.
     pub(crate) resolved: Option<u64>,
+    /// The rules' packets and bytes at the last `-z`, per list of rules
+    /// ([`xpf_conf::Ruleset::rule_lists`]): what the readers subtract while the list is in force.
+    rules_zeroed: std::collections::HashMap<usize, RuleSums>,
+    /// Who loaded each list of rules in force (pf's `cpid`): the pid of the `xpfctl` whose
+    /// request loaded it, or xpfd's own for what it loaded itself (at start, on SIGHUP).
+    pub(crate) inserted: std::collections::HashMap<usize, u32>,
+    /// The pid of the client whose request is being answered (xpfd's own between requests).
+    caller: u32,
 }
 
 fn ask<T>(workers: &[Sender<Cmd>], mk: impl Fn(Sender<T>) -> Cmd) -> Result<Vec<T>, String> {
@@ -517,6 +525,9 @@ impl Daemon {
             skb_nat: None,
             pflog: None,
             pflow: None,
+            rules_zeroed: Default::default(),
+            inserted: Default::default(),
+            caller: std::process::id(),
         }
     }
 
@@ -630,7 +641,7 @@ impl Daemon {
         let steps = took(&l.took, t0.elapsed());
         // The parse tree replaced goes with the ruleset replaced, freed off the reply's time.
         let old = std::mem::replace(&mut self.loaded, l);
-        let g = crate::retire::install(&self.slot, r, Some(Box::new(old)));
+        let g = self.put(r, Some(Box::new(old)));
         log::info!("ruleset generation {g}: {summary}{steps}");
         self.anchors.forget(&dropped);
         self.note_resolution(links.as_ref());
@@ -657,17 +668,60 @@ impl Daemon {
         Ok((info, io, xs, pc))
     }
 
-    /// Per rule, its states' packets and bytes each way and their count, summed over the
-    /// workers (a walk of the state table, without making rows).
+    /// Per rule, its packets and bytes in and out since its load or the last `-z`, its states
+    /// now and the states it made (pf's rule counters), summed over the workers: each walks
+    /// its state tables a slice a round, without making rows, and adds its tallies of the
+    /// states that ended and the packets decided without a state.
     pub(crate) fn rule_sums(&self) -> Result<RuleSums, String> {
-        let mut all = RuleSums::new();
-        for m in ask(&self.workers, Cmd::RuleSums)? {
-            for (rule, v) in m {
-                let a = all.entry(rule).or_default();
-                a.iter_mut().zip(v).for_each(|(x, y)| *x += y);
+        let mut all = self.rule_counts()?;
+        let (_, cur) = self.slot.current();
+        for l in cur.rule_lists() {
+            if let Some(base) = self.rules_zeroed.get(&l.id) {
+                for (nr, c) in all.iter_mut().filter(|(nr, _)| l.holds(**nr)) {
+                    if let Some(b) = base.get(nr) {
+                        *c = c.since(b);
+                    }
+                }
             }
         }
         Ok(all)
+    }
+
+    /// Installs `r` (the ruleset `with` goes with the one it replaces) and notes who loaded
+    /// the lists of rules it brings.
+    pub(crate) fn put(&mut self, r: Ruleset, with: Option<Box<dyn Send>>) -> u64 {
+        let g = crate::retire::install(&self.slot, r, with);
+        let lists = self.slot.current().1.rule_lists();
+        self.inserted.retain(|id, _| lists.iter().any(|l| l.id == *id));
+        for l in lists {
+            self.inserted.entry(l.id).or_insert(self.caller);
+        }
+        g
+    }
+
+    /// [`Daemon::rule_sums`] since the load.
+    fn rule_counts(&self) -> Result<RuleSums, String> {
+        let mut all = RuleSums::default();
+        for m in ask(&self.workers, Cmd::RuleSums)? {
+            for (rule, v) in m {
+                all.entry(rule).or_default().merge(&v);
+            }
+        }
+        Ok(all)
+    }
+
+    /// `pfctl -z`: the rules' evaluations, packets and bytes read 0 from now on (their states
+    /// and state creations stay, as pf's).
+    fn zero_rules(&mut self) -> Result<(), String> {
+        let (_, cur) = self.slot.current();
+        cur.zero_evaluations();
+        let now = self.rule_counts()?;
+        self.rules_zeroed = cur
+            .rule_lists()
+            .into_iter()
+            .map(|l| (l.id, now.iter().filter(|(nr, _)| l.holds(**nr)).map(|(nr, c)| (*nr, *c)).collect()))
+            .collect();
+        Ok(())
     }
 
     /// Translation's port use per (address, protocol class), summed over the workers.
@@ -706,8 +760,7 @@ impl Daemon {
                 Ok((String::new(), json!({"level": crate::logging::level_name()})))
             }
             "zero" => {
-                let (_, cur) = self.slot.current();
-                cur.zero_evaluations();
+                self.zero_rules()?;
                 Ok(("rule statistics cleared\n".into(), json!({"zeroed": true})))
             }
             "show" => {
@@ -1021,7 +1074,7 @@ impl Daemon {
                 }
                 let r = cur.with_table(&name, tb).ok_or_else(|| format!("table <{name}> does not exist"))?;
                 write_nat_targets(&r, &self.steers.lock().unwrap(), self.skb_nat.as_ref())?;
-                crate::retire::install(&self.slot, r, None);
+                self.put(r, None);
                 Ok((format!("{verb}\n"), json!({"changed": changed, "entries": entries})))
             }
             _ => Err(format!("-T {cmd}: add, delete, replace, show, test, flush, zero or expire")),
@@ -1377,18 +1430,19 @@ impl Daemon {
             "rules" => self.show_rules(None, verbose),
             "labels" => {
                 // pfctl -s labels: per rule with a label, "label evaluations packets bytes
-                // in-packets in-bytes out-packets out-bytes states" (the packets and bytes of
-                // its states in the table now, first direction then the other).
+                // in-packets in-bytes out-packets out-bytes state-creations" (since its load
+                // or the last -z, in and out as the interface sees them).
                 let (_, cur) = self.slot.current();
                 let per = self.rule_sums()?;
                 let mut text = String::new();
                 let mut data = Vec::new();
                 for (i, label, evals) in self.labelled(&cur) {
-                    let [p0, b0, p1, b1, states] = per.get(&i).copied().unwrap_or_default();
-                    let _ = writeln!(text, "{label} {evals} {} {} {p0} {b0} {p1} {b1} {states}", p0 + p1, b0 + b1);
+                    let c = per.get(&i).copied().unwrap_or_default();
+                    let ([p0, p1], [b0, b1]) = (c.packets, c.bytes);
+                    let _ = writeln!(text, "{label} {evals} {} {} {p0} {b0} {p1} {b1} {}", p0 + p1, b0 + b1, c.created);
                     data.push(json!({"label": label, "nr": i, "evaluations": evals, "packets": p0 + p1,
                         "bytes": b0 + b1, "packets_in": p0, "bytes_in": b0, "packets_out": p1, "bytes_out": b1,
-                        "states": states}));
+                        "states": c.states, "state_creations": c.created}));
                 }
                 Ok((text, json!(data)))
             }
@@ -1624,7 +1678,8 @@ pub fn listen(path: &str) -> std::io::Result<UnixListener> {
     Ok(l)
 }
 
-fn peer_uid(s: &UnixStream) -> Option<u32> {
+/// The client's uid and pid.
+fn peer_cred(s: &UnixStream) -> Option<(u32, u32)> {
     use std::os::fd::AsRawFd;
     // SAFETY: getsockopt SO_PEERCRED into a ucred of the size passed.
     unsafe {
@@ -1637,7 +1692,7 @@ fn peer_uid(s: &UnixStream) -> Option<u32> {
             (&mut c as *mut libc::ucred).cast(),
             &mut l,
         );
-        (r == 0).then_some(c.uid)
+        (r == 0).then_some((c.uid, c.pid as u32))
     }
 }
 
@@ -1682,11 +1737,13 @@ pub fn serve_once(
     let Ok((s, _)) = l.accept() else { return };
     let _ = s.set_nonblocking(false);
     let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let reply = if peer_uid(&s) != Some(0) {
+    let cred = peer_cred(&s);
+    let reply = if cred.map(|c| c.0) != Some(0) {
         json!({"ok": false, "error": "xpfd answers root only"})
     } else {
+        d.caller = cred.map_or(0, |c| c.1);
         let mut line = String::new();
-        match BufReader::new(&s).read_line(&mut line) {
+        let reply = match BufReader::new(&s).read_line(&mut line) {
             Ok(_) => match serde_json::from_str::<Value>(&line) {
                 Ok(req) => match d.handle(&req) {
                     Ok((text, data)) => json!({"ok": true, "text": text, "data": data}),
@@ -1695,7 +1752,9 @@ pub fn serve_once(
                 Err(e) => json!({"ok": false, "error": format!("bad request: {e}")}),
             },
             Err(e) => json!({"ok": false, "error": format!("reading the request: {e}")}),
-        }
+        };
+        d.caller = std::process::id();
+        reply
     };
     // One write: Display would hand the socket the JSON in pieces, a syscall each.
     let mut out = reply.to_string();

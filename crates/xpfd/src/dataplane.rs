@@ -214,20 +214,11 @@ pub struct StateRow {
     pub rule: u32,
 }
 
-/// Per rule number: [packets from the creator, bytes from it, packets towards it, bytes
-/// towards it, states], over the states in the table now.
-pub type RuleSums = std::collections::HashMap<u32, [u64; 5]>;
-
-fn rule_sums<K: Key>(t: &xpf_state::StateTable<K>, out: &mut RuleSums) {
-    for (id, s) in t.iter() {
-        let a = out.entry(t.meta(id).rule).or_default();
-        a[0] += s.packets[0] as u64;
-        a[1] += s.bytes[0];
-        a[2] += s.packets[1] as u64;
-        a[3] += s.bytes[1];
-        a[4] += 1;
-    }
-}
+/// Per rule number, its packets and bytes in and out since the ruleset was loaded, its states
+/// now and the states it made ([`xpf_state::tally`]): the states' own counts summed by a
+/// walk, with the tables' tallies of the states that ended and the packets decided without a
+/// state.
+pub type RuleSums = xpf_state::RuleCounts;
 
 /// Which states a kill or a listing selects: hosts as pfctl -k gives them.
 #[derive(Debug, Clone, Default)]
@@ -381,8 +372,8 @@ pub struct Dataplane {
     /// What the hand-off owns translated traffic by, for the ruleset generation it was built
     /// from.
     nat_owners: (u64, crate::handoff::NatOwners),
-    /// `-s states` requests, the first in progress.
-    listings: std::collections::VecDeque<Listing>,
+    /// Walks of the state tables asked for, the first in progress.
+    walks: std::collections::VecDeque<Walk>,
     /// Commands that answer once the fast path's counts are read back: a pass the worker
     /// walks a slice a round (at 2M flows a pass is about a second of the core; taken whole,
     /// every `-s states` or metrics scrape stalled the worker that long).
@@ -527,20 +518,71 @@ impl RawRow {
     }
 }
 
-/// `-s states` in progress on a worker: the table is copied [`LIST_CHUNK`] slots a round,
-/// between the rounds' packets, so that a listing of millions of states does not stop the
-/// worker (at 1M states, copying and formatting in one go held it for about a second: no
-/// packet forwarded, no VRRP advert let through the host path, and the standby took the
-/// addresses). A listing is not an atomic snapshot, as pf's is not: a state made or removed
-/// during it may be missing.
-struct Listing {
-    tx: Sender<Vec<RawRow>>,
-    rows: Vec<RawRow>,
+/// A walk of the state tables in progress on a worker (`-s states`' rows, `-s rules -v`'s and
+/// a metrics scrape's per-rule sums, `-T show -v`'s per-entry sums, `-s Interfaces -v`'s
+/// states per interface): [`LIST_CHUNK`] slots a round, between the rounds' packets, so that
+/// a walk of millions of states does not stop the worker (at 1M states, copying and
+/// formatting in one go held it for about a second: no packet forwarded, no VRRP advert let
+/// through the host path, and the standby took the addresses). A walk is not an atomic
+/// snapshot, as pf's is not: a state made or removed during it may be missing.
+struct Walk {
+    what: Walked,
     fam: usize,
     slot: u32,
 }
 
-/// Table slots a listing copies per round.
+/// What a [`Walk`] gathers, and where it goes when done.
+enum Walked {
+    Rows(Sender<Vec<RawRow>>, Vec<RawRow>),
+    /// Summed with the tables' tallies at the end.
+    Rules(Sender<RuleSums>, RuleSums),
+    Entries(Sender<EntrySums>, Option<xpf_conf::compile::StateCounts<std::sync::Arc<xpf_conf::Ruleset>>>),
+    ByIf(Sender<std::collections::HashMap<u16, u64>>, std::collections::HashMap<u16, u64>),
+}
+
+impl Walked {
+    #[inline]
+    fn state<K: Key>(&mut self, t: &xpf_state::StateTable<K>, id: u32, s: &xpf_state::State<K>, now: u32) {
+        match self {
+            Walked::Rows(_, rows) => rows.push(RawRow::of(t, id, s, now)),
+            Walked::Rules(_, m) => {
+                let x = t.meta(id);
+                if !t.tally.counts(x.rule, x.creation, x.seq) {
+                    return;
+                }
+                let c = m.entry(x.rule).or_default();
+                c.add_state(s.flags & xpf_state::sf::OUT != 0, s.packets, s.bytes);
+                c.states += 1;
+                c.created += 1;
+            }
+            Walked::Entries(_, Some(c)) => c.state(t, id, s),
+            Walked::Entries(_, None) => {}
+            Walked::ByIf(_, m) => *m.entry(s.key.kif()).or_default() += 1,
+        }
+    }
+
+    /// The walk is done: the answer goes.
+    fn send(self, w: &Worker<crate::policy::Live>) {
+        match self {
+            Walked::Rows(tx, rows) => {
+                let _ = tx.send(rows);
+            }
+            Walked::Rules(tx, mut m) => {
+                w.t4.tally.add_to(&mut m);
+                w.t6.tally.add_to(&mut m);
+                let _ = tx.send(m);
+            }
+            Walked::Entries(tx, c) => {
+                let _ = tx.send(c.map_or_else(EntrySums::new, |c| c.sums()));
+            }
+            Walked::ByIf(tx, m) => {
+                let _ = tx.send(m);
+            }
+        }
+    }
+}
+
+/// Table slots a walk visits per round.
 const LIST_CHUNK: u32 = 16_384;
 
 /// A worker's commands (sync records, control requests) run for this long at most per visit;
@@ -636,6 +678,10 @@ fn kill<K: Key>(t: &mut xpf_state::StateTable<K>, sel: &Select) -> u32 {
 
 impl Dataplane {
     pub fn new(worker: Worker<Live>, ports: Vec<Port>, cmds: Receiver<Cmd>, stop: Arc<AtomicBool>, busy: bool) -> Self {
+        let mut worker = worker;
+        let lists: Vec<_> = worker.policy.current().1.rule_lists().into_iter().map(|l| (l.id, l.lo, l.hi)).collect();
+        worker.t4.tally.follow(&lists, 0, 0);
+        worker.t6.tally.follow(&lists, 0, 0);
         Dataplane {
             worker,
             ports,
@@ -667,7 +713,7 @@ impl Dataplane {
             raw: None,
             to_host_budget: (0, 0),
             nat_owners: (0, Default::default()),
-            listings: Default::default(),
+            walks: Default::default(),
             fresh: Vec::new(),
             cmds_left: false,
         }
@@ -705,8 +751,11 @@ impl Dataplane {
         let mut since_sleep = 0usize;
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.now();
-            // A new ruleset applies from the next packet on: one atomic load per round.
-            self.worker.policy.refresh();
+            // A new ruleset applies from the next packet on: one atomic load per round. Its
+            // rules count from their load, as pf's: the tallies of the rules before go.
+            if self.worker.policy.refresh() {
+                self.rules_replaced(now);
+            }
             // The queue trees: one pointer compare per round unless they changed (no clock
             // read without queues).
             let start = self.start;
@@ -763,8 +812,8 @@ impl Dataplane {
             if !self.fresh.is_empty() {
                 self.fresh_step(now);
             }
-            if !self.listings.is_empty() {
-                self.list_step(now);
+            if !self.walks.is_empty() {
+                self.walk_step(now);
             }
             n_loops += 1;
             if got == 0 || n_loops.is_multiple_of(64) || (self.cmds_left && n_loops.is_multiple_of(8)) {
@@ -791,12 +840,7 @@ impl Dataplane {
             }
             if got == 0 {
                 idle_rounds += 1;
-                if !self.busy
-                    && idle_rounds > 16
-                    && !self.cmds_left
-                    && self.listings.is_empty()
-                    && self.fresh.is_empty()
-                {
+                if !self.busy && idle_rounds > 16 && !self.cmds_left && self.walks.is_empty() && self.fresh.is_empty() {
                     // Held packets (defer mode) time out 20 ms after they came: sleep less.
                     let holding = !self.unresolved.is_empty()
                         || self.sync.as_ref().and_then(|s| s.defer.as_ref()).is_some_and(|d| d.stats.waiting > 0);
@@ -889,22 +933,12 @@ impl Dataplane {
         match c {
             Fresh::States(tx) => {
                 let n = self.worker.t4.len() + self.worker.t6.len();
-                self.listings.push_back(Listing { tx, rows: Vec::with_capacity(n as usize), fam: 0, slot: 0 });
+                self.walk(Walked::Rows(tx, Vec::with_capacity(n as usize)));
             }
-            Fresh::RuleSums(tx) => {
-                let mut m = RuleSums::new();
-                rule_sums(&self.worker.t4, &mut m);
-                rule_sums(&self.worker.t6, &mut m);
-                let _ = tx.send(m);
-            }
+            Fresh::RuleSums(tx) => self.walk(Walked::Rules(tx, RuleSums::default())),
             Fresh::TableSums(tx) => {
-                let w = &self.worker;
-                let sums = w.policy.current().1.state_counts().map_or_else(EntrySums::new, |mut c| {
-                    c.walk(&w.t4);
-                    c.walk(&w.t6);
-                    c.sums()
-                });
-                let _ = tx.send(sums);
+                let c = xpf_conf::compile::StateCounts::of(self.worker.policy.ruleset());
+                self.walk(Walked::Entries(tx, c));
             }
             Fresh::Killed(tx, n) => {
                 let _ = tx.send(n);
@@ -928,17 +962,31 @@ impl Dataplane {
         }
     }
 
-    /// Copies the next chunk of the listing in progress; sends it when the tables are done.
-    fn list_step(&mut self, now: u32) {
-        let Some(l) = self.listings.front_mut() else { return };
+    /// A new ruleset was taken: the lists of rules it replaced (all of them after a load of
+    /// the main ruleset, one after `-a ANCHOR -f`) count from now, as pf's new rules do.
+    fn rules_replaced(&mut self, now: u32) {
+        let lists: Vec<_> =
+            self.worker.policy.current().1.rule_lists().into_iter().map(|l| (l.id, l.lo, l.hi)).collect();
+        let w = &mut self.worker;
+        w.t4.tally.follow(&lists, now, w.t4.seq());
+        w.t6.tally.follow(&lists, now, w.t6.seq());
+    }
+
+    fn walk(&mut self, what: Walked) {
+        self.walks.push_back(Walk { what, fam: 0, slot: 0 });
+    }
+
+    /// Walks the next chunk of the walk in progress; answers it when the tables are done.
+    fn walk_step(&mut self, now: u32) {
+        let Some(l) = self.walks.front_mut() else { return };
         let mut left = LIST_CHUNK;
         while l.fam < 2 && left > 0 {
-            fn chunk<K: Key>(t: &xpf_state::StateTable<K>, l: &mut Listing, left: &mut u32, now: u32) -> bool {
+            fn chunk<K: Key>(t: &xpf_state::StateTable<K>, l: &mut Walk, left: &mut u32, now: u32) -> bool {
                 let end = t.high_water();
                 while l.slot < end && *left > 0 {
                     let s = t.state(l.slot);
                     if s.flags & xpf_state::sf::LIVE != 0 {
-                        l.rows.push(RawRow::of(t, l.slot, s, now));
+                        l.what.state(t, l.slot, s, now);
                     }
                     l.slot += 1;
                     *left -= 1;
@@ -956,8 +1004,8 @@ impl Dataplane {
             }
         }
         if l.fam >= 2 {
-            let l = self.listings.pop_front().expect("a listing in progress");
-            let _ = l.tx.send(l.rows);
+            let l = self.walks.pop_front().expect("a walk in progress");
+            l.what.send(&self.worker);
         }
     }
 
@@ -1736,19 +1784,7 @@ impl Dataplane {
                 let _ = tx
                     .send(self.worker.nat.ports_by_address().map(|(a, af, c, u, n)| (a.to_ip(af), c, u, n)).collect());
             }
-            Cmd::StatesByIf(tx) => {
-                let mut m = std::collections::HashMap::new();
-                for k in self
-                    .worker
-                    .t4
-                    .iter()
-                    .map(|(_, s)| s.key.kif())
-                    .chain(self.worker.t6.iter().map(|(_, s)| s.key.kif()))
-                {
-                    *m.entry(k).or_default() += 1;
-                }
-                let _ = tx.send(m);
-            }
+            Cmd::StatesByIf(tx) => self.walk(Walked::ByIf(tx, Default::default())),
             // The fast path's counts first, so that packets, bytes and expiry are current;
             // after a kill, its flows leave the tables before the answer.
             Cmd::RuleSums(tx) => self.after_read_back(Fresh::RuleSums(tx)),

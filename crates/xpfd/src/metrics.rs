@@ -253,23 +253,28 @@ impl Daemon {
         for ((_, nr, label), (_, _, ev)) in labels.iter().zip(&every) {
             p.sample("xpf_rule_evaluations_total", &[("rule", nr), ("label", label)], *ev);
         }
+        let count = |i: &u32| sums.get(i).copied().unwrap_or_default();
         p.family("xpf_rule_states", Gauge, "States each rule made, in the table now.");
         for (i, nr, label) in &labels {
-            let n = sums.get(i).map_or(0, |s| s[4]);
-            p.sample("xpf_rule_states", &[("rule", nr), ("label", label)], n);
+            p.sample("xpf_rule_states", &[("rule", nr), ("label", label)], count(i).states);
         }
-        for (name, what, at) in [("xpf_rule_state_packets", "Packets", 0), ("xpf_rule_state_bytes", "Bytes", 1)] {
+        p.family("xpf_rule_state_creations_total", Counter, "States each rule made, since the ruleset loaded.");
+        for (i, nr, label) in &labels {
+            p.sample("xpf_rule_state_creations_total", &[("rule", nr), ("label", label)], count(i).created);
+        }
+        for (name, what) in [("xpf_rule_packets_total", "Packets"), ("xpf_rule_bytes_total", "Bytes")] {
             p.family(
                 name,
-                Gauge,
+                Counter,
                 &format!(
-                    "{what} carried by each rule's states in the table now (in: from the side that made the state)."
+                    "{what} each rule passed (by its states) or blocked, in and out, since the ruleset loaded or -z."
                 ),
             );
             for (i, nr, label) in &labels {
-                let s = sums.get(i).copied().unwrap_or_default();
-                p.sample(name, &[("rule", nr), ("label", label), ("direction", "in")], s[at]);
-                p.sample(name, &[("rule", nr), ("label", label), ("direction", "out")], s[at + 2]);
+                let c = count(i);
+                let v = if what == "Packets" { c.packets } else { c.bytes };
+                p.sample(name, &[("rule", nr), ("label", label), ("direction", "in")], v[0]);
+                p.sample(name, &[("rule", nr), ("label", label), ("direction", "out")], v[1]);
             }
         }
         if !self.loaded.parsed.xrules.is_empty() {

@@ -76,12 +76,19 @@ impl Live {
         (self.generation, &self.rules)
     }
 
-    /// Takes the new ruleset if one was installed since.
+    /// The ruleset in force, held (for work that outlives a round).
+    pub fn ruleset(&self) -> Arc<Ruleset> {
+        self.rules.clone()
+    }
+
+    /// Takes the new ruleset if one was installed since: true when it did.
     #[inline]
-    pub fn refresh(&mut self) {
+    pub fn refresh(&mut self) -> bool {
         if self.slot.generation() != self.generation {
             (self.generation, self.rules) = self.slot.current();
+            return true;
         }
+        false
     }
 }
 
