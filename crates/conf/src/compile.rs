@@ -1653,16 +1653,19 @@ impl Ruleset {
     /// time: (identity, lowest and highest rule number). A list a load replaces has a new
     /// identity, so that its rules' counts start from the load, as pf's do; one that stays
     /// (the main ruleset when an anchor is loaded) keeps its identity.
+    /// In order of their numbers ([`RuleList::find`]).
     pub fn rule_lists(&self) -> Vec<RuleList> {
         let loaded = self.anchors.loaded.values().map(|a| &a.list);
-        std::iter::once(&self.filter)
+        let mut v: Vec<RuleList> = std::iter::once(&self.filter)
             .chain(loaded)
             .map(|l| {
                 // A list numbers its rules in order (a rule made of several numbers each alike).
                 let (lo, hi) = (l.rules.first().map_or(0, |r| r.nr), l.rules.last().map_or(0, |r| r.nr));
                 RuleList { id: Arc::as_ptr(&l.evaluations) as usize, lo, hi }
             })
-            .collect()
+            .collect();
+        v.sort_unstable_by_key(|l| l.lo);
+        v
     }
 
     /// `pfctl -z`: every rule's evaluations back to 0.
@@ -2242,6 +2245,13 @@ pub struct RuleList {
 impl RuleList {
     pub fn holds(&self, nr: u32) -> bool {
         (self.lo..=self.hi).contains(&nr)
+    }
+
+    /// The list of `lists` (in order of their numbers, as [`Ruleset::rule_lists`] gives them)
+    /// that holds rule `nr`.
+    pub fn find(lists: &[RuleList], nr: u32) -> Option<&RuleList> {
+        let i = lists.partition_point(|l| l.lo <= nr);
+        i.checked_sub(1).map(|i| &lists[i]).filter(|l| l.holds(nr))
     }
 }
 

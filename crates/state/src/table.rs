@@ -1070,7 +1070,7 @@ impl<K: Key> StateTable<K> {
         // rule, is released).
         let m = self.meta(id);
         if self.tally.counts(m.rule, m.creation, m.seq) {
-            self.tally.ended(m.rule, s.flags & sf::OUT != 0, s.packets, s.bytes);
+            self.tally.ended(id, m.rule, s.flags & sf::OUT != 0, s.packets, s.bytes);
         }
         if s.timeout & TO_PFLOW != 0 {
             self.pflow_record(id, crate::flow::FlowEvent::End, self.now);

@@ -40,6 +40,15 @@ impl RuleCount {
         self.bytes[out as usize] += len;
     }
 
+    /// Takes `o`'s packets, bytes and creations out (what was counted twice).
+    pub fn take(&mut self, o: &RuleCount) {
+        for d in 0..2 {
+            self.packets[d] = self.packets[d].saturating_sub(o.packets[d]);
+            self.bytes[d] = self.bytes[d].saturating_sub(o.bytes[d]);
+        }
+        self.created = self.created.saturating_sub(o.created);
+    }
+
     pub fn merge(&mut self, o: &RuleCount) {
         for d in 0..2 {
             self.packets[d] += o.packets[d];
@@ -74,14 +83,19 @@ pub type RuleCounts = HashMap<u32, RuleCount, foldhash::fast::FixedState>;
 #[derive(Debug, Default)]
 pub struct RuleTally {
     /// Rules numbered below [`DENSE`], by number (grown to the highest counted): an ending
-    /// state's count is an add at its rule's place, no hash (a hashed map took about twice a
-    /// removal's time in `xpf-bench insert`'s removal of each state).
+    /// state's count is an add at its rule's place, no hash (bench-results "Rules counted as
+    /// pf counts them").
     dense: Vec<RuleCount>,
     /// The others (a large ruleset's last rules, anchors loaded at run time).
     counts: RuleCounts,
     /// The lists of rules in force, by their lowest rule number: (lowest, highest, identity,
     /// (second, sequence) of the last state made before the list came).
     lists: Vec<(u32, u32, usize, (u32, u32))>,
+    /// A reader's walk of the table in progress ([`RuleTally::walk_begin`]): the slots below
+    /// this it has visited.
+    walked: Option<u32>,
+    /// What the states the walk visited carried when they ended since: in its sums already.
+    during: RuleCounts,
 }
 
 /// Rules numbered below this are counted in [`RuleTally`]'s dense rows (48 bytes a rule, at
@@ -145,8 +159,9 @@ impl RuleTally {
     /// is an add in place (few instructions: a removal waits on its index row's cache miss,
     /// and a longer removal leaves fewer of those misses in flight at once); the rest out of
     /// line.
+    /// `id` is the state's slot (see [`walk_begin`](Self::walk_begin)).
     #[inline]
-    pub fn ended(&mut self, rule: u32, out: bool, packets: [u32; 2], bytes: [u64; 2]) {
+    pub fn ended(&mut self, id: u32, rule: u32, out: bool, packets: [u32; 2], bytes: [u64; 2]) {
         match self.dense.get_mut(rule as usize) {
             Some(c) => {
                 c.add_state(out, packets, bytes);
@@ -154,6 +169,45 @@ impl RuleTally {
             }
             None => self.ended_new(rule, out, packets, bytes),
         }
+        if self.walked.is_some_and(|w| id < w) {
+            self.ended_walked(rule, out, packets, bytes);
+        }
+    }
+
+    #[inline(never)]
+    #[cold]
+    fn ended_walked(&mut self, rule: u32, out: bool, packets: [u32; 2], bytes: [u64; 2]) {
+        let c = self.during.entry(rule).or_default();
+        c.add_state(out, packets, bytes);
+        c.created += 1;
+    }
+
+    /// A reader starts a walk of the table's slots in order, summing the states it visits
+    /// (a slice at a time, with packets going between): [`walk_at`](Self::walk_at) says how
+    /// far it went, [`walk_end`](Self::walk_end) gives its sums the tally. A state the walk
+    /// visited that ends before it is done is then counted once (as the walk saw it), not
+    /// again in the tally: a rule's figure never goes down from one read to the next
+    /// (Prometheus takes a counter that goes down for a reset).
+    pub fn walk_begin(&mut self) {
+        self.walked = Some(0);
+        self.during.clear();
+    }
+
+    /// The walk has visited the slots below `slot`.
+    pub fn walk_at(&mut self, slot: u32) {
+        self.walked = Some(slot);
+    }
+
+    /// The walk is done: adds the tally to its sums `into` (but what the states it visited
+    /// carried when they ended since, already there).
+    pub fn walk_end(&mut self, into: &mut RuleCounts) {
+        self.add_to(into);
+        for (r, d) in self.during.drain() {
+            if let Some(c) = into.get_mut(&r) {
+                c.take(&d);
+            }
+        }
+        self.walked = None;
     }
 
     #[inline(never)]
@@ -212,9 +266,9 @@ mod tests {
     fn a_state_counts_its_creator_in_its_direction_and_replies_in_the_other() {
         let mut t = RuleTally::default();
         // An inbound state: 3 packets in (300 bytes), 2 replies out (100).
-        t.ended(7, false, [3, 2], [300, 100]);
+        t.ended(0, 7, false, [3, 2], [300, 100]);
         // An outbound one of the same rule: 1 out (40), 4 replies in (400).
-        t.ended(7, true, [1, 4], [40, 400]);
+        t.ended(0, 7, true, [1, 4], [40, 400]);
         t.decided(7, false, 60);
         t.decided(9, true, 52);
         t.decided(1 << 31, true, 52);
@@ -242,7 +296,7 @@ mod tests {
         assert!(t.counts(3, 0, 1), "every state counts before any list is followed");
         // The main ruleset (rules 0-9) from second 5, sequence 100.
         t.follow(&[(1, 0, 9)], 5, 100);
-        t.ended(3, false, [1, 0], [10, 0]);
+        t.ended(0, 3, false, [1, 0], [10, 0]);
         assert!(!t.counts(3, 4, 500), "made a second before");
         assert!(!t.counts(3, 5, 100) && t.counts(3, 5, 101), "the same second: by sequence");
         assert!(t.counts(3, 6, 7), "a later second, whatever the sequence");
@@ -250,11 +304,38 @@ mod tests {
         // An anchor (rules 1000-1004) loaded at second 8; the main list stays.
         t.follow(&[(1, 0, 9), (2, 1000, 1004)], 8, 300);
         assert!(t.counts(3, 6, 7) && !t.counts(1002, 6, 7) && t.counts(1002, 9, 0));
-        t.ended(1002, true, [1, 1], [5, 5]);
+        t.ended(0, 1002, true, [1, 1], [5, 5]);
         assert_eq!(t.get(3).map(|c| c.packets), Some([1, 0]));
         // The main ruleset reloaded (a new list 3): its counts go, the anchor's stay.
         t.follow(&[(3, 0, 9), (2, 1000, 1004)], 12, 400);
         assert!(t.get(3).is_none() && t.get(1002).is_some());
         assert!(!t.counts(3, 6, 7) && t.counts(1002, 9, 0));
+    }
+
+    /// A walk's read counts a state that ends while it goes once: as the walk saw it if the
+    /// walk had visited its slot, in the tally if not.
+    #[test]
+    fn a_walk_counts_a_state_that_ends_meanwhile_once() {
+        let mut t = RuleTally::default();
+        t.ended(9, 1, false, [1, 0], [10, 0]);
+        t.walk_begin();
+        // The walk visits slots 0-99: the state in slot 5 has 2 packets then.
+        let mut sums = RuleCounts::default();
+        sums.entry(1).or_default().add_state(false, [2, 0], [20, 0]);
+        sums.entry(1).or_default().created += 1;
+        t.walk_at(100);
+        // Slot 5's state ends with 3 packets; slot 200's (not visited) with 4.
+        t.ended(5, 1, false, [3, 0], [30, 0]);
+        t.ended(200, 1, false, [4, 0], [40, 0]);
+        t.walk_end(&mut sums);
+        let c = sums[&1];
+        assert_eq!((c.packets, c.bytes, c.created), ([1 + 2 + 4, 0], [70, 0], 3));
+        // The next read, with nothing to walk: the ended states as they ended.
+        let mut next = RuleCounts::default();
+        t.walk_begin();
+        t.walk_end(&mut next);
+        assert_eq!((next[&1].packets, next[&1].created), ([1 + 3 + 4, 0], 3), "not less than before");
+        t.ended(5, 1, false, [1, 0], [1, 0]);
+        assert!(t.during.is_empty(), "no walk: nothing set aside");
     }
 }

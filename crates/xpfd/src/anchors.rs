@@ -290,7 +290,7 @@ struct Rows {
     data: Vec<Value>,
     verbose: u8,
     sums: crate::dataplane::RuleSums,
-    /// Who loaded each list of rules (pf's `cpid`).
+    /// Who loaded each list of rules (pf's `cpid`), in order of their numbers.
     loaders: Vec<(xpf_conf::compile::RuleList, u32)>,
     /// Rules written so far at each depth of the bodies open.
     counts: Vec<u32>,
@@ -338,7 +338,8 @@ impl Rows {
                 c.states
             );
             // Root only may load rules.
-            let pid = self.loaders.iter().find(|(l, _)| l.holds(nr)).map_or(0, |x| x.1);
+            let i = self.loaders.partition_point(|(l, _)| l.lo <= nr);
+            let pid = i.checked_sub(1).map(|i| self.loaders[i]).filter(|(l, _)| l.holds(nr)).map_or(0, |x| x.1);
             let _ = writeln!(self.text, "{pad}  [ Inserted: uid 0 pid {pid} State Creations: {:<6}]", c.created);
         }
         self.data.push(json!({"nr": nr, "rule": line, "evaluations": evals, "states": c.states,

@@ -18,6 +18,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use xpf_conf::compile::RuleList;
 use xpf_conf::compile::{add_counts, EntrySums, Table, ENTRY_COUNTER_ROWS};
 use xpf_conf::parse::Parsed;
 use xpf_conf::reload::Slot;
@@ -674,13 +675,12 @@ impl Daemon {
     /// states that ended and the packets decided without a state.
     pub(crate) fn rule_sums(&self) -> Result<RuleSums, String> {
         let mut all = self.rule_counts()?;
-        let (_, cur) = self.slot.current();
-        for l in cur.rule_lists() {
-            if let Some(base) = self.rules_zeroed.get(&l.id) {
-                for (nr, c) in all.iter_mut().filter(|(nr, _)| l.holds(**nr)) {
-                    if let Some(b) = base.get(nr) {
-                        *c = c.since(b);
-                    }
+        if !self.rules_zeroed.is_empty() {
+            let lists = self.slot.current().1.rule_lists();
+            for (nr, c) in all.iter_mut() {
+                let base = RuleList::find(&lists, *nr).and_then(|l| self.rules_zeroed.get(&l.id)?.get(nr));
+                if let Some(b) = base {
+                    *c = c.since(b);
                 }
             }
         }
@@ -691,8 +691,11 @@ impl Daemon {
     /// the lists of rules it brings.
     pub(crate) fn put(&mut self, r: Ruleset, with: Option<Box<dyn Send>>) -> u64 {
         let g = crate::retire::install(&self.slot, r, with);
+        // A list's identity is its address: what the lists gone had goes now, before an
+        // address freed may be a later list's.
         let lists = self.slot.current().1.rule_lists();
         self.inserted.retain(|id, _| lists.iter().any(|l| l.id == *id));
+        self.rules_zeroed.retain(|id, _| lists.iter().any(|l| l.id == *id));
         for l in lists {
             self.inserted.entry(l.id).or_insert(self.caller);
         }
@@ -715,12 +718,13 @@ impl Daemon {
     fn zero_rules(&mut self) -> Result<(), String> {
         let (_, cur) = self.slot.current();
         cur.zero_evaluations();
-        let now = self.rule_counts()?;
-        self.rules_zeroed = cur
-            .rule_lists()
-            .into_iter()
-            .map(|l| (l.id, now.iter().filter(|(nr, _)| l.holds(**nr)).map(|(nr, c)| (*nr, *c)).collect()))
-            .collect();
+        let lists = cur.rule_lists();
+        self.rules_zeroed.clear();
+        for (nr, c) in self.rule_counts()? {
+            if let Some(l) = RuleList::find(&lists, nr) {
+                self.rules_zeroed.entry(l.id).or_default().insert(nr, c);
+            }
+        }
         Ok(())
     }
 

@@ -562,14 +562,14 @@ impl Walked {
     }
 
     /// The walk is done: the answer goes.
-    fn send(self, w: &Worker<crate::policy::Live>) {
+    fn send(self, w: &mut Worker<crate::policy::Live>) {
         match self {
             Walked::Rows(tx, rows) => {
                 let _ = tx.send(rows);
             }
             Walked::Rules(tx, mut m) => {
-                w.t4.tally.add_to(&mut m);
-                w.t6.tally.add_to(&mut m);
+                w.t4.tally.walk_end(&mut m);
+                w.t6.tally.walk_end(&mut m);
                 let _ = tx.send(m);
             }
             Walked::Entries(tx, c) => {
@@ -979,6 +979,13 @@ impl Dataplane {
     /// Walks the next chunk of the walk in progress; answers it when the tables are done.
     fn walk_step(&mut self, now: u32) {
         let Some(l) = self.walks.front_mut() else { return };
+        // A walk of the rules' sums tells the tables how far it went (see
+        // `RuleTally::walk_begin`).
+        let rules = matches!(l.what, Walked::Rules(..));
+        if rules && l.fam == 0 && l.slot == 0 {
+            self.worker.t4.tally.walk_begin();
+            self.worker.t6.tally.walk_begin();
+        }
         let mut left = LIST_CHUNK;
         while l.fam < 2 && left > 0 {
             fn chunk<K: Key>(t: &xpf_state::StateTable<K>, l: &mut Walk, left: &mut u32, now: u32) -> bool {
@@ -998,6 +1005,10 @@ impl Dataplane {
             } else {
                 chunk(&self.worker.t6, l, &mut left, now)
             };
+            if rules {
+                let t = if l.fam == 0 { &mut self.worker.t4.tally } else { &mut self.worker.t6.tally };
+                t.walk_at(if done { u32::MAX } else { l.slot });
+            }
             if done {
                 l.fam += 1;
                 l.slot = 0;
@@ -1005,7 +1016,7 @@ impl Dataplane {
         }
         if l.fam >= 2 {
             let l = self.walks.pop_front().expect("a walk in progress");
-            l.what.send(&self.worker);
+            l.what.send(&mut self.worker);
         }
     }
 
