@@ -61,10 +61,7 @@ impl RuleCount {
     /// The packets and bytes since `base` was read (`pfctl -z`): `states` and `created` are
     /// kept, as pf keeps them.
     pub fn since(mut self, base: &RuleCount) -> RuleCount {
-        for d in 0..2 {
-            self.packets[d] = self.packets[d].saturating_sub(base.packets[d]);
-            self.bytes[d] = self.bytes[d].saturating_sub(base.bytes[d]);
-        }
+        self.take(&RuleCount { created: 0, ..*base });
         self
     }
 }

@@ -151,10 +151,9 @@ impl Daemon {
     pub(crate) fn show_rules(&self, anchor: Option<&str>, verbose: u8) -> Result<(String, Value), String> {
         let (_, cur) = self.slot.current();
         let sums = if verbose > 0 { self.rule_sums()? } else { Default::default() };
-        let own = std::process::id();
-        let loaders =
-            cur.rule_lists().into_iter().map(|l| (l, self.inserted.get(&l.id).copied().unwrap_or(own))).collect();
-        let mut out = Rows { text: String::new(), data: Vec::new(), verbose, sums, loaders, counts: Vec::new() };
+        let lists = cur.rule_lists();
+        let loaders = self.inserted.clone();
+        let mut out = Rows { text: String::new(), data: Vec::new(), verbose, sums, lists, loaders, counts: Vec::new() };
         match anchor {
             None | Some("*") => {
                 // FreeBSD's scrub rules first, as pfctl lists them; without counters: here they
@@ -290,8 +289,9 @@ struct Rows {
     data: Vec<Value>,
     verbose: u8,
     sums: crate::dataplane::RuleSums,
-    /// Who loaded each list of rules (pf's `cpid`), in order of their numbers.
-    loaders: Vec<(xpf_conf::compile::RuleList, u32)>,
+    /// The lists of rules in force, and who loaded each (pf's `cpid`), by list.
+    lists: Vec<xpf_conf::compile::RuleList>,
+    loaders: std::collections::HashMap<usize, u32>,
     /// Rules written so far at each depth of the bodies open.
     counts: Vec<u32>,
 }
@@ -338,8 +338,8 @@ impl Rows {
                 c.states
             );
             // Root only may load rules.
-            let i = self.loaders.partition_point(|(l, _)| l.lo <= nr);
-            let pid = i.checked_sub(1).map(|i| self.loaders[i]).filter(|(l, _)| l.holds(nr)).map_or(0, |x| x.1);
+            let list = xpf_conf::compile::RuleList::find(&self.lists, nr);
+            let pid = list.map_or(0, |l| self.loaders.get(&l.id).copied().unwrap_or_else(std::process::id));
             let _ = writeln!(self.text, "{pad}  [ Inserted: uid 0 pid {pid} State Creations: {:<6}]", c.created);
         }
         self.data.push(json!({"nr": nr, "rule": line, "evaluations": evals, "states": c.states,

@@ -678,11 +678,7 @@ fn kill<K: Key>(t: &mut xpf_state::StateTable<K>, sel: &Select) -> u32 {
 
 impl Dataplane {
     pub fn new(worker: Worker<Live>, ports: Vec<Port>, cmds: Receiver<Cmd>, stop: Arc<AtomicBool>, busy: bool) -> Self {
-        let mut worker = worker;
-        let lists: Vec<_> = worker.policy.current().1.rule_lists().into_iter().map(|l| (l.id, l.lo, l.hi)).collect();
-        worker.t4.tally.follow(&lists, 0, 0);
-        worker.t6.tally.follow(&lists, 0, 0);
-        Dataplane {
+        let mut d = Dataplane {
             worker,
             ports,
             cmds,
@@ -716,7 +712,10 @@ impl Dataplane {
             walks: Default::default(),
             fresh: Vec::new(),
             cmds_left: false,
-        }
+        };
+        // The first ruleset's rules count every state (the tables are empty at second 0).
+        d.rules_replaced(0);
+        d
     }
 
     fn now(&self) -> u32 {
