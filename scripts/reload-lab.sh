@@ -31,6 +31,8 @@ $BIN/xpf-bench rules --campus "$N" --out "$DIR" >/dev/null
 # The campus names its outside em0 and its inside em1; here they are fc and fs. The lab's
 # traffic passes by a first quick rule: what is measured is the reload beside it.
 {
+    # pf's default table-entries limit (200,000) would refuse the million-entry replace.
+    echo "set limit table-entries 2000000"
     echo "table <feed> persist"
     echo "pass quick inet from 10.0.1.0/24 to 10.0.2.0/24"
     echo "block in quick from <feed>"

@@ -209,14 +209,33 @@ pub fn lex_line(
 /// part of it. A piece that ends inside a string is joined with the next, the string's first
 /// line standing for both.
 /// Borrowed from `src`, one logical line at a time (a piece is owned only where it was joined).
-pub fn logical_lines(src: &str) -> impl Iterator<Item = Vec<(u32, Cow<'_, str>)>> {
-    let mut lines = src.lines().enumerate();
-    std::iter::from_fn(move || {
+pub fn logical_lines(src: &str) -> LogicalLines<'_> {
+    LogicalLines { lines: src.lines().enumerate(), cut: false }
+}
+
+/// [`logical_lines`]' iterator.
+pub struct LogicalLines<'a> {
+    lines: std::iter::Enumerate<std::str::Lines<'a>>,
+    cut: bool,
+}
+
+impl LogicalLines<'_> {
+    /// Whether the source ended inside a logical line (its last line continued, or inside a
+    /// quoted string): a piece of a file cut there is not the file's own lines.
+    pub fn cut(&self) -> bool {
+        self.cut
+    }
+}
+
+impl<'a> Iterator for LogicalLines<'a> {
+    type Item = Vec<(u32, Cow<'a, str>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
         let mut cur: Vec<(u32, Cow<str>)> = Vec::new();
         // The quote a joined piece is still inside, and whether a comment has begun.
         let mut quote = None;
         let mut comment = false;
-        for (n, l) in lines.by_ref() {
+        for (n, l) in self.lines.by_ref() {
             let n = n as u32 + 1;
             let (text, continued) = match l.strip_suffix('\\') {
                 Some(t) => (t, true),
@@ -234,8 +253,9 @@ pub fn logical_lines(src: &str) -> impl Iterator<Item = Vec<(u32, Cow<'_, str>)>
                 return Some(cur);
             }
         }
+        self.cut |= !cur.is_empty();
         (!cur.is_empty()).then_some(cur)
-    })
+    }
 }
 
 /// The quote still open at the end of `text` (given the one open at its start), and whether a

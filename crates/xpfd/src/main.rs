@@ -836,6 +836,14 @@ fn run(a: Args) -> Result<(), String> {
         }
     };
     let workers = ports_of.len();
+    // A large ruleset's parse is helped by the cores no worker runs on (the first load above
+    // had them all): beside a busy worker a helper thread slows the parse down.
+    let helpers = ncpu.saturating_sub(workers + 1);
+    xpf_conf::parse::set_helpers(helpers);
+    log::info!(
+        "rulesets of 8 MB or more are parsed with {helpers} helper thread{}",
+        if helpers == 1 { "" } else { "s" }
+    );
     let frags = loaded.frags(workers);
     // `set limit src-nodes`: each worker's share (a reload sets it again, control.rs).
     let src_nodes = loaded.share("src-nodes", workers);

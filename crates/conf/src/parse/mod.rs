@@ -315,16 +315,31 @@ pub fn parse_in(src: &str, file: &str, defines: &[(String, String)], base: Optio
 
 /// [`parse_in`] for a file `loads` levels of `load anchor` deep.
 fn parse_at(src: &str, file: &str, defines: &[(String, String)], base: Option<&std::path::Path>, loads: u8) -> Parsed {
-    let mut out = Parsed::default();
-    let mut st =
-        ParseState { fixed: defines.iter().map(|d| d.0.clone()).collect(), nr: 0, xnr: 0, depth: 0, includes: 0 };
-    for (k, v) in defines {
-        out.macros.insert(k.clone(), v.clone());
+    let fresh = || {
+        let mut out = Parsed::default();
+        for (k, v) in defines {
+            out.macros.insert(k.clone(), v.clone());
+        }
+        // A rule a line, about: a large ruleset's list grows once, not by copies of it (at
+        // 1.6M rules the doublings moved gigabytes into fresh pages).
+        out.rules.reserve(memchr::memchr_iter(b'\n', src.as_bytes()).count());
+        (out, ParseState::new(defines))
+    };
+    let (mut out, mut st) = fresh();
+    let (pieces, helpers) = pieces_for(src.len());
+    let starts = piece_starts(src, pieces);
+    if starts.is_empty()
+        || parse_pieces(src, file, defines, base, &starts, (helpers, false), &mut out, &mut st).is_none()
+    {
+        (out, st) = fresh();
+        parse_source(src, file, base, &mut out, &mut st);
+    } else {
+        // The helpers' rules were moved into `out` and their buffers freed into their threads'
+        // malloc arenas, which keep them (hundreds of MB at a million rules): given back here.
+        // SAFETY: malloc_trim only returns free memory of the allocator's arenas to the system
+        // (16-23 ms after a parse of 1.6M rules).
+        unsafe { libc::malloc_trim(0) };
     }
-    // A rule a line, about: a large ruleset's list grows once, not by copies of it (at 1.6M
-    // rules the doublings moved gigabytes into fresh pages).
-    out.rules.reserve(src.bytes().filter(|&b| b == b'\n').count());
-    parse_source(src, file, base, &mut out, &mut st);
     check_queues(&mut out, file);
     load_anchors(&mut out, defines, loads);
     out
@@ -408,38 +423,91 @@ struct ParseState {
     includes: u8,
 }
 
+impl ParseState {
+    fn new(defines: &[(String, String)]) -> ParseState {
+        ParseState { fixed: defines.iter().map(|d| d.0.clone()).collect(), nr: 0, xnr: 0, depth: 0, includes: 0 }
+    }
+}
+
 const MAX_INCLUDE_DEPTH: u8 = 16;
 
-fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut Parsed, st: &mut ParseState) {
-    let fixed = st.fixed.clone();
-    let mut nr = st.nr;
-    let mut depth = st.depth;
-    // One buffer for every line's tokens. A `{ }` list may run over several lines (pfctl's
-    // grammar allows newlines in it): with `pending`, a line's tokens stay in it for the
-    // lines that close the list.
-    let mut toks: Vec<Token> = Vec::with_capacity(64);
-    // The words' buffers of lines done, for the next lines' words.
-    let mut spare: Vec<String> = Vec::with_capacity(64);
-    let mut pending = false;
-    // The file's name, shared by its rules.
-    let f: std::sync::Arc<str> = file.into();
-    'lines: for pieces in logical_lines(src) {
-        if !std::mem::take(&mut pending) {
-            recycle(&mut toks, &mut spare);
+/// Where a parse of one source stands between its logical lines: what a line leaves for the
+/// next.
+struct Walk<'f> {
+    file: &'f str,
+    /// The file's name, shared by its rules.
+    f: std::sync::Arc<str>,
+    base: Option<&'f std::path::Path>,
+    fixed: Vec<String>,
+    /// One buffer for every line's tokens. A `{ }` list may run over several lines (pfctl's
+    /// grammar allows newlines in it): with `pending`, a line's tokens stay in it for the
+    /// lines that close the list.
+    toks: Vec<Token>,
+    /// The words' buffers of lines done, for the next lines' words.
+    spare: Vec<String>,
+    pending: bool,
+    depth: u8,
+    nr: u32,
+    /// Set when this walk is a piece of a large file parsed ahead of the lines before it.
+    piece: Option<Piece>,
+}
+
+/// What a piece parsed ahead met that it cannot stand for without the lines before it.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    /// A statement other than a filter rule or an anchor's closing `}` (a macro, an option,
+    /// a table, an include, a translation rule): the piece stops there and is parsed in order.
+    foreign: bool,
+    /// It holds `block` rules, whose return policy is `set block-policy`'s.
+    blocks: bool,
+    /// The lowest anchor depth its `}` lines closed down to (it starts at [`PIECE_DEPTH`]).
+    lowest: u8,
+}
+
+impl<'f> Walk<'f> {
+    fn new(file: &'f str, base: Option<&'f std::path::Path>, st: &ParseState) -> Walk<'f> {
+        Walk {
+            file,
+            f: file.into(),
+            base,
+            fixed: st.fixed.clone(),
+            toks: Vec::with_capacity(64),
+            spare: Vec::with_capacity(64),
+            pending: false,
+            depth: st.depth,
+            nr: st.nr,
+            piece: None,
         }
-        let last_line = pieces.last().map_or(0, |p| p.0);
-        for (line, text) in &pieces {
-            match lex_line(text, *line, &out.macros, &mut toks, &mut spare) {
+    }
+
+    /// Parses one logical line (its physical pieces numbered from `off` + 1). False when a
+    /// piece parsed ahead met a statement it cannot stand for.
+    fn line(
+        &mut self,
+        pieces: &[(u32, std::borrow::Cow<str>)],
+        off: u32,
+        out: &mut Parsed,
+        st: &mut ParseState,
+    ) -> bool {
+        let Walk { file, f, base, fixed, toks, spare, pending, depth, nr, piece } = self;
+        let (file, base) = (*file, *base);
+
+        if !std::mem::take(pending) {
+            recycle(toks, spare);
+        }
+        let last_line = pieces.last().map_or(0, |p| p.0) + off;
+        for (line, text) in pieces {
+            match lex_line(text, *line + off, &out.macros, toks, spare) {
                 Ok(false) => {}
                 Ok(true) => break, // a comment runs to the end of the logical line
                 Err(e) => {
                     out.errors.extend(to_errors(file, e.line, &e.msg));
-                    continue 'lines;
+                    return true;
                 }
             }
         }
         if toks.is_empty() {
-            continue;
+            return true;
         }
         let open = toks.iter().filter(|t| t.tok == Tok::Punct("{")).count();
         let close = toks.iter().filter(|t| t.tok == Tok::Punct("}")).count();
@@ -447,12 +515,12 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
             && toks.last().map(|t| &t.tok) == Some(&Tok::Punct("{"))
             && open == close + 1;
         if open > close && !anchor_body {
-            pending = true;
-            continue;
+            *pending = true;
+            return true;
         }
         // `}` closes an inline anchor.
         if matches!(toks.first().map(|t| &t.tok), Some(Tok::Punct("}"))) {
-            if depth == 0 || toks.len() > 1 {
+            if *depth == 0 || toks.len() > 1 {
                 out.errors.push(ConfError {
                     file: file.into(),
                     line: toks[0].line,
@@ -460,11 +528,26 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
                     bare: false,
                 });
             } else {
-                depth -= 1;
+                *depth -= 1;
+                if let Some(pc) = piece.as_mut() {
+                    pc.lowest = pc.lowest.min(*depth);
+                }
             }
-            continue;
+            return true;
         }
-        let mut p = P { t: &toks, i: 0, scope: None };
+        let mut p = P { t: toks.as_slice(), i: 0, scope: None };
+        // A piece parsed ahead stands for filter rules only (see [`parse_pieces`]).
+        if let Some(pc) = piece.as_mut() {
+            let defines = matches!(toks.get(1).map(|t| &t.tok), Some(Tok::Punct("=")));
+            match p.word() {
+                Some("pass" | "match" | "anchor" | "antispoof") if !defines => {}
+                Some("block") if !defines => pc.blocks = true,
+                _ => {
+                    pc.foreign = true;
+                    return false;
+                }
+            }
+        }
         // Macro definition: NAME = value...
         if let (Some(Tok::Word(name)), Some(Tok::Punct("="))) =
             (toks.first().map(|t| &t.tok), toks.get(1).map(|t| &t.tok))
@@ -482,7 +565,7 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
             if !fixed.contains(name) {
                 out.macros.insert(name.clone(), v);
             }
-            continue;
+            return true;
         }
         let res = match p.word() {
             Some("pass") | Some("block") | Some("match") | Some("anchor") => rule(&mut p, last_line, out.block_return),
@@ -494,10 +577,10 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
             }
             Some("include") => {
                 p.next();
-                st.nr = nr;
-                st.depth = depth;
+                st.nr = *nr;
+                st.depth = *depth;
                 let r = include(&mut p, file, base, out, st).map(|()| Vec::new());
-                nr = st.nr;
+                *nr = st.nr;
                 r
             }
             Some("set") => {
@@ -560,7 +643,7 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
                 for t in tmpls {
                     let binat = t.binat.is_some();
                     let xlate = t.r.xlate.is_some();
-                    let counter = if xlate { &mut st.xnr } else { &mut nr };
+                    let counter = if xlate { &mut st.xnr } else { &mut *nr };
                     match expand(&t, counter, out) {
                         Ok(mut rules) => {
                             // A combination whose translation pool has no address of its family
@@ -582,11 +665,11 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
                                             out.xrules.push(r);
                                             continue;
                                         }
-                                        r.depth = depth;
+                                        r.depth = *depth;
                                         let opens = r.opens;
                                         out.rules.push(r);
                                         if opens {
-                                            depth += 1;
+                                            *depth += 1;
                                         }
                                     }
                                 }
@@ -610,19 +693,390 @@ fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut
                 out.errors.extend(to_errors(file, line, &msg));
             }
         }
+        true
     }
-    if let Some(t) = toks.first().filter(|_| pending) {
-        out.errors.push(ConfError { file: file.into(), line: t.line, msg: "syntax error".into(), bare: false });
+
+    /// The end of the source (`lines` of them): a list or an inline anchor left open is an
+    /// error.
+    fn finish(self, lines: u32, out: &mut Parsed, st: &mut ParseState) {
+        if let Some(t) = self.toks.first().filter(|_| self.pending) {
+            out.errors.push(ConfError {
+                file: self.file.into(),
+                line: t.line,
+                msg: "syntax error".into(),
+                bare: false,
+            });
+        }
+        if self.depth > st.depth {
+            out.errors.push(ConfError { file: self.file.into(), line: lines, msg: "syntax error".into(), bare: false });
+        }
+        st.nr = self.nr;
     }
-    if depth > st.depth {
-        out.errors.push(ConfError {
-            file: file.into(),
-            line: src.lines().count() as u32,
-            msg: "syntax error".into(),
-            bare: false,
-        });
+}
+
+/// A file of this many bytes or more is parsed in pieces of [`PIECE_BYTES`], by this thread
+/// from the front and by helpers on the other cores (at most [`MAX_HELPERS`]) from the back: a
+/// generated ruleset of a million rules is tens of megabytes of rule lines, and parsing them
+/// is most of a reload's time.
+const PIECES_FROM: usize = 8 << 20;
+const PIECE_BYTES: usize = 1 << 20;
+const MAX_HELPERS: usize = 7;
+
+/// The anchor depth a piece parsed ahead starts at: the depth of the lines before it is not
+/// known yet, and its `}` lines may close their anchors.
+const PIECE_DEPTH: u8 = 128;
+
+/// The most helpers a parse may have (see [`set_helpers`]).
+static HELPERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(MAX_HELPERS);
+
+/// At most `n` threads help a large file's parse from now on (the cores other than the
+/// parsing thread's, at most [`MAX_HELPERS`], unless told fewer). xpfd leaves its workers'
+/// cores to them: beside a busy worker a helper only slows the parse (a reload of 1.6M rules
+/// under iperf3 parsed in 9.7-11.1 s with one, 5.8-6.7 s without).
+pub fn set_helpers(n: usize) {
+    HELPERS.store(n.min(MAX_HELPERS), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// How many pieces a source of `len` bytes is parsed in, and by how many helpers: one piece
+/// and none for a small file, one core, or no helper allowed.
+fn pieces_for(len: usize) -> (usize, usize) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let helpers = (cores - 1).min(HELPERS.load(std::sync::atomic::Ordering::Relaxed));
+    if len < PIECES_FROM || helpers == 0 {
+        return (1, 0);
     }
-    st.nr = nr;
+    (len / PIECE_BYTES, helpers)
+}
+
+/// Where pieces 2 to `n` of `src` begin, (byte offset, line number), each at the start of a
+/// line whose line before does not continue into it.
+fn piece_starts(src: &str, n: usize) -> Vec<(usize, u32)> {
+    let b = src.as_bytes();
+    let (mut starts, mut at, mut line) = (Vec::new(), 0, 1u32);
+    for k in 1..n {
+        let mut from = (k * src.len() / n).max(at);
+        // The next line that the one before does not continue (`\` before its newline).
+        let start = loop {
+            let Some(nl) = memchr::memchr(b'\n', &b[from..]).map(|i| from + i) else { break None };
+            let text = b[..nl].strip_suffix(b"\r").unwrap_or(&b[..nl]);
+            if !text.ends_with(b"\\") {
+                break Some(nl + 1);
+            }
+            from = nl + 1;
+        };
+        let Some(start) = start.filter(|&s| s < src.len()) else { break };
+        line += memchr::memchr_iter(b'\n', &b[at..start]).count() as u32;
+        starts.push((start, line));
+        at = start;
+    }
+    starts
+}
+
+/// A piece of the file parsed on a core of its own, ahead of the lines before it.
+struct Ahead {
+    out: Parsed,
+    piece: Piece,
+    depth: u8,
+    nr: u32,
+    pending: bool,
+    /// Its text ended inside a logical line.
+    cut: bool,
+    /// The `set block-policy` it took for its `block` rules.
+    block_return: bool,
+}
+
+impl Ahead {
+    /// Parses `text`, lines numbered from `line`, as if the lines before it were filter rules
+    /// only (the -D macros the only ones; it stops at a `$`); either of `stop` asks it to give
+    /// up.
+    fn parse(
+        text: &str,
+        line: u32,
+        file: &str,
+        defines: &[(String, String)],
+        block_return: bool,
+        stop: [&std::sync::atomic::AtomicBool; 2],
+    ) -> Ahead {
+        let mut out = Parsed { block_return, ..Parsed::default() };
+        out.rules.reserve(memchr::memchr_iter(b'\n', text.as_bytes()).count());
+        for (k, v) in defines {
+            out.macros.insert(k.clone(), v.clone());
+        }
+        let mut st = ParseState { depth: PIECE_DEPTH, ..ParseState::new(defines) };
+        let mut w = Walk::new(file, None, &st);
+        let mut piece = Piece { foreign: false, blocks: false, lowest: PIECE_DEPTH };
+        // A macro's value, or a label's `$nr`, is what the lines before make it.
+        if memchr::memchr(b'$', text.as_bytes()).is_some() {
+            piece.foreign = true;
+        }
+        w.piece = Some(piece);
+        let mut lines = logical_lines(text);
+        if !piece.foreign {
+            for pieces in &mut lines {
+                if stop.iter().any(|s| s.load(std::sync::atomic::Ordering::Relaxed)) {
+                    // Given up: it stands for nothing.
+                    if let Some(p) = w.piece.as_mut() {
+                        p.foreign = true;
+                    }
+                    break;
+                }
+                if !w.line(&pieces, line - 1, &mut out, &mut st) {
+                    break;
+                }
+            }
+        }
+        let piece = w.piece.unwrap_or(piece);
+        Ahead { piece, depth: w.depth, nr: w.nr, pending: w.pending, cut: lines.cut(), block_return, out }
+    }
+
+    /// Whether its rules are what parsing it after `w`'s lines gives: it met only filter rules,
+    /// it ended where a logical line ends, its `block` rules took the policy in force, it closed
+    /// no anchor the lines before did not open, and it made no table (a translation pool's
+    /// table is printed in the header).
+    fn stands(&self, w: &Walk, block_return: bool, last: bool) -> bool {
+        !self.piece.foreign
+            && !w.pending
+            && (!self.cut || last)
+            && !self.pending
+            && (!self.piece.blocks || self.block_return == block_return)
+            && w.depth < PIECE_DEPTH
+            && PIECE_DEPTH - self.piece.lowest <= w.depth
+            && self.out.header.is_empty()
+    }
+}
+
+/// Where `set block-policy` statements stand in `src` (commented ones left out) and whether
+/// each says `return`: a piece's `block` rules are parsed ahead with the last one before it (a
+/// guess, checked against the parse: a string may hold the words).
+fn block_policies(src: &str) -> Vec<(usize, bool)> {
+    let b = src.as_bytes();
+    memchr::memmem::find_iter(b, b"block-policy")
+        .filter(|&i| {
+            let line = memchr::memrchr(b'\n', &b[..i]).map_or(0, |n| n + 1);
+            memchr::memchr(b'#', &b[line..i]).is_none()
+        })
+        .map(|i| (i, src[i + "block-policy".len()..].trim_start().starts_with("return")))
+        .collect()
+}
+
+/// The policy the last of `policies` before byte `at` sets (pf's default, drop, if none).
+fn block_policy_at(policies: &[(usize, bool)], at: usize) -> bool {
+    match policies.partition_point(|p| p.0 < at) {
+        0 => false,
+        i => policies[i - 1].1,
+    }
+}
+
+/// Parses `src` in pieces: this thread walks them in order from the front, `helpers` threads
+/// parse them ahead from the back, as if the lines before each were filter rules only, until
+/// the two meet. A piece parsed ahead is taken as it is when that holds (renumbered and put at
+/// the depth of the anchors open before it), else parsed here again after the lines before
+/// it; a piece a helper is still parsing when this thread comes to it is given up and parsed
+/// here (a helper starved of its core never holds this thread). Returns how many pieces
+/// were taken as parsed ahead; None when a piece's start was not a logical line's (a quoted
+/// string ran over it): the caller parses the file in one go.
+#[allow(clippy::too_many_arguments)]
+fn parse_pieces(
+    src: &str,
+    file: &str,
+    defines: &[(String, String)],
+    base: Option<&std::path::Path>,
+    starts: &[(usize, u32)],
+    (helpers, ahead_first): (usize, bool),
+    out: &mut Parsed,
+    st: &mut ParseState,
+) -> Option<usize> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let n = starts.len();
+    let ends: Vec<usize> = starts.iter().skip(1).map(|s| s.0).chain([src.len()]).collect();
+    // Each piece is parsed by whoever claims it first: this thread ascending, helpers
+    // descending from `back`.
+    let claimed: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
+    // A piece this thread reached before its helper was done with it: given up, parsed here.
+    let abandoned: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
+    let back = AtomicUsize::new(n);
+    let stop = AtomicBool::new(false);
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, Ahead)>();
+    let policies = block_policies(src);
+    std::thread::scope(|s| {
+        for _ in 0..helpers {
+            let (tx, claimed, abandoned, back, stop, ends, policies) =
+                (tx.clone(), &claimed, &abandoned, &back, &stop, &ends, &policies);
+            s.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(k) = back.fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| b.checked_sub(1)) else {
+                        break;
+                    };
+                    let k = k - 1;
+                    if claimed[k].swap(true, Ordering::AcqRel) {
+                        break; // this thread is there: the pieces before are its own
+                    }
+                    let (from, line) = starts[k];
+                    let block_return = block_policy_at(policies, from);
+                    let a = Ahead::parse(&src[from..ends[k]], line, file, defines, block_return, [stop, &abandoned[k]]);
+                    if tx.send((k, a)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        // Tests: every piece parsed ahead before this thread starts, so that which stand is
+        // not a matter of timing.
+        let mut ahead: Vec<Option<Ahead>> = (0..n).map(|_| None).collect();
+        if ahead_first {
+            while let Ok((j, a)) = rx.recv() {
+                ahead[j] = Some(a);
+            }
+        }
+        let give_up = || {
+            stop.store(true, Ordering::Relaxed);
+            None
+        };
+        let mut w = Walk::new(file, base, st);
+        let mut lines = logical_lines(&src[..starts[0].0]);
+        for pieces in &mut lines {
+            w.line(&pieces, 0, out, st);
+        }
+        if lines.cut() {
+            return give_up();
+        }
+        // The rules of pieces taken, moved into `out` together (on two cores).
+        let mut held: Vec<Vec<Rule>> = Vec::new();
+        let mut stood = 0;
+        for k in 0..n {
+            let last = k + 1 == n;
+            if claimed[k].swap(true, Ordering::AcqRel) {
+                // A helper's: taken when it is done, else given up and parsed here, so that a
+                // helper starved of its core (a busy worker's) never holds this thread.
+                while let Ok((j, a)) = rx.try_recv() {
+                    ahead[j] = Some(a);
+                }
+                if ahead[k].is_none() {
+                    abandoned[k].store(true, Ordering::Relaxed);
+                }
+            }
+            if let Some(a) = ahead[k].take() {
+                if a.stands(&w, out.block_return, last) {
+                    let d = w.depth;
+                    let shift = |x: u8| x - (PIECE_DEPTH - d);
+                    let mut rules = a.out.rules;
+                    for r in &mut rules {
+                        r.depth = shift(r.depth);
+                    }
+                    held.push(rules);
+                    out.errors.extend(a.out.errors);
+                    w.depth = shift(a.depth);
+                    w.nr += a.nr;
+                    stood += 1;
+                    continue;
+                }
+            }
+            move_rules(&mut out.rules, std::mem::take(&mut held));
+            let (from, line) = starts[k];
+            let mut lines = logical_lines(&src[from..ends[k]]);
+            for pieces in &mut lines {
+                w.line(&pieces, line - 1, out, st);
+            }
+            if lines.cut() && !last {
+                return give_up();
+            }
+        }
+        move_rules(&mut out.rules, held);
+        w.finish(src.lines().count() as u32, out, st);
+        Some(stood)
+    })
+}
+
+/// Moves the rules of `from`, in order, to the end of `to`, on two cores when they are many:
+/// what the move costs is the first touch of `to`'s pages (on this VM 0.2-0.4 s for the 400
+/// MB of 800,000 rules), which two cores take at once.
+fn move_rules(to: &mut Vec<Rule>, mut from: Vec<Vec<Rule>>) {
+    let total: usize = from.iter().map(Vec::len).sum();
+    if total == 0 {
+        return;
+    }
+    to.reserve(total);
+    let len = to.len();
+    // Two groups of whole vectors, the first about half the rules.
+    let (mut cut, mut first) = (0, 0);
+    while cut < from.len() && first + from[cut].len() <= total / 2 {
+        first += from[cut].len();
+        cut += 1;
+    }
+    {
+        let (d0, d1) = to.spare_capacity_mut()[..total].split_at_mut(first);
+        let (g0, g1) = from.split_at(cut);
+        let mov = |g: &[Vec<Rule>], d: &mut [std::mem::MaybeUninit<Rule>]| {
+            let mut at = 0;
+            for v in g {
+                let d = &mut d[at..at + v.len()];
+                // SAFETY: `d` is v.len() slots of `to`'s spare room, apart from the other
+                // group's; the rules are moved bitwise, and `from`'s vectors forget them below
+                // without dropping them.
+                unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), d.as_mut_ptr().cast::<Rule>(), v.len()) };
+                at += v.len();
+            }
+        };
+        if total < 4096 {
+            mov(g0, d0);
+            mov(g1, d1);
+        } else {
+            std::thread::scope(|sc| {
+                sc.spawn(|| mov(g1, d1));
+                mov(g0, d0);
+            });
+        }
+    }
+    // SAFETY: every rule of `from` now lives in `to` (the `total` slots after its length were
+    // written above); `from`'s vectors keep their buffers, freed without the rules' drops.
+    unsafe {
+        for v in &mut from {
+            v.set_len(0);
+        }
+        to.set_len(len + total);
+    }
+}
+
+/// [`parse_in`] in `n` pieces with `helpers` threads whatever the size of `src` (tests hold it
+/// to the parse in one go), and how many pieces after the first were taken as parsed ahead;
+/// with `ahead_first`, every piece after the first is parsed ahead before the first is.
+#[doc(hidden)]
+pub fn parse_in_pieces(
+    src: &str,
+    file: &str,
+    defines: &[(String, String)],
+    base: Option<&std::path::Path>,
+    n: usize,
+    helpers: usize,
+    ahead_first: bool,
+) -> (Parsed, usize) {
+    let mut out = Parsed::default();
+    for (k, v) in defines {
+        out.macros.insert(k.clone(), v.clone());
+    }
+    let mut st = ParseState::new(defines);
+    let starts = piece_starts(src, n);
+    let stood = match starts.is_empty() {
+        true => None,
+        false => parse_pieces(src, file, defines, base, &starts, (helpers, ahead_first), &mut out, &mut st),
+    };
+    if stood.is_none() {
+        (out, st) = (Parsed { macros: out.macros, ..Parsed::default() }, ParseState::new(defines));
+        out.macros = defines.iter().cloned().collect();
+        parse_source(src, file, base, &mut out, &mut st);
+    }
+    check_queues(&mut out, file);
+    load_anchors(&mut out, defines, 0);
+    (out, stood.unwrap_or(0))
+}
+
+fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut Parsed, st: &mut ParseState) {
+    let mut w = Walk::new(file, base, st);
+    for pieces in logical_lines(src) {
+        w.line(&pieces, 0, out, st);
+    }
+    w.finish(src.lines().count() as u32, out, st);
 }
 
 const FLAG_CHARS: &str = "FSRPAUEW";
