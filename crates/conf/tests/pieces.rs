@@ -181,3 +181,33 @@ fn pieces_of_real_files_parse_as_one() {
     }
     assert!(seen > 100, "{seen} files");
 }
+
+/// Inline anchors nest 64 deep, pf's anchor stack; one more is refused at its line, in one go
+/// and in pieces alike.
+#[test]
+fn anchors_nest_as_deep_as_pfs_stack() {
+    let nest = |n: usize| {
+        let mut s = String::new();
+        for k in 0..n {
+            s += &format!("anchor \"a{k}\" in on em0 to 10.{k}.0.0/16 {{\n");
+            for r in 0..40 {
+                s += &format!("pass in quick proto tcp to 10.{k}.{r}.1 port 22\n");
+            }
+        }
+        s + &"}\n".repeat(n)
+    };
+    let ok = nest(64);
+    assert!(parse_in(&ok, "deep.conf", &[], None).errors.is_empty());
+    let deep = nest(70);
+    let one = parse_in(&deep, "deep.conf", &[], None);
+    let first = one.errors.first().expect("refused");
+    assert_eq!(first.line, 64 * 41 + 1, "{first}");
+    assert!(first.msg.contains("anchor nesting deeper than 64"), "{first}");
+    for n in 2..=8 {
+        let (p, _) = parse_in_pieces(&deep, "deep.conf", &[], None, n, 2, true);
+        same(&one, &p, &format!("70 deep, {n} pieces"));
+        let (p, k) = parse_in_pieces(&ok, "deep.conf", &[], None, n, 2, true);
+        same(&parse_in(&ok, "deep.conf", &[], None), &p, &format!("64 deep, {n} pieces"));
+        assert_eq!(k, n - 1, "64 deep, {n} pieces: each kept");
+    }
+}

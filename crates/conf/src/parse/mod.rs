@@ -462,7 +462,13 @@ struct Piece {
     blocks: bool,
     /// The lowest anchor depth its `}` lines closed down to (it starts at [`PIECE_DEPTH`]).
     lowest: u8,
+    /// The deepest its inline anchors opened to.
+    highest: u8,
 }
+
+/// How deep inline anchors nest: pf's anchor stack (PF_ANCHOR_STACK_MAX) holds 64 levels, and
+/// pf skips an anchor rule past it at every packet; xpf refuses it at load.
+const MAX_ANCHOR_DEPTH: u8 = 64;
 
 impl<'f> Walk<'f> {
     fn new(file: &'f str, base: Option<&'f std::path::Path>, st: &ParseState) -> Walk<'f> {
@@ -669,7 +675,20 @@ impl<'f> Walk<'f> {
                                         let opens = r.opens;
                                         out.rules.push(r);
                                         if opens {
-                                            *depth += 1;
+                                            if let Some(pc) = piece.as_mut() {
+                                                pc.highest = pc.highest.max(*depth + 1);
+                                                if (*depth + 1).saturating_sub(PIECE_DEPTH) > MAX_ANCHOR_DEPTH {
+                                                    pc.foreign = true;
+                                                    return false;
+                                                }
+                                            } else if *depth == MAX_ANCHOR_DEPTH {
+                                                out.errors.extend(to_errors(
+                                                    file,
+                                                    last_line,
+                                                    &format!("anchor nesting deeper than {MAX_ANCHOR_DEPTH}: pf evaluates anchors {MAX_ANCHOR_DEPTH} deep (its anchor stack) and skips deeper ones"),
+                                                ));
+                                            }
+                                            *depth = depth.saturating_add(1);
                                         }
                                     }
                                 }
@@ -804,7 +823,7 @@ impl Ahead {
         }
         let mut st = ParseState { depth: PIECE_DEPTH, ..ParseState::new(defines) };
         let mut w = Walk::new(file, None, &st);
-        let mut piece = Piece { foreign: false, blocks: false, lowest: PIECE_DEPTH };
+        let mut piece = Piece { foreign: false, blocks: false, lowest: PIECE_DEPTH, highest: PIECE_DEPTH };
         // A macro's value, or a label's `$nr`, is what the lines before make it.
         if memchr::memchr(b'$', text.as_bytes()).is_some() {
             piece.foreign = true;
@@ -831,7 +850,8 @@ impl Ahead {
 
     /// Whether its rules are what parsing it after `w`'s lines gives: it met only filter rules,
     /// it ended where a logical line ends, its `block` rules took the policy in force, it closed
-    /// no anchor the lines before did not open, and it made no table (a translation pool's
+    /// no anchor the lines before did not open nor nested one past pf's stack, and it made no
+    /// table (a translation pool's
     /// table is printed in the header).
     fn stands(&self, w: &Walk, block_return: bool, last: bool) -> bool {
         !self.piece.foreign
@@ -841,6 +861,7 @@ impl Ahead {
             && (!self.piece.blocks || self.block_return == block_return)
             && w.depth < PIECE_DEPTH
             && PIECE_DEPTH - self.piece.lowest <= w.depth
+            && u16::from(self.piece.highest - PIECE_DEPTH) + u16::from(w.depth) <= u16::from(MAX_ANCHOR_DEPTH)
             && self.out.header.is_empty()
     }
 }
