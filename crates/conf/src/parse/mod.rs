@@ -315,23 +315,38 @@ pub fn parse_in(src: &str, file: &str, defines: &[(String, String)], base: Optio
 
 /// [`parse_in`] for a file `loads` levels of `load anchor` deep.
 fn parse_at(src: &str, file: &str, defines: &[(String, String)], base: Option<&std::path::Path>, loads: u8) -> Parsed {
-    let fresh = || {
-        let mut out = Parsed::default();
-        for (k, v) in defines {
-            out.macros.insert(k.clone(), v.clone());
-        }
-        // A rule a line, about: a large ruleset's list grows once, not by copies of it (at
-        // 1.6M rules the doublings moved gigabytes into fresh pages).
-        out.rules.reserve(memchr::memchr_iter(b'\n', src.as_bytes()).count());
-        (out, ParseState::new(defines))
-    };
-    let (mut out, mut st) = fresh();
     let (pieces, helpers) = pieces_for(src.len());
+    parse_split(src, file, defines, base, loads, (pieces, helpers, false)).0
+}
+
+/// A parse's start: the -D macros, and room for a rule a line of `text`, about (a large
+/// ruleset's list grows once, not by copies of it: at 1.6M rules the doublings moved gigabytes
+/// into fresh pages).
+fn start(text: &str, defines: &[(String, String)]) -> (Parsed, ParseState) {
+    let mut out = Parsed::default();
+    out.macros.extend(defines.iter().cloned());
+    out.rules.reserve(memchr::memchr_iter(b'\n', text.as_bytes()).count());
+    (out, ParseState::new(defines))
+}
+
+/// [`parse_at`] in `pieces` pieces with `helpers` threads (in one go when fewer than two), and
+/// how many pieces were taken as parsed ahead; `ahead_first` as for [`parse_pieces`].
+fn parse_split(
+    src: &str,
+    file: &str,
+    defines: &[(String, String)],
+    base: Option<&std::path::Path>,
+    loads: u8,
+    (pieces, helpers, ahead_first): (usize, usize, bool),
+) -> (Parsed, usize) {
+    let (mut out, mut st) = start(src, defines);
     let starts = piece_starts(src, pieces);
-    if starts.is_empty()
-        || parse_pieces(src, file, defines, base, &starts, (helpers, false), &mut out, &mut st).is_none()
-    {
-        (out, st) = fresh();
+    let stood = match starts.is_empty() {
+        true => None,
+        false => parse_pieces(src, file, defines, base, &starts, (helpers, ahead_first), &mut out, &mut st),
+    };
+    if stood.is_none() {
+        (out, st) = start(src, defines);
         parse_source(src, file, base, &mut out, &mut st);
     } else {
         // The helpers' rules were moved into `out` and their buffers freed into their threads'
@@ -342,7 +357,7 @@ fn parse_at(src: &str, file: &str, defines: &[(String, String)], base: Option<&s
     }
     check_queues(&mut out, file);
     load_anchors(&mut out, defines, loads);
-    out
+    (out, stood.unwrap_or(0))
 }
 
 /// `load anchor NAME from FILE`: FILE's rules become the body of every anchor rule of the main
@@ -816,12 +831,8 @@ impl Ahead {
         block_return: bool,
         stop: [&std::sync::atomic::AtomicBool; 2],
     ) -> Ahead {
-        let mut out = Parsed { block_return, ..Parsed::default() };
-        out.rules.reserve(memchr::memchr_iter(b'\n', text.as_bytes()).count());
-        for (k, v) in defines {
-            out.macros.insert(k.clone(), v.clone());
-        }
-        let mut st = ParseState { depth: PIECE_DEPTH, ..ParseState::new(defines) };
+        let (mut out, mut st) = start(text, defines);
+        (out.block_return, st.depth) = (block_return, PIECE_DEPTH);
         let mut w = Walk::new(file, None, &st);
         let mut piece = Piece { foreign: false, blocks: false, lowest: PIECE_DEPTH, highest: PIECE_DEPTH };
         // A macro's value, or a label's `$nr`, is what the lines before make it.
@@ -1072,24 +1083,7 @@ pub fn parse_in_pieces(
     helpers: usize,
     ahead_first: bool,
 ) -> (Parsed, usize) {
-    let mut out = Parsed::default();
-    for (k, v) in defines {
-        out.macros.insert(k.clone(), v.clone());
-    }
-    let mut st = ParseState::new(defines);
-    let starts = piece_starts(src, n);
-    let stood = match starts.is_empty() {
-        true => None,
-        false => parse_pieces(src, file, defines, base, &starts, (helpers, ahead_first), &mut out, &mut st),
-    };
-    if stood.is_none() {
-        (out, st) = (Parsed { macros: out.macros, ..Parsed::default() }, ParseState::new(defines));
-        out.macros = defines.iter().cloned().collect();
-        parse_source(src, file, base, &mut out, &mut st);
-    }
-    check_queues(&mut out, file);
-    load_anchors(&mut out, defines, 0);
-    (out, stood.unwrap_or(0))
+    parse_split(src, file, defines, base, 0, (n, helpers, ahead_first))
 }
 
 fn parse_source(src: &str, file: &str, base: Option<&std::path::Path>, out: &mut Parsed, st: &mut ParseState) {
