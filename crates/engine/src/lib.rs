@@ -1093,6 +1093,7 @@ impl<P: Policy> Worker<P> {
         }
         let n = self.t4.maintain(now, budget) + self.t6.maintain(now, budget);
         self.release_ports(now);
+        self.nat.reap(now, budget);
         n
     }
 

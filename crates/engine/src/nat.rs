@@ -229,9 +229,9 @@ pub fn has_port(pd: &PDesc) -> bool {
 
 /// The ports of one address, protocol class and range. Memory goes with use, not with the
 /// range: ports never handed out are a counter through a random permutation of the range
-/// (an affine map, so no table of them), ports in use a map of their users, released ports a
-/// FIFO with the time each may go again. A pool of a /16 costs nothing per address it has not
-/// used.
+/// (an affine map, so no table of them), released ports a FIFO with the time each may go
+/// again; which ports are in use is [`Users`], one table for every address. A pool of a /16
+/// costs nothing per address it has not used.
 #[derive(Debug)]
 struct Ports {
     /// The ports are first, first + step, ... (n of them): with several workers each has
@@ -249,8 +249,6 @@ struct Ports {
     fresh: u32,
     /// Released ports, oldest first, with when each may be handed out again.
     free: VecDeque<(u16, u32)>,
-    /// Flows using each port in use.
-    users: HashMap<u16, u16>,
 }
 
 fn gcd(a: u32, b: u32) -> u32 {
@@ -280,7 +278,6 @@ impl Ports {
             add: if n > 0 { rng.next_u32() % n } else { 0 },
             fresh: 0,
             free: VecDeque::new(),
-            users: HashMap::default(),
         }
     }
 
@@ -295,6 +292,120 @@ impl Ports {
     }
 }
 
+/// The allocators of one address and protocol class: one per port range that rules drew
+/// from it (nearly always one, kept inline).
+#[derive(Debug)]
+struct Allocs {
+    /// The address and class's name in [`Users`].
+    id: u32,
+    /// Its ports in use (by one flow or more).
+    held: u32,
+    first: Ports,
+    more: Vec<Ports>,
+}
+
+impl Allocs {
+    fn ranges(&self) -> impl Iterator<Item = &Ports> {
+        std::iter::once(&self.first).chain(self.more.iter())
+    }
+
+    fn range_mut(&mut self, k: usize) -> &mut Ports {
+        if k == 0 {
+            &mut self.first
+        } else {
+            &mut self.more[k - 1]
+        }
+    }
+
+    /// The range a released `port` goes back to: the first that holds it.
+    fn holding(&mut self, port: u16) -> Option<&mut Ports> {
+        std::iter::once(&mut self.first).chain(self.more.iter_mut()).find(|p| p.in_range(port))
+    }
+}
+
+/// Ports in use, of every address, and the flows using each: one table of one word per
+/// port (the address's [`Allocs::id`], the port, the count), so that a new flow's claim
+/// reads one place, where a map per address cost an allocation per address and a lookup
+/// through its allocator to its own map.
+#[derive(Default)]
+struct Users {
+    t: hashbrown::HashTable<u64>,
+    h: foldhash::fast::RandomState,
+}
+
+impl std::fmt::Debug for Users {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Users({} ports)", self.t.len())
+    }
+}
+
+/// A [`Users`] entry: the key in the top 48 bits, the flows in the low 16.
+fn user_key(id: u32, port: u16) -> u64 {
+    (id as u64) << 16 | port as u64
+}
+
+impl Users {
+    fn hash(h: &foldhash::fast::RandomState, key: u64) -> u64 {
+        use std::hash::BuildHasher;
+        h.hash_one(key)
+    }
+
+    /// The entry of `port` of allocator `id`, if a flow uses it.
+    fn get_mut(&mut self, id: u32, port: u16) -> Option<&mut u64> {
+        let key = user_key(id, port);
+        self.t.find_mut(Self::hash(&self.h, key), |&e| e >> 16 == key)
+    }
+
+    /// Offers `port` to a new flow: taken (one flow) when no flow here holds it and its key
+    /// is free.
+    #[inline(always)]
+    fn claim(&mut self, id: u32, port: u16, free: &mut impl FnMut(u16) -> bool) -> Claim {
+        let key = user_key(id, port);
+        let h = &self.h;
+        match self.t.entry(Self::hash(h, key), |&e| e >> 16 == key, |&e| Self::hash(h, e >> 16)) {
+            hashbrown::hash_table::Entry::Occupied(_) => Claim::InUse,
+            hashbrown::hash_table::Entry::Vacant(v) if free(port) => {
+                v.insert(key << 16 | 1);
+                Claim::Taken
+            }
+            hashbrown::hash_table::Entry::Vacant(_) => Claim::KeyTaken,
+        }
+    }
+
+    /// One more flow on `port`: Some(true) when it was free, None when it has as many as
+    /// a count holds.
+    fn add(&mut self, id: u32, port: u16) -> Option<bool> {
+        let key = user_key(id, port);
+        let h = &self.h;
+        match self.t.entry(Self::hash(h, key), |&e| e >> 16 == key, |&e| Self::hash(h, e >> 16)) {
+            hashbrown::hash_table::Entry::Occupied(mut o) => {
+                let e = o.get_mut();
+                (*e as u16 != u16::MAX).then(|| {
+                    *e += 1;
+                    false
+                })
+            }
+            hashbrown::hash_table::Entry::Vacant(v) => {
+                v.insert(key << 16 | 1);
+                Some(true)
+            }
+        }
+    }
+
+    /// One flow fewer on `port`: Some(true) when that was its last (it is free now), None
+    /// when no flow held it.
+    fn sub(&mut self, id: u32, port: u16) -> Option<bool> {
+        let key = user_key(id, port);
+        let Ok(mut o) = self.t.find_entry(Self::hash(&self.h, key), |&e| e >> 16 == key) else { return None };
+        if *o.get() as u16 > 1 {
+            *o.get_mut() -= 1;
+            return Some(false);
+        }
+        o.remove();
+        Some(true)
+    }
+}
+
 /// The translation side of a worker: round-robin positions and the port allocators.
 #[derive(Debug, Default)]
 pub struct Nat {
@@ -303,7 +414,16 @@ pub struct Nat {
     cursors: Vec<u64>,
     /// By (address, protocol class and family: [`class`]): the allocators of the ranges
     /// drawn from it.
-    ports: HashMap<(Addr, u8), Vec<Ports>>,
+    ports: HashMap<(Addr, u8), Allocs>,
+    /// Ports in use, of every allocator.
+    users: Users,
+    /// The next allocator's [`Allocs::id`].
+    next_id: u32,
+    /// Allocators that may have no port in use, by (address, class) and when they may go:
+    /// once none of their ports is in use or in its hold they are dropped ([`Nat::reap`]),
+    /// so a pool of many addresses (an IPv6 prefix under `random`) costs what its addresses
+    /// in use cost, not every address it ever gave.
+    idle: VecDeque<(Addr, u8, u32)>,
     /// `endpoint-independent` UDP: an inside source (address, family, port) to the address
     /// and port it was given, and back (to forget it when its port's last flow ends). Every
     /// map here is keyed by family too: an IPv4 address and an IPv6 address of twelve
@@ -369,6 +489,8 @@ impl Nat {
     pub fn set_share(&mut self, index: u16, workers: u16) {
         self.share = (index, workers.max(1));
         self.ports.clear();
+        self.users.t.clear();
+        self.idle.clear();
     }
 
     /// The round-robin position of pool `i`.
@@ -379,7 +501,8 @@ impl Nat {
         &mut self.cursors[i]
     }
 
-    /// The allocator of `addr`'s ports in `lo..=hi` for `proto` (made on first use), and the
+    /// The allocators of `addr`'s ports for `proto` (made on first use), the index of the
+    /// one of range `lo..=hi` among them (made on first use), the ports in use and the
     /// counters.
     #[inline(always)]
     fn ports_of(
@@ -388,17 +511,30 @@ impl Nat {
         proto: u8,
         (lo, hi): (u16, u16),
         rng: &mut ChaCha20Rng,
-    ) -> (&mut Ports, &mut Counters) {
+        now: u32,
+    ) -> (&mut Allocs, usize, &mut Users, &mut Counters) {
         let share = (self.share.0, self.share.1.max(1));
-        let all = self.ports.entry((addr, class(af, proto))).or_default();
-        let k = match all.iter().position(|p| p.range == (lo, hi)) {
-            Some(k) => k,
-            None => {
-                all.push(Ports { range: (lo, hi), ..Ports::new(lo, hi, share, rng) });
-                all.len() - 1
+        let c = class(af, proto);
+        let a = match self.ports.entry((addr, c)) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) => {
+                // Dropped again if it never holds a port (a range with none of this
+                // worker's, every key taken).
+                self.idle.push_back((addr, c, now));
+                let id = self.next_id;
+                self.next_id = self.next_id.wrapping_add(1);
+                v.insert(Allocs { id, held: 0, first: Ports::new(lo, hi, share, rng), more: Vec::new() })
             }
         };
-        (&mut all[k], &mut self.counters)
+        let found = a.ranges().position(|p| p.range == (lo, hi));
+        let k = match found {
+            Some(k) => k,
+            None => {
+                a.more.push(Ports::new(lo, hi, share, rng));
+                a.more.len()
+            }
+        };
+        (a, k, &mut self.users, &mut self.counters)
     }
 
     /// The first of `pools` whose addresses hold `addr` (family `af`) and, with `port`, whose
@@ -444,16 +580,17 @@ impl Nat {
         if port < range.0 || port > range.1 {
             return false;
         }
-        let (p, _) = self.ports_of((addr, af), proto, range, rng);
-        if !p.in_range(port) {
+        let (a, k, users, _) = self.ports_of((addr, af), proto, range, rng, 0);
+        if !a.range_mut(k).in_range(port) {
             return false;
         }
-        let u = p.users.entry(port).or_insert(0);
-        if *u == u16::MAX {
-            return false;
+        match users.add(a.id, port) {
+            Some(first) => {
+                a.held += first as u32;
+                true
+            }
+            None => false,
         }
-        *u += 1;
-        true
     }
 
     /// A source port of `addr` (of family `af`) in `lo..=hi` for a new flow of `proto` at
@@ -470,14 +607,20 @@ impl Nat {
         rng: &mut ChaCha20Rng,
         mut free: impl FnMut(u16) -> bool,
     ) -> Option<u16> {
-        let (p, counters) = self.ports_of((addr, af), proto, (lo, hi), rng);
+        let (a, k, users, counters) = self.ports_of((addr, af), proto, (lo, hi), rng, now);
+        let id = a.id;
+        let taken = |a: &mut Allocs, port: u16| {
+            a.held += 1;
+            Some(port)
+        };
+        let p = a.range_mut(k);
         let mut tries = 0;
         while p.fresh < p.n && tries < TRIES {
             let i = ((p.mul as u64 * p.fresh as u64 + p.add as u64) % p.n as u64) as u32;
             p.fresh += 1;
             let port = p.port(i);
-            match claim(&mut p.users, port, &mut free) {
-                Claim::Taken => return Some(port),
+            match users.claim(id, port, &mut free) {
+                Claim::Taken => return taken(a, port),
                 // Released when the state that holds it, or its key, goes, as any other.
                 Claim::InUse => {}
                 Claim::KeyTaken => counters.collisions += 1,
@@ -485,11 +628,12 @@ impl Nat {
             tries += 1;
         }
         for _ in 0..TRIES {
+            let p = a.range_mut(k);
             match p.free.front() {
                 Some(&(port, ready)) if ready <= now => {
                     p.free.pop_front();
-                    match claim(&mut p.users, port, &mut free) {
-                        Claim::Taken => return Some(port),
+                    match users.claim(id, port, &mut free) {
+                        Claim::Taken => return taken(a, port),
                         // Taken again meanwhile by a peer's flow: queued again when that ends.
                         Claim::InUse => {}
                         Claim::KeyTaken => {
@@ -502,11 +646,12 @@ impl Nat {
             }
         }
         // None free: share one in use with a flow elsewhere.
+        let p = a.range_mut(k);
         for _ in 0..TRIES.min(p.n) {
             let port = p.port(rng.next_u32() % p.n);
-            if let Some(u) = p.users.get_mut(&port) {
-                if *u < u16::MAX && free(port) {
-                    *u += 1;
+            if let Some(e) = users.get_mut(id, port) {
+                if *e as u16 != u16::MAX && free(port) {
+                    *e += 1;
                     counters.shared += 1;
                     return Some(port);
                 }
@@ -516,11 +661,12 @@ impl Nat {
         // range whose flows all ended at once, `-F states`, must not refuse every new flow
         // for two minutes).
         for _ in 0..TRIES {
+            let p = a.range_mut(k);
             let Some((port, _)) = p.free.pop_front() else { break };
-            match claim(&mut p.users, port, &mut free) {
+            match users.claim(id, port, &mut free) {
                 Claim::Taken => {
                     counters.early += 1;
-                    return Some(port);
+                    return taken(a, port);
                 }
                 Claim::InUse => {}
                 Claim::KeyTaken => {
@@ -538,8 +684,18 @@ impl Nat {
     /// counts by address, sticky addresses) is forgotten.
     pub fn release_all(&mut self, now: u32) {
         let ready = now.saturating_add(HOLD);
-        for p in self.ports.values_mut().flatten() {
-            p.free.extend(p.users.drain().map(|(port, _)| (port, ready)));
+        let mut by_id: HashMap<u32, Vec<u16>> = HashMap::default();
+        for e in self.users.t.drain() {
+            by_id.entry((e >> 32) as u32).or_default().push((e >> 16) as u16);
+        }
+        for (&(addr, c), a) in self.ports.iter_mut() {
+            a.held = 0;
+            self.idle.push_back((addr, c, ready));
+            for port in by_id.remove(&a.id).into_iter().flatten() {
+                if let Some(p) = a.holding(port) {
+                    p.free.push_back((port, ready));
+                }
+            }
         }
         self.mappings.clear();
         self.mapped.clear();
@@ -549,21 +705,47 @@ impl Nat {
 
     /// Gives back port `port` of `addr` (family `af`; a translated state ended at `now`).
     pub fn put_port(&mut self, addr: Addr, af: u8, proto: u8, port: u16, now: u32) {
-        let Some(all) = self.ports.get_mut(&(addr, class(af, proto))) else { return };
-        for p in all.iter_mut().filter(|p| p.in_range(port)) {
-            let Some(u) = p.users.get_mut(&port) else { continue };
-            *u -= 1;
-            if *u == 0 {
-                p.users.remove(&port);
-                p.free.push_back((port, now.saturating_add(HOLD)));
-                if proto == IPPROTO_UDP && !self.mapped.is_empty() {
-                    if let Some((a, p)) = self.mapped.remove(&(addr, af, port)) {
-                        self.mappings.remove(&(a, af, p));
-                    }
-                }
-            }
+        let Some(a) = self.ports.get_mut(&(addr, class(af, proto))) else { return };
+        if self.users.sub(a.id, port) != Some(true) {
             return;
         }
+        a.held -= 1;
+        let ready = now.saturating_add(HOLD);
+        if let Some(p) = a.holding(port) {
+            p.free.push_back((port, ready));
+        }
+        if a.held == 0 {
+            self.idle.push_back((addr, class(af, proto), ready));
+        }
+        if proto == IPPROTO_UDP && !self.mapped.is_empty() {
+            if let Some((a, p)) = self.mapped.remove(&(addr, af, port)) {
+                self.mappings.remove(&(a, af, p));
+            }
+        }
+    }
+
+    /// Drops, of the allocators that became idle by `now` (at most `budget` looked at), those
+    /// with no port in use or in its hold: a later flow to their address starts a new one
+    /// (a new random order of the range; every port it had was released over [`HOLD`]
+    /// seconds ago). Returns how many went.
+    pub fn reap(&mut self, now: u32, budget: u32) -> u32 {
+        let mut gone = 0;
+        for _ in 0..budget {
+            match self.idle.front() {
+                Some(&(addr, c, ready)) if ready <= now => {
+                    self.idle.pop_front();
+                    if let Entry::Occupied(o) = self.ports.entry((addr, c)) {
+                        let a = o.get();
+                        if a.held == 0 && a.ranges().all(|p| p.free.back().is_none_or(|&(_, r)| r <= now)) {
+                            o.remove();
+                            gone += 1;
+                        }
+                    }
+                }
+                _ => break,
+            }
+        }
+        gone
     }
 
     /// The address and port inside source `(src, sport)` (family `af`) was given by an
@@ -578,14 +760,10 @@ impl Nat {
     /// Another UDP flow of `src:sport` on the port it was mapped to (`to`, of range `range`):
     /// false when the port is no longer in use (the mapping then goes).
     pub fn reuse_mapping(&mut self, (src, sport): (Addr, u16), af: u8, to: (Addr, u16), range: (u16, u16)) -> bool {
-        let users = self
-            .ports
-            .get_mut(&(to.0, class(af, IPPROTO_UDP)))
-            .and_then(|all| all.iter_mut().find(|p| p.range == range))
-            .and_then(|p| p.users.get_mut(&to.1));
-        match users {
-            Some(u) if *u < u16::MAX => {
-                *u += 1;
+        let id = self.ports.get(&(to.0, class(af, IPPROTO_UDP))).filter(|a| a.ranges().any(|p| p.range == range));
+        match id.and_then(|a| self.users.get_mut(a.id, to.1)) {
+            Some(e) if *e as u16 != u16::MAX => {
+                *e += 1;
                 self.counters.mapped += 1;
                 true
             }
@@ -668,16 +846,16 @@ impl Nat {
     /// Per (address, its family, protocol class: 1 for ICMP's identifiers, 6, 17...): ports
     /// in use, and ports in its ranges (this worker's share).
     pub fn ports_by_address(&self) -> impl Iterator<Item = (Addr, u8, u8, u64, u64)> + '_ {
-        self.ports.iter().map(|(&(a, c), rs)| {
+        self.ports.iter().map(|(&(a, c), al)| {
             let af = if c & V6 != 0 { AF_INET6 } else { AF_INET };
-            (a, af, c & !V6, rs.iter().map(|p| p.users.len() as u64).sum(), rs.iter().map(|p| p.n as u64).sum())
+            (a, af, c & !V6, al.held as u64, al.ranges().map(|p| p.n as u64).sum())
         })
     }
 
     /// Ports in use, and ports in all allocators (`xpfctl -s info`).
     pub fn ports_used(&self) -> (u64, u64) {
-        let all = self.ports.values().flatten();
-        (all.clone().map(|p| p.users.len() as u64).sum(), all.map(|p| p.n as u64).sum())
+        let all = self.ports.values();
+        (all.clone().map(|a| a.held as u64).sum(), all.flat_map(|a| a.ranges()).map(|p| p.n as u64).sum())
     }
 }
 
@@ -702,19 +880,6 @@ enum Claim {
     InUse,
     /// No flow here holds it, but its key is a state's that does not (one that kept its port).
     KeyTaken,
-}
-
-/// Offers `port` to a new flow: taken when no flow here holds it and its key is free.
-#[inline(always)]
-fn claim(users: &mut HashMap<u16, u16>, port: u16, free: &mut impl FnMut(u16) -> bool) -> Claim {
-    match users.entry(port) {
-        Entry::Occupied(_) => Claim::InUse,
-        Entry::Vacant(e) if free(port) => {
-            e.insert(1);
-            Claim::Taken
-        }
-        Entry::Vacant(_) => Claim::KeyTaken,
-    }
 }
 
 #[cfg(test)]
@@ -844,6 +1009,68 @@ mod tests {
         nat.put_port(a, AF_INET, IPPROTO_UDP, p, 20);
         assert_eq!(nat.take_port((a, AF_INET), IPPROTO_UDP, (7, 8), 20 + HOLD, &mut r, |k| k == p), Some(p));
         assert_eq!(nat.counters.early, 1);
+    }
+
+    #[test]
+    fn an_allocator_with_no_port_in_use_or_held_goes() {
+        // A pool of many addresses, one flow each (an IPv6 prefix under `random`): the
+        // allocators go once their flows have ended and their ports' holds are over.
+        let mut nat = Nat::default();
+        let mut r = rng();
+        let addrs: Vec<Addr> = (0..1000u32).map(|i| Addr::v4((0xc633_0000 + i).to_be_bytes())).collect();
+        let ports: Vec<u16> = addrs
+            .iter()
+            .map(|&a| nat.take_port((a, AF_INET), IPPROTO_UDP, (50001, 65535), 5, &mut r, |_| true).unwrap())
+            .collect();
+        assert_eq!(nat.reap(5, 10_000), 0, "every one holds a port");
+        assert_eq!(nat.ports_by_address().count(), 1000);
+        for (&a, &p) in addrs.iter().zip(&ports).skip(1) {
+            nat.put_port(a, AF_INET, IPPROTO_UDP, p, 10);
+        }
+        assert_eq!(nat.reap(10 + HOLD - 1, 10_000), 0, "their ports are in their hold");
+        assert_eq!(nat.reap(10 + HOLD, 100), 100, "a bounded number a call");
+        assert_eq!(nat.reap(10 + HOLD, 10_000), 899);
+        assert_eq!(nat.ports_used(), (1, 15535), "the one with a flow stays");
+        // A flow to a reaped address starts a new allocator; a port taken in the hold keeps
+        // its allocator until it is released and held in turn.
+        assert!(nat.take_port((addrs[7], AF_INET), IPPROTO_UDP, (50001, 65535), 200, &mut r, |_| true).is_some());
+        let q = nat.take_port((addrs[0], AF_INET), IPPROTO_UDP, (50001, 65535), 200, &mut r, |_| true).unwrap();
+        nat.put_port(addrs[0], AF_INET, IPPROTO_UDP, ports[0], 200);
+        assert_eq!(nat.reap(200 + HOLD, 10_000), 0, "addrs[0] has q in use");
+        nat.put_port(addrs[0], AF_INET, IPPROTO_UDP, q, 300);
+        assert_eq!(nat.reap(300 + HOLD - 1, 10_000), 0);
+        assert_eq!(nat.reap(300 + HOLD, 10_000), 1);
+        assert_eq!(nat.ports_by_address().count(), 1);
+        // `-F states`: all of them go back, and go after the hold.
+        nat.release_all(1000);
+        assert_eq!(nat.ports_used().0, 0);
+        assert_eq!((nat.reap(1000 + HOLD - 1, 10_000), nat.reap(1000 + HOLD, 10_000)), (0, 1));
+        assert_eq!((nat.ports_by_address().count(), nat.idle.len()), (0, 0));
+        // One that never held a port (no port of this worker's share in the range) goes at
+        // the next reap.
+        nat.set_share(1, 2);
+        assert!(nat.take_port((addrs[1], AF_INET), IPPROTO_UDP, (1000, 1000), 2000, &mut r, |_| true).is_none());
+        assert_eq!((nat.ports_by_address().count(), nat.reap(2000, 10)), (1, 1));
+    }
+
+    #[test]
+    fn ranges_of_one_address_see_each_others_ports_in_use() {
+        let mut nat = Nat::default();
+        let mut r = rng();
+        let a = Addr::v4([192, 0, 2, 1]);
+        let small: Vec<u16> = (0..10)
+            .map(|_| nat.take_port((a, AF_INET), IPPROTO_TCP, (1000, 1009), 1, &mut r, |_| true).unwrap())
+            .collect();
+        let mut large: Vec<u16> = (0..10)
+            .map(|_| nat.take_port((a, AF_INET), IPPROTO_TCP, (1000, 1019), 1, &mut r, |_| true).unwrap())
+            .collect();
+        large.sort_unstable();
+        assert_eq!(large, (1010..=1019).collect::<Vec<_>>(), "the wider range skips the ports the other holds");
+        assert_eq!((nat.counters.shared, nat.ports_used().0), (0, 20));
+        for p in small {
+            nat.put_port(a, AF_INET, IPPROTO_TCP, p, 1);
+        }
+        assert_eq!(nat.ports_used().0, 10);
     }
 
     #[test]
