@@ -234,6 +234,8 @@ pub fn has_port(pd: &PDesc) -> bool {
 /// costs nothing per address it has not used.
 #[derive(Debug)]
 struct Ports {
+    /// Its name in [`Users`].
+    id: u32,
     /// The ports are first, first + step, ... (n of them): with several workers each has
     /// those of its own residue (p mod workers = its index), so the replies' destination
     /// port names the worker that holds the state.
@@ -260,8 +262,9 @@ fn gcd(a: u32, b: u32) -> u32 {
 }
 
 impl Ports {
-    /// The ports of `lo..=hi` in worker `share.0`'s residue class modulo `share.1`.
-    fn new(lo: u16, hi: u16, share: (u16, u16), rng: &mut ChaCha20Rng) -> Ports {
+    /// The ports of `lo..=hi` in worker `share.0`'s residue class modulo `share.1`, named
+    /// `id` in [`Users`].
+    fn new(id: u32, lo: u16, hi: u16, share: (u16, u16), rng: &mut ChaCha20Rng) -> Ports {
         let (w, k) = (share.0 as u32, share.1.max(1) as u32);
         let first = lo as u32 + (w + k - lo as u32 % k) % k;
         let n = if first > hi as u32 { 0 } else { (hi as u32 - first) / k + 1 };
@@ -270,6 +273,7 @@ impl Ports {
             mul = (mul + 1) % n;
         }
         Ports {
+            id,
             range: (lo, hi),
             first: first.min(u16::MAX as u32) as u16,
             step: k as u16,
@@ -293,13 +297,16 @@ impl Ports {
 }
 
 /// The allocators of one address and protocol class: one per port range that rules drew
-/// from it (nearly always one, kept inline).
+/// from it (nearly always one, kept inline). Each range has its own ports in use, as each
+/// has its own order and released ports: a port goes back to the range that gave it.
 #[derive(Debug)]
 struct Allocs {
-    /// The address and class's name in [`Users`].
-    id: u32,
-    /// Its ports in use (by one flow or more).
+    /// Its ranges' ports in use (by one flow or more).
     held: u32,
+    /// When the last port it released is out of its hold.
+    until: u32,
+    /// In [`Nat::idle`] (once at most).
+    queued: bool,
     first: Ports,
     more: Vec<Ports>,
 }
@@ -317,14 +324,13 @@ impl Allocs {
         }
     }
 
-    /// The range a released `port` goes back to: the first that holds it.
-    fn holding(&mut self, port: u16) -> Option<&mut Ports> {
-        std::iter::once(&mut self.first).chain(self.more.iter_mut()).find(|p| p.in_range(port))
+    fn ranges_mut(&mut self) -> impl Iterator<Item = &mut Ports> {
+        std::iter::once(&mut self.first).chain(self.more.iter_mut())
     }
 }
 
 /// Ports in use, of every address, and the flows using each: one table of one word per
-/// port (the address's [`Allocs::id`], the port, the count), so that a new flow's claim
+/// port (its range's [`Ports::id`], the port, the count), so that a new flow's claim
 /// reads one place, where a map per address cost an allocation per address and a lookup
 /// through its allocator to its own map.
 #[derive(Default)]
@@ -417,10 +423,13 @@ pub struct Nat {
     ports: HashMap<(Addr, u8), Allocs>,
     /// Ports in use, of every allocator.
     users: Users,
-    /// The next allocator's [`Allocs::id`].
+    /// The next range's [`Ports::id`], and those of ranges dropped (no port of theirs in
+    /// [`Users`]), taken first: ids stay below the ranges in use at once.
     next_id: u32,
-    /// Allocators that may have no port in use, by (address, class) and when they may go:
-    /// once none of their ports is in use or in its hold they are dropped ([`Nat::reap`]),
+    free_ids: Vec<u32>,
+    /// Allocators that may have no port in use, by (address, class) and when they may go,
+    /// each once at most: once none of their ports is in use or in its hold they are
+    /// dropped ([`Nat::reap`]),
     /// so a pool of many addresses (an IPv6 prefix under `random`) costs what its addresses
     /// in use cost, not every address it ever gave.
     idle: VecDeque<(Addr, u8, u32)>,
@@ -491,6 +500,8 @@ impl Nat {
         self.ports.clear();
         self.users.t.clear();
         self.idle.clear();
+        self.free_ids.clear();
+        self.next_id = 0;
     }
 
     /// The round-robin position of pool `i`.
@@ -515,22 +526,28 @@ impl Nat {
     ) -> (&mut Allocs, usize, &mut Users, &mut Counters) {
         let share = (self.share.0, self.share.1.max(1));
         let c = class(af, proto);
+        let (free_ids, next_id) = (&mut self.free_ids, &mut self.next_id);
+        let mut new_id = || {
+            free_ids.pop().unwrap_or_else(|| {
+                *next_id += 1;
+                *next_id - 1
+            })
+        };
         let a = match self.ports.entry((addr, c)) {
             Entry::Occupied(o) => o.into_mut(),
             Entry::Vacant(v) => {
                 // Dropped again if it never holds a port (a range with none of this
                 // worker's, every key taken).
                 self.idle.push_back((addr, c, now));
-                let id = self.next_id;
-                self.next_id = self.next_id.wrapping_add(1);
-                v.insert(Allocs { id, held: 0, first: Ports::new(lo, hi, share, rng), more: Vec::new() })
+                let first = Ports::new(new_id(), lo, hi, share, rng);
+                v.insert(Allocs { held: 0, until: now, queued: true, first, more: Vec::new() })
             }
         };
         let found = a.ranges().position(|p| p.range == (lo, hi));
         let k = match found {
             Some(k) => k,
             None => {
-                a.more.push(Ports::new(lo, hi, share, rng));
+                a.more.push(Ports::new(new_id(), lo, hi, share, rng));
                 a.more.len()
             }
         };
@@ -581,10 +598,11 @@ impl Nat {
             return false;
         }
         let (a, k, users, _) = self.ports_of((addr, af), proto, range, rng, 0);
-        if !a.range_mut(k).in_range(port) {
+        let p = a.range_mut(k);
+        if !p.in_range(port) {
             return false;
         }
-        match users.add(a.id, port) {
+        match users.add(p.id, port) {
             Some(first) => {
                 a.held += first as u32;
                 true
@@ -608,7 +626,7 @@ impl Nat {
         mut free: impl FnMut(u16) -> bool,
     ) -> Option<u16> {
         let (a, k, users, counters) = self.ports_of((addr, af), proto, (lo, hi), rng, now);
-        let id = a.id;
+        let id = a.range_mut(k).id;
         let taken = |a: &mut Allocs, port: u16| {
             a.held += 1;
             Some(port)
@@ -690,11 +708,13 @@ impl Nat {
         }
         for (&(addr, c), a) in self.ports.iter_mut() {
             a.held = 0;
-            self.idle.push_back((addr, c, ready));
-            for port in by_id.remove(&a.id).into_iter().flatten() {
-                if let Some(p) = a.holding(port) {
-                    p.free.push_back((port, ready));
-                }
+            a.until = a.until.max(ready);
+            if !a.queued {
+                a.queued = true;
+                self.idle.push_back((addr, c, ready));
+            }
+            for p in a.ranges_mut() {
+                p.free.extend(by_id.remove(&p.id).into_iter().flatten().map(|port| (port, ready)));
             }
         }
         self.mappings.clear();
@@ -706,15 +726,23 @@ impl Nat {
     /// Gives back port `port` of `addr` (family `af`; a translated state ended at `now`).
     pub fn put_port(&mut self, addr: Addr, af: u8, proto: u8, port: u16, now: u32) {
         let Some(a) = self.ports.get_mut(&(addr, class(af, proto))) else { return };
-        if self.users.sub(a.id, port) != Some(true) {
+        let users = &mut self.users;
+        // The range whose flows hold it (ranges of one address may overlap).
+        let Some((p, last)) = a.ranges_mut().filter(|p| p.in_range(port)).find_map(|p| {
+            let last = users.sub(p.id, port)?;
+            Some((p, last))
+        }) else {
+            return;
+        };
+        if !last {
             return;
         }
-        a.held -= 1;
         let ready = now.saturating_add(HOLD);
-        if let Some(p) = a.holding(port) {
-            p.free.push_back((port, ready));
-        }
-        if a.held == 0 {
+        p.free.push_back((port, ready));
+        a.held -= 1;
+        a.until = a.until.max(ready);
+        if a.held == 0 && !a.queued {
+            a.queued = true;
             self.idle.push_back((addr, class(af, proto), ready));
         }
         if proto == IPPROTO_UDP && !self.mapped.is_empty() {
@@ -734,13 +762,22 @@ impl Nat {
             match self.idle.front() {
                 Some(&(addr, c, ready)) if ready <= now => {
                     self.idle.pop_front();
-                    if let Entry::Occupied(o) = self.ports.entry((addr, c)) {
-                        let a = o.get();
-                        if a.held == 0 && a.ranges().all(|p| p.free.back().is_none_or(|&(_, r)| r <= now)) {
-                            o.remove();
-                            gone += 1;
-                        }
+                    let Entry::Occupied(mut o) = self.ports.entry((addr, c)) else { continue };
+                    let a = o.get_mut();
+                    a.queued = false;
+                    if a.held > 0 {
+                        // Queued again when its last port in use goes.
+                        continue;
                     }
+                    if a.until > now {
+                        // A port it released since it was queued is in its hold.
+                        a.queued = true;
+                        self.idle.push_back((addr, c, a.until));
+                        continue;
+                    }
+                    // No port of its ranges in use: their ids may name other ranges.
+                    self.free_ids.extend(o.remove().ranges().map(|p| p.id));
+                    gone += 1;
                 }
                 _ => break,
             }
@@ -760,8 +797,8 @@ impl Nat {
     /// Another UDP flow of `src:sport` on the port it was mapped to (`to`, of range `range`):
     /// false when the port is no longer in use (the mapping then goes).
     pub fn reuse_mapping(&mut self, (src, sport): (Addr, u16), af: u8, to: (Addr, u16), range: (u16, u16)) -> bool {
-        let id = self.ports.get(&(to.0, class(af, IPPROTO_UDP))).filter(|a| a.ranges().any(|p| p.range == range));
-        match id.and_then(|a| self.users.get_mut(a.id, to.1)) {
+        let id = self.ports.get(&(to.0, class(af, IPPROTO_UDP))).and_then(|a| a.ranges().find(|p| p.range == range));
+        match id.and_then(|p| self.users.get_mut(p.id, to.1)) {
             Some(e) if *e as u16 != u16::MAX => {
                 *e += 1;
                 self.counters.mapped += 1;
@@ -1051,26 +1088,52 @@ mod tests {
         nat.set_share(1, 2);
         assert!(nat.take_port((addrs[1], AF_INET), IPPROTO_UDP, (1000, 1000), 2000, &mut r, |_| true).is_none());
         assert_eq!((nat.ports_by_address().count(), nat.reap(2000, 10)), (1, 1));
+        // The ranges' ids in the table of ports in use are those of dropped ranges again.
+        for round in 0..3u32 {
+            for &a in &addrs {
+                let p = nat.take_port((a, AF_INET), IPPROTO_UDP, (50001, 65535), 3000 + round * 1000, &mut r, |_| true);
+                nat.put_port(a, AF_INET, IPPROTO_UDP, p.unwrap(), 3000 + round * 1000);
+            }
+            nat.reap(3000 + round * 1000 + HOLD, 10_000);
+            assert_eq!((nat.ports_by_address().count(), nat.next_id), (0, 1000), "round {round}");
+        }
+        // An address whose one flow comes and goes is queued once, not once a flow.
+        for t in 0..100 {
+            let p = nat.take_port((addrs[0], AF_INET), IPPROTO_UDP, (50001, 65535), 9000 + t, &mut r, |_| true);
+            nat.put_port(addrs[0], AF_INET, IPPROTO_UDP, p.unwrap(), 9000 + t);
+        }
+        assert_eq!(nat.idle.len(), 1);
+        assert_eq!((nat.reap(9000 + HOLD, 10), nat.idle.len()), (0, 1), "its last port is in its hold: queued again");
+        assert_eq!((nat.reap(9099 + HOLD, 10), nat.idle.len()), (1, 0));
     }
 
     #[test]
-    fn ranges_of_one_address_see_each_others_ports_in_use() {
+    fn a_port_goes_back_to_the_range_that_gave_it() {
+        // Two rules draw overlapping ranges from one address: a small one runs out, and
+        // what `-F states` or a flow's end gives back returns to it, not to the wide range
+        // that also holds those ports.
         let mut nat = Nat::default();
         let mut r = rng();
         let a = Addr::v4([192, 0, 2, 1]);
-        let small: Vec<u16> = (0..10)
-            .map(|_| nat.take_port((a, AF_INET), IPPROTO_TCP, (1000, 1009), 1, &mut r, |_| true).unwrap())
-            .collect();
-        let mut large: Vec<u16> = (0..10)
-            .map(|_| nat.take_port((a, AF_INET), IPPROTO_TCP, (1000, 1019), 1, &mut r, |_| true).unwrap())
-            .collect();
-        large.sort_unstable();
-        assert_eq!(large, (1010..=1019).collect::<Vec<_>>(), "the wider range skips the ports the other holds");
-        assert_eq!((nat.counters.shared, nat.ports_used().0), (0, 20));
-        for p in small {
-            nat.put_port(a, AF_INET, IPPROTO_TCP, p, 1);
-        }
-        assert_eq!(nat.ports_used().0, 10);
+        let (wide, small) = ((50001, 65535), (50001, 50003));
+        let w = nat.take_port((a, AF_INET), IPPROTO_UDP, wide, 1, &mut r, |_| true).unwrap();
+        let got: Vec<u16> =
+            (0..3).map(|_| nat.take_port((a, AF_INET), IPPROTO_UDP, small, 1, &mut r, |_| true).unwrap()).collect();
+        assert!(got.iter().all(|p| (50001..=50003).contains(p)));
+        assert!(nat.take_port((a, AF_INET), IPPROTO_UDP, small, 1, &mut r, |_| false).is_none());
+        assert_eq!(nat.ports_used().0, 4);
+        nat.release_all(2);
+        let p = nat.take_port((a, AF_INET), IPPROTO_UDP, small, 3, &mut r, |_| true);
+        assert!(p.is_some_and(|p| got.contains(&p)), "{p:?}: released into the small range, taken before its hold");
+        assert_eq!(nat.counters.early, 1);
+        nat.put_port(a, AF_INET, IPPROTO_UDP, p.unwrap(), 4);
+        let q = nat.take_port((a, AF_INET), IPPROTO_UDP, small, 5, &mut r, |_| true);
+        assert!(q.is_some_and(|q| got.contains(&q)));
+        // The wide range's port, released, is the wide range's again.
+        let x = nat.take_port((a, AF_INET), IPPROTO_UDP, wide, 5, &mut r, |_| true).unwrap();
+        nat.put_port(a, AF_INET, IPPROTO_UDP, x, 5);
+        let _ = w;
+        assert_eq!(nat.ports_used().0, 1);
     }
 
     #[test]
