@@ -163,6 +163,11 @@ check "nat-to <pub> round-robin: two connections leave from the two addresses" b
 check "three UDP flows get the three ports of a small range" bash -c "
     for sp in 41001 41002 41003; do r=\$(peer client udp 10.0.2.2 9999 \$sp) || exit 1; echo \"\$r\"; in_range \"\$r\" 50001 50003 || exit 1; done"
 check "a fourth flow is refused (no port left)" refused peer client udp 10.0.2.2 9999 41004
+check "xpfd logs the refusal at the pool's rule (FILE:LINE), once a minute" bash -c "
+    n=\$(grep -n 'port 9999 nat-to' $DIR/pf.conf | cut -d: -f1)
+    ! peer client udp 10.0.2.2 9999 41006 >/dev/null 2>&1
+    sleep 1
+    grep -E \"nat-to of $DIR/pf.conf:\$n: [0-9]+ new flows refused, no port left\" $LOG && [[ \$(grep -c 'new flows refused' $LOG) == 1 ]]"
 check "-s info counts it under translate and 'no port left'" bash -c "
     $CTL -s info | tee /dev/stderr | grep -E '^  no port left +[1-9]' && $CTL -s info | grep -E '^  translate +[1-9]'"
 check "xpfctl -s all answers while the pool is exhausted" $CTL -s all

@@ -704,6 +704,8 @@ pub struct Ruleset {
     pub pools: Arc<Vec<xpf_engine::nat::Pool>>,
     /// Pools drawn from a table: (pool, table), refilled when the table changes.
     pool_tables: Vec<(usize, String)>,
+    /// Each pool's rule, as a log names it (`nat-to of FILE:LINE`).
+    pool_origins: Arc<Vec<String>>,
     /// Where translated traffic may come to this host's own addresses: the pools' addresses
     /// (replies to `nat-to`) and the destinations of `rdr-to` rules. xpfd's steering program
     /// sends such packets to xpfd instead of the kernel's local delivery.
@@ -1010,6 +1012,7 @@ fn add_pool(
     tables: &[(String, Arc<Table>)],
     pools: &mut Vec<xpf_engine::nat::Pool>,
     pool_tables: &mut Vec<(usize, String)>,
+    origins: &mut Vec<String>,
 ) -> Result<u32, CompileError> {
     use xpf_engine::nat::{Method, Pool as EPool};
     let Some(pool) = pool else { return Ok(0) };
@@ -1072,6 +1075,13 @@ fn add_pool(
         endpoint_independent: pool.endpoint_independent && !rdr,
         sticky: pool.sticky,
     });
+    let kind = match (rdr, r.binat.is_some(), &r.xlate) {
+        (_, _, Some(x)) => x.kind.word(),
+        (_, true, None) => "binat-to",
+        (true, false, None) => "rdr-to",
+        (false, false, None) => "nat-to",
+    };
+    origins.push(format!("{kind} of {}:{}", r.file, r.line));
     Ok(pools.len() as u32)
 }
 
@@ -1169,6 +1179,7 @@ struct Build<'a> {
     rare: Vec<Rare>,
     pools: Vec<xpf_engine::nat::Pool>,
     pool_tables: Vec<(usize, String)>,
+    pool_origins: Vec<String>,
     nat_targets: Vec<Target>,
     urpf: Vec<(u16, usize)>,
     /// The queues by name (`set queue`).
@@ -1201,6 +1212,7 @@ impl<'a> Build<'a> {
             rare: Vec::new(),
             pools: Vec::new(),
             pool_tables: Vec::new(),
+            pool_origins: Vec::new(),
             nat_targets: Vec::new(),
             urpf: Vec::new(),
             queue_ids: HashMap::new(),
@@ -1368,8 +1380,24 @@ impl<'a> Build<'a> {
             depth: r.depth,
             anchor_end,
             slot,
-            nat: add_pool(r, r.nat.as_deref(), false, &self.tables, &mut self.pools, &mut self.pool_tables)?,
-            rdr: add_pool(r, r.rdr.as_deref(), true, &self.tables, &mut self.pools, &mut self.pool_tables)?,
+            nat: add_pool(
+                r,
+                r.nat.as_deref(),
+                false,
+                &self.tables,
+                &mut self.pools,
+                &mut self.pool_tables,
+                &mut self.pool_origins,
+            )?,
+            rdr: add_pool(
+                r,
+                r.rdr.as_deref(),
+                true,
+                &self.tables,
+                &mut self.pools,
+                &mut self.pool_tables,
+                &mut self.pool_origins,
+            )?,
             natpass: r.xlate.is_some_and(|x| x.pass),
             log: r.log.as_ref().map_or(0, |l| {
                 l.to.as_deref().and_then(|t| t.strip_prefix("pflog")).and_then(|n| n.parse::<u8>().ok()).unwrap_or(0)
@@ -1512,7 +1540,7 @@ impl Ruleset {
         } else {
             None
         };
-        let Build { tables, tags, limits, marks, rare, pools, pool_tables, nat_targets, urpf, .. } = b;
+        let Build { tables, tags, limits, marks, rare, pools, pool_tables, pool_origins, nat_targets, urpf, .. } = b;
         // Several ranges for one protocol and network: the span of them (packets outside a
         // translation go back to the host). The program takes the longest prefix only: a
         // range for a wider network also widens every narrower one's.
@@ -1570,6 +1598,7 @@ impl Ruleset {
         Ok(Ruleset {
             pools,
             pool_tables,
+            pool_origins: Arc::new(pool_origins),
             nat_targets: merged,
             nat_owners: nat_targets,
             filter,
@@ -1631,6 +1660,12 @@ impl Ruleset {
                 *t = o.clone();
             }
         }
+    }
+
+    /// The rule of translation pool `i` (a [`Decision`]'s `nat` or `rdr`), as a log names it:
+    /// `nat-to of FILE:LINE`.
+    pub fn pool_origin(&self, i: u32) -> Option<&str> {
+        self.pool_origins.get((i as usize).wrapping_sub(1)).map(String::as_str)
     }
 
     /// This ruleset with table `name` replaced by `t`: everything else (rules, counters,

@@ -1977,6 +1977,7 @@ fn choose(
     };
     a.ok_or_else(|| {
         nat.counters.no_address += 1;
+        nat.refuse(i, false);
         Reason::Translate
     })
 }
@@ -2066,7 +2067,14 @@ fn translate_port<K: Key, P: Policy>(
                 let src = n;
                 nat.take_port((src.src, pd.af), pd.proto, pool.ports, now, rng, |q| unused(with_port(&src, q)))
             };
-            let port = port.ok_or(Reason::Translate)?;
+            let Some(port) = port else {
+                // The allocator counted its own refusal; a one-port range is counted here.
+                if pool.ports.0 == pool.ports.1 {
+                    nat.counters.exhausted += 1;
+                }
+                nat.refuse(nat_pool, true);
+                return Err(Reason::Translate);
+            };
             if pool.ports.0 != pool.ports.1 {
                 held = Some((n.src, port));
                 if ei {

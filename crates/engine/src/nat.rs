@@ -447,6 +447,10 @@ pub struct Nat {
     /// `sticky-address`: per (inside source, family, use), the address it keeps and the
     /// translated states it has to that address.
     sticky: HashMap<(Addr, u8, Use), (Addr, u32)>,
+    /// New flows refused per pool since [`Nat::take_refusals`] (by pool index - 1): no port
+    /// left, no address of the flow's family. xpfd logs them, once a minute a pool.
+    refused: Vec<(u64, u64)>,
+    any_refused: bool,
     /// The pools [`Nat::pool_holding`] found last, per [`Use`]: a peer's translated states
     /// come by the thousand from one or a few pools.
     hint: [usize; 2],
@@ -502,6 +506,11 @@ impl Nat {
         self.idle.clear();
         self.free_ids.clear();
         self.next_id = 0;
+    }
+
+    /// This worker's index and the number of workers.
+    pub fn share(&self) -> (u16, u16) {
+        self.share
     }
 
     /// The round-robin position of pool `i`.
@@ -861,6 +870,43 @@ impl Nat {
                 }
             }
         }
+    }
+
+    /// A new flow was refused by pool `pool` (1-based): no port left (`no_port`), or no
+    /// address of its family.
+    #[cold]
+    pub fn refuse(&mut self, pool: u32, no_port: bool) {
+        let Some(i) = (pool as usize).checked_sub(1) else { return };
+        if self.refused.len() <= i {
+            self.refused.resize(i + 1, (0, 0));
+        }
+        let c = &mut self.refused[i];
+        if no_port {
+            c.0 += 1;
+        } else {
+            c.1 += 1;
+        }
+        self.any_refused = true;
+    }
+
+    /// Whether a pool refused a flow since the last [`take_refusals`](Self::take_refusals).
+    #[inline]
+    pub fn has_refusals(&self) -> bool {
+        self.any_refused
+    }
+
+    /// The flows each pool refused since the last call: (pool, no port left, no address).
+    pub fn take_refusals(&mut self) -> Vec<(u32, u64, u64)> {
+        self.any_refused = false;
+        let v = self
+            .refused
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| **c != (0, 0))
+            .map(|(i, c)| (i as u32 + 1, c.0, c.1))
+            .collect();
+        self.refused.iter_mut().for_each(|c| *c = (0, 0));
+        v
     }
 
     /// Sources with a `sticky-address` address (`xpfctl -s info`).

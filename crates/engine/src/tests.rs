@@ -1029,6 +1029,10 @@ fn nat_to_exhaustion_is_counted_and_released_ports_come_back() {
     assert_eq!(v, vec![Verdict::Pass, Verdict::Pass, Verdict::Drop(Reason::Translate)]);
     assert_eq!(w.nat.counters.exhausted, 1);
     assert_eq!(w.states(), 2);
+    // Named by its pool for xpfd's log, and taken once.
+    assert!(w.nat.has_refusals());
+    assert_eq!(w.nat.take_refusals(), [(1, 1, 0)]);
+    assert!(!w.nat.has_refusals() && w.nat.take_refusals().is_empty());
     // To another destination, a port in use is shared (the wire keys differ).
     let other = udp4([10, 0, 1, 2], [198, 51, 100, 2], 40009, 53);
     assert_eq!(run(&mut w, &[other], Dir::Out, 1), vec![Verdict::Pass]);

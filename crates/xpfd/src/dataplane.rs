@@ -380,7 +380,22 @@ pub struct Dataplane {
     fresh: Vec<Fresh>,
     /// Commands were left in the queue when the last visit's budget ran out.
     cmds_left: bool,
+    /// Translation pools that refused new flows, by their rule (`nat-to of FILE:LINE`):
+    /// logged once a minute a pool ([`Dataplane::log_refusals`]).
+    refusals: std::collections::HashMap<String, Refusals>,
 }
+
+/// A pool's refusals since its last log line: when that was (seconds of [`Dataplane::now`]),
+/// and the flows refused since, with no port left and with no address of their family.
+#[derive(Debug, Default)]
+struct Refusals {
+    logged: Option<u32>,
+    no_port: u64,
+    no_address: u64,
+}
+
+/// Seconds between two log lines about one pool's refusals.
+const REFUSALS_EVERY: u32 = 60;
 
 /// A command waiting for the fast path's read-back pass ([`Dataplane::fresh`]).
 enum Fresh {
@@ -712,6 +727,7 @@ impl Dataplane {
             walks: Default::default(),
             fresh: Vec::new(),
             cmds_left: false,
+            refusals: Default::default(),
         };
         // The first ruleset's rules count every state (the tables are empty at second 0).
         d.rules_replaced(0);
@@ -720,6 +736,37 @@ impl Dataplane {
 
     fn now(&self) -> u32 {
         self.start.elapsed().as_secs() as u32 + 1
+    }
+
+    /// Logs the translation pools that refused new flows (pf's `translate`: no port left,
+    /// no address of the flow's family): a pool's first refusal at once, then what it
+    /// refused since once a minute while it goes on. Each worker logs its own flows.
+    fn log_refusals(&mut self, now: u32) {
+        let (_, rs) = self.worker.policy.current();
+        for (pool, no_port, no_address) in self.worker.nat.take_refusals() {
+            let name = rs.pool_origin(pool).map_or_else(|| format!("translation pool {pool}"), str::to_string);
+            let e = self.refusals.entry(name).or_default();
+            e.no_port += no_port;
+            e.no_address += no_address;
+        }
+        let index = self.worker.nat.share().0;
+        self.refusals.retain(|name, e| {
+            if e.logged.is_some_and(|l| now.saturating_sub(l) < REFUSALS_EVERY) {
+                return true;
+            }
+            if e.no_port == 0 && e.no_address == 0 {
+                // Quiet for a minute: its next refusal is logged at once.
+                return false;
+            }
+            let what = match (e.no_port, e.no_address) {
+                (n, 0) => format!("{n} new flows refused, no port left"),
+                (0, a) => format!("{a} new flows refused, no address of their family"),
+                (n, a) => format!("{} new flows refused ({n} no port left, {a} no address of their family)", n + a),
+            };
+            log::warn!("worker {index}: {name}: {what} (pf's translate; once a minute while it lasts)");
+            (e.logged, e.no_port, e.no_address) = (Some(now), 0, 0);
+            true
+        });
     }
 
     /// The frames of the last engine batch (seen on `ifindex`) a `log` rule decided: to
@@ -826,6 +873,9 @@ impl Dataplane {
                     }
                 }
                 self.worker.maintain(now, if got == 0 { 4096 } else { 256 });
+                if self.worker.nat.has_refusals() || !self.refusals.is_empty() {
+                    self.log_refusals(now);
+                }
                 if let Some(p) = &self.pflow {
                     let mut flows = Vec::new();
                     let lost = self.worker.take_flows(&mut flows);
