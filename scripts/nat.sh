@@ -333,6 +333,20 @@ check "round-robin sticky-address: three connections leave from one address" bas
     echo \"\$a / \$b / \$c\"; [[ \${a%% *} == 10.0.2.5[01] && \${a%% *} == \${b%% *} && \${b%% *} == \${c%% *} ]] ||
     { $CTL -s states | grep -F 10.0.2.3:7000 | tail -4
       $CTL -s info | grep -E 'state-mismatch|out of window|reused|translate|no port|collisions'; false; }"
+# A sticky source is a source node, as in pf: listed with the address it keeps, killed by
+# -K (a second -K names that address) and by -F Sources.
+check "-s Sources: the sticky source, the address it keeps, its states (OpenBSD's pfctl line)" bash -c "
+    $CTL -s Sources | tee /dev/stderr |
+    grep -E '^10\.0\.1\.2 nat-to 10\.0\.2\.5[01] \( states [1-9][0-9]*, connections 0, rate 0\.0/0s \)\$'"
+check "-K source -K another address leaves it; -K source -K its address kills it" bash -c "
+    kept=\$($CTL -s Sources | sed -nE 's/^10\.0\.1\.2 nat-to (10\.0\.2\.5[01]) .*/\\1/p')
+    other=10.0.2.5\$(( \${kept##*.} == 50 ? 1 : 0 )); echo \"kept \$kept, other \$other\"
+    $CTL -K 10.0.1.2 -K \$other | tee /dev/stderr | grep -q 'killed 0 src nodes' &&
+    $CTL -K 10.0.1.2 -K \$kept | tee /dev/stderr | grep -q 'killed 1 src nodes from 1 sources and 1 destinations' &&
+    ! $CTL -s Sources | grep -q nat-to"
+check "-F Sources clears a sticky source made again" bash -c "
+    peer client tcp 10.0.2.3 7000 >/dev/null && $CTL -s Sources | grep -q '^10\.0\.1\.2 nat-to' &&
+    $CTL -F Sources | grep -q 'source tracking entries cleared' && ! $CTL -s Sources | grep -q nat-to"
 
 # Refused where it cannot be kept.
 printf 'pass out on fs nat-to 10.0.2.1 - 10.0.2.5\n' > "$DIR/range.conf"

@@ -1182,7 +1182,7 @@ fn adopt<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, nat: &mut nat::Nat, rn
                 }
             }
             if counts(nat, pl) {
-                nat.note(nat::Use::Source, af, inside, to.0, pl.sticky);
+                nat.note(nat::Use::Source, af, inside, to.0, pl.sticky, t.now());
                 held |= xpf_state::held::COUNTED;
             }
         }
@@ -1191,7 +1191,7 @@ fn adopt<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, nat: &mut nat::Nat, rn
         let to = dst[1].0;
         if let Some((i, _)) = nat.pool_holding(pools, nat::Use::Destination, (to, af), None) {
             if counts(nat, &pools[i]) {
-                nat.note(nat::Use::Destination, af, inside, to, pools[i].sticky);
+                nat.note(nat::Use::Destination, af, inside, to, pools[i].sticky, t.now());
                 held |= xpf_state::held::COUNTED;
             }
         }
@@ -1984,7 +1984,7 @@ fn choose(
 
 /// A translated state of `pd` was made (`d`'s pools, `rw` its translated addresses): counted
 /// for `sticky-address` and `least-states` once such a pool is in use.
-fn note_translation<P: Policy>(p: &P, nat: &mut nat::Nat, pd: &PDesc, d: &Decision, rw: &Rewrite) {
+fn note_translation<P: Policy>(p: &P, nat: &mut nat::Nat, pd: &PDesc, d: &Decision, rw: &Rewrite, now: u32) {
     let pool = |i: u32| (i != 0).then(|| p.pool(i)).flatten();
     let counted = |i: u32| pool(i).is_some_and(|pl| pl.sticky || pl.method == nat::Method::LeastStates);
     if !nat.tracking() && !counted(d.nat) && !counted(d.rdr) {
@@ -1992,10 +1992,10 @@ fn note_translation<P: Policy>(p: &P, nat: &mut nat::Nat, pd: &PDesc, d: &Decisi
     }
     let sticky = |i: u32| pool(i).is_some_and(|pl| pl.sticky);
     if d.nat != 0 {
-        nat.note(nat::Use::Source, pd.af, pd.src, rw.addr[0], sticky(d.nat));
+        nat.note(nat::Use::Source, pd.af, pd.src, rw.addr[0], sticky(d.nat), now);
     }
     if d.rdr != 0 {
-        nat.note(nat::Use::Destination, pd.af, pd.src, rw.addr[1], sticky(d.rdr));
+        nat.note(nat::Use::Destination, pd.af, pd.src, rw.addr[1], sticky(d.rdr), now);
     }
 }
 
@@ -2339,7 +2339,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
                 rws[i].prepare(pd, rw.addr, rw.port);
                 *mask |= 1 << i;
                 c.nat.counters.translated += 1;
-                note_translation(p, c.nat, pd, &d, &rw);
+                note_translation(p, c.nat, pd, &d, &rw, c.now);
             }
             if seqdiff != 0 {
                 t.modulated = Some((seqdiff, 0));

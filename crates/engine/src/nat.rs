@@ -444,9 +444,10 @@ pub struct Nat {
     track: bool,
     /// Translated states per (address given, family, use).
     loads: HashMap<(Addr, u8, Use), u32>,
-    /// `sticky-address`: per (inside source, family, use), the address it keeps and the
-    /// translated states it has to that address.
-    sticky: HashMap<(Addr, u8, Use), (Addr, u32)>,
+    /// `sticky-address`: per (inside source, family, use), the address it keeps, the
+    /// translated states it has to that address, and since when (pf's source node of type
+    /// nat or rdr: `-s Sources`, `-K`).
+    sticky: HashMap<(Addr, u8, Use), (Addr, u32, u32)>,
     /// New flows refused per pool since [`Nat::take_refusals`] (by pool index - 1): no port
     /// left, no address of the flow's family. xpfd logs them, once a minute a pool.
     refused: Vec<(u64, u64)>,
@@ -838,13 +839,13 @@ impl Nat {
         self.sticky.get(&(inside, af, u)).map(|e| e.0)
     }
 
-    /// A translated state of family `af` was made: `inside` was given `to` for `u`
+    /// A translated state of family `af` was made at `now`: `inside` was given `to` for `u`
     /// (`sticky`: by a `sticky-address` pool, which makes the source keep it).
-    pub fn note(&mut self, u: Use, af: u8, inside: Addr, to: Addr, sticky: bool) {
+    pub fn note(&mut self, u: Use, af: u8, inside: Addr, to: Addr, sticky: bool, now: u32) {
         self.track = true;
         *self.loads.entry((to, af, u)).or_default() += 1;
         let e = if sticky {
-            Some(self.sticky.entry((inside, af, u)).or_insert((to, 0)))
+            Some(self.sticky.entry((inside, af, u)).or_insert((to, 0, now)))
         } else {
             self.sticky.get_mut(&(inside, af, u))
         };
@@ -907,6 +908,21 @@ impl Nat {
             .collect();
         self.refused.iter_mut().for_each(|c| *c = (0, 0));
         v
+    }
+
+    /// The sources `sticky-address` keeps an address for: (source, family, use, address,
+    /// translated states, since when).
+    pub fn sticky_rows(&self) -> impl Iterator<Item = (Addr, u8, Use, Addr, u32, u32)> + '_ {
+        self.sticky.iter().map(|(&(inside, af, u), &(to, n, since))| (inside, af, u, to, n, since))
+    }
+
+    /// Forgets the addresses `sticky-address` keeps for the sources `kill(source, family,
+    /// address)` names (pf's `-K`): their states stay, their next flows pick anew. Returns
+    /// how many went.
+    pub fn unstick(&mut self, kill: impl Fn(&Addr, u8, &Addr) -> bool) -> u32 {
+        let before = self.sticky.len();
+        self.sticky.retain(|(inside, af, _), (to, _, _)| !kill(inside, *af, to));
+        (before - self.sticky.len()) as u32
     }
 
     /// Sources with a `sticky-address` address (`xpfctl -s info`).
@@ -1063,9 +1079,13 @@ mod tests {
         let (t4, mut t6) = (Addr::v4([192, 0, 2, 1]), Addr::default());
         t6.0[..4].copy_from_slice(&[192, 0, 2, 1]);
         let mut nat = Nat::default();
-        nat.note(Use::Source, AF_INET, a4, t4, true);
+        nat.note(Use::Source, AF_INET, a4, t4, true, 1);
         assert_eq!((nat.load(t4, AF_INET, Use::Source), nat.load(t6, AF_INET6, Use::Source)), (1, 0));
         assert_eq!((nat.stuck(a4, AF_INET, Use::Source), nat.stuck(a6, AF_INET6, Use::Source)), (Some(t4), None));
+        // A sticky source as `-s Sources` lists it, and `-K` of another address leaves it.
+        assert_eq!(nat.sticky_rows().collect::<Vec<_>>(), [(a4, AF_INET, Use::Source, t4, 1, 1)]);
+        assert_eq!(nat.unstick(|_, af, to| af == AF_INET6 && *to == t6), 0, "t6 is t4's bytes, of the other family");
+        assert_eq!(nat.sticky_sources(), 1);
         nat.forget(Use::Source, AF_INET6, a6, t6);
         assert_eq!(nat.load(t4, AF_INET, Use::Source), 1, "the IPv6 state's end leaves the IPv4 count");
         nat.forget(Use::Source, AF_INET, a4, t4);

@@ -19,8 +19,8 @@ const USAGE: &str = "usage: xpfctl [-nv] [-D macro=value] [-o level] -f FILE    
                      xpfctl -z                                   zero the rules' evaluations\n       \
                      xpfctl -x level                             xpfd's log level: emerg .. err, warning, notice, info, debug\n       \
                      xpfctl -k host [-k host] | -k label NAME    kill states\n       \
-                     xpfctl -K host                              kill the source nodes (-s Sources) of a host or network\n       \
-                     xpfctl -F states|rules|all\n       \
+                     xpfctl -K host [-K host]                    kill the source nodes (-s Sources) of a host or network (a second: of sticky-address to it)\n       \
+                     xpfctl -F states|Sources|rules|all\n       \
                      xpfctl -t table -T show|add|delete|replace|test|flush|zero|expire [address ...]\n       \
                      xpfctl --steer on|off|bare                  forwarding by xpfd, the kernel, or XDP unfiltered\n       \
                      xpfctl log [-i pflogN]                      pflog live, as pcap: | tcpdump -n -e -r -\n       \
@@ -36,7 +36,7 @@ struct Opts {
     defines: Vec<(String, String)>,
     show: Option<String>,
     kill: Vec<String>,
-    /// `-K host`: source nodes to kill.
+    /// `-K host [-K host]`: source nodes to kill (the second: a sticky source's address).
     kill_src: Vec<String>,
     label: Option<String>,
     flush: Option<String>,
@@ -481,10 +481,11 @@ fn daemon(o: &Opts) -> ExitCode {
     }
     if let Some(what) = &o.flush {
         // pfctl takes any unambiguous prefix: -F s, -Fa, -F rul ...
-        let Some(what) =
-            ["states", "rules", "all"].into_iter().find(|n| !what.is_empty() && n.starts_with(what.as_str()))
+        let Some(what) = ["states", "Sources", "rules", "all"]
+            .into_iter()
+            .find(|n| !what.is_empty() && n.starts_with(what.as_str()))
         else {
-            eprintln!("xpfctl: -F {what}: states, rules or all");
+            eprintln!("xpfctl: -F {what}: states, Sources, rules or all");
             return ExitCode::from(2);
         };
         let mut req = json!({"op": "flush", "what": what});
@@ -499,10 +500,9 @@ fn daemon(o: &Opts) -> ExitCode {
         rc = request(o, json!({"op": "kill", "hosts": o.kill}));
     }
     if !o.kill_src.is_empty() {
-        if o.kill_src.len() > 1 {
-            // pfctl's second -K names the address a sticky-address source was given; xpf's
-            // source nodes are the tracked sources alone.
-            eprintln!("xpfctl: -K: one host or network (xpf's source nodes have no translation address)");
+        // pfctl -K SRC [-K DST]: a second names the address a `sticky-address` source keeps.
+        if o.kill_src.len() > 2 {
+            eprintln!("xpfctl: -K: one or two hosts or networks (source, then translation address)");
             return ExitCode::from(2);
         }
         rc = request(o, json!({"op": "killsrc", "hosts": o.kill_src}));

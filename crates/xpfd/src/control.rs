@@ -841,16 +841,21 @@ impl Daemon {
                 Ok((format!("killed {n} states from host {what}\n"), json!({"killed": n})))
             }
             "killsrc" => {
-                // pfctl -K host|network: the source nodes of those sources go; their states
-                // stay, no longer counted to a node.
+                // pfctl -K host|network [-K host|network]: the source nodes of those sources
+                // go (with a second, those of `sticky-address` whose address is in it); their
+                // states stay, no longer counted to a node.
                 let hosts: Vec<&str> =
                     req["hosts"].as_array().map(|a| a.iter().filter_map(|h| h.as_str()).collect()).unwrap_or_default();
-                let [h] = hosts[..] else {
-                    return Err("-K: one host or network".into());
+                let (src, dst) = match hosts[..] {
+                    [h] => (parse_host(h)?, None),
+                    [h, d] => (parse_host(h)?, Some(parse_host(d)?)),
+                    _ => return Err("-K: one or two hosts or networks (source, then translation address)".into()),
                 };
-                let net = parse_host(h)?;
-                let n: u32 = ask(&self.workers, |tx| Cmd::KillSources(net, tx))?.iter().sum();
-                Ok((format!("killed {n} src nodes from 1 sources and 0 destinations\n"), json!({"killed": n})))
+                let n: u32 = ask(&self.workers, |tx| Cmd::KillSources(Some(src), dst, tx))?.iter().sum();
+                Ok((
+                    format!("killed {n} src nodes from 1 sources and {} destinations\n", dst.is_some() as u8),
+                    json!({"killed": n}),
+                ))
             }
             "flush" => {
                 let what = req["what"].as_str().unwrap_or("");
@@ -877,8 +882,14 @@ impl Daemon {
                     let _ = writeln!(text, "{n} states cleared");
                     data = json!({"states_cleared": n});
                 }
+                if matches!(what, "Sources" | "all") {
+                    // pfctl -F Sources: every source node, `sticky-address`'s too.
+                    let n: u32 = ask(&self.workers, |tx| Cmd::KillSources(None, None, tx))?.iter().sum();
+                    text.push_str("source tracking entries cleared\n");
+                    data["sources_cleared"] = json!(n);
+                }
                 if text.is_empty() {
-                    return Err(format!("flush {what}: states, rules or all"));
+                    return Err(format!("flush {what}: states, Sources, rules or all"));
                 }
                 Ok((text, data))
             }
@@ -1452,12 +1463,14 @@ impl Daemon {
             }
             "queue" | "queues" => self.show_queues(verbose),
             "Sources" => {
-                // pfctl -s Sources: one line a source node; with -v its age, when a node
-                // without states goes, and the rule that made it. Each worker counts the
-                // sources of its own flows: a source is one line, its counts summed.
-                let mut by: std::collections::BTreeMap<IpAddr, crate::dataplane::SrcRow> = Default::default();
+                // pfctl -s Sources: one line a source node (a `sticky-address` source's with
+                // the address it keeps, as OpenBSD's pfctl prints it); with -v its age, when
+                // a node without states goes, and the rule that made it. Each worker counts
+                // the sources of its own flows: a source is one line, its counts summed.
+                type Key = (IpAddr, Option<(&'static str, IpAddr)>);
+                let mut by: std::collections::BTreeMap<Key, crate::dataplane::SrcRow> = Default::default();
                 for r in ask(&self.workers, Cmd::Sources)?.into_iter().flatten() {
-                    match by.entry(r.addr) {
+                    match by.entry((r.addr, r.to)) {
                         std::collections::btree_map::Entry::Occupied(mut e) => {
                             let m = e.get_mut();
                             m.states += r.states;
@@ -1473,11 +1486,12 @@ impl Daemon {
                 }
                 let mut text = String::new();
                 let mut data = Vec::new();
-                for (a, r) in &by {
+                for ((a, to), r) in &by {
                     let (count, secs) = r.rate;
+                    let kept = to.map(|(kind, t)| format!(" {kind} {t}")).unwrap_or_default();
                     let _ = writeln!(
                         text,
-                        "{a} ( states {}, connections {}, rate {}.{}/{secs}s )",
+                        "{a}{kept} ( states {}, connections {}, rate {}.{}/{secs}s )",
                         r.states,
                         r.conn,
                         count / 1000,
@@ -1485,11 +1499,19 @@ impl Daemon {
                     );
                     if verbose > 0 {
                         let expires = r.expires.map(|e| format!(", expires in {}", hms(e))).unwrap_or_default();
-                        let _ = writeln!(text, "   age {}{expires}, rule {}", hms(r.age), r.rule);
+                        // A sticky source's rule is not kept (its pool's rule decides anew
+                        // at each new flow).
+                        let rule = if to.is_none() { format!(", rule {}", r.rule) } else { String::new() };
+                        let _ = writeln!(text, "   age {}{expires}{rule}", hms(r.age));
                     }
-                    data.push(json!({"address": a.to_string(), "states": r.states, "connections": r.conn,
+                    let mut row = json!({"address": a.to_string(), "states": r.states, "connections": r.conn,
                         "rate": count as f64 / 1000.0, "rate_seconds": secs, "age": r.age, "expires": r.expires,
-                        "rule": r.rule}));
+                        "rule": r.rule});
+                    if let Some((kind, t)) = to {
+                        row["translation"] = json!(kind);
+                        row["translated_to"] = json!(t.to_string());
+                    }
+                    data.push(row);
                 }
                 Ok((text, json!(data)))
             }

@@ -267,15 +267,18 @@ pub enum Cmd {
     Queues(Sender<Vec<(String, String, xpf_shape::QueueStats)>>),
     /// The source nodes (`-s Sources`).
     Sources(Sender<Vec<SrcRow>>),
-    /// `-K`: the source nodes of sources in this network go; how many.
-    KillSources((std::net::IpAddr, u8), Sender<u32>),
+    /// `-K SRC [-K DST]`, `-F Sources`: the source nodes of sources in SRC (None: all) go,
+    /// with DST those of `sticky-address` whose address is in DST; how many.
+    KillSources(Option<(std::net::IpAddr, u8)>, Option<(std::net::IpAddr, u8)>, Sender<u32>),
 }
 
 /// A source node as `-s Sources` shows it (pf's `pf_src_node`): a source that rules with
-/// `source-track` or `max-src-*` count.
+/// `source-track` or `max-src-*` count, or one `sticky-address` keeps an address for.
 #[derive(Debug, Clone)]
 pub struct SrcRow {
     pub addr: std::net::IpAddr,
+    /// `sticky-address`: `nat-to` or `rdr-to`, and the address the source keeps.
+    pub to: Option<(&'static str, std::net::IpAddr)>,
     pub states: u32,
     pub conn: u32,
     /// Its connection rate as pf keeps it: (connections x 1000, seconds).
@@ -292,6 +295,7 @@ fn src_rows<K: Key>(t: &xpf_state::StateTable<K>, af: u8, now: u32, out: &mut Ve
     let keep = t.timeouts().get(xpf_state::Timeout::SrcTrack);
     out.extend(t.track.nodes.iter().map(|((a, _), n)| SrcRow {
         addr: a.to_ip(af),
+        to: None,
         states: n.states,
         conn: n.conn,
         rate: (n.rate.count, n.rate.seconds),
@@ -1854,11 +1858,31 @@ impl Dataplane {
                 let mut rows = Vec::new();
                 src_rows(&self.worker.t4, xpf_wire::pdesc::AF_INET, now, &mut rows);
                 src_rows(&self.worker.t6, xpf_wire::pdesc::AF_INET6, now, &mut rows);
+                rows.extend(self.worker.nat.sticky_rows().map(|(inside, af, u, to, states, since)| SrcRow {
+                    addr: inside.to_ip(af),
+                    to: Some((if u == xpf_engine::nat::Use::Source { "nat-to" } else { "rdr-to" }, to.to_ip(af))),
+                    states,
+                    conn: 0,
+                    rate: (0, 0),
+                    age: now.saturating_sub(since),
+                    expires: None,
+                    rule: 0,
+                }));
                 let _ = tx.send(rows);
             }
-            Cmd::KillSources(net, tx) => {
-                let n = self.worker.t4.track.kill_nodes(|a| in_net(a, xpf_wire::pdesc::AF_INET, &net))
-                    + self.worker.t6.track.kill_nodes(|a| in_net(a, xpf_wire::pdesc::AF_INET6, &net));
+            Cmd::KillSources(src, dst, tx) => {
+                let within = |a: &xpf_wire::Addr, af: u8, net: &Option<(std::net::IpAddr, u8)>| {
+                    net.as_ref().is_none_or(|n| in_net(a, af, n))
+                };
+                // A tracked source has no translation address: a DST other than `any`
+                // leaves it, as pf's match of its zero address does.
+                let tracked = dst.is_none_or(|d| d.1 == 0);
+                let mut n = 0;
+                if tracked {
+                    n += self.worker.t4.track.kill_nodes(|a| within(a, xpf_wire::pdesc::AF_INET, &src))
+                        + self.worker.t6.track.kill_nodes(|a| within(a, xpf_wire::pdesc::AF_INET6, &src));
+                }
+                n += self.worker.nat.unstick(|inside, af, to| within(inside, af, &src) && within(to, af, &dst));
                 let _ = tx.send(n);
             }
             Cmd::Kill(sel, tx) => {
