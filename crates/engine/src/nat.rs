@@ -429,9 +429,8 @@ pub struct Nat {
     free_ids: Vec<u32>,
     /// Allocators that may have no port in use, by (address, class) and when they may go,
     /// each once at most: once none of their ports is in use or in its hold they are
-    /// dropped ([`Nat::reap`]),
-    /// so a pool of many addresses (an IPv6 prefix under `random`) costs what its addresses
-    /// in use cost, not every address it ever gave.
+    /// dropped ([`Nat::reap`]), so a pool of many addresses (an IPv6 prefix under `random`)
+    /// costs what its addresses in use cost, not every address it ever gave.
     idle: VecDeque<(Addr, u8, u32)>,
     /// `endpoint-independent` UDP: an inside source (address, family, port) to the address
     /// and port it was given, and back (to forget it when its port's last flow ends). Every

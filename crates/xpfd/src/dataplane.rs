@@ -803,7 +803,12 @@ impl Dataplane {
             let now = self.now();
             // A new ruleset applies from the next packet on: one atomic load per round. Its
             // rules count from their load, as pf's: the tallies of the rules before go.
-            if self.worker.policy.refresh() {
+            if self.worker.policy.stale() {
+                // Refusals name their pools by the ruleset that made them.
+                if self.worker.nat.has_refusals() {
+                    self.log_refusals(now);
+                }
+                self.worker.policy.refresh();
                 self.rules_replaced(now);
             }
             // The queue trees: one pointer compare per round unless they changed (no clock

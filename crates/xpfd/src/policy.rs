@@ -81,6 +81,12 @@ impl Live {
         self.rules.clone()
     }
 
+    /// Whether a new ruleset was installed since this one was taken.
+    #[inline]
+    pub fn stale(&self) -> bool {
+        self.slot.generation() != self.generation
+    }
+
     /// Takes the new ruleset if one was installed since: true when it did.
     #[inline]
     pub fn refresh(&mut self) -> bool {
