@@ -271,6 +271,7 @@ out_if = "fs"
 nat-anchor "natearly/*"
 nat-anchor "natrules/*"
 no nat on $out_if inet from 10.0.1.0/24 to 10.0.2.3
+nat on $out_if inet proto udp from 10.0.1.0/24 to any port 9999 -> 10.0.2.50 map-e-portset 6/8/0x34
 nat on $out_if inet from 10.0.1.0/24 to any -> 10.0.2.50 port 1024:65535
 rdr-anchor "relayd/*"
 rdr on $out_if inet proto tcp from any to 10.0.2.50 port 8022 tag FWD -> 10.0.1.2 port 7000
@@ -290,6 +291,12 @@ check "-s nat prints the translation rules as pfctl does" bash -c "$CTL -s nat |
 check "nat on: the server sees 10.0.2.50:1024-65535 (the filter passed the translated source)" \
     bash -c "r=\$(peer client tcp 10.0.2.2 7000) && echo \"\$r\" && [[ \$r == '10.0.2.50 '* ]] && in_range \"\$r\" 1024 65535"
 check "no nat: untranslated, the filter blocks it" refused peer client tcp 10.0.2.3 7000
+# MAP-E (RFC 7597): the source ports of the set 6/8/0x34 only (252 of them; the next rule's
+# range would give one of them by chance once in 256 flows).
+check "map-e-portset 6/8/0x34: three UDP flows leave from ports of the set, printed as pfctl" bash -c "
+    $CTL -s nat | grep -qF -- '-> 10.0.2.50 map-e-portset 6/8/52' || exit 1
+    for sp in 41011 41012 41013; do r=\$(peer client udp 10.0.2.2 9999 \$sp) || exit 1; echo \"\$r\"; p=\${r#* }
+        [[ \${r%% *} == 10.0.2.50 ]] && (( (p >> 10) != 0 && ((p >> 2) & 255) == 0x34 )) || exit 1; done"
 check "rdr on ... tag: 10.0.2.50:8022 is the client's 7000, passed by 'tagged'" \
     bash -c "r=\$(peer server tcp 10.0.2.50 8022) && echo \"\$r\" && [[ \$r == '10.0.2.2 '* ]]"
 check "the client's 7000 straight from outside has no tag: blocked" refused peer server tcp 10.0.1.2 7000

@@ -814,6 +814,7 @@ fn bench_pool() -> xpf_engine::nat::Pool {
         dst_base: 0,
         endpoint_independent: false,
         sticky: false,
+        portset: None,
     }
 }
 

@@ -242,6 +242,9 @@ pub struct Pool {
     /// FreeBSD's `endpoint-independent`: a UDP source keeps its translated address and port
     /// towards every destination (RFC 4787 REQ-1).
     pub endpoint_independent: bool,
+    /// FreeBSD's `map-e-portset OFFSET/LEN/PSID`: the source ports are that MAP-E port set
+    /// (RFC 7597), as (offset, psid length, psid).
+    pub mape: Option<(u8, u8, u16)>,
     /// A list of targets, before it becomes an automatic table.
     pub list: Option<Vec<Host>>,
 }
@@ -256,6 +259,7 @@ impl Pool {
             sticky: false,
             static_port: false,
             endpoint_independent: false,
+            mape: None,
             list: None,
         }
     }

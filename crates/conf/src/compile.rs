@@ -1057,7 +1057,9 @@ fn add_pool(
         Some(PortOp::Range(a, b)) => (a, b),
         _ => (0, 0),
     };
+    let portset = pool.mape.map(|(offset, len, psid)| xpf_engine::nat::PortSet { offset, len, psid });
     let ports = match (rdr, pool.port) {
+        (false, _) if portset.is_some() => portset.unwrap().span(),
         (false, None) if pool.static_port => (0, 0),
         (false, None) => (50001, 65535),
         (false, Some((a, 0))) => (a, 65535),
@@ -1074,6 +1076,7 @@ fn add_pool(
         dst_base: dlo,
         endpoint_independent: pool.endpoint_independent && !rdr,
         sticky: pool.sticky,
+        portset: portset.filter(|_| !rdr),
     });
     let kind = match (rdr, r.binat.is_some(), &r.xlate) {
         (_, _, Some(x)) => x.kind.word(),

@@ -453,6 +453,9 @@ fn pool(s: &mut String, what: &str, p: &Pool, nat: bool) {
     if p.endpoint_independent {
         s.push_str(" endpoint-independent");
     }
+    if let Some((offset, len, psid)) = p.mape {
+        let _ = write!(s, " map-e-portset {offset}/{len}/{psid}");
+    }
 }
 
 /// The ruleset as `pfctl -nv` prints it: what parsing printed (macros, options), then the rules.

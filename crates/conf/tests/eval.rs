@@ -41,16 +41,13 @@ fn action(r: &Ruleset, p: &PDesc, ifidx: u16, dir: Dir) -> Action {
 }
 
 fn worker(r: Ruleset) -> Worker<Ruleset> {
+    worker_of(r, 100)
+}
+
+/// [`worker`] with room for `limit` states.
+fn worker_of(r: Ruleset, limit: u32) -> Worker<Ruleset> {
     Worker::new(
-        WorkerConfig {
-            limit: 100,
-            rows: None,
-            seed: Seed::fixed(1),
-            events: 0,
-            now: 0,
-            prefault: false,
-            secret: [1; 32],
-        },
+        WorkerConfig { limit, rows: None, seed: Seed::fixed(1), events: 0, now: 0, prefault: false, secret: [1; 32] },
         r,
     )
     .unwrap()
@@ -1419,6 +1416,23 @@ pass in on em1 from any to 10.0.0.7
     let rw = rw.expect("translated");
     assert_eq!(rw.addr[0], Addr::v4([192, 0, 2, 1]));
     assert!((50001..=65535).contains(&rw.port[0]), "{}", rw.port[0]);
+    // A MAP-E port set (6/8/0x34): every translated source port is one of the set's 252.
+    let mut mape =
+        worker_of(rs("nat on em1 from 10.0.9.0/24 to any -> 192.0.2.9 map-e-portset 6/8/0x34\npass all\n"), 1000);
+    let mut seen = std::collections::HashSet::new();
+    for k in 0..300u16 {
+        let mut v = [Verdict::Pass];
+        mape.process(&[&udp([10, 0, 9, 5], [198, 51, 100, 1], 10_000 + k, 53)[..]], 2, Dir::Out, 1, &mut v);
+        if k < 252 {
+            assert_eq!(v[0], Verdict::Pass);
+            let p = mape.batch().rewrites[0].port[0];
+            assert!(p >> 10 != 0 && (p >> 2) & 0xff == 0x34, "{p:#06x} not in the set");
+            assert!(seen.insert(p), "{p} twice while others were free");
+        } else {
+            // Every port in use towards this one destination: refused, as pf's translate.
+            assert_eq!(v[0], Verdict::Drop(xpf_wire::Reason::Translate), "flow {k}");
+        }
+    }
     // `no nat` ends the search: untranslated, the filter blocks it.
     let (v, rw) = go(udp([10, 0, 0, 9], [198, 51, 100, 1], 4000, 53), Dir::Out, 1);
     assert_eq!((v, rw), (Verdict::Drop(xpf_wire::Reason::Match), None));
@@ -1450,6 +1464,7 @@ no nat on em1 inet from 10.0.0.9 to any
 nat pass log on em1 inet proto udp from 10.0.1.0/24 to any -> 192.0.2.2 port 1024:65535
 rdr on em1 inet proto tcp from any to 192.0.2.1 port 80 -> 10.0.0.5 port 8080
 binat on em1 from 10.0.0.7 to any -> 192.0.2.7
+nat on em1 from 10.0.2.0/24 to any -> 192.0.2.3 round-robin map-e-portset 6/8/0x34
 pass in all
 ";
     let p = parse(src, "test", &[]);
@@ -1462,6 +1477,7 @@ no nat on em1 inet from 10.0.0.9 to any
 nat pass log on em1 inet proto udp from 10.0.1.0/24 to any -> 192.0.2.2 port 1024:65535
 rdr on em1 inet proto tcp from any to 192.0.2.1 port = 80 -> 10.0.0.5 port 8080
 binat on em1 inet from 10.0.0.7 to any -> 192.0.2.7
+nat on em1 inet from 10.0.2.0/24 to any -> 192.0.2.3 round-robin map-e-portset 6/8/52
 pass in all flags S/SA
 "
     );
@@ -1471,7 +1487,24 @@ pass in all flags S/SA
         ("no nat pass on em1 from any to any", "\"pass\" not valid with \"no\""),
         ("nat on em1 from any to any", "translation rule requires '-> address'"),
         ("no rdr on em1 from any to any -> 10.0.0.1", "translation rule with 'no' does not need '->'"),
-        ("nat on em1 from any to any -> 192.0.2.1 map-e-portset 6/8/0x34", "xpf does not support 'map-e-portset' yet"),
+        (
+            "nat on em1 from any to any -> 192.0.2.1 map-e-portset 0/8/1",
+            "map-e-portset 0/8/1: the offset and the psid length are at least 1 and at most 16 together",
+        ),
+        (
+            "nat on em1 from any to any -> 192.0.2.1 map-e-portset 10/8/1",
+            "map-e-portset 10/8/1: the offset and the psid length are at least 1 and at most 16 together",
+        ),
+        (
+            "nat on em1 from any to any -> 192.0.2.1 map-e-portset 6/8/256",
+            "map-e-portset 6/8/256: psid 256 does not fit in 8 bits",
+        ),
+        ("nat on em1 from any to any -> 192.0.2.1 map-e-portset 6/8", "map-e-portset 6/8: OFFSET/LEN/PSID"),
+        (
+            "nat on em1 from any to any -> 192.0.2.1 port 1024:65535 map-e-portset 6/8/1",
+            "map-e-portset with a port range or static-port",
+        ),
+        ("rdr on em1 from any to any -> 192.0.2.1 map-e-portset 6/8/1", "syntax error"),
     ] {
         let p = parse(bad, "test", &[]);
         assert!(p.errors.iter().any(|e| e.msg == msg && e.line == 1), "{bad}: {:?}", p.errors);

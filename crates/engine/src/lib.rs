@@ -1175,7 +1175,7 @@ fn adopt<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, nat: &mut nat::Nat, rn
         if let Some((i, ranged)) = nat.pool_holding(pools, nat::Use::Source, (to.0, af), Some(to.1)) {
             let pl = &pools[i];
             // Its port from the allocator's range (not `static-port`, not one fixed port).
-            if ranged && !pl.static_port && nat.adopt_port((to.0, af), proto, pl.ports, to.1, rng) {
+            if ranged && !pl.static_port && nat.adopt_port((to.0, af), proto, pl.range(), to.1, rng) {
                 held |= xpf_state::held::PORT;
                 if pl.endpoint_independent && proto == xpf_wire::pdesc::IPPROTO_UDP {
                     nat.map(af, src[0], to);
@@ -2021,7 +2021,7 @@ fn mapped_port(
     unused: impl Fn(u16) -> bool,
 ) -> Option<(xpf_wire::Addr, u16)> {
     let to = nat.mapping(pd.src, pd.af, pd.sport).filter(|to| to.0 == n.src)?;
-    (unused(to.1) && nat.reuse_mapping((pd.src, pd.sport), pd.af, to, pool.ports)).then_some(to)
+    (unused(to.1) && nat.reuse_mapping((pd.src, pd.sport), pd.af, to, pool.range())).then_some(to)
 }
 
 /// The source port for `n` (a new flow of `pd` with its addresses translated by
@@ -2065,7 +2065,7 @@ fn translate_port<K: Key, P: Policy>(
                 Some(pool.ports.0).filter(|&q| unused(with_port(&n, q)))
             } else {
                 let src = n;
-                nat.take_port((src.src, pd.af), pd.proto, pool.ports, now, rng, |q| unused(with_port(&src, q)))
+                nat.take_port((src.src, pd.af), pd.proto, pool.range(), now, rng, |q| unused(with_port(&src, q)))
             };
             let Some(port) = port else {
                 // The allocator counted its own refusal; a one-port range is counted here.

@@ -81,6 +81,64 @@ pub struct Pool {
     /// `sticky-address`: a source keeps the address it was first given while it has
     /// translated states to it.
     pub sticky: bool,
+    /// FreeBSD's `map-e-portset`: the source ports are a MAP-E port set (RFC 7597), and
+    /// `ports` its span.
+    pub portset: Option<PortSet>,
+}
+
+/// A MAP-E port set (RFC 7597 5.1, FreeBSD's `map-e-portset OFFSET/LEN/PSID`): the ports
+/// whose `offset` high bits are not all zero and whose next `len` bits are `psid`; the low
+/// 16 - offset - len bits are free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PortSet {
+    pub offset: u8,
+    pub len: u8,
+    pub psid: u16,
+}
+
+impl PortSet {
+    /// The free low bits.
+    fn low_bits(&self) -> u32 {
+        16 - self.offset as u32 - self.len as u32
+    }
+
+    /// How many ports the set holds.
+    pub fn size(&self) -> u32 {
+        ((1u32 << self.offset) - 1) << self.low_bits()
+    }
+
+    /// Its `i`th port (`i` below [`size`](Self::size)), in ascending order.
+    pub fn port(&self, i: u32) -> u16 {
+        let m = self.low_bits();
+        let a = (i >> m) + 1;
+        ((a << (16 - self.offset as u32)) | ((self.psid as u32) << m) | (i & ((1 << m) - 1))) as u16
+    }
+
+    /// Whether `port` is one of the set's.
+    pub fn holds(&self, port: u16) -> bool {
+        let (p, m) = (port as u32, self.low_bits());
+        p >> (16 - self.offset as u32) != 0 && (p >> m) & ((1 << self.len) - 1) == self.psid as u32
+    }
+
+    /// The lowest and highest of its ports.
+    pub fn span(&self) -> (u16, u16) {
+        (self.port(0), self.port(self.size() - 1))
+    }
+}
+
+/// The source ports a pool hands out: `lo..=hi`, or the port set `set` (whose span
+/// `lo..=hi` then is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Range {
+    pub lo: u16,
+    pub hi: u16,
+    pub set: Option<PortSet>,
+}
+
+impl From<(u16, u16)> for Range {
+    fn from((lo, hi): (u16, u16)) -> Range {
+        Range { lo, hi, set: None }
+    }
 }
 
 fn width(af: u8) -> u32 {
@@ -208,6 +266,11 @@ impl Pool {
         self.nets.iter().any(|n| n.af == af && (to_int(&n.addr, af) ^ v) & !host_mask(af, n.len) == 0)
     }
 
+    /// The source ports it hands out (nat-to).
+    pub fn range(&self) -> Range {
+        Range { lo: self.ports.0, hi: self.ports.1, set: self.portset }
+    }
+
     /// rdr-to: the destination port for a packet to `dport`.
     pub fn rdr_port(&self, dport: u16) -> u16 {
         match self.ports {
@@ -243,7 +306,7 @@ struct Ports {
     step: u16,
     n: u32,
     /// The range as the rule gave it.
-    range: (u16, u16),
+    range: Range,
     /// The permutation i -> (mul * i + add) mod n, mul coprime to n.
     mul: u32,
     add: u32,
@@ -262,19 +325,24 @@ fn gcd(a: u32, b: u32) -> u32 {
 }
 
 impl Ports {
-    /// The ports of `lo..=hi` in worker `share.0`'s residue class modulo `share.1`, named
-    /// `id` in [`Users`].
-    fn new(id: u32, lo: u16, hi: u16, share: (u16, u16), rng: &mut ChaCha20Rng) -> Ports {
+    /// The ports of `range` in worker `share.0`'s residue class modulo `share.1` (a port
+    /// set's own, which runs on one worker), named `id` in [`Users`].
+    fn new(id: u32, range: Range, share: (u16, u16), rng: &mut ChaCha20Rng) -> Ports {
+        let (lo, hi) = (range.lo, range.hi);
         let (w, k) = (share.0 as u32, share.1.max(1) as u32);
-        let first = lo as u32 + (w + k - lo as u32 % k) % k;
-        let n = if first > hi as u32 { 0 } else { (hi as u32 - first) / k + 1 };
+        let (first, k) = if range.set.is_some() { (0, 1) } else { (lo as u32 + (w + k - lo as u32 % k) % k, k) };
+        let n = match range.set {
+            Some(set) => set.size(),
+            None if first > hi as u32 => 0,
+            None => (hi as u32 - first) / k + 1,
+        };
         let mut mul = if n > 0 { rng.next_u32() % n } else { 0 };
         while n > 0 && gcd(mul, n) != 1 {
             mul = (mul + 1) % n;
         }
         Ports {
             id,
-            range: (lo, hi),
+            range,
             first: first.min(u16::MAX as u32) as u16,
             step: k as u16,
             n,
@@ -286,10 +354,16 @@ impl Ports {
     }
 
     fn port(&self, i: u32) -> u16 {
-        (self.first as u32 + i * self.step as u32) as u16
+        match self.range.set {
+            Some(set) => set.port(i),
+            None => (self.first as u32 + i * self.step as u32) as u16,
+        }
     }
 
     fn in_range(&self, port: u16) -> bool {
+        if let Some(set) = self.range.set {
+            return set.holds(port);
+        }
         port >= self.first
             && (port - self.first).is_multiple_of(self.step)
             && (((port - self.first) / self.step) as u32) < self.n
@@ -522,14 +596,13 @@ impl Nat {
     }
 
     /// The allocators of `addr`'s ports for `proto` (made on first use), the index of the
-    /// one of range `lo..=hi` among them (made on first use), the ports in use and the
-    /// counters.
+    /// one of `range` among them (made on first use), the ports in use and the counters.
     #[inline(always)]
     fn ports_of(
         &mut self,
         (addr, af): (Addr, u8),
         proto: u8,
-        (lo, hi): (u16, u16),
+        range: Range,
         rng: &mut ChaCha20Rng,
         now: u32,
     ) -> (&mut Allocs, usize, &mut Users, &mut Counters) {
@@ -548,15 +621,15 @@ impl Nat {
                 // Dropped again if it never holds a port (a range with none of this
                 // worker's, every key taken).
                 self.idle.push_back((addr, c, now));
-                let first = Ports::new(new_id(), lo, hi, share, rng);
+                let first = Ports::new(new_id(), range, share, rng);
                 v.insert(Allocs { held: 0, until: now, queued: true, first, more: Vec::new() })
             }
         };
-        let found = a.ranges().position(|p| p.range == (lo, hi));
+        let found = a.ranges().position(|p| p.range == range);
         let k = match found {
             Some(k) => k,
             None => {
-                a.more.push(Ports::new(new_id(), lo, hi, share, rng));
+                a.more.push(Ports::new(new_id(), range, share, rng));
                 a.more.len()
             }
         };
@@ -599,11 +672,12 @@ impl Nat {
         &mut self,
         (addr, af): (Addr, u8),
         proto: u8,
-        range: (u16, u16),
+        range: impl Into<Range>,
         port: u16,
         rng: &mut ChaCha20Rng,
     ) -> bool {
-        if port < range.0 || port > range.1 {
+        let range = range.into();
+        if port < range.lo || port > range.hi {
             return false;
         }
         let (a, k, users, _) = self.ports_of((addr, af), proto, range, rng, 0);
@@ -629,12 +703,12 @@ impl Nat {
         &mut self,
         (addr, af): (Addr, u8),
         proto: u8,
-        (lo, hi): (u16, u16),
+        range: impl Into<Range>,
         now: u32,
         rng: &mut ChaCha20Rng,
         mut free: impl FnMut(u16) -> bool,
     ) -> Option<u16> {
-        let (a, k, users, counters) = self.ports_of((addr, af), proto, (lo, hi), rng, now);
+        let (a, k, users, counters) = self.ports_of((addr, af), proto, range.into(), rng, now);
         let id = a.range_mut(k).id;
         let taken = |a: &mut Allocs, port: u16| {
             a.held += 1;
@@ -805,7 +879,7 @@ impl Nat {
 
     /// Another UDP flow of `src:sport` on the port it was mapped to (`to`, of range `range`):
     /// false when the port is no longer in use (the mapping then goes).
-    pub fn reuse_mapping(&mut self, (src, sport): (Addr, u16), af: u8, to: (Addr, u16), range: (u16, u16)) -> bool {
+    pub fn reuse_mapping(&mut self, (src, sport): (Addr, u16), af: u8, to: (Addr, u16), range: Range) -> bool {
         let id = self.ports.get(&(to.0, class(af, IPPROTO_UDP))).and_then(|a| a.ranges().find(|p| p.range == range));
         match id.and_then(|p| self.users.get_mut(p.id, to.1)) {
             Some(e) if *e as u16 != u16::MAX => {
@@ -1202,6 +1276,30 @@ mod tests {
     }
 
     #[test]
+    fn a_map_e_port_set_is_its_ports_in_a_random_order() {
+        // RFC 7597 5.1: offset 6, psid length 8, psid 0x34: A = 1..63 in the 6 high bits,
+        // 0x34 in the next 8, the 2 low bits free: 252 ports, the first 1232.
+        let set = PortSet { offset: 6, len: 8, psid: 0x34 };
+        assert_eq!((set.size(), set.port(0), set.span()), (252, 1232, (1232, 64723)));
+        let all: Vec<u16> = (0..set.size()).map(|i| set.port(i)).collect();
+        assert!(all.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(all, (0..=u16::MAX).filter(|&p| set.holds(p)).collect::<Vec<_>>());
+        let mut nat = Nat::default();
+        let mut r = rng();
+        let a = Addr::v4([192, 0, 2, 1]);
+        let range = Range { lo: 1232, hi: 64723, set: Some(set) };
+        let mut got: Vec<u16> =
+            (0..252).map(|_| nat.take_port((a, AF_INET), IPPROTO_UDP, range, 1, &mut r, |_| true).unwrap()).collect();
+        assert_ne!(got[..8], all[..8], "not in order");
+        got.sort_unstable();
+        assert_eq!(got, all);
+        assert!(nat.take_port((a, AF_INET), IPPROTO_UDP, range, 1, &mut r, |_| false).is_none());
+        // A synced state's port is adopted only if the set holds it.
+        assert!(!nat.adopt_port((Addr::v4([192, 0, 2, 2]), AF_INET), IPPROTO_UDP, range, 1236, &mut r));
+        assert!(nat.adopt_port((Addr::v4([192, 0, 2, 2]), AF_INET), IPPROTO_UDP, range, 1235, &mut r));
+    }
+
+    #[test]
     fn pools_pick_as_pf() {
         let mut r = rng();
         let mut c = 0u64;
@@ -1215,6 +1313,7 @@ mod tests {
             dst_base: 0,
             endpoint_independent: false,
             sticky: false,
+            portset: None,
         };
         let p = pool(vec![net([192, 0, 2, 0], 24)], Method::Bitmask);
         assert_eq!(p.pick(AF_INET, &src, &src, &mut r, &mut c), Some(Addr::v4([192, 0, 2, 77])));

@@ -872,6 +872,7 @@ fn natting(lo: u16, hi: u16) -> Worker<Natting> {
         dst_base: 53,
         endpoint_independent: false,
         sticky: false,
+        portset: None,
     };
     worker(Natting(vec![pool([192, 0, 2, 1], (lo, hi)), pool([10, 0, 0, 53], (5353, 5353))]), 1000)
 }

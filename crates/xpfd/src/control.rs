@@ -181,6 +181,9 @@ pub fn translation_fits(l: &Loaded, workers: usize, divert: bool) -> Result<(), 
             // The replies' port names the worker that holds the state: the port must be one
             // the worker chose.
             "nat-to with static-port or one port (binat-to too) runs on one worker for now: start xpfd with --workers 1"
+        } else if workers > 1 && r.nat.as_ref().is_some_and(|p| p.mape.is_some()) {
+            // The workers share a range out by residue; a port set is not shared out yet.
+            "map-e-portset runs on one worker for now: start xpfd with --workers 1"
         } else if workers > 1 && r.nat.as_ref().is_some_and(|p| p.endpoint_independent) {
             // A source's flows to several destinations meet different workers.
             "endpoint-independent runs on one worker for now: start xpfd with --workers 1"

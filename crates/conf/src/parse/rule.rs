@@ -256,10 +256,7 @@ pub(super) fn xrule(p: &mut P, line: u32) -> R<Vec<Template>> {
         return Err("translation rule requires '-> address'".into());
     }
     if !p.done() {
-        return Err(match p.word() {
-            Some(w @ "map-e-portset") => unsupported(w),
-            _ => "syntax error".into(),
-        });
+        return Err("syntax error".into());
     }
     Ok(vec![t])
 }
@@ -811,7 +808,8 @@ pub(super) fn pool(p: &mut P, nat: bool) -> R<Pool> {
                     Some(w.to_ascii_lowercase())
                 }
                 Tok::Word(w) | Tok::Str(w)
-                    if !["sticky-address", "static-port", "port", "endpoint-independent"].contains(&w.as_str()) =>
+                    if !["sticky-address", "static-port", "port", "endpoint-independent", "map-e-portset"]
+                        .contains(&w.as_str()) =>
                 {
                     p.next();
                     use md5::Digest;
@@ -827,10 +825,48 @@ pub(super) fn pool(p: &mut P, nat: bool) -> R<Pool> {
             pl.static_port = true;
         } else if nat && p.eat("endpoint-independent") {
             pl.endpoint_independent = true;
+        } else if nat && p.eat("map-e-portset") {
+            pl.mape = Some(portset(p)?);
         } else {
+            if pl.mape.is_some() && (pl.port.is_some() || pl.static_port) {
+                // The set is the ports: a range or static-port beside it would not be held.
+                return Err("map-e-portset with a port range or static-port".into());
+            }
             return Ok(finish(pl));
         }
     }
+}
+
+/// `map-e-portset OFFSET/LEN/PSID` (FreeBSD): numbers in decimal or 0x hex, OFFSET at least
+/// 1 (the ports whose OFFSET high bits are all zero are not the set's), LEN at least 1,
+/// together at most 16, PSID below 2^LEN.
+fn portset(p: &mut P) -> R<(u8, u8, u16)> {
+    // The lexer makes `/` a mark of its own: three words between two of them.
+    let mut w = p.string()?;
+    for _ in 0..2 {
+        if !p.eat_punct("/") {
+            return Err(format!("map-e-portset {w}: OFFSET/LEN/PSID"));
+        }
+        w.push('/');
+        w.push_str(&p.string()?);
+    }
+    let num = |v: &str| match v.strip_prefix("0x") {
+        Some(h) => u32::from_str_radix(h, 16).ok(),
+        None => v.parse::<u32>().ok(),
+    };
+    let parts: Vec<Option<u32>> = w.split('/').map(num).collect();
+    let [Some(offset), Some(len), Some(psid)] = parts[..] else {
+        return Err(format!("map-e-portset {w}: OFFSET/LEN/PSID"));
+    };
+    if offset == 0 || len == 0 || offset + len > 16 {
+        return Err(format!(
+            "map-e-portset {w}: the offset and the psid length are at least 1 and at most 16 together"
+        ));
+    }
+    if psid >= 1 << len {
+        return Err(format!("map-e-portset {w}: psid {psid} does not fit in {len} bits"));
+    }
+    Ok((offset as u8, len as u8, psid as u16))
 }
 
 pub(super) fn hostport(p: &mut P, out: &mut Vec<Host>, ports: &mut Vec<PortOp>) -> R<()> {
