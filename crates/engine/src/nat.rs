@@ -430,6 +430,13 @@ impl Users {
         h.hash_one(key)
     }
 
+    /// The table's entry for `key` ([`user_key`]), there or its place.
+    #[inline(always)]
+    fn entry(&mut self, key: u64) -> hashbrown::hash_table::Entry<'_, u64> {
+        let h = &self.h;
+        self.t.entry(Self::hash(h, key), |&e| e >> 16 == key, |&e| Self::hash(h, e >> 16))
+    }
+
     /// The entry of `port` of allocator `id`, if a flow uses it.
     fn get_mut(&mut self, id: u32, port: u16) -> Option<&mut u64> {
         let key = user_key(id, port);
@@ -441,8 +448,7 @@ impl Users {
     #[inline(always)]
     fn claim(&mut self, id: u32, port: u16, free: &mut impl FnMut(u16) -> bool) -> Claim {
         let key = user_key(id, port);
-        let h = &self.h;
-        match self.t.entry(Self::hash(h, key), |&e| e >> 16 == key, |&e| Self::hash(h, e >> 16)) {
+        match self.entry(key) {
             hashbrown::hash_table::Entry::Occupied(_) => Claim::InUse,
             hashbrown::hash_table::Entry::Vacant(v) if free(port) => {
                 v.insert(key << 16 | 1);
@@ -456,8 +462,7 @@ impl Users {
     /// a count holds.
     fn add(&mut self, id: u32, port: u16) -> Option<bool> {
         let key = user_key(id, port);
-        let h = &self.h;
-        match self.t.entry(Self::hash(h, key), |&e| e >> 16 == key, |&e| Self::hash(h, e >> 16)) {
+        match self.entry(key) {
             hashbrown::hash_table::Entry::Occupied(mut o) => {
                 let e = o.get_mut();
                 (*e as u16 != u16::MAX).then(|| {
