@@ -35,6 +35,7 @@ CONF
 tree "" > "$DIR/pf.conf"
 tree "max 15M" > "$DIR/max.conf"
 tree "flows 1024" > "$DIR/flows.conf"
+tree "flows 8" > "$DIR/flows8.conf"
 printf 'queue root on fs bandwidth 40M\nqueue a parent root bandwidth 30M default\nqueue b parent root bandwidth 20M\npass all\n' > "$DIR/over.conf"
 # a with pf.conf(5)'s burst, on its bandwidth and on a max of the same (so that after the burst
 # a is held to its 10, and what b's TCP leaves of the root is not counted as a's); b held to
@@ -117,6 +118,10 @@ fifo=$(rtt "$DIR/pf.conf")
 fq=$(rtt "$DIR/flows.conf")
 check "without flows a ping waits behind the bulk transfer (p50 $fifo ms > 5)" python3 -c "import sys; sys.exit(0 if $fifo > 5 else 1)"
 check "with flows 1024 the ping's p50 stays low ($fq ms <= 2)" python3 -c "import sys; sys.exit(0 if $fq <= 2 else 1)"
+# Eight sub-queues, one set: the ping and the four bulk flows each have one (a plain
+# hash % 8 would put the ping behind a bulk flow in 41% of runs).
+fq8=$(rtt "$DIR/flows8.conf")
+check "with flows 8 the ping still has a sub-queue of its own (p50 $fq8 ms <= 2)" python3 -c "import sys; sys.exit(0 if $fq8 <= 2 else 1)"
 
 # A burst: b busy, a starts 2 s later and goes at its burst for 500 ms (beside b's 30 under
 # the root's 40: about 20), then at its 10. What the shaper sent of a (its queue's bytes),

@@ -115,7 +115,35 @@ const BACKLOG_OFFERED: f64 = 1.5;
 /// the same tree's root at 100 Gbit/s (nothing waits). Also the frames sent and dropped.
 fn one_worker(n: u32, backlogged: bool, frames: u64) -> (f64, u64, u64) {
     let root = if backlogged { (BACKLOG_ROOT_PPS * FRAME as f64 * 8.0) as u64 } else { ROOT };
-    let mut sh = Shaper::new(&tree(n, root, |_| 1));
+    let sh = Shaper::new(&tree(n, root, |_| 1));
+    offer(sh, n, |i| 2 + i as u16, |i| 2 + i, backlogged, frames)
+}
+
+/// ns of one worker's time a frame offered to one queue of `flows 1024` (FQ-CoDel) by `n`
+/// flows in turn, every one backlogged (the frames offered at 1.5 times the root as above);
+/// also the frames sent and dropped.
+fn one_fq(n: u32, frames: u64) -> (f64, u64, u64) {
+    let root = (BACKLOG_ROOT_PPS * FRAME as f64 * 8.0) as u64;
+    let mut spec = tree(1, root, |_| 1);
+    spec.classes[1].flows = FQ_FLOWS;
+    // A flow's hash as xpfd's worker takes it (a keyed hash of its key): a mix of its number.
+    let hash = |i: u32| ((i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as u32;
+    offer(Shaper::new(&spec), n, |_| 2, hash, true, frames)
+}
+
+/// FQ-CoDel's sub-queues in [`one_fq`] (pf.conf's `flows 1024`).
+const FQ_FLOWS: u32 = 1024;
+
+/// Offers `frames` frames of `n` sources in turn to `sh`, source i's to queue `queue(i)` with
+/// flow hash `hash(i)`, and drains it as xpfd's worker does.
+fn offer(
+    mut sh: Shaper,
+    n: u32,
+    queue: impl Fn(u32) -> u16,
+    hash: impl Fn(u32) -> u32,
+    backlogged: bool,
+    frames: u64,
+) -> (f64, u64, u64) {
     // One frame a member, its source address the member's.
     let frames_of: Vec<[u8; FRAME]> = (0..n)
         .map(|i| {
@@ -127,7 +155,10 @@ fn one_worker(n: u32, backlogged: bool, frames: u64) -> (f64, u64, u64) {
         })
         .collect();
     let gap = 1e9 / (BACKLOG_ROOT_PPS * BACKLOG_OFFERED);
-    let (mut clock, mut next, mut sent, mut dropped) = (0f64, 0usize, 0u64, 0u64);
+    let (mut clock, mut next, mut sent) = (0f64, 0usize, 0u64);
+    // Drops as the queues count them: refused by a full FIFO, or made room for by FQ-CoDel.
+    let drops = |sh: &Shaper| sh.stats().map(|(_, s)| s.drop_pkts).sum::<u64>();
+    let mut dropped0 = 0;
     let mut tx = [0u8; FRAME];
     let mut batch = Vec::with_capacity(DRAIN_BATCH);
     // The queues fill first, untimed: a member gains half its rate over what it is served,
@@ -137,24 +168,21 @@ fn one_worker(n: u32, backlogged: bool, frames: u64) -> (f64, u64, u64) {
     let mut i = 0u64;
     while i < warm + frames {
         if i == warm {
-            (sent, dropped, t0) = (0, 0, Instant::now());
+            (sent, dropped0, t0) = (0, drops(&sh), Instant::now());
         }
         for _ in 0..64 {
             clock += gap;
             let now = clock as u64;
-            let q = 2 + next as u16;
+            let (q, h) = (queue(next as u32), hash(next as u32));
             let f = &frames_of[next];
             next = if next + 1 == n as usize { 0 } else { next + 1 };
             // As xpfd's worker holds a frame: refused unbuilt by a full queue, else copied.
             if sh.refuse(q, FRAME) {
-                dropped += 1;
                 continue;
             }
             let mut b = sh.buffer();
             b.extend_from_slice(f);
-            if !sh.enqueue(q, Pkt { buf: b, enq: now, meta: 0, extra: 0 }, q as u32, now) {
-                dropped += 1;
-            }
+            sh.enqueue(q, Pkt { buf: b, enq: now, meta: 0, extra: 0 }, h, now);
         }
         i += 64;
         // As xpfd's worker drains: a batch taken, then copied out.
@@ -171,7 +199,8 @@ fn one_worker(n: u32, backlogged: bool, frames: u64) -> (f64, u64, u64) {
             }
         }
     }
-    (t0.elapsed().as_nanos() as f64 / frames as f64, sent, dropped)
+    let ns = t0.elapsed().as_nanos() as f64 / frames as f64;
+    (ns, sent, drops(&sh) - dropped0)
 }
 
 pub fn bench(o: &Opts) -> Result<(), String> {
@@ -225,19 +254,33 @@ pub fn bench(o: &Opts) -> Result<(), String> {
             }
         }
     }
-    let (c, d) = (Summary::of(&free), Summary::of(&held));
+    // FQ-CoDel: one queue of flows 1024, 1,000 flows backlogged.
+    let fq_n = 1_000;
+    let (mut fq, mut fq_split) = (Vec::new(), (0u64, 0u64));
+    for _ in 0..o.runs {
+        let _s = crate::progress::step("flows");
+        let (ns, sent, dropped) = one_fq(fq_n, frames);
+        fq.push(ns);
+        fq_split = (sent, dropped);
+    }
+    let (c, d, e) = (Summary::of(&free), Summary::of(&held), Summary::of(&fq));
     println!("{}", stats::header("regime", "ns a frame offered, one worker"));
     println!("{}", stats::row("unbound", &c));
     println!("{}", stats::row("backlogged", &d));
+    println!("{}", stats::row(&format!("flows {FQ_FLOWS}"), &e));
     println!(
         "  backlogged / unbound: {:.2}x (a backlogged run sent {} and dropped {} of its frames)",
         d.median / c.median,
         split.0,
         split.1
     );
+    println!(
+        "  flows {FQ_FLOWS}: one queue of FQ-CoDel, {fq_n} flows in turn offered 1.5 times its root (sent {}, dropped {})",
+        fq_split.0, fq_split.1
+    );
     if o.json {
         let j = serde_json::json!({"members": n, "one": a, "two": b, "ratio": b.median / a.median,
-            "ns_unbound": c, "ns_backlogged": d});
+            "ns_unbound": c, "ns_backlogged": d, "ns_fq": e});
         println!("{}", serde_json::to_string_pretty(&j).unwrap_or_default());
     }
     Ok(())

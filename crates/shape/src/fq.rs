@@ -1,6 +1,13 @@
 //! FQ-CoDel inside one queue (`flows N [quantum Q]`, RFC 8290): packets hashed by flow into
 //! N sub-queues served by deficit round robin, new flows first; each sub-queue drops at its
 //! head by CoDel (RFC 8289) once its packets have waited over `TARGET` for an `INTERVAL`.
+//!
+//! The sub-queues are found as cake finds them, set-associatively: a flow's hash picks a set
+//! of about `WAYS` sub-queues, and in it the sub-queue tagged with the flow's whole hash, else
+//! one that is idle (which takes the tag). Two flows share a sub-queue only when more than a
+//! set's sub-queues are busy at once: with the plain `hash % N` of RFC 8290 (Linux's fq_codel,
+//! OpenBSD's) a ping beside four bulk flows in 1,024 sub-queues shares one with a bulk flow
+//! once in 256 flows and waits behind it for CoDel's target and more.
 
 use crate::Pkt;
 use std::collections::VecDeque;
@@ -8,6 +15,13 @@ use std::collections::VecDeque;
 /// CoDel's target sojourn time and interval (RFC 8289 section 4.2, 4.3), in ns.
 pub const TARGET: u64 = 5_000_000;
 pub const INTERVAL: u64 = 100_000_000;
+
+/// Packets an overflow drops at most from the fattest flow (Linux's fq_codel drop_batch).
+pub const DROP_BATCH: usize = 64;
+
+/// Sub-queues a set (cake's 8): a sub-queue is searched among this many, so that a collision
+/// needs more than this many busy flows in one set.
+pub const WAYS: usize = 8;
 
 #[derive(Default)]
 struct Codel {
@@ -27,10 +41,14 @@ struct Flow {
     codel: Codel,
     /// On the new or the old list.
     listed: bool,
+    /// The hash of the flow that last took this sub-queue.
+    tag: u32,
 }
 
 pub(crate) struct Fq {
     flows: Vec<Flow>,
+    /// Sets of sub-queues: set `s` is `s * N / sets .. (s + 1) * N / sets`.
+    sets: usize,
     new: VecDeque<u32>,
     old: VecDeque<u32>,
     quantum: i64,
@@ -45,11 +63,32 @@ impl Fq {
     pub(crate) fn new(flows: u32, quantum: u32) -> Fq {
         let mut v = Vec::new();
         v.resize_with(flows.max(1) as usize, Flow::default);
-        Fq { flows: v, new: VecDeque::new(), old: VecDeque::new(), quantum: quantum.max(1) as i64, mtu: 1514 }
+        let sets = (v.len() / WAYS).max(1);
+        Fq { flows: v, sets, new: VecDeque::new(), old: VecDeque::new(), quantum: quantum.max(1) as i64, mtu: 1514 }
+    }
+
+    /// The sub-queue of the flow of `hash`: in its set, the one tagged with it, else an idle
+    /// one (tagged now, its CoDel state of another flow cleared), else the hash's own place
+    /// in the set, shared.
+    fn slot(&mut self, hash: u32) -> usize {
+        let (n, sets) = (self.flows.len(), self.sets);
+        let s = hash as usize % sets;
+        let (lo, hi) = (s * n / sets, (s + 1) * n / sets);
+        let set = &self.flows[lo..hi];
+        if let Some(k) = set.iter().position(|f| f.tag == hash) {
+            return lo + k;
+        }
+        if let Some(k) = set.iter().position(|f| !f.listed) {
+            let f = &mut self.flows[lo + k];
+            f.tag = hash;
+            f.codel = Codel::default();
+            return lo + k;
+        }
+        lo + (hash as usize / sets) % (hi - lo)
     }
 
     pub(crate) fn push(&mut self, p: Pkt, hash: u32) {
-        let i = (hash as usize) % self.flows.len();
+        let i = self.slot(hash);
         self.mtu = self.mtu.max(p.wire() as u64);
         let f = &mut self.flows[i];
         f.bytes += p.wire() as u64;
@@ -61,11 +100,26 @@ impl Fq {
         }
     }
 
-    /// Overflow: the head packet of the sub-queue holding the most bytes (RFC 8290 section
-    /// 4.1: drop from the fattest flow, not the newcomer).
-    pub(crate) fn drop_fattest(&mut self) -> Option<Pkt> {
-        let i = (0..self.flows.len()).max_by_key(|&i| self.flows[i].bytes)?;
+    /// Overflow: packets from the head of the sub-queue holding the most bytes (RFC 8290
+    /// section 4.1: the fattest flow pays, not the newcomer) to `out`, as Linux's fq_codel
+    /// drops them: up to half its bytes, at most [`DROP_BATCH`] packets, so that the search
+    /// over every sub-queue comes once for many packets over the limit rather than for each.
+    pub(crate) fn drop_fattest(&mut self, out: &mut Vec<Pkt>) {
+        let Some(i) = (0..self.flows.len()).max_by_key(|&i| self.flows[i].bytes) else { return };
         let f = &mut self.flows[i];
+        let keep = f.bytes / 2;
+        while let Some(p) = f.q.pop_front() {
+            f.bytes -= p.wire() as u64;
+            out.push(p);
+            if f.bytes <= keep || out.len() >= DROP_BATCH {
+                break;
+            }
+        }
+    }
+
+    /// A waiting packet, any (a tree replaced by a reload hands its packets over).
+    pub(crate) fn take_any(&mut self) -> Option<Pkt> {
+        let f = self.flows.iter_mut().find(|f| !f.q.is_empty())?;
         let p = f.q.pop_front()?;
         f.bytes -= p.wire() as u64;
         Some(p)
@@ -197,6 +251,57 @@ mod tests {
     }
 
     #[test]
+    fn flows_share_a_sub_queue_only_when_their_set_is_full() {
+        // 64 sub-queues: 8 sets of 8. Hashes 3, 11, 19, ... are all of set 3 and of one
+        // place in it (hash % 64 is 3 for 3 and 67): RFC 8290's hash % N puts 3 and 67 in one
+        // sub-queue.
+        let mut fq = Fq::new(64, 1514);
+        let same: Vec<u32> = (0..9).map(|k| 3 + 64 * k).collect();
+        let mut d = Vec::new();
+        for &h in &same[..8] {
+            for _ in 0..10 {
+                fq.push(pkt(1500, 0, h as u8), h);
+            }
+        }
+        // Eight bulk flows in eight sub-queues of the set.
+        let slots: std::collections::BTreeSet<usize> = same[..8].iter().map(|&h| fq.slot(h)).collect();
+        assert_eq!(slots.len(), 8);
+        assert!(slots.iter().all(|&i| (24..32).contains(&i)), "{slots:?}");
+        // A ninth flow in the full set shares; in another set it has its own.
+        assert!(slots.contains(&fq.slot(same[8])));
+        assert!(!slots.contains(&fq.slot(4)));
+        // Four bulk flows, served a while; a ping whose hash % 64 is theirs goes first.
+        let mut fq = Fq::new(64, 1514);
+        for &h in &same[..4] {
+            for _ in 0..10 {
+                fq.push(pkt(1500, 0, h as u8), h);
+            }
+        }
+        for _ in 0..8 {
+            fq.pop(1, &mut d).unwrap();
+        }
+        fq.push(pkt(100, 1, 0xee), 3 + 64 * 20);
+        assert_eq!(fq.pop(2, &mut d).unwrap().buf[0], 0xee);
+        // A flow that leaves frees its sub-queue for the next flow of the set.
+        let mut fq = Fq::new(64, 1514);
+        fq.push(pkt(1500, 0, 1), 3);
+        let first = fq.slot(3);
+        while fq.pop(5, &mut d).is_some() {}
+        let _ = fq.pop(5, &mut d);
+        assert!(!fq.flows[first].listed);
+        assert_eq!(fq.slot(67), first, "the idle sub-queue is taken again");
+        // Fewer sub-queues than a set's ways: one set of all.
+        let mut fq = Fq::new(4, 1514);
+        let s: std::collections::BTreeSet<usize> = (0..4u32)
+            .map(|h| {
+                fq.push(pkt(100, 0, 0), h * 4);
+                fq.slot(h * 4)
+            })
+            .collect();
+        assert_eq!(s.len(), 4);
+    }
+
+    #[test]
     fn codel_drops_from_a_standing_queue_and_not_from_a_short_one() {
         let mut fq = Fq::new(1, 1514);
         let mut d = Vec::new();
@@ -227,7 +332,18 @@ mod tests {
             fq.push(pkt(1500, 0, 1), 1);
         }
         fq.push(pkt(100, 0, 2), 2);
-        let p = fq.drop_fattest().unwrap();
-        assert_eq!(p.buf[0], 1);
+        let mut out = Vec::new();
+        fq.drop_fattest(&mut out);
+        // Half the fattest flow's bytes, from its head.
+        assert_eq!(out.len(), 5);
+        assert!(out.iter().all(|p| p.buf[0] == 1));
+        // At most DROP_BATCH at once.
+        let mut fq = Fq::new(8, 1514);
+        for _ in 0..1000 {
+            fq.push(pkt(100, 0, 1), 1);
+        }
+        out.clear();
+        fq.drop_fattest(&mut out);
+        assert_eq!(out.len(), DROP_BATCH);
     }
 }

@@ -616,7 +616,7 @@ impl Shaper {
         for cl in self.classes.iter_mut().filter(|c| c.stats.qlen > 0) {
             let p = match cl.leaf.as_mut()? {
                 Leaf::Fifo(q) => self.slots.pop(q),
-                Leaf::Fq(f) => f.drop_fattest(),
+                Leaf::Fq(f) => f.take_any(),
             };
             if let Some(p) = p {
                 cl.stats.qlen -= 1;
@@ -699,13 +699,16 @@ impl Shaper {
             // A full flow queue (a FIFO refused it above): FQ-CoDel makes room at the fattest
             // flow's head.
             if let Some(Leaf::Fq(f)) = cl.leaf.as_mut() {
-                if let Some(old) = f.drop_fattest() {
-                    cl.stats.drop_pkts += 1;
-                    cl.stats.drop_bytes += old.wire() as u64;
-                    cl.stats.qlen -= 1;
-                    self.backlog -= 1;
+                let mut gone = std::mem::take(&mut self.dropped);
+                f.drop_fattest(&mut gone);
+                cl.stats.drop_pkts += gone.len() as u64;
+                cl.stats.qlen -= gone.len() as u32;
+                self.backlog -= gone.len() as u32;
+                for old in gone.drain(..) {
+                    self.classes[c].stats.drop_bytes += old.wire() as u64;
                     self.recycle(old.buf);
                 }
+                self.dropped = gone;
             }
         }
         let cl = &mut self.classes[c];
@@ -800,7 +803,7 @@ impl Shaper {
         }
         cl.stats.qlen -= gone;
         self.backlog -= gone;
-        for d in std::mem::take(&mut self.dropped) {
+        for d in self.dropped.drain(..) {
             cl.stats.drop_pkts += 1;
             cl.stats.drop_bytes += d.wire() as u64;
             if self.spare.len() < 4096 {
