@@ -37,6 +37,7 @@ tree "max 15M" > "$DIR/max.conf"
 tree "flows 1024" > "$DIR/flows.conf"
 tree "flows 8" > "$DIR/flows8.conf"
 printf 'queue root on fs bandwidth 40M\nqueue a parent root bandwidth 30M default\nqueue b parent root bandwidth 20M\npass all\n' > "$DIR/over.conf"
+printf 'queue root on fs bandwidth 40M\nqueue a parent root bandwidth 30M flows 40000 default\npass all\n' > "$DIR/manyflows.conf"
 # a with pf.conf(5)'s burst, on its bandwidth and on a max of the same (so that after the burst
 # a is held to its 10, and what b's TCP leaves of the root is not counted as a's); b held to
 # its share (max), so that it is not ahead of its rate when a starts.
@@ -148,6 +149,8 @@ check "iperf3 to port 5203 is blocked (no rule passes it)" refused c iperf3 -c 1
 # Refusals at load, with the file and line.
 check "children over their parent's bandwidth are refused with FILE:LINE" bash -c \
     "! $CTL -f $DIR/over.conf 2>$DIR/err && grep -q 'over.conf:1:.*higher than its own' $DIR/err"
+check "flows over pfctl's 32767 are refused with FILE:LINE" bash -c \
+    "! $CTL -f $DIR/manyflows.conf 2>$DIR/err && grep -q 'manyflows.conf:2:.*number of flows out of range: max 32767' $DIR/err"
 # Two workers (veths of two queues a side): each shapes the flows it holds, and the
 # coordinator shares the tree's rates between them by demand, so that the members still get
 # 10 and 30 whichever worker their flows land on. Which worker a flow lands on is a hash of

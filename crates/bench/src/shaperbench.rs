@@ -116,32 +116,38 @@ const BACKLOG_OFFERED: f64 = 1.5;
 fn one_worker(n: u32, backlogged: bool, frames: u64) -> (f64, u64, u64) {
     let root = if backlogged { (BACKLOG_ROOT_PPS * FRAME as f64 * 8.0) as u64 } else { ROOT };
     let sh = Shaper::new(&tree(n, root, |_| 1));
-    offer(sh, n, |i| 2 + i as u16, |i| 2 + i, backlogged, frames)
+    // The queues fill first, untimed: a member gains half its rate over what it is served,
+    // so its 50 frames (pf's qlimit) take 150 of its frames offered.
+    let warm = if backlogged { n as u64 * 200 } else { n as u64 };
+    offer(sh, n, |i| 2 + i as u16, |i| 2 + i, warm, frames)
 }
 
-/// ns of one worker's time a frame offered to one queue of `flows 1024` (FQ-CoDel) by `n`
-/// flows in turn, every one backlogged (the frames offered at 1.5 times the root as above);
-/// also the frames sent and dropped.
-fn one_fq(n: u32, frames: u64) -> (f64, u64, u64) {
+/// ns of one worker's time a frame offered to one queue of `flows SUBS` (FQ-CoDel) by `n`
+/// flows in turn, every one backlogged (the frames offered at 1.5 times the root as above,
+/// a third dropped at the queue's 1,024 packets); also the frames sent and dropped.
+fn one_fq(subs: u32, n: u32, frames: u64) -> (f64, u64, u64) {
     let root = (BACKLOG_ROOT_PPS * FRAME as f64 * 8.0) as u64;
     let mut spec = tree(1, root, |_| 1);
-    spec.classes[1].flows = FQ_FLOWS;
+    spec.classes[1].flows = subs;
     // A flow's hash as xpfd's worker takes it (a keyed hash of its key): a mix of its number.
     let hash = |i: u32| ((i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as u32;
-    offer(Shaper::new(&spec), n, |_| 2, hash, true, frames)
+    // The queue's 1,024 packets fill in about 3,000 frames.
+    offer(Shaper::new(&spec), n, |_| 2, hash, 8192, frames)
 }
 
-/// FQ-CoDel's sub-queues in [`one_fq`] (pf.conf's `flows 1024`).
-const FQ_FLOWS: u32 = 1024;
+/// The FQ-CoDel queues of [`one_fq`]: sub-queues (pf.conf's `flows N`) and flows offered:
+/// the common `flows 1024` with 1,000 flows, and pfctl's largest with 30,000 (many small
+/// flows over a queue's limit, as a flood of new flows is).
+const FQ_CASES: [(u32, u32); 2] = [(1024, 1_000), (32767, 30_000)];
 
-/// Offers `frames` frames of `n` sources in turn to `sh`, source i's to queue `queue(i)` with
-/// flow hash `hash(i)`, and drains it as xpfd's worker does.
+/// Offers `warm` frames untimed then `frames` timed, of `n` sources in turn, to `sh`, source
+/// i's to queue `queue(i)` with flow hash `hash(i)`, and drains it as xpfd's worker does.
 fn offer(
     mut sh: Shaper,
     n: u32,
     queue: impl Fn(u32) -> u16,
     hash: impl Fn(u32) -> u32,
-    backlogged: bool,
+    warm: u64,
     frames: u64,
 ) -> (f64, u64, u64) {
     // One frame a member, its source address the member's.
@@ -161,9 +167,6 @@ fn offer(
     let mut dropped0 = 0;
     let mut tx = [0u8; FRAME];
     let mut batch = Vec::with_capacity(DRAIN_BATCH);
-    // The queues fill first, untimed: a member gains half its rate over what it is served,
-    // so its 50 frames (pf's qlimit) take 150 of its frames offered.
-    let warm = if backlogged { n as u64 * 200 } else { n as u64 };
     let mut t0 = Instant::now();
     let mut i = 0u64;
     while i < warm + frames {
@@ -254,33 +257,40 @@ pub fn bench(o: &Opts) -> Result<(), String> {
             }
         }
     }
-    // FQ-CoDel: one queue of flows 1024, 1,000 flows backlogged.
-    let fq_n = 1_000;
-    let (mut fq, mut fq_split) = (Vec::new(), (0u64, 0u64));
+    // FQ-CoDel: one queue, every flow backlogged.
+    let mut fq = vec![(Vec::new(), (0u64, 0u64)); FQ_CASES.len()];
     for _ in 0..o.runs {
-        let _s = crate::progress::step("flows");
-        let (ns, sent, dropped) = one_fq(fq_n, frames);
-        fq.push(ns);
-        fq_split = (sent, dropped);
+        for (k, &(subs, n)) in FQ_CASES.iter().enumerate() {
+            let _s = crate::progress::step(format!("flows {subs}"));
+            let (ns, sent, dropped) = one_fq(subs, n, frames);
+            fq[k].0.push(ns);
+            fq[k].1 = (sent, dropped);
+        }
     }
-    let (c, d, e) = (Summary::of(&free), Summary::of(&held), Summary::of(&fq));
+    let (c, d) = (Summary::of(&free), Summary::of(&held));
+    let e: Vec<Summary> = fq.iter().map(|f| Summary::of(&f.0)).collect();
     println!("{}", stats::header("regime", "ns a frame offered, one worker"));
     println!("{}", stats::row("unbound", &c));
     println!("{}", stats::row("backlogged", &d));
-    println!("{}", stats::row(&format!("flows {FQ_FLOWS}"), &e));
+    for (&(subs, _), e) in FQ_CASES.iter().zip(&e) {
+        println!("{}", stats::row(&format!("flows {subs}"), e));
+    }
     println!(
         "  backlogged / unbound: {:.2}x (a backlogged run sent {} and dropped {} of its frames)",
         d.median / c.median,
         split.0,
         split.1
     );
-    println!(
-        "  flows {FQ_FLOWS}: one queue of FQ-CoDel, {fq_n} flows in turn offered 1.5 times its root (sent {}, dropped {})",
-        fq_split.0, fq_split.1
-    );
+    for (&(subs, n), f) in FQ_CASES.iter().zip(&fq) {
+        println!(
+            "  flows {subs}: one queue of FQ-CoDel, {n} flows in turn offered 1.5 times its root (sent {}, dropped {})",
+            f.1 .0, f.1 .1
+        );
+    }
     if o.json {
         let j = serde_json::json!({"members": n, "one": a, "two": b, "ratio": b.median / a.median,
-            "ns_unbound": c, "ns_backlogged": d, "ns_fq": e});
+            "ns_unbound": c, "ns_backlogged": d,
+            "ns_fq": FQ_CASES.iter().zip(&e).map(|(&(subs, n), e)| serde_json::json!({"flows": subs, "offered_by": n, "ns": e})).collect::<Vec<_>>()});
         println!("{}", serde_json::to_string_pretty(&j).unwrap_or_default());
     }
     Ok(())

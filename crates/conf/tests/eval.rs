@@ -1961,6 +1961,36 @@ fn set_queue_is_kept_in_the_state_and_pure_acks_take_the_ack_queue() {
 }
 
 #[test]
+fn queue_numbers_out_of_pfctls_ranges_and_options_given_twice_are_refused() {
+    // pfctl's ranges (flows 1-32767, quantum 1-65535, qlimit 0-65535) and its words; a
+    // number over them is refused at its line, not cut or allocated.
+    for (line, want) in [
+        ("queue a parent r bandwidth 1M flows 4000000000 default", "number of flows out of range: max 32767"),
+        ("queue a parent r bandwidth 1M flows 0 default", "number of flows out of range: max 32767"),
+        ("queue a parent r bandwidth 1M flows 8 quantum 70000 default", "quantum out of range: max 65535"),
+        ("queue a parent r bandwidth 1M qlimit 100000000 default", "qlimit out of range: max 65535"),
+        ("queue a parent r bandwidth 1M flows 8 flows 16 default", "number of flows cannot be respecified"),
+        ("queue a parent r bandwidth 1M qlimit 5 qlimit 6 default", "qlimit cannot be respecified"),
+        ("queue a parent r bandwidth 1M flows 8 quantum 300 quantum 600 default", "quantum cannot be respecified"),
+        ("queue a parent r bandwidth 1M bandwidth 2M default", "bandwidth cannot be respecified"),
+        ("queue a parent r parent s bandwidth 1M default", "parent cannot be respecified"),
+        ("queue a parent r bandwidth 1M default default", "default cannot be respecified"),
+    ] {
+        let src = format!("queue r on em1 bandwidth 10M\n{line}\n");
+        let p = parse(&src, "q.conf", &[]);
+        assert!(p.errors.iter().any(|e| e.line == 2 && e.msg.contains(want)), "{line}: {:?}", p.errors);
+    }
+    // The ends of the ranges load.
+    let p = parse(
+        "queue r on em1 bandwidth 10M\nqueue a parent r bandwidth 1M flows 32767 quantum 65535 qlimit 65535 default\n",
+        "q.conf",
+        &[],
+    );
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    assert_eq!((p.queues[1].flows, p.queues[1].quantum, p.queues[1].qlimit), (Some(32767), Some(65535), Some(65535)));
+}
+
+#[test]
 fn a_burst_loads_and_prints_as_pfctl_prints_it() {
     // pf.conf(5)'s example, and a burst on min and max.
     let src = "queue rootq on em0 bandwidth 100M max 100M\n\

@@ -19,6 +19,9 @@ pub const INTERVAL: u64 = 100_000_000;
 /// Packets an overflow drops at most from the fattest flow (Linux's fq_codel drop_batch).
 pub const DROP_BATCH: usize = 64;
 
+/// Packets that come with no overflow before the heap of sub-queues is let go.
+pub const HEAP_KEEP: u32 = 65_535;
+
 /// Sub-queues a set (cake's 8): a sub-queue is searched among this many, so that a collision
 /// needs more than this many busy flows in one set.
 pub const WAYS: usize = 8;
@@ -43,6 +46,8 @@ struct Flow {
     listed: bool,
     /// The hash of the flow that last took this sub-queue.
     tag: u32,
+    /// Its place in [`Fq::heap`] while that is kept.
+    at: u32,
 }
 
 pub(crate) struct Fq {
@@ -54,6 +59,14 @@ pub(crate) struct Fq {
     quantum: i64,
     /// The largest packet seen: CoDel does not drop from a sub-queue holding at most one.
     mtu: u64,
+    /// The sub-queues as a binary heap by their bytes, the largest first, so that an overflow
+    /// finds the fattest flow at once rather than by a search of every sub-queue (1,024 by
+    /// default, 32,767 at most: a flood of packets of new flows over the limit would pay the
+    /// search for each). Kept as cake keeps its own: built at an overflow and kept up by
+    /// every packet in and out until [`HEAP_KEEP`] packets come with no overflow.
+    heap: Vec<u32>,
+    /// Packets left before the heap is let go; 0: not kept.
+    keep: u32,
 }
 
 /// What a dequeue dropped on the way (CoDel), to count and recycle.
@@ -64,7 +77,88 @@ impl Fq {
         let mut v = Vec::new();
         v.resize_with(flows.max(1) as usize, Flow::default);
         let sets = (v.len() / WAYS).max(1);
-        Fq { flows: v, sets, new: VecDeque::new(), old: VecDeque::new(), quantum: quantum.max(1) as i64, mtu: 1514 }
+        Fq {
+            flows: v,
+            sets,
+            new: VecDeque::new(),
+            old: VecDeque::new(),
+            quantum: quantum.max(1) as i64,
+            mtu: 1514,
+            heap: Vec::new(),
+            keep: 0,
+        }
+    }
+
+    /// Swaps heap places `a` and `b`.
+    fn swap(&mut self, a: usize, b: usize) {
+        self.heap.swap(a, b);
+        self.flows[self.heap[a] as usize].at = a as u32;
+        self.flows[self.heap[b] as usize].at = b as u32;
+    }
+
+    fn bytes_at(&self, k: usize) -> u64 {
+        self.flows[self.heap[k] as usize].bytes
+    }
+
+    /// Sub-queue `i` grew: it moves up the heap.
+    fn grew(&mut self, i: usize) {
+        if self.keep == 0 {
+            return;
+        }
+        let mut k = self.flows[i].at as usize;
+        while k > 0 {
+            let up = (k - 1) / 2;
+            if self.bytes_at(up) >= self.bytes_at(k) {
+                break;
+            }
+            self.swap(k, up);
+            k = up;
+        }
+    }
+
+    /// Sub-queue `i` shrank: it moves down the heap.
+    fn shrank(&mut self, i: usize) {
+        if self.keep == 0 {
+            return;
+        }
+        self.sift_down(self.flows[i].at as usize);
+    }
+
+    fn sift_down(&mut self, mut k: usize) {
+        let n = self.heap.len();
+        loop {
+            let (l, r) = (2 * k + 1, 2 * k + 2);
+            let mut big = k;
+            if l < n && self.bytes_at(l) > self.bytes_at(big) {
+                big = l;
+            }
+            if r < n && self.bytes_at(r) > self.bytes_at(big) {
+                big = r;
+            }
+            if big == k {
+                return;
+            }
+            self.swap(k, big);
+            k = big;
+        }
+    }
+
+    /// The sub-queue holding the most bytes: the heap's top, the heap built first when it
+    /// is not kept (once for up to [`HEAP_KEEP`] packets).
+    fn fattest(&mut self) -> usize {
+        if self.keep == 0 {
+            let n = self.flows.len();
+            self.heap.clear();
+            self.heap.extend(0..n as u32);
+            for (i, f) in self.flows.iter_mut().enumerate() {
+                f.at = i as u32;
+            }
+            for k in (0..n / 2).rev() {
+                self.sift_down(k);
+            }
+        }
+        self.keep = HEAP_KEEP;
+        self.heap[0] as usize
     }
 
     /// The sub-queue of the flow of `hash`: in its set, the one tagged with it, else an idle
@@ -98,27 +192,32 @@ impl Fq {
             f.deficit = self.quantum;
             self.new.push_back(i as u32);
         }
+        if self.keep > 0 {
+            self.keep -= 1;
+            self.grew(i);
+        }
     }
 
     /// Overflow: packets from the head of the sub-queue holding the most bytes (RFC 8290
     /// section 4.1: the fattest flow pays, not the newcomer) to `out`, as Linux's fq_codel
-    /// drops them: up to half its bytes, at most [`DROP_BATCH`] packets, so that the search
-    /// over every sub-queue comes once for many packets over the limit rather than for each.
+    /// drops them: up to half its bytes, at most [`DROP_BATCH`] packets.
     pub(crate) fn drop_fattest(&mut self, out: &mut Vec<Pkt>) {
-        let Some(i) = (0..self.flows.len()).max_by_key(|&i| self.flows[i].bytes) else { return };
+        let i = self.fattest();
         let f = &mut self.flows[i];
-        let keep = f.bytes / 2;
+        let half = f.bytes / 2;
         while let Some(p) = f.q.pop_front() {
             f.bytes -= p.wire() as u64;
             out.push(p);
-            if f.bytes <= keep || out.len() >= DROP_BATCH {
+            if f.bytes <= half || out.len() >= DROP_BATCH {
                 break;
             }
         }
+        self.shrank(i);
     }
 
     /// A waiting packet, any (a tree replaced by a reload hands its packets over).
     pub(crate) fn take_any(&mut self) -> Option<Pkt> {
+        self.keep = 0;
         let f = self.flows.iter_mut().find(|f| !f.q.is_empty())?;
         let p = f.q.pop_front()?;
         f.bytes -= p.wire() as u64;
@@ -143,7 +242,10 @@ impl Fq {
                 self.old.push_back(i);
                 continue;
             }
-            match codel_pop(f, now, self.mtu, dropped) {
+            let got = codel_pop(f, now, self.mtu, dropped);
+            self.shrank(i as usize);
+            let f = &mut self.flows[i as usize];
+            match got {
                 Some(p) => {
                     f.deficit -= p.wire() as i64;
                     return Some(p);
@@ -299,6 +401,77 @@ mod tests {
             })
             .collect();
         assert_eq!(s.len(), 4);
+    }
+
+    #[test]
+    fn an_overflow_drops_from_the_fattest_sub_queue_as_a_search_finds_it() {
+        // Random pushes, pops and overflows: the heap's top holds as many bytes as the
+        // largest sub-queue a search finds, through its building, its upkeep and its end.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for flows in [1, 7, 64, 1024] {
+            let mut fq = Fq::new(flows, 1514);
+            let mut d = Vec::new();
+            let mut t = 0;
+            for step in 0..40_000u32 {
+                match rnd(10) {
+                    0..=5 => fq.push(pkt(64 + rnd(1400) as usize, t, 0), rnd(3 * flows as u64) as u32),
+                    6..=8 => {
+                        t += 1000;
+                        fq.pop(t, &mut d);
+                    }
+                    _ => {
+                        let before: Vec<u64> = fq.flows.iter().map(|f| f.bytes).collect();
+                        let most = *before.iter().max().unwrap();
+                        let mut out = Vec::new();
+                        fq.drop_fattest(&mut out);
+                        if most > 0 {
+                            // The one sub-queue that shrank held the most.
+                            let shrank: Vec<usize> =
+                                (0..before.len()).filter(|&i| fq.flows[i].bytes < before[i]).collect();
+                            assert_eq!(shrank.len(), 1, "flows {flows}, step {step}");
+                            assert_eq!(before[shrank[0]], most, "flows {flows}, step {step}: not the fattest");
+                        }
+                        // Every sub-queue's place in the heap is its own.
+                        for (k, &i) in fq.heap.iter().enumerate() {
+                            assert_eq!(fq.flows[i as usize].at as usize, k);
+                        }
+                        for k in 1..fq.heap.len() {
+                            assert!(
+                                fq.bytes_at((k - 1) / 2) >= fq.bytes_at(k),
+                                "flows {flows}, step {step}: heap order"
+                            );
+                        }
+                    }
+                }
+                if step % 5000 == 4999 {
+                    // A quiet spell lets the heap go; the next overflow builds it again.
+                    fq.keep = 1;
+                }
+            }
+        }
+        // The fattest, exactly: a flow of 10 packets and nine of one.
+        let mut fq = Fq::new(16, 1514);
+        for h in 0..9 {
+            fq.push(pkt(1500, 0, h as u8), h);
+        }
+        for _ in 0..10 {
+            fq.push(pkt(1500, 0, 0xf0), 100);
+        }
+        let mut out = Vec::new();
+        fq.drop_fattest(&mut out);
+        assert!(!out.is_empty() && out.iter().all(|p| p.buf[0] == 0xf0));
+        // Kept up: the same flow pays again while it is the fattest, then another.
+        for _ in 0..3 {
+            out.clear();
+            fq.drop_fattest(&mut out);
+            assert!(out.iter().all(|p| p.buf[0] == 0xf0), "{:?}", out.iter().map(|p| p.buf[0]).collect::<Vec<_>>());
+        }
     }
 
     #[test]

@@ -256,7 +256,16 @@ fn burst(p: &mut P) -> R<Option<(Bandwidth, u32)>> {
 
 pub(super) fn queue(p: &mut P, line: u32) -> R<Queue> {
     let mut q = Queue { name: p.string()?, line, ..Queue::default() };
-    let num = |p: &mut P| -> R<u32> { p.string()?.parse().map_err(|_| "syntax error".to_string()) };
+    // pfctl's ranges and words: a number over the range is refused, not cut (a queue of
+    // 4 billion flows would be allocated whole).
+    let num = |p: &mut P, lo: u64, max: u64, what: &str| -> R<u32> {
+        let n: u64 = p.string()?.parse().map_err(|_| "syntax error".to_string())?;
+        if n < lo || n > max {
+            return Err(format!("{what} out of range: max {max}"));
+        }
+        Ok(n as u32)
+    };
+    let once = |set: bool, what: &str| if set { Err(format!("{what} cannot be respecified")) } else { Ok(()) };
     while !p.done() {
         if p.eat_punct("{") {
             return Err(altq("{ child, ... }"));
@@ -265,14 +274,32 @@ pub(super) fn queue(p: &mut P, line: u32) -> R<Queue> {
         match w.as_str() {
             "priority" | "cbq" | "priq" | "hfsc" | "fairq" | "codel" => return Err(altq(&w)),
             "on" => q.on = Some(p.string()?),
-            "parent" => q.parent = Some(p.string()?),
-            "bandwidth" => (q.bandwidth, q.burst[1]) = (Some(bandwidth(p)?), burst(p)?),
+            "parent" => {
+                once(q.parent.is_some(), "parent")?;
+                q.parent = Some(p.string()?)
+            }
+            "bandwidth" => {
+                once(q.bandwidth.is_some(), "bandwidth")?;
+                (q.bandwidth, q.burst[1]) = (Some(bandwidth(p)?), burst(p)?)
+            }
             "min" => (q.min, q.burst[0]) = (Some(bandwidth(p)?), burst(p)?),
             "max" => (q.max, q.burst[2]) = (Some(bandwidth(p)?), burst(p)?),
-            "flows" => q.flows = Some(num(p)?),
-            "quantum" => q.quantum = Some(num(p)?),
-            "qlimit" => q.qlimit = Some(num(p)?),
-            "default" => q.default = true,
+            "flows" => {
+                once(q.flows.is_some(), "number of flows")?;
+                q.flows = Some(num(p, 1, 32767, "number of flows")?)
+            }
+            "quantum" => {
+                once(q.quantum.is_some(), "quantum")?;
+                q.quantum = Some(num(p, 1, 65535, "quantum")?)
+            }
+            "qlimit" => {
+                once(q.qlimit.is_some(), "qlimit")?;
+                q.qlimit = Some(num(p, 0, 65535, "qlimit")?)
+            }
+            "default" => {
+                once(q.default, "default")?;
+                q.default = true
+            }
             _ => return Err("syntax error".into()),
         }
         p.eat_punct(",");
