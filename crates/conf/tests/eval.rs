@@ -1975,6 +1975,8 @@ fn queue_numbers_out_of_pfctls_ranges_and_options_given_twice_are_refused() {
         ("queue a parent r bandwidth 1M bandwidth 2M default", "bandwidth cannot be respecified"),
         ("queue a parent r parent s bandwidth 1M default", "parent cannot be respecified"),
         ("queue a parent r bandwidth 1M default default", "default cannot be respecified"),
+        ("queue a parent r bandwidth 1M max 2M max 3M default", "max cannot be respecified"),
+        ("queue a parent r bandwidth 1M min 1M min 500K default", "min cannot be respecified"),
     ] {
         let src = format!("queue r on em1 bandwidth 10M\n{line}\n");
         let p = parse(&src, "q.conf", &[]);

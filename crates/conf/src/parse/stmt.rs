@@ -282,8 +282,16 @@ pub(super) fn queue(p: &mut P, line: u32) -> R<Queue> {
                 once(q.bandwidth.is_some(), "bandwidth")?;
                 (q.bandwidth, q.burst[1]) = (Some(bandwidth(p)?), burst(p)?)
             }
-            "min" => (q.min, q.burst[0]) = (Some(bandwidth(p)?), burst(p)?),
-            "max" => (q.max, q.burst[2]) = (Some(bandwidth(p)?), burst(p)?),
+            // pfctl's grammar takes one of each after the bandwidth (a second is its syntax
+            // error); named here.
+            "min" => {
+                once(q.min.is_some(), "min")?;
+                (q.min, q.burst[0]) = (Some(bandwidth(p)?), burst(p)?)
+            }
+            "max" => {
+                once(q.max.is_some(), "max")?;
+                (q.max, q.burst[2]) = (Some(bandwidth(p)?), burst(p)?)
+            }
             "flows" => {
                 once(q.flows.is_some(), "number of flows")?;
                 q.flows = Some(num(p, 1, 32767, "number of flows")?)
