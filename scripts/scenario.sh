@@ -303,8 +303,12 @@ check "a host in the counting <blocked> gets nothing" refused c ping -c 3 -i 0.2
 check "its entry counts the pings blocked coming in (In/Block), none passed" bash -c "$(declare -f row); CTL='$CTL'
     b=\$(row blocked 10.0.1.2 In/Block); p=\$(row blocked 10.0.1.2 In/Pass); echo \"block \$b pass \$p\"
     [ \"\${b%% *}\" -ge 3 ] && [ \"\$p\" = '0 0' ]"
+# The client may still send a segment of a connection whose state -k killed above (a
+# retransmitted FIN, 52 bytes, seen in CI): blocked and counted after the zero, as pf
+# counts it. The zero must take the three pings' count away: fewer than three after it.
 check "-T zero clears them" bash -c "$(declare -f row); CTL='$CTL'
-    $CTL -t blocked -T zero > /dev/null; b=\$(row blocked 10.0.1.2 In/Block); echo \"\$b\"; [ \"\$b\" = '0 0' ]"
+    $CTL -t blocked -T zero > /dev/null; b=\$(row blocked 10.0.1.2 In/Block); echo \"\$b\"
+    [ -n \"\$b\" ] && [ \"\${b%% *}\" -lt 3 ]"
 $CTL -t blocked -T delete 10.0.1.2 > /dev/null
 check "out of <blocked>, 4 pings pass by the rule naming <clients>" c ping -c 4 -i 0.2 -W 1 10.0.2.2
 check "<clients>' entry counts its state's packets: 4 in (336 bytes), 4 replies out" bash -c "$(declare -f row); CTL='$CTL'
