@@ -5,7 +5,9 @@
 # 32 client addresses: 1,000 TCP connections (each a 100-byte echo) and 100 UDP flows (an
 # echo each) must all succeed; a port the rules block must not answer (the negative
 # control); the hand-off must have been used (so the test cannot pass on one worker's luck).
-# Then the same through `nat-to` the firewall's address.
+# Then the same through `nat-to` the firewall's address, then through `binat-to` (each client
+# address mapped onto a public one, and connections from outside to those), and a
+# translation two workers cannot share refused at its line.
 # usage: workers.sh
 # FASTPATH=1: GRO goes on at the end hosts, so that their veths take redirected frames and
 # xpfd's fast path (on by default) is used: flows forwarded by the steering program once
@@ -172,5 +174,70 @@ x=$($BIN/xpfctl --socket $SOCK -s states | grep -c ' 10\.0\.2\.1:[0-9]* (10\.0\.
 check "they left translated to 10.0.2.1 ($x translated states)" test "$x" -ge 1000
 n=$(c python3 "$DIR/client.py" tcp 7300 20)
 check "nat-to: the blocked port still gets no connection ($n of 20)" test "$n" -eq 0
+# binat-to with two workers: each client address maps onto a public one of its own, host by
+# host (10.0.1.N is 10.0.2.64+N, ports kept). Replies, and connections from the outside to
+# the public addresses, are owned by the flow they map back to, on whichever queue they come.
+for i in $(seq 10 41); do ip -n ${P}fw addr add 10.0.2.$((64 + i))/32 dev fs; done
+# The pings from outside below: an echo request carries no port; its reply from the inside
+# host finds no rule to pass it on fc, only the request's state, on the request's worker.
+cat > "$DIR/binat.conf" <<'CONF'
+block all
+pass in on fc inet proto tcp to 10.0.2.2 port 7100
+pass in on fc inet proto udp to 10.0.2.2 port 7200
+pass out on fs
+match on fs inet from 10.0.1.0/26 to any binat-to 10.0.2.64/26
+pass in on fs inet proto tcp to 10.0.2.64/26 port 7400
+pass in on fs inet proto icmp to 10.0.2.64/26 icmp-type echoreq
+pass out on fc inet proto { tcp icmp } to 10.0.1.0/26
+CONF
+c python3 -c "
+import socket, threading
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('0.0.0.0', 7400)); s.listen(256)
+def echo(k):
+    with k:
+        k.sendall(k.recv(100))
+while True:
+    k, _ = s.accept()
+    threading.Thread(target=echo, args=(k,), daemon=True).start()
+" &
+ECHO_IN=$!
+check "-f a ruleset with binat-to (two workers)" $BIN/xpfctl --socket $SOCK -f "$DIR/binat.conf"
+n=$(c python3 "$DIR/client.py" tcp 7100 1000)
+check "binat-to: 1,000 TCP connections from 32 addresses all succeed ($n)" test "$n" -eq 1000
+n=$(c python3 "$DIR/client.py" udp 7200 100)
+check "binat-to: 100 UDP flows all answered ($n)" test "$n" -eq 100
+x=$($BIN/xpfctl --socket $SOCK -s states | python3 -c "
+import re, sys
+ok = bad = 0
+for m in re.finditer(r' 10\.0\.2\.(\d+):(\d+) \(10\.0\.1\.(\d+):(\d+)\) -> 10\.0\.2\.2:7[12]00 ', sys.stdin.read()):
+    pub, pp, ins, ip = map(int, m.groups())
+    if pub == 1: continue  # the nat-to above's states
+    if pub == 64 + ins and pp == ip: ok += 1
+    else: bad += 1
+print(ok, bad)")
+check "each left as its own public address and port ($x: mapped, other)" test "${x% *}" -ge 1000 -a "${x#* }" -eq 0
+n=$(ip netns exec ${P}server python3 -c "
+import socket, concurrent.futures as cf
+def one(i):
+    try:
+        s = socket.create_connection(('10.0.2.%d' % (74 + i % 32), 7400), timeout=3)
+        s.sendall(b'in %d' % i); ok = s.recv(100) == b'in %d' % i; s.close(); return ok
+    except OSError:
+        return False
+with cf.ThreadPoolExecutor(50) as ex:
+    print(sum(ex.map(one, range(200))))")
+check "binat-to in: 200 connections from outside to the 32 public addresses reach their hosts ($n)" test "$n" -eq 200
+n=$(for i in $(seq 10 41); do ip netns exec ${P}server ping -c 2 -i 0.2 -W 2 10.0.2.$((64 + i)) & done 2>/dev/null | grep -c ' 2 received')
+check "binat-to in: pings from outside to the 32 public addresses all answered ($n of 32)" test "$n" -eq 32
+n=$(c python3 "$DIR/client.py" tcp 7300 20)
+check "binat-to: the blocked port still gets no connection ($n of 20)" test "$n" -eq 0
+kill $ECHO_IN 2>/dev/null
+# What two workers cannot share is refused at its line: many hosts behind one address keeping
+# their ports (a reply's port names no worker, its address no host).
+sed 's/^pass out on fs$/pass out on fs\nmatch out on fs inet from 10.0.1.0\/24 nat-to 10.0.2.1 static-port/' "$DIR/pf.conf" >"$DIR/static.conf"
+out=$($BIN/xpfctl --socket $SOCK -f "$DIR/static.conf" 2>&1)
+check "nat-to static-port from a network onto one address is refused with FILE:LINE (two workers)" \
+    bash -c 'echo "$1"; grep -q "static.conf:6: nat-to with static-port.*--workers 1" <<<"$1"' _ "$out"
 echo "workers: $PASS passed, $FAIL failed"
 [[ $FAIL -eq 0 ]]

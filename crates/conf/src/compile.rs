@@ -712,6 +712,9 @@ pub struct Ruleset {
     pub nat_targets: Vec<Target>,
     /// The same, unmerged: what the hand-off between workers owns by (docs/nat.md).
     pub nat_owners: Vec<Target>,
+    /// The translations that map a network onto another host by host ([`NatMap`]), in rule
+    /// order: the hand-off owns packets to them by the address they map back to.
+    pub nat_maps: Vec<NatMap>,
     /// `set loginterface`: its index, or a group's members' (empty: none, or not present
     /// when compiled).
     pub loginterface: Vec<u16>,
@@ -753,16 +756,57 @@ pub struct Target {
     pub port: u16,
     pub lo: u16,
     pub hi: u16,
-    /// What brings traffic here: a `nat-to` pool (replies), or a `rdr-to` rule, with its one
-    /// target address when it has one (several workers hand its packets to the worker of
-    /// the flow as translated).
+    /// What brings traffic here: a `nat-to` pool (replies), or a `rdr-to` rule, with its
+    /// target when one address follows from the packet's destination (several workers hand
+    /// its packets to the worker of the flow as translated).
     pub by: By,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum By {
+    /// Replies to a `nat-to` pool whose ports the worker chose.
     Nat,
-    Rdr(Option<IpAddr>),
+    /// Replies to a pool that maps host by host ([`NatMap`]): owned by the map.
+    Map,
+    /// A `rdr-to` rule's destinations. With a network: the pool is that one network (a
+    /// host, or a network without a pool type or with `bitmask`), and a packet's target is
+    /// its destination's host bits under the network's bits. None: the target is chosen per
+    /// flow (several addresses, `round-robin`, `random`, ...).
+    Rdr(Option<(IpAddr, u8)>),
+}
+
+/// A translation that maps one network onto another host by host, whose replies name the
+/// flow they belong to by their address alone: `binat-to`'s out half, and `nat-to NET
+/// static-port` (without a pool type, or with `bitmask`) from a network as long as NET. A
+/// packet to an address of `from` belongs to the flow of the address with `to`'s network
+/// bits and its own host bits (its port is the flow's own). `at` is the rule's FILE:LINE.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatMap {
+    pub from: (IpAddr, u8),
+    pub to: (IpAddr, u8),
+    pub at: String,
+}
+
+impl NatMap {
+    /// The map rule `r`'s `nat-to` makes, if it is one.
+    pub fn of(r: &Rule) -> Option<NatMap> {
+        let p = r.nat.as_deref()?;
+        if !p.static_port
+            || p.port.is_some()
+            || p.list.is_some()
+            || p.host.neg
+            || r.src.neg
+            || !matches!(p.kind, PoolKind::None | PoolKind::Bitmask)
+        {
+            return None;
+        }
+        let (HostKind::Net(y, l), HostKind::Net(x, m)) = (&p.host.kind, &r.src.kind) else { return None };
+        (y.is_ipv4() == x.is_ipv4() && l == m).then(|| NatMap {
+            from: (masked_addr(*y, *l), *l),
+            to: (masked_addr(*x, *m), *m),
+            at: format!("{}:{}", r.file, r.line),
+        })
+    }
 }
 
 fn host_len(a: &IpAddr) -> u8 {
@@ -848,20 +892,27 @@ fn targets_of(
     };
     if let Some(pool) = nat {
         let (lo, hi) = if pool.static_port || pool.ports == (0, 0) { (1, 65535) } else { pool.ports };
+        let by = if NatMap::of(r).is_some() { By::Map } else { By::Nat };
         for n in &pool.nets {
             let a = n.addr.to_ip(n.af);
             let af = af_of(&a);
             let net = Some((masked_addr(a, n.len), n.len));
             for &p in &l4 {
-                out.push(Target { af, proto: p, net, port: 0, lo, hi, by: By::Nat });
+                out.push(Target { af, proto: p, net, port: 0, lo, hi, by });
             }
-            out.push(Target { af, proto: icmp(af), net, port: 0, lo: 0, hi: 65535, by: By::Nat });
+            out.push(Target { af, proto: icmp(af), net, port: 0, lo: 0, hi: 65535, by });
         }
     }
     if let Some(rp) = rdr {
+        // One address for each destination: one network, a host or mapped host by host
+        // (no pool type, or `bitmask`: Pool::pick).
         let to = match rp.nets.as_slice() {
-            [n] if n.len as u32 == if n.af == AF_INET { 32 } else { 128 } => {
-                Some(if n.af == AF_INET { IpAddr::V4(n.addr.v4_bytes().into()) } else { IpAddr::V6(n.addr.0.into()) })
+            [n] if n.len as u32 == if n.af == AF_INET { 32 } else { 128 }
+                || matches!(rp.method, xpf_engine::nat::Method::None | xpf_engine::nat::Method::Bitmask) =>
+            {
+                let a =
+                    if n.af == AF_INET { IpAddr::V4(n.addr.v4_bytes().into()) } else { IpAddr::V6(n.addr.0.into()) };
+                Some((masked_addr(a, n.len), n.len))
             }
             _ => None,
         };
@@ -1184,6 +1235,7 @@ struct Build<'a> {
     pool_tables: Vec<(usize, String)>,
     pool_origins: Vec<String>,
     nat_targets: Vec<Target>,
+    nat_maps: Vec<NatMap>,
     urpf: Vec<(u16, usize)>,
     /// The queues by name (`set queue`).
     queue_ids: HashMap<String, u16>,
@@ -1217,6 +1269,7 @@ impl<'a> Build<'a> {
             pool_tables: Vec::new(),
             pool_origins: Vec::new(),
             nat_targets: Vec::new(),
+            nat_maps: Vec::new(),
             urpf: Vec::new(),
             queue_ids: HashMap::new(),
             ifs: HashMap::new(),
@@ -1411,6 +1464,9 @@ impl<'a> Build<'a> {
         let nat = (c.nat != 0).then(|| &self.pools[c.nat as usize - 1]);
         let rdr = (c.rdr != 0).then(|| &self.pools[c.rdr as usize - 1]);
         self.nat_targets.extend(targets_of(r, nat, rdr, &self.tables));
+        if nat.is_some() {
+            self.nat_maps.extend(NatMap::of(r));
+        }
         Ok(c)
     }
 }
@@ -1543,7 +1599,20 @@ impl Ruleset {
         } else {
             None
         };
-        let Build { tables, tags, limits, marks, rare, pools, pool_tables, pool_origins, nat_targets, urpf, .. } = b;
+        let Build {
+            tables,
+            tags,
+            limits,
+            marks,
+            rare,
+            pools,
+            pool_tables,
+            pool_origins,
+            nat_targets,
+            nat_maps,
+            urpf,
+            ..
+        } = b;
         // Several ranges for one protocol and network: the span of them (packets outside a
         // translation go back to the host). The program takes the longest prefix only: a
         // range for a wider network also widens every narrower one's.
@@ -1604,6 +1673,7 @@ impl Ruleset {
             pool_origins: Arc::new(pool_origins),
             nat_targets: merged,
             nat_owners: nat_targets,
+            nat_maps,
             filter,
             xlate,
             scrubs,

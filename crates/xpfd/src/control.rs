@@ -173,14 +173,18 @@ fn table_limits(p: &Parsed, r: &Ruleset, file: &str) -> Result<(), String> {
 /// without its tcx program (`divert` false: replies to the host's own addresses stay with
 /// the kernel). Names the first such rule.
 pub fn translation_fits(l: &Loaded, workers: usize, divert: bool) -> Result<(), String> {
-    use xpf_conf::ast::HostKind;
+    use xpf_conf::ast::{HostKind, PoolKind};
+    use xpf_conf::compile::NatMap;
     for r in l.parsed.rules.iter().chain(&l.parsed.xrules).filter(|r| r.nat.is_some() || r.rdr.is_some()) {
         let why = if !divert {
             "translation (nat-to, rdr-to, binat-to) needs xpfd's XDP or tcx program; packet mode without it (no ifb devices here) cannot take replies to this host's addresses"
-        } else if workers > 1 && r.nat.as_ref().is_some_and(|p| p.static_port || p.port.is_some_and(|(a, b)| a == b)) {
+        } else if workers > 1
+            && NatMap::of(r).is_none()
+            && r.nat.as_ref().is_some_and(|p| p.static_port || p.port.is_some_and(|(a, b)| a == b))
+        {
             // The replies' port names the worker that holds the state: the port must be one
-            // the worker chose.
-            "nat-to with static-port or one port (binat-to too) runs on one worker for now: start xpfd with --workers 1"
+            // the worker chose, or the address must map back to one inside address (binat-to).
+            "nat-to with static-port or one port runs on one worker for now (binat-to, and static-port from a network onto one as long, map host by host and run on several): start xpfd with --workers 1"
         } else if workers > 1 && r.nat.as_ref().is_some_and(|p| p.mape.is_some()) {
             // The workers share a range out by residue; a port set is not shared out yet.
             "map-e-portset runs on one worker for now: start xpfd with --workers 1"
@@ -193,14 +197,66 @@ pub fn translation_fits(l: &Loaded, workers: usize, divert: bool) -> Result<(), 
         } else if workers > 1
             && r.rdr.as_ref().is_some_and(|p| {
                 p.list.is_some()
-                    || !matches!(p.host.kind, HostKind::Net(a, l) if l == if a.is_ipv4() { 32 } else { 128 })
+                    || !matches!(p.host.kind, HostKind::Net(a, l)
+                        if l == if a.is_ipv4() { 32 } else { 128 } || matches!(p.kind, PoolKind::None | PoolKind::Bitmask))
             })
         {
-            "rdr-to over several addresses runs on one worker for now: start xpfd with --workers 1"
+            "rdr-to over addresses chosen per flow (a list, a table, round-robin, random, ...) runs on one worker for now: start xpfd with --workers 1"
         } else {
             continue;
         };
         return Err(format!("{}:{}: {why}", r.file, r.line));
+    }
+    if workers > 1 {
+        if let Some(rs) = &l.ruleset {
+            maps_fit(rs)?;
+        }
+    }
+    Ok(())
+}
+
+/// With several workers, a packet to an address a translation maps host by host (binat-to)
+/// is owned by the flow it maps back to; another translation to the same addresses (a
+/// `nat-to` pool, a port forwarding elsewhere, another map) would need its packets owned
+/// otherwise. Refused, naming the map's line.
+fn maps_fit(rs: &Ruleset) -> Result<(), String> {
+    use xpf_conf::compile::By;
+    use xpf_wire::Addr;
+    let inside = |(a, l): (std::net::IpAddr, u8), (b, m): (std::net::IpAddr, u8)| {
+        // Whether the networks overlap: the shorter one holds the other's address.
+        let (net, len, x) = if l <= m { (a, l, b) } else { (b, m, a) };
+        if net.is_ipv4() != x.is_ipv4() {
+            return false;
+        }
+        let (n, x) = (Addr::from_ip(net).0, Addr::from_ip(x).0);
+        let (bytes, bits) = ((len / 8) as usize, len % 8);
+        n[..bytes] == x[..bytes] && (bits == 0 || (n[bytes] ^ x[bytes]) & (0xff << (8 - bits)) == 0)
+    };
+    for (i, m) in rs.nat_maps.iter().enumerate() {
+        let clash = rs.nat_maps[..i].iter().find(|o| inside(o.from, m.from) && o.to != m.to).map(|o| o.at.clone());
+        let other = rs.nat_owners.iter().find(|t| {
+            let net = t.net.unwrap_or(if t.af == xpf_wire::pdesc::AF_INET {
+                (std::net::Ipv4Addr::UNSPECIFIED.into(), 0)
+            } else {
+                (std::net::Ipv6Addr::UNSPECIFIED.into(), 0)
+            });
+            inside(net, m.from)
+                && match t.by {
+                    By::Map => false,
+                    // binat-to's in half: the map's own way back.
+                    By::Rdr(Some(to)) => to != m.to,
+                    By::Nat | By::Rdr(None) => true,
+                }
+        });
+        if clash.is_some() || other.is_some() {
+            return Err(format!(
+                "{}: with several workers, the addresses {}/{} this maps host by host cannot also be another translation's{}: start xpfd with --workers 1",
+                m.at,
+                m.from.0,
+                m.from.1,
+                clash.map_or(String::new(), |at| format!(" ({at})"))
+            ));
+        }
     }
     Ok(())
 }
@@ -1800,6 +1856,29 @@ mod tests {
         assert!(p.errors.is_empty(), "{:?}", p.errors.first());
         let r = Ruleset::compile(&p, &|_| None).unwrap();
         (p, r)
+    }
+
+    /// With several workers, addresses a translation maps host by host cannot be another
+    /// translation's too; binat-to's own way back, and translations elsewhere, can.
+    #[test]
+    fn a_host_by_host_map_shares_its_addresses_with_no_other_translation() {
+        let binat = "match on em0 inet from 10.0.1.0/26 to any binat-to 192.0.2.64/26\n";
+        for ok in [
+            String::new(),
+            "match out on em0 inet from 10.0.2.0/24 nat-to 192.0.2.1\n".into(),
+            "pass in on em0 proto tcp to 192.0.2.1 port 22 rdr-to 10.0.5.5\n".into(),
+            "match on em0 inet from 10.0.3.0/26 to any binat-to 192.0.2.128/26\n".into(),
+        ] {
+            assert_eq!(maps_fit(&load(&format!("{binat}{ok}")).1), Ok(()), "{ok}");
+        }
+        for clash in [
+            "match out on em0 inet from 10.0.2.0/24 nat-to 192.0.2.70\n",
+            "pass in on em0 proto tcp to 192.0.2.70 port 22 rdr-to 10.0.5.5\n",
+            "match on em0 inet from 10.0.3.0/27 to any binat-to 192.0.2.96/27\n",
+        ] {
+            let e = maps_fit(&load(&format!("{binat}{clash}")).1).unwrap_err();
+            assert!(e.starts_with("t:1: with several workers, the addresses 192.0.2.64/26"), "{clash}: {e}");
+        }
     }
 
     /// The load's log line: added and removed rules for a usual ruleset, the counts only for

@@ -94,24 +94,57 @@ pub fn owner(frame: &[u8], n: usize) -> usize {
     of_folded(a, b, n)
 }
 
-/// What the hand-off owns translated traffic by: a packet to a `nat-to` pool's address by its
-/// destination port (each worker hands out only ports p with p mod workers = its index, so a
-/// reply names the worker that translated its flow), a packet to a `rdr-to` rule's address by
-/// the flow as it will be translated (its source and the rule's one target address, the
-/// pair its replies hash to). Built from the ruleset (`Ruleset::nat_owners`).
+/// What the hand-off owns translated traffic by: a packet to an address a translation maps
+/// host by host (binat-to) by the flow it maps back to, whatever its protocol; a packet to a
+/// `nat-to` pool's address by its destination port (each worker hands out only ports p with
+/// p mod workers = its index, so a reply names the worker that translated its flow); a
+/// packet to a `rdr-to` rule's address by the flow as it will be translated (its source and
+/// the target its destination gives, the pair its replies hash to). Built from the ruleset
+/// (`Ruleset::nat_owners`, `Ruleset::nat_maps`).
 #[derive(Debug, Default, Clone)]
 pub struct NatOwners {
+    maps: Vec<(Prefix, Prefix)>,
     pools: Vec<Match>,
-    rdr: Vec<(Match, [u8; 16])>,
+    rdr: Vec<(Match, Prefix)>,
+}
+
+/// A network (family `v4`; IPv4 in the first four bytes).
+#[derive(Debug, Clone, Copy)]
+struct Prefix {
+    v4: bool,
+    net: [u8; 16],
+    len: u8,
+}
+
+impl Prefix {
+    fn of(net: std::net::IpAddr, len: u8) -> Prefix {
+        Prefix { v4: net.is_ipv4(), net: xpf_wire::Addr::from_ip(net).0, len }
+    }
+
+    fn covers(&self, v4: bool, addr: &[u8; 16]) -> bool {
+        let (bytes, bits) = ((self.len / 8) as usize, self.len % 8);
+        self.v4 == v4
+            && addr[..bytes] == self.net[..bytes]
+            && (bits == 0 || (addr[bytes] ^ self.net[bytes]) & (0xff << (8 - bits)) == 0)
+    }
+
+    /// `addr`'s host bits under this network's bits (pf's bitmask pool).
+    fn graft(&self, addr: &[u8; 16]) -> [u8; 16] {
+        let mut out = *addr;
+        for (i, b) in out.iter_mut().enumerate() {
+            let keep = (self.len as usize).saturating_sub(i * 8).min(8);
+            let m = (0xff00u16 >> keep) as u8;
+            *b = (self.net[i] & m) | (*b & !m);
+        }
+        out
+    }
 }
 
 /// Packets of `proto` to `net/len` (family `v4`) whose destination port (an echo reply's
 /// identifier) is in `lo..=hi`.
 #[derive(Debug, Clone, Copy)]
 struct Match {
-    v4: bool,
-    net: [u8; 16],
-    len: u8,
+    to: Prefix,
     proto: u8,
     lo: u16,
     hi: u16,
@@ -119,11 +152,7 @@ struct Match {
 
 impl Match {
     fn covers(&self, v4: bool, addr: &[u8; 16], proto: u8, port: u16) -> bool {
-        if self.v4 != v4 || self.proto != proto || port < self.lo || port > self.hi {
-            return false;
-        }
-        let (bytes, bits) = ((self.len / 8) as usize, self.len % 8);
-        addr[..bytes] == self.net[..bytes] && (bits == 0 || (addr[bytes] ^ self.net[bytes]) & (0xff << (8 - bits)) == 0)
+        self.proto == proto && port >= self.lo && port <= self.hi && self.to.covers(v4, addr)
     }
 }
 
@@ -188,35 +217,91 @@ fn target_fields(frame: &[u8]) -> Option<Fields> {
 }
 
 impl NatOwners {
-    pub fn from_targets(ts: &[xpf_conf::compile::Target]) -> NatOwners {
+    pub fn from_targets(ts: &[xpf_conf::compile::Target], maps: &[xpf_conf::compile::NatMap]) -> NatOwners {
         use xpf_conf::compile::By;
-        let mut o = NatOwners::default();
+        let mut o = NatOwners {
+            maps: maps.iter().map(|m| (Prefix::of(m.from.0, m.from.1), Prefix::of(m.to.0, m.to.1))).collect(),
+            ..Default::default()
+        };
         for t in ts {
-            let (net, len) = t.net.map_or(([0u8; 16], 0), |(a, l)| (xpf_wire::Addr::from_ip(a).0, l));
+            let to = t.net.map_or(Prefix { v4: t.af == xpf_wire::pdesc::AF_INET, net: [0; 16], len: 0 }, |(a, l)| {
+                Prefix::of(a, l)
+            });
             let (lo, hi) = if t.port != 0 { (t.port, t.port) } else { (t.lo, t.hi) };
-            let m = Match { v4: t.af == xpf_wire::pdesc::AF_INET, net, len, proto: t.proto, lo, hi };
+            let m = Match { to, proto: t.proto, lo, hi };
             match t.by {
                 By::Nat => o.pools.push(m),
-                By::Rdr(Some(to)) => o.rdr.push((m, xpf_wire::Addr::from_ip(to).0)),
-                By::Rdr(None) => {}
+                By::Rdr(Some((a, l))) => o.rdr.push((m, Prefix::of(a, l))),
+                // The maps own these; a target chosen per flow leaves it to the address hash.
+                By::Map | By::Rdr(None) => {}
             }
         }
-        o
+        // What a map holds whole is the map's (binat-to's way back in among them): no second
+        // look at a frame for it.
+        let held = |m: &Match| o.maps.iter().any(|(from, _)| from.len <= m.to.len && from.covers(m.to.v4, &m.to.net));
+        let (pools, rdr) = (
+            o.pools.iter().filter(|m| !held(m)).copied().collect(),
+            o.rdr.iter().filter(|(m, _)| !held(m)).copied().collect(),
+        );
+        NatOwners { pools, rdr, ..o }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.pools.is_empty() && self.rdr.is_empty()
+        self.maps.is_empty() && self.pools.is_empty() && self.rdr.is_empty()
     }
 
     /// The worker (of `n`) that owns `frame` by its translation, None when no translation
     /// target names it (the address hash decides).
     pub fn owner(&self, frame: &[u8], n: usize) -> Option<usize> {
+        if !self.maps.is_empty() {
+            if let Some((v4, peer, ours)) = map_fields(frame) {
+                if let Some((_, to)) = self.maps.iter().find(|(from, _)| from.covers(v4, &ours)) {
+                    return Some(owner_of_pair(v4, &peer, &to.graft(&ours), n));
+                }
+            }
+        }
+        if self.pools.is_empty() && self.rdr.is_empty() {
+            return None;
+        }
         let (v4, proto, src, dst, port) = target_fields(frame)?;
         if self.pools.iter().any(|m| m.covers(v4, &dst, proto, port)) {
             return Some(port as usize % n);
         }
         let (_, to) = self.rdr.iter().find(|(m, _)| m.covers(v4, &dst, proto, port))?;
-        Some(owner_of_pair(v4, &src, to, n))
+        Some(owner_of_pair(v4, &src, &to.graft(&dst), n))
+    }
+}
+
+/// For a host-by-host map: a frame's family, the far end's address and the address that may
+/// be a mapped one (the destination), of any protocol, fragments too; for an ICMP error, of
+/// the packet it quotes, which went the other way (its destination, its source).
+fn map_fields(frame: &[u8]) -> Option<(bool, [u8; 16], [u8; 16])> {
+    match l3_of(frame)? {
+        (ethernet::ETHERTYPE_IPV4, l3) => {
+            let ip = ipv4::Packet::new_checked(l3).ok()?;
+            let wide = |a: [u8; 4]| {
+                let mut w = [0u8; 16];
+                w[..4].copy_from_slice(&a);
+                w
+            };
+            if ip.protocol() == IPPROTO_ICMP
+                && !ip.is_fragment()
+                && ip.payload().first().is_some_and(|&t| kind_v4(t) == Kind::Error)
+            {
+                let q = ipv4::Quoted::new_checked(ip.payload().get(8..)?).ok()?;
+                return Some((true, wide(q.dst()), wide(q.src())));
+            }
+            Some((true, wide(ip.src()), wide(ip.dst())))
+        }
+        (ethernet::ETHERTYPE_IPV6, l3) => {
+            let ip = ipv6::Packet::new_checked(l3).ok()?;
+            if ip.next_header() == IPPROTO_ICMPV6 && ip.payload().first().is_some_and(|&t| kind_v6(t) == Kind::Error) {
+                let q = ipv6::Quoted::new_checked(ip.payload().get(8..)?).ok()?;
+                return Some((false, q.dst(), q.src()));
+            }
+            Some((false, ip.src(), ip.dst()))
+        }
+        _ => None,
     }
 }
 
@@ -362,11 +447,14 @@ mod tests {
             hi,
             by,
         };
-        let nat = NatOwners::from_targets(&[
-            t(17, 0, 50001, 65535, By::Nat),
-            t(1, 0, 0, 65535, By::Nat),
-            t(6, 8022, 0, 0, By::Rdr(Some(inside))),
-        ]);
+        let nat = NatOwners::from_targets(
+            &[
+                t(17, 0, 50001, 65535, By::Nat),
+                t(1, 0, 0, 65535, By::Nat),
+                t(6, 8022, 0, 0, By::Rdr(Some((inside, 32)))),
+            ],
+            &[],
+        );
         let udp = |sp: u16, dp: u16| {
             let mut u = vec![0u8; 8];
             u[..2].copy_from_slice(&sp.to_be_bytes());
@@ -394,6 +482,73 @@ mod tests {
             assert_eq!(nat.owner(&frame4([198, 51, 100, 7], [192, 0, 2, 1], 17, &udp(53, 40000)), n), None);
             assert_eq!(nat.owner(&back, n), None);
         }
+    }
+
+    /// binat-to (a network mapped host by host) and a port forwarding to a network mapped
+    /// likewise, compiled from pf.conf: every packet to a mapped address, of any protocol,
+    /// goes where its flow's packets from the inside go; a many-to-one `static-port` is no map.
+    #[test]
+    fn host_by_host_maps_own_packets_as_the_flow_they_map_back_to() {
+        // OpenBSD's binat-to and FreeBSD's binat alike.
+        let openbsd = "match on fs inet from 10.0.1.0/26 to any binat-to 192.0.2.64/26\n\
+                       pass in on fs inet proto tcp to 198.51.100.0/28 port 80 rdr-to 10.0.3.16/28\n\
+                       match out on fs inet from 10.0.9.0/24 nat-to 192.0.2.200 static-port\n";
+        let freebsd = "binat on fs inet from 10.0.1.0/26 to any -> 192.0.2.64/26\n\
+                       rdr on fs inet proto tcp to 198.51.100.0/28 port 80 -> 10.0.3.16/28\n\
+                       nat on fs inet from 10.0.9.0/24 to any -> 192.0.2.200 static-port\n\
+                       pass all\n";
+        for text in [openbsd, freebsd] {
+            let p = xpf_conf::parse(text, "maps.conf", &[]);
+            assert!(p.errors.is_empty(), "{:?}", p.errors);
+            let r = xpf_conf::compile::Ruleset::compile(&p, &|_| Some(1)).unwrap();
+            assert_eq!(r.nat_maps.len(), 1, "{text}: {:?}", r.nat_maps);
+            assert_eq!(r.nat_maps[0].at, "maps.conf:1");
+            maps_own(&NatOwners::from_targets(&r.nat_owners, &r.nat_maps));
+        }
+    }
+
+    fn maps_own(nat: &NatOwners) {
+        let (far, router) = ([203, 0, 113, 9], [198, 51, 100, 254]);
+        let l4 = |sp: u16, dp: u16| {
+            let mut u = vec![0u8; 20];
+            u[..2].copy_from_slice(&sp.to_be_bytes());
+            u[2..4].copy_from_slice(&dp.to_be_bytes());
+            u
+        };
+        let mut moved = false;
+        for n in 2..6 {
+            for host in [1u8, 10, 41, 63] {
+                let (inside, public) = ([10, 0, 1, host], [192, 0, 2, 64 + host]);
+                let mine = owner(&frame4(inside, far, 6, &l4(40000, 443)), n);
+                // Replies of any protocol (TCP, UDP, GRE), an echo request from outside, a
+                // later fragment: the inside flow's worker.
+                for (proto, payload) in
+                    [(6, l4(443, 40000)), (17, l4(53, 40000)), (47, vec![0; 8]), (1, vec![8, 0, 0, 0, 0, 7, 0, 1])]
+                {
+                    assert_eq!(nat.owner(&frame4(far, public, proto, &payload), n), Some(mine), "{n} {host} {proto}");
+                }
+                let mut frag = frame4(far, public, 17, &[0; 16]);
+                frag[14 + 6] = 0x00;
+                frag[14 + 7] = 0x10;
+                assert_eq!(nat.owner(&frag, n), Some(mine));
+                // An error quoting what left as the public address.
+                let mut q = vec![0u8; 20];
+                ipv4::emit_header(&mut q, public, far, 6, 48, 64, 1);
+                q.extend(l4(40000, 443));
+                let mut err = vec![3u8, 1, 0, 0, 0, 0, 0, 0];
+                err.extend(q);
+                assert_eq!(nat.owner(&frame4(router, public, 1, &err), n), Some(mine));
+                moved |= owner(&frame4(far, public, 6, &l4(443, 40000)), n) != mine;
+                // The port forwarding to a network: 198.51.100.5 is 10.0.3.21.
+                let fwd = frame4(far, [198, 51, 100, 5], 6, &l4(40000, 80));
+                assert_eq!(nat.owner(&fwd, n), Some(owner(&frame4([10, 0, 3, 21], far, 6, &l4(80, 40000)), n)));
+            }
+            // Many inside hosts behind one address keeping their ports: not a map, a pool
+            // whose replies go by their port, which the worker did not choose (xpfd refuses
+            // it with several workers).
+            assert_eq!(nat.owner(&frame4(far, [192, 0, 2, 200], 6, &l4(443, 40000)), n), Some(40000 % n));
+        }
+        assert!(moved, "the address hash alone would have sent some replies elsewhere");
     }
 
     #[test]
