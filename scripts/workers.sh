@@ -6,8 +6,9 @@
 # echo each) must all succeed; a port the rules block must not answer (the negative
 # control); the hand-off must have been used (so the test cannot pass on one worker's luck).
 # Then the same through `nat-to` the firewall's address, then through `binat-to` (each client
-# address mapped onto a public one, and connections from outside to those), and a
-# translation two workers cannot share refused at its line.
+# address mapped onto a public one, and connections from outside to those), a port
+# forwarding round-robin over two inside hosts, and a translation two workers cannot share
+# refused at its line.
 # usage: workers.sh
 # FASTPATH=1: GRO goes on at the end hosts, so that their veths take redirected frames and
 # xpfd's fast path (on by default) is used: flows forwarded by the steering program once
@@ -189,6 +190,7 @@ match on fs inet from 10.0.1.0/26 to any binat-to 10.0.2.64/26
 pass in on fs inet proto tcp to 10.0.2.64/26 port 7400
 pass in on fs inet proto icmp to 10.0.2.64/26 icmp-type echoreq
 pass out on fc inet proto { tcp icmp } to 10.0.1.0/26
+pass in on fs inet proto tcp to 10.0.2.1 port 8080 rdr-to { 10.0.1.10, 10.0.1.11 } port 7401 round-robin
 CONF
 c python3 -c "
 import socket, threading
@@ -202,6 +204,20 @@ while True:
     threading.Thread(target=echo, args=(k,), daemon=True).start()
 " &
 ECHO_IN=$!
+# The forwarding's targets answer with their own address.
+c python3 -c "
+import socket, threading
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('0.0.0.0', 7401)); s.listen(256)
+def me(k):
+    with k:
+        k.recv(100); k.sendall(k.getsockname()[0].encode())
+while True:
+    k, _ = s.accept()
+    threading.Thread(target=me, args=(k,), daemon=True).start()
+" &
+ME_IN=$!
+for i in $(seq 3 10); do ip -n ${P}server addr add 10.0.2.$i/32 dev s0; done
 check "-f a ruleset with binat-to (two workers)" $BIN/xpfctl --socket $SOCK -f "$DIR/binat.conf"
 n=$(c python3 "$DIR/client.py" tcp 7100 1000)
 check "binat-to: 1,000 TCP connections from 32 addresses all succeed ($n)" test "$n" -eq 1000
@@ -232,7 +248,22 @@ n=$(for i in $(seq 10 41); do ip netns exec ${P}server ping -c 2 -i 0.2 -W 2 10.
 check "binat-to in: pings from outside to the 32 public addresses all answered ($n of 32)" test "$n" -eq 32
 n=$(c python3 "$DIR/client.py" tcp 7300 20)
 check "binat-to: the blocked port still gets no connection ($n of 20)" test "$n" -eq 0
-kill $ECHO_IN 2>/dev/null
+# A port forwarding to targets chosen per flow (round-robin over two hosts): the replies,
+# from the targets, are owned by the flow's public address, as its first packets are.
+x=$(ip netns exec ${P}server python3 -c "
+import socket, collections, concurrent.futures as cf
+def one(i):
+    try:
+        s = socket.create_connection(('10.0.2.1', 8080), timeout=3, source_address=('10.0.2.%d' % (3 + i % 8), 0))
+        s.sendall(b'x'); d = s.recv(100).decode(); s.close(); return d
+    except OSError:
+        return None
+with cf.ThreadPoolExecutor(50) as ex:
+    got = collections.Counter(ex.map(one, range(200)))
+print(sum(v for k, v in got.items() if k), len([k for k in got if k]))")
+check "rdr-to round-robin over two hosts: 200 connections from 8 outside addresses all answered, by both ($x: answered, hosts)" \
+    test "${x% *}" -eq 200 -a "${x#* }" -eq 2
+kill $ECHO_IN $ME_IN 2>/dev/null
 # What two workers cannot share is refused at its line: many hosts behind one address keeping
 # their ports (a reply's port names no worker, its address no host).
 sed 's/^pass out on fs$/pass out on fs\nmatch out on fs inet from 10.0.1.0\/24 nat-to 10.0.2.1 static-port/' "$DIR/pf.conf" >"$DIR/static.conf"

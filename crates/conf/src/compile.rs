@@ -715,6 +715,9 @@ pub struct Ruleset {
     /// The translations that map a network onto another host by host ([`NatMap`]), in rule
     /// order: the hand-off owns packets to them by the address they map back to.
     pub nat_maps: Vec<NatMap>,
+    /// The port forwardings whose target is chosen per flow ([`NatFront`]): the hand-off owns
+    /// their flows by the public address.
+    pub nat_fronts: Vec<NatFront>,
     /// `set loginterface`: its index, or a group's members' (empty: none, or not present
     /// when compiled).
     pub loginterface: Vec<u16>,
@@ -806,6 +809,45 @@ impl NatMap {
             to: (masked_addr(*x, *m), *m),
             at: format!("{}:{}", r.file, r.line),
         })
+    }
+}
+
+/// A port forwarding from one public address and port (or range) to a target chosen per flow
+/// among a pool's addresses (a list, a table, `round-robin`, `random`, `source-hash`,
+/// `least-states`), TCP or UDP. With several workers, a flow's packets to the public address
+/// and its target's replies carry different addresses; both are owned as the pair of the far
+/// end and `front`: a packet to `front` by the address hash, which gives that pair; one from
+/// a target address with a source port in `ports` (protocol `proto`) by its destination and
+/// `front`, and one to such an address and port by its source and `front`, so that every flow
+/// with that end, forwarded or not, is owned alike both ways. `pool` is the pool's index in
+/// [`Ruleset::pools`] (its addresses follow its table); `at` the rule's FILE:LINE.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatFront {
+    pub front: IpAddr,
+    pub proto: u8,
+    pub ports: (u16, u16),
+    pub pool: usize,
+    pub at: String,
+}
+
+impl NatFront {
+    /// The public address, protocol and destination ports of `r` if its port forwarding is
+    /// one a front can own: one address, TCP or UDP, a port or range.
+    pub fn shape(r: &Rule) -> Option<(IpAddr, u8, (u16, u16))> {
+        let p = r.rdr.as_deref()?;
+        let ports = match r.dst_port {
+            Some(PortOp::Eq(a)) => (a, a),
+            Some(PortOp::Range(a, b)) => (a.min(b), a.max(b)),
+            _ => return None,
+        };
+        match (&r.dst.kind, r.proto) {
+            (HostKind::Net(a, l), Some(proto))
+                if !r.dst.neg && !p.sticky && *l == host_len(a) && (proto == IPPROTO_TCP || proto == 17) =>
+            {
+                Some((*a, proto, ports))
+            }
+            _ => None,
+        }
     }
 }
 
@@ -904,12 +946,8 @@ fn targets_of(
         }
     }
     if let Some(rp) = rdr {
-        // One address for each destination: one network, a host or mapped host by host
-        // (no pool type, or `bitmask`: Pool::pick).
         let to = match rp.nets.as_slice() {
-            [n] if n.len as u32 == if n.af == AF_INET { 32 } else { 128 }
-                || matches!(rp.method, xpf_engine::nat::Method::None | xpf_engine::nat::Method::Bitmask) =>
-            {
+            [n] if targets_one(r, rp) => {
                 let a =
                     if n.af == AF_INET { IpAddr::V4(n.addr.v4_bytes().into()) } else { IpAddr::V6(n.addr.0.into()) };
                 Some((masked_addr(a, n.len), n.len))
@@ -958,6 +996,22 @@ fn targets_of(
         }
     }
     out
+}
+
+/// Whether rule `r`'s `rdr-to` pool (compiled: `rp`) gives each destination one address: one
+/// network written in the rule (not a table, whose addresses change without a compile), a
+/// host or mapped host by host (no pool type, or `bitmask`: Pool::pick).
+fn targets_one(r: &Rule, rp: &xpf_engine::nat::Pool) -> bool {
+    if r.rdr.as_deref().is_none_or(|p| p.list.is_some() || matches!(p.host.kind, HostKind::Table(_))) {
+        return false;
+    }
+    match rp.nets.as_slice() {
+        [n] => {
+            n.len as u32 == if n.af == AF_INET { 32 } else { 128 }
+                || matches!(rp.method, xpf_engine::nat::Method::None | xpf_engine::nat::Method::Bitmask)
+        }
+        _ => false,
+    }
 }
 
 /// A limited rule's limiter id: a hash of the rule as written (its line aside) and of how many
@@ -1236,6 +1290,7 @@ struct Build<'a> {
     pool_origins: Vec<String>,
     nat_targets: Vec<Target>,
     nat_maps: Vec<NatMap>,
+    nat_fronts: Vec<NatFront>,
     urpf: Vec<(u16, usize)>,
     /// The queues by name (`set queue`).
     queue_ids: HashMap<String, u16>,
@@ -1270,6 +1325,7 @@ impl<'a> Build<'a> {
             pool_origins: Vec::new(),
             nat_targets: Vec::new(),
             nat_maps: Vec::new(),
+            nat_fronts: Vec::new(),
             urpf: Vec::new(),
             queue_ids: HashMap::new(),
             ifs: HashMap::new(),
@@ -1467,6 +1523,14 @@ impl<'a> Build<'a> {
         if nat.is_some() {
             self.nat_maps.extend(NatMap::of(r));
         }
+        if let (Some(rp), Some((front, proto, (lo, hi)))) = (rdr, NatFront::shape(r)) {
+            if !targets_one(r, rp) {
+                // The targets' ports: the rule's, or the pool's (`port P`, `port P:Q`, `P:*`).
+                let ports = if rp.ports == (0, 0) { (lo, hi) } else { (rp.ports.0, rp.ports.1.max(rp.ports.0)) };
+                let at = format!("{}:{}", r.file, r.line);
+                self.nat_fronts.push(NatFront { front, proto, ports, pool: c.rdr as usize - 1, at });
+            }
+        }
         Ok(c)
     }
 }
@@ -1610,6 +1674,7 @@ impl Ruleset {
             pool_origins,
             nat_targets,
             nat_maps,
+            nat_fronts,
             urpf,
             ..
         } = b;
@@ -1674,6 +1739,7 @@ impl Ruleset {
             nat_targets: merged,
             nat_owners: nat_targets,
             nat_maps,
+            nat_fronts,
             filter,
             xlate,
             scrubs,

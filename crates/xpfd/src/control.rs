@@ -174,7 +174,7 @@ fn table_limits(p: &Parsed, r: &Ruleset, file: &str) -> Result<(), String> {
 /// the kernel). Names the first such rule.
 pub fn translation_fits(l: &Loaded, workers: usize, divert: bool) -> Result<(), String> {
     use xpf_conf::ast::{HostKind, PoolKind};
-    use xpf_conf::compile::NatMap;
+    use xpf_conf::compile::{NatFront, NatMap};
     for r in l.parsed.rules.iter().chain(&l.parsed.xrules).filter(|r| r.nat.is_some() || r.rdr.is_some()) {
         let why = if !divert {
             "translation (nat-to, rdr-to, binat-to) needs xpfd's XDP or tcx program; packet mode without it (no ifb devices here) cannot take replies to this host's addresses"
@@ -195,13 +195,16 @@ pub fn translation_fits(l: &Loaded, workers: usize, divert: bool) -> Result<(), 
             // Likewise: each worker would keep its own address for the source.
             "sticky-address runs on one worker for now: start xpfd with --workers 1"
         } else if workers > 1
+            && NatFront::shape(r).is_none()
             && r.rdr.as_ref().is_some_and(|p| {
                 p.list.is_some()
                     || !matches!(p.host.kind, HostKind::Net(a, l)
                         if l == if a.is_ipv4() { 32 } else { 128 } || matches!(p.kind, PoolKind::None | PoolKind::Bitmask))
             })
         {
-            "rdr-to over addresses chosen per flow (a list, a table, round-robin, random, ...) runs on one worker for now: start xpfd with --workers 1"
+            // A target chosen per flow: its replies are owned by the public address, which
+            // must be one, with TCP or UDP and a port or range (NatFront).
+            "rdr-to over addresses chosen per flow (a list, a table, round-robin, random, ...) runs on several workers from one public address written in the rule, TCP or UDP, to a port or range; this one on one worker for now: start xpfd with --workers 1"
         } else {
             continue;
         };

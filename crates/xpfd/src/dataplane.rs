@@ -1154,7 +1154,7 @@ impl Dataplane {
         };
         let (generation, rules) = self.worker.policy.current();
         if self.nat_owners.0 != generation {
-            self.nat_owners = (generation, crate::handoff::NatOwners::from_targets(&rules.nat_owners, &rules.nat_maps));
+            self.nat_owners = (generation, crate::handoff::NatOwners::of(rules));
         }
         let nat = &self.nat_owners.1;
         let mut m = 0;

@@ -105,7 +105,31 @@ pub fn owner(frame: &[u8], n: usize) -> usize {
 pub struct NatOwners {
     maps: Vec<(Prefix, Prefix)>,
     pools: Vec<Match>,
+    fronts: Vec<Front>,
     rdr: Vec<(Match, Prefix)>,
+}
+
+/// A port forwarding to targets chosen per flow (`NatFront`): a TCP or UDP packet from one
+/// of `back`'s addresses with a source port in `lo..=hi` is owned as its destination and
+/// `front`, one to such an address and port as its source and `front`.
+#[derive(Debug, Clone)]
+struct Front {
+    front: [u8; 16],
+    v4: bool,
+    proto: u8,
+    lo: u16,
+    hi: u16,
+    back: Vec<Prefix>,
+}
+
+impl Front {
+    fn holds(&self, v4: bool, proto: u8, addr: &[u8; 16], port: u16) -> bool {
+        self.v4 == v4
+            && self.proto == proto
+            && port >= self.lo
+            && port <= self.hi
+            && self.back.iter().any(|b| b.covers(v4, addr))
+    }
 }
 
 /// A network (family `v4`; IPv4 in the first four bytes).
@@ -156,13 +180,13 @@ impl Match {
     }
 }
 
-/// (IPv4, protocol, source, destination, destination port).
-type Fields = (bool, u8, [u8; 16], [u8; 16], u16);
+/// (IPv4, protocol, source, destination, destination port, source port).
+type Fields = (bool, u8, [u8; 16], [u8; 16], u16, u16);
 
-/// A frame's family, protocol, source, destination and destination port (an ICMP echo
-/// reply's identifier), or for an ICMP error those of the packet it quotes with its source
-/// port in place of the destination port and the addresses swapped (the quoted packet went
-/// the other way): the fields a translation target is recognised by.
+/// A frame's family, protocol, source, destination, destination port (an ICMP echo reply's
+/// identifier) and source port (0 for ICMP), or for an ICMP error those of the packet it
+/// quotes turned round (the quoted packet went the other way): the fields a translation
+/// target is recognised by.
 fn target_fields(frame: &[u8]) -> Option<Fields> {
     let (ty, l3) = l3_of(frame)?;
     let (v4, proto, src, dst, l4) = match ty {
@@ -184,7 +208,7 @@ fn target_fields(frame: &[u8]) -> Option<Fields> {
     };
     let word = |b: &[u8], at: usize| b.get(at..at + 2).map(|w| u16::from_be_bytes([w[0], w[1]]));
     match proto {
-        6 | 17 => Some((v4, proto, src, dst, word(l4, 2)?)),
+        6 | 17 => Some((v4, proto, src, dst, word(l4, 2)?, word(l4, 0)?)),
         IPPROTO_ICMP | IPPROTO_ICMPV6 => {
             let t = *l4.first()?;
             let error = if v4 { kind_v4(t) == Kind::Error } else { kind_v6(t) == Kind::Error };
@@ -202,21 +226,39 @@ fn target_fields(frame: &[u8]) -> Option<Fields> {
                     let h = ipv6::Quoted::new_checked(q).ok()?;
                     (h.next_header(), h.src(), h.dst(), q.get(40..)?)
                 };
-                let port = match qp {
-                    6 | 17 => word(ql4, 0)?,
-                    _ => word(ql4, 4)?,
+                let (port, sport) = match qp {
+                    6 | 17 => (word(ql4, 0)?, word(ql4, 2)?),
+                    _ => (word(ql4, 4)?, 0),
                 };
-                return Some((v4, qp, qd, qs, port));
+                return Some((v4, qp, qd, qs, port, sport));
             }
             let reply = if v4 { t == 0 } else { t == 129 };
             reply.then_some(())?;
-            Some((v4, proto, src, dst, word(l4, 4)?))
+            Some((v4, proto, src, dst, word(l4, 4)?, 0))
         }
         _ => None,
     }
 }
 
 impl NatOwners {
+    /// What ruleset `r` translates, as the hand-off owns it.
+    pub fn of(r: &xpf_conf::compile::Ruleset) -> NatOwners {
+        let mut o = NatOwners::from_targets(&r.nat_owners, &r.nat_maps);
+        o.fronts = r
+            .nat_fronts
+            .iter()
+            .map(|f| Front {
+                front: xpf_wire::Addr::from_ip(f.front).0,
+                v4: f.front.is_ipv4(),
+                proto: f.proto,
+                lo: f.ports.0,
+                hi: f.ports.1,
+                back: r.pools[f.pool].nets.iter().map(|n| Prefix::of(n.addr.to_ip(n.af), n.len)).collect(),
+            })
+            .collect();
+        o
+    }
+
     pub fn from_targets(ts: &[xpf_conf::compile::Target], maps: &[xpf_conf::compile::NatMap]) -> NatOwners {
         use xpf_conf::compile::By;
         let mut o = NatOwners {
@@ -247,7 +289,7 @@ impl NatOwners {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.maps.is_empty() && self.pools.is_empty() && self.rdr.is_empty()
+        self.maps.is_empty() && self.pools.is_empty() && self.fronts.is_empty() && self.rdr.is_empty()
     }
 
     /// The worker (of `n`) that owns `frame` by its translation, None when no translation
@@ -260,12 +302,22 @@ impl NatOwners {
                 }
             }
         }
-        if self.pools.is_empty() && self.rdr.is_empty() {
+        if self.pools.is_empty() && self.fronts.is_empty() && self.rdr.is_empty() {
             return None;
         }
-        let (v4, proto, src, dst, port) = target_fields(frame)?;
+        let (v4, proto, src, dst, port, sport) = target_fields(frame)?;
         if self.pools.iter().any(|m| m.covers(v4, &dst, proto, port)) {
             return Some(port as usize % n);
+        }
+        if !self.fronts.is_empty() && matches!(proto, 6 | 17) {
+            for f in &self.fronts {
+                if f.holds(v4, proto, &src, sport) {
+                    return Some(owner_of_pair(v4, &dst, &f.front, n));
+                }
+                if f.holds(v4, proto, &dst, port) {
+                    return Some(owner_of_pair(v4, &src, &f.front, n));
+                }
+            }
         }
         let (_, to) = self.rdr.iter().find(|(m, _)| m.covers(v4, &dst, proto, port))?;
         Some(owner_of_pair(v4, &src, &to.graft(&dst), n))
@@ -507,14 +559,16 @@ mod tests {
         }
     }
 
+    /// A TCP or UDP header's first 20 bytes with these ports.
+    fn l4(sp: u16, dp: u16) -> Vec<u8> {
+        let mut u = vec![0u8; 20];
+        u[..2].copy_from_slice(&sp.to_be_bytes());
+        u[2..4].copy_from_slice(&dp.to_be_bytes());
+        u
+    }
+
     fn maps_own(nat: &NatOwners) {
         let (far, router) = ([203, 0, 113, 9], [198, 51, 100, 254]);
-        let l4 = |sp: u16, dp: u16| {
-            let mut u = vec![0u8; 20];
-            u[..2].copy_from_slice(&sp.to_be_bytes());
-            u[2..4].copy_from_slice(&dp.to_be_bytes());
-            u
-        };
         let mut moved = false;
         for n in 2..6 {
             for host in [1u8, 10, 41, 63] {
@@ -549,6 +603,61 @@ mod tests {
             assert_eq!(nat.owner(&frame4(far, [192, 0, 2, 200], 6, &l4(443, 40000)), n), Some(40000 % n));
         }
         assert!(moved, "the address hash alone would have sent some replies elsewhere");
+    }
+
+    /// A port forwarding to targets chosen per flow: a flow's packets to the public address
+    /// and its target's replies are owned alike, as the far end and the public address; so
+    /// are both ways of another flow with a target's forwarded port; a target's other ports
+    /// are the address hash's. A target added to the pool's table is owned from the next
+    /// ruleset.
+    #[test]
+    fn a_forwarding_to_targets_chosen_per_flow_is_owned_by_its_public_address() {
+        let text = "table <web> { 10.0.3.1 10.0.3.2 }\n\
+                    pass in on fs inet proto tcp to 192.0.2.1 port 8080 rdr-to <web> port 80 round-robin\n\
+                    pass in on fs inet proto udp to 192.0.2.1 port 5000:5010 rdr-to { 10.0.4.1, 10.0.4.2 } random\n";
+        let p = xpf_conf::parse(text, "fronts.conf", &[]);
+        assert!(p.errors.is_empty(), "{:?}", p.errors);
+        let r = xpf_conf::compile::Ruleset::compile(&p, &|_| Some(1)).unwrap();
+        assert_eq!(r.nat_fronts.len(), 2, "{:?}", r.nat_fronts);
+        let mut t = xpf_conf::compile::Table::default();
+        for a in ["10.0.3.1", "10.0.3.2", "10.0.3.3"] {
+            t.insert(a.parse().unwrap(), 32, false);
+        }
+        let grown = r.with_table("web", t).unwrap();
+        let (front, nat) = ([192, 0, 2, 1], NatOwners::of(&grown));
+        let mut moved = false;
+        for n in 2..6 {
+            for far in [[203, 0, 113, 9], [198, 51, 100, 7], [203, 0, 113, 200]] {
+                let mine = owner(&frame4(far, front, 6, &l4(40000, 8080)), n);
+                assert_eq!(nat.owner(&frame4(far, front, 6, &l4(40000, 8080)), n).unwrap_or(mine), mine);
+                for (proto, target, sport) in
+                    [(6, [10, 0, 3, 1], 80), (6, [10, 0, 3, 3], 80), (17, [10, 0, 4, 2], 5004)]
+                {
+                    let mine = owner(&frame4(far, front, proto, &l4(40000, 5004)), n);
+                    let reply = frame4(target, far, proto, &l4(sport, 40000));
+                    assert_eq!(nat.owner(&reply, n), Some(mine), "{n} {far:?} {target:?}");
+                    moved |= owner(&reply, n) != mine;
+                    // An error about the reply, from a router on the way.
+                    let mut q = vec![0u8; 20];
+                    ipv4::emit_header(&mut q, far, target, proto, 48, 64, 1);
+                    q.extend(l4(40000, sport));
+                    let mut err = vec![3u8, 1, 0, 0, 0, 0, 0, 0];
+                    err.extend(q);
+                    assert_eq!(nat.owner(&frame4([10, 0, 9, 1], target, 1, &err), n), Some(mine));
+                    // A flow straight to the target's port, and its replies: owned alike.
+                    let there = nat.owner(&frame4([10, 0, 1, 7], target, proto, &l4(33000, sport)), n);
+                    let back = nat.owner(&frame4(target, [10, 0, 1, 7], proto, &l4(sport, 33000)), n);
+                    assert!(there.is_some() && there == back);
+                }
+                // The target's other ports: the address hash's.
+                assert_eq!(nat.owner(&frame4([10, 0, 3, 1], far, 6, &l4(22, 40000)), n), None);
+                assert_eq!(nat.owner(&frame4([10, 0, 3, 1], far, 17, &l4(80, 40000)), n), None);
+            }
+        }
+        assert!(moved, "the address hash alone would have sent some replies elsewhere");
+        // Before the table grew, its third address was nobody's.
+        let old = NatOwners::of(&r);
+        assert_eq!(old.owner(&frame4([10, 0, 3, 3], [203, 0, 113, 9], 6, &l4(80, 40000)), 2), None);
     }
 
     #[test]
