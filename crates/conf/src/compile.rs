@@ -842,7 +842,10 @@ impl NatFront {
         };
         match (&r.dst.kind, r.proto) {
             (HostKind::Net(a, l), Some(proto))
-                if !r.dst.neg && !p.sticky && *l == host_len(a) && (proto == IPPROTO_TCP || proto == 17) =>
+                if !r.dst.neg
+                    && !p.sticky
+                    && *l == host_len(a)
+                    && (proto == IPPROTO_TCP || proto == xpf_wire::pdesc::IPPROTO_UDP) =>
             {
                 Some((*a, proto, ports))
             }

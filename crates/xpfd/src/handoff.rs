@@ -98,9 +98,10 @@ pub fn owner(frame: &[u8], n: usize) -> usize {
 /// host by host (binat-to) by the flow it maps back to, whatever its protocol; a packet to a
 /// `nat-to` pool's address by its destination port (each worker hands out only ports p with
 /// p mod workers = its index, so a reply names the worker that translated its flow); a
-/// packet to a `rdr-to` rule's address by the flow as it will be translated (its source and
-/// the target its destination gives, the pair its replies hash to). Built from the ruleset
-/// (`Ruleset::nat_owners`, `Ruleset::nat_maps`).
+/// packet from or to the forwarded port of a target chosen per flow by the far end and the
+/// forwarding's public address; a packet to a `rdr-to` rule's address by the flow as it will
+/// be translated (its source and the target its destination gives, the pair its replies hash
+/// to). Built from the ruleset (`Ruleset::nat_owners`, `nat_maps`, `nat_fronts`).
 #[derive(Debug, Default, Clone)]
 pub struct NatOwners {
     maps: Vec<(Prefix, Prefix)>,
