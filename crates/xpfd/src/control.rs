@@ -224,16 +224,10 @@ pub fn translation_fits(l: &Loaded, workers: usize, divert: bool) -> Result<(), 
 /// otherwise. Refused, naming the map's line.
 fn maps_fit(rs: &Ruleset) -> Result<(), String> {
     use xpf_conf::compile::By;
-    use xpf_wire::Addr;
     let inside = |(a, l): (std::net::IpAddr, u8), (b, m): (std::net::IpAddr, u8)| {
         // Whether the networks overlap: the shorter one holds the other's address.
         let (net, len, x) = if l <= m { (a, l, b) } else { (b, m, a) };
-        if net.is_ipv4() != x.is_ipv4() {
-            return false;
-        }
-        let (n, x) = (Addr::from_ip(net).0, Addr::from_ip(x).0);
-        let (bytes, bits) = ((len / 8) as usize, len % 8);
-        n[..bytes] == x[..bytes] && (bits == 0 || (n[bytes] ^ x[bytes]) & (0xff << (8 - bits)) == 0)
+        crate::handoff::Prefix::of(net, len).covers(x.is_ipv4(), &xpf_wire::Addr::from_ip(x).0)
     };
     for (i, m) in rs.nat_maps.iter().enumerate() {
         let clash = rs.nat_maps[..i].iter().find(|o| inside(o.from, m.from) && o.to != m.to).map(|o| o.at.clone());

@@ -135,18 +135,18 @@ impl Front {
 
 /// A network (family `v4`; IPv4 in the first four bytes).
 #[derive(Debug, Clone, Copy)]
-struct Prefix {
+pub(crate) struct Prefix {
     v4: bool,
     net: [u8; 16],
     len: u8,
 }
 
 impl Prefix {
-    fn of(net: std::net::IpAddr, len: u8) -> Prefix {
+    pub(crate) fn of(net: std::net::IpAddr, len: u8) -> Prefix {
         Prefix { v4: net.is_ipv4(), net: xpf_wire::Addr::from_ip(net).0, len }
     }
 
-    fn covers(&self, v4: bool, addr: &[u8; 16]) -> bool {
+    pub(crate) fn covers(&self, v4: bool, addr: &[u8; 16]) -> bool {
         let (bytes, bits) = ((self.len / 8) as usize, self.len % 8);
         self.v4 == v4
             && addr[..bytes] == self.net[..bytes]
