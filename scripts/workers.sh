@@ -7,8 +7,9 @@
 # control); the hand-off must have been used (so the test cannot pass on one worker's luck).
 # Then the same through `nat-to` the firewall's address, then through `binat-to` (each client
 # address mapped onto a public one, and connections from outside to those), a port
-# forwarding round-robin over two inside hosts, and a translation two workers cannot share
-# refused at its line.
+# forwarding round-robin over two inside hosts, endpoint-independent UDP and sticky-address
+# (each client's flows kept on one worker), and translations two workers cannot share refused
+# at their line.
 # usage: workers.sh
 # FASTPATH=1: GRO goes on at the end hosts, so that their veths take redirected frames and
 # xpfd's fast path (on by default) is used: flows forwarded by the steering program once
@@ -264,6 +265,79 @@ print(sum(v for k, v in got.items() if k), len([k for k in got if k]))")
 check "rdr-to round-robin over two hosts: 200 connections from 8 outside addresses all answered, by both ($x: answered, hosts)" \
     test "${x% *}" -eq 200 -a "${x#* }" -eq 2
 kill $ECHO_IN $ME_IN 2>/dev/null
+# Translations that remember per inside host, with two workers: endpoint-independent UDP (a
+# client socket keeps its public address and port towards every destination) and
+# sticky-address (a client keeps its pool address for all its connections, to every server).
+# The hand-off keeps every flow of one of the rule's hosts on one worker, the one that
+# remembers; by the address hash alone a client's flows to several servers meet both.
+cat > "$DIR/hosts.conf" <<'CONF'
+block all
+pass in on fc inet proto tcp to port 7203
+pass in on fc inet proto udp to port 7202
+pass out on fs
+match out on fs inet proto udp from 10.0.1.0/24 nat-to 10.0.2.1 endpoint-independent
+match out on fs inet proto tcp from 10.0.1.0/24 nat-to { 10.0.2.80, 10.0.2.81 } round-robin sticky-address
+CONF
+# Each server address answers with the address and port it saw, over UDP and TCP.
+ip netns exec ${P}server python3 -c "
+import socket, threading
+t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); t.bind(('0.0.0.0', 7203)); t.listen(256)
+def tcp():
+    while True:
+        k, a = t.accept()
+        with k:
+            k.sendall(('%s:%d' % a).encode())
+threading.Thread(target=tcp, daemon=True).start()
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('0.0.0.0', 7202))
+while True:
+    d, a = s.recvfrom(100); s.sendto(('%s:%d' % a).encode(), a)
+" &
+WHO=$!
+check "-f a ruleset with endpoint-independent and sticky-address (two workers)" \
+    bash -c "$BIN/xpfctl --socket $SOCK -f '$DIR/hosts.conf' && $BIN/xpfctl --socket $SOCK -F states >/dev/null"
+x=$(c python3 -c "
+import socket, concurrent.futures as cf
+def one(i):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('10.0.1.%d' % (10 + i % 32), 0)); s.settimeout(1)
+    seen = []
+    for dst in ('10.0.2.2', '10.0.2.3', '10.0.2.4'):
+        for _ in range(3):
+            try:
+                s.sendto(b'who', (dst, 7202)); seen.append(s.recvfrom(100)[0].decode()); break
+            except OSError:
+                pass
+    return seen
+with cf.ThreadPoolExecutor(50) as ex:
+    got = list(ex.map(one, range(100)))
+print(sum(len(g) == 3 for g in got), sum(len(g) == 3 and len(set(g)) == 1 and g[0].startswith('10.0.2.1:') for g in got))")
+check "endpoint-independent: 100 client sockets each seen by 3 servers as one public address and port ($x: answered, one mapping)" \
+    test "$x" = "100 100"
+x=$(c python3 -c "
+import socket, collections, concurrent.futures as cf
+def one(i):
+    for _ in range(3):
+        try:
+            s = socket.create_connection(('10.0.2.%d' % (2 + i // 32 % 4), 7203), timeout=3, source_address=('10.0.1.%d' % (10 + i % 32), 0))
+            d = s.recv(100).decode(); s.close()
+            if d:
+                return (i % 32, d.split(':')[0])
+        except OSError:
+            pass
+with cf.ThreadPoolExecutor(50) as ex:
+    got = [g for g in ex.map(one, range(640)) if g]
+pub = collections.defaultdict(set)
+for c, a in got:
+    pub[c].add(a)
+print(len(got), sum(len(v) == 1 for v in pub.values()), len(set().union(*pub.values())) if pub else 0)")
+check "sticky-address: 640 connections from 32 clients to 4 servers, each client seen as one pool address, both in use ($x: answered, clients with one, addresses)" \
+    test "$x" = "640 32 2"
+n=$(c python3 "$DIR/client.py" tcp 7300 20)
+check "endpoint-independent and sticky-address: the blocked port still gets no connection ($n of 20)" test "$n" -eq 0
+kill $WHO 2>/dev/null
+sed 's/from 10.0.1.0\/24 nat-to 10.0.2.1 endpoint-independent/nat-to 10.0.2.1 endpoint-independent/' "$DIR/hosts.conf" >"$DIR/anyhost.conf"
+out=$($BIN/xpfctl --socket $SOCK -f "$DIR/anyhost.conf" 2>&1)
+check "endpoint-independent from any is refused with FILE:LINE (two workers: its hosts unnamed)" \
+    bash -c 'echo "$1"; grep -q "anyhost.conf:5: endpoint-independent and sticky-address with several workers" <<<"$1"' _ "$out"
 # What two workers cannot share is refused at its line: many hosts behind one address keeping
 # their ports (a reply's port names no worker, its address no host).
 sed 's/^pass out on fs$/pass out on fs\nmatch out on fs inet from 10.0.1.0\/24 nat-to 10.0.2.1 static-port/' "$DIR/pf.conf" >"$DIR/static.conf"

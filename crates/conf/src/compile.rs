@@ -718,6 +718,9 @@ pub struct Ruleset {
     /// The port forwardings whose target is chosen per flow ([`NatFront`]): the hand-off owns
     /// their flows by the public address.
     pub nat_fronts: Vec<NatFront>,
+    /// The source networks of translations that remember per inside host ([`NatHosts`]): the
+    /// hand-off keeps each such host's flows on one worker.
+    pub nat_hosts: Vec<NatHosts>,
     /// `set loginterface`: its index, or a group's members' (empty: none, or not present
     /// when compiled).
     pub loginterface: Vec<u16>,
@@ -812,6 +815,37 @@ impl NatMap {
     }
 }
 
+/// The source network of a `nat-to` that remembers something per inside host across its flows:
+/// `endpoint-independent` (a UDP source's address and port towards every destination) and
+/// `sticky-address` (a source's pool address). With several workers every flow between one
+/// of `net`'s hosts and an address outside it is owned by that host alone, so the worker
+/// that remembers is the one its next flows meet; the ports that worker hands out are of its
+/// own residue, so the replies to the pool come back to it too. `at` is the rule's FILE:LINE.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatHosts {
+    pub net: (IpAddr, u8),
+    pub at: String,
+}
+
+impl NatHosts {
+    /// Whether rule `r`'s `nat-to` remembers per inside host (a map keeps nothing: its
+    /// address is the host's).
+    pub fn needed(r: &Rule) -> bool {
+        r.nat.as_deref().is_some_and(|p| p.endpoint_independent || p.sticky) && NatMap::of(r).is_none()
+    }
+
+    /// The network whose hosts rule `r` remembers, if it needs one and its source is written
+    /// as one (an address or a network, not negated: a table, `any` or `(if)` names no hosts
+    /// the hand-off can know).
+    pub fn of(r: &Rule) -> Option<NatHosts> {
+        if !NatHosts::needed(r) || r.src.neg {
+            return None;
+        }
+        let HostKind::Net(a, l) = r.src.kind else { return None };
+        (l > 0).then(|| NatHosts { net: (masked_addr(a, l), l), at: format!("{}:{}", r.file, r.line) })
+    }
+}
+
 /// A port forwarding from one public address and port (or range) to a target chosen per flow
 /// among a pool's addresses (a list, a table, `round-robin`, `random`, `source-hash`,
 /// `least-states`), TCP or UDP. With several workers, a flow's packets to the public address
@@ -819,7 +853,8 @@ impl NatMap {
 /// end and `front`: a packet to `front` by the address hash, which gives that pair; one from
 /// a target address with a source port in `ports` (protocol `proto`) by its destination and
 /// `front`, and one to such an address and port by its source and `front`, so that every flow
-/// with that end, forwarded or not, is owned alike both ways. `pool` is the pool's index in
+/// with that end, forwarded or not, is owned alike both ways. A source's flows through one
+/// front meet one worker, so `sticky-address` keeps its target there. `pool` is the pool's index in
 /// [`Ruleset::pools`] (its addresses follow its table); `at` the rule's FILE:LINE.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NatFront {
@@ -834,7 +869,7 @@ impl NatFront {
     /// The public address, protocol and destination ports of `r` if its port forwarding is
     /// one a front can own: one address, TCP or UDP, a port or range.
     pub fn shape(r: &Rule) -> Option<(IpAddr, u8, (u16, u16))> {
-        let p = r.rdr.as_deref()?;
+        r.rdr.as_deref()?;
         let ports = match r.dst_port {
             Some(PortOp::Eq(a)) => (a, a),
             Some(PortOp::Range(a, b)) => (a.min(b), a.max(b)),
@@ -843,7 +878,6 @@ impl NatFront {
         match (&r.dst.kind, r.proto) {
             (HostKind::Net(a, l), Some(proto))
                 if !r.dst.neg
-                    && !p.sticky
                     && *l == host_len(a)
                     && (proto == IPPROTO_TCP || proto == xpf_wire::pdesc::IPPROTO_UDP) =>
             {
@@ -1294,6 +1328,7 @@ struct Build<'a> {
     nat_targets: Vec<Target>,
     nat_maps: Vec<NatMap>,
     nat_fronts: Vec<NatFront>,
+    nat_hosts: Vec<NatHosts>,
     urpf: Vec<(u16, usize)>,
     /// The queues by name (`set queue`).
     queue_ids: HashMap<String, u16>,
@@ -1329,6 +1364,7 @@ impl<'a> Build<'a> {
             nat_targets: Vec::new(),
             nat_maps: Vec::new(),
             nat_fronts: Vec::new(),
+            nat_hosts: Vec::new(),
             urpf: Vec::new(),
             queue_ids: HashMap::new(),
             ifs: HashMap::new(),
@@ -1525,6 +1561,7 @@ impl<'a> Build<'a> {
         self.nat_targets.extend(targets_of(r, nat, rdr, &self.tables));
         if nat.is_some() {
             self.nat_maps.extend(NatMap::of(r));
+            self.nat_hosts.extend(NatHosts::of(r));
         }
         if let (Some(rp), Some((front, proto, (lo, hi)))) = (rdr, NatFront::shape(r)) {
             if !targets_one(r, rp) {
@@ -1678,6 +1715,7 @@ impl Ruleset {
             nat_targets,
             nat_maps,
             nat_fronts,
+            nat_hosts,
             urpf,
             ..
         } = b;
@@ -1743,6 +1781,7 @@ impl Ruleset {
             nat_owners: nat_targets,
             nat_maps,
             nat_fronts,
+            nat_hosts,
             filter,
             xlate,
             scrubs,

@@ -174,7 +174,7 @@ fn table_limits(p: &Parsed, r: &Ruleset, file: &str) -> Result<(), String> {
 /// the kernel). Names the first such rule.
 pub fn translation_fits(l: &Loaded, workers: usize, divert: bool) -> Result<(), String> {
     use xpf_conf::ast::{HostKind, PoolKind};
-    use xpf_conf::compile::{NatFront, NatMap};
+    use xpf_conf::compile::{NatFront, NatHosts, NatMap};
     for r in l.parsed.rules.iter().chain(&l.parsed.xrules).filter(|r| r.nat.is_some() || r.rdr.is_some()) {
         let why = if !divert {
             "translation (nat-to, rdr-to, binat-to) needs xpfd's XDP or tcx program; packet mode without it (no ifb devices here) cannot take replies to this host's addresses"
@@ -188,12 +188,10 @@ pub fn translation_fits(l: &Loaded, workers: usize, divert: bool) -> Result<(), 
         } else if workers > 1 && r.nat.as_ref().is_some_and(|p| p.mape.is_some()) {
             // The workers share a range out by residue; a port set is not shared out yet.
             "map-e-portset runs on one worker for now: start xpfd with --workers 1"
-        } else if workers > 1 && r.nat.as_ref().is_some_and(|p| p.endpoint_independent) {
-            // A source's flows to several destinations meet different workers.
-            "endpoint-independent runs on one worker for now: start xpfd with --workers 1"
-        } else if workers > 1 && [&r.nat, &r.rdr].into_iter().flatten().any(|p| p.sticky) {
-            // Likewise: each worker would keep its own address for the source.
-            "sticky-address runs on one worker for now: start xpfd with --workers 1"
+        } else if workers > 1 && NatHosts::needed(r) && NatHosts::of(r).is_none() {
+            // What is remembered per inside host is one worker's: every flow of the host must
+            // meet it, so the hand-off must know the hosts (NatHosts).
+            "endpoint-independent and sticky-address with several workers need the rule's source written as an address or network (from NET; not any, a table, (if) or negated): each of its hosts' flows are kept on one worker"
         } else if workers > 1
             && NatFront::shape(r).is_none()
             && r.rdr.as_ref().is_some_and(|p| {
@@ -1876,6 +1874,46 @@ mod tests {
             let e = maps_fit(&load(&format!("{binat}{clash}")).1).unwrap_err();
             assert!(e.starts_with("t:1: with several workers, the addresses 192.0.2.64/26"), "{clash}: {e}");
         }
+    }
+
+    /// A translation that remembers per inside host (`endpoint-independent`,
+    /// `sticky-address`) loads with several workers when its source names the hosts, and is
+    /// refused at its line when it does not; a sticky forwarding through one public address
+    /// loads, one of another shape does not.
+    #[test]
+    fn a_translation_remembering_per_host_names_its_hosts_with_several_workers() {
+        let fits = |text: &str, workers: usize| {
+            let l = Loaded::build(text, "t", &[]).map_err(|e| e.join("\n"))?;
+            translation_fits(&l, workers, true)
+        };
+        for ok in [
+            "match out on lo inet proto udp from 10.0.1.0/24 nat-to 192.0.2.1 endpoint-independent\n",
+            "match out on lo inet from 10.0.1.0/24 nat-to { 192.0.2.1, 192.0.2.2 } round-robin sticky-address\n",
+            "nat on lo inet proto udp from 10.0.1.0/24 to any -> 192.0.2.1 endpoint-independent\n",
+            "match out on lo inet from { 10.0.1.0/24, 10.0.3.7 } nat-to 192.0.2.1 endpoint-independent\n",
+            "pass in on lo inet proto tcp to 192.0.2.1 port 80 rdr-to { 10.0.1.5, 10.0.1.6 } round-robin sticky-address\n",
+        ] {
+            assert_eq!(fits(ok, 2), Ok(()), "{ok}");
+            let l = Loaded::build(ok, "t", &[]).unwrap();
+            let hosts = &l.ruleset.as_ref().unwrap().nat_hosts;
+            assert_eq!(hosts.is_empty(), ok.contains("rdr-to"), "{ok}: {hosts:?}");
+        }
+        for refused in [
+            "match out on lo inet proto udp nat-to 192.0.2.1 endpoint-independent\n",
+            "table <in> { 10.0.1.0/24 }\nmatch out on lo inet from <in> nat-to 192.0.2.1 sticky-address\n",
+            "match out on lo inet from ! 10.0.1.0/24 nat-to 192.0.2.1 endpoint-independent\n",
+            "match out on lo inet from (lo) nat-to 192.0.2.1 endpoint-independent\n",
+        ] {
+            let e = fits(refused, 2).unwrap_err();
+            let line = refused.lines().count();
+            assert!(
+                e.starts_with(&format!("t:{line}: endpoint-independent and sticky-address with several workers")),
+                "{refused}: {e}"
+            );
+            assert_eq!(fits(refused, 1), Ok(()), "{refused}: one worker keeps them");
+        }
+        let e = fits("pass in on lo inet to 192.0.2.1 rdr-to { 10.0.1.5, 10.0.1.6 } round-robin sticky-address\n", 2);
+        assert!(e.unwrap_err().starts_with("t:1: rdr-to over addresses chosen per flow"));
     }
 
     /// The load's log line: added and removed rules for a usual ruleset, the counts only for

@@ -101,13 +101,17 @@ pub fn owner(frame: &[u8], n: usize) -> usize {
 /// packet from or to the forwarded port of a target chosen per flow by the far end and the
 /// forwarding's public address; a packet to a `rdr-to` rule's address by the flow as it will
 /// be translated (its source and the target its destination gives, the pair its replies hash
-/// to). Built from the ruleset (`Ruleset::nat_owners`, `nat_maps`, `nat_fronts`).
+/// to); a packet between a host of a network whose translation remembers per host
+/// (`endpoint-independent`, `sticky-address`) and an address outside it by that host alone,
+/// and so the flows a map or a forwarding leads to such a host. Built from the ruleset
+/// (`Ruleset::nat_owners`, `nat_maps`, `nat_fronts`, `nat_hosts`).
 #[derive(Debug, Default, Clone)]
 pub struct NatOwners {
     maps: Vec<(Prefix, Prefix)>,
     pools: Vec<Match>,
     fronts: Vec<Front>,
     rdr: Vec<(Match, Prefix)>,
+    hosts: Vec<Prefix>,
 }
 
 /// A port forwarding to targets chosen per flow (`NatFront`): a TCP or UDP packet from one
@@ -257,6 +261,7 @@ impl NatOwners {
                 back: r.pools[f.pool].nets.iter().map(|n| Prefix::of(n.addr.to_ip(n.af), n.len)).collect(),
             })
             .collect();
+        o.hosts = r.nat_hosts.iter().map(|h| Prefix::of(h.net.0, h.net.1)).collect();
         o
     }
 
@@ -290,22 +295,37 @@ impl NatOwners {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.maps.is_empty() && self.pools.is_empty() && self.fronts.is_empty() && self.rdr.is_empty()
+        self.maps.is_empty()
+            && self.pools.is_empty()
+            && self.fronts.is_empty()
+            && self.rdr.is_empty()
+            && self.hosts.is_empty()
     }
 
     /// The worker (of `n`) that owns `frame` by its translation, None when no translation
     /// target names it (the address hash decides).
     pub fn owner(&self, frame: &[u8], n: usize) -> Option<usize> {
-        if !self.maps.is_empty() {
-            if let Some((v4, peer, ours)) = map_fields(frame) {
-                if let Some((_, to)) = self.maps.iter().find(|(from, _)| from.covers(v4, &ours)) {
-                    return Some(owner_of_pair(v4, &peer, &to.graft(&ours), n));
-                }
+        if self.maps.is_empty() && self.hosts.is_empty() {
+            return self.by_target(frame, n);
+        }
+        let ends = map_fields(frame);
+        if let Some((v4, peer, ours)) = ends {
+            if let Some((_, to)) = self.maps.iter().find(|(from, _)| from.covers(v4, &ours)) {
+                return Some(self.inside(v4, &peer, &to.graft(&ours), n));
             }
         }
-        if self.pools.is_empty() && self.fronts.is_empty() && self.rdr.is_empty() {
-            return None;
+        if !(self.pools.is_empty() && self.fronts.is_empty() && self.rdr.is_empty()) {
+            if let Some(w) = self.by_target(frame, n) {
+                return Some(w);
+            }
         }
+        let (v4, a, b) = ends?;
+        self.by_host(v4, &a, &b, n)
+    }
+
+    /// A packet to a pool, a front or a forwarding: its owner by the translation's target.
+    #[inline]
+    fn by_target(&self, frame: &[u8], n: usize) -> Option<usize> {
         let (v4, proto, src, dst, port, sport) = target_fields(frame)?;
         if self.pools.iter().any(|m| m.covers(v4, &dst, proto, port)) {
             return Some(port as usize % n);
@@ -321,11 +341,50 @@ impl NatOwners {
             }
         }
         let (_, to) = self.rdr.iter().find(|(m, _)| m.covers(v4, &dst, proto, port))?;
-        Some(owner_of_pair(v4, &src, &to.graft(&dst), n))
+        Some(self.inside(v4, &src, &to.graft(&dst), n))
+    }
+
+    /// The owner of a flow between `peer` and the inside address `host` a map or forwarding
+    /// leads to: the host's alone when its translation remembers per host, else the pair's.
+    fn inside(&self, v4: bool, peer: &[u8; 16], host: &[u8; 16], n: usize) -> usize {
+        match self.hosts.iter().any(|h| h.covers(v4, host)) {
+            true => owner_of_host(v4, host, n),
+            false => owner_of_pair(v4, peer, host, n),
+        }
+    }
+
+    /// A flow between one host of [`NatOwners::hosts`] and an address outside them: that
+    /// host's owner. None between two of them or two others (the address hash).
+    fn by_host(&self, v4: bool, a: &[u8; 16], b: &[u8; 16], n: usize) -> Option<usize> {
+        let held = |x: &[u8; 16]| self.hosts.iter().any(|h| h.covers(v4, x));
+        match (held(a), held(b)) {
+            (true, false) => Some(owner_of_host(v4, a, n)),
+            (false, true) => Some(owner_of_host(v4, b, n)),
+            _ => None,
+        }
+    }
+
+    /// The worker whose packets a state synced from the peer belongs to, from its stack key
+    /// (the flow before translation; IPv4 in the first four bytes) and protocol: the worker
+    /// [`NatOwners::owner`] hands its packets to. A forwarding's target chosen per flow is
+    /// owned with the public address (which the stack key does not hold); a host whose
+    /// translation remembers per host by itself; other flows by their two addresses.
+    pub fn state_owner(&self, v4: bool, proto: u8, addr: &[[u8; 16]; 2], port: [u16; 2], n: usize) -> usize {
+        if n <= 1 {
+            return 0;
+        }
+        for f in &self.fronts {
+            for k in 0..2 {
+                if f.holds(v4, proto, &addr[k], port[k]) {
+                    return owner_of_pair(v4, &addr[1 - k], &f.front, n);
+                }
+            }
+        }
+        self.by_host(v4, &addr[0], &addr[1], n).unwrap_or_else(|| owner_of_pair(v4, &addr[0], &addr[1], n))
     }
 }
 
-/// For a host-by-host map: a frame's family, the far end's address and the address that may
+/// For a host-by-host map and a network of hosts: a frame's family, the far end's address and the address that may
 /// be a mapped one (the destination), of any protocol, fragments too; for an ICMP error, of
 /// the packet it quotes, which went the other way (its destination, its source).
 fn map_fields(frame: &[u8]) -> Option<(bool, [u8; 16], [u8; 16])> {
@@ -366,6 +425,12 @@ pub fn owner_of_pair(v4: bool, a: &[u8; 16], b: &[u8; 16], n: usize) -> usize {
     }
     let f = |x: &[u8; 16]| if v4 { u32::from_ne_bytes([x[0], x[1], x[2], x[3]]) as u64 } else { fold16(*x) };
     of_folded(f(a), f(b), n)
+}
+
+/// The owner of every flow of one host (a network's of [`NatOwners::hosts`]).
+fn owner_of_host(v4: bool, a: &[u8; 16], n: usize) -> usize {
+    let x = if v4 { u32::from_ne_bytes([a[0], a[1], a[2], a[3]]) as u64 } else { fold16(*a) };
+    (mix(mix(x) ^ 0x686f_7374) % n as u64) as usize
 }
 
 fn of_folded(a: u64, b: u64, n: usize) -> usize {
@@ -682,6 +747,106 @@ mod tests {
             differ |= owner(&echo, n) != owner(&flow, n);
         }
         assert!(differ);
+    }
+
+    fn wide4(x: [u8; 4]) -> [u8; 16] {
+        let mut w = [0u8; 16];
+        w[..4].copy_from_slice(&x);
+        w
+    }
+
+    /// The hosts of a translation that remembers per host (`endpoint-independent`,
+    /// `sticky-address`): every flow between one of them and an address outside, of any
+    /// protocol, either way, fragments and errors too, meets one worker, the host's; so do
+    /// the flows a forwarding or a map leads to such a host. Replies to the pool still go by
+    /// their port; a forwarding to targets chosen per flow stays its public address's; a
+    /// synced state goes where its packets go.
+    #[test]
+    fn hosts_of_a_translation_remembering_per_host_own_their_flows() {
+        let text = "match out on fs inet proto udp from 10.0.1.0/24 nat-to 192.0.2.1 endpoint-independent\n\
+                    pass in on fs inet proto tcp to 192.0.2.1 port 80 rdr-to 10.0.1.80\n\
+                    match on fs inet from 10.0.1.128/26 to any binat-to 192.0.2.128/26\n\
+                    pass in on fs inet proto tcp to 192.0.2.2 port 443 rdr-to { 10.0.1.5, 10.0.1.6 } round-robin sticky-address\n\
+                    pass all\n";
+        let p = xpf_conf::parse(text, "hosts.conf", &[]);
+        assert!(p.errors.is_empty(), "{:?}", p.errors);
+        let r = xpf_conf::compile::Ruleset::compile(&p, &|_| Some(1)).unwrap();
+        assert_eq!(r.nat_hosts.len(), 1, "{:?}", r.nat_hosts);
+        assert_eq!(r.nat_hosts[0].at, "hosts.conf:1");
+        let nat = NatOwners::of(&r);
+        let (router, front) = ([198, 51, 100, 254], [192, 0, 2, 2]);
+        let fars = [[203, 0, 113, 9], [198, 51, 100, 7], [8, 8, 8, 8], [203, 0, 113, 200]];
+        for n in 2..6 {
+            let mut used = vec![false; n];
+            let mut split = 0;
+            for host in (1..=254u8).step_by(3) {
+                let inside = [10, 0, 1, host];
+                let mine = nat.owner(&frame4(inside, fars[0], 17, &l4(40000, 53)), n).expect("a host's flow");
+                used[mine] = true;
+                for far in fars {
+                    // Its flows to every destination, both ways, of any protocol.
+                    for (proto, out, back) in [
+                        (17, l4(40000, 53), l4(53, 40000)),
+                        (6, l4(40001, 443), l4(443, 40001)),
+                        (47, vec![0; 8], vec![0; 8]),
+                        (1, vec![8, 0, 0, 0, 0, 7, 0, 1], vec![0, 0, 0, 0, 0, 7, 0, 1]),
+                    ] {
+                        assert_eq!(
+                            nat.owner(&frame4(inside, far, proto, &out), n),
+                            Some(mine),
+                            "{n} {inside:?} {far:?}"
+                        );
+                        assert_eq!(
+                            nat.owner(&frame4(far, inside, proto, &back), n),
+                            Some(mine),
+                            "{n} {far:?} {inside:?}"
+                        );
+                    }
+                    split += (owner(&frame4(inside, far, 17, &l4(40000, 53)), n) != mine) as usize;
+                    // A later fragment, and an error quoting the host's datagram.
+                    let mut frag = frame4(far, inside, 17, &[0; 16]);
+                    frag[14 + 7] = 0x10;
+                    assert_eq!(nat.owner(&frag, n), Some(mine));
+                    let mut q = vec![0u8; 20];
+                    ipv4::emit_header(&mut q, inside, far, 17, 28, 64, 1);
+                    q.extend(&l4(40000, 53)[..8]);
+                    let mut err = vec![11u8, 0, 0, 0, 0, 0, 0, 0];
+                    err.extend(q);
+                    assert_eq!(nat.owner(&frame4(router, inside, 1, &err), n), Some(mine));
+                    // The synced state of the host's flow (its stack key, either order).
+                    let (a, b) = (wide4(inside), wide4(far));
+                    assert_eq!(nat.state_owner(true, 17, &[a, b], [40000, 53], n), mine);
+                    assert_eq!(nat.state_owner(true, 17, &[b, a], [53, 40000], n), mine);
+                }
+                // The binat half: a packet to the host's public address.
+                if (128..192).contains(&host) {
+                    let public = [192, 0, 2, host];
+                    assert_eq!(nat.owner(&frame4(fars[1], public, 6, &l4(5555, 22)), n), Some(mine));
+                }
+                // Between two hosts, or two outside: the address hash.
+                assert_eq!(nat.owner(&frame4(inside, [10, 0, 1, 77], 17, &l4(1, 2)), n), None);
+            }
+            assert!(used.iter().all(|&u| u), "{n}: hosts spread over the workers: {used:?}");
+            assert!(split > 0, "{n}: the address hash alone would split a host's flows");
+            assert_eq!(nat.owner(&frame4(fars[0], fars[1], 17, &l4(1, 2)), n), None);
+            // Replies to the pool: the worker whose residue the port is.
+            for port in [50001u16, 50002, 61234] {
+                let reply = frame4(fars[2], [192, 0, 2, 1], 17, &l4(53, port));
+                assert_eq!(nat.owner(&reply, n), Some(port as usize % n));
+            }
+            // The forwarding to one inside host: the host's worker.
+            let served = nat.owner(&frame4([10, 0, 1, 80], fars[3], 6, &l4(80, 40000)), n);
+            assert_eq!(nat.owner(&frame4(fars[3], [192, 0, 2, 1], 6, &l4(40000, 80)), n), served);
+            // The forwarding to targets chosen per flow: its public address's pair, both ways.
+            let first = frame4(fars[3], front, 6, &l4(40000, 443));
+            assert_eq!(nat.owner(&first, n), None);
+            for target in [[10, 0, 1, 5], [10, 0, 1, 6]] {
+                let reply = frame4(target, fars[3], 6, &l4(443, 40000));
+                assert_eq!(nat.owner(&reply, n), Some(owner(&first, n)));
+                let key = [wide4(fars[3]), wide4(target)];
+                assert_eq!(nat.state_owner(true, 6, &key, [40000, 443], n), owner(&first, n));
+            }
+        }
     }
 
     #[test]

@@ -1093,10 +1093,11 @@ fn run(a: Args) -> Result<(), String> {
     if let Some((cfg, tx, shared, _)) = sync_setup {
         let ep = xpf_sync::Endpoint::new(cfg);
         let (workers_tx, sh) = (txs.clone(), shared.clone());
+        let rules = policy::Live::new(slot.clone(), status.clone());
         sync_thread = Some(
             std::thread::Builder::new()
                 .name("xpf-sync".into())
-                .spawn(move || sync::run(ep, tx, workers_tx, wakes, sh))
+                .spawn(move || sync::run(ep, tx, workers_tx, wakes, sh, rules))
                 .map_err(|e| e.to_string())?,
         );
         sync_shared = Some(shared);

@@ -256,18 +256,26 @@ fn bulk_out_text(b: &BulkOut, sent: u64) -> String {
 
 /// The worker that holds (or is to hold) the state a record is about. Ours: the worker its
 /// id names. A peer's, with several workers: the owner of its flow (the worker its packets
-/// are handed to), known from the records that carry the key and remembered for those that
-/// carry only the id (forgotten at the state's delete).
-fn route(m: &Msg, sid: &wire::StateId, creatorid: u32, n: usize, placed: &mut HashMap<wire::StateId, u8>) -> usize {
+/// are handed to; `nat`, the ruleset's translations as the hand-off owns them), known from
+/// the records that carry the key and remembered for those that carry only the id
+/// (forgotten at the state's delete).
+fn route(
+    m: &Msg,
+    sid: &wire::StateId,
+    creatorid: u32,
+    n: usize,
+    nat: &crate::handoff::NatOwners,
+    placed: &mut HashMap<wire::StateId, u8>,
+) -> usize {
     if n <= 1 || sid.creatorid == creatorid {
         return replica::owner(sid, creatorid, n);
     }
     if let Msg::Insert(r) | Msg::Update(r) = m {
-        // The stack key (the wire key without translation): a translated state's flow hashes
-        // to its worker as the packets before translation do, and its translated port is of
-        // that worker's residue (docs/nat.md).
+        // The stack key (the flow before translation): a translated state's flow is owned as
+        // the packets before translation are, and its translated port is of that worker's
+        // residue (docs/nat.md).
         let k = &r.key[1];
-        let w = crate::handoff::owner_of_pair(r.af == wire::AF_INET, &k.addr[0], &k.addr[1], n);
+        let w = nat.state_owner(r.af == wire::AF_INET, r.proto, &k.addr, k.port, n);
         placed.insert(*sid, w as u8);
         return w;
     }
@@ -279,10 +287,16 @@ fn route(m: &Msg, sid: &wire::StateId, creatorid: u32, n: usize, placed: &mut Ha
 }
 
 /// Puts a received record in the batch of the worker it concerns (a clear in every worker's).
-fn dispatch(m: Msg, creatorid: u32, placed: &mut HashMap<wire::StateId, u8>, per: &mut [Vec<Msg>]) {
+fn dispatch(
+    m: Msg,
+    creatorid: u32,
+    nat: &crate::handoff::NatOwners,
+    placed: &mut HashMap<wire::StateId, u8>,
+    per: &mut [Vec<Msg>],
+) {
     match replica::sid_of(&m) {
         Some(sid) => {
-            let w = route(&m, &sid, creatorid, per.len(), placed);
+            let w = route(&m, &sid, creatorid, per.len(), nat, placed);
             per[w].push(m)
         }
         None => {
@@ -313,12 +327,20 @@ fn forget_placed(placed: &mut HashMap<wire::StateId, u8>, gone: &[Gone]) {
 
 /// The sync thread: receives frames, checks them, routes records to their workers, runs the
 /// bulk state machines, and sends its own frames (update requests, bulk status).
-pub fn run(mut ep: Endpoint, tx: Transport, workers: Vec<Sender<Cmd>>, wakes: Vec<Arc<Wake>>, shared: Arc<Shared>) {
+pub fn run(
+    mut ep: Endpoint,
+    tx: Transport,
+    workers: Vec<Sender<Cmd>>,
+    wakes: Vec<Arc<Wake>>,
+    shared: Arc<Shared>,
+    mut rules: Live,
+) {
     let start = Instant::now();
     let mut buf = vec![0u8; 65536];
     let mut msgs = Vec::new();
     let mut per: Vec<Vec<Msg>> = vec![Vec::new(); workers.len()];
     let mut placed = std::collections::HashMap::new();
+    let mut nat = crate::handoff::NatOwners::of(rules.current().1);
     let mut last_log = 0u64;
     ep.request_bulk(0);
     log::info!("sync: asking the peer for a bulk update");
@@ -346,8 +368,11 @@ pub fn run(mut ep: Endpoint, tx: Transport, workers: Vec<Sender<Cmd>>, wakes: Ve
             if ep.receive(ms, &p[ihl..], ttl, &mut msgs).is_err() {
                 continue;
             }
+            if rules.refresh() {
+                nat = crate::handoff::NatOwners::of(rules.current().1);
+            }
             for m in msgs.drain(..) {
-                dispatch(m, ep.cfg.creatorid, &mut placed, &mut per);
+                dispatch(m, ep.cfg.creatorid, &nat, &mut placed, &mut per);
             }
             if got >= 256 {
                 break;
@@ -525,19 +550,19 @@ mod tests {
             Msg::Insert(r)
         };
         for id in 0..20 {
-            dispatch(insert(peer, id, id as u8), ours, &mut placed, &mut per);
-            dispatch(insert(other, id, id as u8), ours, &mut placed, &mut per);
+            dispatch(insert(peer, id, id as u8), ours, &Default::default(), &mut placed, &mut per);
+            dispatch(insert(other, id, id as u8), ours, &Default::default(), &mut placed, &mut per);
         }
         assert_eq!(placed.len(), 40);
         assert!(per.iter().all(|v| !v.is_empty()), "the flows spread over both workers");
         let clear = |creatorid: u32, ifname: &str| Msg::Clear(wire::Clr { ifname: wire::ifname(ifname), creatorid });
         // An interface's clear: the states it ends are not known here (the workers say).
-        dispatch(clear(peer, "eth1"), ours, &mut placed, &mut per);
+        dispatch(clear(peer, "eth1"), ours, &Default::default(), &mut placed, &mut per);
         assert_eq!(placed.len(), 40);
-        dispatch(clear(peer, "all"), ours, &mut placed, &mut per);
+        dispatch(clear(peer, "all"), ours, &Default::default(), &mut placed, &mut per);
         assert_eq!(placed.len(), 20);
         assert!(placed.keys().all(|sid| sid.creatorid == other), "the other creator's stay");
-        dispatch(clear(other, ""), ours, &mut placed, &mut per);
+        dispatch(clear(other, ""), ours, &Default::default(), &mut placed, &mut per);
         assert!(placed.is_empty());
         let clears = |v: &Vec<Msg>| v.iter().filter(|m| matches!(m, Msg::Clear(_))).count();
         assert!(per.iter().all(|v| clears(v) == 3), "every clear reaches every worker");
