@@ -172,6 +172,24 @@ n=$(c python3 "$DIR/client.py" tcp 7100 1000)
 check "nat-to: 1,000 TCP connections from 32 addresses all succeed ($n)" test "$n" -eq 1000
 n=$(c python3 "$DIR/client.py" udp 7200 100)
 check "nat-to: 100 UDP flows all answered ($n)" test "$n" -eq 100
+# Replies in pieces: 3,000-byte datagrams echoed back through the translation. A reply's first
+# piece is owned by its port; the later ones carry none and follow the first.
+n=$(c python3 -c "
+import socket, concurrent.futures as cf
+def one(i):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('10.0.1.%d' % (10 + i % 32), 0)); s.settimeout(1)
+    msg = bytes([i]) * 3000
+    for _ in range(3):
+        try:
+            s.sendto(msg, ('10.0.2.2', 7200))
+            if s.recvfrom(4000)[0] == msg:
+                return True
+        except OSError:
+            pass
+    return False
+with cf.ThreadPoolExecutor(32) as ex:
+    print(sum(ex.map(one, range(64))))")
+check "nat-to: 64 UDP datagrams of 3,000 bytes echoed back in pieces, all whole ($n)" test "$n" -eq 64
 x=$($BIN/xpfctl --socket $SOCK -s states | grep -c ' 10\.0\.2\.1:[0-9]* (10\.0\.1\.[0-9]*:[0-9]*) -> 10\.0\.2\.2:7[12]00 ')
 check "they left translated to 10.0.2.1 ($x translated states)" test "$x" -ge 1000
 n=$(c python3 "$DIR/client.py" tcp 7300 20)

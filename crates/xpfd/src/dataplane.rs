@@ -376,6 +376,8 @@ pub struct Dataplane {
     /// What the hand-off owns translated traffic by, for the ruleset generation it was built
     /// from.
     nat_owners: (u64, crate::handoff::NatOwners),
+    /// The translated first fragments the hand-off owned, for their later fragments.
+    fragments: crate::handoff::Fragments,
     /// Walks of the state tables asked for, the first in progress.
     walks: std::collections::VecDeque<Walk>,
     /// Commands that answer once the fast path's counts are read back: a pass the worker
@@ -728,6 +730,7 @@ impl Dataplane {
             raw: None,
             to_host_budget: (0, 0),
             nat_owners: (0, Default::default()),
+            fragments: Default::default(),
             walks: Default::default(),
             fresh: Vec::new(),
             cmds_left: false,
@@ -1166,7 +1169,7 @@ impl Dataplane {
             let n = h.workers();
             let w = match nat.is_empty() {
                 true => crate::handoff::owner(frame, n),
-                false => nat.owner(frame, n).unwrap_or_else(|| crate::handoff::owner(frame, n)),
+                false => self.fragments.owner(nat, frame, n),
             };
             if w == h.me {
                 mine[m] = *d;

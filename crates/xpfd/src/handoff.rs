@@ -384,6 +384,67 @@ impl NatOwners {
     }
 }
 
+/// The first fragments a hand-off owned, remembered for the later ones: an IPv4 datagram's
+/// later fragments carry no port, so a reply to a `nat-to` pool or a forwarding's target that
+/// came in pieces would have its first piece owned by its port and the rest by the address
+/// hash, and be reassembled nowhere. The fragments of one datagram come in on one queue (a
+/// NIC's receive hash of a fragment is its addresses'; a kernel's fanout alike), so the
+/// worker that owned the first piece sees the rest: it sends them where the first went.
+/// Direct-mapped by (addresses, protocol, identification): a datagram whose slot another
+/// took before its later pieces came, or whose later pieces came first, falls back to the
+/// address hash as before.
+pub struct Fragments {
+    slots: Box<[(u64, u8)]>,
+}
+
+impl Default for Fragments {
+    fn default() -> Self {
+        Fragments { slots: vec![(0, 0); FRAGMENT_SLOTS].into_boxed_slice() }
+    }
+}
+
+const FRAGMENT_SLOTS: usize = 256;
+
+impl Fragments {
+    /// The worker (of `n`) that owns `frame` under the translations `nat`.
+    #[inline]
+    pub fn owner(&mut self, nat: &NatOwners, frame: &[u8], n: usize) -> usize {
+        let of = |f: &[u8]| nat.owner(f, n).unwrap_or_else(|| owner(f, n));
+        match fragment_key(frame) {
+            None => of(frame),
+            Some((key, true)) => {
+                let w = of(frame);
+                self.slots[key as usize % FRAGMENT_SLOTS] = (key, w as u8);
+                w
+            }
+            Some((key, false)) => match self.slots[key as usize % FRAGMENT_SLOTS] {
+                (k, w) if k == key && (w as usize) < n => w as usize,
+                _ => of(frame),
+            },
+        }
+    }
+}
+
+/// For an IPv4 fragment: its datagram's key (addresses, protocol, identification; never 0)
+/// and whether it is the first piece.
+#[inline]
+fn fragment_key(frame: &[u8]) -> Option<(u64, bool)> {
+    // Most frames are whole: MF and the offset (the flags word's low 14 bits) read alone,
+    // behind an untagged header without a parse.
+    let l3 = match frame.get(12..22) {
+        Some([0x08, 0x00, _, _, _, _, _, _, f0, f1]) if u16::from_be_bytes([*f0, *f1]) & 0x3fff == 0 => return None,
+        Some([0x08, 0x00, ..]) => &frame[14..],
+        _ => match l3_of(frame)? {
+            (ethernet::ETHERTYPE_IPV4, l3) if l3.len() >= 8 && u16::from_be_bytes([l3[6], l3[7]]) & 0x3fff != 0 => l3,
+            _ => return None,
+        },
+    };
+    let ip = ipv4::Packet::new_checked(l3).ok()?;
+    let (s, d) = pair4(ip.src(), ip.dst());
+    let key = mix(s << 32 | d) ^ mix((ip.ident() as u64) << 8 | ip.protocol() as u64);
+    Some((key | 1, ip.frag_offset() == 0))
+}
+
 /// For a host-by-host map and a network of hosts: a frame's family, the far end's address and the address that may
 /// be a mapped one (the destination), of any protocol, fragments too; for an ICMP error, of
 /// the packet it quotes, which went the other way (its destination, its source).
@@ -747,6 +808,67 @@ mod tests {
             differ |= owner(&echo, n) != owner(&flow, n);
         }
         assert!(differ);
+    }
+
+    /// A reply to a `nat-to` pool in pieces: the first, with the port, owned by its port;
+    /// the later ones, without, sent where the first went; pieces of a datagram whose first
+    /// this hand-off never saw, by the address hash as before.
+    #[test]
+    fn a_translated_replys_later_fragments_follow_its_first() {
+        use xpf_conf::compile::{By, Target};
+        let public = std::net::IpAddr::from([192, 0, 2, 1]);
+        let t = |proto, lo, hi| Target {
+            af: xpf_wire::pdesc::AF_INET,
+            proto,
+            net: Some((public, 32)),
+            port: 0,
+            lo,
+            hi,
+            by: By::Nat,
+        };
+        let nat = NatOwners::from_targets(&[t(17, 50001, 65535), t(1, 0, 65535)], &[]);
+        // Piece `k` (of 1,480 bytes each; the last without MF) of datagram `id`.
+        let piece = |id: u16, k: u16, last: bool, port: u16| {
+            let payload = if k == 0 { l4(53, port) } else { vec![0u8; 16] };
+            let mut f = frame4([198, 51, 100, 7], [192, 0, 2, 1], 17, &payload);
+            f[14 + 4..14 + 6].copy_from_slice(&id.to_be_bytes());
+            let flags = (k * 185) | if last { 0 } else { 0x2000 };
+            f[14 + 6..14 + 8].copy_from_slice(&flags.to_be_bytes());
+            f
+        };
+        for n in 2..6 {
+            let mut frags = Fragments::default();
+            let mut differ = 0;
+            for (i, port) in (50001u16..50065).enumerate() {
+                let id = 1000 + i as u16;
+                let w = port as usize % n;
+                assert_eq!(frags.owner(&nat, &piece(id, 0, false, port), n), w);
+                for k in 1..3 {
+                    assert_eq!(frags.owner(&nat, &piece(id, k, k == 2, port), n), w, "{n} {port} {k}");
+                }
+                differ += (owner(&piece(id, 1, false, port), n) != w) as usize;
+                // Pieces of a datagram whose first piece it never saw: the address hash.
+                assert_eq!(
+                    frags.owner(&nat, &piece(id + 5000, 1, false, port), n),
+                    owner(&piece(id, 1, false, port), n)
+                );
+            }
+            assert!(differ > 0, "{n}: the address hash alone sends some later pieces elsewhere");
+            // Behind a VLAN tag alike.
+            let tagged = |f: Vec<u8>| {
+                let mut t = f[..12].to_vec();
+                t.extend([0x81, 0x00, 0x00, 0x07]);
+                t.extend(&f[12..]);
+                t
+            };
+            for port in [50001u16, 50002, 50003] {
+                let id = 9000 + port;
+                assert_eq!(frags.owner(&nat, &tagged(piece(id, 0, false, port)), n), port as usize % n);
+                assert_eq!(frags.owner(&nat, &tagged(piece(id, 1, true, port)), n), port as usize % n, "{n} {port}");
+            }
+            // A whole datagram is owned as before.
+            assert_eq!(frags.owner(&nat, &frame4([198, 51, 100, 7], [192, 0, 2, 1], 17, &l4(53, 50003)), n), 50003 % n);
+        }
     }
 
     fn wide4(x: [u8; 4]) -> [u8; 16] {
