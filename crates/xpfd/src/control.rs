@@ -191,7 +191,7 @@ pub fn translation_fits(l: &Loaded, workers: usize, divert: bool) -> Result<(), 
         } else if workers > 1 && NatHosts::needed(r) && NatHosts::of(r).is_none() {
             // What is remembered per inside host is one worker's: every flow of the host must
             // meet it, so the hand-off must know the hosts (NatHosts).
-            "endpoint-independent and sticky-address with several workers need the rule's source written as an address or network (from NET; not any, a table, (if) or negated): each of its hosts' flows are kept on one worker"
+            "endpoint-independent and sticky-address with several workers need the rule's source written as an address or network (from NET; not any, a table, (if) or negated): each host's flows are kept on one worker"
         } else if workers > 1
             && NatFront::shape(r).is_none()
             && r.rdr.as_ref().is_some_and(|p| {

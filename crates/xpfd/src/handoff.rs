@@ -429,25 +429,20 @@ impl Fragments {
 /// and whether it is the first piece.
 #[inline]
 fn fragment_key(frame: &[u8]) -> Option<(u64, bool)> {
-    // Most frames are whole: MF and the offset (the flags word's low 14 bits) read alone,
-    // behind an untagged header without a parse.
-    let l3 = match frame.get(12..22) {
-        Some([0x08, 0x00, _, _, _, _, _, _, f0, f1]) if u16::from_be_bytes([*f0, *f1]) & 0x3fff == 0 => return None,
-        Some([0x08, 0x00, ..]) => &frame[14..],
-        _ => match l3_of(frame)? {
-            (ethernet::ETHERTYPE_IPV4, l3) if l3.len() >= 8 && u16::from_be_bytes([l3[6], l3[7]]) & 0x3fff != 0 => l3,
-            _ => return None,
-        },
-    };
+    let (ethernet::ETHERTYPE_IPV4, l3) = l3_of(frame)? else { return None };
     let ip = ipv4::Packet::new_checked(l3).ok()?;
+    if !ip.is_fragment() {
+        return None;
+    }
     let (s, d) = pair4(ip.src(), ip.dst());
     let key = mix(s << 32 | d) ^ mix((ip.ident() as u64) << 8 | ip.protocol() as u64);
     Some((key | 1, ip.frag_offset() == 0))
 }
 
-/// For a host-by-host map and a network of hosts: a frame's family, the far end's address and the address that may
-/// be a mapped one (the destination), of any protocol, fragments too; for an ICMP error, of
-/// the packet it quotes, which went the other way (its destination, its source).
+/// For a host-by-host map and a network of hosts: a frame's family, the far end's address and
+/// the address that may be a mapped one (the destination), of any protocol, fragments too; for
+/// an ICMP error, of the packet it quotes, which went the other way (its destination, its
+/// source).
 fn map_fields(frame: &[u8]) -> Option<(bool, [u8; 16], [u8; 16])> {
     match l3_of(frame)? {
         (ethernet::ETHERTYPE_IPV4, l3) => {
