@@ -207,7 +207,18 @@ fn target_fields(frame: &[u8]) -> Option<Fields> {
         }
         ethernet::ETHERTYPE_IPV6 => {
             let ip = ipv6::Packet::new_checked(l3).ok()?;
-            (false, ip.next_header(), ip.src(), ip.dst(), l3.get(40..40 + ip.payload_len())?)
+            let payload = l3.get(40..40 + ip.payload_len())?;
+            match ip.next_header() {
+                p @ (6 | 17 | IPPROTO_ICMPV6) => (false, p, ip.src(), ip.dst(), payload),
+                _ => {
+                    // Past extension headers; a later fragment has no transport header.
+                    let ext = ip.walk().ok()?;
+                    if ext.fragment.is_some_and(|f| f.offset != 0) {
+                        return None;
+                    }
+                    (false, ext.proto, ip.src(), ip.dst(), payload.get(ext.offset..)?)
+                }
+            }
         }
         _ => return None,
     };
@@ -384,13 +395,15 @@ impl NatOwners {
     }
 }
 
-/// The first fragments a hand-off owned, remembered for the later ones: an IPv4 datagram's
-/// later fragments carry no port, so a reply to a `nat-to` pool or a forwarding's target that
+/// The first fragments a hand-off owned, remembered for the later ones: a datagram's later
+/// fragments carry no port, so a reply to a `nat-to` pool or a forwarding's target that
 /// came in pieces would have its first piece owned by its port and the rest by the address
 /// hash, and be reassembled nowhere. The fragments of one datagram come in on one queue (a
 /// NIC's receive hash of a fragment is its addresses'; a kernel's fanout alike), so the
 /// worker that owned the first piece sees the rest: it sends them where the first went.
-/// Direct-mapped by (addresses, protocol, identification): a datagram whose slot another
+/// Direct-mapped by addresses and identification (and IPv4's protocol), IPv4 and IPv6 alike
+/// (IPv6's fragment header after the fixed header or other extension headers, the first
+/// piece's port read past it): a datagram whose slot another
 /// took before its later pieces came, or whose later pieces came first, falls back to the
 /// address hash as before.
 pub struct Fragments {
@@ -425,18 +438,32 @@ impl Fragments {
     }
 }
 
-/// For an IPv4 fragment: its datagram's key (addresses, protocol, identification; never 0)
-/// and whether it is the first piece.
+/// For a fragment: its datagram's key (addresses, protocol or IPv6's identification; never
+/// 0) and whether it is the first piece.
 #[inline]
 fn fragment_key(frame: &[u8]) -> Option<(u64, bool)> {
-    let (ethernet::ETHERTYPE_IPV4, l3) = l3_of(frame)? else { return None };
-    let ip = ipv4::Packet::new_checked(l3).ok()?;
-    if !ip.is_fragment() {
-        return None;
+    match l3_of(frame)? {
+        (ethernet::ETHERTYPE_IPV4, l3) => {
+            let ip = ipv4::Packet::new_checked(l3).ok()?;
+            if !ip.is_fragment() {
+                return None;
+            }
+            let (s, d) = pair4(ip.src(), ip.dst());
+            let key = mix(s << 32 | d) ^ mix((ip.ident() as u64) << 8 | ip.protocol() as u64);
+            Some((key | 1, ip.frag_offset() == 0))
+        }
+        (ethernet::ETHERTYPE_IPV6, l3) => {
+            let ip = ipv6::Packet::new_checked(l3).ok()?;
+            // A fragment header comes after the fixed header or other extension headers.
+            if matches!(ip.next_header(), 6 | 17 | IPPROTO_ICMPV6) {
+                return None;
+            }
+            let f = ip.walk().ok()?.fragment?;
+            let key = mix(fold16(ip.src()) ^ fold16(ip.dst()).rotate_left(29)) ^ mix(f.ident as u64);
+            Some((key | 1, f.offset == 0))
+        }
+        _ => None,
     }
-    let (s, d) = pair4(ip.src(), ip.dst());
-    let key = mix(s << 32 | d) ^ mix((ip.ident() as u64) << 8 | ip.protocol() as u64);
-    Some((key | 1, ip.frag_offset() == 0))
 }
 
 /// For a host-by-host map and a network of hosts: a frame's family, the far end's address and
@@ -823,32 +850,17 @@ mod tests {
         };
         let nat = NatOwners::from_targets(&[t(17, 50001, 65535), t(1, 0, 65535)], &[]);
         // Piece `k` (of 1,480 bytes each; the last without MF) of datagram `id`.
-        let piece = |id: u16, k: u16, last: bool, port: u16| {
+        let piece = |id: u32, k: u16, last: bool, port: u16| {
             let payload = if k == 0 { l4(53, port) } else { vec![0u8; 16] };
             let mut f = frame4([198, 51, 100, 7], [192, 0, 2, 1], 17, &payload);
-            f[14 + 4..14 + 6].copy_from_slice(&id.to_be_bytes());
+            f[14 + 4..14 + 6].copy_from_slice(&(id as u16).to_be_bytes());
             let flags = (k * 185) | if last { 0 } else { 0x2000 };
             f[14 + 6..14 + 8].copy_from_slice(&flags.to_be_bytes());
             f
         };
         for n in 2..6 {
             let mut frags = Fragments::default();
-            let mut differ = 0;
-            for (i, port) in (50001u16..50065).enumerate() {
-                let id = 1000 + i as u16;
-                let w = port as usize % n;
-                assert_eq!(frags.owner(&nat, &piece(id, 0, false, port), n), w);
-                for k in 1..3 {
-                    assert_eq!(frags.owner(&nat, &piece(id, k, k == 2, port), n), w, "{n} {port} {k}");
-                }
-                differ += (owner(&piece(id, 1, false, port), n) != w) as usize;
-                // Pieces of a datagram whose first piece it never saw: the address hash.
-                assert_eq!(
-                    frags.owner(&nat, &piece(id + 5000, 1, false, port), n),
-                    owner(&piece(id, 1, false, port), n)
-                );
-            }
-            assert!(differ > 0, "{n}: the address hash alone sends some later pieces elsewhere");
+            pieces_follow_their_first(&nat, &mut frags, n, &piece);
             // Behind a VLAN tag alike.
             let tagged = |f: Vec<u8>| {
                 let mut t = f[..12].to_vec();
@@ -857,13 +869,77 @@ mod tests {
                 t
             };
             for port in [50001u16, 50002, 50003] {
-                let id = 9000 + port;
+                let id = 9000 + port as u32;
                 assert_eq!(frags.owner(&nat, &tagged(piece(id, 0, false, port)), n), port as usize % n);
                 assert_eq!(frags.owner(&nat, &tagged(piece(id, 1, true, port)), n), port as usize % n, "{n} {port}");
             }
             // A whole datagram is owned as before.
             assert_eq!(frags.owner(&nat, &frame4([198, 51, 100, 7], [192, 0, 2, 1], 17, &l4(53, 50003)), n), 50003 % n);
         }
+    }
+
+    /// IPv6 alike: a reply to an IPv6 pool in pieces (a fragment header after the fixed
+    /// one); its first piece's port is read past the fragment header.
+    #[test]
+    fn an_ipv6_replys_later_fragments_follow_its_first() {
+        use xpf_conf::compile::{By, Target};
+        let public: std::net::IpAddr = "2001:db8::1".parse().unwrap();
+        let nat = NatOwners::from_targets(
+            &[Target {
+                af: xpf_wire::pdesc::AF_INET6,
+                proto: 17,
+                net: Some((public, 128)),
+                port: 0,
+                lo: 50001,
+                hi: 65535,
+                by: By::Nat,
+            }],
+            &[],
+        );
+        let (far, us) = (
+            "2001:db8:1::7".parse::<std::net::Ipv6Addr>().unwrap().octets(),
+            "2001:db8::1".parse::<std::net::Ipv6Addr>().unwrap().octets(),
+        );
+        let piece = |id: u32, k: u16, last: bool, port: u16| {
+            let mut f = vec![0u8; 14];
+            f[12..14].copy_from_slice(&ethernet::ETHERTYPE_IPV6.to_be_bytes());
+            let mut body = vec![17u8, 0];
+            body.extend(((k * 1448) | if last { 0 } else { 1 }).to_be_bytes());
+            body.extend(id.to_be_bytes());
+            body.extend(if k == 0 { l4(53, port) } else { vec![0u8; 16] });
+            let mut ip = vec![0u8; 40];
+            ipv6::emit_header(&mut ip, &far, &us, ipv6::NH_FRAGMENT, body.len() as u16, 64);
+            f.extend(ip);
+            f.extend(body);
+            f
+        };
+        for n in 2..6 {
+            pieces_follow_their_first(&nat, &mut Fragments::default(), n, &piece);
+        }
+    }
+
+    /// 64 datagrams in three pieces (`piece(id, k, last, port)`) replying to pool ports: the
+    /// first owned by its port, the later ones sent after it (some of which the address hash
+    /// would send elsewhere); a later piece whose first was never seen, by the address hash.
+    fn pieces_follow_their_first(
+        nat: &NatOwners,
+        frags: &mut Fragments,
+        n: usize,
+        piece: &dyn Fn(u32, u16, bool, u16) -> Vec<u8>,
+    ) {
+        let mut differ = 0;
+        for (i, port) in (50001u16..50065).enumerate() {
+            let id = 1000 + i as u32;
+            let w = port as usize % n;
+            assert_eq!(nat.owner(&piece(id, 0, false, port), n), Some(w), "the first piece's port");
+            assert_eq!(frags.owner(nat, &piece(id, 0, false, port), n), w);
+            for k in 1..3 {
+                assert_eq!(frags.owner(nat, &piece(id, k, k == 2, port), n), w, "{n} {port} {k}");
+            }
+            differ += (owner(&piece(id, 1, false, port), n) != w) as usize;
+            assert_eq!(frags.owner(nat, &piece(id + 5000, 1, false, port), n), owner(&piece(id, 1, false, port), n));
+        }
+        assert!(differ > 0, "{n}: the address hash alone sends some later pieces elsewhere");
     }
 
     fn wide4(x: [u8; 4]) -> [u8; 16] {
