@@ -403,9 +403,8 @@ impl NatOwners {
 /// worker that owned the first piece sees the rest: it sends them where the first went.
 /// Direct-mapped by addresses and identification (and IPv4's protocol), IPv4 and IPv6 alike
 /// (IPv6's fragment header after the fixed header or other extension headers, the first
-/// piece's port read past it): a datagram whose slot another
-/// took before its later pieces came, or whose later pieces came first, falls back to the
-/// address hash as before.
+/// piece's port read past them): a datagram whose slot another took before its later pieces
+/// came, or whose later pieces came first, falls back to the address hash as before.
 pub struct Fragments {
     slots: Box<[(u64, u8)]>,
 }
@@ -438,8 +437,8 @@ impl Fragments {
     }
 }
 
-/// For a fragment: its datagram's key (addresses, protocol or IPv6's identification; never
-/// 0) and whether it is the first piece.
+/// For a fragment: its datagram's key (addresses and identification, and IPv4's protocol;
+/// never 0) and whether it is the first piece.
 #[inline]
 fn fragment_key(frame: &[u8]) -> Option<(u64, bool)> {
     match l3_of(frame)? {
