@@ -619,6 +619,35 @@ check "-f a ruleset opening UDP port 5555 on the firewall over IPv6" $CTL -f "$D
 check "host: a fragmented IPv6 datagram to that port arrives whole (3000 bytes)" test "$(frag6_to_fw 5555)" = 3000
 check "host: one to a port block all closes does not" test "$(frag6_to_fw 5556)" = none
 
+# Neighbour discovery by state, as in pf: the firewall's solicitation for the server (out on
+# fs, `pass out`) keeps a state keyed by its target, which the server's advertisement finds;
+# no rule passes advertisements in on fs. The datagrams go one way, so the server never asks
+# for the firewall (whose solicitation would teach the firewall the server's address too).
+udp6_to_server() { # udp6_to_server PORT: how many of 5 datagrams from the client arrived
+    ip netns exec ${P}server python3 -c "
+import socket
+s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM); s.bind(('fd00:2::2', $1)); s.settimeout(2); n = 0
+try:
+    while True: s.recv(100); n += 1
+except socket.timeout: print(n)" > "$DIR/udp6.out" &
+    local r=$!
+    sleep 0.3
+    c python3 -c "
+import socket, time
+s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+for _ in range(5): s.sendto(b'x', ('fd00:2::2', $1)); time.sleep(0.1)"
+    wait $r
+    cat "$DIR/udp6.out"
+}
+printf 'block all\npass out\npass in on fc inet6 proto icmp6 icmp6-type neighbrsol\npass in on fc inet6 proto udp to fd00:2::2 port 5300\n' > "$DIR/nd.conf"
+check "-f a ruleset that passes no neighbour advertisement in" $CTL -f "$DIR/nd.conf"
+ip -n ${P}fw -6 neigh flush dev fs
+ip -n ${P}server -6 neigh flush dev s0
+check "neighbour discovery: the firewall resolves the server by its solicitation's state (5 of 5 datagrams over IPv6)" test "$(udp6_to_server 5300)" = 5
+check "the firewall's neighbour entry for the server is complete" bash -c "ip -n ${P}fw -6 neigh show fd00:2::2 dev fs | grep -Eq 'REACHABLE|STALE|DELAY|PROBE'"
+check "the solicitation's state is keyed by its target (pfctl -ss)" bash -c "$CTL -s states | grep -Eq 'ipv6-icmp [0-9a-f:]+\[[0-9]+\] -> fd00:2::2\[135\]'"
+check "datagrams to a port the rules close do not arrive (0 of 5)" test "$(udp6_to_server 5301)" = 0
+
 # block return on forwarded traffic: the client hears the RST at once.
 cat "$DIR/pf.conf" - > "$DIR/return.conf" <<'CONF'
 block return in on $ext_if inet proto tcp to 10.0.2.2 port 2222

@@ -372,7 +372,7 @@ impl<P: Policy> Worker<P> {
                 }
             }
             let pd = &self.pd[i];
-            if pd.flags & (pdf::FRAGMENT | pdf::ICMP_ERROR) != 0 {
+            if pd.flags & (pdf::FRAGMENT | pdf::ICMP_ERROR | pdf::ND) != 0 {
                 let pd = *pd;
                 // To this host: reassembled here when reassembly is on (a translated flow's
                 // fragments to a pool address are xpfd's; the rest go back whole to the host).
@@ -980,10 +980,14 @@ impl<P: Policy> Worker<P> {
         };
         let v = if pd.af == AF_INET {
             let c = ctx!(self, t6, ifidx, dir, now, &mut tag, BATCH, rw);
-            miss_whole(&mut self.t4, &self.policy, c, pd)
+            miss_whole(&mut self.t4, &self.policy, c, pd, pd)
+        } else if pd.flags & pdf::ND != 0 {
+            // Neighbour discovery: keyed by its target, matched by its own addresses.
+            let c = ctx!(self, t4, ifidx, dir, now, &mut tag, BATCH, rw);
+            miss_whole(&mut self.t6, &self.policy, c, pd, &xpf_wire::pdesc::nd_key(frame, pd))
         } else {
             let c = ctx!(self, t4, ifidx, dir, now, &mut tag, BATCH, rw);
-            miss_whole(&mut self.t6, &self.policy, c, pd)
+            miss_whole(&mut self.t6, &self.policy, c, pd, pd)
         };
         take_log(&mut self.aux, &mut self.out.logs, &mut self.out.logged, i);
         v
@@ -2126,9 +2130,10 @@ pub fn pf_reason(r: Reason) -> u8 {
     }
 }
 
-/// [`miss`] for a packet not keyed in a batch.
-fn miss_whole<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc) -> Verdict {
-    let k = K::from_pdesc(pd, c.dir, 0);
+/// [`miss`] for a packet not keyed in a batch, keyed as `keyed` (`pd` itself, or with the
+/// addresses neighbour discovery is keyed by).
+fn miss_whole<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, keyed: &PDesc) -> Verdict {
+    let k = K::from_pdesc(keyed, c.dir, 0);
     let h = t.hash(&k);
     miss(t, p, c, pd, k, h)
 }
@@ -2144,7 +2149,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         }
     }
     if *c.any_if_bound {
-        let kb = K::from_pdesc(pd, c.dir, c.ifidx);
+        let kb = key.on(c.ifidx);
         if let Some(r) = t.find(&kb, t.hash(&kb)) {
             if let Some(v) = hit_nat(t, r, pd, c.dir, c.now, c.aux, slot(&mut c.rw), c.local) {
                 return with_actions(t, p, r, c, v);
@@ -2261,7 +2266,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     }
     let (key, h) = if d.if_bound {
         *c.any_if_bound = true;
-        let kb = K::from_pdesc(pd, c.dir, c.ifidx);
+        let kb = key.on(c.ifidx);
         (kb, t.hash(&kb))
     } else {
         (key, h)

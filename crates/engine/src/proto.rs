@@ -45,12 +45,15 @@ pub mod tcps {
 }
 
 /// Whether a packet that matched a keep-state rule may create a state (`flags S/SA` for TCP).
-#[inline]
 /// With `pickup` (a rule with `flags any`), any segment but a RST makes one.
+#[inline]
 pub fn may_create(pd: &PDesc, pickup: bool) -> bool {
-    pd.proto != IPPROTO_TCP
-        || pd.tcp_flags & (tcp::SYN | tcp::ACK) == tcp::SYN
-        || (pickup && pd.tcp_flags & tcp::RST == 0)
+    if pd.proto != IPPROTO_TCP {
+        // A neighbour advertisement answers a solicitation's state or passes without one
+        // (pf: nobody expects an answer to an unsolicited advertisement).
+        return pd.proto != IPPROTO_ICMPV6 || pd.icmp_type != xpf_wire::icmp::V6_NEIGHBOR_ADVERT;
+    }
+    pd.tcp_flags & (tcp::SYN | tcp::ACK) == tcp::SYN || (pickup && pd.tcp_flags & tcp::RST == 0)
 }
 
 /// Initial (timeout, src state, dst state, TCP peers) of a state created by `pd`.

@@ -396,6 +396,76 @@ fn an_icmp_error_to_someone_else_does_not_ride_a_state() {
     assert_eq!(w.t4.counters.icmp_mismatch, 1);
 }
 
+/// An ICMPv6 neighbour solicitation (`adv` false) or advertisement from `src` to `dst` about
+/// `target`, with hop limit `hlim`.
+fn nd6(adv: bool, src: [u8; 16], dst: [u8; 16], target: [u8; 16], hlim: u8) -> Vec<u8> {
+    let mut f = vec![0u8; 14 + 40 + 24];
+    f[12..14].copy_from_slice(&[0x86, 0xdd]);
+    xpf_wire::ipv6::emit_header(&mut f[14..], &src, &dst, 58, 24, hlim);
+    xpf_wire::icmp::emit_header(&mut f[54..], if adv { 136 } else { 135 }, 0, if adv { 0x6000_0000 } else { 0 });
+    f[62..78].copy_from_slice(&target);
+    f
+}
+
+/// fd00:2::N
+fn v6(n: u8) -> [u8; 16] {
+    [0xfd, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, n]
+}
+
+/// ff02::1:ffXX:XXXX, the solicited-node multicast address of `a`.
+fn solicited(a: [u8; 16]) -> [u8; 16] {
+    [0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, a[13], a[14], a[15]]
+}
+
+#[test]
+fn a_neighbour_advertisement_finds_the_state_of_the_solicitation_it_answers() {
+    // pf (pf_icmp_mapping, pf_state_key_addr_setup): `block all; pass out` resolves a
+    // neighbour, the advertisement passing by the solicitation's state, keyed by the target.
+    let mut w = outbound_only();
+    let me = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    let ns = nd6(false, me, solicited(v6(2)), v6(2), 255);
+    assert_eq!(run(&mut w, &[ns], Dir::Out, 1)[0], Verdict::Pass);
+    assert_eq!(w.states(), 1);
+    let (_, s) = w.t6.iter().next().unwrap();
+    let id = xpf_wire::icmp::nd_id(&v6(2));
+    assert_eq!((s.key.addr, s.key.port), ([v6(2), me], [135, id]), "keyed by the target, not the multicast address");
+    let na = |from: u8, target: u8, to: [u8; 16], hlim: u8| nd6(true, v6(from), to, v6(target), hlim);
+    let v = run(
+        &mut w,
+        &[
+            na(2, 2, me, 255),
+            na(3, 3, me, 255),
+            na(2, 2, [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9], 255),
+            na(2, 2, me, 64),
+            nd6(true, v6(2), me, v6(2), 255)[..14 + 40 + 16].to_vec(),
+        ],
+        Dir::In,
+        2,
+    );
+    assert_eq!(
+        v,
+        [
+            Verdict::Pass,
+            Verdict::Drop(Reason::Match),
+            Verdict::Drop(Reason::Match),
+            Verdict::Drop(Reason::Normalize),
+            Verdict::Drop(Reason::Short),
+        ],
+        "the answer; another target; another host; from off the link (hop limit 64); no target"
+    );
+    // Duplicate address detection: a probe from :: to the target's solicited-node address,
+    // defended by an advertisement to all nodes.
+    let probe = nd6(false, [0; 16], solicited(v6(7)), v6(7), 255);
+    assert_eq!(run(&mut w, &[probe], Dir::Out, 3)[0], Verdict::Pass);
+    let all_nodes = [0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    assert_eq!(run(&mut w, &[na(7, 7, all_nodes, 255)], Dir::In, 3)[0], Verdict::Pass);
+    assert_eq!(run(&mut w, &[na(8, 8, all_nodes, 255)], Dir::In, 3)[0], Verdict::Drop(Reason::Match));
+    // An advertisement a rule passes makes no state (nobody waits for an answer to one).
+    let mut w = worker(PassAll, 10);
+    assert_eq!(run(&mut w, &[na(2, 2, me, 255)], Dir::In, 1)[0], Verdict::Pass);
+    assert_eq!(w.states(), 0);
+}
+
 #[test]
 fn an_icmp_error_quoting_tcp_must_quote_a_sequence_number_in_the_window() {
     let mut w = established();

@@ -30,6 +30,8 @@ pub trait Key: Copy + Eq + Default + core::fmt::Debug + Send + crate::region::Ze
     /// A key from its parts (addresses as `Addr`, IPv4 in the first four bytes): for states
     /// that arrive by sync.
     fn from_parts(proto: u8, addr: [Addr; 2], port: [u16; 2], kif: u16) -> Self;
+    /// This key on interface `kif` (0: floating).
+    fn on(&self, kif: u16) -> Self;
 
     /// What a translated state's side record holds besides TCP peers. An IPv4 state's line
     /// holds its stack key (the addresses and ports the translation changed, in the three
@@ -194,6 +196,10 @@ impl Key for Key4 {
     fn from_parts(proto: u8, addr: [Addr; 2], port: [u16; 2], kif: u16) -> Self {
         Key4 { addr: [addr[0].v4_bytes(), addr[1].v4_bytes()], port, proto, _pad: 0, kif }
     }
+    #[inline(always)]
+    fn on(&self, kif: u16) -> Self {
+        Key4 { kif, ..*self }
+    }
 
     type Aside = Meta;
     const STACK_IN_LINE: bool = true;
@@ -252,6 +258,10 @@ impl Key for Key6 {
     }
     fn from_parts(proto: u8, addr: [Addr; 2], port: [u16; 2], kif: u16) -> Self {
         Key6 { addr: [addr[0].0, addr[1].0], port, proto, _pad: 0, kif }
+    }
+    #[inline(always)]
+    fn on(&self, kif: u16) -> Self {
+        Key6 { kif, ..*self }
     }
 
     type Aside = Key6;

@@ -74,6 +74,20 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn payload(&self) -> &[u8] {
         &self.buf.as_ref()[HEADER_LEN..]
     }
+    /// A neighbour solicitation's or advertisement's target address (RFC 4861 4.3, 4.4: the
+    /// 16 bytes after the header); None when the message is too short to hold one.
+    #[inline]
+    pub fn nd_target(&self) -> Option<[u8; 16]> {
+        self.buf.as_ref().get(HEADER_LEN..HEADER_LEN + 16)?.try_into().ok()
+    }
+}
+
+/// The identifier pf gives a neighbour solicitation and the advertisements that answer it
+/// (pf_icmp_mapping): the target's four words folded by exclusive or into 16 bits, the
+/// number pfctl shows as the state's port on a little-endian host.
+pub fn nd_id(target: &[u8; 16]) -> u16 {
+    let h = target.chunks_exact(4).fold(0u32, |h, w| h ^ u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
+    (h >> 16) as u16 ^ h as u16
 }
 
 /// What kind of ICMP message this is, for state keeping (pf's `pf_icmp_mapping`).

@@ -31,6 +31,10 @@ pub mod pdf {
     /// A TCP header with reserved bits set, or an urgent pointer without URG: what
     /// pf_normalize_tcp clears before the packet goes on.
     pub const TCP_UNCLEAN: u16 = 1 << 7;
+    /// An ICMPv6 neighbour solicitation or advertisement: its state is keyed by its target
+    /// ([`nd_key`](super::nd_key)), its ports hold pf's identifier of that target and the
+    /// solicitation's type.
+    pub const ND: u16 = 1 << 8;
 }
 
 /// An address: IPv4 in the first four bytes, the rest zero.
@@ -433,10 +437,59 @@ pub fn parse_ipv6(frame: &[u8], off: usize, pd: &mut PDesc) -> Result<(), Parse>
     }
     let l4 = &ip.payload()[ext.offset..];
     first_fragment_l4(parse_l4(l4, pd, partial), pd)?;
-    if pd.proto == IPPROTO_ICMPV6 && icmp::is_mld(pd.icmp_type) {
-        mld(pd, ext.options)?;
+    if pd.proto == IPPROTO_ICMPV6 {
+        if icmp::is_mld(pd.icmp_type) {
+            mld(pd, ext.options)?;
+        } else if (icmp::V6_ROUTER_SOLICIT..=icmp::V6_REDIRECT).contains(&pd.icmp_type) {
+            nd(pd, l4)?;
+        }
     }
     Ok(())
+}
+
+/// Neighbour discovery (RFC 4861). A message whose hop limit is not 255 was routed here from
+/// off the link, which RFC 4861 forbids: dropped, as pf drops it (normalize). A neighbour
+/// solicitation and the advertisement that answers it are a query and its reply, as in pf's
+/// pf_icmp_mapping: ports (identifier, 135) for the solicitation, (135, identifier) for the
+/// advertisement, the identifier pf's fold of the target ([`icmp::nd_id`]); one too short to
+/// hold its target is dropped as short.
+#[cold]
+fn nd(pd: &mut PDesc, l4: &[u8]) -> Result<(), Parse> {
+    if pd.ttl != 255 {
+        return Err(Reason::Normalize.into());
+    }
+    if matches!(pd.icmp_type, icmp::V6_NEIGHBOR_SOLICIT | icmp::V6_NEIGHBOR_ADVERT) {
+        let m = icmp::Packet::new_checked(l4).map_err(|_| Reason::Short)?;
+        let id = icmp::nd_id(&m.nd_target().ok_or(Reason::Short)?);
+        let sol = icmp::V6_NEIGHBOR_SOLICIT as u16;
+        (pd.sport, pd.dport) = if pd.icmp_type == icmp::V6_NEIGHBOR_SOLICIT { (id, sol) } else { (sol, id) };
+        pd.flags |= pdf::ND;
+    }
+    Ok(())
+}
+
+/// The descriptor of `frame` (whose descriptor `pd` has [`pdf::ND`]) with the addresses its
+/// state is keyed by, as pf's pf_state_key_addr_setup sets them: a solicitation's destination
+/// is its target (a solicited-node multicast address names only the target's last 24 bits),
+/// an advertisement's source is its target and a multicast destination is the unspecified
+/// address (the answer to a duplicate address probe from ::). An advertisement then finds
+/// the state of the solicitation it answers, wherever it was sent. Rules match the packet's
+/// own addresses, in `pd`.
+pub fn nd_key(frame: &[u8], pd: &PDesc) -> PDesc {
+    let mut k = *pd;
+    let target =
+        frame.get(pd.l4_off as usize..).and_then(|l4| icmp::Packet::new_checked(l4).ok()).and_then(|m| m.nd_target());
+    if let Some(t) = target {
+        if pd.icmp_type == icmp::V6_NEIGHBOR_SOLICIT {
+            k.dst = Addr(t);
+        } else {
+            k.src = Addr(t);
+            if pd.dst.0[0] == 0xff {
+                k.dst = Addr::default();
+            }
+        }
+    }
+    k
 }
 
 /// MLD (RFC 2710, 3810) carries a router alert: passed without `allow-opts` when it is
