@@ -352,6 +352,54 @@ check "sticky-address: 640 connections from 32 clients to 4 servers, each client
 n=$(c python3 "$DIR/client.py" tcp 7300 20)
 check "endpoint-independent and sticky-address: the blocked port still gets no connection ($n of 20)" test "$n" -eq 0
 kill $WHO 2>/dev/null
+# IPv6 with two workers: the client network's prefix translated onto another (binat-to,
+# host part kept) under `block all`: no rule passes neighbour advertisements in, so the
+# firewall resolves the server and the clients by its solicitations' states; they ask for
+# the firewall by rule.
+for i in $(seq 10 41); do ip -n ${P}client addr add fd00:1::$i/64 dev c0 nodad; done
+cat > "$DIR/v6.conf" <<'CONF'
+block all
+pass in on fc inet6 proto icmp6 icmp6-type { echoreq, neighbrsol }
+pass in on fs inet6 proto icmp6 icmp6-type neighbrsol
+pass in on fc inet6 proto udp to fd00:2::2 port 7200
+pass out on fs
+pass out on fc inet6 proto icmp6 icmp6-type neighbrsol
+match out on fs inet6 from fd00:1::/64 to any binat-to fd00:2:0:1::/64
+CONF
+# The server answers each datagram with the address it came from.
+ip netns exec ${P}server python3 -c "
+import socket
+s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM); s.bind(('fd00:2::2', 7200))
+while True:
+    d, a = s.recvfrom(100); s.sendto(a[0].encode(), a)
+" &
+WHO6=$!
+ip -n ${P}fw -6 neigh flush dev fs
+check "-f an IPv6 ruleset with binat-to (two workers)" \
+    bash -c "$BIN/xpfctl --socket $SOCK -f '$DIR/v6.conf' && $BIN/xpfctl --socket $SOCK -F states >/dev/null"
+udp6() { # udp6 PORT: "answered mapped" of 100 UDP flows from 32 client addresses
+    c python3 -c "
+import socket, concurrent.futures as cf
+def one(i):
+    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM); s.bind(('fd00:1::%d' % (10 + i % 32), 0)); s.settimeout(1)
+    for _ in range(3):
+        try:
+            s.sendto(b'who', ('fd00:2::2', $1)); return s.recvfrom(100)[0].decode() == 'fd00:2:0:1::%d' % (10 + i % 32)
+        except OSError:
+            pass
+    return None
+with cf.ThreadPoolExecutor(50) as ex:
+    got = list(ex.map(one, range(100)))
+print(sum(g is not None for g in got), sum(g is True for g in got))"
+}
+x=$(udp6 7200)
+check "IPv6 binat-to: 100 UDP flows from 32 addresses answered, each seen as its address in the other prefix ($x: answered, mapped)" \
+    test "$x" = "100 100"
+n=$(for i in $(seq 10 17); do c ping -6 -c 2 -i 0.2 -W 2 -I fd00:1::$i fd00:2::2 & done 2>/dev/null | grep -c ' 2 received')
+check "IPv6 binat-to: pings from 8 addresses all answered ($n of 8)" test "$n" -eq 8
+x=$(udp6 7201)
+check "IPv6: a port the rules block gets no answer ($x: answered, mapped)" test "$x" = "0 0"
+kill $WHO6 2>/dev/null
 sed 's/from 10.0.1.0\/24 nat-to 10.0.2.1 endpoint-independent/nat-to 10.0.2.1 endpoint-independent/' "$DIR/hosts.conf" >"$DIR/anyhost.conf"
 out=$($BIN/xpfctl --socket $SOCK -f "$DIR/anyhost.conf" 2>&1)
 check "endpoint-independent from any is refused with FILE:LINE (two workers: its hosts unnamed)" \
