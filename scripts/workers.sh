@@ -351,6 +351,43 @@ check "sticky-address: 640 connections from 32 clients to 4 servers, each client
     test "$x" = "640 32 2"
 n=$(c python3 "$DIR/client.py" tcp 7300 20)
 check "endpoint-independent and sticky-address: the blocked port still gets no connection ($n of 20)" test "$n" -eq 0
+# Many hosts behind one address keeping their ports (static-port), with two workers: each
+# host's flows are owned by their source port, the worker their replies to the address (by
+# their destination port) come to.
+cat > "$DIR/static.conf" <<'CONF'
+block all
+pass in on fc inet proto tcp to port 7203
+pass in on fc inet proto udp to port 7202
+pass out on fs
+match out on fs inet from 10.0.1.0/24 nat-to 10.0.2.1 static-port
+CONF
+check "-f a ruleset with nat-to static-port from a network (two workers)" \
+    bash -c "$BIN/xpfctl --socket $SOCK -f '$DIR/static.conf' && $BIN/xpfctl --socket $SOCK -F states >/dev/null"
+x=$(c python3 -c "
+import socket, concurrent.futures as cf
+def udp(i):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('10.0.1.%d' % (10 + i % 32), 20000 + i)); s.settimeout(1)
+    for _ in range(3):
+        try:
+            s.sendto(b'who', ('10.0.2.2', 7202)); return s.recvfrom(100)[0].decode() == '10.0.2.1:%d' % (20000 + i)
+        except OSError:
+            pass
+def tcp(i):
+    for _ in range(3):
+        try:
+            s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('10.0.1.%d' % (10 + i % 32), 21000 + i))
+            s.settimeout(3); s.connect(('10.0.2.%d' % (2 + i % 3), 7203)); d = s.recv(100).decode(); s.close()
+            if d:
+                return d == '10.0.2.1:%d' % (21000 + i)
+        except OSError:
+            pass
+with cf.ThreadPoolExecutor(50) as ex:
+    u = list(ex.map(udp, range(100))); t = list(ex.map(tcp, range(300)))
+print(sum(g is not None for g in u), sum(g is True for g in u), sum(g is not None for g in t), sum(g is True for g in t))")
+check "static-port: 100 UDP flows and 300 connections from 32 clients answered, each seen as 10.0.2.1 with its own port ($x: UDP answered, kept; TCP answered, kept)" \
+    test "$x" = "100 100 300 300"
+n=$(c python3 "$DIR/client.py" tcp 7300 20)
+check "static-port: the blocked port still gets no connection ($n of 20)" test "$n" -eq 0
 kill $WHO 2>/dev/null
 # IPv6 with two workers: the client network's prefix translated onto another (binat-to,
 # host part kept) under `block all`: no rule passes neighbour advertisements in, so the
@@ -405,10 +442,10 @@ out=$($BIN/xpfctl --socket $SOCK -f "$DIR/anyhost.conf" 2>&1)
 check "endpoint-independent from any is refused with FILE:LINE (two workers: its hosts unnamed)" \
     bash -c 'echo "$1"; grep -q "anyhost.conf:5: endpoint-independent and sticky-address with several workers" <<<"$1"' _ "$out"
 # What two workers cannot share is refused at its line: many hosts behind one address keeping
-# their ports (a reply's port names no worker, its address no host).
-sed 's/^pass out on fs$/pass out on fs\nmatch out on fs inet from 10.0.1.0\/24 nat-to 10.0.2.1 static-port/' "$DIR/pf.conf" >"$DIR/static.conf"
-out=$($BIN/xpfctl --socket $SOCK -f "$DIR/static.conf" 2>&1)
-check "nat-to static-port from a network onto one address is refused with FILE:LINE (two workers)" \
-    bash -c 'echo "$1"; grep -q "static.conf:6: nat-to with static-port.*--workers 1" <<<"$1"' _ "$out"
+# their ports, from any (the hand-off cannot know its hosts).
+sed 's/^pass out on fs$/pass out on fs\nmatch out on fs inet nat-to 10.0.2.1 static-port/' "$DIR/pf.conf" >"$DIR/anystatic.conf"
+out=$($BIN/xpfctl --socket $SOCK -f "$DIR/anystatic.conf" 2>&1)
+check "nat-to static-port from any onto one address is refused with FILE:LINE (two workers)" \
+    bash -c 'echo "$1"; grep -q "anystatic.conf:6: static-port from many hosts onto fewer addresses with several workers" <<<"$1"' _ "$out"
 echo "workers: $PASS passed, $FAIL failed"
 [[ $FAIL -eq 0 ]]

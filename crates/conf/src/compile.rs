@@ -721,6 +721,9 @@ pub struct Ruleset {
     /// The source networks of translations that remember per inside host ([`NatHosts`]): the
     /// hand-off keeps each such host's flows on one worker.
     pub nat_hosts: Vec<NatHosts>,
+    /// The source networks of many-to-one translations that keep the source port
+    /// ([`NatPorts`]): the hand-off owns their hosts' flows by port.
+    pub nat_ports: Vec<NatPorts>,
     /// `set loginterface`: its index, or a group's members' (empty: none, or not present
     /// when compiled).
     pub loginterface: Vec<u16>,
@@ -843,6 +846,37 @@ impl NatHosts {
         }
         let HostKind::Net(a, l) = r.src.kind else { return None };
         (l > 0).then(|| NatHosts { net: (masked_addr(a, l), l), at: format!("{}:{}", r.file, r.line) })
+    }
+}
+
+/// The source network of a many-to-one `nat-to ... static-port` (not a map, not remembering
+/// per host): a translated flow keeps its source port, so its replies to the pool name no
+/// worker the allocator chose. With several workers every TCP or UDP flow (and ICMP echo)
+/// between one of `net`'s hosts and an address outside it is owned by that host's port (the
+/// identifier for an echo) modulo the workers, the same worker its replies to the pool are
+/// owned by (their destination port); the ports the worker hands out for other translations
+/// of those hosts are of its own residue too. `at` is the rule's FILE:LINE.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatPorts {
+    pub net: (IpAddr, u8),
+    pub at: String,
+}
+
+impl NatPorts {
+    /// Whether rule `r`'s `nat-to` keeps the source port of many hosts (a map's replies name
+    /// their host; one remembering per host is [`NatHosts`]'s).
+    pub fn needed(r: &Rule) -> bool {
+        r.nat.as_deref().is_some_and(|p| p.static_port) && NatMap::of(r).is_none() && !NatHosts::needed(r)
+    }
+
+    /// The network whose hosts' flows rule `r` translates keeping their ports, if it needs
+    /// one and its source is written as one (an address or a network, not negated).
+    pub fn of(r: &Rule) -> Option<NatPorts> {
+        if !NatPorts::needed(r) || r.src.neg {
+            return None;
+        }
+        let HostKind::Net(a, l) = r.src.kind else { return None };
+        (l > 0).then(|| NatPorts { net: (masked_addr(a, l), l), at: format!("{}:{}", r.file, r.line) })
     }
 }
 
@@ -1329,6 +1363,7 @@ struct Build<'a> {
     nat_maps: Vec<NatMap>,
     nat_fronts: Vec<NatFront>,
     nat_hosts: Vec<NatHosts>,
+    nat_ports: Vec<NatPorts>,
     urpf: Vec<(u16, usize)>,
     /// The queues by name (`set queue`).
     queue_ids: HashMap<String, u16>,
@@ -1365,6 +1400,7 @@ impl<'a> Build<'a> {
             nat_maps: Vec::new(),
             nat_fronts: Vec::new(),
             nat_hosts: Vec::new(),
+            nat_ports: Vec::new(),
             urpf: Vec::new(),
             queue_ids: HashMap::new(),
             ifs: HashMap::new(),
@@ -1562,6 +1598,7 @@ impl<'a> Build<'a> {
         if nat.is_some() {
             self.nat_maps.extend(NatMap::of(r));
             self.nat_hosts.extend(NatHosts::of(r));
+            self.nat_ports.extend(NatPorts::of(r));
         }
         if let (Some(rp), Some((front, proto, (lo, hi)))) = (rdr, NatFront::shape(r)) {
             if !targets_one(r, rp) {
@@ -1716,6 +1753,7 @@ impl Ruleset {
             nat_maps,
             nat_fronts,
             nat_hosts,
+            nat_ports,
             urpf,
             ..
         } = b;
@@ -1782,6 +1820,7 @@ impl Ruleset {
             nat_maps,
             nat_fronts,
             nat_hosts,
+            nat_ports,
             filter,
             xlate,
             scrubs,

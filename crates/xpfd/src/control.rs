@@ -174,17 +174,25 @@ fn table_limits(p: &Parsed, r: &Ruleset, file: &str) -> Result<(), String> {
 /// the kernel). Names the first such rule.
 pub fn translation_fits(l: &Loaded, workers: usize, divert: bool) -> Result<(), String> {
     use xpf_conf::ast::{HostKind, PoolKind};
-    use xpf_conf::compile::{NatFront, NatHosts, NatMap};
+    use xpf_conf::compile::{NatFront, NatHosts, NatMap, NatPorts};
     for r in l.parsed.rules.iter().chain(&l.parsed.xrules).filter(|r| r.nat.is_some() || r.rdr.is_some()) {
         let why = if !divert {
             "translation (nat-to, rdr-to, binat-to) needs xpfd's XDP or tcx program; packet mode without it (no ifb devices here) cannot take replies to this host's addresses"
         } else if workers > 1
             && NatMap::of(r).is_none()
-            && r.nat.as_ref().is_some_and(|p| p.static_port || p.port.is_some_and(|(a, b)| a == b))
+            && r.nat.as_ref().is_some_and(|p| p.port.is_some_and(|(a, b)| a == b))
         {
             // The replies' port names the worker that holds the state: the port must be one
             // the worker chose, or the address must map back to one inside address (binat-to).
-            "nat-to with static-port or one port runs on one worker for now (binat-to, and static-port from a network onto one as long, map host by host and run on several): start xpfd with --workers 1"
+            "nat-to with one port from many hosts runs on one worker for now (binat-to, and static-port from a network onto one as long, map host by host and run on several): start xpfd with --workers 1"
+        } else if workers > 1
+            && NatMap::of(r).is_none()
+            && r.nat.as_ref().is_some_and(|p| p.static_port)
+            && NatPorts::of(r).is_none()
+        {
+            // A kept port names the worker only if the flow was owned by it from the start:
+            // the hand-off must know the hosts (NatPorts).
+            "static-port from many hosts onto fewer addresses with several workers needs the rule's source written as an address or network (from NET; not any, a table, (if) or negated) and neither endpoint-independent nor sticky-address: each host's flows are owned by their port"
         } else if workers > 1 && r.nat.as_ref().is_some_and(|p| p.mape.is_some()) {
             // The workers share a range out by residue; a port set is not shared out yet.
             "map-e-portset runs on one worker for now: start xpfd with --workers 1"
@@ -211,6 +219,47 @@ pub fn translation_fits(l: &Loaded, workers: usize, divert: bool) -> Result<(), 
     if workers > 1 {
         if let Some(rs) = &l.ruleset {
             maps_fit(rs)?;
+            ports_fit(rs)?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether two networks overlap: the shorter one holds the other's address.
+fn overlap((a, l): (std::net::IpAddr, u8), (b, m): (std::net::IpAddr, u8)) -> bool {
+    let (net, len, x) = if l <= m { (a, l, b) } else { (b, m, a) };
+    crate::handoff::Prefix::of(net, len).covers(x.is_ipv4(), &xpf_wire::Addr::from_ip(x).0)
+}
+
+/// With several workers, the hosts of a network translated keeping its ports (`NatPorts`)
+/// have their flows owned by port; a map or a forwarding to one of them (owned by the flow's
+/// two addresses) or a translation remembering per host (owned by the host) would need them
+/// owned otherwise. Refused, naming the rule that keeps the ports.
+fn ports_fit(rs: &Ruleset) -> Result<(), String> {
+    use xpf_conf::compile::By;
+    for p in &rs.nat_ports {
+        let other = rs
+            .nat_maps
+            .iter()
+            .find(|m| overlap(m.to, p.net))
+            .map(|m| format!("a map's ({})", m.at))
+            .or_else(|| {
+                rs.nat_hosts
+                    .iter()
+                    .find(|h| overlap(h.net, p.net))
+                    .map(|h| format!("a translation remembering per host's ({})", h.at))
+            })
+            .or_else(|| {
+                rs.nat_owners
+                    .iter()
+                    .any(|t| matches!(t.by, By::Rdr(Some(to)) if overlap(to, p.net)))
+                    .then(|| "a forwarding's target".to_string())
+            });
+        if let Some(other) = other {
+            return Err(format!(
+                "{}: with several workers, the hosts of {}/{} whose flows static-port keeps on their port's worker cannot also be {other}: start xpfd with --workers 1",
+                p.at, p.net.0, p.net.1
+            ));
         }
     }
     Ok(())
@@ -222,20 +271,15 @@ pub fn translation_fits(l: &Loaded, workers: usize, divert: bool) -> Result<(), 
 /// otherwise. Refused, naming the map's line.
 fn maps_fit(rs: &Ruleset) -> Result<(), String> {
     use xpf_conf::compile::By;
-    let inside = |(a, l): (std::net::IpAddr, u8), (b, m): (std::net::IpAddr, u8)| {
-        // Whether the networks overlap: the shorter one holds the other's address.
-        let (net, len, x) = if l <= m { (a, l, b) } else { (b, m, a) };
-        crate::handoff::Prefix::of(net, len).covers(x.is_ipv4(), &xpf_wire::Addr::from_ip(x).0)
-    };
     for (i, m) in rs.nat_maps.iter().enumerate() {
-        let clash = rs.nat_maps[..i].iter().find(|o| inside(o.from, m.from) && o.to != m.to).map(|o| o.at.clone());
+        let clash = rs.nat_maps[..i].iter().find(|o| overlap(o.from, m.from) && o.to != m.to).map(|o| o.at.clone());
         let other = rs.nat_owners.iter().find(|t| {
             let net = t.net.unwrap_or(if t.af == xpf_wire::pdesc::AF_INET {
                 (std::net::Ipv4Addr::UNSPECIFIED.into(), 0)
             } else {
                 (std::net::Ipv6Addr::UNSPECIFIED.into(), 0)
             });
-            inside(net, m.from)
+            overlap(net, m.from)
                 && match t.by {
                     By::Map => false,
                     // binat-to's in half: the map's own way back.
@@ -1876,16 +1920,18 @@ mod tests {
         }
     }
 
+    /// Whether pf.conf `text` (file "t") fits `workers` workers.
+    fn fits(text: &str, workers: usize) -> Result<(), String> {
+        let l = Loaded::build(text, "t", &[]).map_err(|e| e.join("\n"))?;
+        translation_fits(&l, workers, true)
+    }
+
     /// A translation that remembers per inside host (`endpoint-independent`,
     /// `sticky-address`) loads with several workers when its source names the hosts, and is
     /// refused at its line when it does not; a sticky forwarding through one public address
     /// loads, one of another shape does not.
     #[test]
     fn a_translation_remembering_per_host_names_its_hosts_with_several_workers() {
-        let fits = |text: &str, workers: usize| {
-            let l = Loaded::build(text, "t", &[]).map_err(|e| e.join("\n"))?;
-            translation_fits(&l, workers, true)
-        };
         for ok in [
             "match out on lo inet proto udp from 10.0.1.0/24 nat-to 192.0.2.1 endpoint-independent\n",
             "match out on lo inet from 10.0.1.0/24 nat-to { 192.0.2.1, 192.0.2.2 } round-robin sticky-address\n",
@@ -1914,6 +1960,40 @@ mod tests {
         }
         let e = fits("pass in on lo inet to 192.0.2.1 rdr-to { 10.0.1.5, 10.0.1.6 } round-robin sticky-address\n", 2);
         assert!(e.unwrap_err().starts_with("t:1: rdr-to over addresses chosen per flow"));
+    }
+
+    /// `static-port` from many hosts onto fewer addresses loads with several workers from a
+    /// source written as an address or network, each host's flows owned by their port; from
+    /// a source the hand-off cannot know, with a translation remembering per host, or with
+    /// those hosts also a map's or a forwarding's, it is refused at its line.
+    #[test]
+    fn static_port_names_its_hosts_with_several_workers() {
+        for ok in [
+            "match out on lo inet from 10.0.1.0/24 nat-to 192.0.2.1 static-port\n",
+            "nat on lo inet proto udp from 10.0.1.0/24 port 500 to any -> 192.0.2.1 static-port\n",
+            "match out on lo inet from { 10.0.1.0/24, 10.0.3.7 } nat-to { 192.0.2.1, 192.0.2.2 } round-robin static-port\n",
+        ] {
+            assert_eq!(fits(ok, 2), Ok(()), "{ok}");
+            assert!(!Loaded::build(ok, "t", &[]).unwrap().ruleset.as_ref().unwrap().nat_ports.is_empty());
+        }
+        for (refused, why) in [
+            ("match out on lo inet nat-to 192.0.2.1 static-port\n", "t:1: static-port from many hosts"),
+            ("table <in> { 10.0.1.0/24 }\nmatch out on lo inet from <in> nat-to 192.0.2.1 static-port\n", "t:2: static-port from many hosts"),
+            ("match out on lo inet from 10.0.1.0/24 nat-to { 192.0.2.1, 192.0.2.2 } round-robin sticky-address static-port\n", "t:1: static-port from many hosts"),
+            ("match out on lo inet from 10.0.1.0/24 nat-to 192.0.2.1 port 5000\n", "t:1: nat-to with one port from many hosts"),
+            (
+                "match out on lo inet from 10.0.1.0/24 nat-to 192.0.2.1 static-port\nmatch on lo inet from 10.0.1.128/26 to any binat-to 192.0.2.128/26\n",
+                "t:1: with several workers, the hosts of 10.0.1.0/24 whose flows static-port keeps on their port's worker cannot also be a map's (t:2)",
+            ),
+            (
+                "match out on lo inet from 10.0.1.0/24 nat-to 192.0.2.1 static-port\npass in on lo inet proto tcp to 192.0.2.1 port 80 rdr-to 10.0.1.80\n",
+                "t:1: with several workers, the hosts of 10.0.1.0/24 whose flows static-port keeps on their port's worker cannot also be a forwarding's target",
+            ),
+        ] {
+            let e = fits(refused, 2).unwrap_err();
+            assert!(e.starts_with(why), "{refused}: {e}");
+            assert_eq!(fits(refused, 1), Ok(()), "{refused}: one worker keeps them");
+        }
     }
 
     /// The load's log line: added and removed rules for a usual ruleset, the counts only for

@@ -103,8 +103,11 @@ pub fn owner(frame: &[u8], n: usize) -> usize {
 /// be translated (its source and the target its destination gives, the pair its replies hash
 /// to); a packet between a host of a network whose translation remembers per host
 /// (`endpoint-independent`, `sticky-address`) and an address outside it by that host alone,
-/// and so the flows a map or a forwarding leads to such a host. Built from the ruleset
-/// (`Ruleset::nat_owners`, `nat_maps`, `nat_fronts`, `nat_hosts`).
+/// and so the flows a map or a forwarding leads to such a host; a TCP or UDP packet (an ICMP
+/// echo) between a host of a network translated many to one keeping its ports
+/// (`static-port`) and an address outside it by that host's port (the echo's identifier), as
+/// the replies to the pool are. Built from the ruleset (`Ruleset::nat_owners`, `nat_maps`,
+/// `nat_fronts`, `nat_hosts`, `nat_ports`).
 #[derive(Debug, Default, Clone)]
 pub struct NatOwners {
     maps: Vec<(Prefix, Prefix)>,
@@ -112,6 +115,7 @@ pub struct NatOwners {
     fronts: Vec<Front>,
     rdr: Vec<(Match, Prefix)>,
     hosts: Vec<Prefix>,
+    ports: Vec<Prefix>,
 }
 
 /// A port forwarding to targets chosen per flow (`NatFront`): a TCP or UDP packet from one
@@ -193,8 +197,40 @@ type Fields = (bool, u8, [u8; 16], [u8; 16], u16, u16);
 /// quotes turned round (the quoted packet went the other way): the fields a translation
 /// target is recognised by.
 fn target_fields(frame: &[u8]) -> Option<Fields> {
+    let (v4, proto, src, dst, l4) = transport(frame)?;
+    let word = |b: &[u8], at: usize| b.get(at..at + 2).map(|w| u16::from_be_bytes([w[0], w[1]]));
+    match proto {
+        6 | 17 => Some((v4, proto, src, dst, word(l4, 2)?, word(l4, 0)?)),
+        IPPROTO_ICMP | IPPROTO_ICMPV6 => {
+            let t = *l4.first()?;
+            let error = if v4 { kind_v4(t) == Kind::Error } else { kind_v6(t) == Kind::Error };
+            if error {
+                let (qp, qs, qd, ql4) = quoted(v4, l4)?;
+                let (port, sport) = match qp {
+                    6 | 17 => (word(ql4, 0)?, word(ql4, 2)?),
+                    _ => (word(ql4, 4)?, 0),
+                };
+                return Some((v4, qp, qd, qs, port, sport));
+            }
+            let reply = if v4 { t == 0 } else { t == 129 };
+            reply.then_some(())?;
+            Some((v4, proto, src, dst, word(l4, 4)?, 0))
+        }
+        _ => None,
+    }
+}
+
+/// (IPv4, protocol, source, destination, transport header and payload).
+type Transport<'a> = (bool, u8, [u8; 16], [u8; 16], &'a [u8]);
+/// (protocol, source, destination, transport bytes) of a quoted packet.
+type Quote<'a> = (u8, [u8; 16], [u8; 16], &'a [u8]);
+
+/// A frame's family, transport protocol, source, destination and transport header and
+/// payload (IPv6's past its extension headers); None for later fragments.
+#[inline(always)]
+fn transport(frame: &[u8]) -> Option<Transport<'_>> {
     let (ty, l3) = l3_of(frame)?;
-    let (v4, proto, src, dst, l4) = match ty {
+    Some(match ty {
         ethernet::ETHERTYPE_IPV4 => {
             let ip = ipv4::Packet::new_checked(l3).ok()?;
             if ip.frag_offset() != 0 {
@@ -221,38 +257,24 @@ fn target_fields(frame: &[u8]) -> Option<Fields> {
             }
         }
         _ => return None,
-    };
-    let word = |b: &[u8], at: usize| b.get(at..at + 2).map(|w| u16::from_be_bytes([w[0], w[1]]));
-    match proto {
-        6 | 17 => Some((v4, proto, src, dst, word(l4, 2)?, word(l4, 0)?)),
-        IPPROTO_ICMP | IPPROTO_ICMPV6 => {
-            let t = *l4.first()?;
-            let error = if v4 { kind_v4(t) == Kind::Error } else { kind_v6(t) == Kind::Error };
-            if error {
-                // The quoted packet: its header after the error's 8 bytes.
-                let q = l4.get(8..)?;
-                let (qp, qs, qd, ql4) = if v4 {
-                    let h = ipv4::Quoted::new_checked(q).ok()?;
-                    let hl = ((q[0] & 0x0f) as usize) * 4;
-                    let (mut s, mut d) = ([0u8; 16], [0u8; 16]);
-                    s[..4].copy_from_slice(&h.src());
-                    d[..4].copy_from_slice(&h.dst());
-                    (h.protocol(), s, d, q.get(hl..)?)
-                } else {
-                    let h = ipv6::Quoted::new_checked(q).ok()?;
-                    (h.next_header(), h.src(), h.dst(), q.get(40..)?)
-                };
-                let (port, sport) = match qp {
-                    6 | 17 => (word(ql4, 0)?, word(ql4, 2)?),
-                    _ => (word(ql4, 4)?, 0),
-                };
-                return Some((v4, qp, qd, qs, port, sport));
-            }
-            let reply = if v4 { t == 0 } else { t == 129 };
-            reply.then_some(())?;
-            Some((v4, proto, src, dst, word(l4, 4)?, 0))
-        }
-        _ => None,
+    })
+}
+
+/// An ICMP error's (transport header and payload `l4`) quoted packet: its protocol, source,
+/// destination and transport bytes, from its header after the error's 8 bytes.
+#[inline(always)]
+fn quoted(v4: bool, l4: &[u8]) -> Option<Quote<'_>> {
+    let q = l4.get(8..)?;
+    if v4 {
+        let h = ipv4::Quoted::new_checked(q).ok()?;
+        let hl = ((q[0] & 0x0f) as usize) * 4;
+        let (mut s, mut d) = ([0u8; 16], [0u8; 16]);
+        s[..4].copy_from_slice(&h.src());
+        d[..4].copy_from_slice(&h.dst());
+        Some((h.protocol(), s, d, q.get(hl..)?))
+    } else {
+        let h = ipv6::Quoted::new_checked(q).ok()?;
+        Some((h.next_header(), h.src(), h.dst(), q.get(40..)?))
     }
 }
 
@@ -273,6 +295,7 @@ impl NatOwners {
             })
             .collect();
         o.hosts = r.nat_hosts.iter().map(|h| Prefix::of(h.net.0, h.net.1)).collect();
+        o.ports = r.nat_ports.iter().map(|h| Prefix::of(h.net.0, h.net.1)).collect();
         o
     }
 
@@ -311,15 +334,23 @@ impl NatOwners {
             && self.fronts.is_empty()
             && self.rdr.is_empty()
             && self.hosts.is_empty()
+            && self.ports.is_empty()
     }
 
     /// The worker (of `n`) that owns `frame` by its translation, None when no translation
     /// target names it (the address hash decides).
     pub fn owner(&self, frame: &[u8], n: usize) -> Option<usize> {
-        if self.maps.is_empty() && self.hosts.is_empty() {
+        if self.maps.is_empty() && self.hosts.is_empty() && self.ports.is_empty() {
             return self.by_target(frame, n);
         }
-        let ends = map_fields(frame);
+        self.by_more(frame, n)
+    }
+
+    /// [`NatOwners::owner`] with maps, hosts or ports to look at too: out of line, so that a
+    /// ruleset of pools and forwardings alone keeps its owner short.
+    #[inline(never)]
+    fn by_more(&self, frame: &[u8], n: usize) -> Option<usize> {
+        let ends = if self.maps.is_empty() && self.hosts.is_empty() { None } else { map_fields(frame) };
         if let Some((v4, peer, ours)) = ends {
             if let Some((_, to)) = self.maps.iter().find(|(from, _)| from.covers(v4, &ours)) {
                 return Some(self.inside(v4, &peer, &to.graft(&ours), n));
@@ -330,8 +361,26 @@ impl NatOwners {
                 return Some(w);
             }
         }
+        if !self.ports.is_empty() {
+            if let Some(w) = port_fields(frame)
+                .and_then(|(v4, src, dst, sport, dport)| self.by_port(v4, &src, &dst, sport, dport, n))
+            {
+                return Some(w);
+            }
+        }
         let (v4, a, b) = ends?;
         self.by_host(v4, &a, &b, n)
+    }
+
+    /// A flow between one host of [`NatOwners::ports`] and an address outside them: that
+    /// host's port's worker. None between two of them or two others.
+    fn by_port(&self, v4: bool, a: &[u8; 16], b: &[u8; 16], pa: u16, pb: u16, n: usize) -> Option<usize> {
+        let held = |x: &[u8; 16]| self.ports.iter().any(|h| h.covers(v4, x));
+        match (held(a), held(b)) {
+            (true, false) => Some(pa as usize % n),
+            (false, true) => Some(pb as usize % n),
+            _ => None,
+        }
     }
 
     /// A packet to a pool, a front or a forwarding: its owner by the translation's target.
@@ -391,7 +440,12 @@ impl NatOwners {
                 }
             }
         }
-        self.by_host(v4, &addr[0], &addr[1], n).unwrap_or_else(|| owner_of_pair(v4, &addr[0], &addr[1], n))
+        let ported = matches!(proto, 6 | 17 | IPPROTO_ICMP | IPPROTO_ICMPV6);
+        ported
+            .then(|| self.by_port(v4, &addr[0], &addr[1], port[0], port[1], n))
+            .flatten()
+            .or_else(|| self.by_host(v4, &addr[0], &addr[1], n))
+            .unwrap_or_else(|| owner_of_pair(v4, &addr[0], &addr[1], n))
     }
 }
 
@@ -460,6 +514,42 @@ fn fragment_key(frame: &[u8]) -> Option<(u64, bool)> {
             let f = ip.walk().ok()?.fragment?;
             let key = mix(fold16(ip.src()) ^ fold16(ip.dst()).rotate_left(29)) ^ mix(f.ident as u64);
             Some((key | 1, f.offset == 0))
+        }
+        _ => None,
+    }
+}
+
+/// (IPv4, source, destination, source port, destination port).
+type Ported = (bool, [u8; 16], [u8; 16], u16, u16);
+
+/// For a network translated keeping its ports: a TCP or UDP packet's family, source,
+/// destination and their ports; an ICMP echo's or echo reply's with its identifier as both
+/// ports; for an ICMP error, those of the packet it quotes turned round (the quoted packet
+/// went the other way). None for other packets and later fragments.
+fn port_fields(frame: &[u8]) -> Option<Ported> {
+    let (v4, proto, src, dst, l4) = transport(frame)?;
+    let word = |b: &[u8], at: usize| b.get(at..at + 2).map(|w| u16::from_be_bytes([w[0], w[1]]));
+    let echo = |t: u8| if v4 { t == 0 || t == 8 } else { t == 128 || t == 129 };
+    match proto {
+        6 | 17 => Some((v4, src, dst, word(l4, 0)?, word(l4, 2)?)),
+        IPPROTO_ICMP | IPPROTO_ICMPV6 => {
+            let t = *l4.first()?;
+            if echo(t) {
+                let id = word(l4, 4)?;
+                return Some((v4, src, dst, id, id));
+            }
+            if !(if v4 { kind_v4(t) == Kind::Error } else { kind_v6(t) == Kind::Error }) {
+                return None;
+            }
+            let (qp, qs, qd, ql4) = quoted(v4, l4)?;
+            match qp {
+                6 | 17 => Some((v4, qd, qs, word(ql4, 2)?, word(ql4, 0)?)),
+                IPPROTO_ICMP | IPPROTO_ICMPV6 if echo(*ql4.first()?) => {
+                    let id = word(ql4, 4)?;
+                    Some((v4, qd, qs, id, id))
+                }
+                _ => None,
+            }
         }
         _ => None,
     }
@@ -746,8 +836,7 @@ mod tests {
                 assert_eq!(nat.owner(&fwd, n), Some(owner(&frame4([10, 0, 3, 21], far, 6, &l4(80, 40000)), n)));
             }
             // Many inside hosts behind one address keeping their ports: not a map, a pool
-            // whose replies go by their port, which the worker did not choose (xpfd refuses
-            // it with several workers).
+            // whose replies go by their port (the hosts' flows owned by it too: NatPorts).
             assert_eq!(nat.owner(&frame4(far, [192, 0, 2, 200], 6, &l4(443, 40000)), n), Some(40000 % n));
         }
         assert!(moved, "the address hash alone would have sent some replies elsewhere");
@@ -1037,6 +1126,67 @@ mod tests {
                 assert_eq!(nat.owner(&reply, n), Some(owner(&first, n)));
                 let key = [wide4(fars[3]), wide4(target)];
                 assert_eq!(nat.state_owner(true, 6, &key, [40000, 443], n), owner(&first, n));
+            }
+        }
+    }
+
+    /// Many hosts behind one address keeping their ports (`static-port`, OpenBSD's and
+    /// FreeBSD's): every TCP or UDP flow and ICMP echo between one of them and an address
+    /// outside, either way, translated or not, an error quoting one, and its synced state go
+    /// to the worker of the host's port, the one its replies to the pool go to; between two
+    /// of them, and between two others, the address hash.
+    #[test]
+    fn a_translation_keeping_ports_owns_its_hosts_flows_by_port() {
+        for text in [
+            "match out on fs inet from 10.0.9.0/24 nat-to 192.0.2.200 static-port\npass all\n",
+            "nat on fs inet from 10.0.9.0/24 to any -> 192.0.2.200 static-port\npass all\n",
+        ] {
+            let p = xpf_conf::parse(text, "ports.conf", &[]);
+            assert!(p.errors.is_empty(), "{:?}", p.errors);
+            let r = xpf_conf::compile::Ruleset::compile(&p, &|_| Some(1)).unwrap();
+            assert_eq!((r.nat_ports.len(), r.nat_ports[0].at.as_str()), (1, "ports.conf:1"), "{text}");
+            assert!(r.nat_maps.is_empty() && r.nat_hosts.is_empty());
+            let nat = NatOwners::of(&r);
+            let (pool, router) = ([192, 0, 2, 200], [198, 51, 100, 254]);
+            let fars = [[203, 0, 113, 9], [198, 51, 100, 7], [8, 8, 8, 8]];
+            for n in 2..6 {
+                let mut split = 0;
+                for host in [1u8, 50, 200] {
+                    let inside = [10, 0, 9, host];
+                    for far in fars {
+                        for port in [40000u16, 40001, 40002, 53211] {
+                            let w = Some(port as usize % n);
+                            for proto in [6, 17] {
+                                let out = frame4(inside, far, proto, &l4(port, 53));
+                                assert_eq!(nat.owner(&out, n), w, "{n} {inside:?}:{port} {far:?} {proto}");
+                                split += (owner(&out, n) != port as usize % n) as usize;
+                                // Its replies to the pool, and untranslated to the host.
+                                assert_eq!(nat.owner(&frame4(far, pool, proto, &l4(53, port)), n), w);
+                                assert_eq!(nat.owner(&frame4(far, inside, proto, &l4(53, port)), n), w);
+                                let (a, b) = (wide4(inside), wide4(far));
+                                assert_eq!(nat.state_owner(true, proto, &[a, b], [port, 53], n), port as usize % n);
+                                assert_eq!(nat.state_owner(true, proto, &[b, a], [53, port], n), port as usize % n);
+                            }
+                            // An echo by its identifier, both ways.
+                            let [hi, lo] = port.to_be_bytes();
+                            assert_eq!(nat.owner(&frame4(inside, far, 1, &[8, 0, 0, 0, hi, lo, 0, 1]), n), w);
+                            assert_eq!(nat.owner(&frame4(far, pool, 1, &[0, 0, 0, 0, hi, lo, 0, 1]), n), w);
+                            // Errors quoting the host's datagram, as it left and as sent.
+                            for (from, to) in [(pool, pool), (inside, inside)] {
+                                let mut q = vec![0u8; 20];
+                                ipv4::emit_header(&mut q, from, far, 17, 28, 64, 1);
+                                q.extend(&l4(port, 53)[..8]);
+                                let mut err = vec![3u8, 3, 0, 0, 0, 0, 0, 0];
+                                err.extend(q);
+                                assert_eq!(nat.owner(&frame4(router, to, 1, &err), n), w, "{n} error to {to:?}");
+                            }
+                        }
+                    }
+                    // Between two hosts of the network: the address hash.
+                    assert_eq!(nat.owner(&frame4(inside, [10, 0, 9, 77], 17, &l4(1, 2)), n), None);
+                }
+                assert!(split > 0, "{n}: the address hash alone would split a host's flows from their replies");
+                assert_eq!(nat.owner(&frame4(fars[0], fars[1], 17, &l4(1, 2)), n), None);
             }
         }
     }
