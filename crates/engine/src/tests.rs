@@ -396,6 +396,27 @@ fn an_icmp_error_to_someone_else_does_not_ride_a_state() {
     assert_eq!(w.t4.counters.icmp_mismatch, 1);
 }
 
+#[test]
+fn an_icmp_type_neither_query_nor_error_keeps_a_state_for_its_own_direction() {
+    // pf_icmp_mapping: every other type gets its own state, keyed by the type, which a
+    // packet of the same type the other way does not match.
+    let icmp = |src: [u8; 4], dst: [u8; 4], t: u8| {
+        let mut f = vec![0u8; 14 + 20 + 8];
+        f[12] = 0x08;
+        ipv4::emit_header(&mut f[14..], src, dst, 1, 28, 64, 1);
+        xpf_wire::icmp::emit_header(&mut f[34..], t, 0, 0);
+        f
+    };
+    let mut w = outbound_only();
+    let (a, b) = ([10, 0, 0, 1], [192, 0, 2, 9]);
+    assert_eq!(run(&mut w, &[icmp(a, b, 42)], Dir::Out, 1)[0], Verdict::Pass);
+    assert_eq!(w.states(), 1);
+    let v = run(&mut w, &[icmp(b, a, 42), icmp(b, a, 43)], Dir::In, 2);
+    assert_eq!(v, [Verdict::Drop(Reason::Match); 2], "the same type back, and another type");
+    assert_eq!(run(&mut w, &[icmp(a, b, 42)], Dir::Out, 3)[0], Verdict::Pass);
+    assert_eq!(w.states(), 1, "its own direction again: the state's");
+}
+
 /// An ICMPv6 neighbour solicitation (`adv` false) or advertisement from `src` to `dst` about
 /// `target`, with hop limit `hlim`.
 fn nd6(adv: bool, src: [u8; 16], dst: [u8; 16], target: [u8; 16], hlim: u8) -> Vec<u8> {

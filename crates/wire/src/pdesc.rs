@@ -563,7 +563,9 @@ fn parse_l4(l4: &[u8], pd: &mut PDesc, partial: bool) -> Result<(), Parse> {
                     pd.flags |= pdf::HAS_PORTS;
                 }
                 icmp::Kind::Error => pd.flags |= pdf::ICMP_ERROR,
-                icmp::Kind::Other => {}
+                // pf's other types: a state of their own (ports 0 and the type, as
+                // pf_icmp_mapping keys them), which only their own direction matches.
+                icmp::Kind::Other => pd.dport = m.msg_type() as u16,
             }
             pd.payload_len = (l4.len() - icmp::HEADER_LEN) as u16;
         }
