@@ -841,12 +841,16 @@ impl NatHosts {
     /// as one (an address or a network, not negated: a table, `any` or `(if)` names no hosts
     /// the hand-off can know).
     pub fn of(r: &Rule) -> Option<NatHosts> {
-        if !NatHosts::needed(r) || r.src.neg {
-            return None;
-        }
-        let HostKind::Net(a, l) = r.src.kind else { return None };
-        (l > 0).then(|| NatHosts { net: (masked_addr(a, l), l), at: format!("{}:{}", r.file, r.line) })
+        let net = written_source(r).filter(|_| NatHosts::needed(r))?;
+        Some(NatHosts { net, at: format!("{}:{}", r.file, r.line) })
     }
+}
+
+/// Rule `r`'s source when it is written as an address or network (not negated, not `any`, a
+/// table or `(if)`): the hosts the hand-off can know.
+fn written_source(r: &Rule) -> Option<(IpAddr, u8)> {
+    let HostKind::Net(a, l) = r.src.kind else { return None };
+    (!r.src.neg && l > 0).then(|| (masked_addr(a, l), l))
 }
 
 /// The source network of a many-to-one `nat-to ... static-port` (not a map, not remembering
@@ -872,11 +876,8 @@ impl NatPorts {
     /// The network whose hosts' flows rule `r` translates keeping their ports, if it needs
     /// one and its source is written as one (an address or a network, not negated).
     pub fn of(r: &Rule) -> Option<NatPorts> {
-        if !NatPorts::needed(r) || r.src.neg {
-            return None;
-        }
-        let HostKind::Net(a, l) = r.src.kind else { return None };
-        (l > 0).then(|| NatPorts { net: (masked_addr(a, l), l), at: format!("{}:{}", r.file, r.line) })
+        let net = written_source(r).filter(|_| NatPorts::needed(r))?;
+        Some(NatPorts { net, at: format!("{}:{}", r.file, r.line) })
     }
 }
 

@@ -375,12 +375,7 @@ impl NatOwners {
     /// A flow between one host of [`NatOwners::ports`] and an address outside them: that
     /// host's port's worker. None between two of them or two others.
     fn by_port(&self, v4: bool, a: &[u8; 16], b: &[u8; 16], pa: u16, pb: u16, n: usize) -> Option<usize> {
-        let held = |x: &[u8; 16]| self.ports.iter().any(|h| h.covers(v4, x));
-        match (held(a), held(b)) {
-            (true, false) => Some(pa as usize % n),
-            (false, true) => Some(pb as usize % n),
-            _ => None,
-        }
+        Some(if one_end(&self.ports, v4, a, b)? { pa } else { pb } as usize % n)
     }
 
     /// A packet to a pool, a front or a forwarding: its owner by the translation's target.
@@ -416,12 +411,7 @@ impl NatOwners {
     /// A flow between one host of [`NatOwners::hosts`] and an address outside them: that
     /// host's owner. None between two of them or two others (the address hash).
     fn by_host(&self, v4: bool, a: &[u8; 16], b: &[u8; 16], n: usize) -> Option<usize> {
-        let held = |x: &[u8; 16]| self.hosts.iter().any(|h| h.covers(v4, x));
-        match (held(a), held(b)) {
-            (true, false) => Some(owner_of_host(v4, a, n)),
-            (false, true) => Some(owner_of_host(v4, b, n)),
-            _ => None,
-        }
+        Some(owner_of_host(v4, if one_end(&self.hosts, v4, a, b)? { a } else { b }, n))
     }
 
     /// The worker whose packets a state synced from the peer belongs to, from its stack key
@@ -446,6 +436,17 @@ impl NatOwners {
             .flatten()
             .or_else(|| self.by_host(v4, &addr[0], &addr[1], n))
             .unwrap_or_else(|| owner_of_pair(v4, &addr[0], &addr[1], n))
+    }
+}
+
+/// Whether exactly one of `a` and `b` is in `nets`: Some(true) for `a`, Some(false) for `b`,
+/// None for both or neither.
+fn one_end(nets: &[Prefix], v4: bool, a: &[u8; 16], b: &[u8; 16]) -> Option<bool> {
+    let held = |x: &[u8; 16]| nets.iter().any(|h| h.covers(v4, x));
+    match (held(a), held(b)) {
+        (true, false) => Some(true),
+        (false, true) => Some(false),
+        _ => None,
     }
 }
 
