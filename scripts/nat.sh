@@ -62,6 +62,8 @@ pass in on $out_if inet proto tcp to ($out_if) port 8022 rdr-to 10.0.1.2 port 70
 pass in on $out_if inet proto tcp to ($out_if) port 5201 rdr-to 10.0.1.2
 # The firewall answers pings on its outside address (its own traffic, not translated).
 pass in on $out_if inet proto icmp to 10.0.2.1 icmp-type echoreq
+# ESP to the firewall's address is the client's (a protocol without ports, forwarded whole).
+pass in on $out_if inet proto esp to ($out_if) rdr-to 10.0.1.2
 CONF
 
 scripts/topo.sh up $P
@@ -82,6 +84,8 @@ while True:
     s.sendto(d, a)
 " >/dev/null 2>&1 &
 c python3 scripts/peer.py 10.0.1.2 7000 >/dev/null 2>&1 &
+s python3 scripts/raw.py echo 47 >/dev/null 2>&1 &
+c python3 scripts/raw.py echo 50 >/dev/null 2>&1 &
 c python3 scripts/peer.py fd00:1::2 7000 >/dev/null 2>&1 &
 mkdir -p "$DIR/flows"
 ip netns exec ${P}fw nfcapd -w "$DIR/flows" -b 127.0.0.1 -p 2056 -t 3600 >"$DIR/nfcapd.log" 2>&1 &
@@ -124,6 +128,16 @@ check "outside cannot reach the inside host directly" refused peer server tcp 10
 check "no packet leaves with the inside address" bash -c "
     s timeout 4 tcpdump -n -i s0 -c 1 src net 10.0.1.0/24 2>/dev/null >$DIR/dump2 & sleep 1
     peer client tcp 10.0.2.2 7000 >/dev/null; peer client udp 10.0.2.2 7000 >/dev/null; wait; ! grep -q 'IP 10.0.1' $DIR/dump2"
+
+# Protocols without ports: translated by their addresses alone; their replies to the
+# firewall's own address go to xpfd, not to the host.
+check "GRE through nat-to: echoed back to the client" test "$(c python3 scripts/raw.py send 47 1 10.0.1.2 10.0.2.2)" -eq 1
+check "-s states shows it translated to 10.0.2.1, named gre as pfctl does" \
+    bash -c "$CTL -s states | tee /dev/stderr | grep -E 'all gre 10\.0\.2\.1 \(10\.0\.1\.2\) -> 10\.0\.2\.2 '"
+check "rdr-to: ESP to the firewall's address reaches the client and its echo comes back" \
+    test "$(s python3 scripts/raw.py send 50 1 10.0.2.2 10.0.2.1)" -eq 1
+check "ESP straight to the inside address is blocked (the client would echo it)" \
+    test "$(s python3 scripts/raw.py send 50 1 10.0.2.2 10.0.1.2)" -eq 0
 
 # Port forwarding to the inside.
 check "rdr-to: the firewall's port 8022 reaches the client's 7000, which sees the server" \

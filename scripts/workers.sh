@@ -8,8 +8,8 @@
 # Then the same through `nat-to` the firewall's address, then through `binat-to` (each client
 # address mapped onto a public one, and connections from outside to those), a port
 # forwarding round-robin over two inside hosts, endpoint-independent UDP and sticky-address
-# (each client's flows kept on one worker), and translations two workers cannot share refused
-# at their line.
+# (each client's flows kept on one worker), GRE through nat-to (owned by its far end), and
+# translations two workers cannot share refused at their line.
 # usage: workers.sh
 # FASTPATH=1: GRO goes on at the end hosts, so that their veths take redirected frames and
 # xpfd's fast path (on by default) is used: flows forwarded by the steering program once
@@ -194,6 +194,26 @@ x=$($BIN/xpfctl --socket $SOCK -s states | grep -c ' 10\.0\.2\.1:[0-9]* (10\.0\.
 check "they left translated to 10.0.2.1 ($x translated states)" test "$x" -ge 1000
 n=$(c python3 "$DIR/client.py" tcp 7300 20)
 check "nat-to: the blocked port still gets no connection ($n of 20)" test "$n" -eq 0
+# Protocols without ports through the same nat-to: GRE from the 32 clients, each to a server
+# address of its own (one far end per flow: many-to-one without ports takes one flow per far
+# end). Translated by address alone, so a reply to 10.0.2.1 names neither the client nor a
+# worker; the hand-off owns such flows crossing fs by their far end, both ways. ESP, which no
+# rule passes, is the negative control.
+for i in $(seq 10 41); do ip -n ${P}server addr add 10.0.2.$i/24 dev s0; done
+ip netns exec ${P}server python3 scripts/raw.py echo 47 &
+GRE_ECHO=$!
+ip netns exec ${P}server python3 scripts/raw.py echo 50 &
+ESP_ECHO=$!
+sed 's/^pass out on fs$/pass in on fc inet proto gre\npass out on fs/' "$DIR/nat.conf" >"$DIR/gre.conf"
+check "-f nat-to with GRE passed in (two workers)" $BIN/xpfctl --socket $SOCK -f "$DIR/gre.conf"
+n=$(c python3 scripts/raw.py send 47 32 "$(seq -s, -f 10.0.1.%g 10 41)" "$(seq -s, -f 10.0.2.%g 10 41)")
+check "nat-to: 32 GRE flows from 32 addresses all echoed ($n)" test "$n" -eq 32
+x=$($BIN/xpfctl --socket $SOCK -s states | grep -c ' gre 10\.0\.2\.1 (10\.0\.1\.[0-9]*) -> 10\.0\.2\.[0-9]* ')
+check "they left translated to 10.0.2.1 ($x translated GRE states)" test "$x" -eq 32
+n=$(c python3 scripts/raw.py send 50 8 "$(seq -s, -f 10.0.1.%g 10 41)" "$(seq -s, -f 10.0.2.%g 10 41)")
+check "nat-to: ESP, which no rule passes, gets no echo ($n of 8)" test "$n" -eq 0
+kill $GRE_ECHO $ESP_ECHO 2>/dev/null
+for i in $(seq 10 41); do ip -n ${P}server addr del 10.0.2.$i/24 dev s0; done
 # binat-to with two workers: each client address maps onto a public one of its own, host by
 # host (10.0.1.N is 10.0.2.64+N, ports kept). Replies, and connections from the outside to
 # the public addresses, are owned by the flow they map back to, on whichever queue they come.
@@ -447,5 +467,11 @@ sed 's/^pass out on fs$/pass out on fs\nmatch out on fs inet nat-to 10.0.2.1 sta
 out=$($BIN/xpfctl --socket $SOCK -f "$DIR/anystatic.conf" 2>&1)
 check "nat-to static-port from any onto one address is refused with FILE:LINE (two workers)" \
     bash -c 'echo "$1"; grep -q "anystatic.conf:6: static-port from many hosts onto fewer addresses with several workers" <<<"$1"' _ "$out"
+# A many-to-one nat-to of every protocol on no interface: which end of a GRE flow is the far
+# one cannot be told.
+sed 's/^pass out on fs$/pass out on fs\nmatch out inet from 10.0.1.0\/24 nat-to 10.0.2.1/' "$DIR/pf.conf" >"$DIR/anyif.conf"
+out=$($BIN/xpfctl --socket $SOCK -f "$DIR/anyif.conf" 2>&1)
+check "nat-to of protocols without ports on no interface is refused with FILE:LINE (two workers)" \
+    bash -c 'echo "$1"; grep -q "anyif.conf:6: nat-to onto fewer addresses of protocols without ports (GRE, ESP, ...) with several workers needs the rule on an interface" <<<"$1"' _ "$out"
 echo "workers: $PASS passed, $FAIL failed"
 [[ $FAIL -eq 0 ]]

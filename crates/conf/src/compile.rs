@@ -724,6 +724,9 @@ pub struct Ruleset {
     /// The source networks of many-to-one translations that keep the source port
     /// ([`NatPorts`]): the hand-off owns their hosts' flows by port.
     pub nat_ports: Vec<NatPorts>,
+    /// The many-to-one translations that may take protocols without ports ([`NatBare`]):
+    /// the hand-off owns such flows through their interfaces by the far end.
+    pub nat_bare: Vec<NatBare>,
     /// `set loginterface`: its index, or a group's members' (empty: none, or not present
     /// when compiled).
     pub loginterface: Vec<u16>,
@@ -755,8 +758,8 @@ impl Globals {
 
 /// A destination translated traffic may have ([`Ruleset::nat_targets`]): packets of `proto`
 /// (family `af`) to network `net` (None: any address) whose destination port is in
-/// `lo..=hi` (ICMP: every message); or, with `port` not 0, is `port` (`net` then a host or
-/// None).
+/// `lo..=hi` (ICMP and protocols without ports: every packet; `proto` PROTO_PORTLESS: every
+/// protocol without ports); or, with `port` not 0, is `port` (`net` then a host or None).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Target {
     pub af: u8,
@@ -881,6 +884,33 @@ impl NatPorts {
     }
 }
 
+/// A many-to-one `nat-to` (not a map) that may take protocols without ports (GRE, ESP, ...):
+/// such a flow is translated by its addresses alone, so a reply to the pool names neither
+/// the inside host nor a worker. With several workers every such flow that crosses one of
+/// `on`'s interfaces is owned by its far end's address (the end outside), which its replies
+/// to the pool carry as their source. `on`: the rule's interface or its group's members;
+/// None for a rule on every interface (no `on`, `on any`, `! on`), whose flows' far end the
+/// hand-off cannot tell. `sticky`: the rule has `sticky-address`. `at` is its FILE:LINE.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatBare {
+    pub on: Option<Vec<u16>>,
+    pub sticky: bool,
+    pub at: String,
+}
+
+impl NatBare {
+    /// Rule `r`'s, when its `nat-to` may take a protocol without ports
+    /// onto fewer addresses than it takes hosts from; `on` its interfaces as above.
+    pub fn of(r: &Rule, on: Option<Vec<u16>>) -> Option<NatBare> {
+        let bare = r.proto.is_none_or(xpf_wire::pdesc::portless);
+        (bare && r.nat.is_some() && NatMap::of(r).is_none()).then(|| NatBare {
+            on,
+            sticky: r.nat.as_deref().is_some_and(|p| p.sticky),
+            at: format!("{}:{}", r.file, r.line),
+        })
+    }
+}
+
 /// A port forwarding from one public address and port (or range) to a target chosen per flow
 /// among a pool's addresses (a list, a table, `round-robin`, `random`, `source-hash`,
 /// `least-states`), TCP or UDP. With several workers, a flow's packets to the public address
@@ -995,7 +1025,7 @@ fn targets_of(
     rdr: Option<&xpf_engine::nat::Pool>,
     tables: &[(String, Arc<Table>)],
 ) -> Vec<Target> {
-    use xpf_wire::pdesc::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_UDP};
+    use xpf_wire::pdesc::{portless, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_UDP, PROTO_PORTLESS};
     let mut out = Vec::new();
     let icmp = |af| if af == AF_INET { IPPROTO_ICMP } else { IPPROTO_ICMPV6 };
     let af_of = |a: &IpAddr| if a.is_ipv4() { AF_INET } else { AF_INET6 };
@@ -1003,6 +1033,13 @@ fn targets_of(
         Some(p) if p == IPPROTO_TCP || p == IPPROTO_UDP => vec![p],
         Some(_) => vec![],
         None => vec![IPPROTO_TCP, IPPROTO_UDP],
+    };
+    // Protocols without ports (GRE, ESP, ...), translated by their addresses alone: the
+    // rule's own, or for a rule of any protocol all of them (PROTO_PORTLESS).
+    let bare = match r.proto {
+        Some(p) if portless(p) => Some(p),
+        Some(_) => None,
+        None => Some(PROTO_PORTLESS),
     };
     if let Some(pool) = nat {
         let (lo, hi) = if pool.static_port || pool.ports == (0, 0) { (1, 65535) } else { pool.ports };
@@ -1015,6 +1052,7 @@ fn targets_of(
                 out.push(Target { af, proto: p, net, port: 0, lo, hi, by });
             }
             out.push(Target { af, proto: icmp(af), net, port: 0, lo: 0, hi: 65535, by });
+            out.extend(bare.map(|p| Target { af, proto: p, net, port: 0, lo: 0, hi: 65535, by }));
         }
     }
     if let Some(rp) = rdr {
@@ -1064,6 +1102,7 @@ fn targets_of(
                 if r.proto.is_none() || r.proto == Some(icmp(af)) {
                     out.push(Target { af, proto: icmp(af), net, port: 0, lo: 0, hi: 65535, by });
                 }
+                out.extend(bare.map(|p| Target { af, proto: p, net, port: 0, lo: 0, hi: 65535, by }));
             }
         }
     }
@@ -1365,6 +1404,7 @@ struct Build<'a> {
     nat_fronts: Vec<NatFront>,
     nat_hosts: Vec<NatHosts>,
     nat_ports: Vec<NatPorts>,
+    nat_bare: Vec<NatBare>,
     urpf: Vec<(u16, usize)>,
     /// The queues by name (`set queue`).
     queue_ids: HashMap<String, u16>,
@@ -1402,6 +1442,7 @@ impl<'a> Build<'a> {
             nat_fronts: Vec::new(),
             nat_hosts: Vec::new(),
             nat_ports: Vec::new(),
+            nat_bare: Vec::new(),
             urpf: Vec::new(),
             queue_ids: HashMap::new(),
             ifs: HashMap::new(),
@@ -1455,6 +1496,12 @@ impl<'a> Build<'a> {
             },
             None => {}
         }
+        // A translation's interfaces, for the hand-off (None: every interface).
+        let xlate_on = r.nat.is_some().then(|| match (&on, &on_group) {
+            (Some((false, x)), _) => Some(vec![*x]),
+            (_, Some((false, m))) => Some(m.clone()),
+            _ => None,
+        });
         let rcv = r.received_on.as_deref().map(|i| (i.neg, self.iface(&i.name).map_or_else(|m| m, |x| vec![x])));
         let mark = (r.once || r.max_pkt_rate.is_some()).then(|| {
             let m = Arc::new(Mark {
@@ -1600,6 +1647,7 @@ impl<'a> Build<'a> {
             self.nat_maps.extend(NatMap::of(r));
             self.nat_hosts.extend(NatHosts::of(r));
             self.nat_ports.extend(NatPorts::of(r));
+            self.nat_bare.extend(NatBare::of(r, xlate_on.flatten()));
         }
         if let (Some(rp), Some((front, proto, (lo, hi)))) = (rdr, NatFront::shape(r)) {
             if !targets_one(r, rp) {
@@ -1755,6 +1803,7 @@ impl Ruleset {
             nat_fronts,
             nat_hosts,
             nat_ports,
+            nat_bare,
             urpf,
             ..
         } = b;
@@ -1822,6 +1871,7 @@ impl Ruleset {
             nat_fronts,
             nat_hosts,
             nat_ports,
+            nat_bare,
             filter,
             xlate,
             scrubs,

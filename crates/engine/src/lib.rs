@@ -2090,6 +2090,14 @@ fn translate_port<K: Key, P: Policy>(
                 n.dport = port;
             }
         }
+        if held.is_none() && !unused(K::from_pdesc(&n, dir, kif)) {
+            // No port was chosen (a protocol without ports, `static-port`, the range's one
+            // port) and the translated flow is another's: refused as pf_get_sport refuses
+            // it, not matched to that flow's state from the wrong side.
+            nat.counters.exhausted += 1;
+            nat.refuse(nat_pool, true);
+            return Err(Reason::Translate);
+        }
     }
     Ok((K::from_pdesc(&n, dir, kif), nat::of_packet(&n), held))
 }

@@ -1112,6 +1112,33 @@ fn rewritten_out(out: &[u8], o: &PDesc) -> Vec<u8> {
     f
 }
 
+/// A GRE packet (protocol 47, no ports) from `src` to `dst`.
+fn gre4(src: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
+    let mut f = vec![0u8; 60];
+    f[12] = 0x08;
+    ipv4::emit_header(&mut f[14..], src, dst, 47, 46, 64, 1);
+    f[36..38].copy_from_slice(&0x0800u16.to_be_bytes());
+    f
+}
+
+/// A protocol without ports is translated by its addresses alone, as pf translates it: one
+/// inside host at a time reaches a far end through one pool address; a second host's flow
+/// to it is refused as `translate` (pf_get_sport), counted, and makes no state, while the
+/// first's replies still find theirs; another far end is free.
+#[test]
+fn a_second_host_to_one_far_end_without_ports_is_refused_as_translate() {
+    let mut w = natting(50001, 65535);
+    let (far, other) = ([198, 51, 100, 1], [198, 51, 100, 2]);
+    let flows = [gre4([10, 0, 1, 2], far), gre4([10, 0, 1, 3], far), gre4([10, 0, 1, 3], other)];
+    let v = run(&mut w, &flows, Dir::Out, 1);
+    assert_eq!(v, vec![Verdict::Pass, Verdict::Drop(Reason::Translate), Verdict::Pass]);
+    assert_eq!((w.nat.counters.exhausted, w.nat.counters.translated, w.states()), (1, 2, 2));
+    assert_eq!(w.nat.take_refusals(), vec![(1, 1, 0)]);
+    let reply = gre4(far, [192, 0, 2, 1]);
+    assert_eq!(run(&mut w, std::slice::from_ref(&reply), Dir::In, 2), vec![Verdict::Pass]);
+    assert_eq!(pd_of(&rewritten(&w, 0, &reply)).dst, xpf_wire::Addr::v4([10, 0, 1, 2]));
+}
+
 #[test]
 fn nat_to_exhaustion_is_counted_and_released_ports_come_back() {
     let mut w = natting(50001, 50002);

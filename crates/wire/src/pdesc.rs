@@ -11,6 +11,17 @@ pub const IPPROTO_IGMP: u8 = 2;
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
 pub const IPPROTO_ICMPV6: u8 = 58;
+/// Not a protocol (IANA's 255 is reserved): what a translation target for every protocol
+/// without ports (GRE, ESP, SCTP's neighbours, ...) is filed under, besides one protocol's
+/// own number.
+pub const PROTO_PORTLESS: u8 = 255;
+
+/// Whether `proto` has no ports or identifier a translation could name a flow by (not TCP,
+/// UDP, ICMP or ICMPv6): translated by its addresses alone.
+#[inline]
+pub fn portless(proto: u8) -> bool {
+    !matches!(proto, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_ICMP | IPPROTO_ICMPV6)
+}
 
 /// Descriptor flags.
 pub mod pdf {

@@ -435,6 +435,10 @@ struct xpf_map natnet SEC("maps") = { BPF_MAP_TYPE_LPM_TRIE, sizeof(struct natne
                                       BPF_F_NO_PREALLOC };
 struct xpf_map natport SEC("maps") = { BPF_MAP_TYPE_HASH, sizeof(struct natport_key), 4, 4096, 0 };
 
+/* What a translation target for every protocol without ports is filed under (xpf_wire's
+ * PROTO_PORTLESS; IANA's 255 is reserved). */
+#define NAT_PORTLESS 255
+
 /* Whether a packet the kernel would not forward goes to a translation target (maps natnet, natport).
  * `p` still holds the packet's addresses: the lookup writes them back only when it forwards. */
 INLINE int nat_target(struct bpf_fib_lookup *p, struct cand *c, __u8 family, int frag) {
@@ -443,7 +447,7 @@ INLINE int nat_target(struct bpf_fib_lookup *p, struct cand *c, __u8 family, int
     /* An IPv4 fragment carries no port (or one that speaks for the rest): by its address
      * alone, every fragment to a translation address goes to xpfd, which reassembles it and
      * gives the host back what is the host's. */
-    int by_addr = 0;
+    int by_addr = 0, bare = 0;
     if (proto == IPPROTO_TCP || proto == IPPROTO_UDP) {
         if (frag)
             by_addr = 1;
@@ -452,7 +456,9 @@ INLINE int nat_target(struct bpf_fib_lookup *p, struct cand *c, __u8 family, int
         else
             port = bswap16(c->ports >> 16);
     } else if (proto != IPPROTO_ICMP && proto != IPPROTO_ICMPV6) {
-        return 0;
+        /* GRE, ESP, ...: translated by address alone, under their own number or under
+         * NAT_PORTLESS (a rule of any protocol). */
+        by_addr = bare = 1;
     }
     struct natnet_key n = {};
     n.family = family;
@@ -467,6 +473,10 @@ INLINE int nat_target(struct bpf_fib_lookup *p, struct cand *c, __u8 family, int
     struct natval *v = bpf_map_lookup_elem(&natnet, &n);
     if (v && (by_addr || (port >= v->lo && port <= v->hi)))
         return 1;
+    if (bare) {
+        n.proto = NAT_PORTLESS;
+        return bpf_map_lookup_elem(&natnet, &n) != 0;
+    }
     if (by_addr)
         return 0;
     if (!port)

@@ -174,7 +174,7 @@ fn table_limits(p: &Parsed, r: &Ruleset, file: &str) -> Result<(), String> {
 /// the kernel). Names the first such rule.
 pub fn translation_fits(l: &Loaded, workers: usize, divert: bool) -> Result<(), String> {
     use xpf_conf::ast::{HostKind, PoolKind};
-    use xpf_conf::compile::{NatFront, NatHosts, NatMap, NatPorts};
+    use xpf_conf::compile::{NatBare, NatFront, NatHosts, NatMap, NatPorts};
     for r in l.parsed.rules.iter().chain(&l.parsed.xrules).filter(|r| r.nat.is_some() || r.rdr.is_some()) {
         let why = if !divert {
             "translation (nat-to, rdr-to, binat-to) needs xpfd's XDP or tcx program; packet mode without it (no ifb devices here) cannot take replies to this host's addresses"
@@ -200,6 +200,16 @@ pub fn translation_fits(l: &Loaded, workers: usize, divert: bool) -> Result<(), 
             // What is remembered per inside host is one worker's: every flow of the host must
             // meet it, so the hand-off must know the hosts (NatHosts).
             "endpoint-independent and sticky-address with several workers need the rule's source written as an address or network (from NET; not any, a table, (if) or negated): each host's flows are kept on one worker"
+        } else if workers > 1
+            && NatBare::of(r, None).is_some()
+            && !r.on.as_ref().is_some_and(|i| !i.neg && i.name != "any")
+        {
+            // A flow without ports is owned by its far end: the end on the other side of the
+            // interface the translation is on.
+            "nat-to onto fewer addresses of protocols without ports (GRE, ESP, ...) with several workers needs the rule on an interface (on IF, or a group), or proto tcp, udp or icmp: each such flow is owned by the end beyond that interface"
+        } else if workers > 1 && NatBare::of(r, None).is_some_and(|b| b.sticky) {
+            // Its far end's worker, not its host's, chooses the address of such a flow.
+            "sticky-address with several workers needs proto tcp, udp or icmp: a flow of a protocol without ports (GRE, ESP, ...) is owned by its far end, not by its inside host"
         } else if workers > 1
             && NatFront::shape(r).is_none()
             && r.rdr.as_ref().is_some_and(|p| {
@@ -537,15 +547,10 @@ fn clock_time(secs: u64) -> String {
     }
 }
 
+/// A protocol as pfctl names it in a state (OpenBSD's /etc/protocols: `gre`, `esp`), else
+/// its number.
 fn proto_name(p: u8) -> String {
-    match p {
-        1 => "icmp".into(),
-        6 => "tcp".into(),
-        17 => "udp".into(),
-        58 => "ipv6-icmp".into(),
-        132 => "sctp".into(),
-        n => n.to_string(),
-    }
+    xpf_conf::names::proto_name(p).map_or_else(|| p.to_string(), str::to_string)
 }
 
 /// One `pfctl -ss` line (and with `verbose`, pfctl -v's second line).
@@ -1934,7 +1939,7 @@ mod tests {
     fn a_translation_remembering_per_host_names_its_hosts_with_several_workers() {
         for ok in [
             "match out on lo inet proto udp from 10.0.1.0/24 nat-to 192.0.2.1 endpoint-independent\n",
-            "match out on lo inet from 10.0.1.0/24 nat-to { 192.0.2.1, 192.0.2.2 } round-robin sticky-address\n",
+            "match out on lo inet proto tcp from 10.0.1.0/24 nat-to { 192.0.2.1, 192.0.2.2 } round-robin sticky-address\n",
             "nat on lo inet proto udp from 10.0.1.0/24 to any -> 192.0.2.1 endpoint-independent\n",
             "match out on lo inet from { 10.0.1.0/24, 10.0.3.7 } nat-to 192.0.2.1 endpoint-independent\n",
             "pass in on lo inet proto tcp to 192.0.2.1 port 80 rdr-to { 10.0.1.5, 10.0.1.6 } round-robin sticky-address\n",
@@ -1960,6 +1965,45 @@ mod tests {
         }
         let e = fits("pass in on lo inet to 192.0.2.1 rdr-to { 10.0.1.5, 10.0.1.6 } round-robin sticky-address\n", 2);
         assert!(e.unwrap_err().starts_with("t:1: rdr-to over addresses chosen per flow"));
+    }
+
+    /// A many-to-one translation that may take protocols without ports loads with several
+    /// workers on an interface or group (its flows owned by their far end), and is refused at
+    /// its line on every interface or with `sticky-address`; a map, or a rule of TCP, UDP or
+    /// ICMP alone, needs neither.
+    #[test]
+    fn protocols_without_ports_are_translated_on_an_interface_with_several_workers() {
+        for ok in [
+            "match out on lo inet from 10.0.1.0/24 nat-to 192.0.2.1\n",
+            "match out on lo inet proto gre nat-to 192.0.2.1\n",
+            "match out on lo nat-to (lo)\n",
+            "nat on lo inet from any to any -> 192.0.2.1\n",
+            "match out inet proto { tcp, udp, icmp } nat-to 192.0.2.1\n",
+            "match out inet from 10.0.1.0/24 nat-to 192.0.2.0/24 static-port\n",
+            "match out on lo inet from 10.0.1.0/24 nat-to { 192.0.2.1, 192.0.2.2 } round-robin\n",
+        ] {
+            assert_eq!(fits(ok, 2), Ok(()), "{ok}");
+        }
+        let l = Loaded::build("match out on lo inet proto esp nat-to 192.0.2.1\n", "t", &[]).unwrap();
+        let bare = &l.ruleset.as_ref().unwrap().nat_bare;
+        assert_eq!(bare.len(), 1);
+        assert_eq!(bare[0].on.as_ref().map(Vec::len), Some(1), "lo's index: {bare:?}");
+        for (refused, why) in [
+            ("match out inet nat-to 192.0.2.1\n", "t:1: nat-to onto fewer addresses of protocols without ports"),
+            (
+                "match out on ! lo inet proto gre nat-to 192.0.2.1\n",
+                "t:1: nat-to onto fewer addresses of protocols without ports",
+            ),
+            ("nat inet from any to any -> 192.0.2.1\n", "t:1: nat-to onto fewer addresses of protocols without ports"),
+            (
+                "match out on lo inet from 10.0.1.0/24 nat-to { 192.0.2.1, 192.0.2.2 } round-robin sticky-address\n",
+                "t:1: sticky-address with several workers needs proto",
+            ),
+        ] {
+            let e = fits(refused, 2).unwrap_err();
+            assert!(e.starts_with(why), "{refused}: {e}");
+            assert_eq!(fits(refused, 1), Ok(()), "{refused}: one worker keeps them");
+        }
     }
 
     /// `static-port` from many hosts onto fewer addresses loads with several workers from a

@@ -1169,7 +1169,20 @@ impl Dataplane {
             let n = h.workers();
             let w = match nat.is_empty() {
                 true => crate::handoff::owner(frame, n),
-                false => self.fragments.owner(nat, frame, n),
+                false => {
+                    // Where the frame goes (the steering program's route, or packet mode's).
+                    let path = match nat.needs_path() {
+                        false => Default::default(),
+                        true => crate::handoff::Path {
+                            ingress: self.ports[p].ifindex,
+                            egress: match Route::parse(all) {
+                                Route::Forward { ifindex, .. } | Route::NoNeighbour { ifindex, .. } => ifindex,
+                                Route::Local | Route::Invalid => 0,
+                            },
+                        },
+                    };
+                    self.fragments.owner(nat, frame, n, path)
+                }
             };
             if w == h.me {
                 mine[m] = *d;

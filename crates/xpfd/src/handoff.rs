@@ -13,7 +13,7 @@
 
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use xpf_wire::icmp::{kind_v4, kind_v6, Kind};
-use xpf_wire::pdesc::{IPPROTO_ICMP, IPPROTO_ICMPV6};
+use xpf_wire::pdesc::{portless, IPPROTO_ICMP, IPPROTO_ICMPV6, PROTO_PORTLESS};
 use xpf_wire::{ethernet, ipv4, ipv6};
 
 /// Frames a worker can have waiting for it from the others.
@@ -106,8 +106,12 @@ pub fn owner(frame: &[u8], n: usize) -> usize {
 /// and so the flows a map or a forwarding leads to such a host; a TCP or UDP packet (an ICMP
 /// echo) between a host of a network translated many to one keeping its ports
 /// (`static-port`) and an address outside it by that host's port (the echo's identifier), as
-/// the replies to the pool are. Built from the ruleset (`Ruleset::nat_owners`, `nat_maps`,
-/// `nat_fronts`, `nat_hosts`, `nat_ports`).
+/// the replies to the pool are; a packet of a protocol without ports (GRE, ESP, ...) that a
+/// many-to-one translation may take, to its pool or crossing its interface between inside
+/// and outside, by its far end's address (the source of what comes in there, the
+/// destination of what leaves), which its replies to the pool carry too. Built from the
+/// ruleset (`Ruleset::nat_owners`, `nat_maps`, `nat_fronts`, `nat_hosts`, `nat_ports`,
+/// `nat_bare`).
 #[derive(Debug, Default, Clone)]
 pub struct NatOwners {
     maps: Vec<(Prefix, Prefix)>,
@@ -116,6 +120,15 @@ pub struct NatOwners {
     rdr: Vec<(Match, Prefix)>,
     hosts: Vec<Prefix>,
     ports: Vec<Prefix>,
+    bare: Vec<u32>,
+}
+
+/// Where a frame came in and where the kernel's routes send it (0: to this host, or not
+/// known): what the owner of a flow translated by its addresses alone is told by.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Path {
+    pub ingress: u32,
+    pub egress: u32,
 }
 
 /// A port forwarding to targets chosen per flow (`NatFront`): a TCP or UDP packet from one
@@ -185,7 +198,10 @@ struct Match {
 
 impl Match {
     fn covers(&self, v4: bool, addr: &[u8; 16], proto: u8, port: u16) -> bool {
-        self.proto == proto && port >= self.lo && port <= self.hi && self.to.covers(v4, addr)
+        (self.proto == proto || self.proto == PROTO_PORTLESS && portless(proto))
+            && port >= self.lo
+            && port <= self.hi
+            && self.to.covers(v4, addr)
     }
 }
 
@@ -296,6 +312,7 @@ impl NatOwners {
             .collect();
         o.hosts = r.nat_hosts.iter().map(|h| Prefix::of(h.net.0, h.net.1)).collect();
         o.ports = r.nat_ports.iter().map(|h| Prefix::of(h.net.0, h.net.1)).collect();
+        o.bare = r.nat_bare.iter().flat_map(|b| b.on.iter().flatten().map(|&i| i as u32)).collect();
         o
     }
 
@@ -335,25 +352,44 @@ impl NatOwners {
             && self.rdr.is_empty()
             && self.hosts.is_empty()
             && self.ports.is_empty()
+            && self.bare.is_empty()
     }
 
-    /// The worker (of `n`) that owns `frame` by its translation, None when no translation
-    /// target names it (the address hash decides).
-    pub fn owner(&self, frame: &[u8], n: usize) -> Option<usize> {
-        if self.maps.is_empty() && self.hosts.is_empty() && self.ports.is_empty() {
+    /// [`NatOwners::owner_on`] of a frame whose path does not matter (tests).
+    #[cfg(test)]
+    fn owner(&self, frame: &[u8], n: usize) -> Option<usize> {
+        self.owner_on(frame, n, Path::default())
+    }
+
+    /// Whether a translation may take protocols without ports on some interface: the
+    /// owner then needs the frame's [`Path`].
+    pub fn needs_path(&self) -> bool {
+        !self.bare.is_empty()
+    }
+
+    /// The worker (of `n`) that owns `frame` (which came and goes by `path`) by its
+    /// translation, None when no translation target names it (the address hash decides).
+    pub fn owner_on(&self, frame: &[u8], n: usize, path: Path) -> Option<usize> {
+        if self.maps.is_empty() && self.hosts.is_empty() && self.ports.is_empty() && self.bare.is_empty() {
             return self.by_target(frame, n);
         }
-        self.by_more(frame, n)
+        self.by_more(frame, n, path)
     }
 
-    /// [`NatOwners::owner`] with maps, hosts or ports to look at too: out of line, so that a
-    /// ruleset of pools and forwardings alone keeps its owner short.
+    /// [`NatOwners::owner_on`] with maps, hosts, ports or protocols without ports to look at
+    /// too: out of line, so that a ruleset of pools and forwardings alone keeps its owner
+    /// short.
     #[inline(never)]
-    fn by_more(&self, frame: &[u8], n: usize) -> Option<usize> {
+    fn by_more(&self, frame: &[u8], n: usize, path: Path) -> Option<usize> {
         let ends = if self.maps.is_empty() && self.hosts.is_empty() { None } else { map_fields(frame) };
         if let Some((v4, peer, ours)) = ends {
             if let Some((_, to)) = self.maps.iter().find(|(from, _)| from.covers(v4, &ours)) {
                 return Some(self.inside(v4, &peer, &to.graft(&ours), n));
+            }
+        }
+        if !self.bare.is_empty() {
+            if let Some(w) = self.by_far_end(frame, n, path) {
+                return Some(w);
             }
         }
         if !(self.pools.is_empty() && self.fronts.is_empty() && self.rdr.is_empty()) {
@@ -370,6 +406,23 @@ impl NatOwners {
         }
         let (v4, a, b) = ends?;
         self.by_host(v4, &a, &b, n)
+    }
+
+    /// A packet of a protocol without ports (an ICMP error: the packet it quotes, turned
+    /// round) to a pool, or coming in through one of [`NatOwners::bare`]'s interfaces to
+    /// go elsewhere (by its source), or going out through one from elsewhere (by its
+    /// destination): its far end's owner. None for other packets and for one that crosses
+    /// none of those interfaces or two of them.
+    fn by_far_end(&self, frame: &[u8], n: usize, path: Path) -> Option<usize> {
+        let (v4, proto, src, dst) = bare_fields(frame)?;
+        let to_pool = self.pools.iter().any(|m| m.covers(v4, &dst, proto, 0));
+        let (came, goes) = (self.bare.contains(&path.ingress), self.bare.contains(&path.egress));
+        let far = match (to_pool, came, goes) {
+            (true, ..) | (false, true, false) => src,
+            (false, false, true) => dst,
+            _ => return None,
+        };
+        Some(owner_of_host(v4, &far, n))
     }
 
     /// A flow between one host of [`NatOwners::ports`] and an address outside them: that
@@ -416,12 +469,35 @@ impl NatOwners {
 
     /// The worker whose packets a state synced from the peer belongs to, from its stack key
     /// (the flow before translation; IPv4 in the first four bytes) and protocol: the worker
-    /// [`NatOwners::owner`] hands its packets to. A forwarding's target chosen per flow is
+    /// [`NatOwners::owner_on`] hands its packets to. A forwarding's target chosen per flow is
     /// owned with the public address (which the stack key does not hold); a host whose
     /// translation remembers per host by itself; other flows by their two addresses.
+    #[cfg(test)]
     pub fn state_owner(&self, v4: bool, proto: u8, addr: &[[u8; 16]; 2], port: [u16; 2], n: usize) -> usize {
+        self.synced_owner(v4, proto, addr, port, None, n)
+    }
+
+    /// [`NatOwners::state_owner`] told the state's wire key's addresses when it is an `out`
+    /// state (`out_wire`): an outbound flow of a protocol without ports translated many to
+    /// one (its wire key's inside address changed, the far end `addr[0]` kept) is owned by
+    /// its far end, as its packets are. Other such states go by their two addresses; on a
+    /// worker other than their packets' they are made again by the rules that made them.
+    pub fn synced_owner(
+        &self,
+        v4: bool,
+        proto: u8,
+        addr: &[[u8; 16]; 2],
+        port: [u16; 2],
+        out_wire: Option<&[[u8; 16]; 2]>,
+        n: usize,
+    ) -> usize {
         if n <= 1 {
             return 0;
+        }
+        if let Some(w) = out_wire.filter(|_| !self.bare.is_empty() && portless(proto)) {
+            if w[0] == addr[0] && w[1] != addr[1] {
+                return owner_of_host(v4, &addr[0], n);
+            }
         }
         for f in &self.fronts {
             for k in 0..2 {
@@ -475,8 +551,8 @@ const FRAGMENT_SLOTS: usize = 256;
 impl Fragments {
     /// The worker (of `n`) that owns `frame` under the translations `nat`.
     #[inline]
-    pub fn owner(&mut self, nat: &NatOwners, frame: &[u8], n: usize) -> usize {
-        let of = |f: &[u8]| nat.owner(f, n).unwrap_or_else(|| owner(f, n));
+    pub fn owner(&mut self, nat: &NatOwners, frame: &[u8], n: usize, path: Path) -> usize {
+        let of = |f: &[u8]| nat.owner_on(f, n, path).unwrap_or_else(|| owner(f, n));
         match fragment_key(frame) {
             None => of(frame),
             Some((key, true)) => {
@@ -554,6 +630,34 @@ fn port_fields(frame: &[u8]) -> Option<Ported> {
         }
         _ => None,
     }
+}
+
+/// A packet of a protocol without ports: its family, protocol, source and destination; for
+/// an ICMP error quoting one, those of the packet it quotes turned round. None for other
+/// packets and later fragments.
+fn bare_fields(frame: &[u8]) -> Option<(bool, u8, [u8; 16], [u8; 16])> {
+    // TCP and UDP, most of what comes, leave at the protocol byte.
+    let (ty, l3) = l3_of(frame)?;
+    let first = match ty {
+        ethernet::ETHERTYPE_IPV4 => *l3.get(9)?,
+        ethernet::ETHERTYPE_IPV6 => *l3.get(6)?,
+        _ => return None,
+    };
+    if matches!(first, 6 | 17) {
+        return None;
+    }
+    let (v4, proto, src, dst, l4) = transport(frame)?;
+    if portless(proto) {
+        return Some((v4, proto, src, dst));
+    }
+    let t = *l4.first()?;
+    let error = match proto {
+        IPPROTO_ICMP => v4 && kind_v4(t) == Kind::Error,
+        IPPROTO_ICMPV6 => !v4 && kind_v6(t) == Kind::Error,
+        _ => false,
+    };
+    let (qp, qs, qd, _) = error.then(|| quoted(v4, l4)).flatten()?;
+    portless(qp).then_some((v4, qp, qd, qs))
 }
 
 /// For a host-by-host map and a network of hosts: a frame's family, the far end's address and
@@ -959,11 +1063,21 @@ mod tests {
             };
             for port in [50001u16, 50002, 50003] {
                 let id = 9000 + port as u32;
-                assert_eq!(frags.owner(&nat, &tagged(piece(id, 0, false, port)), n), port as usize % n);
-                assert_eq!(frags.owner(&nat, &tagged(piece(id, 1, true, port)), n), port as usize % n, "{n} {port}");
+                assert_eq!(
+                    frags.owner(&nat, &tagged(piece(id, 0, false, port)), n, Path::default()),
+                    port as usize % n
+                );
+                assert_eq!(
+                    frags.owner(&nat, &tagged(piece(id, 1, true, port)), n, Path::default()),
+                    port as usize % n,
+                    "{n} {port}"
+                );
             }
             // A whole datagram is owned as before.
-            assert_eq!(frags.owner(&nat, &frame4([198, 51, 100, 7], [192, 0, 2, 1], 17, &l4(53, 50003)), n), 50003 % n);
+            assert_eq!(
+                frags.owner(&nat, &frame4([198, 51, 100, 7], [192, 0, 2, 1], 17, &l4(53, 50003)), n, Path::default()),
+                50003 % n
+            );
         }
     }
 
@@ -1021,12 +1135,15 @@ mod tests {
             let id = 1000 + i as u32;
             let w = port as usize % n;
             assert_eq!(nat.owner(&piece(id, 0, false, port), n), Some(w), "the first piece's port");
-            assert_eq!(frags.owner(nat, &piece(id, 0, false, port), n), w);
+            assert_eq!(frags.owner(nat, &piece(id, 0, false, port), n, Path::default()), w);
             for k in 1..3 {
-                assert_eq!(frags.owner(nat, &piece(id, k, k == 2, port), n), w, "{n} {port} {k}");
+                assert_eq!(frags.owner(nat, &piece(id, k, k == 2, port), n, Path::default()), w, "{n} {port} {k}");
             }
             differ += (owner(&piece(id, 1, false, port), n) != w) as usize;
-            assert_eq!(frags.owner(nat, &piece(id + 5000, 1, false, port), n), owner(&piece(id, 1, false, port), n));
+            assert_eq!(
+                frags.owner(nat, &piece(id + 5000, 1, false, port), n, Path::default()),
+                owner(&piece(id, 1, false, port), n)
+            );
         }
         assert!(differ > 0, "{n}: the address hash alone sends some later pieces elsewhere");
     }
@@ -1190,6 +1307,83 @@ mod tests {
                 assert_eq!(nat.owner(&frame4(fars[0], fars[1], 17, &l4(1, 2)), n), None);
             }
         }
+    }
+
+    /// GRE and ESP through a many-to-one `nat-to` on interface 2 (fs; inside fc is 1): a
+    /// flow leaving through fs, its replies to the pool (to this host, or routed back out of
+    /// fs) and ICMP errors about it meet one worker, its far end's, as does its synced state;
+    /// TCP keeps its port's owner; flows between two inside interfaces, or not crossing fs,
+    /// keep the address hash.
+    #[test]
+    fn a_flow_without_ports_translated_many_to_one_is_owned_by_its_far_end() {
+        for text in [
+            "match out on fs inet from 10.0.9.0/24 nat-to 192.0.2.200\npass all\n",
+            "nat on fs inet from any to any -> 192.0.2.200\npass all\n",
+            "match out on fs inet proto gre nat-to 192.0.2.200\nmatch out on fs inet proto esp nat-to 192.0.2.200\npass all\n",
+        ] {
+            let p = xpf_conf::parse(text, "bare.conf", &[]);
+            assert!(p.errors.is_empty(), "{:?}", p.errors);
+            let r = xpf_conf::compile::Ruleset::compile(&p, &|n| Some(if n == "fs" { 2 } else { 1 })).unwrap();
+            assert!(!r.nat_bare.is_empty() && r.nat_bare.iter().all(|b| b.on.as_deref() == Some(&[2])), "{text}");
+            let nat = NatOwners::of(&r);
+            assert!(nat.needs_path());
+            let (pool, router) = ([192, 0, 2, 200], [198, 51, 100, 254]);
+            let (leaves, back, routed_back) = (
+                Path { ingress: 1, egress: 2 },
+                Path { ingress: 2, egress: 0 },
+                Path { ingress: 2, egress: 2 },
+            );
+            for n in 2..6 {
+                let mut split = 0;
+                for host in [1u8, 50, 200] {
+                    let inside = [10, 0, 9, host];
+                    for far in [[203, 0, 113, 9], [198, 51, 100, 7], [8, 8, 8, 8], [192, 0, 2, 77]] {
+                        let w = owner_of_host(true, &wide4(far), n);
+                        for proto in [47u8, 50] {
+                            let out = frame4(inside, far, proto, &[0, 0, 8, 0, 1, 2, 3, 4]);
+                            assert_eq!(nat.owner_on(&out, n, leaves), Some(w), "{n} {inside:?} {far:?} {proto}");
+                            split += (owner(&out, n) != w) as usize;
+                            let reply = frame4(far, pool, proto, &[0, 0, 8, 0, 1, 2, 3, 4]);
+                            assert_eq!(nat.owner_on(&reply, n, back), Some(w));
+                            assert_eq!(nat.owner_on(&reply, n, routed_back), Some(w));
+                            // Untranslated both ways through fs.
+                            assert_eq!(nat.owner_on(&frame4(far, inside, proto, &[0; 8]), n, Path { ingress: 2, egress: 1 }), Some(w));
+                            // An error from a router beyond fs about what left, and one
+                            // from inside about what came in.
+                            for (src, dst, to, path) in [(pool, far, pool, back), (far, inside, far, leaves)] {
+                                let mut q = vec![0u8; 20];
+                                ipv4::emit_header(&mut q, src, dst, proto, 28, 64, 1);
+                                q.extend([0u8; 8]);
+                                let mut err = vec![3u8, 2, 0, 0, 0, 0, 0, 0];
+                                err.extend(q);
+                                let from = if to == far { [10, 0, 9, 254] } else { router };
+                                assert_eq!(nat.owner_on(&frame4(from, to, 1, &err), n, path), Some(w), "{n} error to {to:?}");
+                            }
+                            // The synced out state: stack key (far, inside), wire (far, pool).
+                            let (a, b, c) = (wide4(far), wide4(inside), wide4(pool));
+                            assert_eq!(nat.synced_owner(true, proto, &[a, b], [0, 0], Some(&[a, c]), n), w);
+                        }
+                        if text.contains("gre") {
+                            continue;
+                        }
+                        // TCP through the same rule: by the port the worker chose.
+                        let reply = frame4(far, pool, 6, &l4(443, 50003));
+                        assert_eq!(nat.owner_on(&reply, n, back), Some(50003 % n));
+                    }
+                    // Between two inside interfaces, and beside fs: the address hash.
+                    let other = frame4(inside, [10, 0, 7, 7], 47, &[0; 8]);
+                    assert_eq!(nat.owner_on(&other, n, Path { ingress: 1, egress: 3 }), None);
+                    assert_eq!(nat.owner_on(&other, n, Path { ingress: 3, egress: 1 }), None);
+                }
+                assert!(split > 0, "{n}: the address hash alone would split flows from their replies");
+            }
+        }
+        // Without such a rule a path is not needed, and GRE keeps the address hash.
+        let p = xpf_conf::parse("match out on fs inet proto tcp nat-to 192.0.2.200\npass all\n", "t", &[]);
+        let nat = NatOwners::of(&xpf_conf::compile::Ruleset::compile(&p, &|_| Some(2)).unwrap());
+        assert!(!nat.needs_path());
+        let reply = frame4([203, 0, 113, 9], [192, 0, 2, 200], 47, &[0; 8]);
+        assert_eq!(nat.owner_on(&reply, 3, Path { ingress: 2, egress: 0 }), None);
     }
 
     #[test]

@@ -275,7 +275,8 @@ fn route(
         // the packets before translation are, and its translated port is of that worker's
         // residue (docs/nat.md).
         let k = &r.key[1];
-        let w = nat.state_owner(r.af == wire::AF_INET, r.proto, &k.addr, k.port, n);
+        let out = (r.direction == wire::PF_OUT).then_some(&r.key[0].addr);
+        let w = nat.synced_owner(r.af == wire::AF_INET, r.proto, &k.addr, k.port, out, n);
         placed.insert(*sid, w as u8);
         return w;
     }
