@@ -234,7 +234,7 @@ pub type Snapshot = (Info, IoStats, Vec<XskStats>, Vec<(u32, [u64; 8])>);
 
 pub enum Cmd {
     Snapshot(Sender<Snapshot>),
-    /// Every state, copied a chunk per round (see [`Listing`]); the control thread makes the
+    /// Every state, copied a chunk per round (see [`Walk`]); the control thread makes the
     /// rows.
     States(Sender<Vec<RawRow>>),
     /// Per rule (by number), what its states in the table now have carried: see [`RuleSums`].

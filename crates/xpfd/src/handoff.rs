@@ -467,21 +467,22 @@ impl NatOwners {
         Some(owner_of_host(v4, if one_end(&self.hosts, v4, a, b)? { a } else { b }, n))
     }
 
-    /// The worker whose packets a state synced from the peer belongs to, from its stack key
-    /// (the flow before translation; IPv4 in the first four bytes) and protocol: the worker
-    /// [`NatOwners::owner_on`] hands its packets to. A forwarding's target chosen per flow is
-    /// owned with the public address (which the stack key does not hold); a host whose
-    /// translation remembers per host by itself; other flows by their two addresses.
+    /// [`NatOwners::synced_owner`] of a state that is not an `out` state (tests).
     #[cfg(test)]
     pub fn state_owner(&self, v4: bool, proto: u8, addr: &[[u8; 16]; 2], port: [u16; 2], n: usize) -> usize {
         self.synced_owner(v4, proto, addr, port, None, n)
     }
 
-    /// [`NatOwners::state_owner`] told the state's wire key's addresses when it is an `out`
-    /// state (`out_wire`): an outbound flow of a protocol without ports translated many to
-    /// one (its wire key's inside address changed, the far end `addr[0]` kept) is owned by
-    /// its far end, as its packets are. Other such states go by their two addresses; on a
-    /// worker other than their packets' they are made again by the rules that made them.
+    /// The worker whose packets a state synced from the peer belongs to, from its stack key
+    /// (the flow before translation; IPv4 in the first four bytes), protocol, and for an
+    /// `out` state its wire key's addresses (`out_wire`): the worker
+    /// [`NatOwners::owner_on`] hands its packets to. A forwarding's target chosen per flow is
+    /// owned with the public address (which the stack key does not hold); a host whose
+    /// translation remembers per host by itself; an outbound flow of a protocol without
+    /// ports translated many to one (its wire key's inside address changed, the far end
+    /// `addr[0]` kept) by its far end; other flows by their two addresses. Other states of
+    /// protocols without ports whose packets the far end owns land elsewhere; on the worker
+    /// their packets meet, the rules that made them make them again.
     pub fn synced_owner(
         &self,
         v4: bool,
