@@ -1931,6 +1931,16 @@ mod tests {
         translation_fits(&l, workers, true)
     }
 
+    /// Each (ruleset, what its refusal starts with) is refused so with two workers and
+    /// loads with one.
+    fn refused_with_several_workers(cases: &[(&str, &str)]) {
+        for (refused, why) in cases {
+            let e = fits(refused, 2).unwrap_err();
+            assert!(e.starts_with(why), "{refused}: {e}");
+            assert_eq!(fits(refused, 1), Ok(()), "{refused}: one worker keeps them");
+        }
+    }
+
     /// A translation that remembers per inside host (`endpoint-independent`,
     /// `sticky-address`) loads with several workers when its source names the hosts, and is
     /// refused at its line when it does not; a sticky forwarding through one public address
@@ -1988,7 +1998,7 @@ mod tests {
         let bare = &l.ruleset.as_ref().unwrap().nat_bare;
         assert_eq!(bare.len(), 1);
         assert_eq!(bare[0].on.as_ref().map(Vec::len), Some(1), "lo's index: {bare:?}");
-        for (refused, why) in [
+        refused_with_several_workers(&[
             ("match out inet nat-to 192.0.2.1\n", "t:1: nat-to onto fewer addresses of protocols without ports"),
             (
                 "match out on ! lo inet proto gre nat-to 192.0.2.1\n",
@@ -1999,11 +2009,7 @@ mod tests {
                 "match out on lo inet from 10.0.1.0/24 nat-to { 192.0.2.1, 192.0.2.2 } round-robin sticky-address\n",
                 "t:1: sticky-address with several workers needs proto",
             ),
-        ] {
-            let e = fits(refused, 2).unwrap_err();
-            assert!(e.starts_with(why), "{refused}: {e}");
-            assert_eq!(fits(refused, 1), Ok(()), "{refused}: one worker keeps them");
-        }
+        ]);
     }
 
     /// `static-port` from many hosts onto fewer addresses loads with several workers from a
@@ -2020,7 +2026,7 @@ mod tests {
             assert_eq!(fits(ok, 2), Ok(()), "{ok}");
             assert!(!Loaded::build(ok, "t", &[]).unwrap().ruleset.as_ref().unwrap().nat_ports.is_empty());
         }
-        for (refused, why) in [
+        refused_with_several_workers(&[
             ("match out on lo inet nat-to 192.0.2.1 static-port\n", "t:1: static-port from many hosts"),
             ("table <in> { 10.0.1.0/24 }\nmatch out on lo inet from <in> nat-to 192.0.2.1 static-port\n", "t:2: static-port from many hosts"),
             ("match out on lo inet from 10.0.1.0/24 nat-to { 192.0.2.1, 192.0.2.2 } round-robin sticky-address static-port\n", "t:1: static-port from many hosts"),
@@ -2033,11 +2039,7 @@ mod tests {
                 "match out on lo inet from 10.0.1.0/24 nat-to 192.0.2.1 static-port\npass in on lo inet proto tcp to 192.0.2.1 port 80 rdr-to 10.0.1.80\n",
                 "t:1: with several workers, the hosts of 10.0.1.0/24 whose flows static-port keeps on their port's worker cannot also be a forwarding's target",
             ),
-        ] {
-            let e = fits(refused, 2).unwrap_err();
-            assert!(e.starts_with(why), "{refused}: {e}");
-            assert_eq!(fits(refused, 1), Ok(()), "{refused}: one worker keeps them");
-        }
+        ]);
     }
 
     /// The load's log line: added and removed rules for a usual ruleset, the counts only for

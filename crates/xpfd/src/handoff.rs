@@ -219,7 +219,7 @@ fn target_fields(frame: &[u8]) -> Option<Fields> {
         6 | 17 => Some((v4, proto, src, dst, word(l4, 2)?, word(l4, 0)?)),
         IPPROTO_ICMP | IPPROTO_ICMPV6 => {
             let t = *l4.first()?;
-            let error = if v4 { kind_v4(t) == Kind::Error } else { kind_v6(t) == Kind::Error };
+            let error = is_error(v4, t);
             if error {
                 let (qp, qs, qd, ql4) = quoted(v4, l4)?;
                 let (port, sport) = match qp {
@@ -616,7 +616,7 @@ fn port_fields(frame: &[u8]) -> Option<Ported> {
                 let id = word(l4, 4)?;
                 return Some((v4, src, dst, id, id));
             }
-            if !(if v4 { kind_v4(t) == Kind::Error } else { kind_v6(t) == Kind::Error }) {
+            if !is_error(v4, t) {
                 return None;
             }
             let (qp, qs, qd, ql4) = quoted(v4, l4)?;
@@ -630,6 +630,16 @@ fn port_fields(frame: &[u8]) -> Option<Ported> {
             }
         }
         _ => None,
+    }
+}
+
+/// Whether ICMP (`v4`) or ICMPv6 type `t` is an error, which quotes the packet it is about.
+#[inline]
+fn is_error(v4: bool, t: u8) -> bool {
+    if v4 {
+        kind_v4(t) == Kind::Error
+    } else {
+        kind_v6(t) == Kind::Error
     }
 }
 
@@ -652,11 +662,7 @@ fn bare_fields(frame: &[u8]) -> Option<(bool, u8, [u8; 16], [u8; 16])> {
         return Some((v4, proto, src, dst));
     }
     let t = *l4.first()?;
-    let error = match proto {
-        IPPROTO_ICMP => v4 && kind_v4(t) == Kind::Error,
-        IPPROTO_ICMPV6 => !v4 && kind_v6(t) == Kind::Error,
-        _ => false,
-    };
+    let error = proto == if v4 { IPPROTO_ICMP } else { IPPROTO_ICMPV6 } && is_error(v4, t);
     let (qp, qs, qd, _) = error.then(|| quoted(v4, l4)).flatten()?;
     portless(qp).then_some((v4, qp, qd, qs))
 }
