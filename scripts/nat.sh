@@ -369,6 +369,32 @@ check "-F Sources clears a sticky source made again" bash -c "
     peer client tcp 10.0.2.3 7000 >/dev/null && $CTL -s Sources | grep -q '^10\.0\.1\.2 nat-to' &&
     $CTL -F Sources | grep -q 'source tracking entries cleared' && ! $CTL -s Sources | grep -q nat-to"
 
+# A family-less nat-to on the outside interface translates both families (to fs's first
+# address of each); the link's own messages (neighbour discovery, MLD, what comes from a
+# link-local address or :: and goes to a link-scoped group) never leave the link and go as
+# they are. A new address on fs makes the firewall's kernel send its MLD report and its
+# duplicate address detection from :: out through the rule.
+cat > "$DIR/link.conf" <<'CONF'
+block all
+match out on fs nat-to (fs:0)
+pass out
+pass in on fc
+pass in on fs inet6 proto icmp6
+CONF
+check "-f a family-less nat-to on fs" $CTL -f "$DIR/link.conf"
+check "family-less nat-to: IPv6 leaves as fd00:2::1" \
+    bash -c "r=\$(peer client tcp fd00:2::2 7001) && echo \"\$r\" && [[ \$r == 'fd00:2::1 '* ]]"
+check "family-less nat-to: the firewall's neighbour discovery and MLD on fs leave untranslated, none refused" bash -c "
+    t0=\$($CTL -s info | awk '\$1 == \"translate\" {print \$2}')
+    ip -n ${P}fw -6 neigh flush dev fs; ip -n ${P}server -6 neigh flush dev s0
+    ip -n ${P}fw addr add fd00:2::99/64 dev fs
+    for _ in \$(seq 30); do ip -n ${P}fw -6 addr show dev fs | grep 'fd00:2::99' | grep -q tentative || break; sleep 0.2; done
+    s ping -6 -c 2 -W 2 -i 0.2 fd00:2::99 >/dev/null && s ping -6 -c 2 -W 2 -i 0.2 fd00:2::1 >/dev/null || exit 1
+    $CTL -s states | grep -E 'ipv6-icmp .*\[(13[3-6]|143)\]' | tee $DIR/link-states
+    grep -q '^all ipv6-icmp :: *\[[0-9]*\] -> ' $DIR/link-states && grep -q '\[143\]' $DIR/link-states &&
+    ! grep -q '(' $DIR/link-states && [[ \$($CTL -s info | awk '\$1 == \"translate\" {print \$2}') == \$t0 ]]"
+check "family-less nat-to: TCP from the outside to the inside host stays blocked" refused peer server tcp fd00:1::2 7000
+
 # Refused where it cannot be kept.
 printf 'pass out on fs nat-to 10.0.2.1 - 10.0.2.5\n' > "$DIR/range.conf"
 check "a translation target xpf does not enforce (an address range) is refused with FILE:LINE" \

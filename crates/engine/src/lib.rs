@@ -2190,7 +2190,17 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     // FreeBSD's translation rules come first; the filter rules then see the packet with its
     // translated addresses (and a rdr's port), or not at all after a `pass` one.
     let mut pre = None;
-    let d = match p.translation(pd, &at) {
+    let x = match p.translation(pd, &at) {
+        // Not for a packet that cannot leave its link (as the filter's translations, below).
+        Some(x) if pd.link_scoped() => {
+            if x.rdr != 0 && !pd.link_control() {
+                return Verdict::Drop(Reason::Translate);
+            }
+            None
+        }
+        x => x,
+    };
+    let mut d = match x {
         None => p.evaluate_in(pd, &at),
         Some(x) => {
             let n = match translate_addrs(p, c.nat, &mut c.aux.rng, pd, x.nat, x.rdr) {
@@ -2206,6 +2216,20 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
             Decision { keep_state: d.action == Action::Pass, nat: x.nat, rdr: x.rdr, ..d }
         }
     };
+    // A packet that cannot leave its link (neighbour discovery, MLD, link-local and
+    // link-scoped multicast addresses) is not translated: its addresses only mean something
+    // on the link, and rewritten they would break the link's protocols (a host's neighbour
+    // advertisements, its MLD reports, its duplicate address detection from ::). Sent
+    // elsewhere by a `rdr-to`, it would reach a host that cannot answer it: refused as
+    // translate (below, after the rules' verdict and log), as a failed translation is.
+    let mut refuse = false;
+    if (d.nat | d.rdr) != 0 && pd.link_scoped() {
+        refuse = d.rdr != 0 && !pd.link_control();
+        d.nat = 0;
+        if !refuse {
+            d.rdr = 0;
+        }
+    }
     if c.local && (d.action == Action::Block || d.rdr == 0) {
         // The host's, not a translation's: the host path filters it.
         return Verdict::Host;
@@ -2228,6 +2252,9 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     }
     if pd.flags & pdf::IP_OPTIONS != 0 && !d.allow_opts {
         return Verdict::Drop(Reason::IpOption);
+    }
+    if refuse {
+        return Verdict::Drop(Reason::Translate);
     }
     *c.rule_passes += 1;
     note_scrub(c.scrub, d.scrub);

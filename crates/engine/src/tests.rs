@@ -1139,6 +1139,34 @@ fn a_second_host_to_one_far_end_without_ports_is_refused_as_translate() {
     assert_eq!(pd_of(&rewritten(&w, 0, &reply)).dst, xpf_wire::Addr::v4([10, 0, 1, 2]));
 }
 
+/// A packet that cannot leave its link is not translated (Linux's conntrack leaves neighbour
+/// discovery untracked for its NAT alike): the host's neighbour solicitation from its
+/// link-local address and its advertisement (no state) out through a `nat-to` pass as they
+/// are, and so does a datagram to a link-local multicast group, while a routed flow is
+/// translated beside them; a `rdr-to` would send a link-local source's packet to a host that
+/// cannot answer it, and refuses it as translate.
+#[test]
+fn packets_that_cannot_leave_their_link_are_not_translated() {
+    let mut w = natting(50001, 50010);
+    let me = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    let out = [
+        nd6(false, me, solicited(v6(2)), v6(2), 255),
+        nd6(true, v6(1), v6(2), v6(1), 255),
+        udp4([10, 0, 1, 2], [224, 0, 0, 251], 5353, 5353),
+        udp4([10, 0, 1, 2], [198, 51, 100, 1], 40000, 53),
+    ];
+    assert_eq!(run(&mut w, &out, Dir::Out, 1), vec![Verdict::Pass; 4]);
+    assert_eq!((w.batch().translated, w.nat.counters.translated), (0b1000, 1));
+    assert_eq!(w.states(), 3, "the solicitation's, the group's and the flow's");
+    for (_, s) in w.t6.iter() {
+        assert_eq!(s.key.addr[1], me, "the solicitation's state, as it left");
+    }
+    let from = |src| udp4(src, [192, 0, 2, 1], 40000, 53);
+    let v = run(&mut w, &[from([169, 254, 1, 1]), from([198, 51, 100, 1])], Dir::In, 2);
+    assert_eq!(v, vec![Verdict::Drop(Reason::Translate), Verdict::Pass]);
+    assert_eq!(w.batch().translated, 0b10);
+}
+
 #[test]
 fn nat_to_exhaustion_is_counted_and_released_ports_come_back() {
     let mut w = natting(50001, 50002);

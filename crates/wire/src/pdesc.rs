@@ -127,6 +127,33 @@ pub struct PDesc {
 
 const _: () = assert!(core::mem::size_of::<PDesc>() <= 96);
 
+impl PDesc {
+    /// Whether this is a message of the link itself, which no router forwards: IPv6 neighbour
+    /// and router discovery, redirects and multicast listener messages (RFC 4861, 2710,
+    /// 3810; Linux's conntrack leaves these untracked, so its NAT never rewrites them).
+    #[inline]
+    pub fn link_control(&self) -> bool {
+        self.proto == IPPROTO_ICMPV6
+            && self.flags & pdf::NOT_FIRST_FRAG == 0
+            && (icmp::is_mld(self.icmp_type) || (icmp::V6_ROUTER_SOLICIT..=icmp::V6_REDIRECT).contains(&self.icmp_type))
+    }
+
+    /// Whether this packet cannot leave its link, so no translation can apply to it: a
+    /// [`PDesc::link_control`] message, or one from an unspecified or link-local address, or
+    /// to a link-local address, a multicast group of link or interface scope (IPv6 ff01::/16
+    /// and ff02::/16 whatever the flags, IPv4 224.0.0.0/24) or the limited broadcast.
+    #[inline]
+    pub fn link_scoped(&self) -> bool {
+        let (s, d) = (&self.src.0, &self.dst.0);
+        if self.af == AF_INET {
+            let ll = |a: &[u8; 16]| a[0] == 169 && a[1] == 254;
+            return s[..4] == [0; 4] || ll(s) || ll(d) || d[..3] == [224, 0, 0] || d[..4] == [255; 4];
+        }
+        let ll = |a: &[u8; 16]| a[0] == 0xfe && a[1] & 0xc0 == 0x80;
+        self.link_control() || *s == [0; 16] || ll(s) || ll(d) || (d[0] == 0xff && d[1] & 0x0f <= 2)
+    }
+}
+
 /// Why a frame was not given a descriptor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Parse {
@@ -597,6 +624,60 @@ mod tests {
         ipv4::emit_header(&mut f[14..], src, dst, 17, 46, 64, 1);
         udp::emit_header(&mut f[34..], sport, dport, 26);
         f
+    }
+
+    #[test]
+    fn link_scoped_packets_are_those_no_router_forwards() {
+        let v6 = |src: &str, dst: &str, proto: u8, t: u8| {
+            let a = |x: &str| Addr(x.parse::<std::net::Ipv6Addr>().unwrap().octets());
+            PDesc { af: AF_INET6, src: a(src), dst: a(dst), proto, icmp_type: t, ..PDesc::default() }
+        };
+        let v4 = |src: [u8; 4], dst: [u8; 4]| PDesc {
+            af: AF_INET,
+            src: Addr::v4(src),
+            dst: Addr::v4(dst),
+            ..PDesc::default()
+        };
+        let (g1, g2) = ("2001:db8::1", "2001:db8:1::2");
+        // Neighbour discovery and MLD between global addresses: by their type.
+        for t in [icmp::V6_NEIGHBOR_SOLICIT, icmp::V6_NEIGHBOR_ADVERT, icmp::V6_ROUTER_ADVERT, icmp::MLD2_REPORT] {
+            let pd = v6(g1, g2, IPPROTO_ICMPV6, t);
+            assert!(pd.link_control() && pd.link_scoped(), "type {t}");
+            let later = PDesc { flags: pdf::FRAGMENT | pdf::NOT_FIRST_FRAG, ..pd };
+            assert!(!later.link_control(), "a later fragment's type is not read");
+        }
+        for (src, dst) in [
+            ("fe80::1", g2),
+            (g1, "fe80::2"),
+            ("::", "ff02::16"),
+            (g1, "ff02::1:ff00:2"),
+            (g1, "ff12::9"),
+            (g1, "ff01::1"),
+        ] {
+            assert!(v6(src, dst, IPPROTO_UDP, 0).link_scoped(), "{src} -> {dst}");
+        }
+        for (src, dst, proto, t) in [
+            (g1, g2, IPPROTO_UDP, 0),
+            (g1, g2, IPPROTO_ICMPV6, icmp::V6_ECHO_REQUEST),
+            (g1, "ff05::2", IPPROTO_UDP, 0),
+            (g1, "ff0e::1", IPPROTO_UDP, 0),
+        ] {
+            let pd = v6(src, dst, proto, t);
+            assert!(!pd.link_scoped() && !pd.link_control(), "{src} -> {dst} {proto}/{t}");
+        }
+        for (src, dst) in [
+            ([0; 4], [255; 4]),
+            ([169, 254, 1, 1], [10, 0, 0, 1]),
+            ([10, 0, 0, 1], [169, 254, 9, 9]),
+            ([10, 0, 0, 1], [224, 0, 0, 22]),
+        ] {
+            assert!(v4(src, dst).link_scoped(), "{src:?} -> {dst:?}");
+        }
+        for (src, dst) in
+            [([10, 0, 0, 1], [192, 0, 2, 1]), ([10, 0, 0, 1], [224, 0, 1, 1]), ([10, 0, 0, 1], [239, 1, 1, 1])]
+        {
+            assert!(!v4(src, dst).link_scoped(), "{src:?} -> {dst:?}");
+        }
     }
 
     #[test]
