@@ -378,6 +378,7 @@ cat > "$DIR/static.conf" <<'CONF'
 block all
 pass in on fc inet proto tcp to port 7203
 pass in on fc inet proto udp to port 7202
+pass in on fc inet proto icmp icmp-type echoreq
 pass out on fs
 match out on fs inet from 10.0.1.0/24 nat-to 10.0.2.1 static-port
 CONF
@@ -408,6 +409,35 @@ check "static-port: 100 UDP flows and 300 connections from 32 clients answered, 
     test "$x" = "100 100 300 300"
 n=$(c python3 "$DIR/client.py" tcp 7300 20)
 check "static-port: the blocked port still gets no connection ($n of 20)" test "$n" -eq 0
+# Eight clients ping the server with one identifier (as Windows' ping does): the first keeps
+# it, the others get others, and every reply finds its client.
+x=$(c python3 -c "
+import socket, struct, time
+def csum(b):
+    s = sum(struct.unpack('!%dH' % (len(b) // 2), b)); s = (s >> 16) + (s & 0xffff); s += s >> 16
+    return ~s & 0xffff
+socks = []
+for i in range(8):
+    s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); s.bind(('10.0.1.%d' % (10 + i), 0)); s.settimeout(0.2)
+    socks.append(s)
+got = set()
+for _ in range(3):
+    for i, s in enumerate(socks):
+        if i not in got:
+            m = struct.pack('!BBHHH', 8, 0, 0, 1, i + 1) + b'xpf!'
+            s.sendto(m[:2] + struct.pack('!H', csum(m)) + m[4:], ('10.0.2.2', 0))
+    end = time.time() + 1
+    while time.time() < end and len(got) < 8:
+        for i, s in enumerate(socks):
+            try:
+                d = s.recv(100)
+            except OSError:
+                continue
+            t, _, _, ident, seq = struct.unpack('!BBHHH', d[20:28])
+            if t == 0 and ident == 1 and seq == i + 1 and d[12:16] == bytes([10, 0, 2, 2]):
+                got.add(i)
+print(len(got))")
+check "static-port: eight clients' pings with one identifier all answered ($x of 8)" test "$x" -eq 8
 kill $WHO 2>/dev/null
 # IPv6 with two workers: the client network's prefix translated onto another (binat-to,
 # host part kept) under `block all`: no rule passes neighbour advertisements in, so the

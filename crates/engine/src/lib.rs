@@ -2064,22 +2064,34 @@ fn translate_port<K: Key, P: Policy>(
                 return Ok((K::from_pdesc(&n, dir, kif), nat::of_packet(&n), Some(to)));
             }
         }
-        if nat::has_port(pd) && !pool.static_port && pool.ports != (0, 0) {
-            let port = if pool.ports.0 == pool.ports.1 {
-                Some(pool.ports.0).filter(|&q| unused(with_port(&n, q)))
+        // `static-port` keeps an ICMP echo's identifier while no other flow holds it; one
+        // that another host's echo to the same far end holds (two hosts' `ping`s, Windows'
+        // identifier always 1) gets another, as pf_get_sport gives every echo one of 1-65535
+        // whatever the rule says of ports: an identifier means nothing to the hosts but the
+        // pairing of requests and replies.
+        let (lo, hi, range) = if pool.static_port && icmp {
+            (1, u16::MAX, nat::Range::from((1, u16::MAX)))
+        } else {
+            (pool.ports.0, pool.ports.1, pool.range())
+        };
+        if nat::has_port(pd)
+            && if pool.static_port { icmp && !unused(K::from_pdesc(&n, dir, kif)) } else { pool.ports != (0, 0) }
+        {
+            let port = if lo == hi {
+                Some(lo).filter(|&q| unused(with_port(&n, q)))
             } else {
                 let src = n;
-                nat.take_port((src.src, pd.af), pd.proto, pool.range(), now, rng, |q| unused(with_port(&src, q)))
+                nat.take_port((src.src, pd.af), pd.proto, range, now, rng, |q| unused(with_port(&src, q)))
             };
             let Some(port) = port else {
                 // The allocator counted its own refusal; a one-port range is counted here.
-                if pool.ports.0 == pool.ports.1 {
+                if lo == hi {
                     nat.counters.exhausted += 1;
                 }
                 nat.refuse(nat_pool, true);
                 return Err(Reason::Translate);
             };
-            if pool.ports.0 != pool.ports.1 {
+            if lo != hi {
                 held = Some((n.src, port));
                 if ei {
                     nat.map(pd.af, (pd.src, pd.sport), (n.src, port));

@@ -1167,6 +1167,42 @@ fn packets_that_cannot_leave_their_link_are_not_translated() {
     assert_eq!(w.batch().translated, 0b10);
 }
 
+/// An ICMP echo request (or reply) from `src` to `dst` with identifier `id`.
+fn echo4(src: [u8; 4], dst: [u8; 4], id: u16, reply: bool) -> Vec<u8> {
+    let mut f = vec![0u8; 60];
+    f[12] = 0x08;
+    ipv4::emit_header(&mut f[14..], src, dst, 1, 28, 64, 1);
+    let t = if reply { xpf_wire::icmp::ECHO_REPLY } else { xpf_wire::icmp::ECHO_REQUEST };
+    xpf_wire::icmp::emit_header(&mut f[34..], t, 0, (id as u32) << 16 | 1);
+    f
+}
+
+/// Under `static-port` an echo keeps its identifier while it is free; two hosts pinging one
+/// far end with one identifier (Windows' is always 1) both get through, the second with
+/// another identifier (pf gives every echo one of 1-65535), and each reply finds its host.
+#[test]
+fn static_port_echoes_of_two_hosts_with_one_identifier_both_pass() {
+    let mut w = natting(50001, 50010);
+    w.policy.0[0].static_port = true;
+    w.policy.0[0].ports = (0, 0);
+    let far = [198, 51, 100, 1];
+    let out = [echo4([10, 0, 1, 2], far, 1, false), echo4([10, 0, 1, 3], far, 1, false)];
+    assert_eq!(run(&mut w, &out, Dir::Out, 1), vec![Verdict::Pass; 2]);
+    let (a, b) = (pd_of(&rewritten(&w, 0, &out[0])), pd_of(&rewritten(&w, 1, &out[1])));
+    assert_eq!((a.src, a.sport), (xpf_wire::Addr::v4([192, 0, 2, 1]), 1), "the first keeps its identifier");
+    assert_eq!(b.src, xpf_wire::Addr::v4([192, 0, 2, 1]));
+    assert_ne!(b.sport, 1, "the second gets another");
+    for (host, id) in [([10, 0, 1, 2], 1), ([10, 0, 1, 3], b.sport)] {
+        let reply = echo4(far, [192, 0, 2, 1], id, true);
+        assert_eq!(run(&mut w, std::slice::from_ref(&reply), Dir::In, 2), vec![Verdict::Pass]);
+        let r = pd_of(&rewritten(&w, 0, &reply));
+        assert_eq!((r.dst, r.dport), (xpf_wire::Addr::v4(host), 1));
+    }
+    // UDP keeps its port under `static-port` or is refused, as pf refuses it.
+    let udp = [udp4([10, 0, 1, 2], far, 5060, 5060), udp4([10, 0, 1, 3], far, 5060, 5060)];
+    assert_eq!(run(&mut w, &udp, Dir::Out, 3), vec![Verdict::Pass, Verdict::Drop(Reason::Translate)]);
+}
+
 #[test]
 fn nat_to_exhaustion_is_counted_and_released_ports_come_back() {
     let mut w = natting(50001, 50002);
