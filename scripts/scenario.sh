@@ -648,6 +648,15 @@ check "the firewall's neighbour entry for the server is complete" bash -c "ip -n
 check "the solicitation's state is keyed by its target (pfctl -ss)" bash -c "$CTL -s states | grep -Eq 'ipv6-icmp [0-9a-f:]+\[[0-9]+\] -> fd00:2::2\[135\]'"
 check "datagrams to a port the rules close do not arrive (0 of 5)" test "$(udp6_to_server 5301)" = 0
 
+# An echo to all nodes (ff02::1) under `block all; pass out`: each node answers from its own
+# address, and pf lets the replies in by the request's state (PF_ICMP_MULTI_LINK).
+printf 'block all\npass out\npass in on fs inet6 proto icmp6 icmp6-type neighbrsol\n' > "$DIR/mcast.conf"
+check "-f block all, pass out (and solicitations in on fs)" $CTL -f "$DIR/mcast.conf"
+sll=$(ip -n ${P}server -6 -o addr show dev s0 scope link | awk '{print $4}' | cut -d/ -f1)
+check "ping ff02::1%fs from the firewall: the server ($sll) answers through the request's state" \
+    bash -c "ip netns exec ${P}fw ping -6 -c 3 -i 0.3 -W 1 ff02::1%fs | tee /dev/stderr | grep -q 'from $sll'"
+check "the server's own echo to the firewall stays blocked" refused ip netns exec ${P}server ping -6 -c 2 -i 0.3 -W 1 fd00:2::1
+
 # block return on forwarded traffic: the client hears the RST at once.
 cat "$DIR/pf.conf" - > "$DIR/return.conf" <<'CONF'
 block return in on $ext_if inet proto tcp to 10.0.2.2 port 2222

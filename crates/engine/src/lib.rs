@@ -2176,6 +2176,21 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
             }
         }
     }
+    // pf's PF_ICMP_MULTI_LINK: an IPv6 echo to ff02::1 is answered by every node of the link
+    // from its own address; a reply no state claims is looked up again as from ff02::1,
+    // where the request's state has it (`ping ff02::1%if` under `block all; pass out`).
+    if pd.proto == xpf_wire::pdesc::IPPROTO_ICMPV6
+        && pd.icmp_type == xpf_wire::icmp::V6_ECHO_REPLY
+        && pd.flags & pdf::NOT_FIRST_FRAG == 0
+    {
+        const ALL_NODES: xpf_wire::Addr = xpf_wire::Addr([0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        let k = K::from_pdesc(&PDesc { src: ALL_NODES, ..*pd }, c.dir, key.kif());
+        if let Some(r) = t.find(&k, t.hash(&k)) {
+            if let Some(v) = hit_nat(t, r, pd, c.dir, c.now, c.aux, slot(&mut c.rw), c.local) {
+                return with_actions(t, p, r, c, v);
+            }
+        }
+    }
     // `set syncookies`: an ACK that proves a cookie is filtered as the SYN it answers.
     let recreated: PDesc;
     let ack = pd;

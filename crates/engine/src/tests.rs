@@ -438,6 +438,34 @@ fn solicited(a: [u8; 16]) -> [u8; 16] {
     [0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, a[13], a[14], a[15]]
 }
 
+/// An ICMPv6 echo request (or reply) from `src` to `dst` with identifier `id`.
+fn echo6(src: [u8; 16], dst: [u8; 16], id: u16, reply: bool) -> Vec<u8> {
+    let mut f = vec![0u8; 14 + 40 + 8];
+    f[12..14].copy_from_slice(&[0x86, 0xdd]);
+    xpf_wire::ipv6::emit_header(&mut f[14..], &src, &dst, 58, 8, 64);
+    let t = if reply { xpf_wire::icmp::V6_ECHO_REPLY } else { xpf_wire::icmp::V6_ECHO_REQUEST };
+    xpf_wire::icmp::emit_header(&mut f[54..], t, 0, (id as u32) << 16 | 1);
+    f
+}
+
+/// pf (PF_ICMP_MULTI_LINK): an echo to ff02::1 under `block all; pass out` is answered by
+/// the link's nodes from their own addresses, each reply by the request's state; a reply
+/// with another identifier, or to an echo to another group, has none.
+#[test]
+fn replies_to_an_echo_to_all_nodes_pass_by_its_state() {
+    let mut w = outbound_only();
+    let me = v6(1);
+    let all = [0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    let routers = [0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+    let out = [echo6(me, all, 7, false), echo6(me, routers, 8, false)];
+    assert_eq!(run(&mut w, &out, Dir::Out, 1), vec![Verdict::Pass; 2]);
+    let replies =
+        [echo6(v6(2), me, 7, true), echo6(v6(3), me, 7, true), echo6(v6(2), me, 9, true), echo6(v6(2), me, 8, true)];
+    let v = run(&mut w, &replies, Dir::In, 2);
+    assert_eq!(v, vec![Verdict::Pass, Verdict::Pass, Verdict::Drop(Reason::Match), Verdict::Drop(Reason::Match)]);
+    assert_eq!(w.states(), 2, "the replies make none");
+}
+
 #[test]
 fn a_neighbour_advertisement_finds_the_state_of_the_solicitation_it_answers() {
     // pf (pf_icmp_mapping, pf_state_key_addr_setup): `block all; pass out` resolves a
