@@ -869,6 +869,27 @@ check "scrub: without max-mss the server sees the client's MSS (> 1400)" bash -c
 printf 'match in on $ext_if scrub (max-mss 1200)\n' >> "$DIR/scrub.conf"
 check "-f the same with 'match in on fc scrub (max-mss 1200)'" $CTL -f "$DIR/scrub.conf"
 check "scrub: with max-mss 1200 the server sees at most 1200" bash -c "$(declare -f mss_seen c); P=$P DIR=$DIR; m=\$(mss_seen); echo mss \$m; test \$m -le 1200"
+# set tos: the server reads the TOS byte of the client's datagram (IP_RECVTOS); without the
+# option it is the client's own 0 (the negative control).
+tos_seen() { # prints the TOS byte of one datagram from the client to the server's port 2231
+    ip netns exec ${P}server python3 -c "
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('10.0.2.2', 2231)); s.settimeout(5)
+s.setsockopt(socket.IPPROTO_IP, getattr(socket, 'IP_RECVTOS', 13), 1)
+_, anc, _, _ = s.recvmsg(100, socket.CMSG_SPACE(4))
+print(next((d[0] for l, t, d in anc if l == socket.IPPROTO_IP and t == socket.IP_TOS), -1))" > "$DIR/tos" &
+    local srv=$!
+    sleep 0.4
+    c python3 -c "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('10.0.2.2', 2231))"
+    wait $srv
+    cat "$DIR/tos"
+}
+printf 'pass in on $ext_if inet proto udp to 10.0.2.2 port 2231\n' | cat "$DIR/pf.conf" - > "$DIR/tos.conf"
+check "-f a ruleset passing UDP to port 2231 (no set tos)" $CTL -f "$DIR/tos.conf"
+check "set tos: without it the server sees TOS 0" bash -c "$(declare -f tos_seen c); P=$P DIR=$DIR; t=\$(tos_seen); echo tos \$t; test \$t -eq 0"
+printf 'pass in on $ext_if inet proto udp to 10.0.2.2 port 2231 set tos lowdelay\n' | cat "$DIR/pf.conf" - > "$DIR/tos.conf"
+check "-f the same rule with 'set tos lowdelay'" $CTL -f "$DIR/tos.conf"
+check "set tos lowdelay: the server sees TOS 0x10" bash -c "$(declare -f tos_seen c); P=$P DIR=$DIR; t=\$(tos_seen); echo tos \$t; test \$t -eq 16"
 # FreeBSD's scrub rule: every packet it selects, the first that matches (a plain one before it
 # gives none).
 cat "$DIR/pf.conf" - > "$DIR/scrub-rule.conf" <<'CONF'

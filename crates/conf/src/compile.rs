@@ -1554,15 +1554,19 @@ impl<'a> Build<'a> {
             // pf keeps no state for a fragment (`fragment` rules match nothing else).
             keep_state: r.state != StateKind::No && !r.fragment,
             ret: engine_return(&r.ret),
-            scrub: r.scrub.as_ref().map_or(EScrub::NONE, |s| EScrub {
-                no_df: s.no_df,
-                random_id: s.random_id,
-                min_ttl: s.min_ttl.unwrap_or(0),
-                set_tos: s.set_tos,
-                max_mss: s.max_mss.unwrap_or(0),
-                id: 0,
-                tcp_clean: false,
-            }),
+            // `set tos` is pfctl's PFSTATE_SETTOS, as `scrub (set-tos)` is (it wins over it).
+            scrub: EScrub {
+                set_tos: r.set_tos.or(r.scrub.as_ref().and_then(|s| s.set_tos)),
+                ..r.scrub.as_ref().map_or(EScrub::NONE, |s| EScrub {
+                    no_df: s.no_df,
+                    random_id: s.random_id,
+                    min_ttl: s.min_ttl.unwrap_or(0),
+                    set_tos: None,
+                    max_mss: s.max_mss.unwrap_or(0),
+                    id: 0,
+                    tcp_clean: false,
+                })
+            },
             tos: r.tos,
             prob: r.probability.map_or(0, prob_threshold),
             nosync: r.state_opts.no_sync || g.no_sync,

@@ -258,9 +258,8 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
         }
         // Enforced: the state keeps the queue; the egress interface's shaper holds to it.
         let _ = set_queue;
-        if set_tos.is_some() {
-            refuse("set tos");
-        }
+        // Enforced: `set tos` is the rule's `scrub (set-tos)` (proto::apply_scrub).
+        let _ = set_tos;
         // Enforced: a draw per packet from the worker's random numbers.
         let _ = probability;
     }
@@ -369,7 +368,7 @@ mod tests {
         ("pass out on lo dup-to 127.0.0.2", No("dup-to")),
         ("pass in set prio 3", No("set prio")),
         ("pass in set queue root", Yes("set_queue_is_kept_in_the_state_and_pure_acks_take_the_ack_queue")),
-        ("pass in set tos 0x10", No("set tos")),
+        ("pass in set tos 0x10", Yes("set_tos_sets_the_tos_of_every_packet_of_the_state")),
         ("pass in probability 50%", Yes("probability_passes_about_its_share")),
         ("pass out on lo received-on lo", Yes("received_on_matches_the_interface_the_packet_came_in_on")),
         ("pass out on lo !received-on lo", Yes("received_on_matches_the_interface_the_packet_came_in_on")),

@@ -737,6 +737,39 @@ fn scrub_rewrites_as_pf_scrub_does() {
     assert_eq!(plain.batch().scrubbed, 0);
 }
 
+/// `set tos` (pfctl's PFSTATE_SETTOS, what `scrub (set-tos)` was) rewrites the TOS of every
+/// packet of the state the rule makes, both ways, its ECN bits kept; on a `match` rule it
+/// reaches the state the deciding rule makes; a name (`lowdelay`) is its value.
+#[test]
+fn set_tos_sets_the_tos_of_every_packet_of_the_state() {
+    for conf in ["pass in proto udp set tos 0x10\n", "match in set tos lowdelay\npass in proto udp\n"] {
+        let mut w = worker(rs(conf));
+        let mut out = udp([10, 0, 0, 1], [8, 8, 8, 8], 5000, 53);
+        out[15] = 0x03; // ECN CE
+        out[24..26].fill(0);
+        let c = xpf_wire::checksum::checksum(&out[14..34]);
+        out[24..26].copy_from_slice(&c.to_be_bytes());
+        let mut v = [Verdict::Pass];
+        w.process(&[&out], 1, Dir::In, 0, &mut v);
+        assert_eq!((v[0], w.batch().scrubbed), (Verdict::Pass, 1), "{conf}");
+        let mut f = out.clone();
+        assert!(xpf_engine::proto::apply_scrub(&mut f, &w.batch().scrubs[0]));
+        let mut pd = PDesc::default();
+        xpf_wire::parse_ether(&f, &mut pd).unwrap();
+        assert_eq!(pd.tos, 0x13, "{conf}: the TOS set, its ECN bits kept");
+        assert_eq!(xpf_wire::checksum::checksum(&f[14..34]), 0, "{conf}: IP checksum");
+        // The state's packets the other way get it too.
+        let back = udp([8, 8, 8, 8], [10, 0, 0, 1], 53, 5000);
+        w.process(&[&back], 1, Dir::Out, 1, &mut v);
+        assert_eq!((v[0], w.batch().scrubbed, w.batch().scrubs[0].set_tos), (Verdict::Pass, 1, Some(0x10)), "{conf}");
+    }
+    // Without it nothing is marked.
+    let mut plain = worker(rs("pass in proto udp\n"));
+    let mut v = [Verdict::Pass];
+    plain.process(&[&udp([10, 0, 0, 1], [8, 8, 8, 8], 5000, 53)], 1, Dir::In, 0, &mut v);
+    assert_eq!(plain.batch().scrubbed, 0);
+}
+
 /// FreeBSD's scrub rules act on every packet they select, a state's or not: the first that
 /// matches gives its options (a plain one before a later one with options gives none), in
 /// the direction and on the interface it names, applied before the state's own.
