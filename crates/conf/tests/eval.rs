@@ -703,18 +703,25 @@ fn syn_with_mss(flags: u8) -> Vec<u8> {
     f
 }
 
+/// `frame` filtered `in` as a first packet, which must pass with the rules' scrub actions:
+/// the frame those actions make, and its descriptor.
+fn first_scrubbed(w: &mut Worker<Ruleset>, frame: &[u8], what: &str) -> (Vec<u8>, PDesc) {
+    let mut v = [Verdict::Pass];
+    w.process(&[frame], 1, Dir::In, 0, &mut v);
+    assert_eq!((v[0], w.batch().scrubbed), (Verdict::Pass, 1), "{what}");
+    let mut f = frame.to_vec();
+    assert!(xpf_engine::proto::apply_scrub(&mut f, &w.batch().scrubs[0]));
+    let mut pd = PDesc::default();
+    xpf_wire::parse_ether(&f, &mut pd).unwrap();
+    (f, pd)
+}
+
 #[test]
 fn scrub_rewrites_as_pf_scrub_does() {
     let mut w =
         worker(rs("match in scrub (max-mss 1300, no-df, min-ttl 100)\npass in proto tcp scrub (set-tos 0x10)\n"));
     let syn = syn_with_mss(tcp::SYN);
-    let mut v = [Verdict::Pass];
-    w.process(&[&syn], 1, Dir::In, 0, &mut v);
-    assert_eq!((v[0], w.batch().scrubbed), (Verdict::Pass, 1), "the rules' actions for the first packet");
-    let mut f = syn.clone();
-    assert!(xpf_engine::proto::apply_scrub(&mut f, &w.batch().scrubs[0]));
-    let mut pd = PDesc::default();
-    xpf_wire::parse_ether(&f, &mut pd).unwrap();
+    let (f, pd) = first_scrubbed(&mut w, &syn, "the rules' actions for the first packet");
     assert_eq!((pd.ttl, pd.tos, f[20] & 0x40), (100, 0x10, 0), "min-ttl, set-tos (match and pass add up), no-df");
     assert_eq!(&f[54..58], &[2, 4, 0x05, 0x14], "MSS 1460 lowered to 1300");
     assert_eq!(xpf_wire::checksum::checksum(&f[14..34]), 0, "IP checksum");
@@ -725,6 +732,7 @@ fn scrub_rewrites_as_pf_scrub_does() {
     assert_eq!(tcp_sum, 0xffff, "TCP checksum");
     // A later packet of the state gets the same actions from the state.
     let ack = syn_with_mss(tcp::ACK);
+    let mut v = [Verdict::Pass];
     w.process(&[&ack], 1, Dir::In, 1, &mut v);
     assert_eq!(w.batch().scrubbed, 1);
     assert_eq!(
@@ -749,17 +757,12 @@ fn set_tos_sets_the_tos_of_every_packet_of_the_state() {
         out[24..26].fill(0);
         let c = xpf_wire::checksum::checksum(&out[14..34]);
         out[24..26].copy_from_slice(&c.to_be_bytes());
-        let mut v = [Verdict::Pass];
-        w.process(&[&out], 1, Dir::In, 0, &mut v);
-        assert_eq!((v[0], w.batch().scrubbed), (Verdict::Pass, 1), "{conf}");
-        let mut f = out.clone();
-        assert!(xpf_engine::proto::apply_scrub(&mut f, &w.batch().scrubs[0]));
-        let mut pd = PDesc::default();
-        xpf_wire::parse_ether(&f, &mut pd).unwrap();
+        let (f, pd) = first_scrubbed(&mut w, &out, conf);
         assert_eq!(pd.tos, 0x13, "{conf}: the TOS set, its ECN bits kept");
         assert_eq!(xpf_wire::checksum::checksum(&f[14..34]), 0, "{conf}: IP checksum");
         // The state's packets the other way get it too.
         let back = udp([8, 8, 8, 8], [10, 0, 0, 1], 53, 5000);
+        let mut v = [Verdict::Pass];
         w.process(&[&back], 1, Dir::Out, 1, &mut v);
         assert_eq!((v[0], w.batch().scrubbed, w.batch().scrubs[0].set_tos), (Verdict::Pass, 1, Some(0x10)), "{conf}");
     }

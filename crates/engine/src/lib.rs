@@ -2183,8 +2183,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         && pd.icmp_type == xpf_wire::icmp::V6_ECHO_REPLY
         && pd.flags & pdf::NOT_FIRST_FRAG == 0
     {
-        const ALL_NODES: xpf_wire::Addr = xpf_wire::Addr([0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
-        let k = K::from_pdesc(&PDesc { src: ALL_NODES, ..*pd }, c.dir, key.kif());
+        let k = K::from_pdesc(&PDesc { src: xpf_wire::pdesc::ALL_NODES, ..*pd }, c.dir, key.kif());
         if let Some(r) = t.find(&k, t.hash(&k)) {
             if let Some(v) = hit_nat(t, r, pd, c.dir, c.now, c.aux, slot(&mut c.rw), c.local) {
                 return with_actions(t, p, r, c, v);

@@ -455,7 +455,7 @@ fn echo6(src: [u8; 16], dst: [u8; 16], id: u16, reply: bool) -> Vec<u8> {
 fn replies_to_an_echo_to_all_nodes_pass_by_its_state() {
     let mut w = outbound_only();
     let me = v6(1);
-    let all = [0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    let all = xpf_wire::pdesc::ALL_NODES.0;
     let routers = [0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
     let out = [echo6(me, all, 7, false), echo6(me, routers, 8, false)];
     assert_eq!(run(&mut w, &out, Dir::Out, 1), vec![Verdict::Pass; 2]);

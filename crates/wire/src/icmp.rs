@@ -123,6 +123,13 @@ pub fn is_mld(t: u8) -> bool {
     matches!(t, MLD_QUERY | MLD_REPORT | MLD_DONE | MLD2_REPORT)
 }
 
+/// Neighbour discovery (RFC 4861): router and neighbour solicitations and advertisements,
+/// redirects.
+#[inline]
+pub fn is_nd(t: u8) -> bool {
+    (V6_ROUTER_SOLICIT..=V6_REDIRECT).contains(&t)
+}
+
 pub fn kind_v6(t: u8) -> Kind {
     match t {
         V6_ECHO_REQUEST => Kind::Query,

@@ -127,6 +127,9 @@ pub struct PDesc {
 
 const _: () = assert!(core::mem::size_of::<PDesc>() <= 96);
 
+/// ff02::1, every node of the link.
+pub const ALL_NODES: Addr = Addr([0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+
 impl PDesc {
     /// Whether this is a message of the link itself, which no router forwards: IPv6 neighbour
     /// and router discovery, redirects and multicast listener messages (RFC 4861, 2710,
@@ -135,7 +138,7 @@ impl PDesc {
     pub fn link_control(&self) -> bool {
         self.proto == IPPROTO_ICMPV6
             && self.flags & pdf::NOT_FIRST_FRAG == 0
-            && (icmp::is_mld(self.icmp_type) || (icmp::V6_ROUTER_SOLICIT..=icmp::V6_REDIRECT).contains(&self.icmp_type))
+            && (icmp::is_mld(self.icmp_type) || icmp::is_nd(self.icmp_type))
     }
 
     /// Whether this packet cannot leave its link, so no translation can apply to it: a
@@ -478,7 +481,7 @@ pub fn parse_ipv6(frame: &[u8], off: usize, pd: &mut PDesc) -> Result<(), Parse>
     if pd.proto == IPPROTO_ICMPV6 {
         if icmp::is_mld(pd.icmp_type) {
             mld(pd, ext.options)?;
-        } else if (icmp::V6_ROUTER_SOLICIT..=icmp::V6_REDIRECT).contains(&pd.icmp_type) {
+        } else if icmp::is_nd(pd.icmp_type) {
             nd(pd, l4)?;
         }
     }
