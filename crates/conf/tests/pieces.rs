@@ -211,3 +211,29 @@ fn anchors_nest_as_deep_as_pfs_stack() {
         assert_eq!(k, n - 1, "64 deep, {n} pieces: each kept");
     }
 }
+
+/// Users and groups are named by this machine's databases, read from several threads at once
+/// when a file is parsed in pieces (and when tests run together): each name must give its own
+/// id whatever the other threads look up meanwhile (getpwnam and getgrnam share one buffer
+/// across threads; the lookups take their own).
+#[test]
+fn user_and_group_names_resolve_alike_from_several_threads() {
+    let names = [("root", 0u32), ("daemon", 1), ("bin", 2)];
+    let threads: Vec<_> = (0..6)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let (name, id) = names[t % 3];
+                let kind = if t < 3 { "user" } else { "group" };
+                for _ in 0..3_000 {
+                    let p = parse_in(&format!("pass in proto tcp {kind} {name}\n"), "t.conf", &[], None);
+                    let r = &p.rules[0];
+                    let got = if t < 3 { &r.user } else { &r.group };
+                    assert_eq!(format!("{got:?}"), format!("Some(Eq({id}))"), "{kind} {name}");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}

@@ -202,20 +202,46 @@ pub(super) fn id_op(p: &mut P, group: bool) -> R<PortOp> {
             return u16::try_from(n).map_err(|_| format!("illegal {} value {n}", if group { "gid" } else { "uid" }));
         }
         let c = std::ffi::CString::new(s).map_err(|_| "syntax error".to_string())?;
-        // SAFETY: c is a valid C string; the returned pointer is read at once.
-        let v = unsafe {
-            if group {
-                let g = libc::getgrnam(c.as_ptr());
-                (!g.is_null()).then(|| (*g).gr_gid)
-            } else {
-                let u = libc::getpwnam(c.as_ptr());
-                (!u.is_null()).then(|| (*u).pw_uid)
-            }
-        };
-        v.and_then(|x| u16::try_from(x).ok())
+        account_id(&c, group)
+            .and_then(|x| u16::try_from(x).ok())
             .ok_or_else(|| format!("unknown {} {s}", if group { "group" } else { "user" }))
     };
     op_spec(p, &id, false)
+}
+
+/// The id of user (or group) `name` in this machine's databases. The reentrant lookups, each
+/// into a buffer of its own: a file parsed in pieces looks names up from several threads, and
+/// getpwnam's and getgrnam's one shared buffer gave one thread's answer to another.
+fn account_id(name: &std::ffi::CStr, group: bool) -> Option<u32> {
+    let mut buf = vec![0 as libc::c_char; 4096];
+    loop {
+        // SAFETY: name is a valid C string; the record and the buffer its strings point into
+        // live through the call, and only its id is read, after it returned its record.
+        let rc = unsafe {
+            if group {
+                let mut g: libc::group = std::mem::zeroed();
+                let mut out = std::ptr::null_mut();
+                let rc = libc::getgrnam_r(name.as_ptr(), &mut g, buf.as_mut_ptr(), buf.len(), &mut out);
+                if rc == 0 {
+                    return (!out.is_null()).then_some(g.gr_gid);
+                }
+                rc
+            } else {
+                let mut u: libc::passwd = std::mem::zeroed();
+                let mut out = std::ptr::null_mut();
+                let rc = libc::getpwnam_r(name.as_ptr(), &mut u, buf.as_mut_ptr(), buf.len(), &mut out);
+                if rc == 0 {
+                    return (!out.is_null()).then_some(u.pw_uid);
+                }
+                rc
+            }
+        };
+        // A record larger than the buffer: again with twice the room, up to 1 MiB.
+        if rc != libc::ERANGE || buf.len() >= 1 << 20 {
+            return None;
+        }
+        buf.resize(buf.len() * 2, 0);
+    }
 }
 
 pub(super) fn port_num(s: &str) -> R<u16> {
