@@ -2069,14 +2069,12 @@ fn translate_port<K: Key, P: Policy>(
         // identifier always 1) gets another, as pf_get_sport gives every echo one of 1-65535
         // whatever the rule says of ports: an identifier means nothing to the hosts but the
         // pairing of requests and replies.
-        let (lo, hi, range) = if pool.static_port && icmp {
-            (1, u16::MAX, nat::Range::from((1, u16::MAX)))
-        } else {
-            (pool.ports.0, pool.ports.1, pool.range())
-        };
-        if nat::has_port(pd)
-            && if pool.static_port { icmp && !unused(K::from_pdesc(&n, dir, kif)) } else { pool.ports != (0, 0) }
-        {
+        let static_echo = pool.static_port && icmp && nat::has_port(pd);
+        let range = if static_echo { nat::Range::from((1, u16::MAX)) } else { pool.range() };
+        // The translated key with the packet's own identifier, asked once: free, it is kept.
+        let kept = static_echo && unused(K::from_pdesc(&n, dir, kif));
+        let (lo, hi) = (range.lo, range.hi);
+        if !kept && (static_echo || (nat::has_port(pd) && !pool.static_port && pool.ports != (0, 0))) {
             let port = if lo == hi {
                 Some(lo).filter(|&q| unused(with_port(&n, q)))
             } else {
@@ -2102,7 +2100,7 @@ fn translate_port<K: Key, P: Policy>(
                 n.dport = port;
             }
         }
-        if held.is_none() && !unused(K::from_pdesc(&n, dir, kif)) {
+        if held.is_none() && !kept && !unused(K::from_pdesc(&n, dir, kif)) {
             // No port was chosen (a protocol without ports, `static-port`, the range's one
             // port) and the translated flow is another's: refused as pf_get_sport refuses
             // it, not matched to that flow's state from the wrong side.
