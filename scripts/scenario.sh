@@ -890,6 +890,66 @@ check "set tos: without it the server sees TOS 0" bash -c "$(declare -f tos_seen
 printf 'pass in on $ext_if inet proto udp to 10.0.2.2 port 2231 set tos lowdelay\n' | cat "$DIR/pf.conf" - > "$DIR/tos.conf"
 check "-f the same rule with 'set tos lowdelay'" $CTL -f "$DIR/tos.conf"
 check "set tos lowdelay: the server sees TOS 0x10" bash -c "$(declare -f tos_seen c); P=$P DIR=$DIR; t=\$(tos_seen); echo tos \$t; test \$t -eq 16"
+# route-to and reply-to. The server answers on 10.0.9.2 too, which the firewall's table routes
+# back out towards the client; the client sends from 10.0.7.2 too, which the table routes out
+# towards the server. A rule's next hop takes such packets where they go; the same traffic on
+# ports without one (the negative controls) goes where the table says, and nothing arrives.
+rconn() { # rconn SRC DST PORT: a TCP connection from SRC, 100 KB sent and answered
+    c python3 -c "
+import socket
+s = socket.socket(); s.settimeout(2); s.bind(('$1', 0)); s.connect(('$2', $3))
+s.sendall(b'x' * 100000); s.shutdown(socket.SHUT_WR)
+n = 0
+while (b := s.recv(65536)):
+    n += len(b)
+raise SystemExit(0 if n == 100000 else f'{n} bytes back')"
+}
+ip -n ${P}server addr add 10.0.9.2/32 dev s0
+ip -n ${P}client addr add 10.0.7.2/32 dev c0
+ip -n ${P}fw route add 10.0.9.0/24 via 10.0.1.2
+ip -n ${P}fw route add 10.0.7.0/24 via 10.0.2.2
+echo_server() { # echo_server ADDR PORT: echoes what each connection sends, until it closes
+    ip netns exec ${P}server python3 -c "
+import socket, threading
+l = socket.create_server(('$1', $2))
+def echo(s):
+    while (b := s.recv(65536)):
+        s.sendall(b)
+    s.close()
+while True:
+    threading.Thread(target=echo, args=(l.accept()[0],), daemon=True).start()" >/dev/null 2>&1 &
+}
+echoes=()
+for p in 2240 2241 2244; do echo_server 10.0.9.2 $p; echoes+=($!); done
+for p in 2242 2243; do echo_server 10.0.2.2 $p; echoes+=($!); done
+ip netns exec ${P}server iperf3 -s -D --bind 10.0.9.2 -p 5203 >/dev/null
+cat "$DIR/pf.conf" - > "$DIR/route-to.conf" <<'CONF'
+pass in on $ext_if route-to ($int_if 10.0.2.2) inet proto tcp to 10.0.9.2 port { 2240, 5203 }
+pass in on $ext_if inet proto tcp to 10.0.9.2 port 2241
+pass in on $ext_if inet proto tcp to 10.0.9.2 port 2244 route-to 10.0.2.2
+pass in on $ext_if reply-to ($ext_if 10.0.1.2) inet proto tcp from 10.0.7.2 to 10.0.2.2 port 2242
+pass in on $ext_if inet proto tcp from 10.0.7.2 to 10.0.2.2 port 2243
+CONF
+sleep 0.3
+check "-f a ruleset with FreeBSD's 'route-to (fs 10.0.2.2)', 'reply-to (fc 10.0.1.2)' and OpenBSD's 'route-to 10.0.2.2'" $CTL -f "$DIR/route-to.conf"
+check "route-to, reply-to: -s rules prints them as pfctl does" bash -c "$CTL -s rules | grep -q 'port = 2240 flags S/SA route-to (fs 10.0.2.2)\$' && $CTL -s rules | grep -q 'port = 2242 flags S/SA reply-to (fc 10.0.1.2)\$' && $CTL -s rules | grep -q 'port = 2244 flags S/SA route-to 10.0.2.2\$'"
+rate_routed() { c iperf3 -c 10.0.9.2 -p 5203 -t 1 -J | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]))'; }
+routed_counted() { test "$(info 'd["forwarding"]["routed"]')" -gt 100 && test "$(info 'd["forwarding"]["route_failed"]')" -eq 0; }
+check "route_to_sends_by_the_rules_next_hop: to 10.0.9.2 port 2240 by 'route-to (fs 10.0.2.2)'" rconn 10.0.1.2 10.0.9.2 2240
+check "... and by OpenBSD's 'route-to 10.0.2.2' (port 2244; the interface is the route's to it)" rconn 10.0.1.2 10.0.9.2 2244
+check "... without route-to (port 2241) the table sends it back to the client: nothing arrives" refused rconn 10.0.1.2 10.0.9.2 2241
+check "reply_to_sends_replies_back_by_the_rules_next_hop: from 10.0.7.2 to port 2242" rconn 10.0.7.2 10.0.2.2 2242
+check "... without reply-to (port 2243) the replies go where the table says: nothing comes back" refused rconn 10.0.7.2 10.0.2.2 2243
+check "route-to: iperf3 (offloads on: GRO's large frames fit by their segments) at 1 Gbit/s or more" bash -c "$(declare -f rate_routed c); P=$P; r=\$(rate_routed); echo \$r; test \$r -gt 1000000000"
+check "route-to, reply-to: packets counted as sent to their next hop, none failed" routed_counted
+# The negative controls' handshakes left the server half-open connections: gone with their
+# listeners.
+kill "${echoes[@]}"
+ip -n ${P}fw route del 10.0.9.0/24
+ip -n ${P}fw route del 10.0.7.0/24
+ip -n ${P}server addr del 10.0.9.2/32 dev s0
+ip -n ${P}client addr del 10.0.7.2/32 dev c0
+
 # FreeBSD's scrub rule: every packet it selects, the first that matches (a plain one before it
 # gives none).
 cat "$DIR/pf.conf" - > "$DIR/scrub-rule.conf" <<'CONF'
@@ -976,10 +1036,10 @@ check "SYN queue: of a whole HTTP connection only its SYN goes there ($((q3 - q2
 check "syncookies always: a port the rules block gets no SYN|ACK (nc fails)" refused c nc -z -w 2 10.0.2.2 2222
 
 # What xpf does not enforce is refused at load with FILE:LINE, and the ruleset in force stays.
-printf 'pass all\npass out on fs from any to 10.9.9.9 route-to 10.0.2.2\n' > "$DIR/unsupported.conf"
-check "xpfctl -nf refuses route-to with FILE:LINE" bash -c "! $BIN/xpfctl -nf $DIR/unsupported.conf 2>$DIR/e && grep -q \"unsupported.conf:2: xpf does not support 'route-to' yet\" $DIR/e"
-check "xpfctl -f refuses it too" bash -c "! $CTL -f $DIR/unsupported.conf 2>$DIR/e && grep -q \"xpf does not support 'route-to' yet\" $DIR/e"
-check "xpfctl -nvf still prints what it parsed" bash -c "$BIN/xpfctl -nvf $DIR/unsupported.conf 2>/dev/null | grep -q 'route-to 10.0.2.2'"
+printf 'pass all\npass out on fs from any to 10.9.9.9 dup-to 10.0.2.2\n' > "$DIR/unsupported.conf"
+check "xpfctl -nf refuses dup-to with FILE:LINE" bash -c "! $BIN/xpfctl -nf $DIR/unsupported.conf 2>$DIR/e && grep -q \"unsupported.conf:2: xpf does not support 'dup-to' yet\" $DIR/e"
+check "xpfctl -f refuses it too" bash -c "! $CTL -f $DIR/unsupported.conf 2>$DIR/e && grep -q \"xpf does not support 'dup-to' yet\" $DIR/e"
+check "xpfctl -nvf still prints what it parsed" bash -c "$BIN/xpfctl -nvf $DIR/unsupported.conf 2>/dev/null | grep -q 'dup-to 10.0.2.2'"
 # pfctl's own consistency checks, in its words: a line that would load with part of it dropped.
 printf 'pass all\nblock in on fs keep state\n' > "$DIR/inconsistent.conf"
 check "xpfctl -f refuses 'block ... keep state' as pfctl does, with FILE:LINE" bash -c \

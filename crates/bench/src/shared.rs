@@ -136,6 +136,7 @@ impl Shared {
                         pflow: false,
                         log: 0,
                         queue: 0,
+                        route: 0,
                         held: 0,
                     };
                     match t.insert(hs[i], ns, now) {

@@ -247,6 +247,9 @@ pub struct Pool {
     pub mape: Option<(u8, u8, u16)>,
     /// A list of targets, before it becomes an automatic table.
     pub list: Option<Vec<Host>>,
+    /// FreeBSD's routing target `(IF ADDR)`: the interface the packet leaves by, `host`
+    /// being the next hop on it.
+    pub via: Option<String>,
 }
 
 impl Pool {
@@ -261,6 +264,7 @@ impl Pool {
             endpoint_independent: false,
             mape: None,
             list: None,
+            via: None,
         }
     }
 }

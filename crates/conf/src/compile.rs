@@ -472,6 +472,8 @@ struct CRule {
     tagged: Option<(bool, u16)>,
     /// `set queue (q, ack)`: the queue ids, `q | ack << 16` (0: none).
     queue: u32,
+    /// `route-to` / `reply-to`: index + 1 in `Ruleset::routes` (0: none).
+    pub(crate) route: u16,
     /// Index + 1 in `Ruleset::rare` of the tests few rules have (`received-on`, `once`,
     /// `max-pkt-rate`), 0 for none: one test on the walk for the rules without.
     rare: u32,
@@ -702,6 +704,9 @@ pub struct Ruleset {
     urpf: Arc<Vec<(u16, usize)>>,
     /// The translation pools of the rules (`nat-to`, `rdr-to`, `binat-to`'s halves).
     pub pools: Arc<Vec<xpf_engine::nat::Pool>>,
+    /// The routing targets (`route-to`, `reply-to`) of these rules and of every ruleset
+    /// compiled before ([`ROUTE_TARGETS`]), by number - 1.
+    pub routes: Arc<Vec<xpf_engine::RouteTarget>>,
     /// Pools drawn from a table: (pool, table), refilled when the table changes.
     pool_tables: Vec<(usize, String)>,
     /// Each pool's rule, as a log names it (`nat-to of FILE:LINE`).
@@ -1203,6 +1208,31 @@ fn route_table(fib: &crate::routes::Fib, oif: Option<u32>) -> Table {
     tb
 }
 
+/// Every routing target (`route-to`, `reply-to`) compiled since the process started, each
+/// once: a state keeps its rule's target by its number here, as pf's state keeps `rt_addr`,
+/// through reloads that drop or renumber the rule (a ruleset holds them all as they were
+/// when it was compiled).
+static ROUTE_TARGETS: Mutex<Vec<xpf_engine::RouteTarget>> = Mutex::new(Vec::new());
+
+/// The interface the longest of `fib`'s routes that holds `a` leaves by (its first, for a
+/// multipath route); None when no route holds it or that route rejects.
+fn oif_towards(fib: &crate::routes::Fib, a: IpAddr) -> Option<u32> {
+    let holds = |r: &&crate::routes::Route| match (r.addr, a) {
+        (IpAddr::V4(n), IpAddr::V4(x)) => {
+            r.len == 0 || u32::from(n) >> (32 - r.len.min(32)) == u32::from(x) >> (32 - r.len.min(32))
+        }
+        (IpAddr::V6(n), IpAddr::V6(x)) => {
+            r.len == 0 || u128::from(n) >> (128 - r.len.min(128)) == u128::from(x) >> (128 - r.len.min(128))
+        }
+        _ => false,
+    };
+    let r = fib.routes.iter().filter(holds).max_by_key(|r| r.len)?;
+    if r.reject {
+        return None;
+    }
+    r.oifs.first().copied()
+}
+
 fn table_index(tables: &mut Vec<(String, Arc<Table>)>, name: String, make: impl FnOnce() -> Table) -> usize {
     match tables.iter().position(|t| t.0 == name) {
         Some(i) => i,
@@ -1399,6 +1429,7 @@ struct Build<'a> {
     pools: Vec<xpf_engine::nat::Pool>,
     pool_tables: Vec<(usize, String)>,
     pool_origins: Vec<String>,
+    routes: Vec<xpf_engine::RouteTarget>,
     nat_targets: Vec<Target>,
     nat_maps: Vec<NatMap>,
     nat_fronts: Vec<NatFront>,
@@ -1437,6 +1468,7 @@ impl<'a> Build<'a> {
             pools: Vec::new(),
             pool_tables: Vec::new(),
             pool_origins: Vec::new(),
+            routes: ROUTE_TARGETS.lock().unwrap_or_else(|e| e.into_inner()).clone(),
             nat_targets: Vec::new(),
             nat_maps: Vec::new(),
             nat_fronts: Vec::new(),
@@ -1478,6 +1510,40 @@ impl<'a> Build<'a> {
         };
         self.ifs.insert(name.to_string(), x.clone());
         x
+    }
+
+    /// Rule `r`'s `route-to` or `reply-to` target, as its index + 1 (0: none). The rest of
+    /// what routing options may say is refused before (crate::support).
+    fn route(&mut self, r: &Rule) -> Result<u16, CompileError> {
+        let Some((kind, pool)) = r.route.as_deref() else { return Ok(0) };
+        let err = |msg: String| CompileError { line: r.line, msg };
+        let HostKind::Net(a, _) = pool.host.kind else {
+            return Err(err("route-to and reply-to take one next hop".into()));
+        };
+        // OpenBSD's `route-to ADDR`: the interface the kernel's route to the next hop leaves by
+        // (0 without one: looked up again when a packet goes there); compiled again when the
+        // routes change.
+        let ifidx = match pool.via.as_deref() {
+            None => oif_towards(self.fib, a).and_then(|i| u16::try_from(i).ok()).unwrap_or(0),
+            Some(n) => self.iface(n).map_err(|_| err(format!("routeto: unknown interface {n}")))?,
+        };
+        let target = xpf_engine::RouteTarget {
+            reply: *kind == RouteKind::ReplyTo,
+            ifidx,
+            af: if a.is_ipv4() { AF_INET } else { AF_INET6 },
+            addr: Addr::from_ip(a),
+        };
+        let mut all = ROUTE_TARGETS.lock().unwrap_or_else(|e| e.into_inner());
+        let i = match all.iter().position(|t| *t == target) {
+            Some(i) => i,
+            None if all.len() < u16::MAX as usize => {
+                all.push(target);
+                all.len() - 1
+            }
+            None => return Err(err("more than 65,535 routing targets loaded since xpfd started".into())),
+        };
+        self.routes = all.clone();
+        Ok(i as u16 + 1)
     }
 
     /// Compiles rule `r` (pf number `nr`; `x`: a translation rule) with its anchor's end
@@ -1605,6 +1671,7 @@ impl<'a> Build<'a> {
                     q | ack.as_deref().map_or(Ok(q), |a| id(a).map(u32::from))? << 16
                 }
             },
+            route: self.route(r)?,
             rare: if on_group.is_some()
                 || rcv.is_some()
                 || mark.is_some()
@@ -1683,7 +1750,7 @@ impl Ruleset {
         let fib = if Self::uses_routes(p) {
             crate::routes::Fib::kernel().map_err(|e| CompileError {
                 line: 0,
-                msg: format!("reading the kernel's routes (no-route, urpf-failed): {e}"),
+                msg: format!("reading the kernel's routes (no-route, urpf-failed, route-to ADDR): {e}"),
             })?
         } else {
             crate::routes::Fib::default()
@@ -1692,12 +1759,14 @@ impl Ruleset {
         Self::compile_with(p, ifindex, &groups, &fib)
     }
 
-    /// Whether rules of `p` test routes (`no-route`, `urpf-failed`): the ruleset is then
-    /// compiled against the kernel's routes, and again when they change.
+    /// Whether rules of `p` test routes (`no-route`, `urpf-failed`) or route by them
+    /// (OpenBSD's `route-to ADDR`): the ruleset is then compiled against the kernel's routes,
+    /// and again when they change.
     pub fn uses_routes(p: &Parsed) -> bool {
-        p.rules
-            .iter()
-            .any(|r| [&r.src, &r.dst].iter().any(|h| matches!(h.kind, HostKind::NoRoute | HostKind::UrpfFailed)))
+        p.rules.iter().any(|r| {
+            [&r.src, &r.dst].iter().any(|h| matches!(h.kind, HostKind::NoRoute | HostKind::UrpfFailed))
+                || r.route.as_deref().is_some_and(|(_, pl)| pl.via.is_none())
+        })
     }
 
     /// [`Ruleset::compile`] against the routes `fib`.
@@ -1802,6 +1871,7 @@ impl Ruleset {
             pools,
             pool_tables,
             pool_origins,
+            routes,
             nat_targets,
             nat_maps,
             nat_fronts,
@@ -1869,6 +1939,7 @@ impl Ruleset {
             pools,
             pool_tables,
             pool_origins: Arc::new(pool_origins),
+            routes: Arc::new(routes),
             nat_targets: merged,
             nat_owners: nat_targets,
             nat_maps,
@@ -2445,6 +2516,10 @@ impl Policy for Ruleset {
         })
     }
 
+    fn route(&self, i: u16) -> Option<&xpf_engine::RouteTarget> {
+        self.routes.get((i as usize).wrapping_sub(1))
+    }
+
     fn limits(&self, i: u32) -> Option<&RuleLimits> {
         self.limits.get((i as usize).wrapping_sub(1))
     }
@@ -2536,6 +2611,7 @@ impl Policy for Ruleset {
                     log: r.log,
                     log_all: r.log_all,
                     queue: if r.queue != 0 { r.queue } else { acts.queue },
+                    route: r.route,
                 }
             }
         }

@@ -374,7 +374,14 @@ pub fn rule(r: &Rule) -> String {
             RouteKind::ReplyTo => "reply-to",
             RouteKind::DupTo => "dup-to",
         };
-        pool(&mut s, w, p, false);
+        match &p.via {
+            // FreeBSD's `(IF ADDR)`.
+            Some(ifname) => {
+                let _ = write!(s, " {w} ({ifname} {})", host_label(&p.host));
+                pool_opts(&mut s, p, false);
+            }
+            None => pool(&mut s, w, p, false),
+        }
     }
     if let Some((af, from, to)) = r.af_to.as_deref() {
         let _ = write!(s, " af-to {} from {}", if *af == Af::Inet { "inet" } else { "inet6" }, host_label(from));
@@ -422,6 +429,11 @@ pub fn rule(r: &Rule) -> String {
 /// pfctl's print_pool.
 fn pool(s: &mut String, what: &str, p: &Pool, nat: bool) {
     let _ = write!(s, " {what} {}{}", if p.host.neg { "! " } else { "" }, host_label(&p.host));
+    pool_opts(s, p, nat);
+}
+
+/// A pool's port and options, after its targets.
+fn pool_opts(s: &mut String, p: &Pool, nat: bool) {
     match (p.port, nat) {
         (Some((a, b)), _) if a == b => {
             let _ = write!(s, " port {a}");

@@ -247,11 +247,27 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
         if af_to.is_some() {
             refuse("af-to");
         }
+        // Enforced: `route-to` and `reply-to` to one next hop, FreeBSD's `(IF ADDR)` or
+        // OpenBSD's `ADDR` (the interface of the kernel's route to it): the engine marks the
+        // packets they apply to (its `Batch::routes`), xpfd sends them there and filters
+        // them leaving by that interface (pf_route).
         match route.as_deref() {
             None => {}
-            Some((RouteKind::RouteTo, _)) => refuse("route-to"),
-            Some((RouteKind::ReplyTo, _)) => refuse("reply-to"),
             Some((RouteKind::DupTo, _)) => refuse("dup-to"),
+            Some((k, pl)) => {
+                let w = if *k == RouteKind::RouteTo { "route-to" } else { "reply-to" };
+                let one = match pl.host.kind {
+                    HostKind::Net(a, len) => len == if a.is_ipv4() { 32 } else { 128 },
+                    _ => false,
+                };
+                if !one || pl.list.is_some() {
+                    refuse(&format!("{w} {} (a pool of next hops)", crate::print::host_label(&pl.host)));
+                } else if pl.kind != PoolKind::None || pl.sticky || pl.port.is_some() {
+                    refuse(&format!("{w} with pool options"));
+                } else if r.dir == Dir::Both {
+                    refuse(&format!("{w} on a rule without in or out"));
+                }
+            }
         }
         if set_prio.is_some() {
             refuse("set prio");
@@ -363,8 +379,15 @@ mod tests {
         ("pass in divert-packet port 700", No("divert-packet")),
         ("pass in rtable 1", No("rtable")),
         ("pass in af-to inet6 from 2001:db8::1", No("af-to")),
-        ("pass out on lo route-to 127.0.0.2", No("route-to")),
-        ("pass in on lo reply-to 127.0.0.2", No("reply-to")),
+        ("pass out on lo route-to 127.0.0.2", Yes("route_to_marks_the_states_way_and_reply_to_the_other")),
+        ("pass in on lo route-to (lo 127.0.0.2)", Yes("route_to_sends_by_the_rules_next_hop")),
+        ("pass in on lo reply-to (lo 127.0.0.2)", Yes("reply_to_sends_replies_back_by_the_rules_next_hop")),
+        ("pass in on lo route-to { 127.0.0.2, 127.0.0.3 }", No("route-to <__automatic_0> (a pool of next hops)")),
+        ("pass in on lo route-to 127.0.0.0/24 bitmask", No("route-to 127.0.0.0/24 (a pool of next hops)")),
+        ("pass in on lo dup-to 127.0.0.2", No("dup-to")),
+        ("pass in on lo reply-to 127.0.0.2", Yes("reply_to_sends_replies_back_by_the_rules_next_hop")),
+        ("pass in on lo reply-to 127.0.0.2 sticky-address", No("reply-to with pool options")),
+        ("pass on lo route-to 127.0.0.2", No("route-to on a rule without in or out")),
         ("pass out on lo dup-to 127.0.0.2", No("dup-to")),
         ("pass in set prio 3", No("set prio")),
         ("pass in set queue root", Yes("set_queue_is_kept_in_the_state_and_pure_acks_take_the_ack_queue")),

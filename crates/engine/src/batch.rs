@@ -38,6 +38,11 @@ pub struct Batch {
     /// a miss, its rules ([`crate::Worker::queue_of`] picks one); two more slots: a reassembled
     /// datagram's miss writes past BATCH.
     pub queues: [u32; BATCH + 2],
+    /// `route-to` / `reply-to`: each frame's routing target ([`crate::Policy::route`], 0:
+    /// the routing table's), from its state or, on a miss, its rule; two more slots as for
+    /// the queues. A state's packet leaving by another interface than its target's is not
+    /// filtered there (the caller filters it leaving by the target's, as pf_route does).
+    pub routes: [u16; BATCH + 2],
     /// Fragments of datagrams the batch completed and passed, in datagram order, each with
     /// the index of the frame that completed it (its route is theirs).
     pub released: Vec<(u8, Vec<u8>)>,
@@ -70,6 +75,7 @@ impl Batch {
             logged: 0,
             logs: [LogMark::default(); BATCH],
             queues: [0; BATCH + 2],
+            routes: [0; BATCH + 2],
             released: Vec::new(),
             released_translated: 0,
             host_pieces: Vec::new(),
@@ -79,7 +85,7 @@ impl Batch {
     }
 
     /// Empties it for a batch of `n` frames: the masks and vectors (arrays are read only where
-    /// their mask says, but for the queues, which every frame has).
+    /// their mask says, but for the queues and routes, which every frame has).
     #[inline(always)]
     pub(crate) fn clear(&mut self, n: usize) {
         self.patched = 0;
@@ -89,6 +95,7 @@ impl Batch {
         self.logged = 0;
         self.released_translated = 0;
         self.queues[..n].fill(0);
+        self.routes[..n].fill(0);
         self.released.clear();
         self.host_pieces.clear();
         self.returns.clear();

@@ -20,7 +20,7 @@ pub mod syncookie;
 pub mod synproxy;
 
 pub use batch::Batch;
-pub use policy::{Action, BlockAll, Context, Decision, LogName, PassAll, Policy, Return, Scrub};
+pub use policy::{Action, BlockAll, Context, Decision, LogName, PassAll, Policy, Return, RouteTarget, Scrub};
 
 use nat::Rewrite;
 use rand_chacha::ChaCha20Rng;
@@ -408,6 +408,13 @@ impl<P: Policy> Worker<P> {
             for j in 0..n4 {
                 let i = self.i4[j] as usize;
                 let pd = &self.pd[i];
+                if self.r4[j] != NONE {
+                    if let Some(rt) = leaves_elsewhere(&self.t4, &self.policy, self.r4[j], dir, ifidx) {
+                        verdicts[i] = Verdict::Pass;
+                        self.out.routes[i] = rt;
+                        continue;
+                    }
+                }
                 let v = if self.r4[j] != NONE {
                     let out = Some((&mut self.out.rewrites, &mut self.out.translated, i));
                     let local = self.local & (1 << i) != 0;
@@ -420,6 +427,7 @@ impl<P: Policy> Worker<P> {
                             now,
                             &mut tags[i],
                             &mut self.out.queues[i],
+                            &mut self.out.routes[i],
                         ) {
                             Ok(0) => v,
                             Ok(a) => {
@@ -468,6 +476,13 @@ impl<P: Policy> Worker<P> {
             for j in 0..n6 {
                 let i = self.i6[j] as usize;
                 let pd = &self.pd[i];
+                if self.r6[j] != NONE {
+                    if let Some(rt) = leaves_elsewhere(&self.t6, &self.policy, self.r6[j], dir, ifidx) {
+                        verdicts[i] = Verdict::Pass;
+                        self.out.routes[i] = rt;
+                        continue;
+                    }
+                }
                 let v = if self.r6[j] != NONE {
                     let out = Some((&mut self.out.rewrites, &mut self.out.translated, i));
                     let local = self.local & (1 << i) != 0;
@@ -480,6 +495,7 @@ impl<P: Policy> Worker<P> {
                             now,
                             &mut tags[i],
                             &mut self.out.queues[i],
+                            &mut self.out.routes[i],
                         ) {
                             Ok(0) => v,
                             Ok(a) => {
@@ -1432,6 +1448,7 @@ macro_rules! ctx {
             local: ($i < BATCH && $w.local & (1u64 << $i) != 0) || ($rw == DGRAM && $w.dgram_local),
             tag: $tag,
             queue: &mut $w.out.queues[$i.min(BATCH + 1)],
+            route: &mut $w.out.routes[$i.min(BATCH + 1)],
             ret: if $i < BATCH { Some((&mut $w.ret, &mut $w.ret_mask, $i)) } else { None },
             scrub: if $i < BATCH { Some((&mut $w.out.scrubs, &mut $w.out.scrubbed, $i)) } else { None },
             limit: $w.limit,
@@ -1474,6 +1491,8 @@ struct Ctx<'a> {
     tag: &'a mut u16,
     /// Where the packet's queue ids are noted (from the rules or the state).
     queue: &'a mut u32,
+    /// Where the packet's routing target is noted (from the rule or the state).
+    route: &'a mut u16,
     /// Where a `block return` decision for frame i of the batch is noted (None: a packet
     /// outside the batch, e.g. a reassembled datagram, which gets no answer).
     ret: Option<(&'a mut [Return; BATCH], &'a mut u64, usize)>,
@@ -1827,6 +1846,7 @@ pub(crate) const SCRUB_BITS: u64 = (1 << LOG_SHIFT) - 1;
 /// `max-pkt-rate` or `log (all)` have any: without such states the map is empty, and this is
 /// one test.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn state_actions<K: Key, P: Policy>(
     t: &StateTable<K>,
     p: &P,
@@ -1835,6 +1855,7 @@ fn state_actions<K: Key, P: Policy>(
     now: u32,
     tag: &mut u16,
     queue: &mut u32,
+    route: &mut u16,
 ) -> Result<u64, Reason> {
     match t.actions.get(r & ID_MASK) {
         Some(a) => {
@@ -1842,6 +1863,9 @@ fn state_actions<K: Key, P: Policy>(
                 *tag = a.tag;
             }
             *queue = a.queue;
+            if a.route != 0 {
+                *route = routed(p, a.route, first_direction(t.state(r & ID_MASK).flags, dir));
+            }
             if a.rate != 0 && first_direction(t.state(r & ID_MASK).flags, dir) && p.rate_exceeded(a.rate, now) {
                 return Err(Reason::PktRate);
             }
@@ -1873,6 +1897,34 @@ fn state_marks(
     }
 }
 
+/// Routing target `route` if it applies to a packet of its state going the way the state's
+/// first packet went (`first`) or not: `route-to` the first way, `reply-to` the other
+/// (pf_route); else 0.
+#[inline]
+fn routed<P: Policy>(p: &P, route: u16, first: bool) -> u16 {
+    match p.route(route) {
+        Some(rt) if rt.reply != first => route,
+        _ => 0,
+    }
+}
+
+/// The routing target of state `r`'s packet leaving (`dir` out) by interface `ifidx` when the
+/// target sends it out of another: pf passes it here unfiltered (its STATE_LOOKUP) and
+/// filters it leaving by the target's interface. None otherwise, and at once for a table
+/// whose states have no actions.
+#[inline(always)]
+fn leaves_elsewhere<K: Key, P: Policy>(t: &StateTable<K>, p: &P, r: u32, dir: Dir, ifidx: u16) -> Option<u16> {
+    if dir != Dir::Out || t.actions.is_empty() {
+        return None;
+    }
+    let a = t.actions.get(r & ID_MASK)?;
+    if a.route == 0 {
+        return None;
+    }
+    let route = routed(p, a.route, first_direction(t.state(r & ID_MASK).flags, dir));
+    p.route(route).filter(|rt| rt.ifidx != 0 && rt.ifidx != ifidx).map(|_| route)
+}
+
 /// Whether a packet in direction `dir` goes the way its state's first packet went.
 #[inline(always)]
 fn first_direction(state_flags: u8, dir: Dir) -> bool {
@@ -1892,7 +1944,7 @@ fn note_scrub(at: Option<(&mut [Scrub; BATCH], &mut u64, usize)>, s: Scrub) {
 /// hit's verdict `v` with the state's actions.
 #[inline]
 fn with_actions<K: Key, P: Policy>(t: &StateTable<K>, p: &P, r: u32, c: Ctx, v: Verdict) -> Verdict {
-    match state_actions(t, p, r, c.dir, c.now, c.tag, c.queue) {
+    match state_actions(t, p, r, c.dir, c.now, c.tag, c.queue, c.route) {
         Ok(a) => {
             note_scrub(c.scrub, Scrub::unpack(a & SCRUB_BITS));
             let log = (a >> LOG_SHIFT) as u8;
@@ -2283,6 +2335,10 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
     *c.rule_passes += 1;
     note_scrub(c.scrub, d.scrub);
     *c.queue = d.queue;
+    // A new state's first packet goes its rule's way: `route-to` applies to it.
+    if d.route != 0 {
+        *c.route = routed(p, d.route, true);
+    }
     if !d.keep_state || !proto::may_create(pd, d.pickup) {
         // pf: a proven cookie makes a state or nothing (the rule keeps no state). A translated
         // packet without a state would leave untranslated: it does not leave.
@@ -2384,6 +2440,7 @@ fn miss<K: Key, P: Policy>(t: &mut StateTable<K>, p: &P, c: Ctx, pd: &PDesc, key
         pflow: d.pflow,
         log: if d.log_all { d.log } else { 0 },
         queue: d.queue,
+        route: d.route,
         held: match (stack, held) {
             (None, _) => 0,
             (Some(_), None) => xpf_state::held::COUNTED,

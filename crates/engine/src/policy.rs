@@ -62,6 +62,9 @@ pub struct Decision {
     /// `set queue (q, ack)`: the queue ids, `q | ack << 16`, of the last matching rule that
     /// sets one, the deciding rule's first (0: none); kept in the state it makes.
     pub queue: u32,
+    /// `route-to` / `reply-to` on the deciding rule: its target ([`Policy::route`]), 0 for
+    /// none; kept in the state it makes.
+    pub route: u16,
 }
 
 /// pf's "no rule" (`-1`): the rule number of a decision no filter rule made (pf's default
@@ -92,6 +95,7 @@ impl Decision {
         pflow: false,
         log_all: false,
         queue: 0,
+        route: 0,
     };
     /// `block` (drop).
     pub const BLOCK: Decision = Decision { action: Action::Block, keep_state: false, ..Decision::PASS };
@@ -243,6 +247,24 @@ pub trait Policy {
     fn skip(&self, _ifidx: u16) -> bool {
         false
     }
+    /// Routing target `i` (a [`Decision`]'s `route`, numbered from 1).
+    fn route(&self, _i: u16) -> Option<&RouteTarget> {
+        None
+    }
+}
+
+/// Where a rule's `route-to` or `reply-to` sends the packets it applies to (pf's `rt`,
+/// `rt_kif` and `rt_addr`): `route-to`, a state's packets in its rule's direction; `reply-to`,
+/// those the other way. The engine says which packets go there (`Batch::routes`); the
+/// caller routes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteTarget {
+    pub reply: bool,
+    /// The interface to leave by (0: the one the kernel's route to `addr` leaves by).
+    pub ifidx: u16,
+    /// The next hop (of family `af`).
+    pub af: u8,
+    pub addr: xpf_wire::Addr,
 }
 
 /// `pass all` (keep state implied), the lab's ruleset.

@@ -1696,3 +1696,57 @@ fn tcp_segments_are_normalized_as_pf_normalizes_them() {
     let norm = w.stats.reasons[Reason::Normalize as usize];
     assert_eq!(norm, 5, "each counted as normalize");
 }
+
+/// `pass in route-to (if2 192.0.2.1)` for port 53 and `pass in reply-to (if2 192.0.2.1)` for
+/// port 54, interfaces 1 (where the clients are), 2 and 3; out passes.
+struct Routing([RouteTarget; 2]);
+
+impl Policy for Routing {
+    fn evaluate(&self, pd: &PDesc, _: u16, dir: Dir) -> Decision {
+        let route = match (dir, pd.dport) {
+            (Dir::In, 53) => 1,
+            (Dir::In, 54) => 2,
+            _ => 0,
+        };
+        Decision { route, ..Decision::PASS }
+    }
+    fn route(&self, i: u16) -> Option<&RouteTarget> {
+        self.0.get((i as usize).wrapping_sub(1))
+    }
+}
+
+fn run_on<P: Policy>(w: &mut Worker<P>, f: &[u8], ifidx: u16, dir: Dir, now: u32) -> (Verdict, u16) {
+    let mut v = [Verdict::Pass];
+    w.process(&[f], ifidx, dir, now, &mut v);
+    (v[0], w.batch().routes[0])
+}
+
+#[test]
+fn route_to_marks_the_states_way_and_reply_to_the_other() {
+    let hop =
+        |reply| RouteTarget { reply, ifidx: 2, af: xpf_wire::pdesc::AF_INET, addr: xpf_wire::Addr::v4([192, 0, 2, 1]) };
+    let mut w = worker(Routing([hop(false), hop(true)]), 1000);
+    let (client, server) = ([10, 0, 0, 1], [10, 9, 9, 9]);
+    // route-to: the first packet and the state's later ones in its rule's direction go to
+    // the target; the replies go by the table.
+    let q = udp4(client, server, 4000, 53);
+    assert_eq!(run_on(&mut w, &q, 1, Dir::In, 1), (Verdict::Pass, 1));
+    assert_eq!(run_on(&mut w, &q, 1, Dir::In, 1), (Verdict::Pass, 1));
+    let a = udp4(server, client, 53, 4000);
+    assert_eq!(run_on(&mut w, &a, 1, Dir::Out, 1), (Verdict::Pass, 0));
+    // reply-to: not the first packet's way; its replies are, and one leaving by another
+    // interface than the target's passes there unfiltered (pf's STATE_LOOKUP), its state
+    // untouched until it leaves by the target's.
+    let q = udp4(client, server, 4001, 54);
+    assert_eq!(run_on(&mut w, &q, 1, Dir::In, 2), (Verdict::Pass, 0));
+    let id = w.t4.iter().find(|(_, s)| s.key.port(1) == 54).unwrap().0;
+    let a = udp4(server, client, 54, 4001);
+    assert_eq!(run_on(&mut w, &a, 3, Dir::Out, 2), (Verdict::Pass, 2));
+    assert_eq!(w.t4.state(id).packets, [1, 0]);
+    assert_eq!(run_on(&mut w, &a, 2, Dir::Out, 2), (Verdict::Pass, 2));
+    assert_eq!(w.t4.state(id).packets, [1, 1]);
+    // A packet of no such state has no target, and a batch's routes start empty.
+    let other = udp4(client, server, 4002, 99);
+    assert_eq!(run_on(&mut w, &other, 1, Dir::In, 3), (Verdict::Pass, 0));
+    assert_eq!(w.t4.actions.len(), 2);
+}

@@ -23,6 +23,7 @@ pub fn established_tcp<K: Key>(key: K, peers: [Peer; 2]) -> NewState<K> {
         pflow: false,
         log: 0,
         queue: 0,
+        route: 0,
         held: 0,
     }
 }

@@ -189,6 +189,8 @@ pub struct NewState<K: Key> {
     pub log: u8,
     /// `set queue`: the queue ids (`q | ack << 16`) the state's packets go to (0: none).
     pub queue: u32,
+    /// `route-to` / `reply-to`: the rule's routing target (the policy's number, 0: none).
+    pub route: u16,
     /// A translated state: what it holds of this box's translation ([`held`]; 0 for a state
     /// synced from a peer).
     pub held: u8,
@@ -206,6 +208,8 @@ pub struct Actions {
     pub log: u8,
     /// `set queue`: `q | ack << 16` (0: none).
     pub queue: u32,
+    /// `route-to` / `reply-to`: the routing target (the policy's number, 0: none).
+    pub route: u16,
 }
 
 // SAFETY: integers only; all zero is "no actions".
@@ -215,7 +219,7 @@ impl Actions {
     /// Whether the state has any action.
     #[inline(always)]
     pub fn any(&self) -> bool {
-        self.tag != 0 || self.scrub != 0 || self.rate != 0 || self.log != 0 || self.queue != 0
+        self.tag != 0 || self.scrub != 0 || self.rate != 0 || self.log != 0 || self.queue != 0 || self.route != 0
     }
 }
 
@@ -886,7 +890,7 @@ impl<K: Key> StateTable<K> {
             bytes: [0; 2],
         };
         self.index.insert(h, id);
-        let a = Actions { tag: s.tag, scrub: s.scrub, rate: s.rate, log: s.log, queue: s.queue };
+        let a = Actions { tag: s.tag, scrub: s.scrub, rate: s.rate, log: s.log, queue: s.queue, route: s.route };
         if a.any() {
             self.actions.insert(id, a);
         }

@@ -58,6 +58,7 @@ fn udp_state(key: Key4, timeout: Timeout) -> NewState<Key4> {
         pflow: false,
         log: 0,
         queue: 0,
+        route: 0,
         held: 0,
     }
 }
@@ -129,7 +130,7 @@ proptest! {
                     let stack = nat.map(stack_key);
                     let taken = |x: &Key4| model.iter().any(|(w, m)| w == x || m.stack.as_ref() == Some(x));
                     let exists = taken(&key) || stack.as_ref().is_some_and(taken);
-                    let ns = NewState { key, stack, dir: Dir::In, rule: 1, timeout: CLASSES[c as usize], src_state: 1, dst_state: 0, tcp: None, nosync: false, allow_opts: false, sloppy: false, tag: tag_of(k), scrub: 0, rate: 0, pflow: false, log: 0, queue: 0, held: 0 };
+                    let ns = NewState { key, stack, dir: Dir::In, rule: 1, timeout: CLASSES[c as usize], src_state: 1, dst_state: 0, tcp: None, nosync: false, allow_opts: false, sloppy: false, tag: tag_of(k), scrub: 0, rate: 0, pflow: false, log: 0, queue: 0, route: 0, held: 0 };
                     let r = t.insert(t.hash(&key), ns, now);
                     if model.len() as u32 >= t.limit() {
                         prop_assert_eq!(r, Err(InsertError::Limit));

@@ -755,6 +755,7 @@ fn import<K: Key>(t: &mut StateTable<K>, r: &StateRec, kif: u16, class: Timeout,
         pflow: false,
         log: 0,
         queue: 0,
+        route: 0,
         // The peer's translation made it: it holds nothing of this box's allocator until the
         // engine takes it in (`translated`, `Worker::adopt`).
         held: 0,

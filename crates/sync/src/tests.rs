@@ -436,6 +436,7 @@ fn standby_gets_every_state_by_bulk_then_follows_updates_over_a_lossy_reordering
         pflow: false,
         log: 0,
         queue: 0,
+        route: 0,
         held: 0,
     };
     add(&mut a.t6, u6, 1);

@@ -701,6 +701,16 @@ fn gso_segment_len(f: &[u8], gso_size: u16) -> usize {
     xpf_wire::offload::headers_len(f).map_or(usize::MAX, |h| h + gso_size as usize)
 }
 
+/// Whether Ethernet frame `f` fits an MTU of `mtu`: a GSO packet (`gso`: its segment size, 0
+/// for none) is over it until the kernel segments it on the way out; its segments must fit.
+fn fits(f: &[u8], gso: u16, mtu: u32) -> bool {
+    if gso == 0 {
+        f.len().saturating_sub(14) <= mtu as usize
+    } else {
+        gso_segment_len(f, gso) <= mtu as usize
+    }
+}
+
 /// A virtio_net_hdr asking for the checksum from `start`, stored at `start + offset`.
 fn vnet_csum(v: &mut [u8], start: u16, offset: u16) {
     v[0] = VNET_NEEDS_CSUM;
@@ -716,6 +726,10 @@ type Answer = (Instant, Option<FibRoute>, Option<[u8; 6]>);
 pub struct Router {
     routes: HashMap<(u8, [u8; 16]), Answer>,
     links: HashMap<u32, (Instant, [u8; 6], u32)>,
+    /// A rule's next hops (`route-to`, `reply-to`), by (interface, family, address): the
+    /// interface and next hop they lead to (the kernel's route to the address when the
+    /// rule names no interface) and its link address if the kernel had one.
+    hops: HashMap<(u32, u8, [u8; 16]), Answer>,
 }
 
 const FRESH: Duration = Duration::from_secs(1);
@@ -740,7 +754,7 @@ impl Router {
     /// next packets to it as unresolved for the rest of FRESH_UNRESOLVED (each of them then
     /// waiting, or dropped past the hold).
     pub fn resolved(&mut self, ifindex: u32, nexthop: &[u8; 16], mac: [u8; 6]) {
-        for e in self.routes.values_mut() {
+        for e in self.routes.values_mut().chain(self.hops.values_mut()) {
             if e.2.is_none() && e.1.is_some_and(|r| r.oif == ifindex && r.nexthop == *nexthop) {
                 e.2 = Some(mac);
             }
@@ -813,13 +827,49 @@ impl Router {
             _ => return (3, Route::Invalid),
         }
         let Some((smac, mtu)) = self.link(r.oif, t) else { return (3, Route::Invalid) };
-        if gso == 0 && f.len() - 14 > mtu as usize || gso != 0 && gso_segment_len(f, gso) > mtu as usize {
+        if !fits(f, gso, mtu) {
             return (4, Route::Invalid);
         }
         match dmac {
             Some(dmac) => (5, Route::Forward { ifindex: r.oif, dmac, smac }),
             None => (5, Route::NoNeighbour { ifindex: r.oif, family, nexthop: r.nexthop }),
         }
+    }
+
+    /// Where a rule's `route-to` or `reply-to` sends a frame at time `t`: out of interface
+    /// `ifindex` to next hop `addr` (of `family`, 4 or 16 bytes used), or with `ifindex` 0 the
+    /// way the kernel's route to `addr` goes (to its gateway when `addr` is not on link), as
+    /// pf_route does. The kernel's answers are cached a second per next hop. Not when the
+    /// interface is gone, no route leads to `addr`, or the frame is over the MTU.
+    /// A GSO packet (`gso`: its segment size, 0 for none) fits when its segments do.
+    pub fn via(&mut self, ifindex: u32, family: u8, addr: [u8; 16], frame: &[u8], gso: u16, t: Instant) -> Routed {
+        let l3 = if family == libc::AF_INET as u8 { 4 } else { 16 };
+        let fresh = |e: &Answer| t.duration_since(e.0) < if e.2.is_some() { FRESH } else { FRESH_UNRESOLVED };
+        let (hop, dmac) = match self.hops.get(&(ifindex, family, addr)) {
+            Some(e) if fresh(e) => (e.1, e.2),
+            _ => {
+                let hop = if ifindex != 0 {
+                    Some(FibRoute { kind: 1, oif: ifindex, nexthop: addr })
+                } else {
+                    netlink::route_get(&addr[..l3]).ok().filter(|r| r.kind == 1)
+                };
+                let mac = hop.and_then(|h| netlink::neigh_get(h.oif, &h.nexthop[..l3]).ok().flatten());
+                if self.hops.len() >= MAX_ROUTES {
+                    self.hops.clear();
+                }
+                self.hops.insert((ifindex, family, addr), (t, hop, mac));
+                (hop, mac)
+            }
+        };
+        let Some(h) = hop else { return Routed::Not };
+        let Some((smac, mtu)) = self.link(h.oif, t) else { return Routed::Not };
+        if !fits(frame, gso, mtu) {
+            return Routed::Not;
+        }
+        Routed::Out(match dmac {
+            Some(dmac) => Route::Forward { ifindex: h.oif, dmac, smac },
+            None => Route::NoNeighbour { ifindex: h.oif, family, nexthop: h.nexthop },
+        })
     }
 
     /// The MAC and MTU of interface `ifindex`, refreshed every second.

@@ -1321,6 +1321,12 @@ impl Daemon {
                         ("translated, no route", io.nat_no_route),
                     ]);
                 }
+                if io.routed + io.route_failed > 0 {
+                    rows.extend([
+                        ("route-to/reply-to: to the next hop", io.routed),
+                        ("route-to/reply-to: no way there", io.route_failed),
+                    ]);
+                }
                 if io.handed_off + io.handed_in + io.handoff_full > 0 {
                     rows.extend([
                         ("to the flow's worker", io.handed_off),

@@ -109,6 +109,10 @@ pub struct IoStats {
     pub nat_to_host: u64,
     pub nat_local: u64,
     pub nat_no_route: u64,
+    /// Packets a rule's `route-to` or `reply-to` sent to its next hop, and those it could not
+    /// (the interface gone, no route to the next hop, over its MTU): dropped.
+    pub routed: u64,
+    pub route_failed: u64,
     /// The host's packets not given back because more than [`TO_HOST_PER_SECOND`] came in
     /// one second (a flood at the firewall's own address must not become a flood of system
     /// calls in the worker).
@@ -189,6 +193,8 @@ impl IoStats {
         self.nat_local += o.nat_local;
         self.nat_no_route += o.nat_no_route;
         self.nat_to_host_shed += o.nat_to_host_shed;
+        self.routed += o.routed;
+        self.route_failed += o.route_failed;
         self.fast.add(&o.fast);
         self.host.add(&o.host);
         self.loginterface.add(&o.loginterface);
@@ -1376,6 +1382,19 @@ impl Dataplane {
                 }
             }
         }
+        // `route-to` (and `reply-to` of a state made going out): where the rule sends them,
+        // not where the routing table does.
+        let rt_in = self.worker.batch().routes;
+        if rt_in[..n].iter().any(|&r| r != 0) {
+            for i in 0..n {
+                if rt_in[i] != 0 && v_in[i] == Verdict::Pass && local & (1 << i) == 0 && to_local & (1 << i) == 0 {
+                    match self.route_by_rule(rt_in[i], frames[i], opts[i]) {
+                        Some(r) => routes[i] = r,
+                        None => v_in[i] = Verdict::Drop(xpf_wire::Reason::NoRoute),
+                    }
+                }
+            }
+        }
         // To this host: what no translation took goes back to the kernel as it came; what a
         // translation sends here goes by loopback (it was filtered here already).
         let untranslated = |i: usize| v_in[i] == Verdict::Host || (v_in[i] == Verdict::Pass && xlated & (1 << i) == 0);
@@ -1405,6 +1424,9 @@ impl Dataplane {
         let mut out_tags = [0u16; BATCH];
         let mut v_out = [Verdict::Pass; BATCH];
         let mut passed = 0u64;
+        // Frames a state's `reply-to` (or an `out` rule's `route-to`) sent on to another
+        // interface, filtered again leaving by that one (once: pf_route).
+        let mut rerouted = 0u64;
         while todo != 0 {
             let eg = egress[todo.trailing_zeros() as usize];
             let mut m = 0;
@@ -1444,9 +1466,27 @@ impl Dataplane {
             self.send_returns(p);
             // Frames that leave as another segment (synproxy's ACK to the client).
             let swapped = std::mem::take(&mut self.worker.batch_mut().substitutes);
+            let rt_out = self.worker.batch().routes;
             for k in 0..m {
                 if v_out[k] != Verdict::Pass {
                     continue;
+                }
+                if rt_out[k] != 0 {
+                    let Some(r) = self.route_by_rule(rt_out[k], out_frames[k], opts[sel[k]]) else {
+                        v_out[k] = Verdict::Drop(xpf_wire::Reason::NoRoute);
+                        continue;
+                    };
+                    routes[sel[k]] = r;
+                    let to = match r {
+                        Route::Forward { ifindex, .. } | Route::NoNeighbour { ifindex, .. } => ifindex,
+                        _ => eg,
+                    };
+                    if to != eg && rerouted & (1 << sel[k]) == 0 {
+                        rerouted |= 1 << sel[k];
+                        egress[sel[k]] = to;
+                        todo |= 1 << sel[k];
+                        continue;
+                    }
                 }
                 passed |= 1 << sel[k];
                 let frame_k = swapped.iter().find(|(j, _)| *j as usize == k).map_or(out_frames[k], |(_, b)| &b[..]);
@@ -1753,6 +1793,28 @@ impl Dataplane {
         self.io.nat_to_host += 1;
         if self.inject.as_ref().is_none_or(|j| j.to_stack(f, inif).is_err()) {
             self.io.tx_full += 1;
+        }
+    }
+
+    /// Where routing target `rt` of the rules in force sends `frame` (received with options
+    /// `opt`: a GSO packet's segments must fit the MTU), counted in `routed`; None, counted
+    /// in `route_failed`, when it cannot go there.
+    fn route_by_rule(&mut self, rt: u16, frame: &[u8], opt: u32) -> Option<Route> {
+        let target = xpf_engine::Policy::route(&self.worker.policy, rt).copied();
+        let r = target.map(|t| {
+            let family = if t.af == xpf_wire::pdesc::AF_INET { libc::AF_INET } else { libc::AF_INET6 } as u8;
+            let gso = if gso_type(opt) != 0 { gso_size(opt) } else { 0 };
+            self.router.via(t.ifidx as u32, family, t.addr.0, frame, gso, Instant::now())
+        });
+        match r {
+            Some(Routed::Out(r)) => {
+                self.io.routed += 1;
+                Some(r)
+            }
+            _ => {
+                self.io.route_failed += 1;
+                None
+            }
         }
     }
 

@@ -115,6 +115,10 @@ impl Policy for Live {
         self.rules.limits(i)
     }
 
+    fn route(&self, i: u16) -> Option<&xpf_engine::RouteTarget> {
+        self.rules.route(i)
+    }
+
     fn log_name(&self, rule: u32) -> xpf_engine::LogName {
         self.rules.log_name(rule)
     }

@@ -258,6 +258,8 @@ impl Ruleset {
                 "state limits"
             } else if c.nat != 0 || c.rdr != 0 {
                 "translation (nat-to, rdr-to, binat-to)"
+            } else if c.route != 0 {
+                "route-to and reply-to"
             } else {
                 ""
             };

@@ -145,7 +145,8 @@ fn log_opts(p: &mut P) -> R<Log> {
     Ok(l)
 }
 
-/// A rule's `on IF`, `inet`/`inet6`, `proto` and `from ... to ...` (or `all`), in that order.
+/// A rule's `on IF`, `inet`/`inet6`, `proto` and `from ... to ...` (or `all`), in that order;
+/// FreeBSD's `route-to`, `reply-to` or `dup-to` may stand after the interface.
 fn on_af_proto_fromto(p: &mut P, t: &mut Template) -> R<()> {
     if p.eat("on") {
         t.ifs = p.list(|p| {
@@ -156,6 +157,14 @@ fn on_af_proto_fromto(p: &mut P, t: &mut Template) -> R<()> {
                 name => Ok(Iface { neg, name }),
             }
         })?;
+    }
+    if t.r.xlate.is_none() && (p.is("route-to") || p.is("reply-to") || p.is("dup-to")) {
+        let kind = match p.string()?.as_str() {
+            "route-to" => RouteKind::RouteTo,
+            "reply-to" => RouteKind::ReplyTo,
+            _ => RouteKind::DupTo,
+        };
+        t.r.route = Some(Box::new((kind, route_pool(p)?)));
     }
     if p.eat("inet") {
         t.r.af = Af::Inet;
@@ -532,7 +541,7 @@ pub(super) fn filter_opts(p: &mut P, t: &mut Template) -> R<()> {
                 "reply-to" => RouteKind::ReplyTo,
                 _ => RouteKind::DupTo,
             };
-            t.r.route = Some(Box::new((kind, pool(p, false)?)));
+            t.r.route = Some(Box::new((kind, route_pool(p)?)));
         } else if p.is("nat-to") || p.is("rdr-to") || p.is("binat-to") {
             let which = p.string()?;
             let pool = pool(p, which == "nat-to")?;
@@ -749,6 +758,30 @@ pub(super) fn state_opts(p: &mut P, o: &mut StateOpts) -> R<()> {
     }
 }
 
+/// A routing target: OpenBSD's pool of next hops, or FreeBSD's `(IF ADDR)` (the interface
+/// to leave by and the next hop on it), with the pool's options after it.
+fn route_pool(p: &mut P) -> R<Pool> {
+    // `(IF ADDR)`, not an interface's addresses `(IF)` / `(IF:peer)`.
+    let freebsd = p.punct("(") && matches!(p.peek_at(1), Tok::Word(_)) && !matches!(p.peek_at(2), Tok::Punct(")"));
+    if !freebsd {
+        return pool(p, false);
+    }
+    p.expect_punct("(")?;
+    let ifname = p.string()?;
+    if !crate::lex::is_word(&ifname) {
+        return Err("syntax error".into());
+    }
+    let hs = hosts(p)?;
+    p.expect_punct(")")?;
+    let [h] = &hs[..] else { return Err("invalid host for route spec".into()) };
+    if h.neg || !matches!(h.kind, HostKind::Net(..)) {
+        return Err("invalid host for route spec".into());
+    }
+    let mut pl = pool_options(p, Pool::to(h.clone()), false)?;
+    pl.via = Some(ifname);
+    Ok(pl)
+}
+
 pub(super) fn pool(p: &mut P, nat: bool) -> R<Pool> {
     let hosts: Vec<Host> = p.list(hosts)?.into_iter().flatten().collect();
     if hosts.is_empty() {
@@ -763,6 +796,11 @@ pub(super) fn pool(p: &mut P, nat: bool) -> R<Pool> {
     if hosts.len() > 1 {
         pl.list = Some(hosts);
     }
+    pool_options(p, pl, nat)
+}
+
+/// A pool's `port` and options after its targets.
+fn pool_options(p: &mut P, mut pl: Pool, nat: bool) -> R<Pool> {
     if p.eat("port") {
         let s = p.string()?;
         pl.port = Some(match s.split_once(':') {
