@@ -905,11 +905,12 @@ while (b := s.recv(65536)):
 raise SystemExit(0 if n == 100000 else f'{n} bytes back')"
 }
 ip -n ${P}server addr add 10.0.9.2/32 dev s0
+ip -n ${P}server addr add 10.0.2.3/24 dev s0
 ip -n ${P}client addr add 10.0.7.2/32 dev c0
 ip -n ${P}fw route add 10.0.9.0/24 via 10.0.1.2
 ip -n ${P}fw route add 10.0.7.0/24 via 10.0.2.2
-echo_server() { # echo_server ADDR PORT: echoes what each connection sends, until it closes
-    ip netns exec ${P}server python3 -c "
+echo_server() { # echo_server ADDR PORT [HOST]: echoes what each connection sends, until it closes
+    ip netns exec ${P}${3:-server} python3 -c "
 import socket, threading
 l = socket.create_server(('$1', $2))
 def echo(s):
@@ -920,8 +921,11 @@ while True:
     threading.Thread(target=echo, args=(l.accept()[0],), daemon=True).start()" >/dev/null 2>&1 &
 }
 echoes=()
-for p in 2240 2241 2244; do echo_server 10.0.9.2 $p; echoes+=($!); done
+for p in 2240 2241 2244 2245; do echo_server 10.0.9.2 $p; echoes+=($!); done
 for p in 2242 2243; do echo_server 10.0.2.2 $p; echoes+=($!); done
+# The firewall's own service, for the pfSense case: replies of the firewall itself to a
+# connection that came in on a link its table does not route back to.
+for p in 2246 2247; do echo_server 10.0.1.1 $p fw; echoes+=($!); done
 ip netns exec ${P}server iperf3 -s -D --bind 10.0.9.2 -p 5203 >/dev/null
 cat "$DIR/pf.conf" - > "$DIR/route-to.conf" <<'CONF'
 pass in on $ext_if route-to ($int_if 10.0.2.2) inet proto tcp to 10.0.9.2 port { 2240, 5203 }
@@ -929,6 +933,9 @@ pass in on $ext_if inet proto tcp to 10.0.9.2 port 2241
 pass in on $ext_if inet proto tcp to 10.0.9.2 port 2244 route-to 10.0.2.2
 pass in on $ext_if reply-to ($ext_if 10.0.1.2) inet proto tcp from 10.0.7.2 to 10.0.2.2 port 2242
 pass in on $ext_if inet proto tcp from 10.0.7.2 to 10.0.2.2 port 2243
+pass in on $ext_if route-to { ($int_if 10.0.2.2), ($int_if 10.0.2.3) } inet proto tcp to 10.0.9.2 port 2245
+pass in on $ext_if reply-to ($ext_if 10.0.1.2) inet proto tcp from 10.0.7.2 to 10.0.1.1 port 2246
+pass in on $ext_if inet proto tcp from 10.0.7.2 to 10.0.1.1 port 2247
 CONF
 sleep 0.3
 check "-f a ruleset with FreeBSD's 'route-to (fs 10.0.2.2)', 'reply-to (fc 10.0.1.2)' and OpenBSD's 'route-to 10.0.2.2'" $CTL -f "$DIR/route-to.conf"
@@ -940,14 +947,25 @@ check "... and by OpenBSD's 'route-to 10.0.2.2' (port 2244; the interface is the
 check "... without route-to (port 2241) the table sends it back to the client: nothing arrives" refused rconn 10.0.1.2 10.0.9.2 2241
 check "reply_to_sends_replies_back_by_the_rules_next_hop: from 10.0.7.2 to port 2242" rconn 10.0.7.2 10.0.2.2 2242
 check "... without reply-to (port 2243) the replies go where the table says: nothing comes back" refused rconn 10.0.7.2 10.0.2.2 2243
+check "reply-to on the firewall's own service: its replies to 10.0.7.2 leave by fc to 10.0.1.2" rconn 10.0.7.2 10.0.1.1 2246
+check "... without reply-to (port 2247) they go where the firewall's table says: nothing comes back" refused rconn 10.0.7.2 10.0.1.1 2247
+check "-s states -vv names a state's next hop as pfctl -vv does" bash -c \
+    "$CTL -s states -vv | grep -qx '   route-to: 10.0.2.2@fs' && $CTL -s states -vv | grep -qx '   reply-to: 10.0.1.2@fc' && ! $CTL -s states -v | grep -q 'route-to:'"
+check "route-to { (fs 10.0.2.2), (fs 10.0.2.3) }: four connections by the two next hops in turn" bash -c \
+    "$(declare -f rconn c); P=$P; for i in 1 2 3 4; do rconn 10.0.1.2 10.0.9.2 2245 || exit 1; done; ip -n ${P}fw neigh show 10.0.2.3 | grep -q lladdr"
 check "route-to: iperf3 (offloads on: GRO's large frames fit by their segments) at 1 Gbit/s or more" bash -c "$(declare -f rate_routed c); P=$P; r=\$(rate_routed); echo \$r; test \$r -gt 1000000000"
 check "route-to, reply-to: packets counted as sent to their next hop, none failed" routed_counted
-# The negative controls' handshakes left the server half-open connections: gone with their
-# listeners.
+# The negative controls' handshakes left the server half-open connections: they go once their
+# listeners are gone (at their next retransmission, within a few seconds).
 kill "${echoes[@]}"
+for _ in $(seq 100); do
+    test "$(ip netns exec ${P}server ss -Htn state syn-recv | wc -l)" -eq 0 && break
+    sleep 0.1
+done
 ip -n ${P}fw route del 10.0.9.0/24
 ip -n ${P}fw route del 10.0.7.0/24
 ip -n ${P}server addr del 10.0.9.2/32 dev s0
+ip -n ${P}server addr del 10.0.2.3/24 dev s0
 ip -n ${P}client addr del 10.0.7.2/32 dev c0
 
 # FreeBSD's scrub rule: every packet it selects, the first that matches (a plain one before it

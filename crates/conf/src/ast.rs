@@ -247,9 +247,10 @@ pub struct Pool {
     pub mape: Option<(u8, u8, u16)>,
     /// A list of targets, before it becomes an automatic table.
     pub list: Option<Vec<Host>>,
-    /// FreeBSD's routing target `(IF ADDR)`: the interface the packet leaves by, `host`
-    /// being the next hop on it.
-    pub via: Option<String>,
+    /// FreeBSD's routing targets `(IF ADDR)` or `{ (IF ADDR), ... }`: each the interface a
+    /// packet leaves by and the next hop on it (`host` is the first next hop). Empty for
+    /// OpenBSD's next hops, which are addresses.
+    pub hops: Vec<(String, Host)>,
 }
 
 impl Pool {
@@ -264,7 +265,7 @@ impl Pool {
             endpoint_independent: false,
             mape: None,
             list: None,
-            via: None,
+            hops: Vec::new(),
         }
     }
 }

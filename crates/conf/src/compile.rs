@@ -11,7 +11,7 @@ use crate::classify::{Candidates, Classifier, RuleKey};
 use crate::parse::{Parsed, TablePart};
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use xpf_engine::{Action as EAction, Context, Decision, Policy, Return as EReturn, Scrub as EScrub};
 use xpf_state::track::Threshold;
@@ -472,8 +472,10 @@ struct CRule {
     tagged: Option<(bool, u16)>,
     /// `set queue (q, ack)`: the queue ids, `q | ack << 16` (0: none).
     queue: u32,
-    /// `route-to` / `reply-to`: index + 1 in `Ruleset::routes` (0: none).
+    /// `route-to` / `reply-to`: index + 1 in `Ruleset::routes` (0: none), or for several next
+    /// hops, index + 1 in `Ruleset::route_pools`.
     pub(crate) route: u16,
+    pub(crate) route_pool: u16,
     /// Index + 1 in `Ruleset::rare` of the tests few rules have (`received-on`, `once`,
     /// `max-pkt-rate`), 0 for none: one test on the walk for the rules without.
     rare: u32,
@@ -707,6 +709,8 @@ pub struct Ruleset {
     /// The routing targets (`route-to`, `reply-to`) of these rules and of every ruleset
     /// compiled before ([`ROUTE_TARGETS`]), by number - 1.
     pub routes: Arc<Vec<xpf_engine::RouteTarget>>,
+    /// The rules' lists of next hops, each taken in turn by the states they make.
+    route_pools: Arc<Vec<RoutePool>>,
     /// Pools drawn from a table: (pool, table), refilled when the table changes.
     pool_tables: Vec<(usize, String)>,
     /// Each pool's rule, as a log names it (`nat-to of FILE:LINE`).
@@ -1208,6 +1212,22 @@ fn route_table(fib: &crate::routes::Fib, oif: Option<u32>) -> Table {
     tb
 }
 
+/// A rule's list of next hops (`route-to { (IF ADDR), ... } round-robin`): a new state takes
+/// the next one in turn (shared by the workers, as pf's pool counter is).
+#[derive(Debug)]
+struct RoutePool {
+    /// Numbers in [`ROUTE_TARGETS`], + 1.
+    hops: Vec<u16>,
+    turn: AtomicU32,
+}
+
+impl RoutePool {
+    fn next(&self) -> u16 {
+        let i = self.turn.fetch_add(1, Ordering::Relaxed) as usize % self.hops.len();
+        self.hops[i]
+    }
+}
+
 /// Every routing target (`route-to`, `reply-to`) compiled since the process started, each
 /// once: a state keeps its rule's target by its number here, as pf's state keeps `rt_addr`,
 /// through reloads that drop or renumber the rule (a ruleset holds them all as they were
@@ -1430,6 +1450,7 @@ struct Build<'a> {
     pool_tables: Vec<(usize, String)>,
     pool_origins: Vec<String>,
     routes: Vec<xpf_engine::RouteTarget>,
+    route_pools: Vec<RoutePool>,
     nat_targets: Vec<Target>,
     nat_maps: Vec<NatMap>,
     nat_fronts: Vec<NatFront>,
@@ -1469,6 +1490,7 @@ impl<'a> Build<'a> {
             pool_tables: Vec::new(),
             pool_origins: Vec::new(),
             routes: ROUTE_TARGETS.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            route_pools: Vec::new(),
             nat_targets: Vec::new(),
             nat_maps: Vec::new(),
             nat_fronts: Vec::new(),
@@ -1512,23 +1534,42 @@ impl<'a> Build<'a> {
         x
     }
 
-    /// Rule `r`'s `route-to` or `reply-to` target, as its index + 1 (0: none). The rest of
-    /// what routing options may say is refused before (crate::support).
-    fn route(&mut self, r: &Rule) -> Result<u16, CompileError> {
-        let Some((kind, pool)) = r.route.as_deref() else { return Ok(0) };
+    /// Rule `r`'s `route-to` or `reply-to`: its target's index + 1 (0: none), or for a list
+    /// of next hops, the index + 1 of its pool in `route_pools` (the second number). The rest
+    /// of what routing options may say is refused before (crate::support).
+    fn route(&mut self, r: &Rule) -> Result<(u16, u16), CompileError> {
+        let Some((kind, pool)) = r.route.as_deref() else { return Ok((0, 0)) };
+        let reply = *kind == RouteKind::ReplyTo;
+        if pool.hops.len() > 1 {
+            let mut hops = Vec::with_capacity(pool.hops.len());
+            for (ifname, h) in &pool.hops {
+                hops.push(self.route_target(r, reply, h, Some(ifname))?);
+            }
+            self.route_pools.push(RoutePool { hops, turn: AtomicU32::new(0) });
+            let n = u16::try_from(self.route_pools.len())
+                .map_err(|_| CompileError { line: r.line, msg: "more than 65,535 pools of next hops".into() })?;
+            return Ok((0, n));
+        }
+        let via = pool.hops.first().map(|(n, _)| n.as_str());
+        Ok((self.route_target(r, reply, &pool.host, via)?, 0))
+    }
+
+    /// The number of next hop `h` (out of interface `via`, or for None the interface of the
+    /// kernel's route to it) in [`ROUTE_TARGETS`], + 1.
+    fn route_target(&mut self, r: &Rule, reply: bool, h: &Host, via: Option<&str>) -> Result<u16, CompileError> {
         let err = |msg: String| CompileError { line: r.line, msg };
-        let HostKind::Net(a, _) = pool.host.kind else {
+        let HostKind::Net(a, _) = h.kind else {
             return Err(err("route-to and reply-to take one next hop".into()));
         };
         // OpenBSD's `route-to ADDR`: the interface the kernel's route to the next hop leaves by
         // (0 without one: looked up again when a packet goes there); compiled again when the
         // routes change.
-        let ifidx = match pool.via.as_deref() {
+        let ifidx = match via {
             None => oif_towards(self.fib, a).and_then(|i| u16::try_from(i).ok()).unwrap_or(0),
             Some(n) => self.iface(n).map_err(|_| err(format!("routeto: unknown interface {n}")))?,
         };
         let target = xpf_engine::RouteTarget {
-            reply: *kind == RouteKind::ReplyTo,
+            reply,
             ifidx,
             af: if a.is_ipv4() { AF_INET } else { AF_INET6 },
             addr: Addr::from_ip(a),
@@ -1591,6 +1632,7 @@ impl<'a> Build<'a> {
                 *t = (false, AddrTest::Any);
             }
         }
+        let route = self.route(r)?;
         let tag = r.tag.as_deref().map(|t| self.tag_id(t, r.line)).transpose()?;
         let tagged = r.tagged.as_ref().map(|(n, t)| self.tag_id(t, r.line).map(|id| (*n, id))).transpose()?;
         let counted = [&src, &dst].iter().any(|t| matches!(t.1, AddrTest::Table(i) if self.tables[i].1.counted));
@@ -1671,7 +1713,8 @@ impl<'a> Build<'a> {
                     q | ack.as_deref().map_or(Ok(q), |a| id(a).map(u32::from))? << 16
                 }
             },
-            route: self.route(r)?,
+            route: route.0,
+            route_pool: route.1,
             rare: if on_group.is_some()
                 || rcv.is_some()
                 || mark.is_some()
@@ -1765,7 +1808,7 @@ impl Ruleset {
     pub fn uses_routes(p: &Parsed) -> bool {
         p.rules.iter().any(|r| {
             [&r.src, &r.dst].iter().any(|h| matches!(h.kind, HostKind::NoRoute | HostKind::UrpfFailed))
-                || r.route.as_deref().is_some_and(|(_, pl)| pl.via.is_none())
+                || r.route.as_deref().is_some_and(|(_, pl)| pl.hops.is_empty())
         })
     }
 
@@ -1872,6 +1915,7 @@ impl Ruleset {
             pool_tables,
             pool_origins,
             routes,
+            route_pools,
             nat_targets,
             nat_maps,
             nat_fronts,
@@ -1940,6 +1984,7 @@ impl Ruleset {
             pool_tables,
             pool_origins: Arc::new(pool_origins),
             routes: Arc::new(routes),
+            route_pools: Arc::new(route_pools),
             nat_targets: merged,
             nat_owners: nat_targets,
             nat_maps,
@@ -2611,7 +2656,10 @@ impl Policy for Ruleset {
                     log: r.log,
                     log_all: r.log_all,
                     queue: if r.queue != 0 { r.queue } else { acts.queue },
-                    route: r.route,
+                    route: match r.route_pool {
+                        0 => r.route,
+                        i => self.route_pools[i as usize - 1].next(),
+                    },
                 }
             }
         }

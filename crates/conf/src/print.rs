@@ -374,13 +374,18 @@ pub fn rule(r: &Rule) -> String {
             RouteKind::ReplyTo => "reply-to",
             RouteKind::DupTo => "dup-to",
         };
-        match &p.via {
-            // FreeBSD's `(IF ADDR)`.
-            Some(ifname) => {
-                let _ = write!(s, " {w} ({ifname} {})", host_label(&p.host));
+        // FreeBSD's `(IF ADDR)`, or a list of them.
+        let hop = |(ifname, h): &(String, Host)| format!("({ifname} {})", host_label(h));
+        match &p.hops[..] {
+            [] => pool(&mut s, w, p, false),
+            [one] => {
+                let _ = write!(s, " {w} {}", hop(one));
                 pool_opts(&mut s, p, false);
             }
-            None => pool(&mut s, w, p, false),
+            several => {
+                let _ = write!(s, " {w} {{ {} }}", several.iter().map(hop).collect::<Vec<_>>().join(", "));
+                pool_opts(&mut s, p, false);
+            }
         }
     }
     if let Some((af, from, to)) = r.af_to.as_deref() {

@@ -256,13 +256,18 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
             Some((RouteKind::DupTo, _)) => refuse("dup-to"),
             Some((k, pl)) => {
                 let w = if *k == RouteKind::RouteTo { "route-to" } else { "reply-to" };
-                let one = match pl.host.kind {
+                let one = |h: &Host| match h.kind {
                     HostKind::Net(a, len) => len == if a.is_ipv4() { 32 } else { 128 },
                     _ => false,
                 };
-                if !one || pl.list.is_some() {
+                // FreeBSD's list of `(IF ADDR)` taken in turn; an address each.
+                let several = pl.hops.len() > 1;
+                if !one(&pl.host) || pl.list.is_some() || pl.hops.iter().any(|(_, h)| !one(h)) {
                     refuse(&format!("{w} {} (a pool of next hops)", crate::print::host_label(&pl.host)));
-                } else if pl.kind != PoolKind::None || pl.sticky || pl.port.is_some() {
+                } else if pl.kind != if several { PoolKind::RoundRobin } else { PoolKind::None }
+                    || pl.sticky
+                    || pl.port.is_some()
+                {
                     refuse(&format!("{w} with pool options"));
                 } else if r.dir == Dir::Both {
                     refuse(&format!("{w} on a rule without in or out"));
@@ -384,6 +389,8 @@ mod tests {
         ("pass in on lo reply-to (lo 127.0.0.2)", Yes("reply_to_sends_replies_back_by_the_rules_next_hop")),
         ("pass in on lo route-to { 127.0.0.2, 127.0.0.3 }", No("route-to <__automatic_0> (a pool of next hops)")),
         ("pass in on lo route-to 127.0.0.0/24 bitmask", No("route-to 127.0.0.0/24 (a pool of next hops)")),
+        ("pass in on lo route-to { (lo 127.0.0.2), (lo 127.0.0.3) }", Yes("next_hops_in_a_list_are_taken_in_turn")),
+        ("pass in on lo route-to { (lo 127.0.0.2), (lo 127.0.0.3) } random", No("route-to with pool options")),
         ("pass in on lo dup-to 127.0.0.2", No("dup-to")),
         ("pass in on lo reply-to 127.0.0.2", Yes("reply_to_sends_replies_back_by_the_rules_next_hop")),
         ("pass in on lo reply-to 127.0.0.2 sticky-address", No("reply-to with pool options")),

@@ -2114,3 +2114,39 @@ fn interface_names_are_resolved_once_per_compile() {
         assert_eq!(r.eval_naive(&pd, &at).0.is_some(), hit, "out on {ifi} from {rcvif} to port {port}");
     }
 }
+
+/// FreeBSD's `route-to { (IF ADDR), ... }` (pfSense's load-balancing gateway group): each new
+/// state takes the next hop after the last one's, and keeps it; the hops print as pfctl
+/// prints them, round-robin being the list's default.
+#[test]
+fn next_hops_in_a_list_are_taken_in_turn() {
+    let conf = "pass in on em0 route-to { (em1 192.0.2.1), (em1 198.51.100.1) } proto udp\n";
+    let p = parse(conf, "test", &[]);
+    assert_eq!(
+        xpf_conf::print::parsed(&p).trim(),
+        "pass in on em0 inet proto udp all route-to { (em1 192.0.2.1), (em1 198.51.100.1) } round-robin"
+    );
+    let mut w = worker(rs(conf));
+    let em0 = ifindex("em0").unwrap();
+    let hop = |w: &Worker<Ruleset>| {
+        let t = w.policy.route(w.batch().routes[0]).expect("a next hop");
+        (t.ifidx, t.addr, t.reply)
+    };
+    let mut v = [Verdict::Pass];
+    let mut seen = Vec::new();
+    for port in 0..4 {
+        w.process(&[&udp([10, 0, 0, 1], [8, 8, 8, 8], 5000 + port, 53)], em0, Dir::In, 0, &mut v);
+        assert_eq!(v[0], Verdict::Pass);
+        seen.push(hop(&w));
+    }
+    let (a, b) = (
+        (ifindex("em1").unwrap(), Addr::v4([192, 0, 2, 1]), false),
+        (ifindex("em1").unwrap(), Addr::v4([198, 51, 100, 1]), false),
+    );
+    assert!(seen == [a, b, a, b] || seen == [b, a, b, a], "{seen:?}");
+    // A state's later packets keep the hop it took.
+    for _ in 0..3 {
+        w.process(&[&udp([10, 0, 0, 1], [8, 8, 8, 8], 5001, 53)], em0, Dir::In, 0, &mut v);
+        assert_eq!(hop(&w), seen[1]);
+    }
+}

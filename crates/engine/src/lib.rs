@@ -876,6 +876,8 @@ impl<P: Policy> Worker<P> {
                         if to.is_some() {
                             self.out.released_translated |= 1 << i;
                         }
+                        // Its routing target goes with the frame that completed it.
+                        self.out.routes[i] = self.out.routes[BATCH];
                         self.out.released.extend(pieces.into_iter().map(|mut p| {
                             if let Some(to) = &to {
                                 xpf_wire::translate::apply_fragment(&mut p.frame, to);
@@ -907,6 +909,7 @@ impl<P: Policy> Worker<P> {
     /// Filters complete `pieces` as the one datagram they make.
     fn filter_pieces(&mut self, pieces: &[frag::Piece], ifidx: u16, dir: Dir, now: u32) -> Verdict {
         self.dgram_mask = 0;
+        self.out.routes[BATCH] = 0;
         let mut buf = std::mem::take(&mut self.frag_buf);
         let mut whole = PDesc::default();
         let v = match frag::Frags::assemble(pieces, &mut buf) {
@@ -964,6 +967,12 @@ impl<P: Policy> Worker<P> {
             _ => self.stats.to_host += n,
         }
         (v, (v == Verdict::Pass && self.dgram_mask != 0).then_some(self.dgram[0]))
+    }
+
+    /// The routing target (`route-to`, `reply-to`; 0: none) of the datagram
+    /// [`Worker::filter_datagram`] last passed.
+    pub fn datagram_route(&self) -> u16 {
+        self.out.routes[BATCH]
     }
 
     /// One packet, whole, through the state table and the rules (frame `i` of the batch;

@@ -1749,4 +1749,20 @@ fn route_to_marks_the_states_way_and_reply_to_the_other() {
     let other = udp4(client, server, 4002, 99);
     assert_eq!(run_on(&mut w, &other, 1, Dir::In, 3), (Verdict::Pass, 0));
     assert_eq!(w.t4.actions.len(), 2);
+    // A datagram in fragments: its target comes with the frame that completed it, and the
+    // `out` pass of a reassembled one names its own.
+    w.set_reassemble(true, 100, 60);
+    let mut f = frags4(21, 53, 3000, &[1480]);
+    readdress(&mut f, client, server, 4000, 53);
+    let v = run(&mut w, &[f[1].clone(), f[0].clone()], Dir::In, 4);
+    assert_eq!(v, vec![Verdict::Held; 2]);
+    assert_eq!((w.batch().released.len(), w.batch().routes[1]), (2, 1));
+    let mut r = frags4(22, 4001, 3000, &[1480]);
+    readdress(&mut r, server, client, 54, 4001);
+    let refs: Vec<&[u8]> = r.iter().map(|x| &x[..]).collect();
+    assert_eq!(w.filter_datagram(&refs, 2, Dir::Out, 1, 4).0, Verdict::Pass);
+    assert_eq!(w.datagram_route(), 2);
+    let refs: Vec<&[u8]> = f.iter().map(|x| &x[..]).collect();
+    w.filter_datagram(&refs, 2, Dir::Out, 1, 4);
+    assert_eq!(w.datagram_route(), 0, "the `out` pass of a route-to flow's datagram: none");
 }

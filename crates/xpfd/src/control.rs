@@ -598,6 +598,14 @@ pub fn state_text(r: &StateRow, verbose: u8) -> String {
             let _ = write!(s, ", rule {}", r.rule);
         }
     }
+    // pfctl -vv names the state's next hop (on its id line, which xpf does not print).
+    if let Some(rt) = r.route.as_ref().filter(|_| verbose > 1) {
+        let _ = write!(
+            s,
+            "
+   {rt}"
+        );
+    }
     s
 }
 
@@ -848,7 +856,8 @@ impl Daemon {
 
     fn states(&self) -> Result<Vec<StateRow>, String> {
         let mut names = std::collections::HashMap::new();
-        Ok(ask(&self.workers, Cmd::States)?.into_iter().flatten().map(|r| r.row(&mut names)).collect())
+        let routes = self.slot.current().1.routes.clone();
+        Ok(ask(&self.workers, Cmd::States)?.into_iter().flatten().map(|r| r.row(&mut names, &routes)).collect())
     }
 
     pub fn handle(&mut self, req: &Value) -> Result<(String, Value), String> {

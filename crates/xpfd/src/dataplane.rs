@@ -218,6 +218,8 @@ pub struct StateRow {
     pub packets: [u32; 2],
     pub bytes: [u64; 2],
     pub rule: u32,
+    /// `route-to: ADDR@IF` or `reply-to: ...`: the state's next hop (pfctl -vv).
+    pub route: Option<String>,
 }
 
 /// Per rule number, its packets and bytes in and out since the ruleset was loaded, its states
@@ -474,6 +476,8 @@ pub struct RawRow {
     packets: [u32; 2],
     bytes: [u64; 2],
     rule: u32,
+    /// Its `route-to` / `reply-to` target's number (0: none).
+    route: u16,
 }
 
 impl RawRow {
@@ -503,11 +507,17 @@ impl RawRow {
             packets: s.packets,
             bytes: s.bytes,
             rule: m.rule,
+            route: t.actions.get(id).map_or(0, |a| a.route),
         }
     }
 
-    /// The row pfctl prints; `names` caches interface names by index.
-    pub fn row(&self, names: &mut std::collections::HashMap<u16, String>) -> StateRow {
+    /// The row pfctl prints; `names` caches interface names by index, `routes` are the
+    /// routing targets by number - 1 (xpf_conf's `Ruleset::routes`).
+    pub fn row(
+        &self,
+        names: &mut std::collections::HashMap<u16, String>,
+        routes: &[xpf_engine::RouteTarget],
+    ) -> StateRow {
         let (af, proto) = (self.af, self.proto);
         // ICMP: the identifier is one field; pfctl shows its change on the translated side.
         let icmp = matches!(proto, 1 | 58);
@@ -520,13 +530,22 @@ impl RawRow {
                 None => h,
             }
         };
-        let ifname = names
-            .entry(self.kif)
-            .or_insert_with(|| match self.kif {
-                0 => "all".to_string(),
-                k => xpf_xdp::netlink::ifname(k as u32).unwrap_or_else(|| format!("if{k}")),
-            })
-            .clone();
+        let mut name = |k: u16| {
+            names
+                .entry(k)
+                .or_insert_with(|| match k {
+                    0 => "all".to_string(),
+                    k => xpf_xdp::netlink::ifname(k as u32).unwrap_or_else(|| format!("if{k}")),
+                })
+                .clone()
+        };
+        let ifname = name(self.kif);
+        // pfctl -vv: ` route-to: ADDR@IF` (the interface left out when the rule named none).
+        let route = routes.get((self.route as usize).wrapping_sub(1)).map(|t| {
+            let a = host(t.addr, t.af, 0, 0);
+            let at = if t.ifidx != 0 { format!("@{}", name(t.ifidx)) } else { String::new() };
+            format!("{}: {a}{at}", if t.reply { "reply-to" } else { "route-to" })
+        });
         StateRow {
             ifname,
             proto,
@@ -541,6 +560,7 @@ impl RawRow {
             packets: self.packets,
             bytes: self.bytes,
             rule: self.rule,
+            route,
         }
     }
 }
@@ -863,6 +883,12 @@ impl Dataplane {
                 if host_seen > 0 || got == 0 || n_loops.is_multiple_of(4) {
                     host_seen = h.poll(&mut self.worker, now, self.pflog.as_ref());
                     got += host_seen;
+                }
+            }
+            if host_seen > 0 {
+                let routed = self.host.as_mut().map(|h| h.take_routed()).unwrap_or_default();
+                if !routed.is_empty() {
+                    self.send_routed(routed);
                 }
             }
             if let Some(s) = &mut self.sync {
@@ -1481,7 +1507,15 @@ impl Dataplane {
                         Route::Forward { ifindex, .. } | Route::NoNeighbour { ifindex, .. } => ifindex,
                         _ => eg,
                     };
-                    if to != eg && rerouted & (1 << sel[k]) == 0 {
+                    if to != eg {
+                        // Once: a next hop out of yet another interface there is a loop of
+                        // rules (pf drops a packet routed more than a few times).
+                        if rerouted & (1 << sel[k]) != 0 {
+                            v_out[k] = Verdict::Drop(xpf_wire::Reason::NoRoute);
+                            self.io.routed -= 1;
+                            self.io.route_failed += 1;
+                            continue;
+                        }
                         rerouted |= 1 << sel[k];
                         egress[sel[k]] = to;
                         todo |= 1 << sel[k];
@@ -1680,7 +1714,14 @@ impl Dataplane {
             start = end;
             // Translated on the way in (`rdr-to`, a reply of a translated flow): routed where the
             // rewritten destination goes.
-            let route = if rewritten & (1 << idx) != 0 {
+            let rt = self.worker.batch().routes[idx as usize];
+            let route = if rt != 0 {
+                // `route-to`: where the rule sends it.
+                match self.route_by_rule(rt, group[0], 0) {
+                    Some(r) => r,
+                    None => continue,
+                }
+            } else if rewritten & (1 << idx) != 0 {
                 match self.router.route(group[0], Instant::now()) {
                     Routed::Out(r) => r,
                     Routed::Local | Routed::Not => {
@@ -1706,11 +1747,37 @@ impl Dataplane {
                     continue;
                 }
             };
-            let Some(ep) = self.port_of(eg) else {
+            let Some(mut ep) = self.port_of(eg) else {
                 self.io.egress_not_filtered += group.len() as u64;
                 continue;
             };
-            let (v, to) = self.worker.filter_datagram(&group, eg as u16, Dir::Out, inif, now);
+            let (mut v, mut to) = self.worker.filter_datagram(&group, eg as u16, Dir::Out, inif, now);
+            let (mut dmac, mut smac) = (dmac, smac);
+            // `reply-to` (or an `out` rule's `route-to`): sent to the rule's next hop, filtered
+            // again leaving by its interface when that is another.
+            let rt = self.worker.datagram_route();
+            if v == Verdict::Pass && rt != 0 {
+                match self.route_by_rule(rt, group[0], 0) {
+                    Some(Route::Forward { ifindex, dmac: d, smac: s }) => {
+                        if ifindex != eg {
+                            let Some(p) = self.port_of(ifindex) else {
+                                self.io.egress_not_filtered += group.len() as u64;
+                                continue;
+                            };
+                            ep = p;
+                            (v, to) = self.worker.filter_datagram(&group, ifindex as u16, Dir::Out, inif, now);
+                        }
+                        (dmac, smac) = (d, s);
+                    }
+                    Some(Route::NoNeighbour { ifindex, family, nexthop }) => {
+                        self.io.no_neighbour += group.len() as u64;
+                        self.io.neighbour_dropped += group.len() as u64;
+                        self.resolve(ifindex, family, nexthop);
+                        continue;
+                    }
+                    _ => continue,
+                }
+            }
             if v != Verdict::Pass {
                 continue;
             }
@@ -1814,6 +1881,38 @@ impl Dataplane {
             _ => {
                 self.io.route_failed += 1;
                 None
+            }
+        }
+    }
+
+    /// Sends the host's own packets a rule's next hop takes (`frames`: each with its target's
+    /// number, link addresses still to write) out of the target's interface.
+    #[cold]
+    fn send_routed(&mut self, frames: Vec<(u16, Vec<u8>)>) {
+        for (rt, mut f) in frames {
+            let Some(r) = self.route_by_rule(rt, &f, 0) else { continue };
+            let (Route::Forward { ifindex, .. } | Route::NoNeighbour { ifindex, .. }) = r else { continue };
+            let Some(ep) = self.port_of(ifindex) else {
+                self.io.egress_not_filtered += 1;
+                continue;
+            };
+            match r {
+                Route::Forward { dmac, smac, .. } => {
+                    let Ok(mut link) = ethernet::Frame::new_checked(&mut f[..]) else { continue };
+                    link.set_dst(dmac);
+                    link.set_src(smac);
+                    match self.ports[ep].io.tx_copy(&f) {
+                        Some(_) => self.io.forwarded += 1,
+                        None => self.io.tx_full += 1,
+                    }
+                    self.ports[ep].io.flush();
+                }
+                Route::NoNeighbour { ifindex, family, nexthop } => {
+                    self.io.no_neighbour += 1;
+                    self.hold_unresolved(ep, ifindex, family, nexthop, f);
+                    self.resolve(ifindex, family, nexthop);
+                }
+                _ => {}
             }
         }
     }

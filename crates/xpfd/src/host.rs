@@ -61,6 +61,10 @@ pub struct HostPath {
     raw: RawOut,
     frame: Vec<u8>,
     verdicts: Vec<(u32, bool, Option<Vec<u8>>)>,
+    /// The host's own packets a state's `reply-to` (or an `out` rule's `route-to`) sends to
+    /// its next hop: taken from the kernel, with their target's number, as Ethernet frames
+    /// whose link addresses the caller writes ([`HostPath::take_routed`]).
+    routed: Vec<(u16, Vec<u8>)>,
     pub stats: HostStats,
 }
 
@@ -92,6 +96,7 @@ impl HostPath {
             raw,
             frame: Vec::with_capacity(0x10000 + 14),
             verdicts: Vec::new(),
+            routed: Vec::new(),
             stats: HostStats::default(),
         })
     }
@@ -103,7 +108,7 @@ impl HostPath {
     /// Filters what the kernel queued since the last call and gives it the verdicts.
     /// Returns the packets handled.
     pub fn poll<P: Policy>(&mut self, w: &mut Worker<P>, now: u32, pflog: Option<&crate::pflog::Tx>) -> usize {
-        let HostPath { q, frame, verdicts, stats, pending, pending_n, .. } = self;
+        let HostPath { q, frame, verdicts, stats, pending, pending_n, routed, .. } = self;
         // `block return` answers, gathered packet by packet (each call of the engine returns
         // its own) and sent once the kernel has its verdicts.
         let mut answers = Vec::new();
@@ -191,6 +196,35 @@ impl HostPath {
                 Some((_, b)) => Some(b[14..].to_vec()),
                 None => rewritten,
             };
+            let rt = b.routes[0];
+            if accept && dir == Dir::Out && rt != 0 {
+                // Its next hop is a rule's: it leaves by xpfd, filtered leaving by the target's
+                // interface when the kernel chose another (pf_route), the kernel's copy dropped.
+                let mut f = vec![0u8; 14];
+                f[12..14].copy_from_slice(&ethertype.to_be_bytes());
+                f.extend_from_slice(rewritten.as_deref().unwrap_or(&frame[14..]));
+                let to = w.policy.route(rt).map_or(0, |t| t.ifidx);
+                let ok = to == 0 || to as u32 == ifidx || {
+                    let mut v = [Verdict::Pass];
+                    let b = w.process(&[&f[..]], to, Dir::Out, now, &mut v);
+                    let (translated, rw) = (b.translated & 1 != 0, b.rewrites[0]);
+                    let (scrubbed, sc) = (b.scrubbed & 1 != 0, b.scrubs[0]);
+                    if translated {
+                        xpf_wire::translate::apply(&mut f, &rw);
+                    }
+                    if scrubbed {
+                        xpf_engine::proto::apply_scrub(&mut f, &sc);
+                    }
+                    v[0] == Verdict::Pass
+                };
+                if ok {
+                    routed.push((rt, f));
+                } else {
+                    stats.dropped += 1;
+                }
+                verdicts.push((p.id, false, None));
+                return;
+            }
             verdicts.push((p.id, accept, rewritten));
         });
         // Fragments whose datagram did not come whole in time: dropped, as the engine drops
@@ -225,6 +259,12 @@ impl HostPath {
             w.recycle(f);
         }
         n
+    }
+
+    /// The host's packets [`HostPath::poll`] took for their rules' next hops since the last
+    /// call, each with its target's number.
+    pub fn take_routed(&mut self) -> Vec<(u16, Vec<u8>)> {
+        std::mem::take(&mut self.routed)
     }
 
     /// Sends an answer (an IP packet) into the kernel, which routes it to its destination.

@@ -258,7 +258,7 @@ impl Ruleset {
                 "state limits"
             } else if c.nat != 0 || c.rdr != 0 {
                 "translation (nat-to, rdr-to, binat-to)"
-            } else if c.route != 0 {
+            } else if c.route != 0 || c.route_pool != 0 {
                 "route-to and reply-to"
             } else {
                 ""

@@ -761,24 +761,50 @@ pub(super) fn state_opts(p: &mut P, o: &mut StateOpts) -> R<()> {
 /// A routing target: OpenBSD's pool of next hops, or FreeBSD's `(IF ADDR)` (the interface
 /// to leave by and the next hop on it), with the pool's options after it.
 fn route_pool(p: &mut P) -> R<Pool> {
-    // `(IF ADDR)`, not an interface's addresses `(IF)` / `(IF:peer)`.
-    let freebsd = p.punct("(") && matches!(p.peek_at(1), Tok::Word(_)) && !matches!(p.peek_at(2), Tok::Punct(")"));
-    if !freebsd {
+    // `(IF ADDR)`, not an interface's addresses `(IF)` / `(IF:peer)`; or a list of them.
+    let hop_at = |p: &P, n: usize| {
+        matches!(p.peek_at(n), Tok::Punct("("))
+            && matches!(p.peek_at(n + 1), Tok::Word(_))
+            && !matches!(p.peek_at(n + 2), Tok::Punct(")"))
+    };
+    let list = p.punct("{") && hop_at(p, 1);
+    if !list && !hop_at(p, 0) {
         return pool(p, false);
     }
-    p.expect_punct("(")?;
-    let ifname = p.string()?;
-    if !crate::lex::is_word(&ifname) {
-        return Err("syntax error".into());
+    let hop = |p: &mut P| -> R<(String, Host)> {
+        p.expect_punct("(")?;
+        let ifname = p.string()?;
+        if !crate::lex::is_word(&ifname) {
+            return Err("syntax error".into());
+        }
+        let hs = hosts(p)?;
+        p.expect_punct(")")?;
+        match &hs[..] {
+            [h] if !h.neg && matches!(h.kind, HostKind::Net(..)) => Ok((ifname, h.clone())),
+            _ => Err("invalid host for route spec".into()),
+        }
+    };
+    let hops = if list {
+        p.expect_punct("{")?;
+        let mut v = vec![hop(p)?];
+        while !p.eat_punct("}") {
+            p.eat_punct(",");
+            v.push(hop(p)?);
+        }
+        let af = v[0].1.af();
+        if v.iter().any(|(_, h)| h.af() != af) {
+            return Err("all pool addresses must be in the same address family".into());
+        }
+        v
+    } else {
+        vec![hop(p)?]
+    };
+    let mut pl = pool_options(p, Pool::to(hops[0].1.clone()), false)?;
+    // Several next hops take turns unless told (pfctl's default for a list).
+    if hops.len() > 1 && pl.kind == PoolKind::None {
+        pl.kind = PoolKind::RoundRobin;
     }
-    let hs = hosts(p)?;
-    p.expect_punct(")")?;
-    let [h] = &hs[..] else { return Err("invalid host for route spec".into()) };
-    if h.neg || !matches!(h.kind, HostKind::Net(..)) {
-        return Err("invalid host for route spec".into());
-    }
-    let mut pl = pool_options(p, Pool::to(h.clone()), false)?;
-    pl.via = Some(ifname);
+    pl.hops = hops;
     Ok(pl)
 }
 
