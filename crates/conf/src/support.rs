@@ -248,9 +248,10 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
             refuse("af-to");
         }
         // Enforced: `route-to` and `reply-to` to one next hop, FreeBSD's `(IF ADDR)` or
-        // OpenBSD's `ADDR` (the interface of the kernel's route to it): the engine marks the
-        // packets they apply to (its `Batch::routes`), xpfd sends them there and filters
-        // them leaving by that interface (pf_route).
+        // OpenBSD's `ADDR` (the interface of the kernel's route to it), or to FreeBSD's list
+        // of `(IF ADDR)` taken in turn: the engine marks the packets they apply to (its
+        // `Batch::routes`), xpfd sends them there and filters them leaving by that
+        // interface (pf_route).
         match route.as_deref() {
             None => {}
             Some((RouteKind::DupTo, _)) => refuse("dup-to"),

@@ -408,14 +408,12 @@ impl<P: Policy> Worker<P> {
             for j in 0..n4 {
                 let i = self.i4[j] as usize;
                 let pd = &self.pd[i];
-                if self.r4[j] != NONE {
+                let v = if self.r4[j] != NONE {
                     if let Some(rt) = leaves_elsewhere(&self.t4, &self.policy, self.r4[j], dir, ifidx) {
                         verdicts[i] = Verdict::Pass;
                         self.out.routes[i] = rt;
                         continue;
                     }
-                }
-                let v = if self.r4[j] != NONE {
                     let out = Some((&mut self.out.rewrites, &mut self.out.translated, i));
                     let local = self.local & (1 << i) != 0;
                     hit_nat(&mut self.t4, self.r4[j], pd, dir, now, &mut self.aux, out, local).map(|v| {
@@ -476,14 +474,12 @@ impl<P: Policy> Worker<P> {
             for j in 0..n6 {
                 let i = self.i6[j] as usize;
                 let pd = &self.pd[i];
-                if self.r6[j] != NONE {
+                let v = if self.r6[j] != NONE {
                     if let Some(rt) = leaves_elsewhere(&self.t6, &self.policy, self.r6[j], dir, ifidx) {
                         verdicts[i] = Verdict::Pass;
                         self.out.routes[i] = rt;
                         continue;
                     }
-                }
-                let v = if self.r6[j] != NONE {
                     let out = Some((&mut self.out.rewrites, &mut self.out.translated, i));
                     let local = self.local & (1 << i) != 0;
                     hit_nat(&mut self.t6, self.r6[j], pd, dir, now, &mut self.aux, out, local).map(|v| {
@@ -1926,12 +1922,10 @@ fn leaves_elsewhere<K: Key, P: Policy>(t: &StateTable<K>, p: &P, r: u32, dir: Di
     if dir != Dir::Out || t.actions.is_empty() {
         return None;
     }
-    let a = t.actions.get(r & ID_MASK)?;
-    if a.route == 0 {
-        return None;
-    }
-    let route = routed(p, a.route, first_direction(t.state(r & ID_MASK).flags, dir));
-    p.route(route).filter(|rt| rt.ifidx != 0 && rt.ifidx != ifidx).map(|_| route)
+    let a = t.actions.get(r & ID_MASK).filter(|a| a.route != 0)?;
+    let rt = p.route(a.route)?;
+    let applies = rt.reply != first_direction(t.state(r & ID_MASK).flags, dir);
+    (applies && rt.ifidx != 0 && rt.ifidx != ifidx).then_some(a.route)
 }
 
 /// Whether a packet in direction `dir` goes the way its state's first packet went.

@@ -600,11 +600,7 @@ pub fn state_text(r: &StateRow, verbose: u8) -> String {
     }
     // pfctl -vv names the state's next hop (on its id line, which xpf does not print).
     if let Some(rt) = r.route.as_ref().filter(|_| verbose > 1) {
-        let _ = write!(
-            s,
-            "
-   {rt}"
-        );
+        let _ = write!(s, "\n   {rt}");
     }
     s
 }
