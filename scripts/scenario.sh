@@ -921,7 +921,7 @@ while True:
     threading.Thread(target=echo, args=(l.accept()[0],), daemon=True).start()" >/dev/null 2>&1 &
 }
 echoes=()
-for p in 2240 2241 2244 2245; do echo_server 10.0.9.2 $p; echoes+=($!); done
+for p in 2240 2241 2244 2245 2248; do echo_server 10.0.9.2 $p; echoes+=($!); done
 for p in 2242 2243; do echo_server 10.0.2.2 $p; echoes+=($!); done
 # The firewall's own service, for the pfSense case: replies of the firewall itself to a
 # connection that came in on a link its table does not route back to.
@@ -934,6 +934,7 @@ pass in on $ext_if inet proto tcp to 10.0.9.2 port 2244 route-to 10.0.2.2
 pass in on $ext_if reply-to ($ext_if 10.0.1.2) inet proto tcp from 10.0.7.2 to 10.0.2.2 port 2242
 pass in on $ext_if inet proto tcp from 10.0.7.2 to 10.0.2.2 port 2243
 pass in on $ext_if route-to { ($int_if 10.0.2.2), ($int_if 10.0.2.3) } inet proto tcp to 10.0.9.2 port 2245
+pass in on $ext_if inet proto tcp to 10.0.9.2 port 2248 route-to { 10.0.2.2, 10.0.2.3 }
 pass in on $ext_if reply-to ($ext_if 10.0.1.2) inet proto tcp from 10.0.7.2 to 10.0.1.1 port 2246
 pass in on $ext_if inet proto tcp from 10.0.7.2 to 10.0.1.1 port 2247
 CONF
@@ -953,6 +954,8 @@ check "-s states -vv names a state's next hop as pfctl -vv does" bash -c \
     "$CTL -s states -vv | grep -qx '   route-to: 10.0.2.2@fs' && $CTL -s states -vv | grep -qx '   reply-to: 10.0.1.2@fc' && ! $CTL -s states -v | grep -q 'route-to:'"
 check "route-to { (fs 10.0.2.2), (fs 10.0.2.3) }: four connections by the two next hops in turn" bash -c \
     "$(declare -f rconn c); P=$P; for i in 1 2 3 4; do rconn 10.0.1.2 10.0.9.2 2245 || exit 1; done; ip -n ${P}fw neigh show 10.0.2.3 | grep -q lladdr"
+check "... and OpenBSD's 'route-to { 10.0.2.2, 10.0.2.3 }' (port 2248): four connections" bash -c \
+    "$(declare -f rconn c); P=$P; for i in 1 2 3 4; do rconn 10.0.1.2 10.0.9.2 2248 || exit 1; done"
 check "route-to: iperf3 (offloads on: GRO's large frames fit by their segments) at 1 Gbit/s or more" bash -c "$(declare -f rate_routed c); P=$P; r=\$(rate_routed); echo \$r; test \$r -gt 1000000000"
 check "route-to, reply-to: packets counted as sent to their next hop, none failed" routed_counted
 # The negative controls' handshakes left the server half-open connections: they go once their

@@ -1540,10 +1540,21 @@ impl<'a> Build<'a> {
     fn route(&mut self, r: &Rule) -> Result<(u16, u16), CompileError> {
         let Some((kind, pool)) = r.route.as_deref() else { return Ok((0, 0)) };
         let reply = *kind == RouteKind::ReplyTo;
-        if pool.hops.len() > 1 {
-            let mut hops = Vec::with_capacity(pool.hops.len());
+        // OpenBSD's list `{ ADDR, ADDR }`, the automatic table pfctl makes of it.
+        let listed = match &pool.host.kind {
+            HostKind::Table(name) if name.starts_with("__automatic_") => {
+                let t = self.tables.iter().find(|t| &t.0 == name).map(|t| t.1.clone());
+                t.map(|t| t.hosts()).unwrap_or_default()
+            }
+            _ => Vec::new(),
+        };
+        if pool.hops.len() > 1 || !listed.is_empty() {
+            let mut hops = Vec::with_capacity(pool.hops.len().max(listed.len()));
             for (ifname, h) in &pool.hops {
                 hops.push(self.route_target(r, reply, h, Some(ifname))?);
+            }
+            for (a, len) in listed {
+                hops.push(self.route_target(r, reply, &Host { kind: HostKind::Net(a, len), ..Host::ANY }, None)?);
             }
             self.route_pools.push(RoutePool { hops, turn: AtomicU32::new(0) });
             let n = u16::try_from(self.route_pools.len())
@@ -1558,9 +1569,12 @@ impl<'a> Build<'a> {
     /// kernel's route to it) in [`ROUTE_TARGETS`], + 1.
     fn route_target(&mut self, r: &Rule, reply: bool, h: &Host, via: Option<&str>) -> Result<u16, CompileError> {
         let err = |msg: String| CompileError { line: r.line, msg };
-        let HostKind::Net(a, _) = h.kind else {
+        let HostKind::Net(a, len) = h.kind else {
             return Err(err("route-to and reply-to take one next hop".into()));
         };
+        if len != if a.is_ipv4() { 32 } else { 128 } {
+            return Err(err(format!("route-to and reply-to: a next hop is an address, not {a}/{len}")));
+        }
         // OpenBSD's `route-to ADDR`: the interface the kernel's route to the next hop leaves by
         // (0 without one: looked up again when a packet goes there); compiled again when the
         // routes change.

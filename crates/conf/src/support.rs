@@ -248,8 +248,8 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
             refuse("af-to");
         }
         // Enforced: `route-to` and `reply-to` to one next hop, FreeBSD's `(IF ADDR)` or
-        // OpenBSD's `ADDR` (the interface of the kernel's route to it), or to FreeBSD's list
-        // of `(IF ADDR)` taken in turn: the engine marks the packets they apply to (its
+        // OpenBSD's `ADDR` (the interface of the kernel's route to it), or to a list of them
+        // taken in turn: the engine marks the packets they apply to (its
         // `Batch::routes`), xpfd sends them there and filters them leaving by that
         // interface (pf_route).
         match route.as_deref() {
@@ -261,9 +261,12 @@ pub fn refusals(p: &Parsed) -> (Vec<ConfError>, Vec<String>) {
                     HostKind::Net(a, len) => len == if a.is_ipv4() { 32 } else { 128 },
                     _ => false,
                 };
-                // FreeBSD's list of `(IF ADDR)` taken in turn; an address each.
-                let several = pl.hops.len() > 1;
-                if !one(&pl.host) || pl.list.is_some() || pl.hops.iter().any(|(_, h)| !one(h)) {
+                // A list taken in turn, an address each: FreeBSD's of `(IF ADDR)`, OpenBSD's of
+                // `ADDR` (the automatic table pfctl makes of it; a network in it is refused
+                // when the ruleset is compiled).
+                let listed = matches!(&pl.host.kind, HostKind::Table(n) if n.starts_with("__automatic_"));
+                let several = pl.hops.len() > 1 || listed;
+                if !(one(&pl.host) || listed) || pl.list.is_some() || pl.hops.iter().any(|(_, h)| !one(h)) {
                     refuse(&format!("{w} {} (a pool of next hops)", crate::print::host_label(&pl.host)));
                 } else if pl.kind != if several { PoolKind::RoundRobin } else { PoolKind::None }
                     || pl.sticky
@@ -388,7 +391,8 @@ mod tests {
         ("pass out on lo route-to 127.0.0.2", Yes("route_to_marks_the_states_way_and_reply_to_the_other")),
         ("pass in on lo route-to (lo 127.0.0.2)", Yes("route_to_sends_by_the_rules_next_hop")),
         ("pass in on lo reply-to (lo 127.0.0.2)", Yes("reply_to_sends_replies_back_by_the_rules_next_hop")),
-        ("pass in on lo route-to { 127.0.0.2, 127.0.0.3 }", No("route-to <__automatic_0> (a pool of next hops)")),
+        ("pass in on lo route-to { 127.0.0.2, 127.0.0.3 }", Yes("next_hops_in_a_list_are_taken_in_turn")),
+        ("pass in on lo route-to <t>", No("route-to <t> (a pool of next hops)")),
         ("pass in on lo route-to 127.0.0.0/24 bitmask", No("route-to 127.0.0.0/24 (a pool of next hops)")),
         ("pass in on lo route-to { (lo 127.0.0.2), (lo 127.0.0.3) }", Yes("next_hops_in_a_list_are_taken_in_turn")),
         ("pass in on lo route-to { (lo 127.0.0.2), (lo 127.0.0.3) } random", No("route-to with pool options")),

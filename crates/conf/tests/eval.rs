@@ -2149,4 +2149,18 @@ fn next_hops_in_a_list_are_taken_in_turn() {
         w.process(&[&udp([10, 0, 0, 1], [8, 8, 8, 8], 5001, 53)], em0, Dir::In, 0, &mut v);
         assert_eq!(hop(&w), seen[1]);
     }
+    // OpenBSD's list of addresses (pfctl's automatic table of them) the same way; a network
+    // in it is no next hop.
+    let conf = "pass in on em0 route-to { 192.0.2.1, 198.51.100.1 } proto udp\n";
+    let mut w = worker(rs(conf));
+    let mut seen = Vec::new();
+    for port in 0..4 {
+        w.process(&[&udp([10, 0, 0, 1], [8, 8, 8, 8], 5000 + port, 53)], em0, Dir::In, 0, &mut v);
+        seen.push(hop(&w).1);
+    }
+    let (a, b) = (Addr::v4([192, 0, 2, 1]), Addr::v4([198, 51, 100, 1]));
+    assert!(seen == [a, b, a, b] || seen == [b, a, b, a], "{seen:?}");
+    let p = parse("pass in on em0 route-to { 192.0.2.1, 198.51.100.0/24 } proto udp\n", "test", &[]);
+    let e = Ruleset::compile(&p, &ifindex).expect_err("a network as a next hop");
+    assert!(e.msg.contains("a next hop is an address, not 198.51.100.0/24"), "{}", e.msg);
 }
