@@ -1412,9 +1412,10 @@ impl Dataplane {
         // not where the routing table does.
         let rt_in = self.worker.batch().routes;
         if rt_in[..n].iter().any(|&r| r != 0) {
+            let t = Instant::now();
             for i in 0..n {
                 if rt_in[i] != 0 && v_in[i] == Verdict::Pass && local & (1 << i) == 0 && to_local & (1 << i) == 0 {
-                    match self.route_by_rule(rt_in[i], frames[i], opts[i]) {
+                    match self.route_by_rule(rt_in[i], frames[i], opts[i], t) {
                         Some(r) => routes[i] = r,
                         None => v_in[i] = Verdict::Drop(xpf_wire::Reason::NoRoute),
                     }
@@ -1498,7 +1499,7 @@ impl Dataplane {
                     continue;
                 }
                 if rt_out[k] != 0 {
-                    let Some(r) = self.route_by_rule(rt_out[k], out_frames[k], opts[sel[k]]) else {
+                    let Some(r) = self.route_by_rule(rt_out[k], out_frames[k], opts[sel[k]], clock) else {
                         v_out[k] = Verdict::Drop(xpf_wire::Reason::NoRoute);
                         continue;
                     };
@@ -1717,7 +1718,7 @@ impl Dataplane {
             let rt = self.worker.batch().routes[idx as usize];
             let route = if rt != 0 {
                 // `route-to`: where the rule sends it.
-                match self.route_by_rule(rt, group[0], 0) {
+                match self.route_by_rule(rt, group[0], 0, Instant::now()) {
                     Some(r) => r,
                     None => continue,
                 }
@@ -1757,7 +1758,7 @@ impl Dataplane {
             // again leaving by its interface when that is another.
             let rt = self.worker.datagram_route();
             if v == Verdict::Pass && rt != 0 {
-                match self.route_by_rule(rt, group[0], 0) {
+                match self.route_by_rule(rt, group[0], 0, Instant::now()) {
                     Some(Route::Forward { ifindex, dmac: d, smac: s }) => {
                         if ifindex != eg {
                             let Some(p) = self.port_of(ifindex) else {
@@ -1864,14 +1865,14 @@ impl Dataplane {
     }
 
     /// Where routing target `rt` of the rules in force sends `frame` (received with options
-    /// `opt`: a GSO packet's segments must fit the MTU), counted in `routed`; None, counted
-    /// in `route_failed`, when it cannot go there.
-    fn route_by_rule(&mut self, rt: u16, frame: &[u8], opt: u32) -> Option<Route> {
+    /// `opt`: a GSO packet's segments must fit the MTU) at time `t` (the batch's clock),
+    /// counted in `routed`; None, counted in `route_failed`, when it cannot go there.
+    fn route_by_rule(&mut self, rt: u16, frame: &[u8], opt: u32, t: Instant) -> Option<Route> {
         let target = xpf_engine::Policy::route(&self.worker.policy, rt).copied();
-        let r = target.map(|t| {
-            let family = if t.af == xpf_wire::pdesc::AF_INET { libc::AF_INET } else { libc::AF_INET6 } as u8;
+        let r = target.map(|tg| {
+            let family = if tg.af == xpf_wire::pdesc::AF_INET { libc::AF_INET } else { libc::AF_INET6 } as u8;
             let gso = if gso_type(opt) != 0 { gso_size(opt) } else { 0 };
-            self.router.via(t.ifidx as u32, family, t.addr.0, frame, gso, Instant::now())
+            self.router.via(tg.ifidx as u32, family, tg.addr.0, frame, gso, t)
         });
         match r {
             Some(Routed::Out(r)) => {
@@ -1890,7 +1891,7 @@ impl Dataplane {
     #[cold]
     fn send_routed(&mut self, frames: Vec<(u16, Vec<u8>)>) {
         for (rt, mut f) in frames {
-            let Some(r) = self.route_by_rule(rt, &f, 0) else { continue };
+            let Some(r) = self.route_by_rule(rt, &f, 0, Instant::now()) else { continue };
             let (Route::Forward { ifindex, .. } | Route::NoNeighbour { ifindex, .. }) = r else { continue };
             let Some(ep) = self.port_of(ifindex) else {
                 self.io.egress_not_filtered += 1;

@@ -45,6 +45,21 @@ impl HostStats {
     }
 }
 
+/// Applies to `frame` what the engine's last one-packet batch `b` asks of it: translation,
+/// `modulate state`'s sequence numbers, scrub.
+fn rewrite(frame: &mut [u8], b: &xpf_engine::Batch) {
+    if b.translated & 1 != 0 {
+        xpf_wire::translate::apply(frame, &b.rewrites[0]);
+    }
+    if b.patched & 1 != 0 {
+        let (a, s) = b.patches[0];
+        xpf_engine::proto::apply_modulation(frame, a, s);
+    }
+    if b.scrubbed & 1 != 0 {
+        xpf_engine::proto::apply_scrub(frame, &b.scrubs[0]);
+    }
+}
+
 /// Fragments waiting for their datagram's verdict, at most (NFQUEUE's own queue holds 1,024
 /// packets by default).
 const PENDING_MAX: usize = 512;
@@ -175,16 +190,7 @@ impl HostPath {
                 // A translated packet of the host's (its own connection through `nat-to`, a
                 // `rdr-to` to one of its ports): the kernel takes it rewritten (and routes
                 // an outgoing one again).
-                if b.translated & 1 != 0 {
-                    xpf_wire::translate::apply(frame, &b.rewrites[0]);
-                }
-                if b.patched & 1 != 0 {
-                    let (a, s) = b.patches[0];
-                    xpf_engine::proto::apply_modulation(frame, a, s);
-                }
-                if b.scrubbed & 1 != 0 {
-                    xpf_engine::proto::apply_scrub(frame, &b.scrubs[0]);
-                }
+                rewrite(frame, b);
                 frame[14..].to_vec()
             });
             if !accept {
@@ -206,15 +212,8 @@ impl HostPath {
                 let to = w.policy.route(rt).map_or(0, |t| t.ifidx);
                 let ok = to == 0 || to as u32 == ifidx || {
                     let mut v = [Verdict::Pass];
-                    let b = w.process(&[&f[..]], to, Dir::Out, now, &mut v);
-                    let (translated, rw) = (b.translated & 1 != 0, b.rewrites[0]);
-                    let (scrubbed, sc) = (b.scrubbed & 1 != 0, b.scrubs[0]);
-                    if translated {
-                        xpf_wire::translate::apply(&mut f, &rw);
-                    }
-                    if scrubbed {
-                        xpf_engine::proto::apply_scrub(&mut f, &sc);
-                    }
+                    w.process(&[&f[..]], to, Dir::Out, now, &mut v);
+                    rewrite(&mut f, w.batch());
                     v[0] == Verdict::Pass
                 };
                 if ok {
